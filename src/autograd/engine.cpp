@@ -1,0 +1,196 @@
+#include "autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+#include <vector>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "core/rng.h"
+#include "ops/elementwise.h"
+
+namespace moetrain::autograd {
+
+namespace {
+
+// Gradient sums: the first gradient is kept as is (it may alias another
+// tensor); later ones are added out of place, so nothing shared is overwritten.
+void accumulate(Tensor& slot, const Tensor& g) {
+  if (!slot.defined()) slot = g;
+  else slot = add(slot, g);
+}
+
+// Leaves own their grad buffer (a copy the first time), so accumulation over
+// several backward calls (micro-batches) can add in place.
+void accumulate_leaf(TensorImpl& leaf, const Tensor& g) {
+  if (!leaf.grad) {
+    leaf.grad = g.clone().impl_ptr();
+  } else {
+    add_(Tensor(leaf.grad), g);
+  }
+}
+
+void check_grad(const Node& node, size_t i, const Tensor& g) {
+  const Edge& e = node.next[i];
+  MT_ASSERT(g.shape() == e.shape && g.dtype() == e.dtype,
+            "backward of {} returned a gradient {} for input {} of shape {} dtype {}", node.name, describe(g), i,
+            e.shape, e.dtype);
+}
+
+struct Pending {
+  Tensors grads;
+  int dependencies = 0;
+};
+
+struct LaterFirst {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
+};
+
+}  // namespace
+
+void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
+  MT_CHECK(roots.size() == grads.size(), "backward: {} roots but {} gradients", roots.size(), grads.size());
+  NoGradGuard no_grad;
+
+  // Seed gradients.
+  std::unordered_map<Node*, Pending> pending;
+  std::vector<Node*> stack;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& root = roots[i];
+    MT_CHECK(root.requires_grad(), "backward: {} does not require grad (no input of the ops that made it "
+             "requires grad, or it was computed under NoGradGuard)", describe(root));
+    Tensor g = grads[i];
+    if (!g.defined()) {
+      MT_CHECK(root.numel() == 1, "backward: {} is not a scalar; pass the upstream gradient", describe(root));
+      g = ones(root.shape(), root.dtype(), root.device());
+    }
+    MT_CHECK(g.shape() == root.shape() && g.dtype() == root.dtype(),
+             "backward: gradient {} does not match the tensor {}", describe(g), describe(root));
+    Node* node = root.impl().grad_fn.get();
+    if (!node) {
+      accumulate_leaf(root.impl(), g);
+      continue;
+    }
+    Pending& p = pending[node];
+    if (p.grads.empty()) {
+      p.grads.resize(node->output_shapes.size());
+      stack.push_back(node);
+    }
+    accumulate(p.grads[root.impl().output_nr], g);
+  }
+
+  // Discover the graph and count, for every node, the edges that lead into it.
+  std::vector<Node*> roots_nodes = stack;
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& e : node->next) {
+      if (!e.node) continue;
+      auto [it, inserted] = pending.try_emplace(e.node.get());
+      if (inserted) {
+        it->second.grads.resize(e.node->output_shapes.size());
+        stack.push_back(e.node.get());
+      }
+      it->second.dependencies += 1;
+    }
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
+  for (Node* n : roots_nodes)
+    if (pending[n].dependencies == 0) ready.push(n);
+
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    Pending& p = pending[node];
+    bool any = false;
+    for (const Tensor& g : p.grads) any = any || g.defined();
+
+    Tensors input_grads;
+    if (any) {
+      MT_CHECK(node->backward != nullptr,
+               "backward through {} a second time: its saved tensors were freed after the first backward; "
+               "call backward(..., retain_graph=true) the first time", node->name);
+      for (size_t i = 0; i < p.grads.size(); ++i)
+        if (!p.grads[i].defined()) p.grads[i] = zeros(node->output_shapes[i], node->output_dtypes[i], node->device);
+      input_grads = node->backward(p.grads);
+      MT_ASSERT(input_grads.size() == node->next.size(), "backward of {} returned {} gradients for {} inputs",
+                node->name, input_grads.size(), node->next.size());
+      if (!retain_graph) node->backward = nullptr;  // frees the saved tensors
+    }
+    p.grads.clear();
+
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const Edge& e = node->next[i];
+      const Tensor* g = i < input_grads.size() && input_grads[i].defined() ? &input_grads[i] : nullptr;
+      if (g && e.active()) check_grad(*node, i, *g);
+      if (e.node) {
+        Pending& q = pending[e.node.get()];
+        if (g) accumulate(q.grads[e.output_nr], *g);
+        if (--q.dependencies == 0) ready.push(e.node.get());
+      } else if (e.leaf && g) {
+        accumulate_leaf(*e.leaf, *g);
+      }
+    }
+  }
+}
+
+}  // namespace moetrain::autograd
+
+namespace moetrain {
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  autograd::backward({*this}, {grad}, retain_graph);
+}
+
+Tensors checkpoint(const std::function<Tensors(const Tensors&)>& fn, const Tensors& inputs) {
+  if (!autograd::grad_enabled()) return fn(inputs);
+  Tensors detached;
+  detached.reserve(inputs.size());
+  for (const Tensor& t : inputs) detached.push_back(t.defined() ? t.detach() : t);
+  Generator& gen = default_generator();
+  uint64_t rng_offset = gen.offset();
+  Tensors outputs;
+  {
+    NoGradGuard no_grad;
+    outputs = fn(detached);
+  }
+  for (Tensor& o : outputs)
+    if (o.defined()) o = o.detach();  // a fresh handle per output, even if fn returned an input
+  auto recompute = [fn, inputs, rng_offset](const Tensors& grad_outputs) {
+    Tensors again;
+    for (const Tensor& t : inputs) {
+      if (!t.defined()) {
+        again.push_back(t);
+        continue;
+      }
+      Tensor d = t.detach();
+      if (t.requires_grad()) d.set_requires_grad(true);
+      again.push_back(d);
+    }
+    Generator& g = default_generator();
+    uint64_t resume_offset = g.offset();
+    g.set_offset(rng_offset);
+    Tensors outs;
+    {
+      EnableGradGuard grad;
+      outs = fn(again);
+    }
+    g.set_offset(resume_offset);
+    Tensors roots, root_grads;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!outs[i].requires_grad()) continue;
+      roots.push_back(outs[i]);
+      root_grads.push_back(grad_outputs[i]);
+    }
+    if (!roots.empty()) autograd::backward(roots, root_grads);
+    Tensors grads;
+    for (const Tensor& t : again) grads.push_back(t.defined() && t.requires_grad() ? t.grad() : Tensor());
+    return grads;
+  };
+  // Recorded even when no input requires grad: the parameters fn captures may.
+  autograd::make_node("checkpoint", outputs, inputs, std::move(recompute));
+  return outputs;
+}
+
+}  // namespace moetrain

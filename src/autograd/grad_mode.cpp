@@ -1,0 +1,12 @@
+#include "autograd/grad_mode.h"
+
+namespace moetrain::autograd {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+}
+
+bool grad_enabled() { return g_grad_enabled; }
+void set_grad_enabled(bool on) { g_grad_enabled = on; }
+
+}  // namespace moetrain::autograd

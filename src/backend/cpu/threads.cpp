@@ -1,0 +1,57 @@
+#include <sched.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "backend/cpu/parallel.h"
+#include "core/error.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace moetrain::cpu {
+
+namespace {
+int g_threads = 0;
+
+// A positive integer from the environment, 0 when unset. Strict variables must be
+// exactly an integer; the launchers' own (e.g. SLURM's "2(x3)") are read leniently.
+int env_int(const char* name, bool strict) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  if (strict) MT_CHECK(*end == '\0' && n > 0, "environment variable {}={} is not a positive integer", name, v);
+  return n > 0 ? static_cast<int>(n) : 0;
+}
+}  // namespace
+
+int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+
+void set_num_threads(int n) {
+  MT_CHECK(n >= 1, "thread count must be >= 1, got {}", n);
+  g_threads = n;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+int default_num_threads() {
+  if (int n = env_int("MOETRAIN_NUM_THREADS", true)) return n;
+  cpu_set_t set;
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : omp_get_num_procs();
+  int ranks = 1;
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    if (int r = env_int(var, false)) {
+      ranks = r;
+      break;
+    }
+  }
+  return std::max(1, cores / ranks);
+}
+
+void init_threads() {
+  static std::once_flag once;
+  std::call_once(once, [] { set_num_threads(default_num_threads()); });
+}
+
+}  // namespace moetrain::cpu

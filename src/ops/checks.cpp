@@ -1,0 +1,28 @@
+#include "ops/checks.h"
+
+namespace moetrain {
+
+void check_float(const char* op, const char* arg, const Tensor& t) {
+  MT_CHECK(t.defined(), "{}: {} is undefined", op, arg);
+  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
+           "{}: {} is {}; expected f32 or f64 (convert bf16 with .to(DType::f32))", op, arg, describe(t));
+}
+
+void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {
+  MT_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch, {} vs {}", op, describe(a), describe(b));
+  MT_CHECK(a.device() == b.device(), "{}: device mismatch, {} vs {}", op, describe(a), describe(b));
+}
+
+void check_rank(const char* op, const char* arg, const Tensor& t, int rank) {
+  if (rank >= 0)
+    MT_CHECK(t.dim() == rank, "{}: {} must have rank {}, got {}", op, arg, rank, describe(t));
+  else
+    MT_CHECK(t.dim() >= -rank, "{}: {} must have rank >= {}, got {}", op, arg, -rank, describe(t));
+}
+
+void check_cpu(const char* op, const Tensor& t) {
+  MT_CHECK(t.is_cpu(), "{}: {} is on {}, and this op has no CUDA kernel in this build; move it with .to(kCpu)",
+           op, describe(t), t.device());
+}
+
+}  // namespace moetrain

@@ -1,0 +1,26 @@
+// Kernels of the elementwise family (declared here, defined in
+// elementwise_cpu.cpp). Arguments are checked by the ops in elementwise.cpp.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace moetrain {
+
+enum class BinaryOp { add, sub, mul, div };
+enum class UnaryOp { neg, exp, log, sqrt, square, tanh, sigmoid, relu, silu, softplus, gelu_tanh };
+
+namespace cpu {
+// out = a (op) b with broadcasting; out has the broadcast shape.
+void binary_forward(BinaryOp op, Tensor& out, const Tensor& a, const Tensor& b);
+void unary_forward(UnaryOp op, Tensor& y, const Tensor& x);
+// grad_x = grad_y * f'(x) (y = f(x) is passed for ops whose derivative uses it).
+void unary_backward(UnaryOp op, Tensor& grad_x, const Tensor& grad_y, const Tensor& x, const Tensor& y);
+// y = x * scale + shift, or y = x^p.
+void affine_forward(Tensor& y, const Tensor& x, double scale, double shift);
+void pow_forward(Tensor& y, const Tensor& x, double p);
+void sum_to(Tensor& out, const Tensor& t);
+void broadcast_copy(Tensor& out, const Tensor& x);
+void add_inplace(Tensor& dst, const Tensor& src, double alpha);
+}  // namespace cpu
+
+}  // namespace moetrain
