@@ -1,0 +1,115 @@
+#include "testing.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+
+#include "moetrain.h"
+
+namespace moetrain::testing {
+
+namespace {
+
+std::vector<std::vector<double>> values(const Tensors& outs, const std::vector<std::vector<double>>& w) {
+  std::vector<std::vector<double>> v(outs.size());
+  for (size_t k = 0; k < outs.size(); ++k)
+    if (!w[k].empty()) v[k] = outs[k].to_vector();
+  return v;
+}
+
+// <w, up - down>: differences first, so outputs the perturbation does not
+// touch cancel exactly instead of adding rounding noise.
+double weighted_difference(const std::vector<std::vector<double>>& up, const std::vector<std::vector<double>>& down,
+                           const std::vector<std::vector<double>>& w) {
+  double total = 0;
+  for (size_t k = 0; k < w.size(); ++k)
+    for (size_t i = 0; i < w[k].size(); ++i) total += w[k][i] * (up[k][i] - down[k][i]);
+  return total;
+}
+
+}  // namespace
+
+GradCheckResult check_gradients(const std::function<Tensors(const Tensors&)>& fn, const Tensors& inputs,
+                                GradCheckOptions opts) {
+  // Fresh leaves (copies), so perturbations never touch the caller's tensors.
+  Tensors leaves;
+  std::vector<bool> check(inputs.size(), false);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor c = inputs[i].defined() ? inputs[i].detach().clone() : Tensor();
+    bool want = c.defined() && is_floating(c.dtype()) && (opts.check.empty() || opts.check[i]);
+    if (want) {
+      REQUIRE(c.dtype() == DType::f64);
+      c.set_requires_grad(true);
+    }
+    check[i] = want;
+    leaves.push_back(c);
+  }
+
+  Tensors outs = fn(leaves);
+  std::vector<std::vector<double>> w(outs.size());
+  Tensors roots, grads;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (!outs[k].defined() || !is_floating(outs[k].dtype()) || !outs[k].requires_grad()) continue;
+    Tensor wk = randn(outs[k].shape(), outs[k].dtype(), opts.seed + k);
+    w[k] = wk.to_vector();
+    roots.push_back(outs[k]);
+    grads.push_back(wk);
+  }
+  REQUIRE(!roots.empty());
+  autograd::backward(roots, grads);
+
+  GradCheckResult result;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (!check[i]) continue;
+    Tensor x = leaves[i];
+    Tensor analytic = x.grad();
+    std::vector<double> a = analytic.defined() ? analytic.to_vector() : std::vector<double>(x.numel(), 0.0);
+    double* p = x.data<double>();
+    NoGradGuard no_grad;
+    for (int64_t e = 0; e < x.numel(); ++e) {
+      double orig = p[e];
+      p[e] = orig + opts.eps;
+      auto up = values(fn(leaves), w);
+      p[e] = orig - opts.eps;
+      auto down = values(fn(leaves), w);
+      p[e] = orig;
+      double numeric = weighted_difference(up, down, w) / (2 * opts.eps);
+      double an = a[static_cast<size_t>(e)];
+      double rel = std::abs(an - numeric) / std::max({std::abs(an), std::abs(numeric), opts.floor});
+      if (rel > result.max_rel_error || std::isnan(rel)) {
+        result.max_rel_error = std::isnan(rel) ? INFINITY : rel;
+        result.worst = fmt::format("input {} {} element {}: analytic {:.12g} numeric {:.12g}", i, x.shape(), e, an,
+                                   numeric);
+      }
+    }
+  }
+  INFO("worst: " << result.worst);
+  CHECK(result.max_rel_error < opts.tolerance);
+  return result;
+}
+
+GradCheckResult check_gradients(const std::function<Tensor(const Tensors&)>& fn, const Tensors& inputs,
+                                GradCheckOptions opts) {
+  return check_gradients([&](const Tensors& in) { return Tensors{fn(in)}; }, inputs, opts);
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  std::vector<double> va = a.to_vector(), vb = b.to_vector();
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    double d = std::abs(va[i] - vb[i]);
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
+  Tensor ha = a.to(kCpu), hb = b.to(kCpu);
+  return std::memcmp(ha.raw_data(), hb.raw_data(), static_cast<size_t>(ha.nbytes())) == 0;
+}
+
+}  // namespace moetrain::testing
