@@ -1,0 +1,32 @@
+#include "ops/attention.h"
+
+#include "autograd/node.h"
+#include "ops/attention_kernels.h"
+#include "ops/checks.h"
+
+namespace moetrain {
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  const char* op = "causal_attention";
+  check_float(op, "q", q);
+  check_same_kind(op, q, k);
+  check_same_kind(op, q, v);
+  check_cpu(op, q);
+  check_rank(op, "q", q, 4);
+  check_rank(op, "k", k, 4);
+  check_rank(op, "v", v, 4);
+  MT_CHECK(k.shape() == q.shape(), "{}: q is {} and k is {}; both must be [B, T, H, Dk]", op, q.shape(), k.shape());
+  MT_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+           "{}: v is {} but q is {}; v must be [B, T, H, Dv] with the same B, T, H", op, v.shape(), q.shape());
+  Tensor o = empty(v.shape(), v.dtype(), v.device());
+  Tensor lse = empty({q.size(0), q.size(2), q.size(1)}, q.dtype(), q.device());
+  cpu::causal_attention_forward(o, lse, q, k, v, scale);
+  Tensor o_saved = o.detach();
+  return record(op, o, {q, k, v}, [q, k, v, o_saved, lse, scale](const Tensor& grad_o) {
+    Tensor grad_q = empty_like(q), grad_k = zeros_like(k), grad_v = zeros_like(v);
+    cpu::causal_attention_backward(grad_q, grad_k, grad_v, grad_o, q, k, v, o_saved, lse, scale);
+    return Grads{grad_q, grad_k, grad_v};
+  });
+}
+
+}  // namespace moetrain

@@ -1,0 +1,15 @@
+// Causal softmax attention per head (GPT-2 §2, MLA §7 of MODEL_SPEC):
+//   o[t] = Σ_{s ≤ t} softmax_s(scale · q[t]·k[s]) v[s]
+// Memory-efficient: query rows are processed in tiles of 64, so at most one
+// [64, T] score block per thread exists at a time (never [T, T] for all heads);
+// forward saves only the per-row log-sum-exp and backward recomputes the scores.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace moetrain {
+
+// q, k [B, T, H, Dk], v [B, T, H, Dv] -> o [B, T, H, Dv]. scale is usually Dk^-1/2.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale);
+
+}  // namespace moetrain

@@ -1,0 +1,66 @@
+// Norm ops. Backward (MODEL_SPEC §1), per row with x̂ = normalised x, g = dy ⊙ w:
+//   LayerNorm: dx = r (g - mean(g) - x̂ mean(g ⊙ x̂)),  dw = Σ dy ⊙ x̂,  db = Σ dy
+//   RMSNorm:   dx = r (g - x̂ mean(g ⊙ x̂)),            dw = Σ dy ⊙ x̂
+//   L2 norm:   dx = r (dy - y (y · dy))
+#include "ops/norm.h"
+
+#include "autograd/node.h"
+#include "ops/checks.h"
+#include "ops/norm_kernels.h"
+
+namespace moetrain {
+
+namespace {
+void check_weight(const char* op, const char* arg, const Tensor& x, const Tensor& w) {
+  if (!w.defined()) return;
+  MT_CHECK(w.shape() == Shape{x.size(-1)}, "{}: {} is {} but x is {}; {} must be [{}]", op, arg, w.shape(), x.shape(),
+           arg, x.size(-1));
+  check_same_kind(op, x, w);
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check_float("layer_norm", "x", x);
+  check_cpu("layer_norm", x);
+  check_rank("layer_norm", "x", x, -1);
+  check_weight("layer_norm", "weight", x, weight);
+  check_weight("layer_norm", "bias", x, bias);
+  Tensor y = empty_like(x);
+  Shape stats = x.shape().drop_last();
+  Tensor mean = empty(stats, x.dtype(), x.device()), rstd = empty(stats, x.dtype(), x.device());
+  cpu::layer_norm_forward(y, mean, rstd, x, weight, bias, eps);
+  return record("layer_norm", y, {x, weight, bias}, [x, weight, bias, mean, rstd](const Tensor& grad_y) {
+    Tensor grad_x = empty_like(x), grad_w, grad_b;
+    if (weight.defined() && weight.requires_grad()) grad_w = empty_like(weight);
+    if (bias.defined() && bias.requires_grad()) grad_b = empty_like(bias);
+    cpu::layer_norm_backward(grad_x, grad_w.defined() ? &grad_w : nullptr, grad_b.defined() ? &grad_b : nullptr,
+                             grad_y, x, weight, mean, rstd);
+    return Grads{grad_x, grad_w, grad_b};
+  });
+}
+
+namespace {
+Tensor scaled_norm(const char* op, const Tensor& x, const Tensor& weight, double scale, double eps) {
+  check_float(op, "x", x);
+  check_cpu(op, x);
+  check_rank(op, "x", x, -1);
+  check_weight(op, "weight", x, weight);
+  Tensor y = empty_like(x);
+  Tensor rstd = empty(x.shape().drop_last(), x.dtype(), x.device());
+  cpu::scaled_norm_forward(y, rstd, x, weight, scale, eps);
+  return record(op, y, {x, weight}, [x, weight, rstd, scale](const Tensor& grad_y) {
+    Tensor grad_x = empty_like(x), grad_w;
+    if (weight.defined() && weight.requires_grad()) grad_w = empty_like(weight);
+    cpu::scaled_norm_backward(grad_x, grad_w.defined() ? &grad_w : nullptr, grad_y, x, weight, rstd, scale);
+    return Grads{grad_x, grad_w};
+  });
+}
+}  // namespace
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return scaled_norm("rms_norm", x, weight, 1.0 / static_cast<double>(x.defined() ? x.size(-1) : 1), eps);
+}
+
+Tensor l2_norm(const Tensor& x, double eps) { return scaled_norm("l2_norm", x, Tensor(), 1.0, eps); }
+
+}  // namespace moetrain

@@ -1,0 +1,19 @@
+// Kernels of the norm family; x viewed as [rows, n]. Backward overwrites
+// grad_x and (where given) grad_w / grad_b.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace moetrain::cpu {
+
+void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                        double eps);
+void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const Tensor& grad_y, const Tensor& x,
+                         const Tensor& w, const Tensor& mean, const Tensor& rstd);
+// RMSNorm and L2 norm share a kernel: rstd = 1/sqrt(sum(x^2) * scale + eps)
+// with scale = 1/n (RMSNorm) or 1 (L2 norm); w may be undefined.
+void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double scale, double eps);
+void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_y, const Tensor& x, const Tensor& w,
+                          const Tensor& rstd, double scale);
+
+}  // namespace moetrain::cpu

@@ -1,0 +1,133 @@
+// CPU kernels of the softmax family: one row per task, max-subtracted
+// exponentials accumulated in double.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/parallel.h"
+#include "core/dispatch.h"
+#include "ops/softmax_kernels.h"
+
+namespace moetrain::cpu {
+
+namespace {
+template <class T>
+double row_max(const T* x, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, static_cast<double>(x[j]));
+  return m;
+}
+// log Σ e^x, max-subtracted; -inf for an all -inf row.
+template <class T>
+double row_logsumexp(const T* x, int64_t n) {
+  double m = row_max(x, n);
+  if (std::isinf(m) && m < 0) return m;
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) s += std::exp(static_cast<double>(x[j]) - m);
+  return m + std::log(s);
+}
+}  // namespace
+
+void softmax_forward(Tensor& y, const Tensor& x, bool log) {
+  dispatch_float(x.dtype(), "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* xr = px + r * n;
+        T* yr = py + r * n;
+        double lse = row_logsumexp(xr, n);
+        for (int64_t j = 0; j < n; ++j) {
+          double z = static_cast<double>(xr[j]) - lse;
+          yr[j] = static_cast<T>(log ? z : std::exp(z));
+        }
+      }
+    });
+  });
+}
+
+void softmax_backward(Tensor& grad_x, const Tensor& grad_y, const Tensor& y, bool log) {
+  dispatch_float(y.dtype(), "softmax_backward", [&](auto tag) {
+    using T = decltype(tag);
+    int64_t n = y.size(-1), rows = y.numel() / std::max<int64_t>(n, 1);
+    const T* py = y.data<T>();
+    const T* gy = grad_y.data<T>();
+    T* gx = grad_x.data<T>();
+    parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* yr = py + r * n;
+        const T* gr = gy + r * n;
+        T* xr = gx + r * n;
+        double dot = 0;
+        if (log) {
+          for (int64_t j = 0; j < n; ++j) dot += gr[j];
+          for (int64_t j = 0; j < n; ++j) xr[j] = static_cast<T>(gr[j] - std::exp(static_cast<double>(yr[j])) * dot);
+        } else {
+          for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(gr[j]) * yr[j];
+          for (int64_t j = 0; j < n; ++j) xr[j] = static_cast<T>(yr[j] * (gr[j] - dot));
+        }
+      }
+    });
+  });
+}
+
+void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const Tensor& logits,
+                           const Tensor& targets, int64_t ignore_index) {
+  dispatch_float(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
+      using I = decltype(itag);
+      int64_t v = logits.size(-1), rows = logits.numel() / std::max<int64_t>(v, 1);
+      const T* px = logits.data<T>();
+      const I* pt = targets.data<I>();
+      T* pl = lse.data<T>();
+      std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
+      parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          double l = row_logsumexp(px + r * v, v);
+          pl[r] = static_cast<T>(l);
+          if (pt[r] != ignore_index) row_loss[static_cast<size_t>(r)] = l - static_cast<double>(px[r * v + pt[r]]);
+        }
+      });
+      loss_sum = 0;
+      count = 0;
+      for (int64_t r = 0; r < rows; ++r) {  // fixed order: thread-count independent
+        if (pt[r] == ignore_index) continue;
+        loss_sum += row_loss[static_cast<size_t>(r)];
+        count += 1;
+      }
+    });
+  });
+}
+
+void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            double scale, int64_t ignore_index) {
+  dispatch_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
+      using I = decltype(itag);
+      int64_t v = logits.size(-1), rows = logits.numel() / std::max<int64_t>(v, 1);
+      const T* px = logits.data<T>();
+      const I* pt = targets.data<I>();
+      const T* pl = lse.data<T>();
+      T* pg = grad_logits.data<T>();
+      parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          T* gr = pg + r * v;
+          if (pt[r] == ignore_index) {
+            std::fill(gr, gr + v, T(0));
+            continue;
+          }
+          const T* xr = px + r * v;
+          double l = pl[r];
+          for (int64_t j = 0; j < v; ++j) gr[j] = static_cast<T>(scale * std::exp(static_cast<double>(xr[j]) - l));
+          gr[pt[r]] = static_cast<T>(scale * (std::exp(static_cast<double>(xr[pt[r]]) - l) - 1.0));
+        }
+      });
+    });
+  });
+}
+
+}  // namespace moetrain::cpu

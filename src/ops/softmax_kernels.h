@@ -1,0 +1,18 @@
+#pragma once
+
+#include "core/tensor.h"
+
+namespace moetrain::cpu {
+
+// x viewed as [rows, n].
+void softmax_forward(Tensor& y, const Tensor& x, bool log);
+// softmax: dx = y (dy - Σ dy y);  log_softmax: dx = dy - e^y Σ dy.
+void softmax_backward(Tensor& grad_x, const Tensor& grad_y, const Tensor& y, bool log);
+// Per row n: lse[n] = log Σ_v e^{logits[n, v]}, loss_sum = Σ_counted (lse - logit[target]).
+void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const Tensor& logits,
+                           const Tensor& targets, int64_t ignore_index);
+// grad_logits[n, :] = scale (softmax(logits[n]) - onehot(target)) for counted rows, 0 otherwise.
+void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            double scale, int64_t ignore_index);
+
+}  // namespace moetrain::cpu

@@ -1,0 +1,72 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "moetrain.h"
+#include "testing.h"
+
+using namespace moetrain;
+using moetrain::testing::check_gradients;
+
+namespace {
+// Direct O(T^2) reference with explicit masking.
+std::vector<double> reference(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), Dv = v.size(3);
+  std::vector<double> vq = q.to_vector(), vk = k.to_vector(), vv = v.to_vector(), out(B * T * H * Dv, 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> s(t + 1);
+        double m = -1e300;
+        for (int64_t j = 0; j <= t; ++j) {
+          double acc = 0;
+          for (int64_t d = 0; d < Dk; ++d) acc += vq[((b * T + t) * H + h) * Dk + d] * vk[((b * T + j) * H + h) * Dk + d];
+          s[j] = acc * scale;
+          m = std::max(m, s[j]);
+        }
+        double z = 0;
+        for (double& e : s) z += (e = std::exp(e - m));
+        for (int64_t j = 0; j <= t; ++j)
+          for (int64_t d = 0; d < Dv; ++d)
+            out[((b * T + t) * H + h) * Dv + d] += s[j] / z * vv[((b * T + j) * H + h) * Dv + d];
+      }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("causal_attention: forward matches the direct softmax, T across tiles", "[ops][attention]") {
+  for (int64_t T : {1, 31, 64, 65, 131}) {
+    DYNAMIC_SECTION("T=" << T) {
+      Tensor q = randn({2, T, 3, 8}, DType::f64, 1), k = randn({2, T, 3, 8}, DType::f64, 2),
+             v = randn({2, T, 3, 5}, DType::f64, 3);
+      std::vector<double> ref = reference(q, k, v, 0.35), out = causal_attention(q, k, v, 0.35).to_vector();
+      for (size_t i = 0; i < ref.size(); ++i) REQUIRE(out[i] == Approx(ref[i]).epsilon(1e-11).margin(1e-13));
+    }
+  }
+}
+
+TEST_CASE("causal_attention: f32 agrees with f64", "[ops][attention]") {
+  Tensor q = randn({1, 70, 2, 16}, DType::f32, 4), k = randn({1, 70, 2, 16}, DType::f32, 5),
+         v = randn({1, 70, 2, 16}, DType::f32, 6);
+  Tensor o32 = causal_attention(q, k, v, 0.25);
+  Tensor o64 = causal_attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), 0.25);
+  CHECK(moetrain::testing::max_abs_diff(o32.to(DType::f64), o64) < 1e-5);
+}
+
+TEST_CASE("causal_attention: gradients match finite differences", "[ops][attention]") {
+  // T = 67 crosses a 64-row tile boundary, so dK/dV accumulate over two tiles.
+  Tensor q = randn({1, 67, 2, 3}, DType::f64, 7), k = randn({1, 67, 2, 3}, DType::f64, 8),
+         v = randn({1, 67, 2, 2}, DType::f64, 9);
+  check_gradients([](const Tensors& in) { return causal_attention(in[0], in[1], in[2], 0.5); }, {q, k, v});
+  Tensor q2 = randn({2, 5, 3, 4}, DType::f64, 10), k2 = randn({2, 5, 3, 4}, DType::f64, 11),
+         v2 = randn({2, 5, 3, 6}, DType::f64, 12);
+  check_gradients([](const Tensors& in) { return causal_attention(in[0], in[1], in[2], 0.5); }, {q2, k2, v2});
+}
+
+TEST_CASE("causal_attention: bad shapes are reported", "[ops][attention][errors]") {
+  Tensor q = randn({1, 4, 2, 8}, DType::f32, 1);
+  CHECK_THROWS_WITH(causal_attention(q, randn({1, 4, 2, 7}, DType::f32, 2), q, 1.0),
+                    Catch::Contains("causal_attention") && Catch::Contains("[1, 4, 2, 7]"));
+  CHECK_THROWS_WITH(causal_attention(q, q, randn({1, 5, 2, 8}, DType::f32, 2), 1.0),
+                    Catch::Contains("[1, 5, 2, 8]"));
+}

@@ -1,0 +1,28 @@
+#include <catch2/catch.hpp>
+
+#include "moetrain.h"
+#include "testing.h"
+
+using namespace moetrain;
+using moetrain::testing::check_gradients;
+
+TEST_CASE("embedding: gathers rows; repeated ids accumulate in backward", "[ops][embedding]") {
+  Tensor table = randn({11, 33}, DType::f64, 1);
+  Tensor ids = from_vector({3, 0, 3, 10, 3, 7}, {2, 3}, DType::i64);
+  Tensor y = embedding(table, ids);
+  REQUIRE(y.shape() == Shape{2, 3, 33});
+  std::vector<double> vt = table.to_vector(), vy = y.to_vector();
+  std::vector<int> id = {3, 0, 3, 10, 3, 7};
+  for (int p = 0; p < 6; ++p)
+    for (int j = 0; j < 33; ++j) REQUIRE(vy[p * 33 + j] == vt[id[p] * 33 + j]);
+  check_gradients([&](const Tensors& in) { return embedding(in[0], ids); }, {table});
+  Tensor u16 = from_vector({3, 0, 3, 10, 3, 7}, {6}, DType::u16);
+  CHECK(moetrain::testing::bitwise_equal(embedding(table, u16), reshape(y, {6, 33})));
+}
+
+TEST_CASE("embedding: out-of-range ids name the id and the table", "[ops][embedding][errors]") {
+  Tensor table = randn({11, 4}, DType::f32, 1);
+  CHECK_THROWS_WITH(embedding(table, from_vector({1, 11}, {2}, DType::i32)),
+                    Catch::Contains("token id 11") && Catch::Contains("[0, 11)") && Catch::Contains("[11, 4]"));
+  CHECK_THROWS_WITH(embedding(table, from_vector({-1}, {1}, DType::i64)), Catch::Contains("token id -1"));
+}

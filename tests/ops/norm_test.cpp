@@ -1,0 +1,67 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "backend/cpu/parallel.h"
+#include "moetrain.h"
+#include "testing.h"
+
+using namespace moetrain;
+using moetrain::testing::check_gradients;
+
+TEST_CASE("layer_norm: forward matches a plain loop", "[ops][norm]") {
+  Tensor x = randn({3, 33}, DType::f64, 1), w = randn({33}, DType::f64, 2), b = randn({33}, DType::f64, 3);
+  std::vector<double> vx = x.to_vector(), vw = w.to_vector(), vb = b.to_vector(), y = layer_norm(x, w, b, 1e-5).to_vector();
+  for (int r = 0; r < 3; ++r) {
+    double mu = 0, var = 0;
+    for (int j = 0; j < 33; ++j) mu += vx[r * 33 + j] / 33;
+    for (int j = 0; j < 33; ++j) var += (vx[r * 33 + j] - mu) * (vx[r * 33 + j] - mu) / 33;
+    for (int j = 0; j < 33; ++j)
+      REQUIRE(y[r * 33 + j] == Approx((vx[r * 33 + j] - mu) / std::sqrt(var + 1e-5) * vw[j] + vb[j]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("rms_norm and l2_norm: forward matches a plain loop", "[ops][norm]") {
+  Tensor x = randn({4, 31}, DType::f64, 4), w = randn({31}, DType::f64, 5);
+  std::vector<double> vx = x.to_vector(), vw = w.to_vector();
+  std::vector<double> y = rms_norm(x, w, 1e-5).to_vector(), y2 = l2_norm(x, 1e-6).to_vector(),
+                      y3 = rms_norm(x, Tensor(), 1e-5).to_vector();
+  for (int r = 0; r < 4; ++r) {
+    double ss = 0;
+    for (int j = 0; j < 31; ++j) ss += vx[r * 31 + j] * vx[r * 31 + j];
+    for (int j = 0; j < 31; ++j) {
+      REQUIRE(y[r * 31 + j] == Approx(vw[j] * vx[r * 31 + j] / std::sqrt(ss / 31 + 1e-5)).epsilon(1e-12));
+      REQUIRE(y3[r * 31 + j] == Approx(vx[r * 31 + j] / std::sqrt(ss / 31 + 1e-5)).epsilon(1e-12));
+      REQUIRE(y2[r * 31 + j] == Approx(vx[r * 31 + j] / std::sqrt(ss + 1e-6)).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("norms: gradients match finite differences", "[ops][norm]") {
+  Tensor x = randn({2, 3, 33}, DType::f64, 7), w = randn({33}, DType::f64, 8), b = randn({33}, DType::f64, 9);
+  check_gradients([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b});
+  check_gradients([](const Tensors& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w});
+  check_gradients([](const Tensors& in) { return rms_norm(in[0], Tensor(), 1e-5); }, {x});
+  check_gradients([](const Tensors& in) { return l2_norm(in[0], 1e-6); }, {x});
+}
+
+TEST_CASE("norms: weight gradient does not depend on the thread count", "[ops][norm]") {
+  Tensor x = randn({257, 37}, DType::f32, 1), w = randn({37}, DType::f32, 2);
+  auto grad_w = [&](int threads) {
+    cpu::set_num_threads(threads);
+    Tensor wl = w.detach().clone();
+    wl.set_requires_grad(true);
+    sum(rms_norm(x, wl, 1e-5)).backward();
+    return wl.grad();
+  };
+  int restore = cpu::num_threads();
+  Tensor g1 = grad_w(1), g2 = grad_w(2);
+  cpu::set_num_threads(restore);
+  CHECK(moetrain::testing::bitwise_equal(g1, g2));
+}
+
+TEST_CASE("norms: bad weight shape names the op and shapes", "[ops][norm][errors]") {
+  Tensor x = randn({3, 8}, DType::f32, 1), w = randn({7}, DType::f32, 2);
+  CHECK_THROWS_WITH(rms_norm(x, w), Catch::Contains("rms_norm") && Catch::Contains("[7]") && Catch::Contains("[3, 8]"));
+  CHECK_THROWS_WITH(layer_norm(x, w, Tensor()), Catch::Contains("layer_norm"));
+}
