@@ -70,7 +70,7 @@ class Tensor {
   std::vector<double> to_vector() const;
 
   // --- views and copies (autograd-aware; defined in src/ops/) ---
-  Tensor reshape(const Shape& shape) const;  // one extent may be -1
+  Tensor reshape(const std::vector<int64_t>& dims) const;  // one extent may be -1
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
   Tensor clone() const;

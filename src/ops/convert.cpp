@@ -58,6 +58,6 @@ Tensor Tensor::contiguous() const {
   return clone();
 }
 
-Tensor Tensor::reshape(const Shape& s) const { return moetrain::reshape(*this, s); }
+Tensor Tensor::reshape(const std::vector<int64_t>& dims) const { return moetrain::reshape(*this, dims); }
 
 }  // namespace moetrain

@@ -2,6 +2,7 @@
 // thread in a fixed order, so results do not depend on the thread count, except
 // sum_to, whose per-target sums also run in a fixed order (bitwise reproducible).
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/parallel.h"
@@ -72,7 +73,7 @@ template <class T> constexpr T kGeluC = T(0.7978845608028654);  // sqrt(2/pi)
 template <class T> constexpr T kGeluA = T(0.044715);
 
 template <class T>
-T unary_value(UnaryOp op, T x) {
+inline T unary_value(UnaryOp op, T x) {
   switch (op) {
     case UnaryOp::neg: return -x;
     case UnaryOp::exp: return std::exp(x);
@@ -94,7 +95,7 @@ T unary_value(UnaryOp op, T x) {
 
 // d f(x) / dx, given x and y = f(x).
 template <class T>
-T unary_derivative(UnaryOp op, T x, T y) {
+inline T unary_derivative(UnaryOp op, T x, T y) {
   switch (op) {
     case UnaryOp::neg: return T(-1);
     case UnaryOp::exp: return y;
@@ -135,13 +136,36 @@ void binary_forward(BinaryOp op, Tensor& out, const Tensor& a, const Tensor& b) 
   });
 }
 
+namespace {
+// Calls fn(std::integral_constant<UnaryOp, op>) so the loops below are compiled
+// once per op, with the formula inlined (no switch per element).
+template <class F>
+void with_op(UnaryOp op, F&& fn) {
+  switch (op) {
+    case UnaryOp::neg: return fn(std::integral_constant<UnaryOp, UnaryOp::neg>{});
+    case UnaryOp::exp: return fn(std::integral_constant<UnaryOp, UnaryOp::exp>{});
+    case UnaryOp::log: return fn(std::integral_constant<UnaryOp, UnaryOp::log>{});
+    case UnaryOp::sqrt: return fn(std::integral_constant<UnaryOp, UnaryOp::sqrt>{});
+    case UnaryOp::square: return fn(std::integral_constant<UnaryOp, UnaryOp::square>{});
+    case UnaryOp::tanh: return fn(std::integral_constant<UnaryOp, UnaryOp::tanh>{});
+    case UnaryOp::sigmoid: return fn(std::integral_constant<UnaryOp, UnaryOp::sigmoid>{});
+    case UnaryOp::relu: return fn(std::integral_constant<UnaryOp, UnaryOp::relu>{});
+    case UnaryOp::silu: return fn(std::integral_constant<UnaryOp, UnaryOp::silu>{});
+    case UnaryOp::softplus: return fn(std::integral_constant<UnaryOp, UnaryOp::softplus>{});
+    case UnaryOp::gelu_tanh: return fn(std::integral_constant<UnaryOp, UnaryOp::gelu_tanh>{});
+  }
+}
+}  // namespace
+
 void unary_forward(UnaryOp op, Tensor& y, const Tensor& x) {
   dispatch_float(x.dtype(), "unary", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();
     T* py = y.data<T>();
-    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) py[i] = unary_value(op, px[i]);
+    with_op(op, [&](auto op_c) {
+      parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) py[i] = unary_value(op_c.value, px[i]);
+      });
     });
   });
 }
@@ -153,8 +177,10 @@ void unary_backward(UnaryOp op, Tensor& grad_x, const Tensor& grad_y, const Tens
     const T* py = y.data<T>();
     const T* gy = grad_y.data<T>();
     T* gx = grad_x.data<T>();
-    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * unary_derivative(op, px[i], py[i]);
+    with_op(op, [&](auto op_c) {
+      parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * unary_derivative(op_c.value, px[i], py[i]);
+      });
     });
   });
 }

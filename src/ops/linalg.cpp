@@ -25,20 +25,21 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   int64_t kb = trans_b ? b.size(-1) : b.size(-2), n = trans_b ? b.size(-2) : b.size(-1);
   MT_CHECK(ka == kb, "matmul: inner dimensions differ: a {}{} has K = {}, b {}{} has K = {}", a.shape(),
            trans_a ? " (transposed)" : "", ka, b.shape(), trans_b ? " (transposed)" : "", kb);
-  if (b.dim() > 2) {
-    MT_CHECK(b.dim() == a.dim() && a.shape().numel(0, a.dim() - 2) == b.shape().numel(0, b.dim() - 2),
-             "matmul: batched operands need the same leading dims, got a {} and b {}", a.shape(), b.shape());
-    for (int d = 0; d < a.dim() - 2; ++d)
-      MT_CHECK(a.size(d) == b.size(d), "matmul: batched operands need the same leading dims, got a {} and b {}",
-               a.shape(), b.shape());
+  if (a.dim() > 2 && b.dim() > 2) {
+    bool same = a.dim() == b.dim();
+    for (int d = 0; same && d < a.dim() - 2; ++d) same = a.size(d) == b.size(d);
+    MT_CHECK(same, "matmul: batched operands need the same leading dims, got a {} and b {}", a.shape(), b.shape());
   }
-  Shape out_shape = a.shape().with(-2, m).with(-1, n);
+  const Tensor& batched = a.dim() >= b.dim() ? a : b;
+  Shape out_shape = batched.shape().with(-2, m).with(-1, n);
   Tensor out = empty(out_shape, a.dtype(), a.device());
   cpu::matmul_forward(out, a, b, trans_a, trans_b);
   return record("matmul", out, {a, b}, [a, b, trans_a, trans_b](const Tensor& g) {
     Tensor grad_a, grad_b;
-    if (a.requires_grad())
+    if (a.requires_grad()) {
       grad_a = trans_a ? matmul(b, g, trans_b, true) : matmul(g, b, false, !trans_b);
+      if (grad_a.dim() > a.dim()) grad_a = sum_to(grad_a, a.shape());  // a was shared over the batch
+    }
     if (b.requires_grad()) {
       if (b.dim() == 2 && a.dim() > 2 && !trans_a) {
         // One GEMM over all rows: flatten A and dC to matrices.
@@ -46,7 +47,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
         grad_b = trans_b ? matmul(g2, a2, true, false) : matmul(a2, g2, true, false);
       } else {
         grad_b = trans_b ? matmul(g, a, true, trans_a) : matmul(a, g, !trans_a, false);
-        if (b.dim() == 2 && grad_b.dim() > 2) grad_b = sum_to(grad_b, b.shape());
+        if (grad_b.dim() > b.dim()) grad_b = sum_to(grad_b, b.shape());  // b was shared over the batch
       }
     }
     return Grads{grad_a, grad_b};

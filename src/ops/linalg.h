@@ -6,10 +6,10 @@
 namespace moetrain {
 
 // op(a) op(b), op(x) = x or its transpose over the last two dims.
-//   a [..., M, K] ([..., K, M] with trans_a)
-//   b [K, N] ([N, K] with trans_b), shared by every leading index of a, or
-//   b [..., K, N] with the same leading dims as a (batched)
-// -> [..., M, N]. A rank-2 b with an untransposed a is one GEMM over all rows.
+//   a [..., M, K] ([..., K, M] with trans_a), b [..., K, N] ([..., N, K] with trans_b)
+// Leading dims: equal on both sides (batched), or one operand is rank 2 and is
+// shared by every leading index of the other. -> [..., M, N].
+// A rank-2 b with an untransposed a is one GEMM over all rows of a.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
 // x W^T + bias: x [..., in], weight [out, in] (PyTorch nn.Linear layout), bias [out] or undefined.

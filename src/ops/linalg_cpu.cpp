@@ -20,8 +20,8 @@ void matmul_forward(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
       gemm(trans_a, trans_b, rows, n, k, T(1), pa, lda, pb, ldb, T(0), pc, n);
       return;
     }
-    int64_t batch = a.shape().numel(0, a.dim() - 2);
-    int64_t a_step = a.size(-2) * a.size(-1), c_step = m * n;
+    int64_t batch = out.shape().numel(0, out.dim() - 2);
+    int64_t a_step = a.dim() == 2 ? 0 : a.size(-2) * a.size(-1), c_step = m * n;
     int64_t b_step = b.dim() == 2 ? 0 : b.size(-2) * b.size(-1);
     auto one = [&](int64_t i) {
       gemm(trans_a, trans_b, m, n, k, T(1), pa + i * a_step, lda, pb + i * b_step, ldb, T(0), pc + i * c_step, n);

@@ -45,7 +45,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
                "cross_entropy: target {} at position {} is out of range [0, {}) (ignore_index is {})",
                static_cast<int64_t>(t[i]), i, vocab, ignore_index);
   });
-  Tensor lse = empty(logits.shape().drop_last(), logits.dtype(), logits.device());
+  Tensor lse = empty(logits.shape().drop_last(), DType::f64, logits.device());  // f64: exact e^{x - lse} in backward
   double loss_sum = 0;
   int64_t count = 0;
   cpu::cross_entropy_forward(lse, loss_sum, count, logits, targets, ignore_index);

@@ -23,7 +23,8 @@ double row_logsumexp(const T* x, int64_t n) {
   double m = row_max(x, n);
   if (std::isinf(m) && m < 0) return m;
   double s = 0;
-  for (int64_t j = 0; j < n; ++j) s += std::exp(static_cast<double>(x[j]) - m);
+  T mt = static_cast<T>(m);
+  for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - mt);  // exp in T, sum in double
   return m + std::log(s);
 }
 }  // namespace
@@ -38,10 +39,16 @@ void softmax_forward(Tensor& y, const Tensor& x, bool log) {
       for (int64_t r = lo; r < hi; ++r) {
         const T* xr = px + r * n;
         T* yr = py + r * n;
-        double lse = row_logsumexp(xr, n);
-        for (int64_t j = 0; j < n; ++j) {
-          double z = static_cast<double>(xr[j]) - lse;
-          yr[j] = static_cast<T>(log ? z : std::exp(z));
+        // Relative to the row max m (exact in T): y = e^{x-m} / Σ, log y = (x - m) - log Σ.
+        T m = static_cast<T>(row_max(xr, n));
+        double s = 0;
+        for (int64_t j = 0; j < n; ++j) s += (yr[j] = std::exp(xr[j] - m));
+        if (log) {
+          T log_s = static_cast<T>(std::log(s));
+          for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) - log_s;
+        } else {
+          T inv = static_cast<T>(1.0 / s);
+          for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
         }
       }
     });
@@ -82,12 +89,12 @@ void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const 
       int64_t v = logits.size(-1), rows = logits.numel() / std::max<int64_t>(v, 1);
       const T* px = logits.data<T>();
       const I* pt = targets.data<I>();
-      T* pl = lse.data<T>();
+      double* pl = lse.data<double>();
       std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
       parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
           double l = row_logsumexp(px + r * v, v);
-          pl[r] = static_cast<T>(l);
+          pl[r] = l;
           if (pt[r] != ignore_index) row_loss[static_cast<size_t>(r)] = l - static_cast<double>(px[r * v + pt[r]]);
         }
       });
@@ -111,7 +118,7 @@ void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Ten
       int64_t v = logits.size(-1), rows = logits.numel() / std::max<int64_t>(v, 1);
       const T* px = logits.data<T>();
       const I* pt = targets.data<I>();
-      const T* pl = lse.data<T>();
+      const double* pl = lse.data<double>();
       T* pg = grad_logits.data<T>();
       parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
@@ -122,7 +129,8 @@ void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Ten
           }
           const T* xr = px + r * v;
           double l = pl[r];
-          for (int64_t j = 0; j < v; ++j) gr[j] = static_cast<T>(scale * std::exp(static_cast<double>(xr[j]) - l));
+          T sc = static_cast<T>(scale);
+          for (int64_t j = 0; j < v; ++j) gr[j] = sc * std::exp(static_cast<T>(xr[j] - l));
           gr[pt[r]] = static_cast<T>(scale * (std::exp(static_cast<double>(xr[pt[r]]) - l) - 1.0));
         }
       });

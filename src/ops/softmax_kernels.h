@@ -8,7 +8,7 @@ namespace moetrain::cpu {
 void softmax_forward(Tensor& y, const Tensor& x, bool log);
 // softmax: dx = y (dy - Σ dy y);  log_softmax: dx = dy - e^y Σ dy.
 void softmax_backward(Tensor& grad_x, const Tensor& grad_y, const Tensor& y, bool log);
-// Per row n: lse[n] = log Σ_v e^{logits[n, v]}, loss_sum = Σ_counted (lse - logit[target]).
+// Per row n (lse is f64): lse[n] = log Σ_v e^{logits[n, v]}, loss_sum = Σ_counted (lse - logit[target]).
 void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const Tensor& logits,
                            const Tensor& targets, int64_t ignore_index);
 // grad_logits[n, :] = scale (softmax(logits[n]) - onehot(target)) for counted rows, 0 otherwise.

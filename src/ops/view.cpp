@@ -14,24 +14,24 @@ namespace moetrain {
 
 namespace {
 
-Shape infer_shape(const Shape& in, const Shape& requested) {
+Shape infer_shape(const Shape& in, std::vector<int64_t> requested) {
   int infer = -1;
   int64_t known = 1;
-  for (int i = 0; i < requested.ndim(); ++i) {
+  for (size_t i = 0; i < requested.size(); ++i) {
     if (requested[i] == -1) {
-      MT_CHECK(infer < 0, "reshape: more than one -1 in {} (input {})", requested.str(), in);
-      infer = i;
+      MT_CHECK(infer < 0, "reshape: more than one -1 in [{}] (input {})", fmt::join(requested, ", "), in);
+      infer = static_cast<int>(i);
     } else {
-      MT_CHECK(requested[i] >= 0, "reshape: negative extent in {} (input {})", requested.str(), in);
+      MT_CHECK(requested[i] >= 0, "reshape: negative extent in [{}] (input {})", fmt::join(requested, ", "), in);
       known *= requested[i];
     }
   }
-  Shape out = requested;
   if (infer >= 0) {
-    MT_CHECK(known > 0 && in.numel() % known == 0, "reshape: cannot view {} ({} elements) as {}", in, in.numel(),
-             requested.str());
-    out[infer] = in.numel() / known;
+    MT_CHECK(known > 0 && in.numel() % known == 0, "reshape: cannot view {} ({} elements) as [{}]", in, in.numel(),
+             fmt::join(requested, ", "));
+    requested[static_cast<size_t>(infer)] = in.numel() / known;
   }
+  Shape out(requested);
   MT_CHECK(out.numel() == in.numel(), "reshape: cannot view {} ({} elements) as {} ({} elements)", in, in.numel(),
            out, out.numel());
   return out;
@@ -42,9 +42,15 @@ void check_defined(const char* op, const Tensor& x) { MT_CHECK(x.defined(), "{}:
 
 }  // namespace
 
-Tensor reshape(const Tensor& x, const Shape& shape) {
+Tensor reshape(const Tensor& x, std::initializer_list<int64_t> dims) {
+  return reshape(x, std::vector<int64_t>(dims));
+}
+
+Tensor reshape(const Tensor& x, const Shape& shape) { return reshape(x, shape.vec()); }
+
+Tensor reshape(const Tensor& x, const std::vector<int64_t>& dims) {
   check_defined("reshape", x);
-  Shape out_shape = infer_shape(x.shape(), shape);
+  Shape out_shape = infer_shape(x.shape(), dims);
   if (out_shape == x.shape() && !autograd::needs_grad({x})) return x;
   Tensor y = alias(x, out_shape);
   Shape in_shape = x.shape();
@@ -60,7 +66,7 @@ Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
   for (int i = 0; i < s; ++i) dims.push_back(x.size(i));
   dims.push_back(x.shape().numel(s, e + 1));
   for (int i = e + 1; i < x.dim(); ++i) dims.push_back(x.size(i));
-  return reshape(x, Shape(dims));
+  return reshape(x, dims);
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {

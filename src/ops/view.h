@@ -2,13 +2,17 @@
 // permute, transpose, general slices, concat and index_select copy.
 #pragma once
 
+#include <initializer_list>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace moetrain {
 
-Tensor reshape(const Tensor& x, const Shape& shape);  // one extent may be -1
+// View with another shape; one extent of `dims` may be -1 (inferred).
+Tensor reshape(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor reshape(const Tensor& x, std::initializer_list<int64_t> dims);
+Tensor reshape(const Tensor& x, const Shape& shape);
 Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);

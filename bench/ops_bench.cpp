@@ -1,0 +1,156 @@
+// Core-op benchmarks, as ratios to same-run baselines:
+//   matmul (GPT-2-small shapes)      vs raw cblas_sgemm on the same buffers
+//   elementwise / norm / softmax     vs memcpy of the same bytes (GB/s)
+// Run: build/moetrain_bench_ops [--benchmark_filter=...]; the ratio table is printed last.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "backend/cpu/parallel.h"
+#include "moetrain.h"
+
+using namespace moetrain;
+
+namespace {
+
+// [M, K] x [K, N] shapes of a GPT-2-small step at B*T = 256 rows.
+const std::vector<std::vector<int64_t>> kGemmShapes = {
+    {256, 768, 2304},   // attn.c_attn
+    {256, 768, 3072},   // mlp.c_fc
+    {256, 3072, 768},   // mlp.c_proj
+    {256, 768, 50304},  // lm head (padded vocab)
+};
+
+void set_gemm_counters(benchmark::State& st, int64_t m, int64_t k, int64_t n) {
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+
+void BM_sgemm_openblas(benchmark::State& st) {
+  int64_t m = st.range(0), k = st.range(1), n = st.range(2);
+  Tensor a = randn({m, k}, DType::f32, 1), b = randn({k, n}, DType::f32, 2), c = empty({m, n});
+  for (auto _ : st) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.f, a.data<float>(), k, b.data<float>(), n,
+                0.f, c.data<float>(), n);
+    benchmark::ClobberMemory();
+  }
+  set_gemm_counters(st, m, k, n);
+}
+
+void BM_matmul(benchmark::State& st) {
+  int64_t m = st.range(0), k = st.range(1), n = st.range(2);
+  Tensor a = randn({m, k}, DType::f32, 1), b = randn({k, n}, DType::f32, 2);
+  for (auto _ : st) benchmark::DoNotOptimize(matmul(a, b).raw_data());
+  set_gemm_counters(st, m, k, n);
+}
+
+// linear() = x W^T as in a model: weight [out, in].
+void BM_linear(benchmark::State& st) {
+  int64_t m = st.range(0), k = st.range(1), n = st.range(2);
+  Tensor x = randn({m, k}, DType::f32, 1), w = randn({n, k}, DType::f32, 2);
+  for (auto _ : st) benchmark::DoNotOptimize(linear(x, w).raw_data());
+  set_gemm_counters(st, m, k, n);
+}
+
+constexpr int64_t kRows = 1024, kCols = 768;  // B*T = 1024 tokens of GPT-2-small width
+
+void set_bytes(benchmark::State& st, int64_t bytes) {
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,
+                                           benchmark::Counter::kIs1000);
+}
+
+void BM_memcpy(benchmark::State& st) {  // read + write of kRows*kCols floats
+  Tensor a = randn({kRows, kCols}, DType::f32, 1), b = empty({kRows, kCols});
+  for (auto _ : st) {
+    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(st, 2 * a.nbytes());
+}
+
+template <class F>
+void bandwidth(benchmark::State& st, int64_t tensors_touched, F&& op) {
+  for (auto _ : st) benchmark::DoNotOptimize(op().raw_data());
+  set_bytes(st, tensors_touched * kRows * kCols * 4);
+}
+
+void BM_add(benchmark::State& st) {
+  Tensor a = randn({kRows, kCols}, DType::f32, 1), b = randn({kRows, kCols}, DType::f32, 2);
+  bandwidth(st, 3, [&] { return add(a, b); });
+}
+void BM_add_bias(benchmark::State& st) {
+  Tensor a = randn({kRows, kCols}, DType::f32, 1), b = randn({kCols}, DType::f32, 2);
+  bandwidth(st, 2, [&] { return add(a, b); });
+}
+void BM_gelu_tanh(benchmark::State& st) {
+  Tensor a = randn({kRows, kCols}, DType::f32, 1);
+  bandwidth(st, 2, [&] { return gelu_tanh(a); });
+}
+void BM_layer_norm(benchmark::State& st) {
+  Tensor a = randn({kRows, kCols}, DType::f32, 1), w = randn({kCols}, DType::f32, 2), b = randn({kCols}, DType::f32, 3);
+  bandwidth(st, 2, [&] { return layer_norm(a, w, b); });
+}
+void BM_rms_norm(benchmark::State& st) {
+  Tensor a = randn({kRows, kCols}, DType::f32, 1), w = randn({kCols}, DType::f32, 2);
+  bandwidth(st, 2, [&] { return rms_norm(a, w); });
+}
+void BM_softmax(benchmark::State& st) {
+  Tensor a = randn({kRows, kCols}, DType::f32, 1);
+  bandwidth(st, 2, [&] { return softmax(a); });
+}
+
+void gemm_args(benchmark::internal::Benchmark* b) {
+  for (const auto& s : kGemmShapes) b->Args(s);
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinWarmUpTime(0.5);
+}
+
+BENCHMARK(BM_sgemm_openblas)->Apply(gemm_args);
+BENCHMARK(BM_matmul)->Apply(gemm_args);
+BENCHMARK(BM_linear)->Apply(gemm_args);
+BENCHMARK(BM_memcpy)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_add)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_add_bias)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_gelu_tanh)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_layer_norm)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_softmax)->UseRealTime()->MinWarmUpTime(0.2);
+
+// Console output plus a record of each run's counters, for the ratio table.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  std::map<std::string, double> rate;  // name -> GFLOP/s or GB/s
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& r : runs) {
+      if (r.run_type != Run::RT_Iteration) continue;
+      for (const char* key : {"GFLOP/s", "GB/s"}) {
+        auto it = r.counters.find(key);
+        if (it != r.counters.end()) rate[r.benchmark_name()] = it->second.value;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cpu::init_threads();
+  benchmark::Initialize(&argc, argv);
+  RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  fmt::print("\nratios to the same-run baseline ({} threads)\n", cpu::num_threads());
+  for (const auto& [name, value] : reporter.rate) {
+    std::string base;
+    if (name.rfind("BM_matmul/", 0) == 0) base = "BM_sgemm_openblas/" + name.substr(10);
+    else if (name.rfind("BM_linear/", 0) == 0) base = "BM_sgemm_openblas/" + name.substr(10);
+    else if (name.rfind("BM_sgemm", 0) != 0 && name.rfind("BM_memcpy", 0) != 0) base = "BM_memcpy/real_time";
+    auto it = reporter.rate.find(base);
+    if (base.empty() || it == reporter.rate.end()) continue;
+    fmt::print("  {:<36} {:8.1f} vs {:8.1f} G/s  = {:.2f}x of {}\n", name, value / 1e9, it->second / 1e9,
+               value / it->second, base);
+  }
+  return 0;
+}

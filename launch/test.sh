@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# THE test command: installs missing Debian packages, builds, runs the whole
+# test suite, then builds the unit tests with AddressSanitizer + UBSan and runs
+# them again. Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+
+launch/setup.sh
+launch/build.sh
+
+echo "== tests (build/) =="
+ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 900
+
+echo "== sanitizer tests (build-asan/: ASan + UBSan, CUDA off) =="
+BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo launch/build.sh \
+  -DMOETRAIN_SANITIZE=ON -DMOETRAIN_CUDA=OFF -DMOETRAIN_BENCH=OFF >/dev/null
+# Leak checking is off: OpenBLAS and libgomp keep thread pools alive at exit.
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  build-asan/moetrain_tests "~[slow]" "~[mpi]" "~[cuda]"
+
+echo "== all tests passed in $(( $(date +%s) - start )) s =="
