@@ -13,11 +13,17 @@ namespace moetrain::autograd {
 
 namespace {
 
+// a + b out of place; bf16 gradients are summed in f32 and rounded once.
+Tensor sum_of(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != DType::bf16) return add(a, b);
+  return add(a.to(DType::f32), b.to(DType::f32)).to(DType::bf16);
+}
+
 // Gradient sums: the first gradient is kept as is (it may alias another
 // tensor); later ones are added out of place, so nothing shared is overwritten.
 void accumulate(Tensor& slot, const Tensor& g) {
   if (!slot.defined()) slot = g;
-  else slot = add(slot, g);
+  else slot = sum_of(slot, g);
 }
 
 // Leaves own their grad buffer (a copy the first time), so accumulation over
@@ -25,6 +31,8 @@ void accumulate(Tensor& slot, const Tensor& g) {
 void accumulate_leaf(TensorImpl& leaf, const Tensor& g) {
   if (!leaf.grad) {
     leaf.grad = g.clone().impl_ptr();
+  } else if (g.dtype() == DType::bf16) {
+    copy_(Tensor(leaf.grad), sum_of(Tensor(leaf.grad), g));
   } else {
     add_(Tensor(leaf.grad), g);
   }

@@ -95,7 +95,14 @@ Tensor& Tensor::set_requires_grad(bool on) {
 template <class T>
 T Tensor::item() const {
   MT_CHECK(numel() == 1, "item() needs a one-element tensor, got {}", describe(*this));
-  return static_cast<T>(to_vector()[0]);
+  Tensor host = is_cpu() ? *this : to(kCpu);
+  // Read in the tensor's own dtype: integers beyond 2^53 stay exact.
+  return dispatch_all(dtype(), [&](auto tag) -> T {
+    using S = decltype(tag);
+    S v = *host.data<S>();
+    if constexpr (std::is_same_v<S, bf16>) return static_cast<T>(v.to_float());
+    else return static_cast<T>(v);
+  });
 }
 template float Tensor::item<float>() const;
 template double Tensor::item<double>() const;

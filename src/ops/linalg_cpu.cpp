@@ -16,7 +16,7 @@ void matmul_forward(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
     T* pc = out.data<T>();
     if (b.dim() == 2 && (a.dim() == 2 || !trans_a)) {
       // All rows of a at once: [rows, K] x op(b).
-      int64_t rows = a.dim() == 2 ? m : a.numel() / lda;
+      int64_t rows = a.dim() == 2 ? m : a.shape().numel(0, a.dim() - 1);
       gemm(trans_a, trans_b, rows, n, k, T(1), pa, lda, pb, ldb, T(0), pc, n);
       return;
     }

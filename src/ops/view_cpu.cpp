@@ -63,6 +63,7 @@ void copy_mid(char* big, char* small, int64_t outer, int64_t big_row, int64_t sm
 }  // namespace
 
 void copy_into_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, int64_t at) {
+  if (outer == 0 || x.numel() == 0) return;
   int64_t es = dtype_size(x.dtype());
   int64_t big_row = out.numel() / outer * es, small_row = x.numel() / outer * es;
   copy_mid(static_cast<char*>(out.raw_data()), static_cast<char*>(x.raw_data()), outer, big_row, small_row,
@@ -70,6 +71,7 @@ void copy_into_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, i
 }
 
 void copy_from_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, int64_t at) {
+  if (outer == 0 || out.numel() == 0) return;
   int64_t es = dtype_size(x.dtype());
   int64_t big_row = x.numel() / outer * es, small_row = out.numel() / outer * es;
   copy_mid(static_cast<char*>(x.raw_data()), static_cast<char*>(out.raw_data()), outer, big_row, small_row,
