@@ -8,6 +8,7 @@
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/elementwise_kernels.h"
+#include "ops/math.h"
 
 namespace moetrain::cpu {
 
@@ -60,11 +61,6 @@ void binary_loop(F f, T* out, const Shape& os, const T* a, const Shape& as, cons
 }
 
 template <class T>
-T sigmoid_of(T x) {
-  return x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x));
-}
-
-template <class T>
 T softplus_of(T x) {  // log(1 + e^x) = max(x, 0) + log1p(e^-|x|)
   return std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x)));
 }
@@ -80,14 +76,14 @@ inline T unary_value(UnaryOp op, T x) {
     case UnaryOp::log: return std::log(x);
     case UnaryOp::sqrt: return std::sqrt(x);
     case UnaryOp::square: return x * x;
-    case UnaryOp::tanh: return std::tanh(x);
+    case UnaryOp::tanh: return tanh_of(x);
     case UnaryOp::sigmoid: return sigmoid_of(x);
     case UnaryOp::relu: return x > T(0) ? x : T(0);
     case UnaryOp::silu: return x * sigmoid_of(x);
     case UnaryOp::softplus: return softplus_of(x);
     case UnaryOp::gelu_tanh: {
       T u = kGeluC<T> * (x + kGeluA<T> * x * x * x);
-      return T(0.5) * x * (T(1) + std::tanh(u));
+      return T(0.5) * x * (T(1) + tanh_of(u));
     }
   }
   return x;
@@ -112,7 +108,7 @@ inline T unary_derivative(UnaryOp op, T x, T y) {
     case UnaryOp::softplus: return sigmoid_of(x);
     case UnaryOp::gelu_tanh: {  // 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)
       T u = kGeluC<T> * (x + kGeluA<T> * x * x * x);
-      T t = std::tanh(u);
+      T t = tanh_of(u);
       return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * kGeluC<T> * (T(1) + T(3) * kGeluA<T> * x * x);
     }
   }

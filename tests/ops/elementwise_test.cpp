@@ -131,3 +131,17 @@ TEST_CASE("elementwise: add_ refuses tensors in a graph", "[ops][elementwise][er
   NoGradGuard guard;
   add_(w, ones({4}));
 }
+
+TEST_CASE("elementwise: f32 tanh and gelu agree with double formulas to float precision", "[ops][elementwise]") {
+  std::vector<double> xs;
+  for (double x = -12; x <= 12; x += 0.00731) xs.push_back(x);
+  for (double x : {1e-9, -3e-5, 9.9e-5, 1.01e-4, 0.0}) xs.push_back(x);
+  Tensor x = from_vector(xs, {static_cast<int64_t>(xs.size())}, DType::f32);
+  std::vector<double> xf = x.to_vector(), t = moetrain::tanh(x).to_vector(), g = gelu_tanh(x).to_vector();
+  for (size_t i = 0; i < xf.size(); ++i) {
+    INFO("x = " << xf[i]);
+    REQUIRE(std::abs(t[i] - std::tanh(xf[i])) <= 2.4e-7 * std::max(std::abs(std::tanh(xf[i])), 1e-30) + 1e-45);
+    // gelu's 1 + tanh cancels for x << 0: there float keeps ~1 ulp of |x|.
+    REQUIRE(std::abs(g[i] - gelu_ref(xf[i])) <= 4e-7 * std::abs(gelu_ref(xf[i])) + 1.2e-7 * std::abs(xf[i]));
+  }
+}
