@@ -8,6 +8,7 @@
 #include "core/tensor.h"
 #include "ops/attention.h"
 #include "ops/conv.h"
+#include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/linalg.h"

@@ -15,10 +15,12 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, doubl
   check_rank(op, "q", q, 4);
   check_rank(op, "k", k, 4);
   check_rank(op, "v", v, 4);
-  MT_CHECK(k.shape() == q.shape(), "{}: q is {} and k is {}; both must be [B, T, H, Dk]", op, q.shape(), k.shape());
-  MT_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
-           "{}: v is {} but q is {}; v must be [B, T, H, Dv] with the same B, T, H", op, v.shape(), q.shape());
-  Tensor o = empty(v.shape(), v.dtype(), v.device());
+  MT_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3) && k.size(1) >= q.size(1),
+           "{}: q is {} and k is {}; they must be [B, T, H, Dk] and [B, Tk, H, Dk] with Tk >= T", op, q.shape(),
+           k.shape());
+  MT_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2),
+           "{}: v is {} but k is {}; v must be [B, Tk, H, Dv] with the same B, Tk, H", op, v.shape(), k.shape());
+  Tensor o = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, v.dtype(), v.device());
   Tensor lse = empty({q.size(0), q.size(2), q.size(1)}, q.dtype(), q.device());
   cpu::causal_attention_forward(o, lse, q, k, v, scale);
   Tensor o_saved = o.detach();

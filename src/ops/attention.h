@@ -9,7 +9,10 @@
 
 namespace moetrain {
 
-// q, k [B, T, H, Dk], v [B, T, H, Dv] -> o [B, T, H, Dv]. scale is usually Dk^-1/2.
+// q [B, T, H, Dk], k [B, Tk, H, Dk], v [B, Tk, H, Dv] -> o [B, T, H, Dv], Tk >= T.
+// Query row t sits at position Tk - T + t and sees keys 0..Tk-T+t: Tk = T in
+// training; Tk = cache length + T when decoding with a KV cache. scale is
+// usually Dk^-1/2.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale);
 
 }  // namespace moetrain

@@ -70,3 +70,20 @@ TEST_CASE("causal_attention: bad shapes are reported", "[ops][attention][errors]
   CHECK_THROWS_WITH(causal_attention(q, q, randn({1, 5, 2, 8}, DType::f32, 2), 1.0),
                     Catch::Contains("[1, 5, 2, 8]"));
 }
+
+TEST_CASE("causal_attention: queries after a cache equal the last rows of full attention", "[ops][attention]") {
+  // Decoding: the last T rows of attention over Tk keys, computed from those T queries alone.
+  for (int64_t T : {1, 3, 70}) {
+    DYNAMIC_SECTION("T=" << T) {
+      const int64_t Tk = 75;
+      Tensor q = randn({2, Tk, 3, 8}, DType::f64, 1), k = randn({2, Tk, 3, 8}, DType::f64, 2),
+             v = randn({2, Tk, 3, 5}, DType::f64, 3);
+      Tensor full_o = slice(causal_attention(q, k, v, 0.3), 1, Tk - T, Tk);
+      Tensor last = causal_attention(slice(q, 1, Tk - T, Tk), k, v, 0.3);
+      CHECK(moetrain::testing::max_abs_diff(full_o, last) < 1e-13);
+    }
+  }
+  Tensor q = randn({1, 4, 2, 3}, DType::f64, 4), k = randn({1, 9, 2, 3}, DType::f64, 5),
+         v = randn({1, 9, 2, 2}, DType::f64, 6);
+  check_gradients([](const Tensors& in) { return causal_attention(in[0], in[1], in[2], 0.7); }, {q, k, v});
+}

@@ -1,0 +1,14 @@
+#pragma once
+
+#include <cstdint>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace moetrain::cpu {
+
+// out[i] = in[i] * keep(i) / (1 - p), keep(i) = uniform(first + i) >= p.
+// Forward and backward are the same map (in = x or grad_y).
+void dropout_apply(Tensor& out, const Tensor& in, double p, const Generator& gen, uint64_t first);
+
+}  // namespace moetrain::cpu
