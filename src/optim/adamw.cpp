@@ -1,0 +1,89 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "backend/cpu/parallel.h"
+#include "core/dispatch.h"
+
+namespace moetrain {
+
+AdamW::AdamW(const ParameterList& params, AdamWOptions options) : params_(params), options_(options) {
+  MT_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
+           "adamw: betas ({}, {}) must be in [0, 1)", options.beta1, options.beta2);
+  MT_CHECK(options.eps > 0 && options.weight_decay >= 0, "adamw: eps = {} must be > 0 and weight_decay = {} >= 0",
+           options.eps, options.weight_decay);
+  for (const NamedParameter& p : params_) {
+    MT_CHECK(p.tensor.is_cpu(), "adamw: parameter {} is on {}; the CPU optimizer needs CPU tensors", p.name,
+             p.tensor.device());
+    m_.push_back(zeros_like(p.tensor));
+    v_.push_back(zeros_like(p.tensor));
+  }
+}
+
+void AdamW::step(double lr) {
+  NoGradGuard no_grad;
+  ++step_;
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  const double step_size = lr / (1.0 - std::pow(b1, static_cast<double>(step_)));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
+    Tensor g = p.tensor.grad();
+    if (!g.defined()) continue;
+    const double decay = p.decay ? 1.0 - lr * options_.weight_decay : 1.0;
+    dispatch_float(p.tensor.dtype(), "adamw", [&](auto tag) {
+      using T = decltype(tag);
+      T* w = p.tensor.data<T>();
+      const T* gr = g.data<T>();
+      T* m = m_[i].data<T>();
+      T* v = v_[i].data<T>();
+      const T tb1 = static_cast<T>(b1), tb2 = static_cast<T>(b2), td = static_cast<T>(decay);
+      const T ss = static_cast<T>(step_size), bc = static_cast<T>(bc2_sqrt), eps = static_cast<T>(options_.eps);
+      cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        for (int64_t j = lo; j < hi; ++j) {
+          w[j] *= td;
+          m[j] = m[j] * tb1 + gr[j] * (T(1) - tb1);
+          v[j] = v[j] * tb2 + gr[j] * gr[j] * (T(1) - tb2);
+          w[j] -= ss * m[j] / (std::sqrt(v[j]) / bc + eps);
+        }
+      });
+    });
+  }
+}
+
+void AdamW::zero_grad() {
+  for (const NamedParameter& p : params_) p.tensor.zero_grad();
+}
+
+double clip_grad_norm(const ParameterList& params, double max_norm) {
+  double total = 0;
+  for (const NamedParameter& p : params) {
+    Tensor g = p.tensor.grad();
+    if (!g.defined()) continue;
+    dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {
+      using T = decltype(tag);
+      const T* d = g.data<T>();
+      for (int64_t j = 0; j < g.numel(); ++j) total += static_cast<double>(d[j]) * d[j];
+    });
+  }
+  double norm = std::sqrt(total);
+  if (max_norm > 0 && norm > max_norm) {
+    double coef = max_norm / (norm + 1e-6);
+    for (const NamedParameter& p : params) {
+      Tensor g = p.tensor.grad();
+      if (!g.defined()) continue;
+      dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {
+        using T = decltype(tag);
+        T* d = g.data<T>();
+        T c = static_cast<T>(coef);
+        cpu::parallel_for(g.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
+          for (int64_t j = lo; j < hi; ++j) d[j] *= c;
+        });
+      });
+    }
+  }
+  return norm;
+}
+
+}  // namespace moetrain
