@@ -1,0 +1,29 @@
+// Autoregressive sampling from a GPT-2 with its KV cache: the prompt is run
+// once (prefill), then one token per step; the prefix is never recomputed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "nn/gpt2.h"
+
+namespace moetrain {
+
+struct SamplingOptions {
+  int64_t max_new_tokens = 128;
+  double temperature = 0.8;  // 0: greedy (argmax, lowest id among ties): bit-reproducible
+  int64_t top_k = 0;         // 0: the whole vocabulary
+  uint64_t seed = 1337;
+  int64_t stop_token = -1;   // stop after emitting this id (e.g. GPT-2's <|endoftext|>); -1: never
+};
+
+// Picks the next id from logits [V] (f32 or f64): temperature, top-k, then an
+// inverse-CDF draw with Philox counter `counter` of a Generator(seed).
+int64_t sample_token(const Tensor& logits, const SamplingOptions& options, uint64_t counter);
+
+// Returns only the new ids. Stops early when the model has seen n_ctx positions
+// (the token predicted from a full context is the last one returned).
+std::vector<int32_t> generate(Gpt2& model, const std::vector<int32_t>& prompt, const SamplingOptions& options);
+
+}  // namespace moetrain
