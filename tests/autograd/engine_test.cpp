@@ -355,7 +355,7 @@ CheckpointRun run_block(bool use_checkpoint, bool input_is_leaf) {
 
 }  // namespace
 
-TEST_CASE("engine: checkpoint gives bitwise the same gradients, random ops replayed", "[autograd][engine][checkpoint]") {
+TEST_CASE("engine: checkpoint gives bitwise the same gradients, random ops replayed", "[autograd][engine][recompute]") {
   for (bool input_is_leaf : {true, false}) {
     DYNAMIC_SECTION((input_is_leaf ? "leaf input" : "non-leaf input")) {
       CheckpointRun plain = run_block(false, input_is_leaf);
@@ -372,7 +372,7 @@ TEST_CASE("engine: checkpoint gives bitwise the same gradients, random ops repla
   }
 }
 
-TEST_CASE("engine: checkpoint of an input without grad still trains captured parameters", "[autograd][engine][checkpoint]") {
+TEST_CASE("engine: checkpoint of an input without grad still trains captured parameters", "[autograd][engine][recompute]") {
   Tensor x = randn({4, 31}, DType::f32, 40);  // data: no gradient
   Tensor w = randn({31, 6}, DType::f32, 41);
   w.set_requires_grad(true);
@@ -389,7 +389,7 @@ TEST_CASE("engine: checkpoint of an input without grad still trains captured par
   CHECK_FALSE(x.grad().defined());
 }
 
-TEST_CASE("engine: checkpoint records one node and nothing inside", "[autograd][engine][checkpoint]") {
+TEST_CASE("engine: checkpoint records one node and nothing inside", "[autograd][engine][recompute]") {
   Tensor x = leaf({2, 3}, 30);
   int calls = 0;
   auto fn = [&calls](const Tensors& in) -> Tensors {
@@ -411,7 +411,7 @@ TEST_CASE("engine: checkpoint records one node and nothing inside", "[autograd][
   for (size_t i = 0; i < v.size(); ++i) CHECK(g[i] == Approx(2 * v[i] + 1).epsilon(1e-15));
 }
 
-TEST_CASE("engine: checkpoint under NoGradGuard just runs fn", "[autograd][engine][checkpoint]") {
+TEST_CASE("engine: checkpoint under NoGradGuard just runs fn", "[autograd][engine][recompute]") {
   Tensor x = leaf({3}, 31);
   NoGradGuard guard;
   Tensors outs = checkpoint([](const Tensors& in) { return Tensors{exp(in[0])}; }, {x});
@@ -419,7 +419,7 @@ TEST_CASE("engine: checkpoint under NoGradGuard just runs fn", "[autograd][engin
   CHECK(outs[0].is_leaf());
 }
 
-TEST_CASE("engine: checkpoint gradients match finite differences", "[autograd][engine][checkpoint]") {
+TEST_CASE("engine: checkpoint gradients match finite differences", "[autograd][engine][recompute]") {
   Tensor w = randn({7, 4}, DType::f64, 32);
   w.set_requires_grad(true);
   check_gradients(
