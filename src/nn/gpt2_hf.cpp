@@ -94,10 +94,10 @@ void load_gpt2_hf_weights(Gpt2& model, const std::string& path) {
     MT_CHECK(it != by_name.end(), "{}: missing tensor {} (expected a GPT-2 with {} layers)", path, p.name,
              model.config().n_layer);
     Tensor t = file.read(it->second->name);
-    if (is_conv1d(p.name) && t.dim() == 2) t = transpose(t, 0, 1);  // Conv1D [in, out] -> [out, in]
-    MT_CHECK(t.shape() == p.tensor.shape(), "{}: tensor {} is {} but the model expects {}{}", path,
-             it->second->name, it->second->shape, is_conv1d(p.name) ? "the transpose of " : "",
-             is_conv1d(p.name) ? transpose(p.tensor, 0, 1).shape() : p.tensor.shape());
+    Shape on_disk = is_conv1d(p.name) ? Shape{p.tensor.size(1), p.tensor.size(0)} : p.tensor.shape();
+    MT_CHECK(t.shape() == on_disk, "{}: tensor {} is {} but the model expects {}{}", path, it->second->name,
+             it->second->shape, on_disk, is_conv1d(p.name) ? " (Conv1D layout [in, out])" : "");
+    if (is_conv1d(p.name)) t = transpose(t, 0, 1);  // Conv1D [in, out] -> [out, in]
     copy_(p.tensor, t.to(p.tensor.dtype()));
     used.insert(p.name);
   }

@@ -70,8 +70,11 @@ TEST_CASE("gpt2 hf: transformer. prefix, mask buffers and lm_head are accepted",
 TEST_CASE("gpt2 hf: missing, unexpected and misshapen tensors name the file and tensor", "[nn][gpt2][hf][errors]") {
   std::string dir = temp_dir("hf_bad");
   Gpt2 a(small(), 5);
+  std::string good = temp_dir("hf_bad_source");
+  export_gpt2_hf(a, good);
+  SafetensorsFile src = SafetensorsFile::open(good + "/model.safetensors");
   std::vector<std::pair<std::string, Tensor>> all;
-  for (const NamedParameter& p : a.parameters()) all.emplace_back(p.name, p.tensor.detach());
+  for (const TensorEntry& e : src.entries()) all.emplace_back(e.name, src.read(e.name));
   auto write_without = [&](const std::string& skip, const std::string& extra, Tensor extra_t) {
     std::vector<std::pair<std::string, Tensor>> t;
     for (auto& kv : all)
@@ -81,6 +84,8 @@ TEST_CASE("gpt2 hf: missing, unexpected and misshapen tensors name the file and 
     return dir + "/w.safetensors";
   };
   Gpt2 b(small(), 6);
+  CHECK_THROWS_WITH(load_gpt2_hf_weights(b, write_without("h.1.mlp.c_fc.weight", "h.1.mlp.c_fc.weight", ones({20, 8}))),
+                    Catch::Contains("h.1.mlp.c_fc.weight is [20, 8]") && Catch::Contains("expects [8, 20] (Conv1D"));
   CHECK_THROWS_WITH(load_gpt2_hf_weights(b, write_without("ln_f.bias", "", {})),
                     Catch::Contains("w.safetensors") && Catch::Contains("missing tensor ln_f.bias"));
   CHECK_THROWS_WITH(load_gpt2_hf_weights(b, write_without("", "h.9.mlp.c_fc.weight", ones({2}))),
