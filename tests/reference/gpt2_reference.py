@@ -33,8 +33,8 @@ B, T = 2, 16
 LR, BETAS, EPS, WD, CLIP = 1e-3, (0.9, 0.95), 1e-8, 0.1, 1.0
 
 
-def make_params(dtype, gen):
-    V, D, L, P = CONFIG["vocab_size"], CONFIG["n_embd"], CONFIG["n_layer"], CONFIG["n_positions"]
+def make_params(dtype, gen, cfg=CONFIG):
+    V, D, L, P = cfg["vocab_size"], cfg["n_embd"], cfg["n_layer"], cfg["n_positions"]
 
     def normal(*shape, std=0.02, mean=0.0):
         return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std + mean).to(dtype)
@@ -59,10 +59,10 @@ def make_params(dtype, gen):
     return p
 
 
-def forward(p, ids):
+def forward(p, ids, cfg=CONFIG):
     """GPT-2 (HF GPT2LMHeadModel semantics, dropout off), logits [B, T, V]."""
-    D, H, L = CONFIG["n_embd"], CONFIG["n_head"], CONFIG["n_layer"]
-    eps, hd = CONFIG["layer_norm_epsilon"], CONFIG["n_embd"] // CONFIG["n_head"]
+    D, H, L = cfg["n_embd"], cfg["n_head"], cfg["n_layer"]
+    eps, hd = cfg["layer_norm_epsilon"], cfg["n_embd"] // cfg["n_head"]
     Bn, Tn = ids.shape
     x = p["wte.weight"][ids] + p["wpe.weight"][:Tn]
     mask = torch.tril(torch.ones(Tn, Tn, dtype=torch.bool))
@@ -83,8 +83,8 @@ def forward(p, ids):
     return x @ p["wte.weight"].T
 
 
-def loss_of(p, ids, targets):
-    logits = forward(p, ids)
+def loss_of(p, ids, targets, cfg=CONFIG):
+    logits = forward(p, ids, cfg)
     return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
