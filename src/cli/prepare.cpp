@@ -1,0 +1,54 @@
+// `moetrain prepare`: tokenize text files into llm.c token shards for training.
+// The work is data::prepare_shards (src/data/prepare.h, which documents the
+// document/EOT, val/train split and file conventions); this file parses the
+// options and prints the summary. Progress goes to stderr, the summary to stdout.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "data/prepare.h"
+
+namespace moetrain::cli {
+
+void add_prepare_command(CLI::App& app, Commands& commands) {
+  CLI::App* cmd = app.add_subcommand(
+      "prepare",
+      "Tokenize text files into token shards: the first --val-tokens tokens to val_000000.bin, the rest to "
+      "train_NNNNNN.bin (llm.c format). Each file is one document; GPT-2's <|endoftext|> precedes each.");
+  auto options = std::make_shared<data::PrepareOptions>();
+  auto invalid_utf8 = std::make_shared<std::string>("error");
+  cmd->add_option("inputs", options->inputs, "Text files (UTF-8 for gpt2)")->required();
+  cmd->add_option("--out", options->out_dir, "Output directory (created if missing)")->required();
+  cmd->add_option("--tokenizer", options->tokenizer, "gpt2 or byte")
+      ->check(CLI::IsMember({"gpt2", "byte"}))
+      ->capture_default_str();
+  cmd->add_option("--tokenizer-dir", options->tokenizer_dir, "Directory with encoder.json and vocab.bpe (gpt2)")
+      ->capture_default_str();
+  cmd->add_option("--val-tokens", options->val_tokens, "Tokens for val_000000.bin (0: no val shard)")
+      ->capture_default_str();
+  cmd->add_option("--shard-tokens", options->shard_tokens, "Tokens per train shard")->capture_default_str();
+  cmd->add_option("--name", options->name, "File name prefix: NAME_train_000000.bin");
+  cmd->add_option("--invalid-utf8", *invalid_utf8,
+                  "Ill-formed UTF-8 in an input: error (name file, offset, line) or replace (U+FFFD, as Python's "
+                  "errors=\"replace\")")
+      ->check(CLI::IsMember({"error", "replace"}))
+      ->capture_default_str();
+  cmd->add_flag("--overwrite", options->overwrite, "Replace shards of the same name already in --out");
+
+  commands.push_back({cmd, [options, invalid_utf8] {
+    options->replace_invalid_utf8 = *invalid_utf8 == "replace";
+    data::PrepareSummary s = data::prepare_shards(*options);
+    fmt::print("prepared {} tokens ({}) from {} file(s), {} bytes, in {:.2f} s ({} tok/s)\n", s.num_tokens,
+               s.tokenizer, s.num_documents, s.num_bytes, s.seconds,
+               data::Progress::format_count(s.seconds > 0 ? static_cast<double>(s.num_tokens) / s.seconds : 0, true));
+    if (s.num_replaced > 0)
+      fmt::print("replaced {} ill-formed UTF-8 sequence(s) by U+FFFD\n", s.num_replaced);
+    size_t width = 0;
+    for (const data::PreparedShard& shard : s.shards) width = std::max(width, shard.path.size());
+    for (const data::PreparedShard& shard : s.shards)
+      fmt::print("  {:<{}}  {:>11} tokens\n", shard.path, width, shard.num_tokens);
+    return 0;
+  }});
+}
+
+}  // namespace moetrain::cli

@@ -1,0 +1,284 @@
+// prepare_shards: text files -> llm.c token shards (conventions in prepare.h).
+#include "data/prepare.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
+#include "data/utf8.h"
+
+namespace moetrain::data {
+
+std::string shard_file_name(const std::string& prefix, const std::string& split, int64_t index) {
+  return fmt::format("{}{}{}_{:06}.bin", prefix, prefix.empty() ? "" : "_", split, index);
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Reads a file in chunks of about chunk_bytes that end at a find_split_point,
+// so each chunk tokenizes as it would inside the whole file. A chunk grows
+// until a split point appears (or the file ends).
+class ChunkReader {
+ public:
+  ChunkReader(const std::string& path, size_t chunk_bytes)
+      : path_(path), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)) {
+    file_ = std::fopen(path.c_str(), "rb");
+    if (!file_) MT_THROW("{}: cannot open input: {}", path, std::strerror(errno));
+  }
+  ~ChunkReader() {
+    if (file_) std::fclose(file_);
+  }
+  ChunkReader(const ChunkReader&) = delete;
+  ChunkReader& operator=(const ChunkReader&) = delete;
+
+  // The next chunk (valid until the next call) and its byte offset in the file; false at the end.
+  bool next(std::string_view& chunk, int64_t& offset) {
+    buf_.erase(0, taken_);  // drop the chunk returned last time
+    offset_ += static_cast<int64_t>(taken_);
+    taken_ = 0;
+    for (;;) {
+      if (!eof_) {
+        const size_t old = buf_.size();
+        buf_.resize(old + chunk_bytes_);
+        const size_t got = std::fread(buf_.data() + old, 1, chunk_bytes_, file_);
+        buf_.resize(old + got);
+        if (got < chunk_bytes_) {
+          if (std::ferror(file_))
+            MT_THROW("{}: read error at byte offset {}: {}", path_, offset_ + old, std::strerror(errno));
+          eof_ = true;
+        }
+      }
+      if (eof_) {
+        taken_ = buf_.size();
+      } else {
+        taken_ = find_split_point(buf_, buf_.size());
+        if (taken_ == 0) continue;  // no split point yet: read more
+      }
+      if (taken_ == 0) return false;
+      chunk = std::string_view(buf_).substr(0, taken_);
+      offset = offset_;
+      return true;
+    }
+  }
+
+ private:
+  std::string path_;
+  size_t chunk_bytes_;
+  std::FILE* file_ = nullptr;
+  std::string buf_;
+  size_t taken_ = 0;    // bytes of buf_ handed out by the last next()
+  int64_t offset_ = 0;  // file offset of buf_[0]
+  bool eof_ = false;
+};
+
+// Throws naming file, byte offset and line of the first ill-formed UTF-8.
+void check_utf8_file(const std::string& path, size_t chunk_bytes) {
+  ChunkReader reader(path, chunk_bytes);
+  std::string_view chunk;
+  int64_t offset = 0, lines = 0;
+  while (reader.next(chunk, offset)) {
+    Utf8Error e = find_invalid_utf8(chunk);
+    if (e.offset >= 0) {
+      const int64_t line = lines + std::count(chunk.begin(), chunk.begin() + e.offset, '\n') + 1;
+      MT_THROW("{}: {}, line {}; fix the file or pass --invalid-utf8 replace (U+FFFD for each bad sequence, as "
+               "Python's errors=\"replace\")",
+               path, describe_utf8_error(chunk, e, offset), line);
+    }
+    lines += std::count(chunk.begin(), chunk.end(), '\n');
+  }
+}
+
+// Collects the token stream into a val shard and train shards in `dir`.
+class ShardSink {
+ public:
+  ShardSink(std::string dir, std::string prefix, int64_t val_tokens, int64_t shard_tokens)
+      : dir_(std::move(dir)), prefix_(std::move(prefix)), val_tokens_(val_tokens), shard_tokens_(shard_tokens) {}
+
+  void add(std::span<const int32_t> ids) {
+    for (int32_t id : ids) {
+      MT_ASSERT(id >= 0 && id < 65536, "token id {} does not fit a uint16 shard", id);
+      if (num_tokens_ < val_tokens_) {
+        val_.push_back(static_cast<uint16_t>(id));
+        if (static_cast<int64_t>(val_.size()) == val_tokens_) flush("val", val_);
+      } else {
+        train_.push_back(static_cast<uint16_t>(id));
+        if (static_cast<int64_t>(train_.size()) == shard_tokens_) flush("train", train_);
+      }
+      ++num_tokens_;
+    }
+  }
+
+  // Writes the last train shard; throws if the stream was too short for val + train.
+  void finish() {
+    MT_CHECK(num_tokens_ > val_tokens_,
+             "the inputs make {} tokens, not more than --val-tokens = {}, which leaves none for train; lower "
+             "--val-tokens",
+             num_tokens_, val_tokens_);
+    if (!train_.empty()) flush("train", train_);
+  }
+
+  const std::vector<PreparedShard>& written() const { return written_; }  // file names, in order
+  int64_t num_tokens() const { return num_tokens_; }
+
+ private:
+  void flush(const std::string& split, std::vector<uint16_t>& tokens) {
+    const int64_t index = split == "val" ? 0 : num_train_shards_++;
+    const std::string name = shard_file_name(prefix_, split, index);
+    write_shard(dir_ + "/" + name, tokens);
+    written_.push_back({name, static_cast<int64_t>(tokens.size())});
+    tokens.clear();
+    tokens.shrink_to_fit();
+  }
+
+  std::string dir_, prefix_;
+  int64_t val_tokens_, shard_tokens_;
+  std::vector<uint16_t> val_, train_;
+  int64_t num_tokens_ = 0, num_train_shards_ = 0;
+  std::vector<PreparedShard> written_;
+};
+
+// The shards of this prefix already in `dir`: <prefix>val_NNNNNN.bin, <prefix>train_NNNNNN.bin.
+std::vector<std::string> existing_shards(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    for (const char* split : {"val", "train"}) {
+      const std::string head = shard_file_name(prefix, split, 0);  // "<prefix>val_000000.bin"
+      const size_t stem = head.size() - std::string_view("000000.bin").size();
+      if (name.size() == head.size() && name.compare(0, stem, head, 0, stem) == 0 && name.ends_with(".bin") &&
+          std::all_of(name.begin() + stem, name.end() - 4, [](char c) { return c >= '0' && c <= '9'; }))
+        found.push_back(dir + "/" + name);
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace
+
+PrepareSummary prepare_shards(const PrepareOptions& o) {
+  const double start = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  MT_CHECK(!o.inputs.empty(), "prepare: no input files");
+  MT_CHECK(!o.out_dir.empty(), "prepare: no output directory (--out)");
+  MT_CHECK(o.val_tokens >= 0, "prepare: --val-tokens = {} must be >= 0", o.val_tokens);
+  MT_CHECK(o.shard_tokens >= 1 && o.shard_tokens <= kShardMaxTokens, "prepare: --shard-tokens = {} must be in [1, {}]",
+           o.shard_tokens, kShardMaxTokens);
+  MT_CHECK(o.name.find('/') == std::string::npos, "prepare: --name \"{}\" must not contain '/'", o.name);
+
+  // Inputs first: nothing is written unless every input can be read.
+  PrepareSummary summary;
+  for (const std::string& input : o.inputs) {
+    struct stat st {};
+    if (::stat(input.c_str(), &st) != 0) MT_THROW("{}: cannot open input: {}", input, std::strerror(errno));
+    MT_CHECK(S_ISREG(st.st_mode), "{}: not a regular file; inputs are text files", input);
+    MT_CHECK(::access(input.c_str(), R_OK) == 0, "{}: cannot read input: {}", input, std::strerror(errno));
+    summary.num_bytes += static_cast<int64_t>(st.st_size);
+  }
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer, o.tokenizer_dir);
+  MT_CHECK(tokenizer->vocab_size() <= 65536, "prepare: the {} tokenizer has {} ids; uint16 shards hold at most 65536",
+           tokenizer->name(), tokenizer->vocab_size());
+  const bool needs_utf8 = tokenizer->name() == "gpt2";
+  summary.tokenizer = tokenizer->name();
+  if (needs_utf8 && !o.replace_invalid_utf8)
+    for (const std::string& input : o.inputs) check_utf8_file(input, o.chunk_bytes);
+
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  MT_CHECK(!ec, "{}: cannot create the output directory: {}", o.out_dir, ec.message());
+  const std::vector<std::string> stale = existing_shards(o.out_dir, o.name);
+  MT_CHECK(stale.empty() || o.overwrite,
+           "{}: already holds {} shard(s) named {}* ({}{}); pass --overwrite to replace them, or choose another --out "
+           "or --name",
+           o.out_dir, stale.size(), o.name.empty() ? "val_/train_" : o.name + "_", stale.front(),
+           stale.size() > 1 ? ", ..." : "");
+
+  // Staging directory: removed on every exit, renamed-from on success.
+  const std::string staging = fmt::format("{}/.prepare.tmp.{}", o.out_dir, ::getpid());
+  fs::remove_all(staging, ec);
+  fs::create_directory(staging, ec);
+  MT_CHECK(!ec, "{}: cannot create the staging directory: {}", staging, ec.message());
+  struct RemoveStaging {
+    std::string dir;
+    ~RemoveStaging() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } remove_staging{staging};
+
+  ShardSink sink(staging, o.name, o.val_tokens, o.shard_tokens);
+  {
+    ProgressOptions popt = o.progress;
+    popt.unit = std::string("B");  // not = "B": GCC 12 -Wrestrict false positive (PR 105329)
+    popt.scale = true;
+    Progress progress("tokenizing", summary.num_bytes, popt);
+    const std::optional<int32_t> eot = tokenizer->eot_token();
+    for (const std::string& input : o.inputs) {
+      if (eot) sink.add(std::span<const int32_t>(&*eot, 1));
+      ChunkReader reader(input, o.chunk_bytes);
+      std::string_view chunk;
+      int64_t offset = 0;
+      std::string repaired;
+      while (reader.next(chunk, offset)) {
+        const auto chunk_bytes = static_cast<int64_t>(chunk.size());
+        if (needs_utf8 && o.replace_invalid_utf8) {
+          int64_t replaced = 0;
+          repaired = replace_invalid_utf8(chunk, &replaced);
+          summary.num_replaced += replaced;
+          if (replaced > 0) chunk = repaired;
+        }
+        std::vector<int32_t> ids;
+        try {
+          ids = tokenizer->encode(chunk);
+        } catch (const Error& e) {
+          MT_THROW("{}: in the chunk at byte offset {}: {}", input, offset, e.what());
+        }
+        sink.add(ids);
+        const double seconds = progress.elapsed_s();
+        progress.set_postfix(fmt::format(
+            "{} tok, {} tok/s", Progress::format_count(static_cast<double>(sink.num_tokens()), true),
+            Progress::format_count(seconds > 0 ? static_cast<double>(sink.num_tokens()) / seconds : 0.0, true)));
+        progress.update(chunk_bytes);
+      }
+      ++summary.num_documents;
+    }
+    sink.finish();
+    progress.finish();
+  }
+
+  // Publish: remove stale shards of this prefix, then move the new ones in.
+  for (const std::string& old : stale) {
+    const std::string name = fs::path(old).filename().string();
+    const auto& w = sink.written();
+    if (std::none_of(w.begin(), w.end(), [&](const PreparedShard& s) { return s.path == name; }))
+      MT_CHECK(::unlink(old.c_str()) == 0 || errno == ENOENT, "{}: cannot remove the stale shard: {}", old,
+               std::strerror(errno));
+  }
+  for (const PreparedShard& s : sink.written()) {
+    const std::string from = staging + "/" + s.path, to = o.out_dir + "/" + s.path;
+    MT_CHECK(::rename(from.c_str(), to.c_str()) == 0, "{}: cannot move the shard into place: {}", to,
+             std::strerror(errno));
+    summary.shards.push_back({to, s.num_tokens});
+  }
+  summary.num_tokens = sink.num_tokens();
+  summary.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - start;
+  return summary;
+}
+
+}  // namespace moetrain::data

@@ -1,0 +1,68 @@
+// Text files to token shards: what `moetrain prepare` does (src/cli/prepare.cpp).
+//
+// Documents. Each input file is one document. With a tokenizer that has an
+// end-of-text token (GPT-2: <|endoftext|> = 50256) that token precedes every
+// document, as in llm.c's data scripts, so the stream starts with it and one
+// separates every two files. The byte tokenizer has none: files are
+// concatenated as they are.
+//
+// Split (as llm.c): the first val_tokens tokens of the stream go to
+// val_000000.bin, the rest to train_000000.bin, train_000001.bin, ... of
+// shard_tokens tokens each (the last one shorter). val_tokens = 0 writes no
+// val shard. With a name prefix P the files are P_val_000000.bin, P_train_...
+//
+// Robustness. Inputs are checked before anything is written (exist, regular
+// files; for GPT-2 well-formed UTF-8 unless replace_invalid_utf8, see
+// data/utf8.h). Shards are written into a hidden staging directory inside
+// out_dir and renamed into place only after all of them are complete; a
+// failure leaves out_dir as it was. Existing shards of the same prefix are an
+// error unless overwrite, which then removes those not rewritten (so no stale
+// train_000007.bin from a bigger earlier run stays behind).
+//
+// Files are read in chunks cut at find_split_point (data/tokenizer.h), which
+// gives the same tokens as encoding each file whole, in bounded memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/progress.h"
+
+namespace moetrain::data {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;    // text files, one document each
+  std::string out_dir;
+  std::string tokenizer = "gpt2";     // "gpt2" or "byte"
+  std::string tokenizer_dir = "data/gpt2";
+  int64_t val_tokens = 32768;
+  int64_t shard_tokens = 100'000'000;
+  std::string name;                   // file name prefix; "" for none
+  bool replace_invalid_utf8 = false;  // false: ill-formed UTF-8 is an error naming file, offset and line
+  bool overwrite = false;
+  size_t chunk_bytes = size_t{1} << 22;  // read and tokenize this much at a time (about)
+  ProgressOptions progress;              // the progress report on stderr
+};
+
+struct PreparedShard {
+  std::string path;
+  int64_t num_tokens = 0;
+};
+
+struct PrepareSummary {
+  std::string tokenizer;
+  int64_t num_documents = 0;
+  int64_t num_bytes = 0;       // of input text
+  int64_t num_tokens = 0;      // written, end-of-text tokens included
+  int64_t num_replaced = 0;    // ill-formed UTF-8 subparts replaced by U+FFFD
+  std::vector<PreparedShard> shards;  // val first, then train in order
+  double seconds = 0;
+};
+
+PrepareSummary prepare_shards(const PrepareOptions& options);
+
+// The shard file name: "val_000000.bin", "P_train_000003.bin".
+std::string shard_file_name(const std::string& prefix, const std::string& split, int64_t index);
+
+}  // namespace moetrain::data

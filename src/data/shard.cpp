@@ -1,0 +1,169 @@
+// llm.c token shards: atomic writer, validating mmap reader (format in shard.h).
+#include "data/shard.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace moetrain::data {
+
+// Tokens are written and mapped as they lie in memory.
+static_assert(std::endian::native == std::endian::little, "token shards are little-endian; add byte swapping");
+
+namespace {
+
+void store_le32(unsigned char* p, int32_t v) {
+  const auto u = static_cast<uint32_t>(v);
+  for (int k = 0; k < 4; ++k) p[k] = static_cast<unsigned char>(u >> (8 * k));
+}
+
+int32_t load_le32(const unsigned char* p) {
+  uint32_t u = 0;
+  for (int k = 0; k < 4; ++k) u |= static_cast<uint32_t>(p[k]) << (8 * k);
+  return static_cast<int32_t>(u);
+}
+
+// Writes all of [data, data + n) to fd; false (errno set) on failure.
+bool write_all(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
+  MT_CHECK(static_cast<int64_t>(tokens.size()) <= kShardMaxTokens,
+           "{}: {} tokens exceed the {} a shard header can count; write more, smaller shards", path, tokens.size(),
+           kShardMaxTokens);
+  static std::atomic<uint64_t> counter{0};
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string tmp = fmt::format("{}.{}.tmp.{}.{}", dir, base, ::getpid(), counter++);
+
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) MT_THROW("{}: cannot create token shard (temporary {}): {}", path, tmp, std::strerror(errno));
+  unsigned char header[kShardHeaderBytes] = {};
+  store_le32(header + 0, kShardMagic);
+  store_le32(header + 4, kShardVersion);
+  store_le32(header + 8, static_cast<int32_t>(tokens.size()));
+  bool ok = write_all(fd, header, sizeof(header)) && write_all(fd, tokens.data(), tokens.size_bytes()) &&
+            ::fsync(fd) == 0;
+  int saved_errno = errno;
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    saved_errno = errno;
+  }
+  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ok = false;
+    saved_errno = errno;
+  }
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    MT_THROW("{}: cannot write token shard: {}", path, std::strerror(saved_errno));
+  }
+}
+
+TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
+  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) MT_THROW("{}: cannot open token shard: {}", path_, std::strerror(errno));
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_fd{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) MT_THROW("{}: cannot stat token shard: {}", path_, std::strerror(errno));
+  MT_CHECK(S_ISREG(st.st_mode), "{}: not a regular file; expected a token shard", path_);
+  const auto size = static_cast<int64_t>(st.st_size);
+  MT_CHECK(size >= kShardHeaderBytes,
+           "{}: truncated header: the file has {} bytes, a token shard starts with a {}-byte header", path_, size,
+           kShardHeaderBytes);
+
+  map_ = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    MT_THROW("{}: cannot map token shard ({} bytes): {}", path_, size, std::strerror(errno));
+  }
+  map_bytes_ = static_cast<size_t>(size);
+  const auto* bytes = static_cast<const unsigned char*>(map_);
+  try {
+    const int32_t magic = load_le32(bytes), version = load_le32(bytes + 4), count = load_le32(bytes + 8);
+    if (magic == 20240801)
+      MT_THROW("{}: bad magic {} at offset 0 (expected {}): this is llm.c's uint32-token shard format, which "
+               "moetrain does not read",
+               path_, magic, kShardMagic);
+    MT_CHECK(magic == kShardMagic, "{}: bad magic {} at offset 0 (expected {}; is this an llm.c token shard?)", path_,
+             magic, kShardMagic);
+    MT_CHECK(version == kShardVersion, "{}: unsupported version {} at offset 4 (expected {})", path_, version,
+             kShardVersion);
+    MT_CHECK(count >= 0, "{}: negative token count {} at offset 8", path_, count);
+    const int64_t expected = kShardHeaderBytes + 2 * static_cast<int64_t>(count);
+    MT_CHECK(size >= expected,
+             "{}: truncated: the header says {} tokens (offset 8), so the file should have {} bytes, but it has {} "
+             "(the data ends at byte offset {}, after {} whole tokens)",
+             path_, count, expected, size, size, (size - kShardHeaderBytes) / 2);
+    MT_CHECK(size == expected,
+             "{}: {} trailing bytes at offset {}: the header says {} tokens (offset 8), so the file should have {} "
+             "bytes, but it has {}",
+             path_, size - expected, expected, count, expected, size);
+    num_tokens_ = count;
+    tokens_ = reinterpret_cast<const uint16_t*>(bytes + kShardHeaderBytes);
+  } catch (...) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+TokenShard::~TokenShard() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+TokenShard::TokenShard(TokenShard&& other) noexcept
+    : path_(std::move(other.path_)), map_(other.map_), map_bytes_(other.map_bytes_), tokens_(other.tokens_),
+      num_tokens_(other.num_tokens_) {
+  other.map_ = nullptr;
+  other.tokens_ = nullptr;
+  other.num_tokens_ = 0;
+}
+
+TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
+  if (this != &other) {
+    if (map_) ::munmap(map_, map_bytes_);
+    path_ = std::move(other.path_);
+    map_ = other.map_;
+    map_bytes_ = other.map_bytes_;
+    tokens_ = other.tokens_;
+    num_tokens_ = other.num_tokens_;
+    other.map_ = nullptr;
+    other.tokens_ = nullptr;
+    other.num_tokens_ = 0;
+  }
+  return *this;
+}
+
+std::vector<uint16_t> read_shard(const std::string& path) {
+  TokenShard shard(path);
+  return {shard.tokens().begin(), shard.tokens().end()};
+}
+
+}  // namespace moetrain::data

@@ -1,0 +1,60 @@
+// Token shards in llm.c's format (llm.c dev/data/data_common.py, write_datafile
+// with model_desc "gpt-2"), so shards made by either tool load in the other:
+//
+//   offset 0      int32 magic    20240520
+//   offset 4      int32 version  1
+//   offset 8      int32 number of tokens N
+//   offset 12     int32 x 253    zero
+//   offset 1024   uint16 x N     the token ids
+//
+// All little-endian. Ids are uint16, so a vocabulary has at most 65536 tokens
+// (GPT-2: 50257). llm.c's uint32 variant (magic 20240801, version 7) is not read.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace moetrain::data {
+
+inline constexpr int32_t kShardMagic = 20240520;
+inline constexpr int32_t kShardVersion = 1;
+inline constexpr int64_t kShardHeaderInts = 256;
+inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
+inline constexpr int64_t kShardMaxTokens = 2147483647;  // the header's int32 count
+
+// Writes a shard atomically: to a temporary name in the same directory, then
+// fsync and rename, so `path` is either absent/old or complete, never partial.
+// Throws moetrain::Error naming `path`.
+void write_shard(const std::string& path, std::span<const uint16_t> tokens);
+
+// A shard mapped read-only into memory (mmap), checked at open: the file
+// exists, holds a whole header, has the magic and version above, and exactly
+// 1024 + 2N bytes. A failed check throws moetrain::Error: one line naming the
+// file, the byte offset where one applies, and what was expected. Move-only.
+class TokenShard {
+ public:
+  explicit TokenShard(std::string path);
+  ~TokenShard();
+  TokenShard(TokenShard&& other) noexcept;
+  TokenShard& operator=(TokenShard&& other) noexcept;
+  TokenShard(const TokenShard&) = delete;
+  TokenShard& operator=(const TokenShard&) = delete;
+
+  const std::string& path() const { return path_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  std::span<const uint16_t> tokens() const { return {tokens_, static_cast<size_t>(num_tokens_)}; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const uint16_t* tokens_ = nullptr;
+  int64_t num_tokens_ = 0;
+};
+
+// The tokens of the shard at `path`, copied (tests, small files).
+std::vector<uint16_t> read_shard(const std::string& path);
+
+}  // namespace moetrain::data
