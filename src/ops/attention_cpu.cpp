@@ -10,6 +10,7 @@
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/attention_kernels.h"
+#include "ops/math.h"
 
 namespace moetrain::cpu {
 
@@ -41,11 +42,11 @@ void probabilities(T* S, int64_t tq, int64_t first_pos, int64_t width, const T* 
       T m = -std::numeric_limits<T>::infinity();
       for (int64_t s = 0; s < valid; ++s) m = std::max(m, row[s]);
       T sum = 0;
-      for (int64_t s = 0; s < valid; ++s) sum += std::exp(row[s] - m);
+      for (int64_t s = 0; s < valid; ++s) sum += exp_of(row[s] - m);
       l = m + std::log(sum);
       lse_out[i] = l;
     }
-    for (int64_t s = 0; s < valid; ++s) row[s] = std::exp(row[s] - l);
+    for (int64_t s = 0; s < valid; ++s) row[s] = exp_of(row[s] - l);
     for (int64_t s = valid; s < width; ++s) row[s] = T(0);
   }
 }

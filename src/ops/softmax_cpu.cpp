@@ -6,26 +6,18 @@
 
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "ops/math.h"
 #include "ops/softmax_kernels.h"
 
 namespace moetrain::cpu {
 
 namespace {
-template <class T>
-double row_max(const T* x, int64_t n) {
-  double m = -std::numeric_limits<double>::infinity();
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, static_cast<double>(x[j]));
-  return m;
-}
 // log Σ e^x, max-subtracted; -inf for an all -inf row.
 template <class T>
 double row_logsumexp(const T* x, int64_t n) {
-  double m = row_max(x, n);
+  T m = max_of(x, n);
   if (std::isinf(m) && m < 0) return m;
-  double s = 0;
-  T mt = static_cast<T>(m);
-  for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - mt);  // exp in T, sum in double
-  return m + std::log(s);
+  return static_cast<double>(m) + std::log(sum_exp(x, n, m));
 }
 }  // namespace
 
@@ -40,9 +32,9 @@ void softmax_forward(Tensor& y, const Tensor& x, bool log) {
         const T* xr = px + r * n;
         T* yr = py + r * n;
         // Relative to the row max m (exact in T): y = e^{x-m} / Σ, log y = (x - m) - log Σ.
-        T m = static_cast<T>(row_max(xr, n));
-        double s = 0;
-        for (int64_t j = 0; j < n; ++j) s += (yr[j] = std::exp(xr[j] - m));
+        T m = max_of(xr, n);
+        for (int64_t j = 0; j < n; ++j) yr[j] = exp_of(xr[j] - m);
+        double s = sum_of(yr, n);
         if (log) {
           T log_s = static_cast<T>(std::log(s));
           for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) - log_s;
@@ -70,7 +62,7 @@ void softmax_backward(Tensor& grad_x, const Tensor& grad_y, const Tensor& y, boo
         double dot = 0;
         if (log) {
           for (int64_t j = 0; j < n; ++j) dot += gr[j];
-          for (int64_t j = 0; j < n; ++j) xr[j] = static_cast<T>(gr[j] - std::exp(static_cast<double>(yr[j])) * dot);
+          for (int64_t j = 0; j < n; ++j) xr[j] = static_cast<T>(gr[j] - exp_of(yr[j]) * dot);
         } else {
           for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(gr[j]) * yr[j];
           for (int64_t j = 0; j < n; ++j) xr[j] = static_cast<T>(yr[j] * (gr[j] - dot));
@@ -129,8 +121,8 @@ void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Ten
           }
           const T* xr = px + r * v;
           double l = pl[r];
-          T sc = static_cast<T>(scale);
-          for (int64_t j = 0; j < v; ++j) gr[j] = sc * std::exp(static_cast<T>(xr[j] - l));
+          T sc = static_cast<T>(scale), lt = static_cast<T>(l);  // rounding lse to T costs <= 1 ulp of it
+          for (int64_t j = 0; j < v; ++j) gr[j] = sc * exp_of(xr[j] - lt);
           gr[pt[r]] = static_cast<T>(scale * (std::exp(static_cast<double>(xr[pt[r]]) - l) - 1.0));
         }
       });

@@ -90,8 +90,11 @@ void check_parity(const std::string& dtype_name, DType dtype, double tol) {
       w = concat({slice(w, 0, 0, D), slice(w, 0, 2 * D, 3 * D)}, 0);
       ours = concat({slice(ours, 0, 0, D), slice(ours, 0, 2 * D, 3 * D)}, 0);
     }
+    // Adam turns tiny gradients into steps of about lr whatever their size, so
+    // rounding differences in small gradients reach the weights amplified: f32
+    // weights after 10 steps get 5x the tolerance of the losses.
     INFO("weight after training: " << p.name);
-    CHECK(relative_error(ours, w) < tol);
+    CHECK(relative_error(ours, w) < (dtype == DType::f32 ? 5 * tol : tol));
   }
 }
 
