@@ -16,6 +16,10 @@ int run(int argc, char** argv) {
 
   Commands commands;
   add_info_command(app, commands);
+  add_prepare_command(app, commands);
+  add_train_command(app, commands);
+  add_generate_command(app, commands);
+  add_eval_command(app, commands);
 
   CLI11_PARSE(app, argc, argv);
   cpu::init_threads();

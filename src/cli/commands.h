@@ -22,5 +22,9 @@ using Commands = std::vector<Command>;
 int run(int argc, char** argv);
 
 void add_info_command(CLI::App& app, Commands& commands);
+void add_prepare_command(CLI::App& app, Commands& commands);
+void add_train_command(CLI::App& app, Commands& commands);
+void add_generate_command(CLI::App& app, Commands& commands);
+void add_eval_command(CLI::App& app, Commands& commands);
 
 }  // namespace moetrain::cli

@@ -1,0 +1,72 @@
+#include "train/model_source.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "nn/gpt2_hf.h"
+
+namespace moetrain {
+
+namespace {
+
+// Copies the architecture of a Hugging Face config.json into `config`. A key the
+// YAML set explicitly to another value is a conflict.
+void adopt_hf_architecture(Config& config, const std::string& dir) {
+  std::string json = (std::filesystem::path(dir) / "config.json").string();
+  Gpt2Config hf = read_gpt2_hf_config(json, Gpt2Config{});
+  std::vector<std::pair<std::string, int64_t>> ints = {{"model.n_layer", hf.n_layer},  {"model.n_head", hf.n_head},
+                                                       {"model.d_model", hf.d_model},  {"model.n_ctx", hf.n_ctx},
+                                                       {"model.vocab_size", hf.vocab_size}, {"model.d_ff", hf.d_ff}};
+  for (const auto& [key, value] : ints) {
+    int64_t current = config.get_int(key);
+    if (config.is_set_explicitly(key) && current != value && !(key == "model.d_ff" && current == 0 && value == 4 * hf.d_model))
+      config.fail(key, fmt::format("conflicts with {} = {} in {}; remove it from the config", key, value, json));
+  }
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const auto& [key, value] : ints) values.emplace_back(key, std::to_string(value));
+  values.emplace_back("model.layer_norm_eps", fmt::format("{:.17g}", hf.layer_norm_eps));
+  // seq_len may not exceed the new n_ctx: shorten it when it came from the defaults.
+  if (!config.is_set_explicitly("train.seq_len") && config.get_int("train.seq_len") > hf.n_ctx)
+    values.emplace_back("train.seq_len", std::to_string(hf.n_ctx));
+  config.set(values, json);
+}
+
+}  // namespace
+
+Config resolve_config(const ModelSource& source) {
+  MT_CHECK(source.checkpoint.empty() || (source.init_from.empty() && source.config_path.empty()),
+           "give either --checkpoint or -c/--init-from, not both");
+  if (!source.checkpoint.empty()) {
+    std::filesystem::path dir(source.checkpoint);
+    std::string yaml = (dir / "config.resolved.yaml").string();
+    MT_CHECK(std::filesystem::exists(yaml) && is_hf_model_dir(source.checkpoint),
+             "{}: not a moetrain model directory (expected config.resolved.yaml, config.json and "
+             "model.safetensors, as written by `moetrain train` into <run>/model)", source.checkpoint);
+    Config config = Config::load(yaml, source.overrides);
+    config.set("model.init_from", fmt::format("'{}'", source.checkpoint), "--checkpoint");
+    return config;
+  }
+  Config config = source.config_path.empty() ? Config::defaults() : Config::load(source.config_path);
+  if (!source.init_from.empty()) config.set("model.init_from", fmt::format("'{}'", source.init_from), "--init-from");
+  std::string init = config.get_string("model.init_from");
+  if (!init.empty() && is_hf_model_dir(init)) adopt_hf_architecture(config, init);
+  if (!source.overrides.empty()) config.apply_overrides(source.overrides);
+  return config;
+}
+
+std::unique_ptr<Gpt2> build_model(const Config& config) {
+  Gpt2Config c = Gpt2Config::from(config);
+  MT_CHECK(c.d_model % c.n_head == 0, "model.d_model = {} is not divisible by model.n_head = {}", c.d_model, c.n_head);
+  auto model = std::make_unique<Gpt2>(c, static_cast<uint64_t>(config.get_int("train.seed")));
+  std::string init = config.get_string("model.init_from");
+  if (!init.empty()) {
+    std::string weights = gpt2_hf_weights_path(init);
+    MT_CHECK(std::filesystem::exists(weights), "{}: model.init_from ({}) has no weights file {}",
+             config.where("model.init_from"), init, weights);
+    load_gpt2_hf_weights(*model, weights);
+  }
+  return model;
+}
+
+}  // namespace moetrain

@@ -1,0 +1,33 @@
+// Where a command's model comes from, and building it:
+//   -c CONFIG              a YAML experiment; random init (seed train.seed) unless
+//                          model.init_from names Hugging Face weights
+//   --init-from PATH       a Hugging Face GPT-2 directory (config.json defines the
+//                          architecture) or a .safetensors file (the YAML does)
+//   --checkpoint DIR       a model directory written by `moetrain train`
+//                          (<run>/model: model.safetensors, config.json and the run's
+//                          config.resolved.yaml)
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config/config.h"
+#include "nn/gpt2.h"
+
+namespace moetrain {
+
+struct ModelSource {
+  std::string config_path;             // may be empty
+  std::vector<std::string> overrides;  // --set
+  std::string init_from;               // may be empty
+  std::string checkpoint;              // may be empty
+};
+
+// The resolved config of a source (architecture keys from config.json where the
+// weights come from Hugging Face). Throws when the sources conflict.
+Config resolve_config(const ModelSource& source);
+
+// A model built from a resolved config: random init, or the weights of model.init_from.
+std::unique_ptr<Gpt2> build_model(const Config& config);
+
+}  // namespace moetrain

@@ -1,0 +1,205 @@
+#include "train/trainer.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "autograd/grad_mode.h"
+#include "backend/cpu/parallel.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "nn/gpt2_hf.h"
+#include "ops/elementwise.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "train/eval.h"
+#include "train/metrics.h"
+#include "train/model_source.h"
+#include "train/sampling.h"
+
+namespace moetrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string with_commas(int64_t n) {
+  std::string s = std::to_string(n), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.1f} {}", b, units[u]);
+}
+
+double peak_rss_bytes() {
+  rusage r{};
+  getrusage(RUSAGE_SELF, &r);
+  return static_cast<double>(r.ru_maxrss) * 1024.0;
+}
+
+// Parameters by component, FLOPs per token and a memory estimate, before step 1.
+void report(const Gpt2& model, const Config& config, int64_t tokens_per_step) {
+  const Gpt2Config& c = model.config();
+  std::map<std::string, int64_t> groups;
+  for (const NamedParameter& p : model.parameters()) groups[p.group] += p.tensor.numel();
+  int64_t total = count_parameters(model.parameters());
+  spdlog::info("model gpt2: {} layers, {} heads, d_model {}, d_ff {}, n_ctx {}, vocab {}, {}", c.n_layer, c.n_head,
+               c.d_model, c.d_ff, c.n_ctx, c.vocab_size, dtype_name(c.dtype));
+  for (const auto& [group, n] : groups)
+    spdlog::info("  {:<10} {:>14} parameters ({:5.1f}%)", group, with_commas(n), 100.0 * n / total);
+  spdlog::info("  {:<10} {:>14} parameters (LM head tied to wte)", "total", with_commas(total));
+  int64_t T = config.get_int("train.seq_len"), B = config.get_int("train.batch_size");
+  double bytes = static_cast<double>(dtype_size(c.dtype));
+  double state = 4.0 * total * bytes;  // weights, gradients, two AdamW moments
+  // Saved activations per token and layer: LN inputs/outputs, qkv and its split,
+  // attention output, MLP hidden before/after GELU (~13 D + 2 F); plus logits and
+  // their gradient (2 V).
+  double acts = static_cast<double>(B * T) * (c.n_layer * (13.0 * c.d_model + 2.0 * c.d_ff) + 2.0 * c.vocab_size) * bytes;
+  spdlog::info("  FLOPs/token {:.3g} (6N + 6LTD), {:.3g} per optimizer step of {} tokens", model.flops_per_token(T),
+               model.flops_per_token(T) * tokens_per_step, with_commas(tokens_per_step));
+  spdlog::info("  memory estimate: {} weights+grads+AdamW, ~{} activations per micro-batch", human_bytes(state),
+               human_bytes(acts));
+}
+
+std::unique_ptr<data::DataLoader> open_loader(const Config& config, const std::string& key, data::LoaderOrder order,
+                                              int32_t vocab) {
+  std::string pattern = config.get_string(key);
+  if (pattern.empty()) return nullptr;
+  data::DataLoaderOptions o;
+  o.batch_size = config.get_int("train.batch_size");
+  o.seq_len = config.get_int("train.seq_len");
+  o.vocab_size = vocab;
+  o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
+  o.order = order;
+  try {
+    return std::make_unique<data::DataLoader>(pattern, o);
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("{}: {} = '{}': {}", config.where(key), key, pattern, e.what()));
+  }
+}
+
+std::string sample_text(Gpt2& model, const data::Tokenizer& tok, const Config& config, uint64_t seed) {
+  SamplingOptions o;
+  o.max_new_tokens = config.get_int("train.sample_tokens");
+  o.temperature = config.get_number("train.sample_temperature");
+  o.top_k = config.get_int("train.sample_top_k");
+  o.seed = seed;
+  std::vector<int32_t> prompt = tok.encode(config.get_string("train.sample_prompt"));
+  if (prompt.empty()) prompt.push_back(tok.eot_token().value_or(0));
+  return tok.decode(generate(model, prompt, o));
+}
+
+}  // namespace
+
+TrainSummary train(const Config& config) {
+  const std::filesystem::path run_dir = config.get_string("run.dir");
+  std::filesystem::create_directories(run_dir);
+  config.save((run_dir / "config.resolved.yaml").string());
+  if (int64_t threads = config.get_int("train.threads"); threads > 0) cpu::set_num_threads(static_cast<int>(threads));
+
+  const int64_t B = config.get_int("train.batch_size"), T = config.get_int("train.seq_len");
+  const int64_t accum = config.get_int("train.grad_accum"), max_steps = config.get_int("train.max_steps");
+  std::unique_ptr<data::Tokenizer> tokenizer =
+      data::make_tokenizer(config.get_string("data.tokenizer"), config.get_string("data.tokenizer_dir"));
+  const int64_t vocab = config.get_int("model.vocab_size");
+  if (vocab < tokenizer->vocab_size())
+    config.fail("model.vocab_size", fmt::format("is below the {} tokenizer's {} ids; use at least {}",
+                                                tokenizer->name(), tokenizer->vocab_size(), tokenizer->vocab_size()));
+  MT_CHECK(!config.get_string("data.train").empty(), "{}: data.train is empty; set it to the training shards, e.g. "
+           "data/shakespeare/train_*.bin (made by `moetrain prepare`)", config.where("data.train"));
+  auto train_loader = open_loader(config, "data.train", data::LoaderOrder::shuffled, static_cast<int32_t>(vocab));
+  auto val_loader = open_loader(config, "data.val", data::LoaderOrder::sequential, static_cast<int32_t>(vocab));
+
+  std::unique_ptr<Gpt2> model = build_model(config);
+  ParameterList& params = model->parameters();
+  if (config.get_bool("train.decay_embeddings"))
+    for (NamedParameter& p : params)
+      if (p.group == "embedding") p.decay = true;
+  AdamW opt(params, {config.get_number("train.beta1"), config.get_number("train.beta2"),
+                     config.get_number("train.eps"), config.get_number("train.weight_decay")});
+  LrSchedule schedule{parse_schedule(config.get_string("train.schedule")), config.get_number("train.lr"),
+                      config.get_number("train.min_lr"), config.get_int("train.warmup_steps"), max_steps,
+                      config.get_number("train.wsd_decay_frac")};
+  const double clip = config.get_number("train.grad_clip");
+  const int64_t eval_every = config.get_int("train.eval_every"), sample_every = config.get_int("train.sample_every");
+  const int64_t log_every = config.get_int("train.log_every"), eval_batches = config.get_int("train.eval_batches");
+
+  spdlog::info("run {} | {} threads | train data {} windows of {} tokens{}", run_dir.string(), cpu::num_threads(),
+               train_loader->num_windows(), T + 1,
+               val_loader ? fmt::format(" | val {} windows", val_loader->num_windows()) : std::string());
+  report(*model, config, B * T * accum);
+  MetricsWriter metrics((run_dir / "metrics.jsonl").string());
+
+  auto run_eval = [&](int64_t step) {
+    if (!val_loader) return -1.0;
+    val_loader->set_state({});  // always the same windows, from the start of the data
+    double v = evaluate(*model, *val_loader, eval_batches);
+    spdlog::info("step {}/{} | val loss {:.4f}", step, max_steps, v);
+    metrics.write({{"step", step}, {"val_loss", v}});
+    return v;
+  };
+  auto run_sample = [&](int64_t step) {
+    std::string text = sample_text(*model, *tokenizer, config, static_cast<uint64_t>(config.get_int("train.seed")));
+    spdlog::info("sample at step {}:\n{}{}", step, config.get_string("train.sample_prompt"), text);
+  };
+
+  TrainSummary summary;
+  auto run_start = Clock::now();
+  int64_t tokens_seen = 0;
+  for (int64_t step = 0; step < max_steps; ++step) {
+    auto t0 = Clock::now();
+    double lr = schedule.at(step);
+    opt.zero_grad();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      data::Batch batch = train_loader->next();
+      Tensor loss = model->loss(batch.inputs, batch.targets, true);
+      loss_sum += loss.item<double>();
+      (accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(accum)) : loss).backward();
+    }
+    double loss = loss_sum / static_cast<double>(accum);
+    MT_CHECK(std::isfinite(loss), "step {}: the loss is {}; lower train.lr (now {}) or check the data", step + 1,
+             loss, schedule.lr);
+    double gnorm = clip_grad_norm(params, clip);
+    opt.step(lr);
+    double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    tokens_seen += B * T * accum;
+    double tok_s = static_cast<double>(B * T * accum) / sec;
+    summary = {step + 1, loss, summary.last_val_loss, tok_s};
+    if ((step + 1) % log_every == 0 || step == 0 || step + 1 == max_steps)
+      spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms", step + 1, max_steps,
+                   loss, lr, gnorm, with_commas(std::llround(tok_s)), sec * 1e3);
+    metrics.write({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"tok_per_s", tok_s},
+                   {"step_ms", sec * 1e3}, {"tokens", tokens_seen}});
+    if (step == 0) spdlog::info("  peak memory after the first step: {}", human_bytes(peak_rss_bytes()));
+    bool last = step + 1 == max_steps;
+    if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) summary.last_val_loss = run_eval(step + 1);
+    if (sample_every > 0 && (step + 1) % sample_every == 0 && !last) run_sample(step + 1);
+  }
+  double total_sec = std::chrono::duration<double>(Clock::now() - run_start).count();
+  if (max_steps > 0) summary.tokens_per_second = static_cast<double>(tokens_seen) / total_sec;
+  if (sample_every > 0 || max_steps == 0) run_sample(summary.steps);
+
+  std::filesystem::path model_dir = run_dir / "model";
+  export_gpt2_hf(*model, model_dir.string());
+  config.save((model_dir / "config.resolved.yaml").string());
+  spdlog::info("done: {} steps in {:.1f} s ({} tok/s); model written to {}", summary.steps, total_sec,
+               with_commas(std::llround(summary.tokens_per_second)), model_dir.string());
+  return summary;
+}
+
+}  // namespace moetrain
