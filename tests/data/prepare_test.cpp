@@ -188,7 +188,7 @@ TEST_CASE("prepare: bad inputs and options are errors that write nothing", "[dat
   CHECK((!fs::exists(dir / "out") || names_in(dir / "out").empty()));
 }
 
-TEST_CASE("moetrain prepare: a missing input exits 2 with a one-line error", "[data][prepare][cli]") {
+TEST_CASE("moetrain prepare: a missing input exits 2 with a one-line error", "[data][prepare]") {
   const std::string exe = kBinaryDir + "/moetrain";
   REQUIRE(fs::exists(exe));
   TempDir dir;
@@ -202,7 +202,7 @@ TEST_CASE("moetrain prepare: a missing input exits 2 with a one-line error", "[d
   CHECK(!fs::exists(dir / "out"));
 }
 
-TEST_CASE("moetrain prepare: writes the shards and prints a summary", "[data][prepare][cli]") {
+TEST_CASE("moetrain prepare: writes the shards and prints a summary", "[data][prepare]") {
   const std::string exe = kBinaryDir + "/moetrain";
   REQUIRE(fs::exists(exe));
   TempDir dir;

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "checkpoint/safetensors.h"
 #include "moetrain.h"
@@ -106,4 +107,20 @@ TEST_CASE("gpt2 reference: f64 logits, loss, gradients and 10 AdamW steps equal 
 
 TEST_CASE("gpt2 reference: f32 logits, loss, gradients and 10 AdamW steps equal PyTorch", "[nn][gpt2][reference]") {
   check_parity("f32", DType::f32, 1e-5);
+}
+
+TEST_CASE("gpt2 reference: moetrain eval --init-from equals the PyTorch loss over the shard's windows",
+          "[nn][gpt2][reference]") {
+  std::string dir = run_reference("f64");
+  std::string out = dir + "/eval_out.json";
+  std::string cmd = std::string(MOETRAIN_BINARY_DIR) + "/moetrain eval --init-from " + dir +
+                    "/model --set train.dtype=f64 --data " + dir + "/eval.bin --seq-len 16 --batch-size 2 --json > " +
+                    out;
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in(out);
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  double loss = std::stod(json.substr(json.find(':') + 1));
+  double expected = SafetensorsFile::open(dir + "/expected.safetensors").read("eval_loss").item<double>();
+  CHECK(loss == Approx(expected).epsilon(1e-9));
+  CHECK(json.find("\"tokens\": 64") != std::string::npos);
 }

@@ -11,7 +11,11 @@ Writes, for a small GPT-2 with random weights (seeded):
   OUT_DIR/expected.safetensors
       ids, targets [B, T]; logits [B, T, V]; loss []; grad.<name> for every parameter
       (HF layout); step_ids, step_targets [S, B, T]; step_losses [S] (loss before each
-      AdamW step); final.<name> (weights after S steps)
+      AdamW step); final.<name> (weights after S steps); eval_loss [] (see eval.bin)
+  OUT_DIR/eval.bin
+      an llm.c token shard of 4 T + 1 random tokens; eval_loss is the mean next-token
+      loss of the initial model over its 4 windows of T tokens (window i = tokens
+      iT..iT+T, targets shifted by one), the definition of `moetrain eval`
 Training: torch.optim.AdamW (lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
 the 2-D weights except wte/wpe), clip_grad_norm_(1.0) before every step.
 """
@@ -135,6 +139,15 @@ def main():
     expected["step_losses"] = np.array(losses, dtype=np.float64)
     for k, v in train.items():
         expected["final." + k] = v.detach().numpy()
+    eval_tokens = torch.randint(0, V, (4 * T + 1,), generator=gen)
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (20240520, 1, eval_tokens.numel())
+    with open(os.path.join(args.out, "eval.bin"), "wb") as f:
+        f.write(header.tobytes() + eval_tokens.numpy().astype("<u2").tobytes())
+    with torch.no_grad():
+        windows = torch.stack([eval_tokens[i * T:(i + 1) * T + 1] for i in range(4)])
+        _, eval_loss = loss_of(params, windows[:, :-1], windows[:, 1:])
+    expected["eval_loss"] = np.array(eval_loss.item(), dtype=np.float64)
     write_arrays(os.path.join(args.out, "expected.safetensors"), expected)
 
 

@@ -1,0 +1,210 @@
+// The moetrain binary end to end, as a user runs it: prepare -> train ->
+// generate / eval, determinism of runs, and the exit code and message of bad input.
+#include <catch2/catch.hpp>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+using std::string;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  string output;  // stdout and stderr together
+};
+
+Result run(const string& args, bool merge_stderr = true) {
+  string cmd = string(MOETRAIN_BINARY_DIR) + "/moetrain " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  std::FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+string read_file(const string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_file(const string& path, const string& text) { std::ofstream(path) << text; }
+
+// A fresh directory with byte-level shards of tinyshakespeare and a tiny config.
+struct Workspace {
+  string dir;
+  explicit Workspace(const string& name) : dir(string(MOETRAIN_BINARY_DIR) + "/test_tmp/cli_" + name) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  string config(const string& extra = "") const {
+    string path = dir + "/tiny.yaml";
+    write_file(path, "model:\n  vocab_size: 256\n  n_layer: 2\n  n_head: 2\n  d_model: 32\n  n_ctx: 64\n"
+                     "data:\n  train: " + dir + "/data/train_*.bin\n  val: " + dir + "/data/val_*.bin\n"
+                     "  tokenizer: byte\n"
+                     "train:\n  batch_size: 4\n  seq_len: 32\n  max_steps: 6\n  warmup_steps: 2\n  lr: 3.0e-3\n"
+                     "  eval_every: 3\n  eval_batches: 2\n  sample_every: 0\n  sample_tokens: 16\n"
+                     "run:\n  dir: " + dir + "/run\n" + extra);
+    return path;
+  }
+  void prepare() const {
+    Result r = run("prepare " + string(MOETRAIN_SOURCE_DIR) + "/data/tinyshakespeare.txt --out " + dir +
+                   "/data --tokenizer byte --val-tokens 8192");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+  }
+};
+
+// The step records of a metrics.jsonl without the timing fields.
+string losses_of(const string& metrics) {
+  std::stringstream in(metrics), out;
+  string line;
+  while (std::getline(in, line)) {
+    auto cut = line.find(",\"tok_per_s\"");
+    out << (cut == string::npos ? line : line.substr(0, cut)) << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace
+
+TEST_CASE("cli: prepare, train, generate and eval a tiny byte-level GPT-2", "[cli]") {
+  Workspace w("e2e");
+  w.prepare();
+  string cfg = w.config();
+
+  Result printed = run("train -c " + cfg + " --set model.n_layer=3 --print-config", false);
+  REQUIRE(printed.code == 0);
+  CHECK(printed.output.find("n_layer: 3") != string::npos);
+  CHECK(!fs::exists(w.dir + "/run"));  // printing the config trains nothing
+
+  Result trained = run("train -c " + cfg);
+  INFO(trained.output);
+  REQUIRE(trained.code == 0);
+  CHECK(trained.output.find("step 6/6 | loss") != string::npos);
+  CHECK(trained.output.find("val loss") != string::npos);
+  string metrics = read_file(w.dir + "/run/metrics.jsonl");
+  CHECK(std::count(metrics.begin(), metrics.end(), '\n') == 8);  // 6 steps + 2 validations
+  CHECK(metrics.find("{\"step\":6,\"loss\":") != string::npos);
+  for (const char* f : {"/run/config.resolved.yaml", "/run/model/model.safetensors", "/run/model/config.json",
+                        "/run/model/config.resolved.yaml"})
+    CHECK(fs::exists(w.dir + f));
+
+  // Same config, same seed: the same losses, bit for bit.
+  Result again = run("train -c " + cfg + " --set run.dir=" + w.dir + "/run2");
+  REQUIRE(again.code == 0);
+  CHECK(losses_of(read_file(w.dir + "/run2/metrics.jsonl")) == losses_of(metrics));
+
+  // Greedy generation is bit-reproducible.
+  string gen = "generate --checkpoint " + w.dir + "/run/model --prompt 'ROMEO:' --temperature 0 --max-new-tokens 24";
+  Result g1 = run(gen, false), g2 = run(gen, false);
+  REQUIRE(g1.code == 0);
+  CHECK(g1.output.rfind("ROMEO:", 0) == 0);
+  CHECK(g1.output.size() > 6);
+  CHECK(g1.output == g2.output);
+  Result sampled = run("generate --checkpoint " + w.dir + "/run/model --max-new-tokens 8 --num-samples 2 --seed 3", false);
+  CHECK(sampled.code == 0);
+  CHECK(sampled.output.find("--- sample 2 ---") != string::npos);
+
+  Result ev = run("eval --checkpoint " + w.dir + "/run/model --data '" + w.dir + "/data/val_*.bin' --batches 3", false);
+  INFO(ev.output);
+  REQUIRE(ev.code == 0);
+  CHECK(ev.output.rfind("loss ", 0) == 0);
+  double loss = std::stod(ev.output.substr(5));
+  CHECK(loss > 0.5);
+  CHECK(loss < 5.6);  // below ln(256): the model learned something in 6 steps
+}
+
+TEST_CASE("cli: gradient accumulation of 2 x 2 sequences matches batches of 4", "[cli]") {
+  Workspace w("accum");
+  w.prepare();
+  string cfg = w.config();
+  REQUIRE(run("train -c " + cfg + " --set train.eval_every=0").code == 0);
+  REQUIRE(run("train -c " + cfg + " --set train.eval_every=0 --set train.batch_size=2 --set train.grad_accum=2 "
+              "--set run.dir=" + w.dir + "/run_accum").code == 0);
+  // The same windows in the same order; only float rounding differs.
+  std::stringstream a(read_file(w.dir + "/run/metrics.jsonl")), b(read_file(w.dir + "/run_accum/metrics.jsonl"));
+  string la, lb;
+  int lines = 0;
+  while (std::getline(a, la) && std::getline(b, lb)) {
+    double x = std::stod(la.substr(la.find("\"loss\":") + 7)), y = std::stod(lb.substr(lb.find("\"loss\":") + 7));
+    CHECK(x == Approx(y).epsilon(1e-5));
+    ++lines;
+  }
+  CHECK(lines == 6);
+}
+
+TEST_CASE("cli: bad input exits with code 2 and one line naming the file", "[cli][errors]") {
+  Workspace w("errors");
+  w.prepare();
+
+  SECTION("unknown config key") {
+    string cfg = w.dir + "/bad.yaml";
+    write_file(cfg, "model:\n  n_layre: 2\n");
+    Result r = run("train -c " + cfg);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("bad.yaml:2:3") != string::npos);
+    CHECK(r.output.find("did you mean 'model.n_layer'") != string::npos);
+    CHECK(r.output.find("\n") == r.output.size() - 1);  // one line
+  }
+  SECTION("no shards match data.train") {
+    Result r = run("train -c " + w.config() + " --set data.train=" + w.dir + "/nothing_*.bin");
+    CHECK(r.code == 2);
+    CHECK(r.output.find("nothing_*.bin") != string::npos);
+  }
+  SECTION("truncated shard") {
+    fs::create_directories(w.dir + "/trunc");
+    string full = read_file(w.dir + "/data/val_000000.bin");
+    write_file(w.dir + "/trunc/train_000000.bin", full.substr(0, full.size() - 100));
+    Result r = run("train -c " + w.config() + " --set data.train=" + w.dir + "/trunc/train_000000.bin");
+    CHECK(r.code == 2);
+    CHECK(r.output.find("trunc/train_000000.bin") != string::npos);
+  }
+  SECTION("wrong magic") {
+    fs::create_directories(w.dir + "/magic");
+    string full = read_file(w.dir + "/data/val_000000.bin");
+    full[0] = 'X';
+    write_file(w.dir + "/magic/train_000000.bin", full);
+    Result r = run("train -c " + w.config() + " --set data.train=" + w.dir + "/magic/train_000000.bin");
+    CHECK(r.code == 2);
+    CHECK(r.output.find("magic") != string::npos);
+    CHECK(r.output.find("magic/train_000000.bin") != string::npos);
+  }
+  SECTION("token id beyond the vocabulary") {
+    // GPT-2 shards (ids up to 50256) fed to a 256-token byte model.
+    fs::create_directories(w.dir + "/gpt2");
+    write_file(w.dir + "/gpt2/text.txt", "Hello there, general Kenobi. You are a bold one.\n");
+    REQUIRE(run("prepare " + w.dir + "/gpt2/text.txt --out " + w.dir + "/gpt2 --val-tokens 0").code == 0);
+    Result r = run("train -c " + w.config() + " --set data.train=" + w.dir + "/gpt2/train_000000.bin --set train.seq_len=4");
+    CHECK(r.code == 2);
+    CHECK(r.output.find("gpt2/train_000000.bin") != string::npos);
+    CHECK(r.output.find("offset") != string::npos);
+  }
+  SECTION("missing tokenizer files") {
+    Result r = run("train -c " + w.config() + " --set data.tokenizer=gpt2 --set data.tokenizer_dir=" + w.dir +
+                   "/no_tokenizer --set model.vocab_size=50257");
+    CHECK(r.code == 2);
+    CHECK(r.output.find("no_tokenizer") != string::npos);
+  }
+  SECTION("malformed safetensors") {
+    write_file(w.dir + "/bad.safetensors", string("\x10\0\0\0\0\0\0\0{\"a\":", 13));
+    Result r = run("generate -c " + w.config() + " --init-from " + w.dir + "/bad.safetensors");
+    CHECK(r.code == 2);
+    CHECK(r.output.find("bad.safetensors") != string::npos);
+  }
+  SECTION("no model given") {
+    Result r = run("generate --prompt hi");
+    CHECK(r.code == 2);
+    CHECK(r.output.find("--checkpoint") != string::npos);
+  }
+}
