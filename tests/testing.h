@@ -1,9 +1,13 @@
-// Test helpers: finite-difference gradient checks and tensor comparisons.
+// Test helpers: finite-difference gradient checks, tensor comparisons, and the
+// file-system chores of tests that write files or run commands.
 #pragma once
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "core/tensor.h"
 
@@ -33,5 +37,47 @@ GradCheckResult check_gradients(const std::function<Tensor(const Tensors&)>& fn,
 double max_abs_diff(const Tensor& a, const Tensor& b);
 // Bitwise equality of shape, dtype and contents.
 bool bitwise_equal(const Tensor& a, const Tensor& b);
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents at scope exit.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string operator/(std::string_view name) const { return path_ + "/" + std::string(name); }
+  std::string file(std::string_view name) const { return *this / name; }
+  // Writes `bytes` to `name` (creating subdirectories) and returns the full path.
+  std::string write(std::string_view name, std::string_view bytes) const;
+  // The names in the directory, sorted.
+  std::vector<std::string> listing() const;
+
+ private:
+  std::string path_;
+};
+
+std::string read_bytes(const std::string& path);
+void write_bytes(const std::string& path, std::string_view bytes);
+// Runs `command` with /bin/sh; its exit status, or -1 if it did not exit normally.
+int run_command(const std::string& command);
+// Single-quotes a string for /bin/sh.
+std::string shell_quote(std::string_view s);
+
+// The what() of the exception of type E that fn throws; fails the test otherwise.
+template <class E = Error, class F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL_CHECK("expected another exception type, got: " << e.what());
+    return "";
+  }
+  FAIL_CHECK("expected an exception, nothing was thrown");
+  return "";
+}
 
 }  // namespace moetrain::testing

@@ -27,41 +27,11 @@ using namespace moetrain;
 using moetrain::testing::bitwise_equal;
 namespace fs = std::filesystem;
 
+using moetrain::testing::read_bytes;
+using moetrain::testing::TempDir;
+using moetrain::testing::write_bytes;
+
 namespace {
-
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "moetrain_safetensors_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::vector<std::string> listing() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-};
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
@@ -394,7 +364,7 @@ TEST_CASE("safetensors: malformed files are rejected, naming the file and the pr
   SECTION("missing file") {
     check_rejected(dir.file("absent.safetensors"), {"cannot open for reading", "No such file"});
   }
-  SECTION("a directory") { check_rejected(dir.path.string(), {"not a regular file"}); }
+  SECTION("a directory") { check_rejected(dir.path(), {"not a regular file"}); }
 }
 
 TEST_CASE("safetensors: an unknown name lists similar names the file holds", "[checkpoint][safetensors][errors]") {

@@ -9,6 +9,9 @@
 #include <sstream>
 #include <string>
 
+#include "testing.h"
+
+using moetrain::testing::TempDir;
 using std::string;
 namespace fs = std::filesystem;
 
@@ -31,25 +34,13 @@ Result run(const string& args, bool merge_stderr = true) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-string read_file(const string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_file(const string& path, const string& text) { std::ofstream(path) << text; }
-
 // A fresh directory with byte-level shards of tinyshakespeare and a tiny config.
 struct Workspace {
-  string dir;
-  explicit Workspace(const string& name) : dir(string(MOETRAIN_BINARY_DIR) + "/test_tmp/cli_" + name) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
+  TempDir tmp;
+  string dir = tmp.path();
   string config(const string& extra = "") const {
     string path = dir + "/tiny.yaml";
-    write_file(path, "model:\n  vocab_size: 256\n  n_layer: 2\n  n_head: 2\n  d_model: 32\n  n_ctx: 64\n"
+    moetrain::testing::write_bytes(path, "model:\n  vocab_size: 256\n  n_layer: 2\n  n_head: 2\n  d_model: 32\n  n_ctx: 64\n"
                      "data:\n  train: " + dir + "/data/train_*.bin\n  val: " + dir + "/data/val_*.bin\n"
                      "  tokenizer: byte\n"
                      "train:\n  batch_size: 4\n  seq_len: 32\n  max_steps: 6\n  warmup_steps: 2\n  lr: 3.0e-3\n"
@@ -79,7 +70,7 @@ string losses_of(const string& metrics) {
 }  // namespace
 
 TEST_CASE("cli: prepare, train, generate and eval a tiny byte-level GPT-2", "[cli]") {
-  Workspace w("e2e");
+  Workspace w;
   w.prepare();
   string cfg = w.config();
 
@@ -93,7 +84,7 @@ TEST_CASE("cli: prepare, train, generate and eval a tiny byte-level GPT-2", "[cl
   REQUIRE(trained.code == 0);
   CHECK(trained.output.find("step 6/6 | loss") != string::npos);
   CHECK(trained.output.find("val loss") != string::npos);
-  string metrics = read_file(w.dir + "/run/metrics.jsonl");
+  string metrics = moetrain::testing::read_bytes(w.dir + "/run/metrics.jsonl");
   CHECK(std::count(metrics.begin(), metrics.end(), '\n') == 8);  // 6 steps + 2 validations
   CHECK(metrics.find("{\"step\":6,\"loss\":") != string::npos);
   for (const char* f : {"/run/config.resolved.yaml", "/run/model/model.safetensors", "/run/model/config.json",
@@ -103,7 +94,7 @@ TEST_CASE("cli: prepare, train, generate and eval a tiny byte-level GPT-2", "[cl
   // Same config, same seed: the same losses, bit for bit.
   Result again = run("train -c " + cfg + " --set run.dir=" + w.dir + "/run2");
   REQUIRE(again.code == 0);
-  CHECK(losses_of(read_file(w.dir + "/run2/metrics.jsonl")) == losses_of(metrics));
+  CHECK(losses_of(moetrain::testing::read_bytes(w.dir + "/run2/metrics.jsonl")) == losses_of(metrics));
 
   // Greedy generation is bit-reproducible.
   string gen = "generate --checkpoint " + w.dir + "/run/model --prompt 'ROMEO:' --temperature 0 --max-new-tokens 24";
@@ -126,14 +117,14 @@ TEST_CASE("cli: prepare, train, generate and eval a tiny byte-level GPT-2", "[cl
 }
 
 TEST_CASE("cli: gradient accumulation of 2 x 2 sequences matches batches of 4", "[cli]") {
-  Workspace w("accum");
+  Workspace w;
   w.prepare();
   string cfg = w.config();
   REQUIRE(run("train -c " + cfg + " --set train.eval_every=0").code == 0);
   REQUIRE(run("train -c " + cfg + " --set train.eval_every=0 --set train.batch_size=2 --set train.grad_accum=2 "
               "--set run.dir=" + w.dir + "/run_accum").code == 0);
   // The same windows in the same order; only float rounding differs.
-  std::stringstream a(read_file(w.dir + "/run/metrics.jsonl")), b(read_file(w.dir + "/run_accum/metrics.jsonl"));
+  std::stringstream a(moetrain::testing::read_bytes(w.dir + "/run/metrics.jsonl")), b(moetrain::testing::read_bytes(w.dir + "/run_accum/metrics.jsonl"));
   string la, lb;
   int lines = 0;
   while (std::getline(a, la) && std::getline(b, lb)) {
@@ -145,12 +136,12 @@ TEST_CASE("cli: gradient accumulation of 2 x 2 sequences matches batches of 4", 
 }
 
 TEST_CASE("cli: bad input exits with code 2 and one line naming the file", "[cli][errors]") {
-  Workspace w("errors");
+  Workspace w;
   w.prepare();
 
   SECTION("unknown config key") {
     string cfg = w.dir + "/bad.yaml";
-    write_file(cfg, "model:\n  n_layre: 2\n");
+    moetrain::testing::write_bytes(cfg, "model:\n  n_layre: 2\n");
     Result r = run("train -c " + cfg);
     CHECK(r.code == 2);
     CHECK(r.output.find("bad.yaml:2:3") != string::npos);
@@ -164,17 +155,17 @@ TEST_CASE("cli: bad input exits with code 2 and one line naming the file", "[cli
   }
   SECTION("truncated shard") {
     fs::create_directories(w.dir + "/trunc");
-    string full = read_file(w.dir + "/data/val_000000.bin");
-    write_file(w.dir + "/trunc/train_000000.bin", full.substr(0, full.size() - 100));
+    string full = moetrain::testing::read_bytes(w.dir + "/data/val_000000.bin");
+    moetrain::testing::write_bytes(w.dir + "/trunc/train_000000.bin", full.substr(0, full.size() - 100));
     Result r = run("train -c " + w.config() + " --set data.train=" + w.dir + "/trunc/train_000000.bin");
     CHECK(r.code == 2);
     CHECK(r.output.find("trunc/train_000000.bin") != string::npos);
   }
   SECTION("wrong magic") {
     fs::create_directories(w.dir + "/magic");
-    string full = read_file(w.dir + "/data/val_000000.bin");
+    string full = moetrain::testing::read_bytes(w.dir + "/data/val_000000.bin");
     full[0] = 'X';
-    write_file(w.dir + "/magic/train_000000.bin", full);
+    moetrain::testing::write_bytes(w.dir + "/magic/train_000000.bin", full);
     Result r = run("train -c " + w.config() + " --set data.train=" + w.dir + "/magic/train_000000.bin");
     CHECK(r.code == 2);
     CHECK(r.output.find("magic") != string::npos);
@@ -183,7 +174,7 @@ TEST_CASE("cli: bad input exits with code 2 and one line naming the file", "[cli
   SECTION("token id beyond the vocabulary") {
     // GPT-2 shards (ids up to 50256) fed to a 256-token byte model.
     fs::create_directories(w.dir + "/gpt2");
-    write_file(w.dir + "/gpt2/text.txt", "Hello there, general Kenobi. You are a bold one.\n");
+    moetrain::testing::write_bytes(w.dir + "/gpt2/text.txt", "Hello there, general Kenobi. You are a bold one.\n");
     REQUIRE(run("prepare " + w.dir + "/gpt2/text.txt --out " + w.dir + "/gpt2 --val-tokens 0").code == 0);
     Result r = run("train -c " + w.config() + " --set data.train=" + w.dir + "/gpt2/train_000000.bin --set train.seq_len=4");
     CHECK(r.code == 2);
@@ -197,7 +188,7 @@ TEST_CASE("cli: bad input exits with code 2 and one line naming the file", "[cli
     CHECK(r.output.find("no_tokenizer") != string::npos);
   }
   SECTION("malformed safetensors") {
-    write_file(w.dir + "/bad.safetensors", string("\x10\0\0\0\0\0\0\0{\"a\":", 13));
+    moetrain::testing::write_bytes(w.dir + "/bad.safetensors", string("\x10\0\0\0\0\0\0\0{\"a\":", 13));
     Result r = run("generate -c " + w.config() + " --init-from " + w.dir + "/bad.safetensors");
     CHECK(r.code == 2);
     CHECK(r.output.find("bad.safetensors") != string::npos);

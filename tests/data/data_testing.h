@@ -1,8 +1,9 @@
-// Helpers for the [data] tests (namespace data_testing: tests/config has its own
-// testing::TempDir, and one name with two definitions would break the ODR): a
-// temporary directory, whole-file I/O, running a command, and paths to the
-// source tree and build.
+// Helpers for the [data] tests: paths to the source tree and build, and the
+// reference GPT-2 tokenizer (tests/reference/gpt2_tokenizer.py); the general
+// ones (TempDir, file I/O, commands) come from tests/testing.h.
 #pragma once
+
+#include "testing.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,54 +25,11 @@ inline const std::string kBinaryDir = MOETRAIN_BINARY_DIR;
 inline const std::string kGpt2Dir = kSourceDir + "/data/gpt2";
 inline const std::string kShakespeare = kSourceDir + "/data/tinyshakespeare.txt";
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/moetrain_test_XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + tmpl);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string operator/(std::string_view name) const { return path_ + "/" + std::string(name); }
-
- private:
-  std::string path_;
-};
-
-inline std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return std::move(ss).str();
-}
-
-inline void write_bytes(const std::string& path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw std::runtime_error("cannot write " + path);
-}
-
-// Runs `command` with /bin/sh; returns its exit status (or -1 if it did not exit normally).
-inline int run_command(const std::string& command) {
-  int status = std::system(command.c_str());
-  return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-// Single-quotes a string for /bin/sh.
-inline std::string shell_quote(std::string_view s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+using moetrain::testing::read_bytes;
+using moetrain::testing::run_command;
+using moetrain::testing::shell_quote;
+using moetrain::testing::TempDir;
+using moetrain::testing::write_bytes;
 
 // Token ids of `input` by tests/reference/gpt2_tokenizer.py (OpenAI's encoder.py),
 // run with /usr/bin/python3; errors = "strict" or "replace" (Python's UTF-8 decoding).

@@ -9,6 +9,7 @@
 #include "testing.h"
 
 using namespace moetrain;
+using moetrain::testing::TempDir;
 
 namespace {
 Gpt2Config small() {
@@ -21,16 +22,11 @@ Gpt2Config small() {
   c.d_ff = 20;
   return c;
 }
-std::string temp_dir(const std::string& name) {
-  std::string d = std::string(MOETRAIN_BINARY_DIR) + "/test_tmp/" + name;
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d;
-}
 }  // namespace
 
 TEST_CASE("gpt2 hf: export then import reproduces every weight bit for bit", "[nn][gpt2][hf]") {
-  std::string dir = temp_dir("hf_roundtrip");
+  TempDir tmp;
+  const std::string& dir = tmp.path();
   Gpt2 a(small(), 1);
   export_gpt2_hf(a, dir);
   REQUIRE(is_hf_model_dir(dir));
@@ -49,7 +45,8 @@ TEST_CASE("gpt2 hf: export then import reproduces every weight bit for bit", "[n
 }
 
 TEST_CASE("gpt2 hf: transformer. prefix, mask buffers and lm_head are accepted", "[nn][gpt2][hf]") {
-  std::string dir = temp_dir("hf_prefix");
+  TempDir tmp;
+  const std::string& dir = tmp.path();
   Gpt2 a(small(), 3);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const NamedParameter& p : a.parameters()) {
@@ -68,11 +65,11 @@ TEST_CASE("gpt2 hf: transformer. prefix, mask buffers and lm_head are accepted",
 }
 
 TEST_CASE("gpt2 hf: missing, unexpected and misshapen tensors name the file and tensor", "[nn][gpt2][hf][errors]") {
-  std::string dir = temp_dir("hf_bad");
+  TempDir tmp, source;
+  const std::string& dir = tmp.path();
   Gpt2 a(small(), 5);
-  std::string good = temp_dir("hf_bad_source");
-  export_gpt2_hf(a, good);
-  SafetensorsFile src = SafetensorsFile::open(good + "/model.safetensors");
+  export_gpt2_hf(a, source.path());
+  SafetensorsFile src = SafetensorsFile::open(source / "model.safetensors");
   std::vector<std::pair<std::string, Tensor>> all;
   for (const TensorEntry& e : src.entries()) all.emplace_back(e.name, src.read(e.name));
   auto write_without = [&](const std::string& skip, const std::string& extra, Tensor extra_t) {
@@ -92,8 +89,8 @@ TEST_CASE("gpt2 hf: missing, unexpected and misshapen tensors name the file and 
                     Catch::Contains("unexpected tensor h.9.mlp.c_fc.weight"));
   CHECK_THROWS_WITH(load_gpt2_hf_weights(b, write_without("wpe.weight", "wpe.weight", ones({3, 8}))),
                     Catch::Contains("wpe.weight") && Catch::Contains("[3, 8]") && Catch::Contains("[12, 8]"));
-  std::ofstream(dir + "/config.json") << "{\"n_layer\": 2, \"n_head\": 3, \"n_embd\": 8}";
+  tmp.write("config.json", "{\"n_layer\": 2, \"n_head\": 3, \"n_embd\": 8}");
   CHECK_THROWS_WITH(read_gpt2_hf_config(dir + "/config.json", {}), Catch::Contains("n_positions"));
-  std::ofstream(dir + "/config.json") << "{\"n_layer\": 2, nope";
+  tmp.write("config.json", "{\"n_layer\": 2, nope");
   CHECK_THROWS_WITH(read_gpt2_hf_config(dir + "/config.json", {}), Catch::Contains("not valid JSON"));
 }
