@@ -21,16 +21,7 @@ using TempDir = moetrain::testing::TempDir;
 // The what() of the ConfigError that f() throws; fails the test otherwise.
 template <class F>
 std::string config_error(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL_CHECK("expected a ConfigError, got another exception: " << e.what());
-    return "";
-  }
-  FAIL_CHECK("expected a ConfigError, nothing was thrown");
-  return "";
+  return error_of<ConfigError>(std::forward<F>(f));
 }
 
 }  // namespace moetrain::testing
