@@ -14,7 +14,8 @@ void permute_copy(Tensor& out, const Tensor& x, const std::vector<int64_t>& dims
   int64_t es = dtype_size(x.dtype());
   const char* src = static_cast<const char*>(x.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
-  if (nd == 0 || x.numel() == 0) {
+  if (x.numel() == 0) return;
+  if (nd == 0) {
     std::memcpy(dst, src, static_cast<size_t>(x.nbytes()));
     return;
   }
