@@ -98,14 +98,15 @@ BENCHMARK(BM_kda_chunked)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond)->
 
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
-  std::map<std::string, double> rate, ms;  // name -> GFLOP/s, ms per iteration
+  std::map<std::string, double> rate, ms;  // "BM_x/arg" -> GFLOP/s, ms per iteration
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
       if (r.run_type != Run::RT_Iteration) continue;
+      std::string name = r.run_name.function_name + (r.run_name.args.empty() ? "" : "/" + r.run_name.args);
       auto it = r.counters.find("GFLOP/s");
-      if (it != r.counters.end()) rate[r.benchmark_name()] = it->second.value;
-      ms[r.benchmark_name()] = r.GetAdjustedRealTime();  // in the benchmark's unit (ms)
+      if (it != r.counters.end()) rate[name] = it->second.value;
+      ms[name] = r.GetAdjustedRealTime();  // in the benchmark's unit (ms)
     }
   }
 };
@@ -119,14 +120,14 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   fmt::print("\nKDA forward+backward, f32, B={} H={} K=V={} C={} ({} threads, {})\n", kB, kH, kK, kC,
              cpu::num_threads(), cpu::blas_name());
-  const std::string base = "BM_sgemm_tiles/real_time";
+  const std::string base = "BM_sgemm_tiles";
   double sgemm = reporter.rate.count(base) ? reporter.rate[base] : 0.0;
   fmt::print("  sgemm on 64x64 tiles: {:.1f} GFLOP/s\n", sgemm / 1e9);
   for (int64_t T : {2048, 8192}) {
-    std::string rec = fmt::format("BM_kda_recurrent/{}/real_time", T), chk = fmt::format("BM_kda_chunked/{}/real_time", T);
+    std::string rec = fmt::format("BM_kda_recurrent/{}", T), chk = fmt::format("BM_kda_chunked/{}", T);
     for (const std::string& name : {rec, chk}) {
       if (!reporter.rate.count(name)) continue;
-      fmt::print("  {:<34} {:9.2f} ms {:7.1f} GFLOP/s = {:.2f}x of sgemm\n", name, reporter.ms[name],
+      fmt::print("  {:<22} {:9.2f} ms {:7.1f} GFLOP/s = {:.2f}x of sgemm\n", name, reporter.ms[name],
                  reporter.rate[name] / 1e9, sgemm > 0 ? reporter.rate[name] / sgemm : 0.0);
     }
     if (reporter.ms.count(rec) && reporter.ms.count(chk))
