@@ -150,13 +150,33 @@ void recurrent_step(T* S, T* o, T* delta, const T* q, const T* k, const T* v, co
 // ---------------------------------------------------------------------------------------------------
 // Chunked form (§6)
 
-// Sub-chunk length for the in-chunk pairwise terms: off-diagonal sub-chunk blocks
-// use the first row n of the row sub-chunk as reference, exp(γ_i - γ_j) =
-// exp(γ_i - γ_n) · exp(γ_n - γ_j) (both factors <= 1), which turns them into
-// matmuls; the diagonal blocks are computed pair by pair.
+// Sub-chunk length for the in-chunk pairwise terms (§6, as fla). Off-diagonal
+// sub-chunk blocks use the first row n of the row sub-chunk as reference,
+// exp(γ_i - γ_j) = exp(γ_i - γ_n) · exp(γ_n - γ_j) (both factors <= 1), which turns
+// them into matmuls. A diagonal block is a matmul too, with its middle row m as
+// reference, when every |γ_i - γ_m| in it is at most kReferenceSpan: the factors
+// then lie in [e^-40, e^40], far inside the f32 range (the bound fla's lower-bound
+// gate guarantees by g >= -5, for f64 too, so that tests see both paths).
+// Otherwise (stronger decay) the block is computed pair by pair, exp(γ_i - γ_j)
+// with i >= j only.
 constexpr int64_t kSubChunk = 16;
+constexpr double kReferenceSpan = 40.0;
 
 inline int64_t tri(int64_t n) { return n * (n + 1) / 2; }
+
+// out[d] = exp(a[d] - b[d]), d < n: the difference in double, the exp in T. Two
+// passes, so that each loop has one element type and vectorises.
+template <class T>
+void exp_of_difference(T* out, const double* a, const double* b, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) out[d] = static_cast<T>(a[d] - b[d]);
+  for (int64_t d = 0; d < n; ++d) out[d] = exp_of(out[d]);
+}
+
+// out = a ⊙ b over n elements (separate arrays; restrict lets the loop vectorise).
+template <class T>
+void multiply(T* __restrict out, const T* __restrict a, const T* __restrict b, int64_t n) {
+  for (int64_t x = 0; x < n; ++x) out[x] = a[x] * b[x];
+}
 
 // Workspace and per-chunk quantities of one task. prepare() loads a chunk and
 // computes what depends on the chunk alone; forward() / backward() add the entry state.
@@ -166,12 +186,13 @@ class KdaChunk {
   KdaChunk(int64_t C, int64_t K, int64_t V) : C_(C), K_(K), V_(V) {
     int64_t nsub = (C + kSubChunk - 1) / kSubChunk;
     auto ck = static_cast<size_t>(C * K), cc = static_cast<size_t>(C * C);
-    for (auto* b : {&q_, &k_, &eg_, &eh_, &qg_, &kg_, &kh_, &rowdec_, &qrow_, &krow_, &W_, &dW_, &dkg_, &dq_, &dk_,
-                    &dgam_, &px_, &py_, &tmpk_})
+    for (auto* b : {&q_, &k_, &eg_, &eh_, &qg_, &kg_, &kh_, &rowdec_, &qrow_, &krow_, &drow_, &dcol_, &qdiag_,
+                    &kdiag_, &kdcol_, &W_, &dW_, &dkg_, &dq_, &dk_, &dgam_, &px_, &py_, &tmpk_})
       b->resize(ck);
     for (auto* b : {&E_, &Aqk_, &M_, &Tm_, &dAqk_, &dTm_, &dM_, &dAkk_, &tmpc_}) b->resize(cc);
     for (auto* b : {&v_, &Vn_, &dVn_}) b->resize(static_cast<size_t>(C * V));
     gam_.resize(ck);
+    zero_.assign(static_cast<size_t>(K), 0.0);
     beta_.resize(static_cast<size_t>(C));
     dbeta_.resize(static_cast<size_t>(C));
     egC_.resize(static_cast<size_t>(K));
@@ -182,6 +203,7 @@ class KdaChunk {
     coldec_.resize(static_cast<size_t>(std::max<int64_t>(col_rows, 1) * K));
     kcol_.resize(coldec_.size());
     col_off_.resize(static_cast<size_t>(nsub));
+    diag_reference_.resize(static_cast<size_t>(nsub));
     pairdec_.resize(static_cast<size_t>(nsub * tri(kSubChunk) * K));
   }
 
@@ -195,50 +217,57 @@ class KdaChunk {
       const T* k = rows.k.at(t0 + i);
       const T* v = rows.v.at(t0 + i);
       const T* g = rows.g.at(t0 + i);
-      for (int64_t d = 0; d < K; ++d) {
-        q_[i * K + d] = scale * q[d];
-        k_[i * K + d] = k[d];
-        gam_[i * K + d] = (i == 0 ? 0.0 : gam_[(i - 1) * K + d]) + static_cast<double>(g[d]);
-      }
-      for (int64_t j = 0; j < V; ++j) v_[i * V + j] = v[j];
+      for (int64_t d = 0; d < K; ++d) q_[i * K + d] = scale * q[d];
+      std::copy(k, k + K, &k_[i * K]);
+      std::copy(v, v + V, &v_[i * V]);
+      const double* prev = i == 0 ? zero_.data() : &gam_[(i - 1) * K];
+      double* gam = &gam_[i * K];
+      for (int64_t d = 0; d < K; ++d) gam[d] = prev[d] + static_cast<double>(g[d]);
       beta_[i] = *rows.beta.at(t0 + i);
     }
     const double* gamC = &gam_[(L - 1) * K];
-    for (int64_t d = 0; d < K; ++d) egC_[d] = exp_of(static_cast<T>(gamC[d]));
-    for (int64_t i = 0; i < L; ++i)
-      for (int64_t d = 0; d < K; ++d) {
-        int64_t x = i * K + d;
-        eg_[x] = exp_of(static_cast<T>(gam_[x]));
-        eh_[x] = exp_of(static_cast<T>(gamC[d] - gam_[x]));
-        qg_[x] = q_[x] * eg_[x];
-        kg_[x] = k_[x] * eg_[x];
-        kh_[x] = k_[x] * eh_[x];
-      }
+    const double* zero = zero_.data();
+    exp_of_difference(egC_.data(), gamC, zero, K);
+    for (int64_t i = 0; i < L; ++i) {
+      exp_of_difference(&eg_[i * K], &gam_[i * K], zero, K);
+      exp_of_difference(&eh_[i * K], gamC, &gam_[i * K], K);
+    }
+    multiply(qg_.data(), q_.data(), eg_.data(), L * K);
+    multiply(kg_.data(), k_.data(), eg_.data(), L * K);
+    multiply(kh_.data(), k_.data(), eh_.data(), L * K);
     int64_t off = 0;
     for (int64_t r = 0; r * kSubChunk < L; ++r) {
       int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk);
       const double* gn = &gam_[r0 * K];
-      for (int64_t i = r0; i < r1; ++i)
-        for (int64_t d = 0; d < K; ++d) {
-          int64_t x = i * K + d;
-          rowdec_[x] = exp_of(static_cast<T>(gam_[x] - gn[d]));
-          qrow_[x] = q_[x] * rowdec_[x];
-          krow_[x] = k_[x] * rowdec_[x];
-        }
+      for (int64_t i = r0; i < r1; ++i) exp_of_difference(&rowdec_[i * K], &gam_[i * K], gn, K);
+      multiply(&qrow_[r0 * K], &q_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
+      multiply(&krow_[r0 * K], &k_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
       col_off_[r] = off;
-      for (int64_t j = 0; j < r0; ++j)
-        for (int64_t d = 0; d < K; ++d) {
-          coldec_[off + j * K + d] = exp_of(static_cast<T>(gn[d] - gam_[j * K + d]));
-          kcol_[off + j * K + d] = k_[j * K + d] * coldec_[off + j * K + d];
-        }
+      for (int64_t j = 0; j < r0; ++j) exp_of_difference(&coldec_[off + j * K], gn, &gam_[j * K], K);
+      multiply(&kcol_[off], k_.data(), &coldec_[off], r0 * K);
       off += r0 * K;
-      T* pd = &pairdec_[r * tri(kSubChunk) * K];
+      const double* gm = &gam_[(r0 + (r1 - r0) / 2) * K];
+      double span = 0;
       for (int64_t i = r0; i < r1; ++i)
-        for (int64_t j = r0; j <= i; ++j, pd += K)
-          for (int64_t d = 0; d < K; ++d) pd[d] = exp_of(static_cast<T>(gam_[i * K + d] - gam_[j * K + d]));
+        for (int64_t d = 0; d < K; ++d) span = std::max(span, std::abs(gam_[i * K + d] - gm[d]));
+      diag_reference_[r] = span <= kReferenceSpan;
+      if (diag_reference_[r]) {
+        for (int64_t i = r0; i < r1; ++i) {
+          exp_of_difference(&drow_[i * K], &gam_[i * K], gm, K);
+          exp_of_difference(&dcol_[i * K], gm, &gam_[i * K], K);
+        }
+        int64_t n = (r1 - r0) * K, x = r0 * K;
+        multiply(&qdiag_[x], &q_[x], &drow_[x], n);
+        multiply(&kdiag_[x], &k_[x], &drow_[x], n);
+        multiply(&kdcol_[x], &k_[x], &dcol_[x], n);
+      } else {
+        T* pd = &pairdec_[r * tri(kSubChunk) * K];
+        for (int64_t i = r0; i < r1; ++i)
+          for (int64_t j = r0; j <= i; ++j, pd += K) exp_of_difference(pd, &gam_[i * K], &gam_[j * K], K);
+      }
     }
-    decayed_products(E_.data(), krow_.data(), k_.data(), /*diagonal=*/false);
-    decayed_products(Aqk_.data(), qrow_.data(), q_.data(), /*diagonal=*/true);
+    decayed_products(E_.data(), krow_.data(), kdiag_.data(), k_.data(), /*diagonal=*/false);
+    decayed_products(Aqk_.data(), qrow_.data(), qdiag_.data(), q_.data(), /*diagonal=*/true);
 
     // M = (I + A^kk)^{-1} by forward substitution: M[i,:] = e_i - Σ_{m<i} A^kk[i,m] M[m,:].
     std::fill(M_.begin(), M_.begin() + L * L, T(0));
@@ -316,8 +345,8 @@ class KdaChunk {
     std::fill(dq_.begin(), dq_.begin() + L * K, T(0));
     std::fill(dk_.begin(), dk_.begin() + L * K, T(0));
     std::fill(dgam_.begin(), dgam_.begin() + L * K, T(0));
-    decayed_products_backward(dAkk_.data(), k_.data(), krow_.data(), dk_.data());  // E:     x = k
-    decayed_products_backward(dAqk_.data(), q_.data(), qrow_.data(), dq_.data());  // A^qk:  x = q̄
+    decayed_products_backward(dAkk_.data(), k_.data(), krow_.data(), kdiag_.data(), dk_.data());  // E:    x = k
+    decayed_products_backward(dAqk_.data(), q_.data(), qrow_.data(), qdiag_.data(), dq_.data());  // A^qk: x = q̄
     // Inter-chunk factors: Q̄ ⊙ e^γ (G = dO S_n^T), K ⊙ e^γ, K ⊙ e^{γ_C-γ} (dK̂ = V^new dS^T), Diag(e^{γ_C}).
     std::fill(dgamC_.begin(), dgamC_.end(), T(0));
     gemm(false, true, L, K, V, T(1), dO, ldo, S, V, T(0), tmpk_.data(), K);
@@ -371,14 +400,22 @@ class KdaChunk {
   }
 
   // P[i,j] = Σ_d x_{i,d} k_{j,d} exp(γ_{i,d} - γ_{j,d}) for j < i (and j = i when `diagonal`),
-  // zero above. xrow = x ⊙ exp(γ - γ_n) with n the first row of each row's sub-chunk.
-  void decayed_products(T* P, const T* xrow, const T* x, bool diagonal) {
+  // zero above. xrow = x ⊙ exp(γ - γ_n) with n the first row of each row's sub-chunk;
+  // xdiag = x ⊙ exp(γ - γ_m) with m the middle row (sub-chunks with diag_reference_).
+  void decayed_products(T* P, const T* xrow, const T* xdiag, const T* x, bool diagonal) {
     const int64_t L = L_, K = K_;
     std::fill(P, P + L * L, T(0));
     for (int64_t r = 0; r * kSubChunk < L; ++r) {
-      int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk);
+      int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk), rl = r1 - r0;
       // Off-diagonal block [r0, r1) x [0, r0): one matmul of reference-scaled rows.
-      gemm(false, true, r1 - r0, r0, K, T(1), xrow + r0 * K, K, &kcol_[col_off_[r]], K, T(0), P + r0 * L, L);
+      gemm(false, true, rl, r0, K, T(1), xrow + r0 * K, K, &kcol_[col_off_[r]], K, T(0), P + r0 * L, L);
+      if (diag_reference_[r]) {
+        // Diagonal block as a matmul; the entries above the diagonal (factors > 1, unused) are zeroed.
+        gemm(false, true, rl, rl, K, T(1), xdiag + r0 * K, K, &kdcol_[r0 * K], K, T(0), P + r0 * L + r0, L);
+        for (int64_t i = r0; i < r1; ++i)
+          for (int64_t j = diagonal ? i + 1 : i; j < r1; ++j) P[i * L + j] = T(0);
+        continue;
+      }
       const T* pd = &pairdec_[r * tri(kSubChunk) * K];
       for (int64_t i = r0; i < r1; ++i)
         for (int64_t j = r0; j <= i; ++j, pd += K) {
@@ -395,7 +432,7 @@ class KdaChunk {
   // Backward of decayed_products for dP (zero where P is structurally zero):
   // dx_i += Σ_j dP_ij e^{γ_i-γ_j} ⊙ k_j, dk_j += Σ_i dP_ij e^{γ_i-γ_j} ⊙ x_i,
   // dγ_i += x_i ⊙ (the dx_i term), dγ_j -= k_j ⊙ (the dk_j term). Accumulates into dx, dk_, dgam_.
-  void decayed_products_backward(const T* dP, const T* x, const T* xrow, T* dx) {
+  void decayed_products_backward(const T* dP, const T* x, const T* xrow, const T* xdiag, T* dx) {
     const int64_t L = L_, K = K_;
     std::fill(px_.begin(), px_.begin() + L * K, T(0));
     std::fill(py_.begin(), py_.begin() + L * K, T(0));
@@ -407,6 +444,14 @@ class KdaChunk {
         for (int64_t x0 = 0; x0 < rl * K; ++x0) px_[r0 * K + x0] += tmpk_[x0] * rowdec_[r0 * K + x0];
         gemm(true, false, r0, K, rl, T(1), dP + r0 * L, L, xrow + r0 * K, K, T(0), tmpk_.data(), K);
         for (int64_t x0 = 0; x0 < r0 * K; ++x0) py_[x0] += tmpk_[x0] * col[x0];
+      }
+      if (diag_reference_[r]) {
+        const T* dPd = dP + r0 * L + r0;  // [rl, rl], lower triangular
+        gemm(false, false, rl, K, rl, T(1), dPd, L, &kdcol_[r0 * K], K, T(0), tmpk_.data(), K);
+        for (int64_t x0 = 0; x0 < rl * K; ++x0) px_[r0 * K + x0] += tmpk_[x0] * drow_[r0 * K + x0];
+        gemm(true, false, rl, K, rl, T(1), dPd, L, xdiag + r0 * K, K, T(0), tmpk_.data(), K);
+        for (int64_t x0 = 0; x0 < rl * K; ++x0) py_[r0 * K + x0] += tmpk_[x0] * dcol_[r0 * K + x0];
+        continue;
       }
       const T* pd = &pairdec_[r * tri(kSubChunk) * K];
       for (int64_t i = r0; i < r1; ++i)
@@ -434,12 +479,15 @@ class KdaChunk {
   int64_t C_, K_, V_, L_ = 0;
   std::vector<T> q_, k_, v_, beta_;  // chunk rows; q_ = scale q
   std::vector<double> gam_;          // [L, K] γ, inclusive within-chunk cumsum of g
+  std::vector<double> zero_;         // [K] zeros
   std::vector<T> eg_, eh_, egC_;     // e^γ, e^{γ_C - γ}, e^{γ_C}
   std::vector<T> qg_, kg_, kh_;      // q̄ ⊙ e^γ, k ⊙ e^γ, k ⊙ e^{γ_C - γ}
   std::vector<T> rowdec_, qrow_, krow_;  // e^{γ_i - γ_n} (n: first row of i's sub-chunk), q̄ and k scaled by it
   std::vector<T> coldec_, kcol_;     // per sub-chunk r, rows j < n_r: e^{γ_n - γ_j} and k scaled by it
   std::vector<int64_t> col_off_;     // offset of sub-chunk r in coldec_/kcol_
-  std::vector<T> pairdec_;           // per sub-chunk, pairs j <= i inside it: e^{γ_i - γ_j}
+  std::vector<bool> diag_reference_;  // per sub-chunk: diagonal block by the middle-row reference
+  std::vector<T> drow_, dcol_, qdiag_, kdiag_, kdcol_;  // e^{γ_i - γ_m}, e^{γ_m - γ_i}, q̄ ⊙ drow, k ⊙ drow, k ⊙ dcol
+  std::vector<T> pairdec_;           // other sub-chunks, pairs j <= i inside it: e^{γ_i - γ_j}
   std::vector<T> E_, Aqk_, M_, Tm_, W_, Vn_;
   // backward
   std::vector<T> dVn_, dAqk_, dSn_, dW_, dTm_, dkg_, dM_, dAkk_, tmpc_, dq_, dk_, dgam_, dgamC_, dbeta_;
