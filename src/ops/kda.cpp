@@ -1,5 +1,7 @@
 #include "ops/kda.h"
 
+#include <algorithm>
+
 #include "autograd/node.h"
 #include "ops/checks.h"
 #include "ops/kda_kernels.h"
@@ -81,6 +83,7 @@ KdaResult kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const T
                       const Tensor& h0, double scale, int64_t chunk_size) {
   check_kda("kda_chunked", q, k, v, g, beta, h0, "h0");
   MT_CHECK(chunk_size >= 1, "kda_chunked: chunk_size = {}; expected >= 1 (64 is the usual choice)", chunk_size);
+  chunk_size = std::min(chunk_size, std::max<int64_t>(q.size(1), 1));  // one chunk covers short sequences
   Tensor o = empty(v.shape(), q.dtype(), q.device());
   Tensor state = initial_state(q, v, h0);  // S_0, becomes S_T
   Tensors inputs{q, k, v, g, beta, h0};

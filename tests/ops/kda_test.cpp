@@ -13,12 +13,19 @@ using moetrain::testing::error_of;
 
 namespace {
 
-// Decay settings: mild (long memory), the K3 lower-bound gate range (-5, 0), and
-// strong decays as the softplus gate can produce (down to about -60).
-enum class Decay { mild, lower_bound, strong };
+// Decay settings: mild (long memory), the K3 lower-bound gate range (-5, 0),
+// strong decays as the softplus gate can produce (down to about -60), and a mix of
+// mild and strong entries (large |γ| next to small differences γ_i - γ_j).
+enum class Decay { mild, lower_bound, strong, mixed };
 
 const char* decay_name(Decay d) {
-  return d == Decay::mild ? "mild" : d == Decay::lower_bound ? "lower_bound" : "strong";
+  switch (d) {
+    case Decay::mild: return "mild";
+    case Decay::lower_bound: return "lower_bound";
+    case Decay::strong: return "strong";
+    case Decay::mixed: return "mixed";
+  }
+  return "";
 }
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -44,10 +51,12 @@ Inputs make_inputs(int64_t B, int64_t T, int64_t H, int64_t HV, int64_t K, int64
     return from_vector(x, {B, T, H, K}, DType::f64);
   };
   std::vector<double> g = randn({B, T, HV, K}, DType::f64, seed + 3).to_vector();
-  for (double& x : g) {
-    if (decay == Decay::mild) x = -0.2 * sigmoid(x);
-    else if (decay == Decay::lower_bound) x = -5.0 * sigmoid(x);
-    else x = -60.0 * sigmoid(2.0 * x);
+  for (size_t i = 0; i < g.size(); ++i) {
+    double& x = g[i];
+    bool strong = decay == Decay::strong || (decay == Decay::mixed && (i * 2654435761u) % 7 < 2);
+    if (decay == Decay::lower_bound) x = -5.0 * sigmoid(x);
+    else if (strong) x = -60.0 * sigmoid(2.0 * x);
+    else x = -0.2 * sigmoid(x);
   }
   std::vector<double> beta = randn({B, T, HV}, DType::f64, seed + 4).to_vector();
   for (double& x : beta) x = sigmoid(x);
@@ -157,7 +166,7 @@ TEST_CASE("kda_recurrent: gradients match finite differences", "[ops][kda]") {
 TEST_CASE("kda_chunked: forward and gradients match the recurrent form in f64", "[ops][kda]") {
   // Every gradient under random upstream gradients of o and of the final state.
   double worst = 0;
-  for (Decay decay : {Decay::mild, Decay::lower_bound, Decay::strong})
+  for (Decay decay : {Decay::mild, Decay::lower_bound, Decay::strong, Decay::mixed})
     for (int64_t T : {1, 37, 64, 200})
       for (int64_t C : {16, 64})
         for (bool with_h0 : {false, true}) {
@@ -190,16 +199,18 @@ TEST_CASE("kda_chunked: forward and gradients match the recurrent form in f64", 
 
 TEST_CASE("kda_chunked: gradients match finite differences", "[ops][kda]") {
   // T = 21 with C = 8: two full chunks and a tail of 5; C = 20 with sub-chunks of 16 and 4.
-  for (int64_t C : {8, 20}) {
-    DYNAMIC_SECTION("C=" << C) {
-      auto fn = [C](const Tensors& in) {
-        KdaResult r = kda_chunked(in[0], in[1], in[2], in[3], in[4], in[5], 0.7, C);
-        return Tensors{r.o, r.final_state};
-      };
-      Inputs a = make_inputs(1, 21, 1, 2, 3, 4, Decay::lower_bound, true, 5);
-      check_gradients(fn, a.list());
+  // Mixed decay puts sub-chunks on both in-chunk paths (matmul with a reference row, pairwise).
+  for (Decay decay : {Decay::lower_bound, Decay::mixed})
+    for (int64_t C : {8, 20}) {
+      DYNAMIC_SECTION(decay_name(decay) << " C=" << C) {
+        auto fn = [C](const Tensors& in) {
+          KdaResult r = kda_chunked(in[0], in[1], in[2], in[3], in[4], in[5], 0.7, C);
+          return Tensors{r.o, r.final_state};
+        };
+        Inputs a = make_inputs(1, 21, 1, 2, 3, 4, decay, true, 5);
+        check_gradients(fn, a.list());
+      }
     }
-  }
 }
 
 TEST_CASE("kda_chunked: f32 agrees with the f64 recurrent form", "[ops][kda]") {
@@ -211,11 +222,17 @@ TEST_CASE("kda_chunked: f32 agrees with the f64 recurrent form", "[ops][kda]") {
   // summation orders while still catching any wrong term (those are O(1)).
   const double kTolerance = 2e-5;
   double worst_chunked = 0, worst_recurrent = 0;
-  for (Decay decay : {Decay::mild, Decay::lower_bound, Decay::strong}) {
-    INFO(decay_name(decay));
+  struct Case {
+    Decay decay;
+    int64_t H, HV, K, V;
+  };
+  for (Case c : {Case{Decay::mild, 2, 4, 32, 16}, Case{Decay::lower_bound, 2, 4, 32, 16},
+                 Case{Decay::strong, 2, 4, 32, 16}, Case{Decay::mixed, 2, 4, 32, 16},
+                 Case{Decay::lower_bound, 1, 1, 64, 64}, Case{Decay::mixed, 1, 1, 64, 64}}) {
+    INFO(decay_name(c.decay) << " K=" << c.K << " V=" << c.V);
     {
-      Inputs in = make_inputs(1, 200, 2, 4, 32, 16, decay, true, 30);
-      Tensor grad_o = randn(in.v.shape(), DType::f64, 31), grad_state = randn({1, 4, 32, 16}, DType::f64, 32);
+      Inputs in = make_inputs(1, 200, c.H, c.HV, c.K, c.V, c.decay, true, 30);
+      Tensor grad_o = randn(in.v.shape(), DType::f64, 31), grad_state = randn(in.h0.shape(), DType::f64, 32);
       Run ref = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.25); }, in,
                     grad_o, grad_state);
       Inputs in32 = in.to(DType::f32);
@@ -275,6 +292,9 @@ TEST_CASE("kda: mode dispatch", "[ops][kda]") {
     CHECK(parse_kda_mode(kda_mode_name(mode)) == mode);
   }
   CHECK_THAT(error_of([] { parse_kda_mode("fast"); }), Catch::Contains("'fast'") && Catch::Contains("chunked"));
+  // A chunk longer than the sequence is one chunk of T.
+  KdaResult one = kda_chunked(in.q, in.k, in.v, in.g, in.beta, in.h0, 0.5, 1 << 20);
+  CHECK(rel_error(one.o, kda_recurrent(in.q, in.k, in.v, in.g, in.beta, in.h0, 0.5).o) < 1e-12);
 }
 
 TEST_CASE("kda: bad shapes are reported", "[ops][kda][errors]") {
