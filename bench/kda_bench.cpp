@@ -45,8 +45,8 @@ void BM_sgemm_tiles(benchmark::State& st) {
     cpu::parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t)
         for (int64_t r = 0; r < reps; ++r)
-          cpu::gemm(false, false, kC, kV, kK, 1.f, a.data<float>() + t * kC * kK, kK, b.data<float>() + t * kK * kV,
-                    kV, r == 0 ? 0.f : 1.f, c.data<float>() + t * kC * kV, kV);
+          cpu::gemm(false, false, kC, kV, kK, 1.f, a.data<float>() + t * kC * kK, kK, b.data<float>() + t * kK * kV, kV,
+                    r == 0 ? 0.f : 1.f, c.data<float>() + t * kC * kV, kV);
     });
     benchmark::ClobberMemory();
   }

@@ -11,8 +11,8 @@ namespace moetrain {
 namespace {
 
 // q, k [B,T,H,K]; v [B,T,HV,V] with HV % H == 0; g [B,T,HV,K]; beta [B,T,HV]; h0 [B,HV,K,V] or undefined.
-void check_kda(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-               const Tensor& beta, const Tensor& h0, const char* h0_name) {
+void check_kda(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+               const Tensor& h0, const char* h0_name) {
   Tensors all{q, k, v, g, beta};
   const char* names[] = {"q", "k", "v", "g", "beta"};
   for (size_t i = 0; i < all.size(); ++i) check_float(op, names[i], all[i]);
@@ -27,10 +27,10 @@ void check_kda(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
   check_rank(op, "v", v, 4);
   int64_t HV = v.size(2), V = v.size(3);
   MT_CHECK(v.size(0) == B && v.size(1) == T && HV >= H && HV % H == 0 && V >= 1,
-           "{}: v is {}; expected [B, T, HV, V] = [{}, {}, HV, V] with HV a multiple of H = {} (q {})", op,
-           v.shape(), B, T, H, q.shape());
-  MT_CHECK(g.shape() == Shape({B, T, HV, K}), "{}: g is {}; expected [B, T, HV, K] = [{}, {}, {}, {}] (q {}, v {})",
-           op, g.shape(), B, T, HV, K, q.shape(), v.shape());
+           "{}: v is {}; expected [B, T, HV, V] = [{}, {}, HV, V] with HV a multiple of H = {} (q {})", op, v.shape(),
+           B, T, H, q.shape());
+  MT_CHECK(g.shape() == Shape({B, T, HV, K}), "{}: g is {}; expected [B, T, HV, K] = [{}, {}, {}, {}] (q {}, v {})", op,
+           g.shape(), B, T, HV, K, q.shape(), v.shape());
   MT_CHECK(beta.shape() == Shape({B, T, HV}), "{}: beta is {}; expected [B, T, HV] = [{}, {}, {}] (v {})", op,
            beta.shape(), B, T, HV, v.shape());
   if (h0.defined())
@@ -62,19 +62,18 @@ KdaResult kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const
   Tensors inputs{q, k, v, g, beta, h0};
   Tensor checkpoints;  // [B, HV, segments, K, V]
   if (autograd::needs_grad(inputs))
-    checkpoints = empty({q.size(0), v.size(2), cpu::kda_num_segments(q.size(1), cpu::kKdaRecurrentSegment),
-                         q.size(3), v.size(3)},
-                        q.dtype(), q.device());
+    checkpoints =
+        empty({q.size(0), v.size(2), cpu::kda_num_segments(q.size(1), cpu::kKdaRecurrentSegment), q.size(3), v.size(3)},
+              q.dtype(), q.device());
   cpu::kda_recurrent_forward(o, state, checkpoints.defined() ? &checkpoints : nullptr, q, k, v, g, beta, scale);
-  Tensors out = autograd::record(
-      "kda_recurrent", {o, state}, inputs, [=](const Tensors& grads) {
-        Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v), grad_g = empty_like(g),
-               grad_beta = empty_like(beta);
-        Tensor grad_h0 = empty({q.size(0), v.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
-        cpu::kda_recurrent_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v,
-                                    g, beta, checkpoints, scale);
-        return Grads{grad_q, grad_k, grad_v, grad_g, grad_beta, h0.defined() ? grad_h0 : Tensor()};
-      });
+  Tensors out = autograd::record("kda_recurrent", {o, state}, inputs, [=](const Tensors& grads) {
+    Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v), grad_g = empty_like(g),
+           grad_beta = empty_like(beta);
+    Tensor grad_h0 = empty({q.size(0), v.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
+    cpu::kda_recurrent_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
+                                beta, checkpoints, scale);
+    return Grads{grad_q, grad_k, grad_v, grad_g, grad_beta, h0.defined() ? grad_h0 : Tensor()};
+  });
   return {out[0], out[1]};
 }
 
@@ -93,20 +92,19 @@ KdaResult kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const T
                          q.dtype(), q.device());
   cpu::kda_chunked_forward(o, state, chunk_states.defined() ? &chunk_states : nullptr, q, k, v, g, beta, scale,
                            chunk_size);
-  Tensors out = autograd::record(
-      "kda_chunked", {o, state}, inputs, [=](const Tensors& grads) {
-        Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v), grad_g = empty_like(g),
-               grad_beta = empty_like(beta);
-        Tensor grad_h0 = empty({q.size(0), v.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
-        cpu::kda_chunked_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
-                                  beta, chunk_states, scale, chunk_size);
-        return Grads{grad_q, grad_k, grad_v, grad_g, grad_beta, h0.defined() ? grad_h0 : Tensor()};
-      });
+  Tensors out = autograd::record("kda_chunked", {o, state}, inputs, [=](const Tensors& grads) {
+    Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v), grad_g = empty_like(g),
+           grad_beta = empty_like(beta);
+    Tensor grad_h0 = empty({q.size(0), v.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
+    cpu::kda_chunked_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g, beta,
+                              chunk_states, scale, chunk_size);
+    return Grads{grad_q, grad_k, grad_v, grad_g, grad_beta, h0.defined() ? grad_h0 : Tensor()};
+  });
   return {out[0], out[1]};
 }
 
-KdaResult kda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-              const Tensor& h0, double scale, KdaMode mode, int64_t chunk_size) {
+KdaResult kda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& h0,
+              double scale, KdaMode mode, int64_t chunk_size) {
   if (mode == KdaMode::recurrent) return kda_recurrent(q, k, v, g, beta, h0, scale);
   return kda_chunked(q, k, v, g, beta, h0, scale, chunk_size);
 }
@@ -116,8 +114,10 @@ Tensor kda_decode_step(const Tensor& q, const Tensor& k, const Tensor& v, const 
   MT_CHECK(state.defined(), "kda_decode_step: state is undefined; pass a [B, HV, K, V] tensor (zeros to start)");
   check_kda("kda_decode_step", q, k, v, g, beta, state, "state");
   MT_CHECK(q.size(1) == 1, "kda_decode_step: q is {}; expected one token, [B, 1, H, K]", q.shape());
-  MT_CHECK(!state.requires_grad(), "kda_decode_step: state {} requires grad; the decode step updates it in place "
-           "without autograd, pass a detached state", describe(state));
+  MT_CHECK(!state.requires_grad(),
+           "kda_decode_step: state {} requires grad; the decode step updates it in place "
+           "without autograd, pass a detached state",
+           describe(state));
   Tensor o = empty(v.shape(), q.dtype(), q.device());
   Tensor s = state;
   cpu::kda_recurrent_forward(o, s, nullptr, q, k, v, g, beta, scale);

@@ -41,8 +41,8 @@ KdaResult kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const T
                       const Tensor& h0, double scale, int64_t chunk_size = 64);
 
 // Either form; chunk_size is used by the chunked one.
-KdaResult kda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-              const Tensor& h0, double scale, KdaMode mode, int64_t chunk_size = 64);
+KdaResult kda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& h0,
+              double scale, KdaMode mode, int64_t chunk_size = 64);
 
 // One decoding step (T = 1): q, k [B, 1, H, K], v [B, 1, HV, V], g [B, 1, HV, K],
 // beta [B, 1, HV]. Updates `state` [B, HV, K, V] in place and returns o [B, 1, HV, V].

@@ -34,8 +34,7 @@ namespace {
 struct Dims {
   int64_t B, T, H, HV, G, K, V;
   Dims(const Tensor& q, const Tensor& v)
-      : B(q.size(0)), T(q.size(1)), H(q.size(2)), HV(v.size(2)), G(v.size(2) / q.size(2)), K(q.size(3)),
-        V(v.size(3)) {}
+      : B(q.size(0)), T(q.size(1)), H(q.size(2)), HV(v.size(2)), G(v.size(2) / q.size(2)), K(q.size(3)), V(v.size(3)) {}
   int64_t tasks() const { return B * HV; }
 };
 
@@ -76,8 +75,8 @@ Rows<T> beta_rows(T* p, const Dims& d, int64_t task) {
 }
 
 template <class T>
-TaskRows<T> task_rows(const Dims& d, int64_t task, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor& g, const Tensor& beta) {
+TaskRows<T> task_rows(const Dims& d, int64_t task, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                      const Tensor& beta) {
   return {qk_rows(q.data<T>(), d, task), qk_rows(k.data<T>(), d, task), v_rows(v.data<T>(), d, task),
           gk_rows(g.data<T>(), d, task), beta_rows(beta.data<T>(), d, task)};
 }
@@ -124,8 +123,8 @@ struct QkGradTargets {
 // Writes o [V] and δ [V]. Shared by the recurrent forward, its backward's recomputation
 // and the decode step, so all three produce the same bits.
 template <class T>
-void recurrent_step(T* S, T* o, T* delta, const T* q, const T* k, const T* v, const T* g, T beta, T scale,
-                    int64_t K, int64_t V) {
+void recurrent_step(T* S, T* o, T* delta, const T* q, const T* k, const T* v, const T* g, T beta, T scale, int64_t K,
+                    int64_t V) {
   for (int64_t j = 0; j < V; ++j) delta[j] = T(0);
   for (int64_t d = 0; d < K; ++d) {
     T a = exp_of(g[d]), kd = k[d];
@@ -186,8 +185,8 @@ class KdaChunk {
   KdaChunk(int64_t C, int64_t K, int64_t V) : C_(C), K_(K), V_(V) {
     int64_t nsub = (C + kSubChunk - 1) / kSubChunk;
     auto ck = static_cast<size_t>(C * K), cc = static_cast<size_t>(C * C);
-    for (auto* b : {&q_, &k_, &eg_, &eh_, &qg_, &kg_, &kh_, &rowdec_, &qrow_, &krow_, &drow_, &dcol_, &qdiag_,
-                    &kdiag_, &kdcol_, &W_, &dW_, &dkg_, &dq_, &dk_, &dgam_, &px_, &py_, &tmpk_})
+    for (auto* b : {&q_,     &k_,     &eg_,    &eh_, &qg_, &kg_,  &kh_, &rowdec_, &qrow_, &krow_, &drow_, &dcol_,
+                    &qdiag_, &kdiag_, &kdcol_, &W_,  &dW_, &dkg_, &dq_, &dk_,     &dgam_, &px_,   &py_,   &tmpk_})
       b->resize(ck);
     for (auto* b : {&E_, &Aqk_, &M_, &Tm_, &dAqk_, &dTm_, &dM_, &dAkk_, &tmpc_}) b->resize(cc);
     for (auto* b : {&v_, &Vn_, &dVn_}) b->resize(static_cast<size_t>(C * V));
@@ -290,7 +289,7 @@ class KdaChunk {
   void forward(T* S, T* o, int64_t ldo) {
     const int64_t L = L_, K = K_, V = V_;
     new_values(S);
-    gemm(false, false, L, V, K, T(1), qg_.data(), K, S, V, T(0), o, ldo);          // (Q̄ ⊙ e^γ) S_n
+    gemm(false, false, L, V, K, T(1), qg_.data(), K, S, V, T(0), o, ldo);            // (Q̄ ⊙ e^γ) S_n
     gemm(false, false, L, V, L, T(1), Aqk_.data(), L, Vn_.data(), V, T(1), o, ldo);  // + A^qk V^new
     for (int64_t d = 0; d < K; ++d)
       for (int64_t j = 0; j < V; ++j) S[d * V + j] *= egC_[d];
@@ -477,17 +476,17 @@ class KdaChunk {
   }
 
   int64_t C_, K_, V_, L_ = 0;
-  std::vector<T> q_, k_, v_, beta_;  // chunk rows; q_ = scale q
-  std::vector<double> gam_;          // [L, K] γ, inclusive within-chunk cumsum of g
-  std::vector<double> zero_;         // [K] zeros
-  std::vector<T> eg_, eh_, egC_;     // e^γ, e^{γ_C - γ}, e^{γ_C}
-  std::vector<T> qg_, kg_, kh_;      // q̄ ⊙ e^γ, k ⊙ e^γ, k ⊙ e^{γ_C - γ}
+  std::vector<T> q_, k_, v_, beta_;      // chunk rows; q_ = scale q
+  std::vector<double> gam_;              // [L, K] γ, inclusive within-chunk cumsum of g
+  std::vector<double> zero_;             // [K] zeros
+  std::vector<T> eg_, eh_, egC_;         // e^γ, e^{γ_C - γ}, e^{γ_C}
+  std::vector<T> qg_, kg_, kh_;          // q̄ ⊙ e^γ, k ⊙ e^γ, k ⊙ e^{γ_C - γ}
   std::vector<T> rowdec_, qrow_, krow_;  // e^{γ_i - γ_n} (n: first row of i's sub-chunk), q̄ and k scaled by it
-  std::vector<T> coldec_, kcol_;     // per sub-chunk r, rows j < n_r: e^{γ_n - γ_j} and k scaled by it
-  std::vector<int64_t> col_off_;     // offset of sub-chunk r in coldec_/kcol_
-  std::vector<bool> diag_reference_;  // per sub-chunk: diagonal block by the middle-row reference
+  std::vector<T> coldec_, kcol_;         // per sub-chunk r, rows j < n_r: e^{γ_n - γ_j} and k scaled by it
+  std::vector<int64_t> col_off_;         // offset of sub-chunk r in coldec_/kcol_
+  std::vector<bool> diag_reference_;     // per sub-chunk: diagonal block by the middle-row reference
   std::vector<T> drow_, dcol_, qdiag_, kdiag_, kdcol_;  // e^{γ_i - γ_m}, e^{γ_m - γ_i}, q̄ ⊙ drow, k ⊙ drow, k ⊙ dcol
-  std::vector<T> pairdec_;           // other sub-chunks, pairs j <= i inside it: e^{γ_i - γ_j}
+  std::vector<T> pairdec_;                              // other sub-chunks, pairs j <= i inside it: e^{γ_i - γ_j}
   std::vector<T> E_, Aqk_, M_, Tm_, W_, Vn_;
   // backward
   std::vector<T> dVn_, dAqk_, dSn_, dW_, dTm_, dkg_, dM_, dAkk_, tmpc_, dq_, dk_, dgam_, dgamC_, dbeta_;
@@ -522,9 +521,9 @@ void kda_recurrent_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const 
 }
 
 void kda_recurrent_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g, Tensor& grad_beta,
-                            Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state,
-                            const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                            const Tensor& beta, const Tensor& checkpoints, double scale) {
+                            Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                            const Tensor& checkpoints, double scale) {
   dispatch_float(q.dtype(), "kda_recurrent_backward", [&](auto tag) {
     using T = decltype(tag);
     Dims d(q, v);

@@ -20,9 +20,9 @@ inline int64_t kda_num_segments(int64_t T, int64_t length) { return (T + length 
 void kda_recurrent_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q, const Tensor& k,
                            const Tensor& v, const Tensor& g, const Tensor& beta, double scale);
 void kda_recurrent_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g, Tensor& grad_beta,
-                            Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state,
-                            const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                            const Tensor& beta, const Tensor& checkpoints, double scale);
+                            Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                            const Tensor& checkpoints, double scale);
 
 // chunk_states: null, or [B, HV, num_segments(T, chunk_size), K, V], receiving every
 // chunk-entry state S_n (the backward reads them instead of recomputing the scan).

@@ -1,10 +1,10 @@
-#include <catch2/catch.hpp>
+#include "ops/kda.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 
 #include "moetrain.h"
-#include "ops/kda.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -20,10 +20,14 @@ enum class Decay { mild, lower_bound, strong, mixed };
 
 const char* decay_name(Decay d) {
   switch (d) {
-    case Decay::mild: return "mild";
-    case Decay::lower_bound: return "lower_bound";
-    case Decay::strong: return "strong";
-    case Decay::mixed: return "mixed";
+    case Decay::mild:
+      return "mild";
+    case Decay::lower_bound:
+      return "lower_bound";
+    case Decay::strong:
+      return "strong";
+    case Decay::mixed:
+      return "mixed";
   }
   return "";
 }
@@ -54,22 +58,29 @@ Inputs make_inputs(int64_t B, int64_t T, int64_t H, int64_t HV, int64_t K, int64
   for (size_t i = 0; i < g.size(); ++i) {
     double& x = g[i];
     bool strong = decay == Decay::strong || (decay == Decay::mixed && (i * 2654435761u) % 7 < 2);
-    if (decay == Decay::lower_bound) x = -5.0 * sigmoid(x);
-    else if (strong) x = -60.0 * sigmoid(2.0 * x);
-    else x = -0.2 * sigmoid(x);
+    if (decay == Decay::lower_bound)
+      x = -5.0 * sigmoid(x);
+    else if (strong)
+      x = -60.0 * sigmoid(2.0 * x);
+    else
+      x = -0.2 * sigmoid(x);
   }
   std::vector<double> beta = randn({B, T, HV}, DType::f64, seed + 4).to_vector();
   for (double& x : beta) x = sigmoid(x);
-  Inputs in{unit_rows(seed), unit_rows(seed + 1), randn({B, T, HV, V}, DType::f64, seed + 2),
-            from_vector(g, {B, T, HV, K}, DType::f64), from_vector(beta, {B, T, HV}, DType::f64), Tensor()};
+  Inputs in{unit_rows(seed),
+            unit_rows(seed + 1),
+            randn({B, T, HV, V}, DType::f64, seed + 2),
+            from_vector(g, {B, T, HV, K}, DType::f64),
+            from_vector(beta, {B, T, HV}, DType::f64),
+            Tensor()};
   if (with_h0) in.h0 = mul_scalar(randn({B, HV, K, V}, DType::f64, seed + 5), 0.5);
   return in;
 }
 
 // Direct loop over §5 in double, GVA by index: o [B,T,HV,V] followed by S_T [B,HV,K,V].
 std::pair<std::vector<double>, std::vector<double>> naive_kda(const Inputs& in, double scale) {
-  int64_t B = in.q.size(0), T = in.q.size(1), H = in.q.size(2), K = in.q.size(3), HV = in.v.size(2),
-          V = in.v.size(3), G = HV / H;
+  int64_t B = in.q.size(0), T = in.q.size(1), H = in.q.size(2), K = in.q.size(3), HV = in.v.size(2), V = in.v.size(3),
+          G = HV / H;
   std::vector<double> q = in.q.to_vector(), k = in.k.to_vector(), v = in.v.to_vector(), g = in.g.to_vector(),
                       beta = in.beta.to_vector();
   std::vector<double> o(B * T * HV * V), S = in.h0.defined() ? in.h0.to_vector() : std::vector<double>(B * HV * K * V);
@@ -174,11 +185,10 @@ TEST_CASE("kda_chunked: forward and gradients match the recurrent form in f64", 
           {
             Inputs in = make_inputs(2, T, 2, 4, 9, 6, decay, with_h0, 10 + T);
             Tensor grad_o = randn(in.v.shape(), DType::f64, 20), grad_state = randn({2, 4, 9, 6}, DType::f64, 21);
-            Run rec = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.4); },
-                          in, grad_o, grad_state);
-            Run chk = run(
-                [&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.4, C); }, in,
-                grad_o, grad_state);
+            Run rec = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.4); }, in,
+                          grad_o, grad_state);
+            Run chk = run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.4, C); }, in,
+                          grad_o, grad_state);
             double e = rel_error(chk.o, rec.o);
             CHECK(e < 1e-10);
             worst = std::max(worst, e);
@@ -200,17 +210,16 @@ TEST_CASE("kda_chunked: forward and gradients match the recurrent form in f64", 
 TEST_CASE("kda_chunked: gradients match finite differences", "[ops][kda]") {
   // T = 21 with C = 8: two full chunks and a tail of 5; C = 20 with sub-chunks of 16 and 4.
   // Mixed decay puts sub-chunks on both in-chunk paths (matmul with a reference row, pairwise).
-  for (Decay decay : {Decay::lower_bound, Decay::mixed})
-    for (int64_t C : {8, 20}) {
-      DYNAMIC_SECTION(decay_name(decay) << " C=" << C) {
-        auto fn = [C](const Tensors& in) {
-          KdaResult r = kda_chunked(in[0], in[1], in[2], in[3], in[4], in[5], 0.7, C);
-          return Tensors{r.o, r.final_state};
-        };
-        Inputs a = make_inputs(1, 21, 1, 2, 3, 4, decay, true, 5);
-        check_gradients(fn, a.list());
-      }
+  for (auto [decay, C] : {std::pair{Decay::lower_bound, int64_t{8}}, std::pair{Decay::mixed, int64_t{20}}}) {
+    DYNAMIC_SECTION(decay_name(decay) << " C=" << C) {
+      auto fn = [C](const Tensors& in) {
+        KdaResult r = kda_chunked(in[0], in[1], in[2], in[3], in[4], in[5], 0.7, C);
+        return Tensors{r.o, r.final_state};
+      };
+      Inputs a = make_inputs(1, 21, 1, 2, 3, 4, decay, true, 5);
+      check_gradients(fn, a.list());
     }
+  }
 }
 
 TEST_CASE("kda_chunked: f32 agrees with the f64 recurrent form", "[ops][kda]") {
@@ -226,9 +235,9 @@ TEST_CASE("kda_chunked: f32 agrees with the f64 recurrent form", "[ops][kda]") {
     Decay decay;
     int64_t H, HV, K, V;
   };
-  for (Case c : {Case{Decay::mild, 2, 4, 32, 16}, Case{Decay::lower_bound, 2, 4, 32, 16},
-                 Case{Decay::strong, 2, 4, 32, 16}, Case{Decay::mixed, 2, 4, 32, 16},
-                 Case{Decay::lower_bound, 1, 1, 64, 64}, Case{Decay::mixed, 1, 1, 64, 64}}) {
+  for (Case c :
+       {Case{Decay::mild, 2, 4, 32, 16}, Case{Decay::lower_bound, 2, 4, 32, 16}, Case{Decay::strong, 2, 4, 32, 16},
+        Case{Decay::mixed, 2, 4, 32, 16}, Case{Decay::lower_bound, 1, 1, 64, 64}, Case{Decay::mixed, 1, 1, 64, 64}}) {
     INFO(decay_name(c.decay) << " K=" << c.K << " V=" << c.V);
     {
       Inputs in = make_inputs(1, 200, c.H, c.HV, c.K, c.V, c.decay, true, 30);
@@ -237,10 +246,10 @@ TEST_CASE("kda_chunked: f32 agrees with the f64 recurrent form", "[ops][kda]") {
                     grad_o, grad_state);
       Inputs in32 = in.to(DType::f32);
       Tensor go32 = grad_o.to(DType::f32), gs32 = grad_state.to(DType::f32);
-      Run chk = run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.25, 64); },
-                    in32, go32, gs32);
-      Run rec = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.25); },
-                    in32, go32, gs32);
+      Run chk = run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.25, 64); }, in32,
+                    go32, gs32);
+      Run rec = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.25); }, in32,
+                    go32, gs32);
       for (auto [r, worst] : {std::pair{&chk, &worst_chunked}, std::pair{&rec, &worst_recurrent}}) {
         std::vector<std::pair<Tensor, Tensor>> pairs{{r->o, ref.o}, {r->state, ref.state}};
         for (size_t i = 0; i < ref.grads.size(); ++i) pairs.push_back({r->grads[i], ref.grads[i]});
@@ -273,8 +282,8 @@ TEST_CASE("kda_decode_step: token by token equals kda_recurrent", "[ops][kda]") 
         return from_vector(sel, x.shape().with(1, 1), dtype);
       };
       for (int64_t t = 0; t < T; ++t) {
-        Tensor o = kda_decode_step(token(in.q, t), token(in.k, t), token(in.v, t), token(in.g, t),
-                                   token(in.beta, t), state, 0.35);
+        Tensor o = kda_decode_step(token(in.q, t), token(in.k, t), token(in.v, t), token(in.g, t), token(in.beta, t),
+                                   state, 0.35);
         CHECK(moetrain::testing::bitwise_equal(o, token(full.o, t)));
       }
       CHECK(moetrain::testing::bitwise_equal(state, full.final_state));
@@ -299,24 +308,34 @@ TEST_CASE("kda: mode dispatch", "[ops][kda]") {
 
 TEST_CASE("kda: bad shapes are reported", "[ops][kda][errors]") {
   Inputs in = make_inputs(2, 5, 2, 4, 3, 6, Decay::lower_bound, true, 60);
-  CHECK_THAT(error_of([&] { kda_chunked(in.q, randn({2, 5, 2, 4}, DType::f64, 1), in.v, in.g, in.beta, in.h0, 1); }),
+  CHECK_THAT(error_of([&] {
+               kda_chunked(in.q, randn({2, 5, 2, 4}, DType::f64, 1), in.v, in.g, in.beta, in.h0, 1);
+             }),
              Catch::Contains("kda_chunked") && Catch::Contains("k is [2, 5, 2, 4]"));
-  CHECK_THAT(error_of([&] { kda_recurrent(in.q, in.k, randn({2, 5, 3, 6}, DType::f64, 1), in.g, in.beta, in.h0, 1); }),
-             Catch::Contains("kda_recurrent") && Catch::Contains("v is [2, 5, 3, 6]") &&
-                 Catch::Contains("multiple of H = 2"));
-  CHECK_THAT(error_of([&] { kda_recurrent(in.q, in.k, in.v, randn({2, 5, 2, 3}, DType::f64, 1), in.beta, in.h0, 1); }),
+  CHECK_THAT(
+      error_of([&] {
+        kda_recurrent(in.q, in.k, randn({2, 5, 3, 6}, DType::f64, 1), in.g, in.beta, in.h0, 1);
+      }),
+      Catch::Contains("kda_recurrent") && Catch::Contains("v is [2, 5, 3, 6]") && Catch::Contains("multiple of H = 2"));
+  CHECK_THAT(error_of([&] {
+               kda_recurrent(in.q, in.k, in.v, randn({2, 5, 2, 3}, DType::f64, 1), in.beta, in.h0, 1);
+             }),
              Catch::Contains("g is [2, 5, 2, 3]") && Catch::Contains("[2, 5, 4, 3]"));
-  CHECK_THAT(error_of([&] { kda_chunked(in.q, in.k, in.v, in.g, randn({2, 5, 2}, DType::f64, 1), in.h0, 1); }),
+  CHECK_THAT(error_of([&] {
+               kda_chunked(in.q, in.k, in.v, in.g, randn({2, 5, 2}, DType::f64, 1), in.h0, 1);
+             }),
              Catch::Contains("beta is [2, 5, 2]") && Catch::Contains("[2, 5, 4]"));
-  CHECK_THAT(error_of([&] { kda_chunked(in.q, in.k, in.v, in.g, in.beta, randn({2, 4, 6, 3}, DType::f64, 1), 1); }),
+  CHECK_THAT(error_of([&] {
+               kda_chunked(in.q, in.k, in.v, in.g, in.beta, randn({2, 4, 6, 3}, DType::f64, 1), 1);
+             }),
              Catch::Contains("h0 is [2, 4, 6, 3]") && Catch::Contains("[2, 4, 3, 6]"));
   CHECK_THAT(error_of([&] { kda_chunked(in.q, in.k, in.v, in.g, in.beta, in.h0, 1, 0); }),
              Catch::Contains("chunk_size = 0"));
   CHECK_THAT(error_of([&] { kda_recurrent(in.q.to(DType::f32), in.k, in.v, in.g, in.beta, in.h0, 1); }),
              Catch::Contains("kda_recurrent") && Catch::Contains("dtype mismatch"));
-  CHECK_THAT(error_of([&] { kda_decode_step(in.q, in.k, in.v, in.g, in.beta, in.h0.clone(), 1); }),
-             Catch::Contains("kda_decode_step") && Catch::Contains("q is [2, 5, 2, 3]") &&
-                 Catch::Contains("one token"));
+  CHECK_THAT(
+      error_of([&] { kda_decode_step(in.q, in.k, in.v, in.g, in.beta, in.h0.clone(), 1); }),
+      Catch::Contains("kda_decode_step") && Catch::Contains("q is [2, 5, 2, 3]") && Catch::Contains("one token"));
   CHECK_THAT(error_of([&] { kda_decode_step(in.q, in.k, in.v, in.g, in.beta, Tensor(), 1); }),
              Catch::Contains("kda_decode_step: state is undefined"));
 }
