@@ -1,0 +1,137 @@
+// KDA core op, forward + backward in f32 at B = 1, H = HV = 4, K = V = 64, T = 2048 and 8192:
+// chunked (C = 64) vs recurrent, as time, as GFLOP/s against the same-run sgemm rate on
+// the chunk tiles (64x64 by 64x64, one tile product per task in parallel, as the chunked
+// kernel runs them), and as the chunked / recurrent time ratio.
+// Run: build/moetrain_bench_kda [--benchmark_filter=...]; the ratio table is printed last.
+//
+// FLOP models (2 per multiply-add), per head:
+//   recurrent, per token: forward 7KV; backward 23KV (segment recomputation 7KV, BPTT 16KV).
+//   chunked, per chunk of C: 16C²K + 14C²V + 20CKV + 14C³/3 (in-chunk matrices A^kk, A^qk, M, W
+//   counted as dense matmuls, built twice: forward and backward recomputation).
+#include <benchmark/benchmark.h>
+
+#include <map>
+#include <string>
+
+#include "backend/cpu/blas.h"
+#include "backend/cpu/parallel.h"
+#include "moetrain.h"
+#include "ops/kda.h"
+
+using namespace moetrain;
+
+namespace {
+
+constexpr int64_t kB = 1, kH = 4, kK = 64, kV = 64, kC = 64;
+
+double recurrent_flops(int64_t T) { return 30.0 * kK * kV * T * kB * kH; }
+double chunked_flops(int64_t T) {
+  double c = kC, k = kK, v = kV;
+  double per_chunk = 16 * c * c * k + 14 * c * c * v + 20 * c * k * v + 14.0 / 3.0 * c * c * c;
+  return per_chunk * static_cast<double>((T + kC - 1) / kC) * kB * kH;
+}
+
+void set_flops(benchmark::State& st, double flops) {
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+// One 64x64 by 64x64 product per task, B·H tasks in parallel, 64 products per task per iteration.
+void BM_sgemm_tiles(benchmark::State& st) {
+  const int64_t tasks = kB * kH, reps = 64;
+  Tensor a = randn({tasks, kC, kK}, DType::f32, 1), b = randn({tasks, kK, kV}, DType::f32, 2),
+         c = empty({tasks, kC, kV});
+  for (auto _ : st) {
+    cpu::parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t)
+        for (int64_t r = 0; r < reps; ++r)
+          cpu::gemm(false, false, kC, kV, kK, 1.f, a.data<float>() + t * kC * kK, kK, b.data<float>() + t * kK * kV, kV,
+                    r == 0 ? 0.f : 1.f, c.data<float>() + t * kC * kV, kV);
+    });
+    benchmark::ClobberMemory();
+  }
+  set_flops(st, 2.0 * kC * kK * kV * tasks * reps);
+}
+
+struct KdaInputs {
+  Tensors leaves;  // q, k, v, g, beta (requires grad)
+  Tensor grad_o, grad_state;
+};
+
+KdaInputs make_inputs(int64_t T) {
+  Tensor q = randn({kB, T, kH, kK}, DType::f32, 1), k = randn({kB, T, kH, kK}, DType::f32, 2);
+  // Unit rows, as the layer passes them.
+  q = div(q, sqrt(sum(square(q), -1, true)));
+  k = div(k, sqrt(sum(square(k), -1, true)));
+  Tensor v = randn({kB, T, kH, kV}, DType::f32, 3);
+  Tensor g = mul_scalar(sigmoid(randn({kB, T, kH, kK}, DType::f32, 4)), -5.0);  // K3 lower-bound gate range
+  Tensor beta = sigmoid(randn({kB, T, kH}, DType::f32, 5));
+  KdaInputs in;
+  for (Tensor t : {q, k, v, g, beta}) {
+    t = t.detach().clone();
+    t.set_requires_grad(true);
+    in.leaves.push_back(t);
+  }
+  in.grad_o = randn({kB, T, kH, kV}, DType::f32, 6);
+  in.grad_state = randn({kB, kH, kK, kV}, DType::f32, 7);
+  return in;
+}
+
+void run_kda(benchmark::State& st, KdaMode mode) {
+  int64_t T = st.range(0);
+  KdaInputs in = make_inputs(T);
+  const Tensors& x = in.leaves;
+  for (auto _ : st) {
+    KdaResult r = kda(x[0], x[1], x[2], x[3], x[4], Tensor(), 0.125, mode, kC);
+    autograd::backward({r.o, r.final_state}, {in.grad_o, in.grad_state});
+    for (const Tensor& t : x) t.zero_grad();
+  }
+  set_flops(st, mode == KdaMode::chunked ? chunked_flops(T) : recurrent_flops(T));
+}
+
+void BM_kda_recurrent(benchmark::State& st) { run_kda(st, KdaMode::recurrent); }
+void BM_kda_chunked(benchmark::State& st) { run_kda(st, KdaMode::chunked); }
+
+BENCHMARK(BM_sgemm_tiles)->Unit(benchmark::kMillisecond)->UseRealTime()->MinWarmUpTime(0.3);
+BENCHMARK(BM_kda_recurrent)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond)->UseRealTime()->MinWarmUpTime(0.3);
+BENCHMARK(BM_kda_chunked)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond)->UseRealTime()->MinWarmUpTime(0.3);
+
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  std::map<std::string, double> rate, ms;  // "BM_x/arg" -> GFLOP/s, ms per iteration
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& r : runs) {
+      if (r.run_type != Run::RT_Iteration) continue;
+      std::string name = r.run_name.function_name + (r.run_name.args.empty() ? "" : "/" + r.run_name.args);
+      auto it = r.counters.find("GFLOP/s");
+      if (it != r.counters.end()) rate[name] = it->second.value;
+      ms[name] = r.GetAdjustedRealTime();  // in the benchmark's unit (ms)
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cpu::init_threads();
+  benchmark::Initialize(&argc, argv);
+  RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  fmt::print("\nKDA forward+backward, f32, B={} H={} K=V={} C={} ({} threads, {})\n", kB, kH, kK, kC,
+             cpu::num_threads(), cpu::blas_name());
+  const std::string base = "BM_sgemm_tiles";
+  double sgemm = reporter.rate.count(base) ? reporter.rate[base] : 0.0;
+  fmt::print("  sgemm on 64x64 tiles: {:.1f} GFLOP/s\n", sgemm / 1e9);
+  for (int64_t T : {2048, 8192}) {
+    std::string rec = fmt::format("BM_kda_recurrent/{}", T), chk = fmt::format("BM_kda_chunked/{}", T);
+    for (const std::string& name : {rec, chk}) {
+      if (!reporter.rate.count(name)) continue;
+      fmt::print("  {:<22} {:9.2f} ms {:7.1f} GFLOP/s = {:.2f}x of sgemm\n", name, reporter.ms[name],
+                 reporter.rate[name] / 1e9, sgemm > 0 ? reporter.rate[name] / sgemm : 0.0);
+    }
+    if (reporter.ms.count(rec) && reporter.ms.count(chk))
+      fmt::print("  T={}: chunked / recurrent time = {:.2f}\n", T, reporter.ms[chk] / reporter.ms[rec]);
+  }
+  return 0;
+}

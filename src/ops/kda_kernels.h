@@ -1,0 +1,36 @@
+// KDA CPU kernels (MODEL_SPEC §5, §6). Shapes as in ops/kda.h. Forward kernels
+// take `state` holding S_0 and leave S_T in it. Backward kernels overwrite every
+// grad_* tensor; grad_h0 [B, HV, K, V] always receives dS_0.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace moetrain::cpu {
+
+// The recurrent backward recomputes the states of kKdaRecurrentSegment steps at
+// a time from checkpoints saved every that many steps by the forward.
+constexpr int64_t kKdaRecurrentSegment = 64;
+
+inline int64_t kda_num_segments(int64_t T, int64_t length) { return (T + length - 1) / length; }
+
+// checkpoints: null, or [B, HV, num_segments(T, kKdaRecurrentSegment), K, V], receiving
+// the state before each segment.
+void kda_recurrent_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& g, const Tensor& beta, double scale);
+void kda_recurrent_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g, Tensor& grad_beta,
+                            Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                            const Tensor& checkpoints, double scale);
+
+// chunk_states: null, or [B, HV, num_segments(T, chunk_size), K, V], receiving every
+// chunk-entry state S_n (the backward reads them instead of recomputing the scan).
+void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const Tensor& g, const Tensor& beta, double scale, int64_t chunk_size);
+void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g, Tensor& grad_beta,
+                          Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                          const Tensor& chunk_states, double scale, int64_t chunk_size);
+
+}  // namespace moetrain::cpu
