@@ -5,9 +5,11 @@
 // Numerics: arithmetic in the input dtype (f32: fp32 throughout, as fla), except
 // the within-chunk cumulative log decays γ, summed in double so that exponent
 // differences γ_i - γ_j keep full precision when |γ| is large (strong decay
-// reaches |γ| ~ 50·C). Only exp(γ_i - γ_j) with i >= j is ever evaluated (with
-// g <= 0 every exponent is <= 0, every factor <= 1; §6 stability rule). exp is
-// exp_of (ops/math.h: for f32 a vectorisable expf within 2 ulp, 0 below -87.3).
+// reaches |γ| ~ 50·C). §6 stability rule: never exp(γ) and exp(-γ) of one row
+// pair separately; the factors are exp(γ_i - γ_j) with i >= j (<= 1 for g <= 0),
+// and only the diagonal sub-chunk reference below uses exponents up to +40 (see
+// kReferenceSpan). exp is exp_of (ops/math.h: for f32 a vectorisable expf within
+// 2 ulp, 0 below -87.3).
 //
 // Memory: the recurrent forward saves the state every kKdaRecurrentSegment steps
 // and its backward recomputes the states of one segment at a time; the chunked
@@ -19,7 +21,6 @@
 // results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "backend/cpu/blas.h"
