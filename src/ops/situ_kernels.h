@@ -1,0 +1,13 @@
+#pragma once
+
+#include "core/tensor.h"
+
+namespace moetrain::cpu {
+
+// lambda <= 0: no cap on `up`.
+void situ_glu_forward(Tensor& out, const Tensor& gate, const Tensor& up, double beta, double lambda);
+// Overwrites grad_gate and grad_up; *grad_beta (if not null) receives Σ dout ⊙ u ⊙ ∂a/∂β.
+void situ_glu_backward(Tensor& grad_gate, Tensor& grad_up, double* grad_beta, const Tensor& grad_out,
+                       const Tensor& gate, const Tensor& up, double beta, double lambda);
+
+}  // namespace moetrain::cpu
