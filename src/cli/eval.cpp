@@ -31,11 +31,11 @@ void add_eval_command(CLI::App& app, Commands& commands) {
   commands.push_back({cmd, [source, o] {
     check_model_source(*source);
     Config config = resolve_config(*source);
-    std::unique_ptr<Gpt2> model = build_model(config);
+    std::unique_ptr<LanguageModel> model = build_model(config);
     data::DataLoaderOptions lo;
     lo.batch_size = o->batch_size;
     lo.seq_len = o->seq_len > 0 ? o->seq_len : config.get_int("train.seq_len");
-    lo.vocab_size = static_cast<int32_t>(model->config().vocab_size);
+    lo.vocab_size = static_cast<int32_t>(model->vocab_size());
     lo.order = data::LoaderOrder::sequential;
     data::DataLoader loader(o->data, lo);
     int64_t per_epoch = loader.num_windows() / lo.batch_size;

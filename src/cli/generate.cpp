@@ -1,5 +1,10 @@
 // `moetrain generate (--checkpoint DIR | --init-from DIR | -c CONFIG) --prompt TEXT
-//  [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S] [--num-samples N]`
+//  [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S] [--num-samples N] [--stats]`
+// --stats prints, on stderr, the decoding-cache memory as the sequence grows:
+// constant for KDA layers (a state per head), linear for MLA (latent) and
+// attention (KV) layers.
+#include <cstdio>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -17,6 +22,7 @@ void add_generate_command(CLI::App& app, Commands& commands) {
     std::string prompt = "\n";
     SamplingOptions sampling;
     int num_samples = 1;
+    bool stats = false;
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--prompt", o->prompt, "text to continue (default: a newline)");
@@ -28,10 +34,11 @@ void add_generate_command(CLI::App& app, Commands& commands) {
   cmd->add_option("--seed", o->sampling.seed, "random seed of the sampler");
   cmd->add_option("--num-samples", o->num_samples, "independent samples (seeds seed, seed+1, ...)")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--stats", o->stats, "print the decoding-cache memory per generated length (stderr)");
   commands.push_back({cmd, [source, o] {
     check_model_source(*source);
     Config config = resolve_config(*source);
-    std::unique_ptr<Gpt2> model = build_model(config);
+    std::unique_ptr<LanguageModel> model = build_model(config);
     auto tok = data::make_tokenizer(config.get_string("data.tokenizer"), config.get_string("data.tokenizer_dir"));
     std::vector<int32_t> prompt = tok->encode(o->prompt);
     if (prompt.empty() && tok->eot_token()) prompt.push_back(*tok->eot_token());
@@ -40,7 +47,16 @@ void add_generate_command(CLI::App& app, Commands& commands) {
     for (int i = 0; i < o->num_samples; ++i) {
       if (o->num_samples > 1) fmt::print("--- sample {} ---\n", i + 1);
       s.seed = o->sampling.seed + static_cast<uint64_t>(i);
-      fmt::print("{}{}\n", o->prompt, tok->decode(generate(*model, prompt, s)));
+      GenerateStats stats;
+      fmt::print("{}{}\n", o->prompt, tok->decode(generate(*model, prompt, s, o->stats ? &stats : nullptr)));
+      if (o->stats) {
+        std::fflush(stdout);
+        fmt::print(stderr, "decode cache ({}): tokens bytes\n", model->arch());
+        size_t n = stats.cache_bytes.size();
+        for (size_t j = 0; j < n; ++j)
+          if (j + 1 == n || ((j + 1) & j) == 0)  // powers of two and the last
+            fmt::print(stderr, "  {} {}\n", stats.cache_bytes[j].first, stats.cache_bytes[j].second);
+      }
     }
     return 0;
   }});

@@ -569,7 +569,11 @@ void Config::check_consistency() const {
     return fmt::format("{} = {} ({})", key, value_yaml(key), e.origin);
   };
   int64_t d_model = get_int("model.d_model"), n_head = get_int("model.n_head");
-  if (d_model % n_head != 0) {
+  // model.n_head splits d_model in GPT-2 and in the hybrid's plain attention mixer.
+  bool uses_n_head = get_string("model.arch") == "gpt2" || get_string("model.mixer") == "attention" ||
+                     get_string("model.attn_mixer") == "attention" ||
+                     get_string("model.layer_mixers").find("attention") != std::string::npos;
+  if (uses_n_head && d_model % n_head != 0) {
     int64_t below = d_model / n_head * n_head, above = below + n_head;
     std::string examples = below > 0 ? fmt::format("{} or {}", below, above) : fmt::format("{}", above);
     fail("model.d_model", fmt::format("must be a multiple of {}; use e.g. {}, or change model.n_head",

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "core/rng.h"
@@ -19,47 +21,40 @@
 
 namespace moetrain {
 
-Gpt2::Gpt2(const Gpt2Config& c, uint64_t seed) : config_(c) {
+Gpt2::Gpt2(const Gpt2Config& c, uint64_t seed, bool allocate) : config_(c), factory_(allocate, c.dtype, seed) {
   MT_CHECK(c.d_model % c.n_head == 0, "gpt2: d_model = {} is not divisible by n_head = {}", c.d_model, c.n_head);
   MT_CHECK(c.dtype == DType::f32 || c.dtype == DType::f64, "gpt2: dtype {} is not supported on the CPU", c.dtype);
-  Generator gen(seed);
   const int64_t D = c.d_model, F = c.d_ff;
   const double resid_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layer));
-  auto param = [&](const std::string& name, Tensor t, bool decay, const char* group) {
-    t.set_requires_grad(true);
-    params_.push_back({name, t, decay, group});
-    return t;
-  };
-  auto normal = [&](Shape s, double std) { return randn(s, c.dtype, gen, 0.0, std); };
-  auto zero = [&](Shape s) { return zeros(s, c.dtype); };
-  auto one = [&](Shape s) { return ones(s, c.dtype); };
+  ParamFactory& f = factory_;
+  const Init w = Init::normal(c.init_std), resid = Init::normal(resid_std), zero = Init::zeros(), one = Init::ones();
 
-  wte_ = param("wte.weight", normal({c.vocab_size, D}, c.init_std), false, "embedding");
-  wpe_ = param("wpe.weight", normal({c.n_ctx, D}, c.init_std), false, "embedding");
+  wte_ = f.make("wte.weight", {c.vocab_size, D}, w, "embedding", false);
+  wpe_ = f.make("wpe.weight", {c.n_ctx, D}, w, "embedding", false);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     std::string p = "h." + std::to_string(l) + ".";
     Block b;
-    b.ln1_w = param(p + "ln_1.weight", one({D}), false, "norm");
-    b.ln1_b = param(p + "ln_1.bias", zero({D}), false, "norm");
-    b.attn_w = param(p + "attn.c_attn.weight", normal({3 * D, D}, c.init_std), true, "attention");
-    b.attn_b = param(p + "attn.c_attn.bias", zero({3 * D}), false, "attention");
-    b.attn_proj_w = param(p + "attn.c_proj.weight", normal({D, D}, resid_std), true, "attention");
-    b.attn_proj_b = param(p + "attn.c_proj.bias", zero({D}), false, "attention");
-    b.ln2_w = param(p + "ln_2.weight", one({D}), false, "norm");
-    b.ln2_b = param(p + "ln_2.bias", zero({D}), false, "norm");
-    b.fc_w = param(p + "mlp.c_fc.weight", normal({F, D}, c.init_std), true, "mlp");
-    b.fc_b = param(p + "mlp.c_fc.bias", zero({F}), false, "mlp");
-    b.mlp_proj_w = param(p + "mlp.c_proj.weight", normal({D, F}, resid_std), true, "mlp");
-    b.mlp_proj_b = param(p + "mlp.c_proj.bias", zero({D}), false, "mlp");
+    b.ln1_w = f.make(p + "ln_1.weight", {D}, one, "norm", false);
+    b.ln1_b = f.make(p + "ln_1.bias", {D}, zero, "norm", false);
+    b.attn_w = f.make(p + "attn.c_attn.weight", {3 * D, D}, w, "attention", true);
+    b.attn_b = f.make(p + "attn.c_attn.bias", {3 * D}, zero, "attention", false);
+    b.attn_proj_w = f.make(p + "attn.c_proj.weight", {D, D}, resid, "attention", true);
+    b.attn_proj_b = f.make(p + "attn.c_proj.bias", {D}, zero, "attention", false);
+    b.ln2_w = f.make(p + "ln_2.weight", {D}, one, "norm", false);
+    b.ln2_b = f.make(p + "ln_2.bias", {D}, zero, "norm", false);
+    b.fc_w = f.make(p + "mlp.c_fc.weight", {F, D}, w, "mlp", true);
+    b.fc_b = f.make(p + "mlp.c_fc.bias", {F}, zero, "mlp", false);
+    b.mlp_proj_w = f.make(p + "mlp.c_proj.weight", {D, F}, resid, "mlp", true);
+    b.mlp_proj_b = f.make(p + "mlp.c_proj.bias", {D}, zero, "mlp", false);
     blocks_.push_back(b);
   }
-  lnf_w_ = param("ln_f.weight", one({D}), false, "norm");
-  lnf_b_ = param("ln_f.bias", zero({D}), false, "norm");
+  lnf_w_ = f.make("ln_f.weight", {D}, one, "norm", false);
+  lnf_b_ = f.make("ln_f.bias", {D}, zero, "norm", false);
 }
 
 // x0 = wte[ids] + wpe[positions]
 Tensor Gpt2::embed(const Tensor& ids, int64_t first_position, bool training) {
-  MT_CHECK(ids.dim() == 2, "gpt2: ids must be [B, T], got {}", describe(ids));
+  MT_CHECK(ids.dim() == 2, "gpt2: ids must be [B, T], got {}", moetrain::describe(ids));
   int64_t T = ids.size(1);
   MT_CHECK(first_position + T <= config_.n_ctx,
            "gpt2: positions {}..{} exceed the context of {} (model.n_ctx); use shorter sequences", first_position,
@@ -109,8 +104,29 @@ Tensor Gpt2::forward(const Tensor& ids, bool training) {
   return head(x);
 }
 
-Tensor Gpt2::loss(const Tensor& ids, const Tensor& targets, bool training) {
-  return cross_entropy(forward(ids, training), targets);
+int64_t Gpt2Cache::bytes() const {
+  int64_t n = 0;
+  for (size_t l = 0; l < k.size(); ++l)
+    if (k[l].defined()) n += k[l].nbytes() + v[l].nbytes();
+  return n;
+}
+
+std::string Gpt2::describe() const {
+  const Gpt2Config& c = config_;
+  return fmt::format("{} layers, {} heads, d_model {}, d_ff {}, n_ctx {}, vocab {}, {}", c.n_layer, c.n_head, c.d_model,
+                     c.d_ff, c.n_ctx, c.vocab_size, dtype_name(c.dtype));
+}
+
+Tensor Gpt2::forward_cached(const Tensor& ids, DecodeCache& cache) {
+  auto* c = dynamic_cast<Gpt2Cache*>(&cache);
+  MT_CHECK(c != nullptr, "gpt2: the decode cache belongs to another model");
+  return forward_cached(ids, *c);
+}
+
+double Gpt2::activation_bytes_per_token() const {
+  const Gpt2Config& c = config_;
+  return (static_cast<double>(c.n_layer) * (13.0 * static_cast<double>(c.d_model) + 2.0 * static_cast<double>(c.d_ff)) +
+          2.0 * static_cast<double>(c.vocab_size)) * static_cast<double>(dtype_size(c.dtype));
 }
 
 Tensor Gpt2::forward_cached(const Tensor& ids, Gpt2Cache& cache) {
@@ -119,14 +135,14 @@ Tensor Gpt2::forward_cached(const Tensor& ids, Gpt2Cache& cache) {
     cache.k.resize(static_cast<size_t>(config_.n_layer));
     cache.v.resize(static_cast<size_t>(config_.n_layer));
   }
-  Tensor x = embed(ids, cache.length, false);
+  Tensor x = embed(ids, cache.tokens, false);
   for (size_t l = 0; l < blocks_.size(); ++l) x = block_forward(blocks_[l], x, false, &cache.k[l], &cache.v[l]);
-  cache.length += ids.size(1);
+  cache.tokens += ids.size(1);
   return head(x);
 }
 
 double Gpt2::flops_per_token(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(count_parameters(params_)) +
+  return 6.0 * static_cast<double>(factory_.total()) +
          6.0 * static_cast<double>(config_.n_layer * seq_len * config_.d_model);
 }
 

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/language_model.h"
+#include "nn/param_factory.h"
 #include "nn/parameters.h"
 
 namespace moetrain {
@@ -34,30 +36,43 @@ struct Gpt2Config {
 };
 
 // Keys and values of the earlier positions, per layer, for decoding.
-struct Gpt2Cache {
+struct Gpt2Cache : DecodeCache {
   std::vector<Tensor> k, v;  // per layer [B, length, H, head_dim]
-  int64_t length = 0;
+  int64_t tokens = 0;
+  int64_t length() const override { return tokens; }
+  int64_t bytes() const override;
 };
 
-class Gpt2 {
+class Gpt2 : public LanguageModel {
  public:
   // GPT-2 init (seeded): linear weights and embeddings N(0, init_std), the two
   // residual output projections N(0, init_std / sqrt(2 n_layer)), biases 0, LayerNorm (1, 0).
-  Gpt2(const Gpt2Config& config, uint64_t seed);
+  // allocate = false: shapes only (the ledger); the model cannot run.
+  Gpt2(const Gpt2Config& config, uint64_t seed, bool allocate = true);
+
+  std::string arch() const override { return "gpt2"; }
+  std::string describe() const override;
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t max_positions() const override { return config_.n_ctx; }
+  DType dtype() const override { return config_.dtype; }
 
   // ids [B, T] (i32/i64/u16), T <= n_ctx -> logits [B, T, vocab_size].
-  Tensor forward(const Tensor& ids, bool training = true);
-  // Mean next-token cross-entropy of forward(ids) against targets [B, T].
-  Tensor loss(const Tensor& ids, const Tensor& targets, bool training = true);
+  Tensor forward(const Tensor& ids, bool training = true) override;
   // Appends ids [B, T] after the cached positions and returns their logits
   // [B, T, vocab_size]; records nothing (runs under NoGradGuard).
   Tensor forward_cached(const Tensor& ids, Gpt2Cache& cache);
+  Tensor forward_cached(const Tensor& ids, DecodeCache& cache) override;
+  std::unique_ptr<DecodeCache> new_cache() const override { return std::make_unique<Gpt2Cache>(); }
 
   const Gpt2Config& config() const { return config_; }
-  ParameterList& parameters() { return params_; }
-  const ParameterList& parameters() const { return params_; }
+  ParameterList& parameters() override { return factory_.params(); }
+  const ParameterList& parameters() const { return factory_.params(); }
+  const std::vector<ParamSpec>& param_specs() const { return factory_.specs(); }
   // Training FLOPs per token (forward + backward): 6 N + 6 L T D (llm.c's estimate).
-  double flops_per_token(int64_t seq_len) const;
+  double flops_per_token(int64_t seq_len) const override;
+  // LN inputs/outputs, qkv and its split, attention output, MLP hidden before and
+  // after GELU (~13 D + 2 F per layer), plus logits and their gradient (2 V).
+  double activation_bytes_per_token() const override;
 
  private:
   struct Block {
@@ -70,7 +85,7 @@ class Gpt2 {
   Gpt2Config config_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<Block> blocks_;
-  ParameterList params_;
+  ParamFactory factory_;
 };
 
 }  // namespace moetrain

@@ -5,7 +5,7 @@
 
 namespace moetrain {
 
-double evaluate(Gpt2& model, data::DataLoader& loader, int64_t max_batches) {
+double evaluate(LanguageModel& model, data::DataLoader& loader, int64_t max_batches) {
   NoGradGuard no_grad;
   int64_t per_epoch = loader.num_windows_per_rank() / loader.options().batch_size;
   MT_CHECK(per_epoch > 0, "evaluation data ({}) holds {} windows of {} tokens, fewer than one batch of {}",

@@ -4,13 +4,13 @@
 #pragma once
 
 #include "data/loader.h"
-#include "nn/gpt2.h"
+#include "nn/language_model.h"
 
 namespace moetrain {
 
 // Averages the loss of up to `max_batches` batches of a sequential loader (all of
 // them when max_batches <= 0), weighting every token equally. Restores nothing:
 // the loader advances.
-double evaluate(Gpt2& model, data::DataLoader& loader, int64_t max_batches);
+double evaluate(LanguageModel& model, data::DataLoader& loader, int64_t max_batches);
 
 }  // namespace moetrain

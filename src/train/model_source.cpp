@@ -4,7 +4,10 @@
 
 #include <fmt/format.h>
 
+#include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
+#include "nn/hybrid.h"
+#include "nn/weights.h"
 
 namespace moetrain {
 
@@ -40,9 +43,9 @@ Config resolve_config(const ModelSource& source) {
   if (!source.checkpoint.empty()) {
     std::filesystem::path dir(source.checkpoint);
     std::string yaml = (dir / "config.resolved.yaml").string();
-    MT_CHECK(std::filesystem::exists(yaml) && is_hf_model_dir(source.checkpoint),
-             "{}: not a moetrain model directory (expected config.resolved.yaml, config.json and "
-             "model.safetensors, as written by `moetrain train` into <run>/model)", source.checkpoint);
+    MT_CHECK(std::filesystem::exists(yaml) && std::filesystem::exists(dir / "model.safetensors"),
+             "{}: not a moetrain model directory (expected config.resolved.yaml and model.safetensors, "
+             "as written by `moetrain train` into <run>/model)", source.checkpoint);
     Config config = Config::load(yaml, source.overrides);
     config.set("model.init_from", fmt::format("'{}'", source.checkpoint), "--checkpoint");
     return config;
@@ -50,15 +53,32 @@ Config resolve_config(const ModelSource& source) {
   Config config = source.config_path.empty() ? Config::defaults() : Config::load(source.config_path);
   if (!source.init_from.empty()) config.set("model.init_from", fmt::format("'{}'", source.init_from), "--init-from");
   std::string init = config.get_string("model.init_from");
-  if (!init.empty() && is_hf_model_dir(init)) adopt_hf_architecture(config, init);
+  if (!init.empty() && config.get_string("model.arch") == "gpt2" && is_hf_model_dir(init))
+    adopt_hf_architecture(config, init);
   if (!source.overrides.empty()) config.apply_overrides(source.overrides);
   return config;
 }
 
-std::unique_ptr<Gpt2> build_model(const Config& config) {
+std::unique_ptr<LanguageModel> build_model(const Config& config) {
+  const auto seed = static_cast<uint64_t>(config.get_int("train.seed"));
+  if (config.get_string("model.arch") == "hybrid") {
+    MT_CHECK(!config.get_bool("train.activation_checkpointing"),
+             "{}: train.activation_checkpointing is not supported by model.arch hybrid yet",
+             config.where("train.activation_checkpointing"));
+    auto model = std::make_unique<HybridModel>(HybridConfig::from(config), seed);
+    std::string init = config.get_string("model.init_from");
+    if (!init.empty()) {
+      std::string weights = std::filesystem::is_directory(init)
+                                ? (std::filesystem::path(init) / "model.safetensors").string() : init;
+      MT_CHECK(std::filesystem::exists(weights), "{}: model.init_from ({}) has no weights file {}",
+               config.where("model.init_from"), init, weights);
+      load_weights(model->parameters(), weights);
+    }
+    return model;
+  }
   Gpt2Config c = Gpt2Config::from(config);
   MT_CHECK(c.d_model % c.n_head == 0, "model.d_model = {} is not divisible by model.n_head = {}", c.d_model, c.n_head);
-  auto model = std::make_unique<Gpt2>(c, static_cast<uint64_t>(config.get_int("train.seed")));
+  auto model = std::make_unique<Gpt2>(c, seed);
   std::string init = config.get_string("model.init_from");
   if (!init.empty()) {
     std::string weights = gpt2_hf_weights_path(init);
@@ -67,6 +87,15 @@ std::unique_ptr<Gpt2> build_model(const Config& config) {
     load_gpt2_hf_weights(*model, weights);
   }
   return model;
+}
+
+void export_model(const LanguageModel& model, const std::string& dir) {
+  if (const auto* gpt2 = dynamic_cast<const Gpt2*>(&model)) {
+    export_gpt2_hf(*gpt2, dir);
+    return;
+  }
+  std::filesystem::create_directories(dir);
+  save_weights(model.parameters(), (std::filesystem::path(dir) / "model.safetensors").string());
 }
 
 }  // namespace moetrain

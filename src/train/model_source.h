@@ -4,15 +4,15 @@
 //   --init-from PATH       a Hugging Face GPT-2 directory (config.json defines the
 //                          architecture) or a .safetensors file (the YAML does)
 //   --checkpoint DIR       a model directory written by `moetrain train`
-//                          (<run>/model: model.safetensors, config.json and the run's
-//                          config.resolved.yaml)
+//                          (<run>/model: model.safetensors and the run's
+//                          config.resolved.yaml; plus config.json for GPT-2)
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "config/config.h"
-#include "nn/gpt2.h"
+#include "nn/language_model.h"
 
 namespace moetrain {
 
@@ -27,7 +27,12 @@ struct ModelSource {
 // weights come from Hugging Face). Throws when the sources conflict.
 Config resolve_config(const ModelSource& source);
 
-// A model built from a resolved config: random init, or the weights of model.init_from.
-std::unique_ptr<Gpt2> build_model(const Config& config);
+// A model built from a resolved config (model.arch): random init, or the weights
+// of model.init_from (GPT-2: a Hugging Face directory or file; hybrid: a
+// model.safetensors written by moetrain, or its directory).
+std::unique_ptr<LanguageModel> build_model(const Config& config);
+
+// Writes DIR/model.safetensors (GPT-2: Hugging Face layout plus config.json).
+void export_model(const LanguageModel& model, const std::string& dir);
 
 }  // namespace moetrain

@@ -31,21 +31,23 @@ int64_t sample_token(const Tensor& logits, const SamplingOptions& options, uint6
   return ids[k - 1];
 }
 
-std::vector<int32_t> generate(Gpt2& model, const std::vector<int32_t>& prompt, const SamplingOptions& options) {
+std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
+                              GenerateStats* stats) {
   MT_CHECK(!prompt.empty(), "generate: the prompt is empty; give at least one token (e.g. a newline)");
-  const int64_t n_ctx = model.config().n_ctx;
+  const int64_t n_ctx = model.max_positions();
   MT_CHECK(static_cast<int64_t>(prompt.size()) < n_ctx, "generate: the prompt has {} tokens but the context is {}",
            prompt.size(), n_ctx);
-  Gpt2Cache cache;
+  std::unique_ptr<DecodeCache> cache = model.new_cache();
   Tensor ids = from_span<int32_t>(prompt, {1, static_cast<int64_t>(prompt.size())});
   std::vector<int32_t> out;
-  for (int64_t step = 0; step < options.max_new_tokens && cache.length < n_ctx; ++step) {
-    Tensor logits = model.forward_cached(ids, cache);  // [1, T, V]
+  for (int64_t step = 0; step < options.max_new_tokens && cache->length() < n_ctx; ++step) {
+    Tensor logits = model.forward_cached(ids, *cache);  // [1, T, V]
     Tensor last = reshape(slice(logits, 1, -1, logits.size(1)), {logits.size(2)});
     int32_t next = static_cast<int32_t>(sample_token(last, options, static_cast<uint64_t>(step)));
     out.push_back(next);
     if (next == options.stop_token) break;
     ids = from_span<int32_t>(std::span<const int32_t>(&next, 1), {1, 1});
+    if (stats) stats->cache_bytes.emplace_back(cache->length(), cache->bytes());
   }
   return out;
 }

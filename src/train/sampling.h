@@ -1,4 +1,4 @@
-// Autoregressive sampling from a GPT-2 with its KV cache: the prompt is run
+// Autoregressive sampling from a model with its decoding caches: the prompt is run
 // once (prefill), then one token per step; the prefix is never recomputed.
 #pragma once
 
@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "nn/gpt2.h"
+#include <utility>
+
+#include "nn/language_model.h"
 
 namespace moetrain {
 
@@ -24,6 +26,13 @@ int64_t sample_token(const Tensor& logits, const SamplingOptions& options, uint6
 
 // Returns only the new ids. Stops early when the model has seen n_ctx positions
 // (the token predicted from a full context is the last one returned).
-std::vector<int32_t> generate(Gpt2& model, const std::vector<int32_t>& prompt, const SamplingOptions& options);
+struct GenerateStats {
+  // (tokens in the cache, bytes of all decoding caches) after each generated token:
+  // constant for KDA states, linear in the tokens for KV / latent caches.
+  std::vector<std::pair<int64_t, int64_t>> cache_bytes;
+};
+
+std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
+                              GenerateStats* stats = nullptr);
 
 }  // namespace moetrain

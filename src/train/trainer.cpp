@@ -14,7 +14,6 @@
 #include "backend/cpu/parallel.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
-#include "nn/gpt2_hf.h"
 #include "ops/elementwise.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -52,27 +51,28 @@ double peak_rss_bytes() {
 }
 
 // Parameters by component, FLOPs per token and a memory estimate, before step 1.
-void report(const Gpt2& model, const Config& config, int64_t tokens_per_step) {
-  const Gpt2Config& c = model.config();
+void report(const LanguageModel& model, const Config& config, int64_t tokens_per_step) {
   std::map<std::string, int64_t> groups;
   for (const NamedParameter& p : model.parameters()) groups[p.group] += p.tensor.numel();
   int64_t total = count_parameters(model.parameters());
-  spdlog::info("model gpt2: {} layers, {} heads, d_model {}, d_ff {}, n_ctx {}, vocab {}, {}", c.n_layer, c.n_head,
-               c.d_model, c.d_ff, c.n_ctx, c.vocab_size, dtype_name(c.dtype));
+  spdlog::info("model {}: {}", model.arch(), model.describe());
   for (const auto& [group, n] : groups)
     spdlog::info("  {:<10} {:>14} parameters ({:5.1f}%)", group, with_commas(n), 100.0 * n / total);
-  spdlog::info("  {:<10} {:>14} parameters (LM head tied to wte)", "total", with_commas(total));
+  spdlog::info("  {:<10} {:>14} parameters{}", "total", with_commas(total),
+               model.arch() == "gpt2" ? " (LM head tied to wte)" : "");
   int64_t T = config.get_int("train.seq_len"), B = config.get_int("train.batch_size");
-  double bytes = static_cast<double>(dtype_size(c.dtype));
+  double bytes = static_cast<double>(dtype_size(model.dtype()));
   double state = 4.0 * total * bytes;  // weights, gradients, two AdamW moments
-  // Saved activations per token and layer: LN inputs/outputs, qkv and its split,
-  // attention output, MLP hidden before/after GELU (~13 D + 2 F); plus logits and
-  // their gradient (2 V).
-  double acts = static_cast<double>(B * T) * (c.n_layer * (13.0 * c.d_model + 2.0 * c.d_ff) + 2.0 * c.vocab_size) * bytes;
-  spdlog::info("  FLOPs/token {:.3g} (6N + 6LTD), {:.3g} per optimizer step of {} tokens", model.flops_per_token(T),
+  double acts = static_cast<double>(B * T) * model.activation_bytes_per_token();
+  spdlog::info("  FLOPs/token {:.3g}, {:.3g} per optimizer step of {} tokens", model.flops_per_token(T),
                model.flops_per_token(T) * tokens_per_step, with_commas(tokens_per_step));
   spdlog::info("  memory estimate: {} weights+grads+AdamW, ~{} activations per micro-batch", human_bytes(state),
                human_bytes(acts));
+  if (model.arch() == "hybrid" && config.get_int("model.moe.num_experts") > 0)
+    spdlog::warn("{}: model.moe.num_experts = {}: MoE layers are not implemented yet (they arrive with the MoE "
+                 "issue); layers {}.. train with the dense FFN of width model.d_ff instead. `moetrain ledger` "
+                 "counts the configured MoE.", config.where("model.moe.num_experts"),
+                 config.get_int("model.moe.num_experts"), config.get_int("model.moe.first_dense_layers"));
 }
 
 std::unique_ptr<data::DataLoader> open_loader(const Config& config, const std::string& key, data::LoaderOrder order,
@@ -92,7 +92,7 @@ std::unique_ptr<data::DataLoader> open_loader(const Config& config, const std::s
   }
 }
 
-std::string sample_text(Gpt2& model, const data::Tokenizer& tok, const Config& config, uint64_t seed) {
+std::string sample_text(LanguageModel& model, const data::Tokenizer& tok, const Config& config, uint64_t seed) {
   SamplingOptions o;
   o.max_new_tokens = config.get_int("train.sample_tokens");
   o.temperature = config.get_number("train.sample_temperature");
@@ -124,7 +124,7 @@ TrainSummary train(const Config& config) {
   auto train_loader = open_loader(config, "data.train", data::LoaderOrder::shuffled, static_cast<int32_t>(vocab));
   auto val_loader = open_loader(config, "data.val", data::LoaderOrder::sequential, static_cast<int32_t>(vocab));
 
-  std::unique_ptr<Gpt2> model = build_model(config);
+  std::unique_ptr<LanguageModel> model = build_model(config);
   ParameterList& params = model->parameters();
   if (config.get_bool("train.decay_embeddings"))
     for (NamedParameter& p : params)
@@ -195,7 +195,7 @@ TrainSummary train(const Config& config) {
   if (sample_every > 0 || max_steps == 0) run_sample(summary.steps);
 
   std::filesystem::path model_dir = run_dir / "model";
-  export_gpt2_hf(*model, model_dir.string());
+  export_model(*model, model_dir.string());
   config.save((model_dir / "config.resolved.yaml").string());
   spdlog::info("done: {} steps in {:.1f} s ({} tok/s); model written to {}", summary.steps, total_sec,
                with_commas(std::llround(summary.tokens_per_second)), model_dir.string());

@@ -169,7 +169,10 @@ TEST_CASE("config: set() validates like an override and records its origin", "[c
 
   CHECK(config_error([&] { c.set("model.n_embd", "1024", "huggingface config.json"); }) ==
         "huggingface config.json: unknown key 'model.n_embd'; section 'model' has: arch, vocab_size, n_layer, "
-        "n_head, d_model, n_ctx, d_ff, layer_norm_eps, dropout, init_std, init_from");
+        "n_head, d_model, n_ctx, d_ff, layer_norm_eps, dropout, init_std, init_from, mixer, attn_mixer, "
+            "attn_every, attn_offset, attn_last, layer_mixers, ffn, situ_beta, situ_linear_beta, "
+            "situ_learnable_beta, attn_res, attn_res_block_size, tie_embeddings, rms_norm_eps, embed_init_std, "
+            "kda, mla, moe");
   CHECK(config_error([&] { c.set("train.dtype", "bf16", "checkpoint"); }) ==
         "checkpoint: train.dtype: expected one of f32, f64, got 'bf16'");
 }
@@ -191,7 +194,9 @@ TEST_CASE("config: unknown keys suggest the nearest key, also across sections", 
         bad + ":1:1: unknown section 'optimizer'; the sections are: model, data, train, run");
   CHECK(load_error(dir, "model:\n  d_model: 64\n  attention_kind: flash\n") ==
         bad + ":3:3: unknown key 'model.attention_kind'; section 'model' has: arch, vocab_size, n_layer, n_head, "
-              "d_model, n_ctx, d_ff, layer_norm_eps, dropout, init_std, init_from");
+              "d_model, n_ctx, d_ff, layer_norm_eps, dropout, init_std, init_from, mixer, attn_mixer, attn_every, "
+                "attn_offset, attn_last, layer_mixers, ffn, situ_beta, situ_linear_beta, situ_learnable_beta, "
+                "attn_res, attn_res_block_size, tie_embeddings, rms_norm_eps, embed_init_std, kda, mla, moe");
 }
 
 TEST_CASE("config: wrong types say what was expected and what was found", "[config][errors]") {

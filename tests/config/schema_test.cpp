@@ -58,7 +58,7 @@ TEST_CASE("schema: allowed values read like the maths", "[config][schema]") {
   CHECK(std::string(config_type_name(ConfigType::choice)) == "choice");
 }
 
-TEST_CASE("schema: defaults, types and ranges are those of issue 3", "[config][schema]") {
+TEST_CASE("schema: defaults, types and ranges of the GPT-2 and training keys", "[config][schema]") {
   struct Expected {
     ConfigType type;
     std::string value_yaml;  // as to_yaml() writes it
@@ -66,7 +66,7 @@ TEST_CASE("schema: defaults, types and ranges are those of issue 3", "[config][s
   };
   using T = ConfigType;
   const std::map<std::string, Expected> expected = {
-      {"model.arch", {T::choice, "gpt2", "one of gpt2"}},
+      {"model.arch", {T::choice, "gpt2", "one of gpt2, hybrid"}},
       {"model.vocab_size", {T::integer, "50257", ">= 1"}},
       {"model.n_layer", {T::integer, "12", "[1, 4096]"}},
       {"model.n_head", {T::integer, "12", ">= 1"}},

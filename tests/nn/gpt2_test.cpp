@@ -106,7 +106,7 @@ TEST_CASE("gpt2: cached decoding gives the logits of the full forward", "[nn][gp
     Tensor step = model.forward_cached(slice(ids, 1, t, t + 1), cache);
     CHECK(max_abs_diff(step, slice(full, 1, t, t + 1)) < 1e-12);
   }
-  CHECK(cache.length == 9);
+  CHECK(cache.length() == 9);
 }
 
 TEST_CASE("gpt2: activation checkpointing gives bitwise the same gradients", "[nn][gpt2]") {

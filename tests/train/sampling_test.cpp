@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "moetrain.h"
+#include "nn/gpt2.h"
 #include "train/sampling.h"
 
 using namespace moetrain;

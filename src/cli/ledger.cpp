@@ -1,0 +1,35 @@
+// `moetrain ledger -c CONFIG [--set k=v] [--dp N] [--ep M] [--json]`: parameters per
+// component, total and active, training FLOPs per token and memory per rank of a
+// config, counted on shapes only (the full Kimi-K3 in about a second).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "config/config.h"
+#include "nn/ledger.h"
+
+namespace moetrain::cli {
+
+void add_ledger_command(CLI::App& app, Commands& commands) {
+  CLI::App* cmd = app.add_subcommand("ledger", "Parameter, FLOP and memory ledger of a config (no allocation)");
+  struct Options {
+    std::string config;
+    std::vector<std::string> overrides;
+    LedgerLayout layout;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("-c,--config", o->config, "experiment YAML")->required();
+  cmd->add_option("--set", o->overrides, "override a key: --set model.n_layer=24");
+  cmd->add_option("--dp", o->layout.dp, "data-parallel replicas (memory per rank)")->check(CLI::PositiveNumber);
+  cmd->add_option("--ep", o->layout.ep, "expert-parallel ranks (experts sharded over them)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", o->json, "machine-readable output");
+  commands.push_back({cmd, [o] {
+    Config config = Config::load(o->config, o->overrides);
+    Ledger l = make_ledger(config, o->layout);
+    fmt::print("{}\n", o->json ? ledger_json(l) : ledger_text(l));
+    return 0;
+  }});
+}
+
+}  // namespace moetrain::cli

@@ -1,0 +1,42 @@
+// Dense feed-forward sublayers of the hybrid model (no biases, HF names):
+//   situ_glu: y = SiTU(x Wgate^T, x Wup^T; β, λ) Wdown^T      MODEL_SPEC §8 (K3)
+//   swiglu:   y = (silu(x Wgate^T) ⊙ x Wup^T) Wdown^T          Kimi-Linear
+//   gelu:     y = gelu_tanh(x Wup^T) Wdown^T                    GPT-2-style MLP without biases
+// gate_proj/up_proj [F, D], down_proj [D, F].
+#pragma once
+
+#include <string>
+
+#include "core/tensor.h"
+#include "nn/param_factory.h"
+
+namespace moetrain {
+
+enum class FfnKind { situ_glu, swiglu, gelu };
+
+struct FfnConfig {
+  int64_t d_model = 256;
+  int64_t d_ff = 1024;
+  FfnKind kind = FfnKind::situ_glu;
+  double situ_beta = 4.0;
+  double situ_linear_beta = 25.0;  // 0: no cap on `up`
+  bool situ_learnable_beta = false;
+  double init_std = 0.02;
+};
+
+class DenseFfn {
+ public:
+  DenseFfn(const FfnConfig& c, ParamFactory& factory, const std::string& prefix, const std::string& group = "mlp");
+  Tensor forward(const Tensor& x) const;
+  const FfnConfig& config() const { return c_; }
+
+  Tensor gate_proj, up_proj, down_proj, beta;  // beta: [1] when learnable
+
+ private:
+  FfnConfig c_;
+};
+
+FfnKind parse_ffn_kind(const std::string& name);
+const char* ffn_kind_name(FfnKind kind);
+
+}  // namespace moetrain

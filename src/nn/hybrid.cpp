@@ -1,0 +1,322 @@
+// Hybrid decoder forward (MODEL_SPEC §10.2, §11). Built from gradient-checked
+// ops and layers; the AttnRes bookkeeping follows §10.2 line by line.
+#include "nn/hybrid.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "autograd/grad_mode.h"
+#include "ops/attention.h"
+#include "ops/attnres.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/linalg.h"
+#include "ops/norm.h"
+#include "ops/view.h"
+
+namespace moetrain {
+
+MixerKind parse_mixer_kind(const std::string& name) {
+  if (name == "kda") return MixerKind::kda;
+  if (name == "mla") return MixerKind::mla;
+  if (name == "attention") return MixerKind::attention;
+  MT_THROW("unknown mixer '{}' (kda, mla, attention)", name);
+}
+
+const char* mixer_kind_name(MixerKind kind) {
+  switch (kind) {
+    case MixerKind::kda: return "kda";
+    case MixerKind::mla: return "mla";
+    case MixerKind::attention: return "attention";
+  }
+  return "?";
+}
+
+std::vector<MixerKind> mixer_schedule(int64_t n_layer, const std::string& explicit_list, MixerKind mixer,
+                                      MixerKind attn_mixer, int64_t every, int64_t offset, bool last) {
+  std::vector<MixerKind> out;
+  if (!explicit_list.empty()) {
+    size_t start = 0;
+    while (start <= explicit_list.size()) {
+      size_t comma = explicit_list.find(',', start);
+      std::string item = explicit_list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      item.erase(0, item.find_first_not_of(" \t"));
+      item.erase(item.find_last_not_of(" \t") + 1);
+      out.push_back(parse_mixer_kind(item));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    MT_CHECK(static_cast<int64_t>(out.size()) == n_layer, "the mixer list names {} layers but n_layer is {}",
+             out.size(), n_layer);
+    return out;
+  }
+  for (int64_t l = 0; l < n_layer; ++l) {
+    bool attn = (every > 0 && l % every == offset) || (last && l == n_layer - 1);
+    out.push_back(attn ? attn_mixer : mixer);
+  }
+  return out;
+}
+
+// One decoder layer: mixer + FFN with their pre-norms, AttnRes read parameters.
+struct HybridModel::Layer {
+  MixerKind mixer = MixerKind::kda;
+  Tensor input_layernorm, post_attention_layernorm;
+  Tensor attn_res_proj, attn_res_norm, mlp_res_proj, mlp_res_norm;  // AttnRes (attn pair absent at layer 0)
+  std::unique_ptr<KdaLayer> kda;
+  std::unique_ptr<MlaLayer> mla;
+  Tensor q_proj, k_proj, v_proj, o_proj;  // plain attention
+  std::unique_ptr<DenseFfn> ffn;
+};
+
+namespace {
+
+struct AttentionCache {
+  Tensor k, v;  // [B, L, H, hd]
+};
+
+struct HybridCache : DecodeCache {
+  std::vector<KdaCache> kda;
+  std::vector<MlaCache> mla;
+  std::vector<AttentionCache> attn;
+  int64_t tokens = 0;
+  int64_t length() const override { return tokens; }
+  int64_t bytes() const override {
+    int64_t n = 0;
+    for (const KdaCache& c : kda) n += c.bytes();
+    for (const MlaCache& c : mla) n += c.bytes();
+    for (const AttentionCache& c : attn) n += (c.k.defined() ? c.k.nbytes() + c.v.nbytes() : 0);
+    return n;
+  }
+};
+
+// Latent MoE parameter shapes (§9.3), declared for the ledger only (shapes-only factory).
+void declare_moe(ParamFactory& f, const std::string& p, const MoeConfig& m, int64_t D) {
+  const int64_t E = m.num_experts, F = m.expert_d_ff, W = m.latent_dim > 0 ? m.latent_dim : D;
+  f.make(p + "gate.weight", {E, D}, Init::zeros(), "router", true);
+  if (m.latent_dim > 0) f.make(p + "routed_expert_down_proj.weight", {W, D}, Init::zeros(), "experts_latent", true);
+  f.make(p + "experts.gate_proj.weight", {E, F, W}, Init::zeros(), "experts", true);
+  f.make(p + "experts.up_proj.weight", {E, F, W}, Init::zeros(), "experts", true);
+  f.make(p + "experts.down_proj.weight", {E, W, F}, Init::zeros(), "experts", true);
+  if (m.latent_dim > 0 && m.latent_norm) f.make(p + "routed_expert_norm.weight", {W}, Init::ones(), "norm", false);
+  if (m.latent_dim > 0) f.make(p + "routed_expert_up_proj.weight", {D, W}, Init::zeros(), "experts_latent", true);
+  if (m.num_shared_experts > 0) {
+    const int64_t FS = F * m.num_shared_experts;
+    f.make(p + "shared_experts.gate_proj.weight", {FS, D}, Init::zeros(), "shared_experts", true);
+    f.make(p + "shared_experts.up_proj.weight", {FS, D}, Init::zeros(), "shared_experts", true);
+    f.make(p + "shared_experts.down_proj.weight", {D, FS}, Init::zeros(), "shared_experts", true);
+  }
+}
+
+}  // namespace
+
+HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate)
+    : c_(c), factory_(allocate, c.dtype, seed) {
+  MT_CHECK(!c.mixers.empty(), "hybrid model: no layers");
+  MT_CHECK(c.dtype == DType::f32 || c.dtype == DType::f64, "hybrid model: dtype {} is not supported on the CPU",
+           c.dtype);
+  const int64_t D = c.d_model;
+  ParamFactory& f = factory_;
+  embed_tokens_ = f.make("model.embed_tokens.weight", {c.vocab_size, D}, Init::normal(c.embed_init_std), "embedding",
+                         false);
+  for (int64_t l = 0; l < c.n_layer(); ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    auto layer = std::make_unique<Layer>();
+    Layer& L = *layer;
+    L.mixer = c.mixers[static_cast<size_t>(l)];
+    L.input_layernorm = f.make(p + "input_layernorm.weight", {D}, Init::ones(), "norm", false);
+    switch (L.mixer) {
+      case MixerKind::kda: {
+        KdaLayerConfig kc = c.kda;
+        kc.d_model = D;
+        kc.norm_eps = c.rms_norm_eps;
+        kc.init_std = c.init_std;
+        L.kda = std::make_unique<KdaLayer>(kc, f, p + "self_attn.");
+        break;
+      }
+      case MixerKind::mla: {
+        MlaConfig mc = c.mla;
+        mc.d_model = D;
+        mc.init_std = c.init_std;
+        L.mla = std::make_unique<MlaLayer>(mc, f, p + "self_attn.");
+        break;
+      }
+      case MixerKind::attention: {
+        MT_CHECK(D % c.attention_n_head == 0, "hybrid model: d_model = {} is not divisible by the {} attention heads",
+                 D, c.attention_n_head);
+        const Init w = Init::trunc_normal(c.init_std);
+        L.q_proj = f.make(p + "self_attn.q_proj.weight", {D, D}, w, "attention", true);
+        L.k_proj = f.make(p + "self_attn.k_proj.weight", {D, D}, w, "attention", true);
+        L.v_proj = f.make(p + "self_attn.v_proj.weight", {D, D}, w, "attention", true);
+        L.o_proj = f.make(p + "self_attn.o_proj.weight", {D, D}, w, "attention", true);
+        break;
+      }
+    }
+    L.post_attention_layernorm = f.make(p + "post_attention_layernorm.weight", {D}, Init::ones(), "norm", false);
+    if (c.is_moe_layer(l) && !f.allocating()) {
+      declare_moe(f, p + "mlp.", c.moe, D);
+    } else {
+      FfnConfig fc = c.ffn;
+      fc.d_model = D;
+      fc.init_std = c.init_std;
+      L.ffn = std::make_unique<DenseFfn>(fc, f, p + "mlp.");
+    }
+    if (c.attn_res) {
+      // Pseudo-queries start at zero (uniform read, §12); key norms at one. Layer 0's
+      // attention read never happens (nothing but the embedding exists), so it has none.
+      if (l > 0) {
+        L.attn_res_proj = f.make(p + "attn_res_proj.weight", {D}, Init::zeros(), "attn_res", false);
+        L.attn_res_norm = f.make(p + "attn_res_norm.weight", {D}, Init::ones(), "attn_res", false);
+      }
+      L.mlp_res_proj = f.make(p + "mlp_res_proj.weight", {D}, Init::zeros(), "attn_res", false);
+      L.mlp_res_norm = f.make(p + "mlp_res_norm.weight", {D}, Init::ones(), "attn_res", false);
+    }
+    layers_.push_back(std::move(layer));
+  }
+  if (c.attn_res) {
+    out_res_proj_ = f.make("model.output_attn_res_proj.weight", {D}, Init::zeros(), "attn_res", false);
+    out_res_norm_ = f.make("model.output_attn_res_norm.weight", {D}, Init::ones(), "attn_res", false);
+  }
+  norm_ = f.make("model.norm.weight", {D}, Init::ones(), "norm", false);
+  if (!c.tie_embeddings) {
+    const double s = 1.0 / std::sqrt(static_cast<double>(D));
+    lm_head_ = f.make("lm_head.weight", {c.vocab_size, D}, Init::trunc_normal(s, -3, 3), "lm_head", true);
+  }
+}
+
+HybridModel::~HybridModel() = default;
+
+std::string HybridModel::describe() const {
+  int64_t kda = 0, mla = 0, attn = 0;
+  for (MixerKind m : c_.mixers) (m == MixerKind::kda ? kda : m == MixerKind::mla ? mla : attn) += 1;
+  return fmt::format("{} layers ({} kda, {} mla, {} attention), d_model {}, ffn {} {}, vocab {}, attn_res {}, {}",
+                     c_.n_layer(), kda, mla, attn, c_.d_model, ffn_kind_name(c_.ffn.kind), c_.ffn.d_ff, c_.vocab_size,
+                     c_.attn_res ? fmt::format("S={}", c_.attn_res_block_size) : std::string("off"),
+                     dtype_name(c_.dtype));
+}
+
+Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache) {
+  MT_CHECK(factory_.allocating(), "hybrid model: built with shapes only (ledger); it cannot run");
+  MT_CHECK(ids.dim() == 2, "hybrid model: ids must be [B, T], got {}", ids.shape());
+  HybridCache* cache = dcache ? dynamic_cast<HybridCache*>(dcache) : nullptr;
+  MT_CHECK(!dcache || cache, "hybrid model: the decode cache belongs to another model");
+  const int64_t B = ids.size(0), T = ids.size(1), first = cache ? cache->tokens : 0;
+  MT_CHECK(first + T <= c_.n_ctx, "hybrid model: {} tokens exceed model.n_ctx = {}", first + T, c_.n_ctx);
+  const double eps = c_.rms_norm_eps;
+  const size_t n = layers_.size();
+  if (cache && cache->kda.empty()) {
+    cache->kda.resize(n);
+    cache->mla.resize(n);
+    cache->attn.resize(n);
+  }
+
+  auto mixer = [&](size_t l, const Tensor& x) -> Tensor {
+    const Layer& L = *layers_[l];
+    switch (L.mixer) {
+      case MixerKind::kda: return L.kda->forward(x, cache ? &cache->kda[l] : nullptr);
+      case MixerKind::mla: return L.mla->forward(x, cache ? &cache->mla[l] : nullptr);
+      case MixerKind::attention: {
+        const int64_t H = c_.attention_n_head, hd = c_.d_model / H;
+        Tensor q = reshape(linear(x, L.q_proj), {B, T, H, hd});
+        Tensor k = reshape(linear(x, L.k_proj), {B, T, H, hd});
+        Tensor v = reshape(linear(x, L.v_proj), {B, T, H, hd});
+        if (cache) {
+          AttentionCache& ac = cache->attn[l];
+          if (ac.k.defined()) {
+            k = concat({ac.k, k}, 1);
+            v = concat({ac.v, v}, 1);
+          }
+          ac.k = k.detach();
+          ac.v = v.detach();
+        }
+        Tensor o = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
+        return linear(reshape(o, {B, T, c_.d_model}), L.o_proj);
+      }
+    }
+    return Tensor();
+  };
+  auto ffn = [&](size_t l, const Tensor& x) { return layers_[l]->ffn->forward(x); };
+
+  Tensor hidden = embedding(embed_tokens_, ids);  // [B, T, D]
+  if (!c_.attn_res) {
+    // Standard pre-norm residual stream (Kimi-Linear).
+    for (size_t l = 0; l < n; ++l) {
+      const Layer& L = *layers_[l];
+      hidden = add(hidden, mixer(l, rms_norm(hidden, L.input_layernorm, eps)));
+      hidden = add(hidden, ffn(l, rms_norm(hidden, L.post_attention_layernorm, eps)));
+    }
+  } else {
+    // Block AttnRes (§10.2): `blocks` holds the embedding and the completed block
+    // sums; `prefix` the running sum of sublayer outputs of the open block.
+    Tensors blocks;
+    const auto S = static_cast<size_t>(c_.attn_res_block_size);
+    auto with = [&](const Tensor& last) {
+      Tensors sources = blocks;
+      sources.push_back(last);
+      return sources;
+    };
+    for (size_t l = 0; l < n; ++l) {
+      const Layer& L = *layers_[l];
+      Tensor prefix = hidden, x = hidden;
+      if (!blocks.empty()) x = attn_res(with(prefix), L.attn_res_proj, L.attn_res_norm, eps);
+      if (l % S == 0) {
+        blocks.push_back(prefix);
+        prefix = Tensor();
+      }
+      Tensor a = mixer(l, rms_norm(x, L.input_layernorm, eps));
+      prefix = prefix.defined() ? add(prefix, a) : a;
+      x = attn_res(with(prefix), L.mlp_res_proj, L.mlp_res_norm, eps);
+      hidden = add(prefix, ffn(l, rms_norm(x, L.post_attention_layernorm, eps)));
+    }
+    hidden = attn_res(with(hidden), out_res_proj_, out_res_norm_, eps);
+  }
+  if (cache) cache->tokens += T;
+  return linear(rms_norm(hidden, norm_, eps), c_.tie_embeddings ? embed_tokens_ : lm_head_);
+}
+
+Tensor HybridModel::forward(const Tensor& ids, bool /*training*/) { return run(ids, nullptr); }
+
+std::unique_ptr<DecodeCache> HybridModel::new_cache() const { return std::make_unique<HybridCache>(); }
+
+Tensor HybridModel::forward_cached(const Tensor& ids, DecodeCache& cache) {
+  NoGradGuard no_grad;
+  return run(ids, &cache);
+}
+
+double HybridModel::flops_per_token(int64_t T) const {
+  // 6 x (active matrix parameters, LM head included, embedding table excluded)
+  // plus the sequence terms: causal attention 3·T·H·(dq + dv) per layer (forward +
+  // backward, half the scores are masked); KDA ~ 24·K·V·HV (the state read, decay,
+  // delta update and output per token, forward + backward).
+  double matmul = 0;
+  for (const ParamSpec& s : factory_.specs()) {
+    if (s.group == "embedding" || s.shape.ndim() < 2) continue;
+    double n = static_cast<double>(s.shape.numel());
+    if (s.group == "experts") n *= static_cast<double>(c_.moe.top_k) / static_cast<double>(c_.moe.num_experts);
+    matmul += n;
+  }
+  if (c_.tie_embeddings) matmul += static_cast<double>(c_.vocab_size * c_.d_model);
+  double seq = 0;
+  for (MixerKind m : c_.mixers) {
+    if (m == MixerKind::mla)
+      seq += 3.0 * T * c_.mla.n_head *
+             static_cast<double>(c_.mla.qk_nope_head_dim + c_.mla.qk_rope_head_dim + c_.mla.v_head_dim);
+    else if (m == MixerKind::attention)
+      seq += 6.0 * T * static_cast<double>(c_.d_model);
+    else
+      seq += 24.0 * static_cast<double>(c_.kda.head_dim * c_.kda.head_dim * c_.kda.value_heads());
+  }
+  return 6.0 * matmul + seq;
+}
+
+double HybridModel::activation_bytes_per_token() const {
+  // Rough: ~16 D-wide tensors per sublayer pair, the FFN hidden (3 F), KDA/MLA
+  // intermediates (~12 P), AttnRes sources are shared; plus logits and their gradient.
+  const double D = static_cast<double>(c_.d_model), F = static_cast<double>(c_.ffn.d_ff);
+  const double P = static_cast<double>(c_.kda.value_heads() * c_.kda.head_dim);
+  double per_layer = 16.0 * D + 3.0 * F + 12.0 * P;
+  return (static_cast<double>(c_.n_layer()) * per_layer + 2.0 * static_cast<double>(c_.vocab_size)) *
+         static_cast<double>(dtype_size(c_.dtype));
+}
+
+}  // namespace moetrain

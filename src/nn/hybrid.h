@@ -1,0 +1,105 @@
+// The K3-style hybrid decoder (MODEL_SPEC §10-§11): token embedding, a
+// per-layer schedule of token mixers (KDA §4, gated MLA §7, or plain causal
+// attention) each followed by an FFN (dense SiTU-GLU / SwiGLU / GELU; MoE layers
+// plug in with the MoE issue), RMSNorm pre-norms, and either Block Attention
+// Residuals (§10.2: every sublayer input is a softmax-over-depth read of block
+// sums) or the standard residual stream (Kimi-Linear), final RMSNorm, LM head
+// (untied by default). Parameter names follow Hugging Face Kimi:
+//   model.embed_tokens.weight, model.layers.{l}.{input_layernorm,post_attention_layernorm}.weight,
+//   model.layers.{l}.self_attn.*, model.layers.{l}.mlp.*, model.layers.{l}.{attn,mlp}_res_{proj,norm}.weight,
+//   model.output_attn_res_{proj,norm}.weight, model.norm.weight, lm_head.weight.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/ffn.h"
+#include "nn/kda_layer.h"
+#include "nn/language_model.h"
+#include "nn/mla.h"
+#include "nn/param_factory.h"
+
+namespace moetrain {
+
+class Config;
+
+enum class MixerKind { kda, mla, attention };
+MixerKind parse_mixer_kind(const std::string& name);
+const char* mixer_kind_name(MixerKind kind);
+
+// Shapes of a (latent) MoE layer (MODEL_SPEC §9.3). Counted by the ledger; the
+// layers themselves arrive with the MoE issue (until then a MoE layer trains
+// with the dense FFN, and the trainer says so).
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: dense FFN everywhere
+  int64_t top_k = 8;
+  int64_t num_shared_experts = 1;
+  int64_t expert_d_ff = 0;  // F, per expert (and per shared expert)
+  int64_t latent_dim = 0;   // L; 0: plain MoE on the full width
+  bool latent_norm = true;
+  int64_t first_dense_layers = 1;
+};
+
+struct HybridConfig {
+  int64_t vocab_size = 256;
+  int64_t d_model = 256;
+  int64_t n_ctx = 1024;  // longest sequence accepted (no position embeddings; a sanity bound)
+  std::vector<MixerKind> mixers;  // one per layer
+  int64_t attention_n_head = 4;   // plain attention mixer
+  KdaLayerConfig kda;
+  MlaConfig mla;
+  FfnConfig ffn;  // the dense FFN
+  MoeConfig moe;
+  bool attn_res = true;
+  int64_t attn_res_block_size = 12;  // S, in decoder layers: a block opens at l % S == 0
+  bool tie_embeddings = false;
+  double rms_norm_eps = 1e-5;
+  double init_std = 0.02;
+  double embed_init_std = 1.0;
+  DType dtype = DType::f32;
+
+  int64_t n_layer() const { return static_cast<int64_t>(mixers.size()); }
+  bool is_moe_layer(int64_t l) const { return moe.num_experts > 0 && l >= moe.first_dense_layers; }
+  // From the model.* keys; errors name the key (Config::fail).
+  static HybridConfig from(const Config& config);
+};
+
+// The mixer schedule: an explicit comma list ("kda,kda,kda,mla"), or `mixer`
+// everywhere except `attn_mixer` at layers l % every == offset and (if last) the last one.
+std::vector<MixerKind> mixer_schedule(int64_t n_layer, const std::string& explicit_list, MixerKind mixer,
+                                      MixerKind attn_mixer, int64_t every, int64_t offset, bool last);
+
+class HybridModel : public LanguageModel {
+ public:
+  // allocate = false builds shapes only (for the ledger): no tensor is created.
+  HybridModel(const HybridConfig& config, uint64_t seed, bool allocate = true);
+  ~HybridModel() override;
+
+  std::string arch() const override { return "hybrid"; }
+  std::string describe() const override;
+  int64_t vocab_size() const override { return c_.vocab_size; }
+  int64_t max_positions() const override { return c_.n_ctx; }
+  DType dtype() const override { return c_.dtype; }
+
+  Tensor forward(const Tensor& ids, bool training = true) override;
+  std::unique_ptr<DecodeCache> new_cache() const override;
+  Tensor forward_cached(const Tensor& ids, DecodeCache& cache) override;
+
+  ParameterList& parameters() override { return factory_.params(); }
+  const std::vector<ParamSpec>& param_specs() const { return factory_.specs(); }
+  double flops_per_token(int64_t seq_len) const override;
+  double activation_bytes_per_token() const override;
+  const HybridConfig& config() const { return c_; }
+
+ private:
+  struct Layer;
+  Tensor run(const Tensor& ids, DecodeCache* cache);
+
+  HybridConfig c_;
+  ParamFactory factory_;
+  Tensor embed_tokens_, norm_, lm_head_, out_res_proj_, out_res_norm_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+}  // namespace moetrain

@@ -1,0 +1,122 @@
+// KDA layer forward (MODEL_SPEC §4). Built from gradient-checked ops; the
+// recurrence itself is the KDA op (src/ops/kda.h).
+#include "nn/kda_layer.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "ops/conv.h"
+#include "ops/elementwise.h"
+#include "ops/kda.h"
+#include "ops/linalg.h"
+#include "ops/norm.h"
+#include "ops/view.h"
+
+namespace moetrain {
+
+namespace {
+
+// log U(1, 16) (A_log, §12).
+Tensor log_uniform_1_16(const Shape& s, DType dt, Generator& gen) {
+  return log(rand(s, dt, gen, 1.0, 16.0));
+}
+
+// dt_bias for the softplus gate (fla): inverse softplus of dt ~ logU(1e-3, 1e-1), dt >= 1e-4.
+Tensor inverse_softplus_dt(const Shape& s, DType dt, Generator& gen) {
+  Tensor u = rand(s, DType::f64, gen);
+  std::vector<double> v = u.to_vector();
+  Tensor out = empty(s, DType::f64);
+  double* p = out.data<double>();
+  for (size_t i = 0; i < v.size(); ++i) {
+    double d = std::exp(v[i] * (std::log(0.1) - std::log(1e-3)) + std::log(1e-3));
+    d = std::max(d, 1e-4);
+    p[i] = d + std::log(-std::expm1(-d));  // softplus^{-1}(d)
+  }
+  return out.to(dt);
+}
+
+// Depthwise causal conv continuing from `state` (the last W−1 inputs, [B, W−1, P])
+// when given; updates the state.
+Tensor short_conv(const Tensor& x, const Tensor& w, Tensor* state) {
+  if (!state) return causal_conv1d(x, w);
+  const int64_t B = x.size(0), T = x.size(1), P = x.size(2), Wm1 = w.size(1) - 1;
+  if (Wm1 == 0) return causal_conv1d(x, w);
+  if (!state->defined()) *state = zeros({B, Wm1, P}, x.dtype());
+  Tensor full_in = concat({*state, x}, 1);
+  Tensor y = slice(causal_conv1d(full_in, w), 1, Wm1, Wm1 + T);
+  *state = slice(full_in, 1, T, T + Wm1).detach().contiguous();
+  return y;
+}
+
+}  // namespace
+
+int64_t KdaCache::bytes() const {
+  int64_t n = 0;
+  for (const Tensor* t : {&conv_q, &conv_k, &conv_v, &state})
+    if (t->defined()) n += t->nbytes();
+  return n;
+}
+
+KdaLayer::KdaLayer(const KdaLayerConfig& c, ParamFactory& f, const std::string& p) : c_(c) {
+  MT_CHECK(c.n_head >= 1 && c.head_dim >= 1 && c.value_heads() % c.n_head == 0,
+           "kda layer {}: n_value_head = {} must be a multiple of n_head = {}", p, c.value_heads(), c.n_head);
+  const int64_t D = c.d_model, H = c.n_head, HV = c.value_heads(), K = c.head_dim;
+  const int64_t PK = H * K, PV = HV * K;
+  const Init w = Init::trunc_normal(c.init_std);
+  q_proj = f.make(p + "q_proj.weight", {PK, D}, w, "kda", true);
+  k_proj = f.make(p + "k_proj.weight", {PK, D}, w, "kda", true);
+  v_proj = f.make(p + "v_proj.weight", {PV, D}, w, "kda", true);
+  q_conv = f.make(p + "q_conv1d.weight", {PK, c.conv_size}, w, "kda", false);
+  k_conv = f.make(p + "k_conv1d.weight", {PK, c.conv_size}, w, "kda", false);
+  v_conv = f.make(p + "v_conv1d.weight", {PV, c.conv_size}, w, "kda", false);
+  f_a_proj = f.make(p + "f_a_proj.weight", {K, D}, w, "kda", true);
+  f_b_proj = f.make(p + "f_b_proj.weight", {HV * K, K}, w, "kda", true);
+  b_proj = f.make(p + "b_proj.weight", {HV, D}, w, "kda", true);
+  A_log = f.make(p + "A_log", {HV}, Init::custom(log_uniform_1_16), "kda", false);
+  dt_bias = f.make(p + "dt_bias", {HV * K},
+                   c.gate == KdaGate::softplus ? Init::custom(inverse_softplus_dt) : Init::zeros(), "kda", false);
+  if (c.full_rank_output_gate) {
+    g_proj = f.make(p + "g_proj.weight", {PV, D}, w, "kda", true);
+  } else {
+    g_a_proj = f.make(p + "g_a_proj.weight", {K, D}, w, "kda", true);
+    g_b_proj = f.make(p + "g_b_proj.weight", {PV, K}, w, "kda", true);
+  }
+  o_norm = f.make(p + "o_norm.weight", {K}, Init::ones(), "norm", false);
+  o_proj = f.make(p + "o_proj.weight", {D, PV}, w, "kda", true);
+}
+
+Tensor kda_gate(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias, KdaGate gate, double lower_bound) {
+  const int64_t HV = f.size(-2), K = f.size(-1);
+  MT_CHECK(A_log.shape() == Shape{HV} && dt_bias.shape() == Shape{HV * K},
+           "kda_gate: A_log {} and dt_bias {} must be [{}] and [{}] for f {}", A_log.shape(), dt_bias.shape(), HV,
+           HV * K, f.shape());
+  Tensor a = exp(reshape(A_log, {HV, 1}));        // e^{A_log[h]}, broadcast over K
+  Tensor fb = add(f, reshape(dt_bias, {HV, K}));  // f + dt_bias[h, :]
+  if (gate == KdaGate::softplus) return neg(mul(a, softplus(fb)));
+  return mul_scalar(sigmoid(mul(a, fb)), lower_bound);
+}
+
+Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
+  MT_CHECK(x.dim() == 3 && x.size(2) == c_.d_model, "kda layer: x is {} but must be [B, T, {}]", x.shape(),
+           c_.d_model);
+  const int64_t B = x.size(0), T = x.size(1), H = c_.n_head, HV = c_.value_heads(), K = c_.head_dim;
+  Tensor q = silu(short_conv(linear(x, q_proj), q_conv, cache ? &cache->conv_q : nullptr));
+  Tensor k = silu(short_conv(linear(x, k_proj), k_conv, cache ? &cache->conv_k : nullptr));
+  Tensor v = silu(short_conv(linear(x, v_proj), v_conv, cache ? &cache->conv_v : nullptr));
+  q = l2_norm(reshape(q, {B, T, H, K}), c_.l2norm_eps);
+  k = l2_norm(reshape(k, {B, T, H, K}), c_.l2norm_eps);
+  v = reshape(v, {B, T, HV, K});
+  Tensor g = kda_gate(reshape(linear(linear(x, f_a_proj), f_b_proj), {B, T, HV, K}), A_log, dt_bias, c_.gate,
+                      c_.lower_bound);
+  Tensor beta = sigmoid(linear(x, b_proj));  // [B, T, HV]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(K));
+  Tensor h0 = cache ? cache->state : Tensor();
+  KdaResult r = c_.chunked ? kda_chunked(q, k, v, g, beta, h0, scale, c_.chunk_size)
+                           : kda_recurrent(q, k, v, g, beta, h0, scale);
+  if (cache) cache->state = r.final_state.detach();
+  Tensor z = c_.full_rank_output_gate ? linear(x, g_proj) : linear(linear(x, g_a_proj), g_b_proj);
+  Tensor o = mul(rms_norm(r.o, o_norm, c_.norm_eps), sigmoid(reshape(z, {B, T, HV, K})));
+  return linear(reshape(o, {B, T, HV * K}), o_proj);
+}
+
+}  // namespace moetrain

@@ -1,0 +1,69 @@
+// KDA token mixer (MODEL_SPEC §4), Hugging Face / fla parameter names:
+//   q,k,v = silu(short_conv(x W{q,k,v}^T))            W [P, D]; conv [P, W] depthwise causal
+//   g     = gate(x Wfa^T Wfb^T)                        softplus: −e^{A_log}·softplus(f + dt_bias)
+//                                                      lower bound: lb·σ(e^{A_log}(f + dt_bias))
+//   β     = σ(x Wb^T)
+//   o, S  = KDA(l2norm(q), l2norm(k), v, g, β; K^{-1/2}, S_0)      §5/§6
+//   y     = (RMSNorm_V(o; w_o) ⊙ σ(z)) Wo^T,  z = x Wg^T (full rank) or x Wga^T Wgb^T
+// With grouped value heads (HV = n_value_head > H) v, g, β, the output gate and
+// the output norm belong to the value heads; q/k head h serves value heads
+// hG..hG+G−1. Kimi uses HV = H, K = V = head_dim.
+#pragma once
+
+#include <string>
+
+#include "core/tensor.h"
+#include "nn/param_factory.h"
+
+namespace moetrain {
+
+enum class KdaGate { softplus, lower_bound };
+
+struct KdaLayerConfig {
+  int64_t d_model = 256;
+  int64_t n_head = 4;        // H: query/key heads
+  int64_t n_value_head = 0;  // HV; 0 = n_head
+  int64_t head_dim = 64;     // K = V
+  int64_t conv_size = 4;
+  KdaGate gate = KdaGate::lower_bound;
+  double lower_bound = -5.0;
+  bool full_rank_output_gate = true;
+  double norm_eps = 1e-5;    // output RMSNorm
+  double l2norm_eps = 1e-6;  // q/k L2 norm
+  bool chunked = true;       // chunked (WY/UT) kernels; false: the step-by-step reference
+  int64_t chunk_size = 64;
+  double init_std = 0.02;
+
+  int64_t value_heads() const { return n_value_head > 0 ? n_value_head : n_head; }
+};
+
+// Decoding state of one layer: the last W−1 projected inputs of each short conv
+// and the recurrent state. Constant size in the sequence length.
+struct KdaCache {
+  Tensor conv_q, conv_k, conv_v;  // [B, W−1, P] (undefined before the first call)
+  Tensor state;                   // [B, HV, K, V]
+  int64_t bytes() const;
+};
+
+class KdaLayer {
+ public:
+  // prefix: e.g. "model.layers.0.self_attn."
+  KdaLayer(const KdaLayerConfig& c, ParamFactory& factory, const std::string& prefix);
+
+  // x [B, T, D] (the normed sublayer input) -> [B, T, D]. With a cache: continues
+  // from its state and updates it (no autograd needed, but recorded if enabled).
+  Tensor forward(const Tensor& x, KdaCache* cache = nullptr) const;
+
+  const KdaLayerConfig& config() const { return c_; }
+
+  Tensor q_proj, k_proj, v_proj, q_conv, k_conv, v_conv, f_a_proj, f_b_proj, b_proj, A_log, dt_bias;
+  Tensor g_proj, g_a_proj, g_b_proj, o_norm, o_proj;
+
+ private:
+  KdaLayerConfig c_;
+};
+
+// The decay gate of §4 on f [..., HV, K] with A_log [HV], dt_bias [HV·K]: g [..., HV, K].
+Tensor kda_gate(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias, KdaGate gate, double lower_bound);
+
+}  // namespace moetrain

@@ -1,0 +1,49 @@
+// What the trainer, sampler and evaluator need from a model, whatever its
+// architecture (GPT-2, the K3-style hybrid, ...).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "nn/parameters.h"
+
+namespace moetrain {
+
+// Per-sequence decoding state (KV caches, recurrent states). length() tokens seen.
+struct DecodeCache {
+  virtual ~DecodeCache() = default;
+  virtual int64_t length() const = 0;
+  virtual int64_t bytes() const = 0;  // memory held by the caches
+};
+
+class LanguageModel {
+ public:
+  virtual ~LanguageModel() = default;
+
+  virtual std::string arch() const = 0;      // "gpt2", "hybrid"
+  virtual std::string describe() const = 0;  // one line: layers, widths, dtype
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_positions() const = 0;  // longest sequence the model accepts
+  virtual DType dtype() const = 0;
+
+  // ids [B, T] -> logits [B, T, vocab_size].
+  virtual Tensor forward(const Tensor& ids, bool training = true) = 0;
+  // Mean next-token cross-entropy of forward(ids) against targets [B, T].
+  virtual Tensor loss(const Tensor& ids, const Tensor& targets, bool training = true);
+
+  // Decoding: appends ids [B, T] after the cached tokens and returns their logits;
+  // records nothing.
+  virtual std::unique_ptr<DecodeCache> new_cache() const = 0;
+  virtual Tensor forward_cached(const Tensor& ids, DecodeCache& cache) = 0;
+
+  virtual ParameterList& parameters() = 0;
+  const ParameterList& parameters() const { return const_cast<LanguageModel*>(this)->parameters(); }
+  // Training FLOPs per token (forward + backward) at sequence length seq_len.
+  virtual double flops_per_token(int64_t seq_len) const = 0;
+  // Saved activations per token of a training micro-batch (an estimate, bytes).
+  virtual double activation_bytes_per_token() const = 0;
+};
+
+}  // namespace moetrain

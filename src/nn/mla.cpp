@@ -1,0 +1,84 @@
+// Gated MLA forward (MODEL_SPEC §7), from gradient-checked ops.
+#include "nn/mla.h"
+
+#include <cmath>
+
+#include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/linalg.h"
+#include "ops/norm.h"
+#include "ops/view.h"
+
+namespace moetrain {
+
+MlaLayer::MlaLayer(const MlaConfig& c, ParamFactory& f, const std::string& p) : c_(c) {
+  MT_CHECK(!c.rope || c.qk_rope_head_dim % 2 == 0, "mla {}: RoPE needs an even qk_rope_head_dim, got {}", p,
+           c.qk_rope_head_dim);
+  const int64_t D = c.d_model, H = c.n_head, dq = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  const Init w = Init::trunc_normal(c.init_std);
+  if (c.q_lora_rank > 0) {
+    q_a_proj = f.make(p + "q_a_proj.weight", {c.q_lora_rank, D}, w, "mla", true);
+    q_a_layernorm = f.make(p + "q_a_layernorm.weight", {c.q_lora_rank}, Init::ones(), "norm", false);
+    q_b_proj = f.make(p + "q_b_proj.weight", {H * dq, c.q_lora_rank}, w, "mla", true);
+  } else {
+    q_proj = f.make(p + "q_proj.weight", {H * dq, D}, w, "mla", true);
+  }
+  kv_a_proj = f.make(p + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, D}, w, "mla", true);
+  kv_a_layernorm = f.make(p + "kv_a_layernorm.weight", {c.kv_lora_rank}, Init::ones(), "norm", false);
+  kv_b_proj = f.make(p + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, w, "mla",
+                     true);
+  if (c.output_gate) g_proj = f.make(p + "g_proj.weight", {H * c.v_head_dim, D}, w, "mla", true);
+  o_proj = f.make(p + "o_proj.weight", {D, H * c.v_head_dim}, w, "mla", true);
+}
+
+Tensor rope(const Tensor& x, int64_t first, double theta) {
+  const int64_t T = x.size(1), r = x.size(-1), half = r / 2;
+  Tensor cs = empty({T, 1, r}, DType::f64), sn = empty({T, 1, r}, DType::f64);
+  double* pc = cs.data<double>();
+  double* ps = sn.data<double>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      double ang = static_cast<double>(first + t) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(r));
+      pc[t * r + i] = pc[t * r + i + half] = std::cos(ang);
+      ps[t * r + i] = ps[t * r + i + half] = std::sin(ang);
+    }
+  Tensors halves = split(x, {half, half}, -1);
+  Tensor rotated = concat({neg(halves[1]), halves[0]}, -1);  // rotate_half([x1, x2]) = [-x2, x1]
+  return add(mul(x, cs.to(x.dtype())), mul(rotated, sn.to(x.dtype())));
+}
+
+Tensor MlaLayer::forward(const Tensor& x, MlaCache* cache) const {
+  MT_CHECK(x.dim() == 3 && x.size(2) == c_.d_model, "mla layer: x is {} but must be [B, T, {}]", x.shape(),
+           c_.d_model);
+  const int64_t B = x.size(0), T = x.size(1), H = c_.n_head;
+  const int64_t dn = c_.qk_nope_head_dim, dr = c_.qk_rope_head_dim, dv = c_.v_head_dim, rkv = c_.kv_lora_rank;
+  const int64_t first = cache ? cache->length() : 0;
+  Tensor q = c_.q_lora_rank > 0 ? linear(rms_norm(linear(x, q_a_proj), q_a_layernorm, c_.lora_norm_eps), q_b_proj)
+                                : linear(x, q_proj);
+  q = reshape(q, {B, T, H, dn + dr});
+  Tensors ckr = split(linear(x, kv_a_proj), {rkv, dr}, -1);
+  Tensor c = rms_norm(ckr[0], kv_a_layernorm, c_.lora_norm_eps);
+  Tensor kr = ckr[1];  // [B, T, dr]
+  if (c_.rope && dr > 0) {
+    Tensors qs = split(q, {dn, dr}, -1);
+    q = concat({qs[0], rope(qs[1], first, c_.rope_theta)}, -1);
+    kr = reshape(rope(reshape(kr, {B, T, 1, dr}), first, c_.rope_theta), {B, T, dr});
+  }
+  if (cache) {
+    if (cache->c.defined()) {
+      c = concat({cache->c, c}, 1);
+      kr = concat({cache->kr, kr}, 1);
+    }
+    cache->c = c.detach();
+    cache->kr = kr.detach();
+  }
+  const int64_t Tk = c.size(1);
+  Tensors kv = split(reshape(linear(c, kv_b_proj), {B, Tk, H, dn + dv}), {dn, dv}, -1);
+  Tensor k = concat({kv[0], broadcast_to(reshape(kr, {B, Tk, 1, dr}), Shape{B, Tk, H, dr})}, -1);
+  Tensor o = causal_attention(q, k, kv[1], 1.0 / std::sqrt(static_cast<double>(dn + dr)));
+  o = reshape(o, {B, T, H * dv});
+  if (c_.output_gate) o = mul(o, sigmoid(linear(x, g_proj)));
+  return linear(o, o_proj);
+}
+
+}  // namespace moetrain

@@ -1,0 +1,33 @@
+#include "nn/param_factory.h"
+
+
+namespace moetrain {
+
+Tensor ParamFactory::make(const std::string& name, const Shape& shape, const Init& init, const std::string& group,
+                          bool decay) {
+  MT_CHECK(names_.insert(name).second, "model construction: parameter '{}' declared twice", name);
+  specs_.push_back({name, shape, group, decay});
+  if (!allocate_) return Tensor();
+  Tensor t;
+  switch (init.kind) {
+    case Init::Kind::zeros: t = zeros(shape, dtype_); break;
+    case Init::Kind::ones: t = ones(shape, dtype_); break;
+    case Init::Kind::constant: t = full(shape, init.value, dtype_); break;
+    case Init::Kind::normal: t = randn(shape, dtype_, gen_, 0.0, init.std); break;
+    case Init::Kind::trunc_normal: t = trunc_normal(shape, dtype_, gen_, 0.0, init.std, init.a, init.b); break;
+    case Init::Kind::custom: t = init.fn(shape, dtype_, gen_); break;
+  }
+  MT_CHECK(t.shape() == shape && t.dtype() == dtype_, "model construction: init of '{}' gave {} {}, expected {} {}",
+           name, t.shape(), t.dtype(), shape, dtype_);
+  t.set_requires_grad(true);
+  params_.push_back({name, t, decay, group});
+  return t;
+}
+
+int64_t ParamFactory::total() const {
+  int64_t n = 0;
+  for (const ParamSpec& s : specs_) n += s.shape.numel();
+  return n;
+}
+
+}  // namespace moetrain

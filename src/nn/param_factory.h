@@ -1,0 +1,94 @@
+// Parameter construction shared by the model and the ledger. Layers declare
+// every parameter through a ParamFactory: with allocation on, it creates the
+// tensor, initialises it from the factory's seeded generator and registers it;
+// with allocation off (shapes only) it records the name, shape and group and
+// returns an undefined tensor, so `moetrain ledger` counts the full 2.8T K3
+// config from the same construction code in a second.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "nn/parameters.h"
+
+namespace moetrain {
+
+struct Init {
+  enum class Kind { zeros, ones, constant, normal, trunc_normal, custom };
+  Kind kind = Kind::zeros;
+  double value = 0;          // constant
+  double std = 0;            // normal / trunc_normal
+  double a = -2, b = 2;      // trunc_normal bounds in units of std
+  std::function<Tensor(const Shape&, DType, Generator&)> fn;  // custom
+
+  static Init zeros() { return Init(); }
+  static Init ones() { return with(Kind::ones); }
+  static Init constant(double v) {
+    Init i = with(Kind::constant);
+    i.value = v;
+    return i;
+  }
+  static Init normal(double std) {
+    Init i = with(Kind::normal);
+    i.std = std;
+    return i;
+  }
+  static Init trunc_normal(double std, double a = -2, double b = 2) {
+    Init i = with(Kind::trunc_normal);
+    i.std = std;
+    i.a = a;
+    i.b = b;
+    return i;
+  }
+  static Init custom(std::function<Tensor(const Shape&, DType, Generator&)> f) {
+    Init i = with(Kind::custom);
+    i.fn = std::move(f);
+    return i;
+  }
+
+ private:
+  static Init with(Kind k) {
+    Init i;
+    i.kind = k;
+    return i;
+  }
+};
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  std::string group;  // ledger component: "embedding", "kda", "mla", "mlp", "attn_res", "norm", "lm_head", ...
+  bool decay = true;
+};
+
+class ParamFactory {
+ public:
+  // allocate = false: shapes only; make() returns undefined tensors.
+  ParamFactory(bool allocate, DType dtype, uint64_t seed) : allocate_(allocate), dtype_(dtype), gen_(seed) {}
+
+  // Declares one parameter (a leaf requiring grad when allocated).
+  Tensor make(const std::string& name, const Shape& shape, const Init& init, const std::string& group,
+              bool decay);
+
+  bool allocating() const { return allocate_; }
+  DType dtype() const { return dtype_; }
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  ParameterList& params() { return params_; }
+  const ParameterList& params() const { return params_; }
+  int64_t total() const;
+
+ private:
+  bool allocate_;
+  DType dtype_;
+  Generator gen_;
+  std::vector<ParamSpec> specs_;
+  std::unordered_set<std::string> names_;
+  ParameterList params_;
+};
+
+}  // namespace moetrain

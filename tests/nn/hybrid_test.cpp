@@ -1,0 +1,210 @@
+#include <cmath>
+
+#include <catch2/catch.hpp>
+
+#include "moetrain.h"
+#include "nn/hybrid.h"
+#include "nn/weights.h"
+#include "testing.h"
+
+using namespace moetrain;
+using moetrain::testing::max_abs_diff;
+
+namespace {
+
+// Every feature at once: KDA (lower-bound gate, GVA), KDA (softplus gate, low-rank
+// output gate), MLA with query LoRA and output gate, plain attention, SiTU-GLU with
+// a learnable beta, AttnRes blocks of 2 layers (a partial last block).
+HybridConfig tiny(DType dtype, bool attn_res = true, bool chunked = true) {
+  HybridConfig c;
+  c.vocab_size = 23;
+  c.d_model = 12;
+  c.n_ctx = 64;
+  c.mixers = {MixerKind::kda, MixerKind::mla, MixerKind::kda, MixerKind::attention, MixerKind::kda};
+  c.attention_n_head = 3;
+  c.kda.n_head = 2;
+  c.kda.n_value_head = 4;
+  c.kda.head_dim = 3;
+  c.kda.chunked = chunked;
+  c.kda.chunk_size = 4;
+  c.mla.n_head = 2;
+  c.mla.q_lora_rank = 5;
+  c.mla.kv_lora_rank = 4;
+  c.mla.qk_nope_head_dim = 3;
+  c.mla.qk_rope_head_dim = 2;
+  c.mla.v_head_dim = 3;
+  c.ffn.d_ff = 10;
+  c.ffn.situ_learnable_beta = true;
+  c.attn_res = attn_res;
+  c.attn_res_block_size = 2;
+  c.embed_init_std = 1.0;
+  c.init_std = 0.3;  // large enough that every path moves the loss
+  c.dtype = dtype;
+  return c;
+}
+
+Tensor random_ids(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  Generator gen(seed);
+  return randint({B, T}, vocab, DType::i32, gen);
+}
+
+// AttnRes pseudo-queries start at zero and the softplus gate at its fla init; move
+// every parameter off its init so no gradient is trivially zero.
+void perturb(HybridModel& m, uint64_t seed) {
+  NoGradGuard no_grad;
+  for (NamedParameter& p : m.parameters()) add_(p.tensor, randn(p.tensor.shape(), p.tensor.dtype(), seed++), 0.1);
+}
+
+}  // namespace
+
+TEST_CASE("hybrid: K3's mixer schedule (MLA at l % 4 == 3 and the last layer)", "[nn][hybrid]") {
+  std::vector<MixerKind> k3 = mixer_schedule(93, "", MixerKind::kda, MixerKind::mla, 4, 3, true);
+  int mla = 0;
+  for (size_t l = 0; l < k3.size(); ++l) {
+    bool expect = l % 4 == 3 || l == 92;
+    CHECK((k3[l] == MixerKind::mla) == expect);
+    mla += k3[l] == MixerKind::mla;
+  }
+  CHECK(mla == 24);
+  std::vector<MixerKind> tiny9 = mixer_schedule(9, "", MixerKind::kda, MixerKind::mla, 4, 3, true);
+  for (size_t l = 0; l < 9; ++l) CHECK((tiny9[l] == MixerKind::mla) == (l == 3 || l == 7 || l == 8));
+  std::vector<MixerKind> list = mixer_schedule(3, "kda, attention,mla", MixerKind::kda, MixerKind::mla, 4, 3, true);
+  CHECK((list == std::vector<MixerKind>{MixerKind::kda, MixerKind::attention, MixerKind::mla}));
+  CHECK_THROWS_WITH(mixer_schedule(2, "kda,mla,kda", MixerKind::kda, MixerKind::mla, 4, 3, true),
+                    Catch::Contains("names 3 layers but n_layer is 2"));
+  CHECK_THROWS_WITH(mixer_schedule(1, "gru", MixerKind::kda, MixerKind::mla, 4, 3, true),
+                    Catch::Contains("unknown mixer 'gru'"));
+}
+
+TEST_CASE("hybrid: every parameter gradient matches finite differences (f64)", "[nn][hybrid]") {
+  for (bool attn_res : {true, false}) {
+    INFO("attn_res " << attn_res);
+    HybridModel model(tiny(DType::f64, attn_res), 7);
+    perturb(model, 100);
+    Tensor ids = random_ids(2, 6, 23, 1), targets = random_ids(2, 6, 23, 2);
+    for (NamedParameter& p : model.parameters()) p.tensor.zero_grad();
+    model.loss(ids, targets).backward();
+    double worst = 0;
+    std::string where;
+    NoGradGuard no_grad;
+    for (NamedParameter& p : model.parameters()) {
+      REQUIRE(p.tensor.grad().defined());
+      std::vector<double> g = p.tensor.grad().to_vector();
+      double* data = p.tensor.data<double>();
+      // Three elements per parameter (first, middle, last) keep this fast.
+      for (int64_t e : {int64_t{0}, p.tensor.numel() / 2, p.tensor.numel() - 1}) {
+        const double eps = 1e-6, orig = data[e];
+        data[e] = orig + eps;
+        double up = model.loss(ids, targets).item<double>();
+        data[e] = orig - eps;
+        double down = model.loss(ids, targets).item<double>();
+        data[e] = orig;
+        double numeric = (up - down) / (2 * eps), an = g[static_cast<size_t>(e)];
+        double rel = std::abs(an - numeric) / std::max({std::abs(an), std::abs(numeric), 1e-3});
+        if (rel > worst) {
+          worst = rel;
+          where = p.name + " element " + std::to_string(e) + ": analytic " + std::to_string(an) + " numeric " +
+                  std::to_string(numeric);
+        }
+      }
+    }
+    INFO(where);
+    CHECK(worst < 1e-5);
+  }
+}
+
+TEST_CASE("hybrid: decoding with caches gives the logits of the full forward", "[nn][hybrid]") {
+  for (bool chunked : {true, false}) {
+    INFO("chunked " << chunked);
+    HybridModel model(tiny(DType::f64, true, chunked), 3);
+    perturb(model, 200);
+    Tensor ids = random_ids(2, 11, 23, 4);
+    Tensor full_logits;
+    {
+      NoGradGuard no_grad;
+      full_logits = model.forward(ids, false);
+    }
+    std::unique_ptr<DecodeCache> cache = model.new_cache();
+    Tensors parts{model.forward_cached(slice(ids, 1, 0, 5), *cache)};  // prefill crosses a KDA chunk
+    for (int64_t t = 5; t < 11; ++t) parts.push_back(model.forward_cached(slice(ids, 1, t, t + 1), *cache));
+    Tensor cached = concat(parts, 1);
+    double scale = 0;
+    for (double v : full_logits.to_vector()) scale = std::max(scale, std::abs(v));
+    CHECK(max_abs_diff(cached, full_logits) <= 1e-10 * scale);
+    CHECK(cache->length() == 11);
+  }
+}
+
+TEST_CASE("hybrid: decoding caches: KDA constant, MLA and attention linear in length", "[nn][hybrid]") {
+  HybridConfig c = tiny(DType::f32);
+  c.mixers = {MixerKind::kda, MixerKind::kda};
+  HybridModel kda_only(c, 1);
+  c.mixers = {MixerKind::mla, MixerKind::attention};
+  HybridModel attn_only(c, 1);
+  auto bytes_after = [](HybridModel& m, int64_t n) {
+    std::unique_ptr<DecodeCache> cache = m.new_cache();
+    for (int64_t t = 0; t < n; ++t) m.forward_cached(random_ids(1, 1, 23, static_cast<uint64_t>(t)), *cache);
+    return cache->bytes();
+  };
+  CHECK(bytes_after(kda_only, 3) == bytes_after(kda_only, 9));
+  // MLA: (kv_lora_rank + rope dim) per token; attention: 2 D per token (f32).
+  CHECK(bytes_after(attn_only, 9) - bytes_after(attn_only, 3) == 6 * (4 + 2 + 2 * 12) * 4);
+}
+
+TEST_CASE("hybrid: f32 agrees with f64", "[nn][hybrid]") {
+  HybridModel m64(tiny(DType::f64), 5), m32(tiny(DType::f32), 5);
+  Tensor ids = random_ids(2, 9, 23, 6), targets = random_ids(2, 9, 23, 7);
+  NoGradGuard no_grad;
+  double l64 = m64.loss(ids, targets).item<double>(), l32 = m32.loss(ids, targets).item<double>();
+  CHECK(std::abs(l64 - l32) < 1e-5 * std::abs(l64));
+}
+
+TEST_CASE("hybrid: weights round-trip through safetensors", "[nn][hybrid]") {
+  testing::TempDir dir;
+  HybridModel a(tiny(DType::f32), 11), b(tiny(DType::f32), 12);
+  perturb(a, 300);
+  save_weights(a.parameters(), dir / "model.safetensors");
+  load_weights(b.parameters(), dir / "model.safetensors");
+  Tensor ids = random_ids(1, 7, 23, 8);
+  NoGradGuard no_grad;
+  CHECK(testing::bitwise_equal(a.forward(ids, false), b.forward(ids, false)));
+  HybridConfig other = tiny(DType::f32);
+  other.ffn.d_ff = 11;
+  HybridModel c(other, 1);
+  CHECK_THROWS_WITH(load_weights(c.parameters(), dir / "model.safetensors"),
+                    Catch::Contains("model.layers.0.mlp.gate_proj.weight") && Catch::Contains("[10, 12]"));
+}
+
+TEST_CASE("hybrid: the §13.3 family counts come from the construction code (shapes only)", "[nn][hybrid]") {
+  // k3-tiny and k3-small of MODEL_SPEC §13.3 (total parameters, router bias not counted).
+  auto family = [](int64_t V, int64_t D, int64_t L, int64_t kh, int64_t kd, int64_t mh, int64_t rq, int64_t rkv,
+                   int64_t dn, int64_t dr, int64_t dv, int64_t F, int64_t E, int64_t k, int64_t lat, int64_t ef,
+                   int64_t S) {
+    HybridConfig c;
+    c.vocab_size = V;
+    c.d_model = D;
+    c.mixers = mixer_schedule(L, "", MixerKind::kda, MixerKind::mla, 4, 3, true);
+    c.kda.n_head = kh;
+    c.kda.head_dim = kd;
+    c.mla.n_head = mh;
+    c.mla.q_lora_rank = rq;
+    c.mla.kv_lora_rank = rkv;
+    c.mla.qk_nope_head_dim = dn;
+    c.mla.qk_rope_head_dim = dr;
+    c.mla.v_head_dim = dv;
+    c.ffn.d_ff = F;
+    c.moe.num_experts = E;
+    c.moe.top_k = k;
+    c.moe.num_shared_experts = 2;
+    c.moe.expert_d_ff = ef;
+    c.moe.latent_dim = lat;
+    c.attn_res_block_size = S;
+    HybridModel m(c, 0, /*allocate=*/false);
+    int64_t n = 0;
+    for (const ParamSpec& s : m.param_specs()) n += s.shape.numel();
+    CHECK(m.parameters().empty());
+    return n;
+  };
+  CHECK(family(256, 64, 9, 2, 32, 2, 32, 32, 32, 16, 32, 192, 16, 4, 32, 32, 4) == 820940);
+  CHECK(family(50304, 256, 13, 4, 64, 4, 128, 64, 64, 32, 64, 1152, 64, 8, 128, 112, 4) == 67105636);
+}
