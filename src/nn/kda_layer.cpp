@@ -110,12 +110,20 @@ Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
                       c_.lower_bound);
   Tensor beta = sigmoid(linear(x, b_proj));  // [B, T, HV]
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
-  Tensor h0 = cache ? cache->state : Tensor();
-  KdaResult r = c_.chunked ? kda_chunked(q, k, v, g, beta, h0, scale, c_.chunk_size)
-                           : kda_recurrent(q, k, v, g, beta, h0, scale);
-  if (cache) cache->state = r.final_state.detach();
+  Tensor o;
+  if (cache && T == 1 && !autograd::grad_enabled()) {
+    // Decoding one token: the constant-size state is updated in place.
+    if (!cache->state.defined()) cache->state = zeros({B, HV, K, K}, x.dtype());
+    o = kda_decode_step(q, k, v, g, beta, cache->state, scale);
+  } else {
+    Tensor h0 = cache ? cache->state : Tensor();
+    KdaResult r = c_.chunked ? kda_chunked(q, k, v, g, beta, h0, scale, c_.chunk_size)
+                             : kda_recurrent(q, k, v, g, beta, h0, scale);
+    if (cache) cache->state = r.final_state.detach().clone();  // owned: decode steps update it in place
+    o = r.o;
+  }
   Tensor z = c_.full_rank_output_gate ? linear(x, g_proj) : linear(linear(x, g_a_proj), g_b_proj);
-  Tensor o = mul(rms_norm(r.o, o_norm, c_.norm_eps), sigmoid(reshape(z, {B, T, HV, K})));
+  o = mul(rms_norm(o, o_norm, c_.norm_eps), sigmoid(reshape(z, {B, T, HV, K})));
   return linear(reshape(o, {B, T, HV * K}), o_proj);
 }
 
