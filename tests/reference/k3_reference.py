@@ -16,7 +16,8 @@ one group of the same name in both files:
                      grad/NAME; attributes op (the `moetrain op` name), modes
                      ("recurrent,chunked" for the KDA ops, "" otherwise), chunk_size
 Cases: kda (GVA HV = 2H, K != V, T = 37 so chunks of 16 leave a tail of 5, with
-h0; without h0 and with dht absent; outputs only), kda_fused (softplus and
+h0; without h0 and with dht absent; outputs only; strong decay down to -12 per step
+with some channels exactly 0 and beta near 0 or 1; one partial chunk of 64 > T), kda_fused (softplus and
 lowerbound gates), kda_layer (softplus gate + low-rank output gate, lowerbound gate
 + full-rank output gate; GVA), attention, attnres, situ_glu (constant beta with
 linear_beta; learnable beta without), gpt2_block, mla.
@@ -187,6 +188,7 @@ def mla(x, p, H, dn, dr, dv, eps):
 class Case:
     def __init__(self, name, op, modes=""):
         self.name, self.op, self.modes = name, op, modes
+        self.chunk_size = 16
         self.inputs, self.params, self.attrs, self.upstream = {}, {}, {}, {}
         self.outputs, self.grads, self.param_grads = {}, {}, {}
 
@@ -258,6 +260,21 @@ def make_cases():
     c.inputs = kda_inputs(True)
     run_case(c, kda_fn(K ** -0.5), [])
     cases.append(c)
+
+    # Strong and no decay: g down to -12 per step (|γ| up to ~190 within a chunk of 16; K3's
+    # lower bound is -5, Kimi-Linear's softplus gate is unbounded), some channels exactly 0;
+    # β near 0 and near 1. One chunk of 64 > T: the whole sequence is one partial chunk.
+    for name, chunk in (("kda_strong_decay", 16), ("kda_one_partial_chunk", 64)):
+        c = Case(name, "kda", "recurrent,chunked")
+        c.chunk_size = chunk
+        c.inputs = kda_inputs(True)
+        g = -rand(B, T, HV, K, high=12.0)
+        g[:, :, :, 0] = 0.0
+        c.inputs["g"] = g
+        c.inputs["beta"] = torch.where(rand(B, T, HV) < 0.5, rand(B, T, HV, high=1e-3),
+                                       rand(B, T, HV, low=0.999, high=1.0))
+        run_case(c, kda_fn(K ** -0.5), ["o", "ht"])
+        cases.append(c)
 
     # --- kda_fused: l2norm, gate, sigmoid, then KDA
     for gate_mode in ("softplus", "lowerbound"):
@@ -387,7 +404,7 @@ def write(out_dir, cases):
                 ge["grad/" + k] = v.numpy()
             ge.attrs["op"] = c.op
             ge.attrs["modes"] = c.modes
-            ge.attrs["chunk_size"] = 16
+            ge.attrs["chunk_size"] = c.chunk_size
     os.replace(tmp_in, os.path.join(out_dir, "inputs.h5"))
     os.replace(tmp_exp, os.path.join(out_dir, "expected.h5"))
 
