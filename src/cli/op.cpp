@@ -295,13 +295,16 @@ void run_kda_layer(OpRun& r) {
   const int64_t K = fa.size(0);
   r.expect("params/f_a_proj.weight", fa, Shape{K, D}, "[K, D]");
   Tensor qp = r.param("q_proj.weight", 2), kp = r.param("k_proj.weight", 2), vp = r.param("v_proj.weight", 2);
-  if (qp.size(0) % K != 0) r.fail("{} is {}; expected [H*K, D] with K = {} (f_a_proj)", r.where("params/q_proj.weight"), qp.shape(), K);
-  if (vp.size(0) % K != 0) r.fail("{} is {}; expected [HV*K, D] with K = {} (f_a_proj)", r.where("params/v_proj.weight"), vp.shape(), K);
+  if (qp.size(0) % K != 0)
+    r.fail("{} is {}; expected [H*K, D] with K = {} (f_a_proj)", r.where("params/q_proj.weight"), qp.shape(), K);
+  if (vp.size(0) % K != 0)
+    r.fail("{} is {}; expected [HV*K, D] with K = {} (f_a_proj)", r.where("params/v_proj.weight"), vp.shape(), K);
   const int64_t H = qp.size(0) / K, HV = vp.size(0) / K;
   r.check_attr("H", H, "q_proj rows / K");
   r.expect("params/q_proj.weight", qp, Shape{H * K, D}, "[H*K, D]");
   r.expect("params/k_proj.weight", kp, Shape{H * K, D}, "[H*K, D]");
-  if (HV % H != 0) r.fail("{}: HV = {} value heads is not a multiple of H = {}", r.where("params/v_proj.weight"), HV, H);
+  if (HV % H != 0)
+    r.fail("{}: HV = {} value heads is not a multiple of H = {}", r.where("params/v_proj.weight"), HV, H);
 
   KdaLayerConfig c;
   c.d_model = D;
@@ -442,15 +445,15 @@ void run_mla(OpRun& r) {
   Tensor kv_a = r.param("kv_a_proj_with_mqa.weight", 2);
   c.qk_rope_head_dim = kv_a.size(0) - c.kv_lora_rank;
   if (c.qk_rope_head_dim < 0 || kv_a.size(1) != D)
-    r.fail("{} is {}; expected [r_kv + dr, D] with r_kv = {} (kv_a_layernorm)", r.where("params/kv_a_proj_with_mqa.weight"),
-           kv_a.shape(), c.kv_lora_rank);
+    r.fail("{} is {}; expected [r_kv + dr, D] with r_kv = {} (kv_a_layernorm)",
+           r.where("params/kv_a_proj_with_mqa.weight"), kv_a.shape(), c.kv_lora_rank);
   Tensor o_proj = r.param("o_proj.weight", 2);
   if (o_proj.size(0) != D || o_proj.size(1) % H != 0)
     r.fail("{} is {}; expected [D, H*dv] with D = {}, H = {}", r.where("params/o_proj.weight"), o_proj.shape(), D, H);
   c.v_head_dim = o_proj.size(1) / H;
   if (q_rows % H != 0 || q_rows / H < c.qk_rope_head_dim)
-    r.fail("{} has {} rows; expected H*(dn+dr) with H = {}, dr = {}", r.where(lora ? "params/q_b_proj.weight" : "params/q_proj.weight"),
-           q_rows, H, c.qk_rope_head_dim);
+    r.fail("{} has {} rows; expected H*(dn+dr) with H = {}, dr = {}",
+           r.where(lora ? "params/q_b_proj.weight" : "params/q_proj.weight"), q_rows, H, c.qk_rope_head_dim);
   c.qk_nope_head_dim = q_rows / H - c.qk_rope_head_dim;
   Tensor kv_b = r.param("kv_b_proj.weight", 2);
   r.expect("params/kv_b_proj.weight", kv_b, Shape{H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},

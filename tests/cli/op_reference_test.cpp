@@ -130,7 +130,8 @@ TEST_CASE("op: every op and layer matches the PyTorch transcription of MODEL_SPE
   const string dir = string(MOETRAIN_BINARY_DIR) + "/reference/k3";
   std::filesystem::remove_all(dir);
   string log;
-  int rc = run_quiet("/usr/bin/python3 " + string(MOETRAIN_SOURCE_DIR) + "/tests/reference/k3_reference.py " + dir, &log);
+  int rc =
+      run_quiet("/usr/bin/python3 " + string(MOETRAIN_SOURCE_DIR) + "/tests/reference/k3_reference.py " + dir, &log);
   INFO(log);
   REQUIRE(rc == 0);
 

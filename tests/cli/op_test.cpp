@@ -95,7 +95,8 @@ TEST_CASE("op: kda through the CLI equals the op in-process, in both modes", "[c
     DYNAMIC_SECTION(kda_mode_name(mode)) {
       Tensors leaves{in.q.clone(), in.k.clone(), in.v.clone(), in.g.clone(), in.beta.clone(), in.h0.clone()};
       for (Tensor& t : leaves) t.set_requires_grad(true);
-      KdaResult r = kda(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], leaves[5], 1.0 / std::sqrt(8.0), mode, 8);
+      KdaResult r =
+          kda(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], leaves[5], 1.0 / std::sqrt(8.0), mode, 8);
       autograd::backward({r.o, r.final_state}, {in.d_o, in.d_ht});
 
       const string flags = string(" --mode ") + kda_mode_name(mode) + " --chunk-size 8";
