@@ -1,0 +1,620 @@
+// `moetrain op NAME --in IN.h5 --out OUT.h5 [--group G] [--mode recurrent|chunked]
+//  [--chunk-size C] [--device cpu|cuda]`: runs one op or layer on inputs read from an
+// HDF5 group and writes its outputs and vector-Jacobian products, so our kernels can
+// be checked against another implementation (docs/op.md; fixtures:
+// tests/reference/k3_reference.py).
+//
+// Conventions (docs/op.md has the table):
+//   - inputs are datasets of the group named as the op's arguments in MODEL_SPEC
+//     (kda: q k v g beta [h0]); layer weights sit in the subgroup params/ under their
+//     Hugging Face names; hyper-parameters are attributes of the group;
+//   - the upstream gradient of output X is dataset dX of the group; an absent one
+//     counts as zeros; with none at all only the outputs are written;
+//   - the output file holds one group of the input group's name ("/" by default):
+//     the outputs X, the input gradients d<input>, the parameter gradients under
+//     grad/<name> (each in the shape it was given), and attributes op, dtype (and
+//     mode, chunk_size for the KDA ops);
+//   - all float inputs share one dtype (f32 or f64), which is the compute dtype.
+// Errors name the input file, the group and the dataset or attribute; exit code 2.
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "autograd/engine.h"
+#include "backend/cuda/runtime.h"
+#include "cli/commands.h"
+#include "io/hdf5.h"
+#include "nn/kda_layer.h"
+#include "nn/mla.h"
+#include "ops/attention.h"
+#include "ops/attnres.h"
+#include "ops/elementwise.h"
+#include "ops/kda.h"
+#include "ops/linalg.h"
+#include "ops/norm.h"
+#include "ops/situ.h"
+#include "ops/view.h"
+
+namespace moetrain::cli {
+
+namespace {
+
+// Errors raised by our own input checks: already say file, group and dataset.
+class OpInputError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct Named {
+  std::string name;
+  Tensor tensor;
+};
+
+// One run of one op: the input file and group, and what the op read and produced.
+class OpRun {
+ public:
+  OpRun(const hdf5::Reader& in, std::string group, std::string op, KdaMode mode, int64_t chunk_size, Device device)
+      : mode(mode), chunk_size(chunk_size), device(device), in_(in), group_(hdf5::normalize_group(group)),
+        op_(std::move(op)) {}
+
+  const std::string& group() const { return group_; }
+  const std::string& op() const { return op_; }
+  DType dtype() const { return dtype_; }
+
+  // "in.h5:/kda/q"
+  std::string where(const std::string& name) const { return in_.path() + ":" + hdf5::join(group_, name); }
+  std::string where_group() const { return in_.path() + ":" + group_; }
+
+  template <class... Args>
+  [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) const {
+    throw OpInputError(fmt::format("op {}: {}", op_, fmt::format(f, std::forward<Args>(args)...)));
+  }
+
+  bool has_input(const std::string& name) const { return in_.has_dataset(group_, name); }
+  bool has_param(const std::string& name) const { return in_.has_dataset(params_group(), name); }
+
+  // A differentiable input (its gradient is written as d<name>).
+  Tensor input(const std::string& name, int rank) { return take(group_, name, rank, inputs_); }
+  Tensor optional_input(const std::string& name, int rank) {
+    return has_input(name) ? input(name, rank) : Tensor();
+  }
+  // A layer weight from params/ (its gradient is written as grad/<name>). rank 0: any.
+  Tensor param(const std::string& name, int rank) { return take(params_group(), name, rank, params_); }
+  // A weight given with rank `rank` or `alt_rank` (e.g. conv [P, W] or HF's [P, 1, W]).
+  Tensor param_either(const std::string& name, int rank, int alt_rank) {
+    Tensor t = read_checked(params_group(), name);
+    if (t.dim() != rank && t.dim() != alt_rank)
+      fail("{} is {}; expected rank {} or {}", where("params/" + name), t.shape(), rank, alt_rank);
+    return keep(name, t, params_);
+  }
+
+  void expect(const std::string& name, const Tensor& t, const Shape& shape, const std::string& letters) const {
+    if (t.shape() != shape) fail("{} is {}; expected {} = {}", where(name), t.shape(), letters, shape);
+  }
+
+  double attr(const std::string& name, double fallback) const {
+    used_attrs_.insert(name);
+    return in_.attr_double(group_, name).value_or(fallback);
+  }
+  std::optional<double> optional_attr(const std::string& name) const {
+    used_attrs_.insert(name);
+    return in_.attr_double(group_, name);
+  }
+  std::optional<int64_t> int_attr(const std::string& name) const {
+    used_attrs_.insert(name);
+    return in_.attr_int(group_, name);
+  }
+  std::optional<bool> bool_attr(const std::string& name) const {
+    used_attrs_.insert(name);
+    return in_.attr_bool(group_, name);
+  }
+  std::string string_attr(const std::string& name, const std::string& fallback) const {
+    used_attrs_.insert(name);
+    return in_.attr_string(group_, name).value_or(fallback);
+  }
+  // An attribute the shapes also determine: must agree when given.
+  void check_attr(const std::string& name, int64_t from_shapes, const std::string& how) const {
+    std::optional<int64_t> a = int_attr(name);
+    if (a && *a != from_shapes)
+      fail("attribute {} of {} is {} but the shapes give {} ({})", name, where_group(), *a, from_shapes, how);
+  }
+  // gate_mode: softplus (Kimi-Linear) or lowerbound (K3, the default).
+  KdaGate gate_mode() const {
+    std::string g = string_attr("gate_mode", "lowerbound");
+    if (g == "softplus") return KdaGate::softplus;
+    if (g == "lowerbound" || g == "lower_bound") return KdaGate::lower_bound;
+    fail("attribute gate_mode of {} is \"{}\"; expected \"softplus\" or \"lowerbound\"", where_group(), g);
+  }
+
+  void output(const std::string& name, const Tensor& t) { outputs_.push_back({name, t}); }
+
+  const std::vector<Named>& inputs() const { return inputs_; }
+  const std::vector<Named>& params() const { return params_; }
+  const std::vector<Named>& outputs() const { return outputs_; }
+  std::string params_group() const { return hdf5::join(group_, "params"); }
+  // Attributes of the group the op did not ask for (typos such as gate_mod).
+  std::vector<std::string> unused_attributes() const {
+    std::vector<std::string> out;
+    for (const std::string& a : in_.attributes(group_))
+      if (!used_attrs_.count(a)) out.push_back(a);
+    return out;
+  }
+  // Datasets of the group (and params/) the op did not read, other than upstream gradients.
+  std::vector<std::string> unused() const {
+    std::set<std::string> known;
+    for (const Named& n : inputs_) known.insert(n.name);
+    for (const Named& n : outputs_) known.insert("d" + n.name);
+    std::vector<std::string> out;
+    for (const std::string& d : in_.datasets(group_))
+      if (!known.count(d)) out.push_back(d);
+    std::set<std::string> known_params;
+    for (const Named& n : params_) known_params.insert(n.name);
+    if (in_.has_group(params_group()))
+      for (const std::string& d : in_.datasets(params_group()))
+        if (!known_params.count(d)) out.push_back("params/" + d);
+    return out;
+  }
+
+  const KdaMode mode;
+  const int64_t chunk_size;
+  const Device device;
+
+ private:
+  Tensor read_checked(const std::string& group, const std::string& name) {
+    Tensor t;
+    try {
+      t = in_.read(group, name);
+    } catch (const Error& e) {
+      throw OpInputError(fmt::format("op {}: {}", op_, e.what()));
+    }
+    if (first_.empty()) {
+      first_ = hdf5::join(group, name);
+      dtype_ = t.dtype();
+    } else if (t.dtype() != dtype_) {
+      fail("{}:{} is {} but {} is {}; all inputs must share one dtype (f32 or f64)", in_.path(),
+           hdf5::join(group, name), t.dtype(), first_, dtype_);
+    }
+    return t;
+  }
+  Tensor keep(const std::string& name, Tensor t, std::vector<Named>& list) {
+    if (!device.is_cpu()) t = t.to(device);
+    t.set_requires_grad(true);
+    list.push_back({name, t});
+    return t;
+  }
+  Tensor take(const std::string& group, const std::string& name, int rank, std::vector<Named>& list) {
+    Tensor t = read_checked(group, name);
+    if (rank > 0 && t.dim() != rank) {
+      std::string rel = group == group_ ? name : "params/" + name;
+      fail("{} is {}; expected rank {}", where(rel), t.shape(), rank);
+    }
+    return keep(name, t, list);
+  }
+
+  const hdf5::Reader& in_;
+  std::string group_, op_;
+  std::string first_;  // the first dataset read: fixes the dtype
+  DType dtype_ = DType::f64;
+  std::vector<Named> inputs_, params_, outputs_;
+  mutable std::set<std::string> used_attrs_;
+};
+
+double inv_sqrt(int64_t n) { return 1.0 / std::sqrt(static_cast<double>(n)); }
+
+// [P, 1, W] (Hugging Face Conv1d) or [P, W] -> [P, W]; the gradient keeps the given shape.
+Tensor conv_weight(OpRun& r, const std::string& name, int64_t P) {
+  Tensor w = r.param_either(name, 2, 3);
+  const int64_t W = w.size(-1);
+  if (w.shape() != Shape{P, W} && w.shape() != Shape{P, 1, W})
+    r.fail("{} is {}; expected [P, 1, W] or [P, W] with P = {}", r.where("params/" + name), w.shape(), P);
+  return reshape(w, {P, W});
+}
+
+// --- the ops -----------------------------------------------------------------------
+
+// kda: q, k [B,T,H,K]; v [B,T,HV,V]; g [B,T,HV,K]; beta [B,T,HV]; h0 [B,HV,K,V] (optional).
+void run_kda(OpRun& r) {
+  Tensor q = r.input("q", 4), k = r.input("k", 4), v = r.input("v", 4), g = r.input("g", 4), beta = r.input("beta", 3);
+  Tensor h0 = r.optional_input("h0", 4);
+  const double scale = r.attr("scale", inv_sqrt(q.size(3)));
+  KdaResult out = kda(q, k, v, g, beta, h0, scale, r.mode, r.chunk_size);
+  r.output("o", out.o);
+  r.output("ht", out.final_state);
+}
+
+// kda_fused: the pre-processing of §4 around the KDA core: l2norm(q_raw), l2norm(k_raw),
+// g = gate(f_raw; A_log, dt_bias), beta = σ(beta_raw).
+void run_kda_fused(OpRun& r) {
+  Tensor q_raw = r.input("q_raw", 4), k_raw = r.input("k_raw", 4), v = r.input("v", 4), f_raw = r.input("f_raw", 4);
+  Tensor beta_raw = r.input("beta_raw", 3), A_log = r.input("A_log", 1), dt_bias = r.input("dt_bias", 0);
+  Tensor h0 = r.optional_input("h0", 4);
+  const int64_t HV = f_raw.size(2), K = f_raw.size(3);
+  r.expect("A_log", A_log, Shape{HV}, "[HV] (HV from f_raw [B, T, HV, K])");
+  if (dt_bias.shape() != Shape{HV * K} && dt_bias.shape() != Shape{HV, K})
+    r.fail("{} is {}; expected [HV * K] = [{}] or [HV, K] (f_raw is {})", r.where("dt_bias"), dt_bias.shape(), HV * K,
+           f_raw.shape());
+  const KdaGate gate = r.gate_mode();
+  const double lb = r.attr("lower_bound", -5.0), l2eps = r.attr("l2norm_eps", 1e-6);
+  Tensor g = kda_gate(f_raw, A_log, reshape(dt_bias, {HV * K}), gate, lb);
+  const double scale = r.attr("scale", inv_sqrt(q_raw.size(3)));
+  KdaResult out = kda(l2_norm(q_raw, l2eps), l2_norm(k_raw, l2eps), v, g, sigmoid(beta_raw), h0, scale, r.mode,
+                      r.chunk_size);
+  r.output("o", out.o);
+  r.output("ht", out.final_state);
+}
+
+// attention: causal softmax attention, q, k [B,T,H,Dk], v [B,T,H,Dv].
+void run_attention(OpRun& r) {
+  Tensor q = r.input("q", 4), k = r.input("k", 4), v = r.input("v", 4);
+  const double scale = r.attr("scale", inv_sqrt(q.size(3)));
+  r.output("out", causal_attention(q, k, v, scale));
+}
+
+// attnres: sources = the n completed blocks (block_residual [n, ..., D]) then the partial block (prefix_sum [..., D]).
+void run_attnres(OpRun& r) {
+  Tensor p = r.input("prefix_sum", 0), blocks = r.input("block_residual", 0);
+  Tensor proj = r.input("proj", 0), norm = r.input("norm", 0);
+  if (p.dim() < 1) r.fail("{} is a scalar; expected [..., D]", r.where("prefix_sum"));
+  const int64_t D = p.size(-1), n = blocks.dim() >= 1 ? blocks.size(0) : 0;
+  std::vector<int64_t> block_shape{n};
+  for (int i = 0; i < p.dim(); ++i) block_shape.push_back(p.size(i));
+  r.expect("block_residual", blocks, Shape(block_shape), "[n, ...prefix_sum's shape]");
+  if (proj.shape() != Shape{D} && proj.shape() != Shape{1, D})
+    r.fail("{} is {}; expected [D] = [{}] or [1, D] (nn.Linear(D, 1))", r.where("proj"), proj.shape(), D);
+  r.expect("norm", norm, Shape{D}, "[D]");
+  Tensors sources;
+  for (int64_t i = 0; i < n; ++i) sources.push_back(reshape(slice(blocks, 0, i, i + 1), p.shape()));
+  sources.push_back(p);
+  r.output("out", attn_res(sources, reshape(proj, {D}), norm, r.attr("eps", 1e-5)));
+}
+
+// situ_glu: out = β tanh(gate/β) σ(gate) ⊙ λ tanh(up/λ); λ only when linear_beta is set.
+// β: attribute `beta` (default 4.0), or a learnable one-element dataset `beta`.
+void run_situ_glu(OpRun& r) {
+  Tensor gate = r.input("gate", 0), up = r.input("up", 0);
+  r.expect("up", up, gate.shape(), "the shape of gate");
+  std::optional<double> lin = r.optional_attr("linear_beta");
+  if (r.has_input("beta")) {
+    Tensor beta = r.input("beta", 0);
+    if (beta.numel() != 1) r.fail("{} is {}; a learnable beta has one element", r.where("beta"), beta.shape());
+    r.output("out", situ_glu(gate, up, beta, lin));
+  } else {
+    r.output("out", situ_glu(gate, up, r.attr("beta", 4.0), lin));
+  }
+}
+
+// kda_layer: x [B,T,D] and the KimiDeltaAttention weights (MODEL_SPEC §4) under params/.
+void run_kda_layer(OpRun& r) {
+  Tensor x = r.input("x", 3);
+  const int64_t D = x.size(2);
+  Tensor fa = r.param("f_a_proj.weight", 2);
+  const int64_t K = fa.size(0);
+  r.expect("params/f_a_proj.weight", fa, Shape{K, D}, "[K, D]");
+  Tensor qp = r.param("q_proj.weight", 2), kp = r.param("k_proj.weight", 2), vp = r.param("v_proj.weight", 2);
+  if (qp.size(0) % K != 0)
+    r.fail("{} is {}; expected [H*K, D] with K = {} (f_a_proj)", r.where("params/q_proj.weight"), qp.shape(), K);
+  if (vp.size(0) % K != 0)
+    r.fail("{} is {}; expected [HV*K, D] with K = {} (f_a_proj)", r.where("params/v_proj.weight"), vp.shape(), K);
+  const int64_t H = qp.size(0) / K, HV = vp.size(0) / K;
+  r.check_attr("H", H, "q_proj rows / K");
+  r.expect("params/q_proj.weight", qp, Shape{H * K, D}, "[H*K, D]");
+  r.expect("params/k_proj.weight", kp, Shape{H * K, D}, "[H*K, D]");
+  if (HV % H != 0)
+    r.fail("{}: HV = {} value heads is not a multiple of H = {}", r.where("params/v_proj.weight"), HV, H);
+
+  KdaLayerConfig c;
+  c.d_model = D;
+  c.n_head = H;
+  c.n_value_head = HV;
+  c.head_dim = K;
+  c.gate = r.gate_mode();
+  c.lower_bound = r.attr("lower_bound", -5.0);
+  c.l2norm_eps = r.attr("l2norm_eps", 1e-6);
+  c.norm_eps = r.attr("o_norm_eps", 1e-5);
+  c.chunked = r.mode == KdaMode::chunked;
+  c.chunk_size = r.chunk_size;
+  const bool full = r.has_param("g_proj.weight");
+  std::optional<bool> full_attr = r.bool_attr("full_rank_output_gate");
+  if (full_attr && *full_attr != full)
+    r.fail("attribute full_rank_output_gate of {} is {} but params/ {}", r.where_group(), *full_attr,
+           full ? "holds g_proj.weight" : "has no g_proj.weight (expected it, or g_a_proj/g_b_proj)");
+  c.full_rank_output_gate = full;
+
+  Tensor q_conv = conv_weight(r, "q_conv1d.weight", H * K), k_conv = conv_weight(r, "k_conv1d.weight", H * K),
+         v_conv = conv_weight(r, "v_conv1d.weight", HV * K);
+  c.conv_size = q_conv.size(1);
+  r.check_attr("conv_size", c.conv_size, "q_conv1d.weight's last dim");
+  if (k_conv.size(1) != c.conv_size || v_conv.size(1) != c.conv_size)
+    r.fail("{}: the conv widths differ (q {}, k {}, v {})", r.where("params"), c.conv_size, k_conv.size(1),
+           v_conv.size(1));
+
+  // Shapes only: no weights are allocated; the layer's members are set to the inputs.
+  ParamFactory shapes_only(false, x.dtype(), 0);
+  KdaLayer layer(c, shapes_only, "");
+  layer.q_proj = qp;
+  layer.k_proj = kp;
+  layer.v_proj = vp;
+  layer.q_conv = q_conv;
+  layer.k_conv = k_conv;
+  layer.v_conv = v_conv;
+  layer.f_a_proj = fa;
+  layer.f_b_proj = r.param("f_b_proj.weight", 2);
+  r.expect("params/f_b_proj.weight", layer.f_b_proj, Shape{HV * K, K}, "[HV*K, K]");
+  layer.b_proj = r.param("b_proj.weight", 2);
+  r.expect("params/b_proj.weight", layer.b_proj, Shape{HV, D}, "[HV, D]");
+  layer.A_log = r.param("A_log", 1);
+  r.expect("params/A_log", layer.A_log, Shape{HV}, "[HV]");
+  Tensor dt = r.param_either("dt_bias", 1, 2);
+  if (dt.shape() != Shape{HV * K} && dt.shape() != Shape{HV, K})
+    r.fail("{} is {}; expected [HV*K] = [{}] or [HV, K]", r.where("params/dt_bias"), dt.shape(), HV * K);
+  layer.dt_bias = reshape(dt, {HV * K});
+  if (full) {
+    layer.g_proj = r.param("g_proj.weight", 2);
+    r.expect("params/g_proj.weight", layer.g_proj, Shape{HV * K, D}, "[HV*K, D]");
+  } else {
+    layer.g_a_proj = r.param("g_a_proj.weight", 2);
+    layer.g_b_proj = r.param("g_b_proj.weight", 2);
+    r.expect("params/g_a_proj.weight", layer.g_a_proj, Shape{K, D}, "[K, D]");
+    r.expect("params/g_b_proj.weight", layer.g_b_proj, Shape{HV * K, K}, "[HV*K, K]");
+  }
+  layer.o_norm = r.param("o_norm.weight", 1);
+  r.expect("params/o_norm.weight", layer.o_norm, Shape{K}, "[K]");
+  layer.o_proj = r.param("o_proj.weight", 2);
+  r.expect("params/o_proj.weight", layer.o_proj, Shape{D, HV * K}, "[D, HV*K]");
+  r.output("y", layer.forward(x));
+}
+
+// gpt2_block: one HF GPT2Block (MODEL_SPEC §2) on x [B,T,D], Conv1D weights [in, out].
+// Same composition as Gpt2::block_forward (which is private) with dropout 0.
+void run_gpt2_block(OpRun& r) {
+  Tensor x = r.input("x", 3);
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
+  std::optional<int64_t> H_attr = r.int_attr("H");
+  if (!H_attr) r.fail("{} has no attribute H (the number of heads; shapes do not say it)", r.where_group());
+  const int64_t H = *H_attr;
+  if (H < 1 || D % H != 0) r.fail("attribute H of {} is {}; it must divide D = {}", r.where_group(), H, D);
+  const double eps = r.attr("ln_eps", 1e-5);
+  auto vec = [&](const std::string& name, int64_t n) {
+    Tensor t = r.param(name, 1);
+    r.expect("params/" + name, t, Shape{n}, fmt::format("[{}]", n));
+    return t;
+  };
+  auto conv1d = [&](const std::string& name, int64_t in, int64_t out) {  // Conv1D [in, out] -> nn.Linear [out, in]
+    Tensor t = r.param(name, 2);
+    r.expect("params/" + name, t, Shape{in, out}, "Conv1D [in, out]");
+    return transpose(t, 0, 1);
+  };
+  Tensor ln1_w = vec("ln_1.weight", D), ln1_b = vec("ln_1.bias", D);
+  Tensor attn_w = conv1d("attn.c_attn.weight", D, 3 * D), attn_b = vec("attn.c_attn.bias", 3 * D);
+  Tensor proj_w = conv1d("attn.c_proj.weight", D, D), proj_b = vec("attn.c_proj.bias", D);
+  Tensor ln2_w = vec("ln_2.weight", D), ln2_b = vec("ln_2.bias", D);
+  Tensor fc_raw = r.param("mlp.c_fc.weight", 2);
+  const int64_t F = fc_raw.size(1);
+  r.expect("params/mlp.c_fc.weight", fc_raw, Shape{D, F}, "Conv1D [D, F]");
+  Tensor fc_w = transpose(fc_raw, 0, 1), fc_b = vec("mlp.c_fc.bias", F);
+  Tensor mproj_w = conv1d("mlp.c_proj.weight", F, D), mproj_b = vec("mlp.c_proj.bias", D);
+
+  const int64_t hd = D / H;
+  Tensor qkv = linear(layer_norm(x, ln1_w, ln1_b, eps), attn_w, attn_b);  // [B, T, 3D] = q | k | v
+  Tensors parts = split(qkv, {D, D, D}, -1);
+  Tensor o = causal_attention(reshape(parts[0], {B, T, H, hd}), reshape(parts[1], {B, T, H, hd}),
+                              reshape(parts[2], {B, T, H, hd}), inv_sqrt(hd));
+  Tensor h = add(x, linear(reshape(o, {B, T, D}), proj_w, proj_b));
+  Tensor m = gelu_tanh(linear(layer_norm(h, ln2_w, ln2_b, eps), fc_w, fc_b));
+  r.output("y", add(h, linear(m, mproj_w, mproj_b)));
+}
+
+// mla: x [B,T,D] and the KimiMLAAttention weights (MODEL_SPEC §7) under params/; attribute H.
+void run_mla(OpRun& r) {
+  Tensor x = r.input("x", 3);
+  const int64_t D = x.size(2);
+  std::optional<int64_t> H_attr = r.int_attr("H");
+  if (!H_attr) r.fail("{} has no attribute H (the number of heads; shapes do not say it)", r.where_group());
+  const int64_t H = *H_attr;
+  if (H < 1) r.fail("attribute H of {} is {}; expected >= 1", r.where_group(), H);
+  MlaConfig c;
+  c.d_model = D;
+  c.n_head = H;
+  c.lora_norm_eps = r.attr("eps", 1e-6);
+  c.rope = r.bool_attr("rope").value_or(false);
+  c.rope_theta = r.attr("rope_theta", 10000.0);
+  const bool lora = r.has_param("q_a_proj.weight");
+  Tensor q_a, q_a_norm, q_b, q_full;
+  int64_t q_rows;
+  if (lora) {
+    q_a = r.param("q_a_proj.weight", 2);
+    c.q_lora_rank = q_a.size(0);
+    r.expect("params/q_a_proj.weight", q_a, Shape{c.q_lora_rank, D}, "[r_q, D]");
+    q_a_norm = r.param("q_a_layernorm.weight", 1);
+    r.expect("params/q_a_layernorm.weight", q_a_norm, Shape{c.q_lora_rank}, "[r_q]");
+    q_b = r.param("q_b_proj.weight", 2);
+    q_rows = q_b.size(0);
+    r.expect("params/q_b_proj.weight", q_b, Shape{q_rows, c.q_lora_rank}, "[H*(dn+dr), r_q]");
+  } else {
+    c.q_lora_rank = 0;
+    q_full = r.param("q_proj.weight", 2);
+    q_rows = q_full.size(0);
+    r.expect("params/q_proj.weight", q_full, Shape{q_rows, D}, "[H*(dn+dr), D]");
+  }
+  Tensor kv_a_norm = r.param("kv_a_layernorm.weight", 1);
+  c.kv_lora_rank = kv_a_norm.size(0);
+  Tensor kv_a = r.param("kv_a_proj_with_mqa.weight", 2);
+  c.qk_rope_head_dim = kv_a.size(0) - c.kv_lora_rank;
+  if (c.qk_rope_head_dim < 0 || kv_a.size(1) != D)
+    r.fail("{} is {}; expected [r_kv + dr, D] with r_kv = {} (kv_a_layernorm)",
+           r.where("params/kv_a_proj_with_mqa.weight"), kv_a.shape(), c.kv_lora_rank);
+  Tensor o_proj = r.param("o_proj.weight", 2);
+  if (o_proj.size(0) != D || o_proj.size(1) % H != 0)
+    r.fail("{} is {}; expected [D, H*dv] with D = {}, H = {}", r.where("params/o_proj.weight"), o_proj.shape(), D, H);
+  c.v_head_dim = o_proj.size(1) / H;
+  if (q_rows % H != 0 || q_rows / H < c.qk_rope_head_dim)
+    r.fail("{} has {} rows; expected H*(dn+dr) with H = {}, dr = {}",
+           r.where(lora ? "params/q_b_proj.weight" : "params/q_proj.weight"), q_rows, H, c.qk_rope_head_dim);
+  c.qk_nope_head_dim = q_rows / H - c.qk_rope_head_dim;
+  Tensor kv_b = r.param("kv_b_proj.weight", 2);
+  r.expect("params/kv_b_proj.weight", kv_b, Shape{H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
+           "[H*(dn+dv), r_kv]");
+  c.output_gate = r.has_param("g_proj.weight");
+  ParamFactory shapes_only(false, x.dtype(), 0);
+  MlaLayer layer(c, shapes_only, "");
+  layer.q_a_proj = q_a;
+  layer.q_a_layernorm = q_a_norm;
+  layer.q_b_proj = q_b;
+  layer.q_proj = q_full;
+  layer.kv_a_proj = kv_a;
+  layer.kv_a_layernorm = kv_a_norm;
+  layer.kv_b_proj = kv_b;
+  if (c.output_gate) {
+    layer.g_proj = r.param("g_proj.weight", 2);
+    r.expect("params/g_proj.weight", layer.g_proj, Shape{H * c.v_head_dim, D}, "[H*dv, D]");
+  }
+  layer.o_proj = o_proj;
+  r.output("y", layer.forward(x));
+}
+
+struct OpEntry {
+  const char* name;
+  bool kda_mode;  // uses --mode / --chunk-size
+  void (*run)(OpRun&);
+};
+constexpr OpEntry kOps[] = {
+    {"kda", true, run_kda},
+    {"kda_fused", true, run_kda_fused},
+    {"attention", false, run_attention},
+    {"attnres", false, run_attnres},
+    {"situ_glu", false, run_situ_glu},
+    {"kda_layer", true, run_kda_layer},
+    {"gpt2_block", false, run_gpt2_block},
+    {"mla", false, run_mla},
+};
+
+std::string op_names() {
+  std::string s;
+  for (const OpEntry& e : kOps) s += (s.empty() ? "" : ", ") + std::string(e.name);
+  return s;
+}
+
+struct Options {
+  std::string op, in, out, group = "/", mode = "chunked", device = "cpu";
+  int64_t chunk_size = 64;
+};
+
+int run_op(const Options& o) {
+  const OpEntry* entry = nullptr;
+  for (const OpEntry& e : kOps)
+    if (o.op == e.name) entry = &e;
+  MT_CHECK(entry, "op: unknown op '{}'; expected one of {}", o.op, op_names());
+  const KdaMode mode = parse_kda_mode(o.mode);
+  MT_CHECK(o.chunk_size >= 1, "op: --chunk-size {}; expected >= 1", o.chunk_size);
+  Device device = kCpu;
+  if (o.device == "cuda") {
+    MT_CHECK(cuda::built_with_cuda(),
+             "op: --device cuda, but this build has no CUDA backend (configure with -DMOETRAIN_CUDA=ON on a machine "
+             "with the CUDA toolkit), or use --device cpu");
+    MT_CHECK(cuda::device_count() > 0, "op: --device cuda, but no CUDA device is visible (moetrain info lists them)");
+    device = kCuda;
+  } else {
+    MT_CHECK(o.device == "cpu", "op: unknown --device '{}'; expected cpu or cuda", o.device);
+  }
+
+  hdf5::Reader in(o.in);
+  MT_CHECK(in.has_group(o.group), "op {}: {} has no group {} (groups at the root: {})", o.op, o.in,
+           hdf5::normalize_group(o.group), fmt::join(in.groups("/"), ", "));
+  OpRun r(in, o.group, o.op, mode, o.chunk_size, device);
+  try {
+    entry->run(r);
+  } catch (const OpInputError&) {
+    throw;
+  } catch (const Error& e) {
+    // An op's own check (shape, dtype): it names the argument, which is the dataset name.
+    throw Error(fmt::format("op {}: {}: {}", o.op, r.where_group(), e.what()));
+  }
+
+  // Upstream gradients: dX for output X; absent ones are zeros.
+  Tensors roots, grads;
+  std::vector<std::string> given;
+  for (const Named& out : r.outputs()) {
+    const std::string name = "d" + out.name;
+    Tensor g;
+    if (in.has_dataset(r.group(), name)) {
+      g = in.read(r.group(), name);
+      MT_CHECK(g.shape() == out.tensor.shape(), "op {}: {} is {} but output {} is {}; they must match", o.op,
+               r.where(name), g.shape(), out.name, out.tensor.shape());
+      MT_CHECK(g.dtype() == r.dtype(), "op {}: {} is {} but the inputs are {}", o.op, r.where(name), g.dtype(),
+               r.dtype());
+      given.push_back(name);
+      if (!device.is_cpu()) g = g.to(device);
+    } else {
+      g = zeros(out.tensor.shape(), out.tensor.dtype(), out.tensor.device());
+    }
+    roots.push_back(out.tensor);
+    grads.push_back(g);
+  }
+  const bool backward = !given.empty();
+  if (backward) autograd::backward(roots, grads);
+
+  for (const std::string& u : r.unused())
+    spdlog::warn("op {}: {} was not used (not an input of this op)", o.op, r.where(u));
+  for (const std::string& a : r.unused_attributes())
+    spdlog::warn("op {}: attribute {} of {} was not used (not a hyper-parameter of this op)", o.op, a,
+                 r.where_group());
+
+  hdf5::Writer out(o.out);
+  const std::string g = r.group();
+  out.create_group(g);
+  out.set_attribute(g, "op", o.op);
+  out.set_attribute(g, "dtype", std::string(dtype_name(r.dtype())));
+  if (entry->kda_mode) {
+    out.set_attribute(g, "mode", std::string(kda_mode_name(mode)));
+    out.set_attribute(g, "chunk_size", o.chunk_size);
+  }
+  int64_t written = 0;
+  for (const Named& n : r.outputs()) {
+    out.write(g, n.name, n.tensor.detach());
+    ++written;
+  }
+  if (backward) {
+    auto grad_of = [](const Tensor& t) {
+      Tensor gr = t.grad();
+      return gr.defined() ? gr : zeros(t.shape(), t.dtype(), t.device());
+    };
+    for (const Named& n : r.inputs()) {
+      out.write(g, "d" + n.name, grad_of(n.tensor));
+      ++written;
+    }
+    for (const Named& n : r.params()) {
+      out.write(hdf5::join(g, "grad"), n.name, grad_of(n.tensor));
+      ++written;
+    }
+  }
+  out.commit();
+  spdlog::info("op {}{}: {} -> {} ({} datasets; {})", o.op,
+               entry->kda_mode ? fmt::format(" ({}{})", kda_mode_name(mode),
+                                             mode == KdaMode::chunked ? fmt::format(", C = {}", o.chunk_size) : "")
+                               : "",
+               r.where_group(), o.out, written,
+               backward ? fmt::format("upstream {}", fmt::join(given, ", ")) : "no upstream gradients: outputs only");
+  return 0;
+}
+
+}  // namespace
+
+void add_op_command(CLI::App& app, Commands& commands) {
+  CLI::App* cmd = app.add_subcommand(
+      "op", "Run one op or layer on HDF5 inputs; write outputs and gradients (docs/op.md)");
+  auto o = std::make_shared<Options>();
+  cmd->add_option("name", o->op, "op: " + op_names())->required();
+  cmd->add_option("--in", o->in, "input HDF5 file")->required();
+  cmd->add_option("--out", o->out, "output HDF5 file (written to a temp name, then renamed)")->required();
+  cmd->add_option("--group", o->group, "group holding the inputs (default: the root /); the output uses the same");
+  cmd->add_option("--mode", o->mode, "KDA form: recurrent or chunked (default chunked)");
+  cmd->add_option("--chunk-size", o->chunk_size, "KDA chunk size C (default 64)");
+  cmd->add_option("--device", o->device, "cpu or cuda (default cpu)");
+  commands.push_back({cmd, [o] { return run_op(*o); }});
+}
+
+}  // namespace moetrain::cli
