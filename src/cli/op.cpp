@@ -507,7 +507,7 @@ int run_op(const Options& o) {
   const OpEntry* entry = nullptr;
   for (const OpEntry& e : kOps)
     if (o.op == e.name) entry = &e;
-  MT_CHECK(entry, "op: unknown op '{}'; expected one of {}", o.op, op_names());
+  MT_CHECK(entry, "op: unknown op '{}' (inputs {}); expected one of {}", o.op, o.in, op_names());
   const KdaMode mode = parse_kda_mode(o.mode);
   MT_CHECK(o.chunk_size >= 1, "op: --chunk-size {}; expected >= 1", o.chunk_size);
   Device device = kCpu;

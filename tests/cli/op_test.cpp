@@ -176,7 +176,7 @@ TEST_CASE("op: bad input exits 2 with one line naming the file and the dataset o
       {"wrong shape", "op kda --group bad_k", {file, "/bad_k", "k is [2, 21, 2, 9]"}},
       {"upstream gradient of the wrong shape", "op kda --group bad_do", {file, "/bad_do/do", "[2, 21, 4, 6]"}},
       {"mixed dtypes", "op kda --group mixed", {file, "/mixed/v", "f32", "one dtype"}},
-      {"unknown op", "op kdb --group ok", {"unknown op 'kdb'", "kda, kda_fused"}},
+      {"unknown op", "op kdb --group ok", {file, "unknown op 'kdb'", "kda, kda_fused"}},
       {"unknown gate_mode", "op kda_fused --group fused", {file, "/fused", "gate_mode", "softpluss"}},
       {"missing group", "op kda --group nothing", {file, "no group /nothing"}},
       {"missing attribute", "op gpt2_block --group gpt2", {file, "/gpt2", "attribute H"}},
