@@ -4,30 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "core/format.h"
 #include "nn/gpt2.h"
 #include "nn/hybrid.h"
 
 namespace moetrain {
-
-namespace {
-
-std::string with_commas(int64_t n) {
-  std::string s = std::to_string(n), out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i && (s.size() - i) % 3 == 0) out += ',';
-    out += s[i];
-  }
-  return out;
-}
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (b >= 1024 && u < 5) b /= 1024, ++u;
-  return fmt::format("{:.1f} {}", b, units[u]);
-}
-
-}  // namespace
 
 Ledger make_ledger(const Config& config, LedgerLayout layout) {
   Ledger l;

@@ -12,6 +12,7 @@
 
 #include "autograd/grad_mode.h"
 #include "backend/cpu/parallel.h"
+#include "core/format.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "ops/elementwise.h"
@@ -27,22 +28,6 @@ namespace moetrain {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string with_commas(int64_t n) {
-  std::string s = std::to_string(n), out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i && (s.size() - i) % 3 == 0) out += ',';
-    out += s[i];
-  }
-  return out;
-}
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  return fmt::format("{:.1f} {}", b, units[u]);
-}
 
 double peak_rss_bytes() {
   rusage r{};
