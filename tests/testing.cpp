@@ -161,6 +161,22 @@ void write_bytes(const std::string& path, std::string_view bytes) {
   REQUIRE(out.good());
 }
 
+CommandOutput capture_command(const std::string& command, bool merge_stderr) {
+  std::string cmd = command + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+CommandOutput run_moetrain(const std::string& args, bool merge_stderr) {
+  return capture_command(std::string(MOETRAIN_BINARY_DIR) + "/moetrain " + args, merge_stderr);
+}
+
 int run_command(const std::string& command) {
   int status = std::system(command.c_str());
   return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;

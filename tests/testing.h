@@ -62,6 +62,14 @@ std::string read_bytes(const std::string& path);
 void write_bytes(const std::string& path, std::string_view bytes);
 // Runs `command` with /bin/sh; its exit status, or -1 if it did not exit normally.
 int run_command(const std::string& command);
+struct CommandOutput {
+  int code;            // exit status; -1 if the command did not exit normally
+  std::string output;  // what it printed (stdout, plus stderr when merged)
+};
+// Runs `command` with /bin/sh and captures its output (stderr too when merge_stderr).
+CommandOutput capture_command(const std::string& command, bool merge_stderr = true);
+// Runs the moetrain binary of this build with `args` (capture_command).
+CommandOutput run_moetrain(const std::string& args, bool merge_stderr = true);
 // Single-quotes a string for /bin/sh.
 std::string shell_quote(std::string_view s);
 

@@ -17,22 +17,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  string output;  // stdout and stderr together
-};
+using Result = moetrain::testing::CommandOutput;
 
-Result run(const string& args, bool merge_stderr = true) {
-  string cmd = string(MOETRAIN_BINARY_DIR) + "/moetrain " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  std::FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Result run(const string& args, bool merge_stderr = true) { return moetrain::testing::run_moetrain(args, merge_stderr); }
 
 // A fresh directory with byte-level shards of tinyshakespeare and a tiny config.
 struct Workspace {

@@ -28,15 +28,9 @@ constexpr double kTolerance = 1e-10;
 constexpr double kTolerance32 = 2e-5;  // measured <= 2.2e-6
 
 int run_quiet(const string& cmd, string* output = nullptr) {
-  std::FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  if (output) *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  testing::CommandOutput r = testing::capture_command(cmd);
+  if (output) *output = r.output;
+  return r.code;
 }
 
 double relative_error(const Tensor& a, const Tensor& b) {
@@ -81,11 +75,12 @@ void check_cases(const string& dir, const string& inputs, const string& tag, dou
       // No SECTIONs: each would rerun the Python script.
       INFO("case " << c << (mode.empty() ? "" : " " + mode) << " (" << tag << ")");
       const string out_path = dir + "/out_" + tag + "_" + c + (mode.empty() ? "" : "_" + mode) + ".h5";
-      string args = " op " + op + " --in " + inputs + " --group " + c + " --out " + out_path;
+      string args = "op " + op + " --in " + inputs + " --group " + c + " --out " + out_path;
       if (!mode.empty())
         args += " --mode " + mode + " --chunk-size " + std::to_string(*expected.attr_int(c, "chunk_size"));
-      string output;
-      int code = run_quiet(string(MOETRAIN_BINARY_DIR) + "/moetrain" + args, &output);
+      testing::CommandOutput run = testing::run_moetrain(args);
+      const string& output = run.output;
+      const int code = run.code;
       INFO(output);
       CHECK(code == 0);
       if (code != 0) continue;

@@ -24,22 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  string output;  // stdout and stderr together
-};
+using Result = testing::CommandOutput;
 
-Result run_cli(const string& args) {
-  string cmd = string(MOETRAIN_BINARY_DIR) + "/moetrain " + args + " 2>&1";
-  std::FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Result run_cli(const string& args) { return testing::run_moetrain(args); }
 
 // Lines of the output other than empty ones.
 int64_t lines(const string& s) {
