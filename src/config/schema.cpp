@@ -93,6 +93,7 @@ std::vector<KeySpec> make_schema() {
     integer("model.kda.conv_size",  "4",     at_least(1),  "KDA: width of the short causal convolutions on q, k, v"),
     choice ("model.kda.gate",       "lower_bound", {"lower_bound", "softplus"}, "KDA decay gate: lower_bound (K3: g = lb sigmoid(e^A (f + dt_bias))) or softplus (Kimi-Linear)"),
     number ("model.kda.lower_bound", "-5.0", in(-1e9, -1e-9), "KDA: lower bound lb of the lower_bound gate (K3: -5)"),
+    choice ("model.kda.dt_bias_init", "spread", {"spread", "zero"}, "KDA lower-bound gate init: spread (g = -dt at f = 0, dt ~ logU(1e-3, 1e-1): long memories) or zero (TT-K3: g = lb/2 = -2.5 everywhere); the softplus gate always uses fla's init"),
     boolean("model.kda.full_rank_output_gate", "true",     "KDA: full-rank output gate (K3) instead of low rank (Kimi-Linear)"),
     choice ("model.kda.mode",       "chunked", {"chunked", "recurrent"}, "KDA kernels: chunked (WY/UT, fast) or recurrent (the step-by-step reference)"),
     integer("model.kda.chunk_size", "64",    at_least(1),  "KDA: chunk size C of the chunked kernels"),

@@ -31,6 +31,8 @@ HybridConfig HybridConfig::from(const Config& config) {
   c.kda.conv_size = config.get_int("model.kda.conv_size");
   c.kda.gate = config.get_string("model.kda.gate") == "softplus" ? KdaGate::softplus : KdaGate::lower_bound;
   c.kda.lower_bound = config.get_number("model.kda.lower_bound");
+  c.kda.dt_bias_init =
+      config.get_string("model.kda.dt_bias_init") == "zero" ? KdaDtBiasInit::zero : KdaDtBiasInit::spread;
   c.kda.full_rank_output_gate = config.get_bool("model.kda.full_rank_output_gate");
   c.kda.chunked = config.get_string("model.kda.mode") == "chunked";
   c.kda.chunk_size = config.get_int("model.kda.chunk_size");

@@ -35,6 +35,26 @@ Tensor inverse_softplus_dt(const Shape& s, DType dt, Generator& gen) {
   return out.to(dt);
 }
 
+// dt_bias for the lower-bound gate, KdaDtBiasInit::spread: at f = 0 the gate
+// g = lb·σ(e^{A_log[h]}·dt_bias[h, d]) equals −dt, dt ~ log U(1e-3, 1e-1); dt/|lb| is
+// capped at 1/2 so that a small |lb| still gives a finite logit.
+Init lower_bound_spread_dt(const Tensor& A_log, double lower_bound) {
+  return Init::custom([A_log, lower_bound](const Shape& s, DType dt, Generator& gen) {
+    const int64_t HV = A_log.numel(), K = s.numel() / HV;
+    const std::vector<double> a = A_log.to(DType::f64).to_vector();
+    const std::vector<double> u = rand(s, DType::f64, gen).to_vector();
+    Tensor out = empty(s, DType::f64);
+    double* p = out.data<double>();
+    for (int64_t h = 0; h < HV; ++h)
+      for (int64_t d = 0; d < K; ++d) {
+        const double decay = std::exp(u[h * K + d] * (std::log(0.1) - std::log(1e-3)) + std::log(1e-3));
+        const double r = std::min(decay / -lower_bound, 0.5);  // σ(e^{A}·dt_bias) = r
+        p[h * K + d] = std::log(r / (1 - r)) / std::exp(a[h]);
+      }
+    return out.to(dt);
+  });
+}
+
 // Depthwise causal conv continuing from `state` (the last W−1 inputs, [B, W−1, P])
 // when given; updates the state.
 Tensor short_conv(const Tensor& x, const Tensor& w, Tensor* state) {
@@ -73,8 +93,12 @@ KdaLayer::KdaLayer(const KdaLayerConfig& c, ParamFactory& f, const std::string& 
   f_b_proj = f.make(p + "f_b_proj.weight", {HV * K, K}, w, "kda", true);
   b_proj = f.make(p + "b_proj.weight", {HV, D}, w, "kda", true);
   A_log = f.make(p + "A_log", {HV}, Init::custom(log_uniform_1_16), "kda", false);
-  dt_bias = f.make(p + "dt_bias", {HV * K},
-                   c.gate == KdaGate::softplus ? Init::custom(inverse_softplus_dt) : Init::zeros(), "kda", false);
+  Init dt_init = Init::zeros();  // lower bound, KdaDtBiasInit::zero
+  if (c.gate == KdaGate::softplus)
+    dt_init = Init::custom(inverse_softplus_dt);
+  else if (c.dt_bias_init == KdaDtBiasInit::spread && f.allocating())
+    dt_init = lower_bound_spread_dt(A_log, c.lower_bound);
+  dt_bias = f.make(p + "dt_bias", {HV * K}, dt_init, "kda", false);
   if (c.full_rank_output_gate) {
     g_proj = f.make(p + "g_proj.weight", {PV, D}, w, "kda", true);
   } else {

@@ -19,6 +19,15 @@ namespace moetrain {
 
 enum class KdaGate { softplus, lower_bound };
 
+// Initial decays of the lower-bound gate (MODEL_SPEC §12, §14.5); the softplus
+// gate always uses fla's init (dt ~ log U(1e-3, 1e-1) through softplus^{-1}).
+//   spread: dt_bias[h, d] = logit(dt / |lb|) / e^{A_log[h]}, dt ~ log U(1e-3, 1e-1),
+//           so that g = −dt at f = 0: every channel starts with a long memory, spread
+//           over two decades (the spec's proposed alternative);
+//   zero:   dt_bias = 0 (the TT-K3 port): g = lb·σ(0) = lb/2 = −2.5 everywhere at
+//           f = 0, about one token of memory.
+enum class KdaDtBiasInit { spread, zero };
+
 struct KdaLayerConfig {
   int64_t d_model = 256;
   int64_t n_head = 4;        // H: query/key heads
@@ -27,6 +36,7 @@ struct KdaLayerConfig {
   int64_t conv_size = 4;
   KdaGate gate = KdaGate::lower_bound;
   double lower_bound = -5.0;
+  KdaDtBiasInit dt_bias_init = KdaDtBiasInit::spread;  // lower-bound gate only
   bool full_rank_output_gate = true;
   double norm_eps = 1e-5;    // output RMSNorm
   double l2norm_eps = 1e-6;  // q/k L2 norm

@@ -1,9 +1,11 @@
+#include <algorithm>
 #include <cmath>
 
 #include <catch2/catch.hpp>
 
 #include "moetrain.h"
 #include "nn/hybrid.h"
+#include "nn/kda_layer.h"
 #include "nn/weights.h"
 #include "testing.h"
 
@@ -207,4 +209,44 @@ TEST_CASE("hybrid: the §13.3 family counts come from the construction code (sha
   };
   CHECK(family(256, 64, 9, 2, 32, 2, 32, 32, 32, 16, 32, 192, 16, 4, 32, 32, 4) == 820940);
   CHECK(family(50304, 256, 13, 4, 64, 4, 128, 64, 64, 32, 64, 1152, 64, 8, 128, 112, 4) == 67105636);
+}
+
+TEST_CASE("hybrid: the lower-bound gate's initial decays (model.kda.dt_bias_init)", "[nn][hybrid]") {
+  // At f = 0 the gate is g = lb·σ(e^{A_log}·dt_bias): spread puts every channel at
+  // g = −dt with dt in [1e-3, 1e-1], spread over the range; zero (TT-K3) puts every
+  // channel at lb/2.
+  KdaLayerConfig c;
+  c.d_model = 8;
+  c.n_head = 4;
+  c.n_value_head = 8;
+  c.head_dim = 64;
+  const auto initial_decays = [&](KdaDtBiasInit init, double lower_bound) {
+    c.dt_bias_init = init;
+    c.lower_bound = lower_bound;
+    ParamFactory f(true, DType::f64, 7);
+    KdaLayer layer(c, f, "l.");
+    return kda_gate(zeros({8, 64}, DType::f64), layer.A_log, layer.dt_bias, KdaGate::lower_bound, lower_bound)
+        .to_vector();
+  };
+  for (double lb : {-5.0, -1.0}) {
+    const std::vector<double> g = initial_decays(KdaDtBiasInit::spread, lb);
+    const auto [lo, hi] = std::minmax_element(g.begin(), g.end());
+    CHECK(*lo >= -0.1 * (1 + 1e-12));
+    CHECK(*hi <= -1e-3 * (1 - 1e-12));
+    CHECK(*lo < -0.05);   // log-uniform over two decades: both ends are reached
+    CHECK(*hi > -0.002);  // among 512 channels
+    int below_1e2 = 0;    // half of log U(1e-3, 1e-1) lies below 1e-2
+    for (double v : g) below_1e2 += v > -1e-2;
+    CHECK(std::abs(below_1e2 / 512.0 - 0.5) < 0.1);
+  }
+  for (double v : initial_decays(KdaDtBiasInit::zero, -5.0)) CHECK(v == -2.5);
+  // The cap dt/|lb| ≤ 1/2 keeps a tiny bound finite: g = lb/2 for every dt ≥ |lb|/2
+  // (P(dt > 0.005) = log(20)/log(100) ≈ 0.65), g = −dt below.
+  int capped = 0;
+  for (double v : initial_decays(KdaDtBiasInit::spread, -0.01)) {
+    CHECK(v >= -0.005 * (1 + 1e-12));
+    CHECK(v <= -1e-3 * (1 - 1e-12));
+    capped += std::abs(v + 0.005) < 1e-12;
+  }
+  CHECK(std::abs(capped / 512.0 - 0.65) < 0.1);
 }
