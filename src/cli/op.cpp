@@ -28,6 +28,7 @@
 #include "backend/cuda/runtime.h"
 #include "cli/commands.h"
 #include "io/hdf5.h"
+#include "nn/gpt2.h"
 #include "nn/kda_layer.h"
 #include "nn/mla.h"
 #include "ops/attention.h"
@@ -369,10 +370,10 @@ void run_kda_layer(OpRun& r) {
 }
 
 // gpt2_block: one HF GPT2Block (MODEL_SPEC §2) on x [B,T,D], Conv1D weights [in, out].
-// Same composition as Gpt2::block_forward (which is private) with dropout 0.
+// The model's own block function (nn/gpt2.h), dropout 0.
 void run_gpt2_block(OpRun& r) {
   Tensor x = r.input("x", 3);
-  const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
+  const int64_t D = x.size(2);
   std::optional<int64_t> H_attr = r.int_attr("H");
   if (!H_attr) r.fail("{} has no attribute H (the number of heads; shapes do not say it)", r.where_group());
   const int64_t H = *H_attr;
@@ -388,24 +389,17 @@ void run_gpt2_block(OpRun& r) {
     r.expect("params/" + name, t, Shape{in, out}, "Conv1D [in, out]");
     return transpose(t, 0, 1);
   };
-  Tensor ln1_w = vec("ln_1.weight", D), ln1_b = vec("ln_1.bias", D);
-  Tensor attn_w = conv1d("attn.c_attn.weight", D, 3 * D), attn_b = vec("attn.c_attn.bias", 3 * D);
-  Tensor proj_w = conv1d("attn.c_proj.weight", D, D), proj_b = vec("attn.c_proj.bias", D);
-  Tensor ln2_w = vec("ln_2.weight", D), ln2_b = vec("ln_2.bias", D);
+  Gpt2BlockWeights w;
+  w.ln1_w = vec("ln_1.weight", D), w.ln1_b = vec("ln_1.bias", D);
+  w.attn_w = conv1d("attn.c_attn.weight", D, 3 * D), w.attn_b = vec("attn.c_attn.bias", 3 * D);
+  w.attn_proj_w = conv1d("attn.c_proj.weight", D, D), w.attn_proj_b = vec("attn.c_proj.bias", D);
+  w.ln2_w = vec("ln_2.weight", D), w.ln2_b = vec("ln_2.bias", D);
   Tensor fc_raw = r.param("mlp.c_fc.weight", 2);
   const int64_t F = fc_raw.size(1);
   r.expect("params/mlp.c_fc.weight", fc_raw, Shape{D, F}, "Conv1D [D, F]");
-  Tensor fc_w = transpose(fc_raw, 0, 1), fc_b = vec("mlp.c_fc.bias", F);
-  Tensor mproj_w = conv1d("mlp.c_proj.weight", F, D), mproj_b = vec("mlp.c_proj.bias", D);
-
-  const int64_t hd = D / H;
-  Tensor qkv = linear(layer_norm(x, ln1_w, ln1_b, eps), attn_w, attn_b);  // [B, T, 3D] = q | k | v
-  Tensors parts = split(qkv, {D, D, D}, -1);
-  Tensor o = causal_attention(reshape(parts[0], {B, T, H, hd}), reshape(parts[1], {B, T, H, hd}),
-                              reshape(parts[2], {B, T, H, hd}), inv_sqrt(hd));
-  Tensor h = add(x, linear(reshape(o, {B, T, D}), proj_w, proj_b));
-  Tensor m = gelu_tanh(linear(layer_norm(h, ln2_w, ln2_b, eps), fc_w, fc_b));
-  r.output("y", add(h, linear(m, mproj_w, mproj_b)));
+  w.fc_w = transpose(fc_raw, 0, 1), w.fc_b = vec("mlp.c_fc.bias", F);
+  w.mlp_proj_w = conv1d("mlp.c_proj.weight", F, D), w.mlp_proj_b = vec("mlp.c_proj.bias", D);
+  r.output("y", gpt2_block(w, x, H, eps, 0.0));
 }
 
 // mla: x [B,T,D] and the KimiMLAAttention weights (MODEL_SPEC §7) under params/; attribute H.

@@ -63,9 +63,11 @@ Tensor Gpt2::embed(const Tensor& ids, int64_t first_position, bool training) {
   return dropout(x, training ? config_.dropout : 0.0);
 }
 
-Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache) {
-  const int64_t B = x.size(0), T = x.size(1), D = config_.d_model, H = config_.n_head, hd = config_.head_dim();
-  const double eps = config_.layer_norm_eps, p = training ? config_.dropout : 0.0;
+Tensor gpt2_block(const Gpt2BlockWeights& b, const Tensor& x, int64_t n_head, double eps, double p,
+                  Tensor* k_cache, Tensor* v_cache) {
+  MT_CHECK(x.dim() == 3 && n_head >= 1 && x.size(2) % n_head == 0,
+           "gpt2_block: x {} must be [B, T, D] with D divisible by n_head = {}", x.shape(), n_head);
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), H = n_head, hd = D / H;
   // Attention: qkv = LN_1(x) W_attn^T + b, split into q | k | v, per head [B, T, H, hd].
   Tensor qkv = linear(layer_norm(x, b.ln1_w, b.ln1_b, eps), b.attn_w, b.attn_b);  // [B, T, 3D]
   Tensors parts = split(qkv, {D, D, D}, -1);
@@ -84,6 +86,11 @@ Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tenso
   // MLP: x + gelu(LN_2(h) W_fc^T + b_fc) W_proj^T + b_proj
   Tensor m = gelu_tanh(linear(layer_norm(h, b.ln2_w, b.ln2_b, eps), b.fc_w, b.fc_b));
   return add(h, dropout(linear(m, b.mlp_proj_w, b.mlp_proj_b), p));
+}
+
+Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache) {
+  return gpt2_block(b, x, config_.n_head, config_.layer_norm_eps, training ? config_.dropout : 0.0, k_cache,
+                    v_cache);
 }
 
 // logits = LN_f(x) wte^T (tied head)

@@ -35,6 +35,18 @@ struct Gpt2Config {
   static Gpt2Config from(const Config& config);
 };
 
+// One block's weights, nn.Linear layout [out, in].
+struct Gpt2BlockWeights {
+  Tensor ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w, mlp_proj_b;
+};
+
+// One GPT-2 block (MODEL_SPEC §2) on x [B, T, D] with n_head heads:
+//   h = x + dropout(attn(LN_1(x)) W_proj^T + b),  y = h + dropout(gelu(LN_2(h) W_fc^T + b_fc) W_proj^T + b_proj).
+// With caches: keys and values are appended to *k_cache / *v_cache ([B, length, H, hd],
+// undefined at first) and attention runs over all of them.
+Tensor gpt2_block(const Gpt2BlockWeights& w, const Tensor& x, int64_t n_head, double layer_norm_eps,
+                  double dropout_p, Tensor* k_cache = nullptr, Tensor* v_cache = nullptr);
+
 // Keys and values of the earlier positions, per layer, for decoding.
 struct Gpt2Cache : DecodeCache {
   std::vector<Tensor> k, v;  // per layer [B, length, H, head_dim]
@@ -75,9 +87,7 @@ class Gpt2 : public LanguageModel {
   double activation_bytes_per_token() const override;
 
  private:
-  struct Block {
-    Tensor ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w, mlp_proj_b;
-  };
+  using Block = Gpt2BlockWeights;
   Tensor embed(const Tensor& ids, int64_t first_position, bool training);
   Tensor block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache);
   Tensor head(const Tensor& x);
