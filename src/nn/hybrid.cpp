@@ -66,7 +66,8 @@ struct HybridModel::Layer {
   std::unique_ptr<KdaLayer> kda;
   std::unique_ptr<MlaLayer> mla;
   Tensor q_proj, k_proj, v_proj, o_proj;  // plain attention
-  std::unique_ptr<DenseFfn> ffn;
+  std::unique_ptr<DenseFfn> ffn;  // dense layers
+  std::unique_ptr<MoeLayer> moe;  // MoE layers
 };
 
 namespace {
@@ -89,24 +90,6 @@ struct HybridCache : DecodeCache {
     return n;
   }
 };
-
-// Latent MoE parameter shapes (§9.3), declared for the ledger only (shapes-only factory).
-void declare_moe(ParamFactory& f, const std::string& p, const MoeConfig& m, int64_t D) {
-  const int64_t E = m.num_experts, F = m.expert_d_ff, W = m.latent_dim > 0 ? m.latent_dim : D;
-  f.make(p + "gate.weight", {E, D}, Init::zeros(), "router", true);
-  if (m.latent_dim > 0) f.make(p + "routed_expert_down_proj.weight", {W, D}, Init::zeros(), "experts_latent", true);
-  f.make(p + "experts.gate_proj.weight", {E, F, W}, Init::zeros(), "experts", true);
-  f.make(p + "experts.up_proj.weight", {E, F, W}, Init::zeros(), "experts", true);
-  f.make(p + "experts.down_proj.weight", {E, W, F}, Init::zeros(), "experts", true);
-  if (m.latent_dim > 0 && m.latent_norm) f.make(p + "routed_expert_norm.weight", {W}, Init::ones(), "norm", false);
-  if (m.latent_dim > 0) f.make(p + "routed_expert_up_proj.weight", {D, W}, Init::zeros(), "experts_latent", true);
-  if (m.num_shared_experts > 0) {
-    const int64_t FS = F * m.num_shared_experts;
-    f.make(p + "shared_experts.gate_proj.weight", {FS, D}, Init::zeros(), "shared_experts", true);
-    f.make(p + "shared_experts.up_proj.weight", {FS, D}, Init::zeros(), "shared_experts", true);
-    f.make(p + "shared_experts.down_proj.weight", {D, FS}, Init::zeros(), "shared_experts", true);
-  }
-}
 
 }  // namespace
 
@@ -153,8 +136,8 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate)
       }
     }
     L.post_attention_layernorm = f.make(p + "post_attention_layernorm.weight", {D}, Init::ones(), "norm", false);
-    if (c.is_moe_layer(l) && !f.allocating()) {
-      declare_moe(f, p + "mlp.", c.moe, D);
+    if (c.is_moe_layer(l)) {
+      L.moe = std::make_unique<MoeLayer>(c.moe, D, c.ffn, c.init_std, f, p + "mlp.");
     } else {
       FfnConfig fc = c.ffn;
       fc.d_model = D;
@@ -195,7 +178,7 @@ std::string HybridModel::describe() const {
                      dtype_name(c_.dtype));
 }
 
-Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache) {
+Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
   MT_CHECK(factory_.allocating(), "hybrid model: built with shapes only (ledger); it cannot run");
   MT_CHECK(ids.dim() == 2, "hybrid model: ids must be [B, T], got {}", ids.shape());
   HybridCache* cache = dcache ? dynamic_cast<HybridCache*>(dcache) : nullptr;
@@ -235,7 +218,10 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache) {
     }
     return Tensor();
   };
-  auto ffn = [&](size_t l, const Tensor& x) { return layers_[l]->ffn->forward(x); };
+  auto ffn = [&](size_t l, const Tensor& x) {
+    const Layer& L = *layers_[l];
+    return L.moe ? L.moe->forward(x, training) : L.ffn->forward(x);
+  };
 
   Tensor hidden = embedding(embed_tokens_, ids);  // [B, T, D]
   if (!c_.attn_res) {
@@ -274,13 +260,27 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache) {
   return linear(rms_norm(hidden, norm_, eps), c_.tie_embeddings ? embed_tokens_ : lm_head_);
 }
 
-Tensor HybridModel::forward(const Tensor& ids, bool /*training*/) { return run(ids, nullptr); }
+Tensor HybridModel::forward(const Tensor& ids, bool training) { return run(ids, nullptr, training); }
+
+Tensor HybridModel::loss(const Tensor& ids, const Tensor& targets, bool training) {
+  Tensor l = LanguageModel::loss(ids, targets, training);
+  for (MoeLayer* m : moe_layers())
+    if (m->aux_loss().defined()) l = add(l, m->aux_loss().to(l.dtype()));
+  return l;
+}
+
+std::vector<MoeLayer*> HybridModel::moe_layers() const {
+  std::vector<MoeLayer*> out;
+  for (const auto& L : layers_)
+    if (L->moe) out.push_back(L->moe.get());
+  return out;
+}
 
 std::unique_ptr<DecodeCache> HybridModel::new_cache() const { return std::make_unique<HybridCache>(); }
 
 Tensor HybridModel::forward_cached(const Tensor& ids, DecodeCache& cache) {
   NoGradGuard no_grad;
-  return run(ids, &cache);
+  return run(ids, &cache, false);
 }
 
 double HybridModel::flops_per_token(int64_t T) const {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "nn/ffn.h"
+#include "nn/moe.h"
 #include "nn/kda_layer.h"
 #include "nn/language_model.h"
 #include "nn/mla.h"
@@ -27,19 +28,6 @@ class Config;
 enum class MixerKind { kda, mla, attention };
 MixerKind parse_mixer_kind(const std::string& name);
 const char* mixer_kind_name(MixerKind kind);
-
-// Shapes of a (latent) MoE layer (MODEL_SPEC §9.3). Counted by the ledger; the
-// layers themselves arrive with the MoE issue (until then a MoE layer trains
-// with the dense FFN, and the trainer says so).
-struct MoeConfig {
-  int64_t num_experts = 0;  // 0: dense FFN everywhere
-  int64_t top_k = 8;
-  int64_t num_shared_experts = 1;
-  int64_t expert_d_ff = 0;  // F, per expert (and per shared expert)
-  int64_t latent_dim = 0;   // L; 0: plain MoE on the full width
-  bool latent_norm = true;
-  int64_t first_dense_layers = 1;
-};
 
 struct HybridConfig {
   int64_t vocab_size = 256;
@@ -83,10 +71,15 @@ class HybridModel : public LanguageModel {
   DType dtype() const override { return c_.dtype; }
 
   Tensor forward(const Tensor& ids, bool training = true) override;
+  // Cross-entropy plus the MoE layers' auxiliary losses (when their weights are > 0).
+  Tensor loss(const Tensor& ids, const Tensor& targets, bool training = true) override;
   std::unique_ptr<DecodeCache> new_cache() const override;
   Tensor forward_cached(const Tensor& ids, DecodeCache& cache) override;
 
   ParameterList& parameters() override { return factory_.params(); }
+  ParameterList buffers() const override { return factory_.buffers(); }
+  // The MoE layers in layer order (empty for a dense model).
+  std::vector<MoeLayer*> moe_layers() const;
   const std::vector<ParamSpec>& param_specs() const { return factory_.specs(); }
   double flops_per_token(int64_t seq_len) const override;
   double activation_bytes_per_token() const override;
@@ -94,7 +87,7 @@ class HybridModel : public LanguageModel {
 
  private:
   struct Layer;
-  Tensor run(const Tensor& ids, DecodeCache* cache);
+  Tensor run(const Tensor& ids, DecodeCache* cache, bool training);
 
   HybridConfig c_;
   ParamFactory factory_;

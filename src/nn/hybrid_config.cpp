@@ -67,11 +67,30 @@ HybridConfig HybridConfig::from(const Config& config) {
   c.moe.latent_dim = config.get_int("model.moe.latent_dim");
   c.moe.latent_norm = config.get_bool("model.moe.latent_norm");
   c.moe.first_dense_layers = config.get_int("model.moe.first_dense_layers");
+  c.moe.score = parse_router_score(config.get_string("model.moe.router_score"));
+  c.moe.renormalize = config.get_bool("model.moe.renormalize");
+  c.moe.routed_scaling_factor = config.get_number("model.moe.routed_scaling_factor");
+  c.moe.n_group = config.get_int("model.moe.n_group");
+  c.moe.topk_group = config.get_int("model.moe.topk_group");
+  c.moe.bias_update_rate = config.get_number("model.moe.bias_update_rate");
+  c.moe.aux_loss_weight = config.get_number("model.moe.aux_loss_weight");
+  c.moe.z_loss_weight = config.get_number("model.moe.z_loss_weight");
+  c.moe.capacity_factor = config.get_number("model.moe.capacity_factor");
   if (c.moe.num_experts > 0) {
     if (c.moe.top_k > c.moe.num_experts)
       config.fail("model.moe.top_k", fmt::format("= {} exceeds model.moe.num_experts = {}", c.moe.top_k,
                                                  c.moe.num_experts));
     if (c.moe.expert_d_ff == 0) config.fail("model.moe.expert_d_ff", "must be set (> 0) when model.moe.num_experts > 0");
+    if (c.moe.num_experts % c.moe.n_group != 0)
+      config.fail("model.moe.n_group", fmt::format("= {} does not divide model.moe.num_experts = {}", c.moe.n_group,
+                                                   c.moe.num_experts));
+    if (c.moe.topk_group > c.moe.n_group || c.moe.top_k > c.moe.topk_group * (c.moe.num_experts / c.moe.n_group))
+      config.fail("model.moe.topk_group",
+                  fmt::format("= {}: must be <= model.moe.n_group = {} and keep at least top_k = {} experts ({} per "
+                              "group)", c.moe.topk_group, c.moe.n_group, c.moe.top_k,
+                              c.moe.num_experts / c.moe.n_group));
+    if (c.ffn.kind == FfnKind::gelu)
+      config.fail("model.ffn", "= gelu: MoE experts are gated MLPs; use situ_glu or swiglu with model.moe.num_experts > 0");
   }
 
   c.attn_res = config.get_bool("model.attn_res");

@@ -40,6 +40,9 @@ class LanguageModel {
 
   virtual ParameterList& parameters() = 0;
   const ParameterList& parameters() const { return const_cast<LanguageModel*>(this)->parameters(); }
+  // Persistent state that is not trained (e.g. MoE router biases): saved and loaded
+  // with the weights, never touched by the optimizer.
+  virtual ParameterList buffers() const { return {}; }
   // Training FLOPs per token (forward + backward) at sequence length seq_len.
   virtual double flops_per_token(int64_t seq_len) const = 0;
   // Saved activations per token of a training micro-batch (an estimate, bytes).

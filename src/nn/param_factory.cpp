@@ -24,6 +24,14 @@ Tensor ParamFactory::make(const std::string& name, const Shape& shape, const Ini
   return t;
 }
 
+Tensor ParamFactory::buffer(const std::string& name, const Shape& shape, DType dtype) {
+  MT_CHECK(names_.insert(name).second, "model construction: buffer '{}' declared twice", name);
+  if (!allocate_) return Tensor();
+  Tensor t = zeros(shape, dtype);
+  buffers_.push_back({name, t, false, "buffer"});
+  return t;
+}
+
 int64_t ParamFactory::total() const {
   int64_t n = 0;
   for (const ParamSpec& s : specs_) n += s.shape.numel();

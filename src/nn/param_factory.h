@@ -75,11 +75,16 @@ class ParamFactory {
   Tensor make(const std::string& name, const Shape& shape, const Init& init, const std::string& group,
               bool decay);
 
+  // Declares a persistent buffer: state saved with the weights but not trained
+  // (no grad, no optimizer), zeros of `dtype`; not counted as a parameter.
+  Tensor buffer(const std::string& name, const Shape& shape, DType dtype);
   bool allocating() const { return allocate_; }
   DType dtype() const { return dtype_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   ParameterList& params() { return params_; }
   const ParameterList& params() const { return params_; }
+  ParameterList& buffers() { return buffers_; }
+  const ParameterList& buffers() const { return buffers_; }
   int64_t total() const;
 
  private:
@@ -89,6 +94,7 @@ class ParamFactory {
   std::vector<ParamSpec> specs_;
   std::unordered_set<std::string> names_;
   ParameterList params_;
+  ParameterList buffers_;
 };
 
 }  // namespace moetrain

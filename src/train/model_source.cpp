@@ -72,7 +72,10 @@ std::unique_ptr<LanguageModel> build_model(const Config& config) {
                                 ? (std::filesystem::path(init) / "model.safetensors").string() : init;
       MT_CHECK(std::filesystem::exists(weights), "{}: model.init_from ({}) has no weights file {}",
                config.where("model.init_from"), init, weights);
-      load_weights(model->parameters(), weights);
+      ParameterList state = model->parameters();  // weights and buffers (MoE router biases)
+      const ParameterList buffers = model->buffers();
+      state.insert(state.end(), buffers.begin(), buffers.end());
+      load_weights(state, weights);
     }
     return model;
   }
@@ -95,7 +98,10 @@ void export_model(const LanguageModel& model, const std::string& dir) {
     return;
   }
   std::filesystem::create_directories(dir);
-  save_weights(model.parameters(), (std::filesystem::path(dir) / "model.safetensors").string());
+  ParameterList state = model.parameters();
+  const ParameterList buffers = model.buffers();
+  state.insert(state.end(), buffers.begin(), buffers.end());
+  save_weights(state, (std::filesystem::path(dir) / "model.safetensors").string());
 }
 
 }  // namespace moetrain

@@ -15,6 +15,7 @@
 #include "core/format.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "nn/hybrid.h"
 #include "ops/elementwise.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -53,11 +54,39 @@ void report(const LanguageModel& model, const Config& config, int64_t tokens_per
                model.flops_per_token(T) * tokens_per_step, with_commas(tokens_per_step));
   spdlog::info("  memory estimate: {} weights+grads+AdamW, ~{} activations per micro-batch", human_bytes(state),
                human_bytes(acts));
-  if (model.arch() == "hybrid" && config.get_int("model.moe.num_experts") > 0)
-    spdlog::warn("{}: model.moe.num_experts = {}: MoE layers are not implemented yet (they arrive with the MoE "
-                 "issue); layers {}.. train with the dense FFN of width model.d_ff instead. `moetrain ledger` "
-                 "counts the configured MoE.", config.where("model.moe.num_experts"),
-                 config.get_int("model.moe.num_experts"), config.get_int("model.moe.first_dense_layers"));
+}
+
+// Once per optimizer step, for MoE models: the aux-loss-free bias update (§9.2)
+// from this step's assignments (all micro-batches), then the load metrics per
+// layer (max/mean tokens per expert, dead experts); the statistics restart.
+struct MoeStepSummary {
+  std::vector<std::pair<std::string, MetricsWriter::Value>> fields;
+  double worst_max_over_mean = 0;
+  int64_t dead = 0, dropped = 0;
+};
+MoeStepSummary moe_step(LanguageModel& model) {
+  MoeStepSummary out;
+  auto* hybrid = dynamic_cast<HybridModel*>(&model);
+  if (!hybrid) return out;
+  const std::vector<MoeLayer*> layers = hybrid->moe_layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    MoeStats& st = layers[i]->stats();
+    layers[i]->update_bias(st.tokens_per_expert);
+    const MoeLoad load = moe_load(st.tokens_per_expert);
+    out.fields.emplace_back(fmt::format("moe{}_max_over_mean", i), load.max_over_mean);
+    out.fields.emplace_back(fmt::format("moe{}_dead_experts", i), load.dead);
+    out.worst_max_over_mean = std::max(out.worst_max_over_mean, load.max_over_mean);
+    out.dead += load.dead;
+    out.dropped += st.dropped;
+    std::fill(st.tokens_per_expert.begin(), st.tokens_per_expert.end(), 0.0);
+    st.dropped = 0;
+  }
+  if (!layers.empty()) {
+    out.fields.emplace_back("moe_max_over_mean", out.worst_max_over_mean);
+    out.fields.emplace_back("moe_dead_experts", out.dead);
+    out.fields.emplace_back("moe_dropped", out.dropped);
+  }
+  return out;
 }
 
 std::unique_ptr<data::DataLoader> open_loader(const Config& config, const std::string& key, data::LoaderOrder order,
@@ -160,16 +189,24 @@ TrainSummary train(const Config& config) {
     MT_CHECK(std::isfinite(loss), "step {}: the loss is {}; lower train.lr (now {}) or check the data", step + 1,
              loss, schedule.lr);
     double gnorm = clip_grad_norm(params, clip);
+    const MoeStepSummary moe = moe_step(*model);
     opt.step(lr);
     double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     tokens_seen += B * T * accum;
     double tok_s = static_cast<double>(B * T * accum) / sec;
     summary = {step + 1, loss, summary.last_val_loss, tok_s};
     if ((step + 1) % log_every == 0 || step == 0 || step + 1 == max_steps)
-      spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms", step + 1, max_steps,
-                   loss, lr, gnorm, with_commas(std::llround(tok_s)), sec * 1e3);
-    metrics.write({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"tok_per_s", tok_s},
-                   {"step_ms", sec * 1e3}, {"tokens", tokens_seen}});
+      spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms{}", step + 1, max_steps,
+                   loss, lr, gnorm, with_commas(std::llround(tok_s)), sec * 1e3,
+                   moe.fields.empty() ? std::string()
+                                      : fmt::format(" | moe max/mean {:.2f}, {} dead{}", moe.worst_max_over_mean,
+                                                    moe.dead, moe.dropped ? fmt::format(", {} dropped", moe.dropped)
+                                                                          : std::string()));
+    std::vector<std::pair<std::string, MetricsWriter::Value>> record{
+        {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"tok_per_s", tok_s},
+        {"step_ms", sec * 1e3}, {"tokens", tokens_seen}};
+    record.insert(record.end(), moe.fields.begin(), moe.fields.end());
+    metrics.write(record);
     if (step == 0) spdlog::info("  peak memory after the first step: {}", human_bytes(peak_rss_bytes()));
     bool last = step + 1 == max_steps;
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) summary.last_val_loss = run_eval(step + 1);

@@ -1,0 +1,15 @@
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moetrain::cpu {
+
+// Shapes as in ops/moe.h; y and dx are written, dw is written (experts without rows: zeros).
+void grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts);
+void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                             const std::vector<int64_t>& counts);
+
+}  // namespace moetrain::cpu
