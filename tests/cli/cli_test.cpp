@@ -223,7 +223,7 @@ TEST_CASE("cli: ledger reproduces the parameter counts of MODEL_SPEC §13.3", "[
   CHECK(bad.output.find("model.moe.num_experts") != string::npos);
 }
 
-TEST_CASE("cli: k3-tiny trains on bytes and decodes with constant KDA state", "[cli]") {
+TEST_CASE("cli: k3-tiny (with its MoE) trains on bytes and decodes with constant KDA state", "[cli]") {
   Workspace w;
   w.prepare();
   string args = "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + w.dir +
@@ -233,7 +233,7 @@ TEST_CASE("cli: k3-tiny trains on bytes and decodes with constant KDA state", "[
   Result trained = run(args);
   INFO(trained.output);
   REQUIRE(trained.code == 0);
-  CHECK(trained.output.find("MoE layers are not implemented yet") != string::npos);  // inert MoE keys are announced
+  CHECK(trained.output.find("| moe max/mean ") != string::npos);  // the console's MoE load summary
   std::stringstream metrics(moetrain::testing::read_bytes(w.dir + "/k3/metrics.jsonl"));
   std::vector<double> losses;
   for (string line; std::getline(metrics, line);)
@@ -241,6 +241,10 @@ TEST_CASE("cli: k3-tiny trains on bytes and decodes with constant KDA state", "[
   REQUIRE(losses.size() == 30);
   CHECK(losses.front() > 5.0);            // ~ln(256) = 5.55 at init
   CHECK(losses.back() < losses.front() - 1.5);  // learned the byte statistics
+  CHECK(metrics.str().find("\"moe7_dead_experts\":") != string::npos);  // 8 MoE layers (1..8), per-layer load
+  // The router biases (buffers moved by the aux-loss-free update) are saved with the weights.
+  CHECK(moetrain::testing::read_bytes(w.dir + "/k3/model/model.safetensors")
+            .find("model.layers.8.mlp.gate.e_score_correction_bias") != string::npos);
 
   Result g = run("generate --checkpoint " + w.dir + "/k3/model --prompt 'ROMEO:' --temperature 0 "
                  "--max-new-tokens 64 --stats");

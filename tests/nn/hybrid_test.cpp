@@ -16,7 +16,8 @@ namespace {
 
 // Every feature at once: KDA (lower-bound gate, GVA), KDA (softplus gate, low-rank
 // output gate), MLA with query LoRA and output gate, plain attention, SiTU-GLU with
-// a learnable beta, AttnRes blocks of 2 layers (a partial last block).
+// a learnable beta, AttnRes blocks of 2 layers (a partial last block); layers 2-4
+// are latent MoE layers (4 experts, top 2, one shared expert).
 HybridConfig tiny(DType dtype, bool attn_res = true, bool chunked = true) {
   HybridConfig c;
   c.vocab_size = 23;
@@ -37,6 +38,12 @@ HybridConfig tiny(DType dtype, bool attn_res = true, bool chunked = true) {
   c.mla.v_head_dim = 3;
   c.ffn.d_ff = 10;
   c.ffn.situ_learnable_beta = true;
+  c.moe.num_experts = 4;
+  c.moe.top_k = 2;
+  c.moe.expert_d_ff = 3;
+  c.moe.latent_dim = 4;
+  c.moe.num_shared_experts = 1;
+  c.moe.first_dense_layers = 2;
   c.attn_res = attn_res;
   c.attn_res_block_size = 2;
   c.embed_init_std = 1.0;
