@@ -1,0 +1,30 @@
+// Differentiable collectives; see collectives.h. The forward and backward
+// exchanges go through the Communicator, which checks the arguments.
+#include "comm/collectives.h"
+
+#include "autograd/node.h"
+
+namespace moetrain::comm {
+
+Tensor all_to_all_v(Communicator& comm, const Tensor& x, const std::vector<int64_t>& send_rows,
+                    const std::vector<int64_t>& recv_rows) {
+  Tensor y = comm.all_to_all_v(x, send_rows, recv_rows);
+  Communicator* c = &comm;
+  return record("all_to_all_v", y, {x}, [c, send_rows, recv_rows](const Tensor& grad_y) {
+    return Grads{c->all_to_all_v(grad_y, recv_rows, send_rows)};
+  });
+}
+
+Tensor all_gather(Communicator& comm, const Tensor& x) {
+  Tensor y = comm.all_gather(x);
+  Communicator* c = &comm;
+  const int64_t rows = x.size(0);
+  return record("all_gather", y, {x}, [c, rows](const Tensor& grad_y) {
+    Tensor sum = grad_y.clone();
+    c->all_reduce_sum(sum);
+    const int64_t start = static_cast<int64_t>(c->rank()) * rows;
+    return Grads{alias(sum, sum.shape().with(0, rows), start * sum.shape().numel(1, sum.dim())).contiguous()};
+  });
+}
+
+}  // namespace moetrain::comm

@@ -1,0 +1,98 @@
+// Communicator: one group of ranks and the collectives the trainer needs (data
+// parallel gradient sums, expert-parallel all-to-all). Two implementations run
+// the same caller code: MPI (src/comm/mpi.cpp, the only file that includes
+// mpi.h) and the one-process communicator, whose collectives are copies.
+//
+// Conventions:
+// - Tensors are CPU tensors (always contiguous in this project). Collectives are
+//   blocking, and every rank of the group must call the same collectives in the
+//   same order with matching arguments (shapes, dtypes, roots, row counts).
+// - Argument errors that one rank can see alone (a wrong number of counts, a
+//   dtype) are checked before communicating. What needs the peers' view
+//   (recv_rows matching what the peers send, same shapes for broadcast) is left
+//   to MPI, which reports truncation as an error; all_gather checks shapes with
+//   one extra small exchange.
+// - Every MPI failure throws moetrain::Error naming the MPI call, the rank (in
+//   the group and in the world), the host and MPI's error text.
+// - Sizes: MPI counts are int. Row exchanges (all_gather, all_to_all_v) count
+//   rows of a contiguous row datatype, so they reach 2^31-1 rows of any size
+//   (beyond: a clear error); all_reduce_sum and broadcast are split into chunks
+//   of 2^30 elements/bytes and have no limit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moetrain::comm {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The processor (host) name of this rank.
+  virtual std::string host() const = 0;
+
+  // MPI_Comm_split: ranks passing the same color form a group, ordered by key
+  // (ties by rank in this group). A negative color (kNoGroup) joins no group
+  // and gets nullptr. Collective over this group.
+  virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
+
+  // t = sum of t over the group, in place; f32, f64, i32 or i64.
+  virtual void all_reduce_sum(Tensor& t) = 0;
+  // [size * n, ...]: the ranks' t ([n, ...], the same shape on every rank,
+  // checked) concatenated along dim 0 in rank order. Any dtype.
+  virtual Tensor all_gather(const Tensor& t) = 0;
+  // t = root's t, in place (the same shape and dtype on every rank).
+  virtual void broadcast(Tensor& t, int root) = 0;
+  // Variable all-to-all of rows (dim 0) of `send` [N, ...], any dtype:
+  // rows [sum(send_rows[0..r)), sum(send_rows[0..r])) go to rank r. Returns
+  // [sum(recv_rows), ...]: recv_rows[r] rows from rank r, in rank order.
+  // recv_rows[r] must equal what rank r sends here (all_to_all_counts gives it).
+  virtual Tensor all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows) = 0;
+  // One count per peer: returns recv with recv[r] = what rank r passed as
+  // send_counts[this rank].
+  virtual std::vector<int64_t> all_to_all_counts(const std::vector<int64_t>& send_counts) = 0;
+  virtual void barrier() = 0;
+};
+
+inline constexpr int kNoGroup = -1;  // split() color of a rank that joins no group
+
+// A group of one (this process): collectives are copies, split gives another.
+std::unique_ptr<Communicator> single_process();
+
+// True when this process was started by an MPI launcher (mpirun, mpiexec, srun
+// with PMI/PMIx): OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set.
+bool launched_with_mpi();
+
+// The world: MPI_COMM_WORLD (a duplicate, with MPI_ERRORS_RETURN) when MPI is
+// used, else single_process(). MPI is used when launched_with_mpi(), or when
+// the environment variable MOETRAIN_MPI is 1 (force; a singleton MPI run) or 0
+// (never). The first call initialises MPI (MPI_Init_thread, FUNNELED: only the
+// main thread calls MPI; OpenMP threads never do); MPI_Finalize runs at exit.
+Communicator& world();
+
+// Whether MPI has been initialised (by world()) and not yet finalised.
+bool mpi_active();
+
+// Ends the job with `exit_code` on an error path. Under MPI this is MPI_Abort,
+// which stops every rank: a normal exit would run
+// MPI_Finalize, which waits for peers that may be blocked in a collective
+// waiting for this rank. Without MPI: std::exit.
+[[noreturn]] void abort_job(int exit_code);
+
+namespace detail {
+// Argument checks shared by the implementations (they need no peers).
+void check_cpu_tensor(const char* op, const Tensor& t);
+// Checks the counts and returns the number of elements per row of `send`.
+int64_t check_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows, int size);
+}  // namespace detail
+
+}  // namespace moetrain::comm

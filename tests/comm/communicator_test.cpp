@@ -1,0 +1,274 @@
+// The shared Communicator suite: every implementation (one process, the MPI
+// world, split MPI groups) runs the same checks. Expected values are computed
+// by each rank on its own from (rank, size), never by another collective.
+//
+// [comm][mpi] cases run under mpirun (ctest comm_mpi_np2, comm_mpi_np4) and, in
+// a plain run, with the one-process world. They use CHECK rather than REQUIRE
+// after the first collective, so a failing rank keeps issuing the collectives
+// its peers wait for.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "comm/communicator.h"
+#include "moetrain.h"
+#include "testing.h"
+
+using namespace moetrain;
+using namespace moetrain::comm;
+using moetrain::testing::error_of;
+
+namespace {
+
+// Rows rank src sends to rank dst in the all_to_all_v pattern: 0, 1 or 2, so
+// some pairs exchange nothing.
+int64_t rows_between(int src, int dst) { return (src + 2 * dst + 1) % 3; }
+
+// Element c of row j of the block src sends to dst.
+double stamp(int src, int dst, int64_t j, int64_t c) { return src * 1000 + dst * 100 + j * 10 + c; }
+
+void check_all_reduce(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64}) {
+    INFO("dtype " << dtype_name(dt));
+    std::vector<double> mine(7);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = (r + 1) * static_cast<double>(i + 1) - 3;
+    Tensor t = from_vector(mine, Shape{7}, dt);
+    comm.all_reduce_sum(t);
+    std::vector<double> got = t.to_vector();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      double expected = 0;
+      for (int q = 0; q < n; ++q) expected += (q + 1) * static_cast<double>(i + 1) - 3;
+      CHECK(got[i] == expected);
+    }
+  }
+  // i64 beyond 32 bits: summed as 64-bit integers.
+  Tensor big = from_vector({static_cast<double>((int64_t{1} << 40) * (r + 1))}, Shape{1}, DType::i64);
+  comm.all_reduce_sum(big);
+  CHECK(big.item<int64_t>() == (int64_t{1} << 40) * n * (n + 1) / 2);
+  // An empty tensor is a valid (empty) sum.
+  Tensor none = empty(Shape{0, 3}, DType::f32);
+  comm.all_reduce_sum(none);
+  CHECK(none.numel() == 0);
+}
+
+void check_all_gather(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  for (DType dt : {DType::f32, DType::i64, DType::f64}) {
+    INFO("dtype " << dtype_name(dt));
+    std::vector<double> mine;
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t c = 0; c < 4; ++c) mine.push_back(stamp(r, 0, j, c));
+    Tensor out = comm.all_gather(from_vector(mine, Shape{3, 2, 2}, dt));
+    CHECK(out.shape() == Shape{3 * n, 2, 2});
+    CHECK(out.dtype() == dt);
+    std::vector<double> got = out.to_vector();
+    for (int q = 0; q < n; ++q)
+      for (int64_t j = 0; j < 3; ++j)
+        for (int64_t c = 0; c < 4; ++c) CHECK(got[static_cast<size_t>((q * 3 + j) * 4 + c)] == stamp(q, 0, j, c));
+  }
+  Tensor empty_rows = comm.all_gather(empty(Shape{0, 5}, DType::f32));
+  CHECK(empty_rows.shape() == Shape{0, 5});
+}
+
+void check_broadcast(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  for (int root = 0; root < n; ++root) {
+    INFO("root " << root);
+    std::vector<double> theirs;
+    for (int64_t j = 0; j < 5; ++j) theirs.push_back(stamp(root, 0, j, 0));
+    Tensor t = r == root ? from_vector(theirs, Shape{5}, DType::f64) : zeros(Shape{5}, DType::f64);
+    comm.broadcast(t, root);
+    CHECK(t.to_vector() == theirs);
+  }
+}
+
+void check_all_to_all_v(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  std::vector<int64_t> send_rows, recv_rows;
+  for (int q = 0; q < n; ++q) {
+    send_rows.push_back(rows_between(r, q));
+    recv_rows.push_back(rows_between(q, r));
+  }
+  for (DType dt : {DType::f32, DType::i64}) {
+    INFO("dtype " << dtype_name(dt));
+    std::vector<double> send;
+    for (int q = 0; q < n; ++q)
+      for (int64_t j = 0; j < send_rows[static_cast<size_t>(q)]; ++j)
+        for (int64_t c = 0; c < 6; ++c) send.push_back(stamp(r, q, j, c));
+    const int64_t total_send = static_cast<int64_t>(send.size()) / 6;
+    Tensor out = comm.all_to_all_v(from_vector(send, Shape{total_send, 2, 3}, dt), send_rows, recv_rows);
+    int64_t total_recv = 0;
+    for (int64_t k : recv_rows) total_recv += k;
+    CHECK(out.shape() == Shape{total_recv, 2, 3});
+    std::vector<double> got = out.to_vector();
+    size_t at = 0;
+    for (int q = 0; q < n; ++q)  // from every source in rank order, its rows in order
+      for (int64_t j = 0; j < recv_rows[static_cast<size_t>(q)]; ++j)
+        for (int64_t c = 0; c < 6; ++c, ++at) {
+          INFO("from rank " << q << " row " << j << " element " << c);
+          CHECK(got[at] == stamp(q, r, j, c));
+        }
+  }
+  // No rows at all.
+  std::vector<int64_t> zero(static_cast<size_t>(n), 0);
+  Tensor none = comm.all_to_all_v(empty(Shape{0, 4}, DType::f32), zero, zero);
+  CHECK(none.shape() == Shape{0, 4});
+  // Everything to rank 0.
+  std::vector<int64_t> to_first(static_cast<size_t>(n), 0), from_all(static_cast<size_t>(n), 0);
+  to_first[0] = 2;
+  if (r == 0) from_all.assign(static_cast<size_t>(n), 2);
+  Tensor gathered = comm.all_to_all_v(full(Shape{2, 1}, r, DType::f64), to_first, from_all);
+  CHECK(gathered.size(0) == (r == 0 ? 2 * n : 0));
+  if (r == 0)
+    for (int q = 0; q < n; ++q) CHECK(gathered.to_vector()[static_cast<size_t>(2 * q + 1)] == q);
+}
+
+void check_counts(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  std::vector<int64_t> send;
+  for (int q = 0; q < n; ++q) send.push_back(int64_t{10000000000} * r + q);
+  std::vector<int64_t> recv = comm.all_to_all_counts(send);
+  REQUIRE(recv.size() == static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q) CHECK(recv[static_cast<size_t>(q)] == int64_t{10000000000} * q + r);
+}
+
+void check_split(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  // Two groups by parity, each in reverse rank order (key = -rank).
+  std::unique_ptr<Communicator> half = comm.split(r % 2, -r);
+  REQUIRE(half != nullptr);
+  const int members = (n - r % 2 + 1) / 2;  // ranks of this parity
+  CHECK(half->size() == members);
+  int bigger = 0;  // same parity, higher rank: ordered first
+  for (int q = r + 2; q < n; q += 2) ++bigger;
+  CHECK(half->rank() == bigger);
+  Tensor t = from_vector({static_cast<double>(r)}, Shape{1}, DType::i64);
+  half->all_reduce_sum(t);
+  int64_t expected = 0;
+  for (int q = r % 2; q < n; q += 2) expected += q;
+  CHECK(t.item<int64_t>() == expected);
+  // kNoGroup: rank 0 joins nothing; the others form one group.
+  std::unique_ptr<Communicator> rest = comm.split(r == 0 ? kNoGroup : 7, 0);
+  CHECK((rest == nullptr) == (r == 0));
+  if (rest) CHECK(rest->size() == n - 1);
+}
+
+// Checks needing no peers: every rank throws before communicating.
+void check_argument_errors(Communicator& comm) {
+  const int n = comm.size();
+  std::vector<int64_t> ones(static_cast<size_t>(n), 1);
+  Tensor x = zeros(Shape{n, 2}, DType::f32);
+  CHECK_THAT(error_of([&] { comm.all_to_all_v(x, {1}, {1, 1, 1, 1, 1}); }),
+             Catch::Contains("all_to_all_v") && Catch::Contains("pass one per rank"));
+  std::vector<int64_t> too_many = ones;
+  too_many[0] = 3;
+  CHECK_THAT(error_of([&] { comm.all_to_all_v(x, too_many, ones); }),
+             Catch::Contains("sum to " + std::to_string(n + 2)) && Catch::Contains("has " + std::to_string(n)));
+  std::vector<int64_t> negative = ones;
+  negative[0] = -1;
+  CHECK_THAT(error_of([&] { comm.all_to_all_v(x, ones, negative); }), Catch::Contains("negative row count"));
+  Tensor half = zeros(Shape{3}, DType::bf16);
+  CHECK_THAT(error_of([&] { comm.all_reduce_sum(half); }),
+             Catch::Contains("all_reduce_sum") && Catch::Contains("bf16"));
+  CHECK_THAT(error_of([&] { comm.all_to_all_counts(std::vector<int64_t>(static_cast<size_t>(n + 1), 0)); }),
+             Catch::Contains("all_to_all_counts") && Catch::Contains("pass one per rank"));
+}
+
+void check_suite(Communicator& comm) {
+  INFO("rank " << comm.rank() << " of " << comm.size() << " on " << comm.host());
+  CHECK(!comm.host().empty());
+  check_all_reduce(comm);
+  check_all_gather(comm);
+  check_broadcast(comm);
+  check_all_to_all_v(comm);
+  check_counts(comm);
+  check_split(comm);
+  check_argument_errors(comm);
+  comm.barrier();
+}
+
+}  // namespace
+
+TEST_CASE("comm: the one-process communicator passes the communicator suite", "[comm]") {
+  std::unique_ptr<Communicator> one = single_process();
+  CHECK(one->rank() == 0);
+  CHECK(one->size() == 1);
+  check_suite(*one);
+  CHECK_THAT(error_of([&] {
+               Tensor t = zeros(Shape{2});
+               one->broadcast(t, 1);
+             }),
+             Catch::Contains("root 1"));
+  CHECK_THAT(error_of([&] { one->all_to_all_v(zeros(Shape{2, 1}), {2}, {1}); }),
+             Catch::Contains("expects to receive 1"));
+}
+
+TEST_CASE("comm: the world follows the launcher", "[comm][mpi]") {
+  Communicator& w = world();
+  const char* launched_size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* launched_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (launched_size && launched_rank) {
+    CHECK(launched_with_mpi());
+    CHECK(mpi_active());
+    CHECK(w.size() == std::atoi(launched_size));
+    CHECK(w.rank() == std::atoi(launched_rank));
+  } else if (!launched_with_mpi() && !std::getenv("MOETRAIN_MPI")) {
+    CHECK(w.size() == 1);
+    CHECK(!mpi_active());
+  }
+  CHECK(&world() == &w);
+}
+
+TEST_CASE("comm: the world communicator passes the communicator suite", "[comm][mpi]") { check_suite(world()); }
+
+TEST_CASE("comm: split groups pass the communicator suite", "[comm][mpi]") {
+  Communicator& w = world();
+  // Groups of two consecutive ranks (the last alone when the size is odd) ...
+  std::unique_ptr<Communicator> pairs = w.split(w.rank() / 2, w.rank());
+  REQUIRE(pairs != nullptr);
+  check_suite(*pairs);
+  // ... and the whole world in reverse order.
+  std::unique_ptr<Communicator> reversed = w.split(0, w.size() - w.rank());
+  REQUIRE(reversed != nullptr);
+  CHECK(reversed->rank() == w.size() - 1 - w.rank());
+  check_suite(*reversed);
+}
+
+TEST_CASE("comm: all_gather refuses ranks with different shapes", "[comm][mpi]") {
+  Communicator& w = world();
+  if (w.size() < 2) return;
+  const int64_t rows = w.rank() == w.size() - 1 ? 3 : 2;
+  std::string message = error_of([&] { w.all_gather(zeros(Shape{rows, 4})); });
+  CHECK_THAT(message, Catch::Contains("all_gather: ranks pass different shapes") &&
+                          Catch::Contains("rank " + std::to_string(w.size() - 1) + " has 3 rows"));
+  // The communicator is still usable.
+  Tensor one = ones(Shape{1}, DType::i32);
+  w.all_reduce_sum(one);
+  CHECK(one.item<int32_t>() == w.size());
+}
+
+TEST_CASE("comm: an MPI error names the call, the rank, the host and MPI's text", "[comm][mpi]") {
+  Communicator& w = world();
+  Tensor t = zeros(Shape{4}, DType::f32);
+  const int bad_root = w.size() + 3;
+  std::string message = error_of([&] { w.broadcast(t, bad_root); });
+  INFO(message);
+  if (mpi_active()) {
+    // Every rank's MPI rejects the root itself (MPI_ERRORS_RETURN), so no rank waits.
+    CHECK_THAT(message, Catch::StartsWith("MPI_Bcast (root " + std::to_string(bad_root)) &&
+                            Catch::Contains(fmt::format("failed on rank {} of {} in world", w.rank(), w.size())) &&
+                            Catch::Contains("host " + w.host()) && Catch::Contains("MPI_ERR_ROOT"));
+    std::unique_ptr<Communicator> sub = w.split(w.rank() % 2, 0);
+    std::string sub_message = error_of([&] { sub->broadcast(t, bad_root); });
+    CHECK_THAT(sub_message, Catch::Contains(fmt::format("rank {} of {} in world.split(color {})", sub->rank(),
+                                                        sub->size(), w.rank() % 2)) &&
+                                Catch::Contains(fmt::format("world rank {}", w.rank())));
+  } else {
+    CHECK_THAT(message, Catch::Contains("root " + std::to_string(bad_root)));
+  }
+  // The error left the communicator usable.
+  Tensor one = ones(Shape{1}, DType::i64);
+  w.all_reduce_sum(one);
+  CHECK(one.item<int64_t>() == w.size());
+}
