@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 #include <vector>
 
 #include "autograd/grad_mode.h"
@@ -64,7 +65,11 @@ void unpack(const T* src, const NamedParameter& p, double scale) {
 GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, const GradSyncOptions& options) {
   MT_CHECK(options.bucket_bytes > 0, "all_reduce_grads: bucket_bytes must be positive, got {}", options.bucket_bytes);
   NoGradGuard no_grad;
+  std::unordered_set<const TensorImpl*> seen;  // a tensor listed twice would be summed twice
   for (const NamedParameter& p : params) {
+    MT_CHECK(p.tensor.defined(), "all_reduce_grads: parameter '{}' is undefined", p.name);
+    MT_CHECK(seen.insert(&p.tensor.impl()).second,
+             "all_reduce_grads: parameter '{}' is listed twice (tied weights belong in the list once)", p.name);
     Tensor g = p.tensor.grad();
     MT_CHECK(!g.defined() || (g.is_cpu() && g.dtype() == p.tensor.dtype() && g.shape() == p.tensor.shape()),
              "all_reduce_grads: the grad of '{}' is {} but the parameter is {}; expected a CPU grad of the same "

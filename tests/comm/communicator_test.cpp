@@ -124,6 +124,38 @@ void check_all_to_all_v(Communicator& comm) {
     for (int q = 0; q < n; ++q) CHECK(gathered.to_vector()[static_cast<size_t>(2 * q + 1)] == q);
 }
 
+// Messages past the shared-memory eager limit (a few KiB): the rendezvous path.
+void check_large_messages(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  const int64_t len = 1 << 18;  // 1 MiB of f32
+  Tensor t = empty(Shape{len}, DType::f32);
+  for (int64_t i = 0; i < len; ++i) t.data<float>()[i] = static_cast<float>((r + 1) * (i % 7));
+  comm.all_reduce_sum(t);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < len; ++i) wrong += t.data<float>()[i] != static_cast<float>(n * (n + 1) / 2 * (i % 7));
+  CHECK(wrong == 0);
+
+  const int64_t cols = 3000;  // 12 KB rows; rank r sends r + q + 1 rows to q
+  std::vector<int64_t> send_rows, recv_rows;
+  for (int q = 0; q < n; ++q) send_rows.push_back(r + q + 1), recv_rows.push_back(q + r + 1);
+  int64_t num_send = 0, num_recv = 0;
+  for (int q = 0; q < n; ++q) num_send += send_rows[static_cast<size_t>(q)], num_recv += recv_rows[static_cast<size_t>(q)];
+  Tensor send = empty(Shape{num_send, cols}, DType::f32);
+  float* p = send.data<float>();
+  for (int q = 0, row = 0; q < n; ++q)
+    for (int64_t j = 0; j < send_rows[static_cast<size_t>(q)]; ++j, ++row)
+      for (int64_t c = 0; c < cols; ++c) p[row * cols + c] = static_cast<float>(stamp(r, q, j, c % 10) + c / 10 * 0.5);
+  Tensor out = comm.all_to_all_v(send, send_rows, recv_rows);
+  REQUIRE(out.shape() == Shape{num_recv, cols});
+  const float* o = out.data<float>();
+  wrong = 0;
+  for (int q = 0, row = 0; q < n; ++q)
+    for (int64_t j = 0; j < recv_rows[static_cast<size_t>(q)]; ++j, ++row)
+      for (int64_t c = 0; c < cols; ++c)
+        wrong += o[row * cols + c] != static_cast<float>(stamp(q, r, j, c % 10) + c / 10 * 0.5);
+  CHECK(wrong == 0);
+}
+
 void check_counts(Communicator& comm) {
   const int r = comm.rank(), n = comm.size();
   std::vector<int64_t> send;
@@ -182,6 +214,7 @@ void check_suite(Communicator& comm) {
   check_all_gather(comm);
   check_broadcast(comm);
   check_all_to_all_v(comm);
+  check_large_messages(comm);
   check_counts(comm);
   check_split(comm);
   check_argument_errors(comm);
@@ -213,7 +246,10 @@ TEST_CASE("comm: the world follows the launcher", "[comm][mpi]") {
     CHECK(mpi_active());
     CHECK(w.size() == std::atoi(launched_size));
     CHECK(w.rank() == std::atoi(launched_rank));
-  } else if (!launched_with_mpi() && !std::getenv("MOETRAIN_MPI")) {
+  } else if (const char* forced = std::getenv("MOETRAIN_MPI"); forced && std::string(forced) == "1") {
+    CHECK(mpi_active());  // a singleton MPI world
+    CHECK(w.size() == 1);
+  } else if (!launched_with_mpi()) {
     CHECK(w.size() == 1);
     CHECK(!mpi_active());
   }

@@ -128,4 +128,7 @@ TEST_CASE("comm: all_reduce_grads refuses what it cannot sum", "[comm]") {
   CHECK_THAT(error_of([&] { all_reduce_grads(*one, {{"w", w, true, "test"}}); }),
              Catch::Contains("grad of 'w'") && Catch::Contains("f32[4]"));
   CHECK_THAT(error_of([&] { all_reduce_grads(*one, {}, {.bucket_bytes = 0}); }), Catch::Contains("bucket_bytes"));
+  w.set_grad(zeros(Shape{3}, DType::f32));
+  CHECK_THAT(error_of([&] { all_reduce_grads(*one, {{"tied", w, true, "test"}, {"w", w, true, "test"}}); }),
+             Catch::Contains("'w' is listed twice"));
 }
