@@ -1,20 +1,52 @@
 #!/usr/bin/env bash
-# The first command on a fresh machine: installs missing Debian packages, builds,
-# tokenizes the shipped tinyshakespeare corpus, trains a small GPT-2
-# (configs/gpt2-shakespeare.yaml) on the CPU and prints a sample from it.
-# Extra arguments go to `moetrain train`, e.g.  launch/train.sh --set train.max_steps=50
+# Trains a model: installs missing Debian packages, builds, tokenizes the shipped
+# tinyshakespeare corpus when the config's data is missing, trains, and prints a
+# sample from the trained model.
+#
+#   launch/train.sh                      the quickstart: GPT-2 on tinyshakespeare, one process
+#   launch/train.sh [-n N] [CONFIG] [--set key=value ...]
+#       -n N    N ranks on this machine under mpirun (oversubscribed if N > cores;
+#               threads per rank = cores / N unless train.threads is set). With an
+#               MoE config, --set train.ep=E shards the experts over E ranks.
+#   e.g. launch/train.sh -n 4 configs/k3-tiny.yaml --set train.ep=4
+# Several nodes: launch/multinode.sh; Slurm: launch/slurm.sbatch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+ranks=1
+if [[ "${1:-}" == "-n" ]]; then
+  [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "launch/train.sh: -n needs a rank count, got '${2:-}'" >&2; exit 2; }
+  ranks=$2
+  shift 2
+fi
+config=configs/gpt2-shakespeare.yaml
+if [[ $# -gt 0 && "$1" != -* ]]; then
+  config=$1
+  shift
+fi
+[[ -f "$config" ]] || { echo "launch/train.sh: no config file '$config'" >&2; exit 2; }
 
 launch/setup.sh
 launch/build.sh
 
-if [[ ! -f data/shakespeare/val_000000.bin ]]; then
-  build/moetrain prepare data/tinyshakespeare.txt --out data/shakespeare --tokenizer gpt2
+# Tokenize the shipped corpus for the config's tokenizer when its shards are missing.
+resolved=$(build/moetrain train -c "$config" "$@" --print-config)
+train_glob=$(sed -n 's/^  train: //p' <<<"$resolved" | head -1 | tr -d "'\"")
+tokenizer=$(sed -n 's/^  tokenizer: //p' <<<"$resolved" | head -1 | tr -d "'\"")
+data_dir=$(dirname "$train_glob")
+if [[ "$data_dir" == data/shakespeare* ]] && ! compgen -G "$train_glob" >/dev/null; then
+  build/moetrain prepare data/tinyshakespeare.txt --out "$data_dir" --tokenizer "$tokenizer"
 fi
-build/moetrain train -c configs/gpt2-shakespeare.yaml "$@"
 
-run_dir=$(build/moetrain train -c configs/gpt2-shakespeare.yaml "$@" --print-config | sed -n 's/^  dir: //p' | tr -d "'\"")
+if [[ "$ranks" -gt 1 ]]; then
+  mpi_flags=(--oversubscribe --bind-to none)
+  [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
+  mpirun -np "$ranks" "${mpi_flags[@]}" build/moetrain train -c "$config" "$@"
+else
+  build/moetrain train -c "$config" "$@"
+fi
+
+run_dir=$(sed -n 's/^  dir: //p' <<<"$resolved" | tail -1 | tr -d "'\"")
 echo
 echo "== sample from ${run_dir}/model =="
 build/moetrain generate --checkpoint "${run_dir}/model" --prompt "ROMEO:" --max-new-tokens 200 \

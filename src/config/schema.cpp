@@ -156,7 +156,8 @@ std::vector<KeySpec> make_schema() {
     number ("train.sample_temperature", "0.8", at_least(0), "sampling temperature; 0 = greedy (always the most likely token)"),
     integer("train.sample_top_k",   "40",    at_least(0),  "sample among the k most likely tokens; 0 = among all tokens"),
     integer("train.log_every",      "1",     at_least(1),  "print a step line every N steps"),
-    integer("train.threads",        "0",     at_least(0),  "CPU threads; 0 = automatic"),
+    integer("train.threads",        "0",     at_least(0),  "CPU threads per rank; 0 = automatic (cores / ranks on the node)"),
+    integer("train.ep",             "1",     at_least(1),  "expert-parallel ranks: experts sharded over groups of ep ranks (world = dp x ep under mpirun)"),
     choice ("train.dtype",          "f32",   {"f32", "f64"}, "dtype of parameters and activations; f64 for exact checks"),
     boolean("train.activation_checkpointing", "false",     "recompute each block's activations in backward instead of storing them"),
 

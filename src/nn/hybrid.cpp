@@ -93,7 +93,7 @@ struct HybridCache : DecodeCache {
 
 }  // namespace
 
-HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate)
+HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, ExpertShard shard)
     : c_(c), factory_(allocate, c.dtype, seed) {
   MT_CHECK(!c.mixers.empty(), "hybrid model: no layers");
   MT_CHECK(c.dtype == DType::f32 || c.dtype == DType::f64, "hybrid model: dtype {} is not supported on the CPU",
@@ -137,7 +137,7 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate)
     }
     L.post_attention_layernorm = f.make(p + "post_attention_layernorm.weight", {D}, Init::ones(), "norm", false);
     if (c.is_moe_layer(l)) {
-      L.moe = std::make_unique<MoeLayer>(c.moe, D, c.ffn, c.init_std, f, p + "mlp.");
+      L.moe = std::make_unique<MoeLayer>(c.moe, D, c.ffn, c.init_std, f, p + "mlp.", shard);
     } else {
       FfnConfig fc = c.ffn;
       fc.d_model = D;
@@ -267,6 +267,10 @@ Tensor HybridModel::loss(const Tensor& ids, const Tensor& targets, bool training
   for (MoeLayer* m : moe_layers())
     if (m->aux_loss().defined()) l = add(l, m->aux_loss().to(l.dtype()));
   return l;
+}
+
+void HybridModel::set_expert_group(comm::Communicator* group) {
+  for (MoeLayer* m : moe_layers()) m->set_expert_group(group);
 }
 
 std::vector<MoeLayer*> HybridModel::moe_layers() const {

@@ -61,7 +61,8 @@ std::vector<MixerKind> mixer_schedule(int64_t n_layer, const std::string& explic
 class HybridModel : public LanguageModel {
  public:
   // allocate = false builds shapes only (for the ledger): no tensor is created.
-  HybridModel(const HybridConfig& config, uint64_t seed, bool allocate = true);
+  // shard: this rank's experts under expert parallelism (MoE layers).
+  HybridModel(const HybridConfig& config, uint64_t seed, bool allocate = true, ExpertShard shard = {});
   ~HybridModel() override;
 
   std::string arch() const override { return "hybrid"; }
@@ -80,6 +81,8 @@ class HybridModel : public LanguageModel {
   ParameterList buffers() const override { return factory_.buffers(); }
   // The MoE layers in layer order (empty for a dense model).
   std::vector<MoeLayer*> moe_layers() const;
+  // The expert-parallel group of every MoE layer (see MoeLayer::set_expert_group).
+  void set_expert_group(comm::Communicator* group);
   const std::vector<ParamSpec>& param_specs() const { return factory_.specs(); }
   double flops_per_token(int64_t seq_len) const override;
   double activation_bytes_per_token() const override;

@@ -8,6 +8,8 @@
 #include <numeric>
 
 #include "autograd/grad_mode.h"
+#include "comm/collectives.h"
+#include "comm/communicator.h"
 #include "ops/elementwise.h"
 #include "ops/linalg.h"
 #include "ops/moe.h"
@@ -128,19 +130,22 @@ ExpertPlan plan_experts(const std::vector<int64_t>& experts, int64_t num_experts
 }
 
 MoeLayer::MoeLayer(const MoeConfig& c, int64_t D, const FfnConfig& ffn, double init_std, ParamFactory& f,
-                   const std::string& p)
-    : c_(c), ffn_(ffn), d_model_(D) {
+                   const std::string& p, ExpertShard shard)
+    : c_(c), shard_(shard), ffn_(ffn), d_model_(D) {
   MT_CHECK(c.num_experts >= 1 && c.top_k >= 1 && c.top_k <= c.num_experts && c.expert_d_ff >= 1,
            "moe layer {}: {} experts, top_k {}, expert_d_ff {}", p, c.num_experts, c.top_k, c.expert_d_ff);
   MT_CHECK(ffn.kind != FfnKind::gelu, "moe layer {}: experts are gated MLPs (situ_glu or swiglu), not gelu", p);
   const int64_t E = c.num_experts, F = c.expert_d_ff, W = c.latent_dim > 0 ? c.latent_dim : D;
+  MT_CHECK(shard.size >= 1 && shard.index >= 0 && shard.index < shard.size && E % shard.size == 0,
+           "moe layer {}: {} experts cannot be split over {} expert-parallel ranks (not a multiple)", p, E, shard.size);
+  const int64_t El = E / shard.size, lo = shard.index * El, hi = lo + El;
   const Init w = Init::trunc_normal(init_std);
   gate_weight = f.make(p + "gate.weight", {E, D}, w, "router", true);
   bias = f.buffer(p + "gate.e_score_correction_bias", {E}, DType::f32);
   if (c.latent_dim > 0) down_proj = f.make(p + "routed_expert_down_proj.weight", {W, D}, w, "experts_latent", true);
-  w1 = f.make(p + "experts.w1.weight", {E, F, W}, w, "experts", true);
-  w3 = f.make(p + "experts.w3.weight", {E, F, W}, w, "experts", true);
-  w2 = f.make(p + "experts.w2.weight", {E, W, F}, w, "experts", true);
+  w1 = f.make_rows(p + "experts.w1.weight", {E, F, W}, lo, hi, w, "experts", true);
+  w3 = f.make_rows(p + "experts.w3.weight", {E, F, W}, lo, hi, w, "experts", true);
+  w2 = f.make_rows(p + "experts.w2.weight", {E, W, F}, lo, hi, w, "experts", true);
   if (c.latent_dim > 0 && c.latent_norm) latent_norm = f.make(p + "routed_expert_norm.weight", {W}, Init::ones(), "norm", false);
   if (c.latent_dim > 0) up_proj = f.make(p + "routed_expert_up_proj.weight", {D, W}, w, "experts_latent", true);
   if (c.num_shared_experts > 0) {
@@ -167,6 +172,51 @@ Tensor MoeLayer::experts_forward(const Tensor& z, const std::vector<int64_t>& co
   return grouped_linear(h, w2, counts);
 }
 
+void MoeLayer::set_expert_group(comm::Communicator* group) {
+  MT_CHECK(!group || (group->size() == shard_.size && group->rank() == shard_.index),
+           "moe layer: expert group of size {} (rank {}) for experts sharded {} ways (shard {})",
+           group ? group->size() : 0, group ? group->rank() : 0, shard_.size, shard_.index);
+  ep_ = group;
+}
+
+Tensor MoeLayer::dispatch(const Tensor& z, const std::vector<int64_t>& counts) const {
+  if (shard_.size == 1 && !ep_) return experts_forward(z, counts);
+  MT_CHECK(ep_, "moe layer: experts are sharded over {} ranks but no expert-parallel group is set", shard_.size);
+  const int P = shard_.size;
+  const int64_t El = c_.num_experts / P;
+  // Rows for rank r are contiguous (experts sorted globally, rank r holds a range).
+  std::vector<int64_t> send_rows(static_cast<size_t>(P), 0), per_peer(static_cast<size_t>(P), El);
+  for (int r = 0; r < P; ++r)
+    for (int64_t e = r * El; e < (r + 1) * El; ++e) send_rows[r] += counts[e];
+  // recv_counts[s·El + e]: rows source s sends for local expert e.
+  Tensor sent_counts = empty({P * El}, DType::i64);
+  std::copy(counts.begin(), counts.end(), sent_counts.data<int64_t>());
+  Tensor received = ep_->all_to_all_v(sent_counts, per_peer, per_peer);
+  const std::vector<int64_t> recv_counts(received.data<int64_t>(), received.data<int64_t>() + P * El);
+  std::vector<int64_t> recv_rows(static_cast<size_t>(P), 0), local(static_cast<size_t>(El), 0);
+  std::vector<int64_t> offset(static_cast<size_t>(P * El));
+  int64_t row = 0;
+  for (int s = 0; s < P; ++s)
+    for (int64_t e = 0; e < El; ++e) {
+      offset[s * El + e] = row;
+      row += recv_counts[s * El + e];
+      recv_rows[s] += recv_counts[s * El + e];
+      local[e] += recv_counts[s * El + e];
+    }
+  Tensor recv = comm::all_to_all_v(*ep_, z, send_rows, recv_rows);  // [row, W], (source, expert) order
+  // Group by local expert (source order within an expert), run, and restore the order.
+  std::vector<int64_t> perm, inverse(static_cast<size_t>(row));
+  perm.reserve(static_cast<size_t>(row));
+  for (int64_t e = 0; e < El; ++e)
+    for (int s = 0; s < P; ++s)
+      for (int64_t i = 0; i < recv_counts[s * El + e]; ++i) {
+        inverse[offset[s * El + e] + i] = static_cast<int64_t>(perm.size());
+        perm.push_back(offset[s * El + e] + i);
+      }
+  Tensor out = experts_forward(index_select(recv, 0, index_tensor(perm)), local);
+  return comm::all_to_all_v(*ep_, index_select(out, 0, index_tensor(inverse)), recv_rows, send_rows);
+}
+
 Tensor MoeLayer::forward(const Tensor& x, bool training) {
   MT_CHECK(x.dim() == 3 && x.size(2) == d_model_, "moe layer: x {} must be [B, T, {}]", x.shape(), d_model_);
   const int64_t B = x.size(0), T = x.size(1), N = B * T, D = d_model_, E = c_.num_experts, k = c_.top_k;
@@ -188,7 +238,7 @@ Tensor MoeLayer::forward(const Tensor& x, bool training) {
   const int64_t M = static_cast<int64_t>(plan.order.size());
   std::vector<int64_t> token(plan.order.size());
   for (int64_t i = 0; i < M; ++i) token[i] = plan.order[i] / k;
-  Tensor out = experts_forward(index_select(z, 0, index_tensor(token)), plan.counts);  // [M, W]
+  Tensor out = dispatch(index_select(z, 0, index_tensor(token)), plan.counts);  // [M, W]
   // Combine: back to (token, slot) order (dropped slots read a zero row), weight, sum over slots.
   std::vector<int64_t> slot_row(static_cast<size_t>(N * k), M);
   for (int64_t i = 0; i < M; ++i) slot_row[plan.order[i]] = i;

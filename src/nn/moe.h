@@ -24,6 +24,10 @@
 
 namespace moetrain {
 
+namespace comm {
+class Communicator;
+}
+
 enum class RouterScore { sigmoid, softmax };
 
 struct MoeConfig {
@@ -86,12 +90,27 @@ struct MoeLoad {
 };
 MoeLoad moe_load(const std::vector<double>& tokens_per_expert);
 
+// Expert parallelism: the experts are split over `size` ranks in contiguous
+// ranges; this rank holds experts [index·E/size, (index+1)·E/size).
+struct ExpertShard {
+  int index = 0, size = 1;
+};
+
 class MoeLayer {
  public:
   // d_model D; ffn: the activation and SiTU constants of the experts (kind, situ_*);
-  // prefix e.g. "model.layers.3.mlp.".
+  // prefix e.g. "model.layers.3.mlp."; shard: this rank's experts (their weights
+  // equal the same rows of an unsharded model built with the same seed).
   MoeLayer(const MoeConfig& c, int64_t d_model, const FfnConfig& ffn, double init_std, ParamFactory& factory,
-           const std::string& prefix);
+           const std::string& prefix, ExpertShard shard = {});
+
+  // The expert-parallel group (its size = shard.size, its rank = shard.index),
+  // required before forward when the experts are sharded; it must outlive the
+  // layer's graphs. Dispatch: rows to the ranks that hold their experts, an
+  // all_to_all_v (autograd: the backward is the reverse exchange), a local
+  // re-grouping by expert, the grouped GEMMs, and the reverse exchange.
+  void set_expert_group(comm::Communicator* group);
+  const ExpertShard& shard() const { return shard_; }
 
   // x [B, T, D] -> [B, T, D]. Adds the assignments to stats(); with training and a
   // non-zero aux/z-loss weight sets aux_loss() (a scalar to add to the loss).
@@ -106,13 +125,17 @@ class MoeLayer {
 
   Tensor gate_weight, bias;      // bias: gate.e_score_correction_bias [E], a buffer (no grad)
   Tensor down_proj, up_proj, latent_norm;  // latent MoE only
-  Tensor w1, w2, w3;             // experts, stacked
+  Tensor w1, w2, w3;             // this rank's experts, stacked: [E / shard.size, ...]
   std::unique_ptr<DenseFfn> shared;
 
  private:
   Tensor experts_forward(const Tensor& z_sorted, const std::vector<int64_t>& counts) const;
+  // z rows sorted by global expert (plan.counts per expert) -> expert outputs, same order.
+  Tensor dispatch(const Tensor& z_sorted, const std::vector<int64_t>& counts) const;
 
   MoeConfig c_;
+  ExpertShard shard_;
+  comm::Communicator* ep_ = nullptr;
   FfnConfig ffn_;
   int64_t d_model_;
   MoeStats stats_;

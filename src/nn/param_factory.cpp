@@ -1,5 +1,9 @@
 #include "nn/param_factory.h"
 
+#include <utility>
+
+#include "ops/view.h"
+
 
 namespace moetrain {
 
@@ -19,6 +23,26 @@ Tensor ParamFactory::make(const std::string& name, const Shape& shape, const Ini
   }
   MT_CHECK(t.shape() == shape && t.dtype() == dtype_, "model construction: init of '{}' gave {} {}, expected {} {}",
            name, t.shape(), t.dtype(), shape, dtype_);
+  t.set_requires_grad(true);
+  params_.push_back({name, t, decay, group});
+  return t;
+}
+
+Tensor ParamFactory::make_rows(const std::string& name, const Shape& full_shape, int64_t lo, int64_t hi,
+                               const Init& init, const std::string& group, bool decay) {
+  MT_CHECK(full_shape.ndim() >= 1 && 0 <= lo && lo < hi && hi <= full_shape[0],
+           "model construction: rows [{}, {}) of '{}' {}", lo, hi, name, full_shape);
+  if (lo == 0 && hi == full_shape[0]) return make(name, full_shape, init, group, decay);
+  MT_CHECK(names_.insert(name).second, "model construction: parameter '{}' declared twice", name);
+  Shape local = full_shape.with(0, hi - lo);
+  specs_.push_back({name, local, group, decay});
+  if (!allocate_) return Tensor();
+  // Initialise the full tensor through make() on a scratch factory that shares the generator.
+  ParamFactory scratch(true, dtype_, 0);
+  std::swap(scratch.gen_, gen_);
+  Tensor full = scratch.make(name, full_shape, init, group, decay);
+  std::swap(scratch.gen_, gen_);
+  Tensor t = slice(full.detach(), 0, lo, hi).clone();  // own storage: the full tensor is freed
   t.set_requires_grad(true);
   params_.push_back({name, t, decay, group});
   return t;

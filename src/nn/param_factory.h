@@ -75,6 +75,12 @@ class ParamFactory {
   Tensor make(const std::string& name, const Shape& shape, const Init& init, const std::string& group,
               bool decay);
 
+  // Declares rows [lo, hi) of a parameter of `full_shape` (a shard along dim 0,
+  // e.g. this rank's experts): the full tensor is initialised (so every shard
+  // equals the same rows of an unsharded model with the same seed) and the rows
+  // kept; the spec records the shard's shape.
+  Tensor make_rows(const std::string& name, const Shape& full_shape, int64_t lo, int64_t hi, const Init& init,
+                   const std::string& group, bool decay);
   // Declares a persistent buffer: state saved with the weights but not trained
   // (no grad, no optimizer), zeros of `dtype`; not counted as a parameter.
   Tensor buffer(const std::string& name, const Shape& shape, DType dtype);

@@ -56,7 +56,7 @@ void AdamW::zero_grad() {
   for (const NamedParameter& p : params_) p.tensor.zero_grad();
 }
 
-double clip_grad_norm(const ParameterList& params, double max_norm) {
+double grad_squared_sum(const ParameterList& params) {
   double total = 0;
   for (const NamedParameter& p : params) {
     Tensor g = p.tensor.grad();
@@ -67,22 +67,27 @@ double clip_grad_norm(const ParameterList& params, double max_norm) {
       for (int64_t j = 0; j < g.numel(); ++j) total += static_cast<double>(d[j]) * d[j];
     });
   }
-  double norm = std::sqrt(total);
-  if (max_norm > 0 && norm > max_norm) {
-    double coef = max_norm / (norm + 1e-6);
-    for (const NamedParameter& p : params) {
-      Tensor g = p.tensor.grad();
-      if (!g.defined()) continue;
-      dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {
-        using T = decltype(tag);
-        T* d = g.data<T>();
-        T c = static_cast<T>(coef);
-        cpu::parallel_for(g.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
-          for (int64_t j = lo; j < hi; ++j) d[j] *= c;
-        });
+  return total;
+}
+
+void scale_grads(const ParameterList& params, double coef) {
+  for (const NamedParameter& p : params) {
+    Tensor g = p.tensor.grad();
+    if (!g.defined()) continue;
+    dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {
+      using T = decltype(tag);
+      T* d = g.data<T>();
+      T c = static_cast<T>(coef);
+      cpu::parallel_for(g.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
+        for (int64_t j = lo; j < hi; ++j) d[j] *= c;
       });
-    }
+    });
   }
+}
+
+double clip_grad_norm(const ParameterList& params, double max_norm) {
+  const double norm = std::sqrt(grad_squared_sum(params));
+  if (max_norm > 0 && norm > max_norm) scale_grads(params, max_norm / (norm + 1e-6));
   return norm;
 }
 

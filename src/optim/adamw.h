@@ -45,5 +45,9 @@ class AdamW {
 // the norm exceeds it, scales every gradient by max_norm / (norm + 1e-6), as
 // torch.nn.utils.clip_grad_norm_. Returns the norm before clipping.
 double clip_grad_norm(const ParameterList& params, double max_norm);
+// Its pieces, for a norm summed over ranks: the sum of squares of the defined
+// grads, and grad *= coef.
+double grad_squared_sum(const ParameterList& params);
+void scale_grads(const ParameterList& params, double coef);
 
 }  // namespace moetrain

@@ -59,15 +59,17 @@ Config resolve_config(const ModelSource& source) {
   return config;
 }
 
-std::unique_ptr<LanguageModel> build_model(const Config& config) {
+std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard) {
   const auto seed = static_cast<uint64_t>(config.get_int("train.seed"));
   if (config.get_string("model.arch") == "hybrid") {
     MT_CHECK(!config.get_bool("train.activation_checkpointing"),
              "{}: train.activation_checkpointing is not supported by model.arch hybrid yet",
              config.where("train.activation_checkpointing"));
-    auto model = std::make_unique<HybridModel>(HybridConfig::from(config), seed);
+    auto model = std::make_unique<HybridModel>(HybridConfig::from(config), seed, true, shard);
     std::string init = config.get_string("model.init_from");
     if (!init.empty()) {
+      MT_CHECK(shard.size == 1, "{}: model.init_from with experts sharded over {} ranks (train.ep) is not supported "
+               "yet; start from it with train.ep = 1", config.where("model.init_from"), shard.size);
       std::string weights = std::filesystem::is_directory(init)
                                 ? (std::filesystem::path(init) / "model.safetensors").string() : init;
       MT_CHECK(std::filesystem::exists(weights), "{}: model.init_from ({}) has no weights file {}",
@@ -79,6 +81,8 @@ std::unique_ptr<LanguageModel> build_model(const Config& config) {
     }
     return model;
   }
+  MT_CHECK(shard.size == 1, "{}: train.ep = {} needs a model with MoE layers (model.arch hybrid, "
+           "model.moe.num_experts > 0)", config.where("train.ep"), shard.size);
   Gpt2Config c = Gpt2Config::from(config);
   MT_CHECK(c.d_model % c.n_head == 0, "model.d_model = {} is not divisible by model.n_head = {}", c.d_model, c.n_head);
   auto model = std::make_unique<Gpt2>(c, seed);
@@ -92,7 +96,7 @@ std::unique_ptr<LanguageModel> build_model(const Config& config) {
   return model;
 }
 
-void export_model(const LanguageModel& model, const std::string& dir) {
+void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* full) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2*>(&model)) {
     export_gpt2_hf(*gpt2, dir);
     return;
@@ -101,7 +105,7 @@ void export_model(const LanguageModel& model, const std::string& dir) {
   ParameterList state = model.parameters();
   const ParameterList buffers = model.buffers();
   state.insert(state.end(), buffers.begin(), buffers.end());
-  save_weights(state, (std::filesystem::path(dir) / "model.safetensors").string());
+  save_weights(full ? *full : state, (std::filesystem::path(dir) / "model.safetensors").string());
 }
 
 }  // namespace moetrain

@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "nn/language_model.h"
+#include "nn/moe.h"
 
 namespace moetrain {
 
@@ -30,9 +31,12 @@ Config resolve_config(const ModelSource& source);
 // A model built from a resolved config (model.arch): random init, or the weights
 // of model.init_from (GPT-2: a Hugging Face directory or file; hybrid: a
 // model.safetensors written by moetrain, or its directory).
-std::unique_ptr<LanguageModel> build_model(const Config& config);
+// shard: this rank's experts under expert parallelism (hybrid models with MoE).
+std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard = {});
 
 // Writes DIR/model.safetensors (GPT-2: Hugging Face layout plus config.json).
-void export_model(const LanguageModel& model, const std::string& dir);
+// state: the hybrid model's parameters and buffers at full size when they differ
+// from the model's own (expert shards gathered from other ranks).
+void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* state = nullptr);
 
 }  // namespace moetrain

@@ -22,6 +22,7 @@
 #include "train/eval.h"
 #include "train/metrics.h"
 #include "train/model_source.h"
+#include "train/distributed.h"
 #include "train/sampling.h"
 
 namespace moetrain {
@@ -120,10 +121,17 @@ std::string sample_text(LanguageModel& model, const data::Tokenizer& tok, const 
 }  // namespace
 
 TrainSummary train(const Config& config) {
+  Distributed dist = make_distributed(config);
+  // Under mpirun only the root logs (warnings and errors come from every rank).
+  if (!dist.root()) spdlog::set_level(spdlog::level::warn);
   const std::filesystem::path run_dir = config.get_string("run.dir");
-  std::filesystem::create_directories(run_dir);
-  config.save((run_dir / "config.resolved.yaml").string());
+  if (dist.root()) {
+    std::filesystem::create_directories(run_dir);
+    config.save((run_dir / "config.resolved.yaml").string());
+  }
+  // 0: the CLI's default, cores / ranks on this node (backend/cpu/parallel.h).
   if (int64_t threads = config.get_int("train.threads"); threads > 0) cpu::set_num_threads(static_cast<int>(threads));
+  log_rank_table(dist, cpu::num_threads());
 
   const int64_t B = config.get_int("train.batch_size"), T = config.get_int("train.seq_len");
   const int64_t accum = config.get_int("train.grad_accum"), max_steps = config.get_int("train.max_steps");
@@ -138,7 +146,8 @@ TrainSummary train(const Config& config) {
   auto train_loader = open_loader(config, "data.train", data::LoaderOrder::shuffled, static_cast<int32_t>(vocab));
   auto val_loader = open_loader(config, "data.val", data::LoaderOrder::sequential, static_cast<int32_t>(vocab));
 
-  std::unique_ptr<LanguageModel> model = build_model(config);
+  std::unique_ptr<LanguageModel> model = build_model(config, dist.shard());
+  if (dist.grid.ep > 1) dynamic_cast<HybridModel&>(*model).set_expert_group(dist.grid.ep_group.get());
   ParameterList& params = model->parameters();
   if (config.get_bool("train.decay_embeddings"))
     for (NamedParameter& p : params)
@@ -155,15 +164,16 @@ TrainSummary train(const Config& config) {
   spdlog::info("run {} | {} threads | train data {} windows of {} tokens{}", run_dir.string(), cpu::num_threads(),
                train_loader->num_windows(), T + 1,
                val_loader ? fmt::format(" | val {} windows", val_loader->num_windows()) : std::string());
-  report(*model, config, B * T * accum);
-  MetricsWriter metrics((run_dir / "metrics.jsonl").string());
+  if (dist.root()) report(*model, config, B * T * accum * dist.size());
+  std::unique_ptr<MetricsWriter> metrics;
+  if (dist.root()) metrics = std::make_unique<MetricsWriter>((run_dir / "metrics.jsonl").string());
 
   auto run_eval = [&](int64_t step) {
     if (!val_loader) return -1.0;
     val_loader->set_state({});  // always the same windows, from the start of the data
-    double v = evaluate(*model, *val_loader, eval_batches);
+    double v = evaluate(*model, *val_loader, eval_batches);  // every rank, the same windows
     spdlog::info("step {}/{} | val loss {:.4f}", step, max_steps, v);
-    metrics.write({{"step", step}, {"val_loss", v}});
+    if (metrics) metrics->write({{"step", step}, {"val_loss", v}});
     return v;
   };
   auto run_sample = [&](int64_t step) {
@@ -180,20 +190,26 @@ TrainSummary train(const Config& config) {
     opt.zero_grad();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
-      data::Batch batch = train_loader->next();
+      data::Batch batch;  // this rank's share of the stream: batches rank, rank + world, ...
+      for (int r = 0; r < dist.size(); ++r) {
+        data::Batch b = train_loader->next();
+        if (r == dist.rank()) batch = std::move(b);
+      }
       Tensor loss = model->loss(batch.inputs, batch.targets, true);
       loss_sum += loss.item<double>();
       (accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(accum)) : loss).backward();
     }
-    double loss = loss_sum / static_cast<double>(accum);
+    double loss = mean_over_world(dist, loss_sum / static_cast<double>(accum));
     MT_CHECK(std::isfinite(loss), "step {}: the loss is {}; lower train.lr (now {}) or check the data", step + 1,
              loss, schedule.lr);
-    double gnorm = clip_grad_norm(params, clip);
+    sync_gradients(dist, *model);
+    double gnorm = clip_grad_norm(dist, *model, clip);
+    all_reduce_moe_stats(dist, *model);
     const MoeStepSummary moe = moe_step(*model);
     opt.step(lr);
     double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    tokens_seen += B * T * accum;
-    double tok_s = static_cast<double>(B * T * accum) / sec;
+    tokens_seen += B * T * accum * dist.size();
+    double tok_s = static_cast<double>(B * T * accum * dist.size()) / sec;
     summary = {step + 1, loss, summary.last_val_loss, tok_s};
     if ((step + 1) % log_every == 0 || step == 0 || step + 1 == max_steps)
       spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms{}", step + 1, max_steps,
@@ -206,7 +222,7 @@ TrainSummary train(const Config& config) {
         {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"tok_per_s", tok_s},
         {"step_ms", sec * 1e3}, {"tokens", tokens_seen}};
     record.insert(record.end(), moe.fields.begin(), moe.fields.end());
-    metrics.write(record);
+    if (metrics) metrics->write(record);
     if (step == 0) spdlog::info("  peak memory after the first step: {}", human_bytes(peak_rss_bytes()));
     bool last = step + 1 == max_steps;
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) summary.last_val_loss = run_eval(step + 1);
@@ -217,8 +233,13 @@ TrainSummary train(const Config& config) {
   if (sample_every > 0 || max_steps == 0) run_sample(summary.steps);
 
   std::filesystem::path model_dir = run_dir / "model";
-  export_model(*model, model_dir.string());
-  config.save((model_dir / "config.resolved.yaml").string());
+  if (dist.grid.ep > 1) {
+    const ParameterList state = full_state(dist, *model);  // collective: experts from the whole ep group
+    if (dist.root()) export_model(*model, model_dir.string(), &state);
+  } else if (dist.root()) {
+    export_model(*model, model_dir.string());
+  }
+  if (dist.root()) config.save((model_dir / "config.resolved.yaml").string());
   spdlog::info("done: {} steps in {:.1f} s ({} tok/s); model written to {}", summary.steps, total_sec,
                with_commas(std::llround(summary.tokens_per_second)), model_dir.string());
   return summary;

@@ -1,0 +1,124 @@
+#include "train/distributed.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "autograd/grad_mode.h"
+#include "comm/communicator.h"
+#include "comm/grad_sync.h"
+#include "nn/hybrid.h"
+#include "optim/adamw.h"
+
+namespace moetrain {
+
+namespace {
+
+// Expert shards differ between the ranks of an ep group; everything else is replicated.
+bool sharded(const Distributed& d, const NamedParameter& p) { return d.grid.ep > 1 && p.group == "experts"; }
+
+void split(const Distributed& d, const ParameterList& params, ParameterList& replicated, ParameterList& shards) {
+  for (const NamedParameter& p : params) (sharded(d, p) ? shards : replicated).push_back(p);
+}
+
+}  // namespace
+
+Distributed make_distributed(const Config& config) {
+  Distributed d;
+  d.world = &comm::world();
+  const int64_t ep = config.get_int("train.ep");
+  if (d.world->size() % ep != 0)
+    config.fail("train.ep", fmt::format("= {} does not divide the {} ranks of this run (world = dp x ep)", ep,
+                                        d.world->size()));
+  const int64_t experts = config.get_string("model.arch") == "hybrid" ? config.get_int("model.moe.num_experts") : 0;
+  if (ep > 1 && experts == 0)
+    config.fail("train.ep", fmt::format("= {}: expert parallelism needs MoE layers (model.moe.num_experts > 0)", ep));
+  if (ep > 1 && experts % ep != 0)
+    config.fail("train.ep", fmt::format("= {} does not divide model.moe.num_experts = {}", ep, experts));
+  d.grid = comm::make_process_grid(*d.world, static_cast<int>(ep), "train.ep");
+  return d;
+}
+
+void log_rank_table(Distributed& d, int threads) {
+  // Host name (64 bytes) and thread count of every rank, gathered as i32 rows.
+  constexpr int kHost = 64;
+  Tensor row = zeros({1, kHost + 1}, DType::i32);
+  int32_t* p = row.data<int32_t>();
+  const std::string host = d.world->host();
+  for (size_t i = 0; i < host.size() && i < kHost; ++i) p[i] = static_cast<unsigned char>(host[i]);
+  p[kHost] = threads;
+  Tensor all = d.world->all_gather(row);
+  if (!d.root()) return;
+  spdlog::info("{} rank(s): dp {} x ep {}", d.size(), d.grid.dp, d.grid.ep);
+  const int32_t* a = all.data<int32_t>();
+  for (int r = 0; r < d.size(); ++r) {
+    std::string h;
+    for (int i = 0; i < kHost && a[r * (kHost + 1) + i] != 0; ++i) h += static_cast<char>(a[r * (kHost + 1) + i]);
+    spdlog::info("  rank {:>3} | host {} | dp {} ep {} | {} threads", r, h, r / d.grid.ep, r % d.grid.ep,
+                 a[r * (kHost + 1) + kHost]);
+  }
+}
+
+void sync_gradients(Distributed& d, const LanguageModel& model) {
+  if (d.size() == 1) return;
+  ParameterList replicated, shards;
+  split(d, model.parameters(), replicated, shards);
+  comm::GradSyncOptions o;
+  o.scale = 1.0 / d.size();
+  comm::all_reduce_grads(*d.world, replicated, o);
+  if (!shards.empty()) comm::all_reduce_grads(*d.grid.dp_group, shards, o);
+}
+
+double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm) {
+  if (d.size() == 1) return moetrain::clip_grad_norm(model.parameters(), max_norm);
+  ParameterList replicated, shards;
+  split(d, model.parameters(), replicated, shards);
+  double total = grad_squared_sum(replicated);
+  if (!shards.empty()) {
+    Tensor s = full({1}, grad_squared_sum(shards), DType::f64);
+    d.grid.ep_group->all_reduce_sum(s);
+    total += s.data<double>()[0];
+  }
+  const double norm = std::sqrt(total);
+  if (max_norm > 0 && norm > max_norm) scale_grads(model.parameters(), max_norm / (norm + 1e-6));
+  return norm;
+}
+
+void all_reduce_moe_stats(Distributed& d, LanguageModel& model) {
+  auto* hybrid = dynamic_cast<HybridModel*>(&model);
+  if (!hybrid || d.size() == 1) return;
+  for (MoeLayer* m : hybrid->moe_layers()) {
+    MoeStats& st = m->stats();
+    const int64_t E = static_cast<int64_t>(st.tokens_per_expert.size());
+    Tensor t = empty({E + 1}, DType::f64);
+    std::copy(st.tokens_per_expert.begin(), st.tokens_per_expert.end(), t.data<double>());
+    t.data<double>()[E] = static_cast<double>(st.dropped);
+    d.world->all_reduce_sum(t);
+    std::copy(t.data<double>(), t.data<double>() + E, st.tokens_per_expert.begin());
+    st.dropped = static_cast<int64_t>(t.data<double>()[E]);
+  }
+}
+
+double mean_over_world(Distributed& d, double value) {
+  if (d.size() == 1) return value;
+  Tensor t = full({1}, value, DType::f64);
+  d.world->all_reduce_sum(t);
+  return t.data<double>()[0] / d.size();
+}
+
+ParameterList full_state(Distributed& d, const LanguageModel& model) {
+  ParameterList out;
+  NoGradGuard no_grad;
+  for (const NamedParameter& p : model.parameters()) {
+    NamedParameter q = p;
+    if (sharded(d, p)) q.tensor = d.grid.ep_group->all_gather(p.tensor.detach());
+    out.push_back(q);
+  }
+  const ParameterList buffers = model.buffers();
+  out.insert(out.end(), buffers.begin(), buffers.end());
+  return out;
+}
+
+}  // namespace moetrain

@@ -1,0 +1,55 @@
+// Data + expert parallel training (issue 5): the process grid of this run and
+// the collectives the trainer issues around the model.
+//
+// world = dp x ep ranks (train.ep; dp = world / ep). Every rank reads its own
+// micro-batches (rank r takes batches r, r + world, ... of the shared stream, so
+// dp ranks equal one rank with world x the gradient accumulation); experts are
+// sharded over the ep group; replicated parameters get their gradient summed
+// over the world, expert shards over their dp group, both divided by the world
+// size (each rank's loss is the mean over its own tokens).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/process_grid.h"
+#include "config/config.h"
+#include "nn/language_model.h"
+#include "nn/moe.h"
+
+namespace moetrain {
+
+class HybridModel;
+
+struct Distributed {
+  comm::Communicator* world = nullptr;
+  comm::ProcessGrid grid;
+
+  int rank() const { return world->rank(); }
+  int size() const { return world->size(); }
+  bool root() const { return world->rank() == 0; }
+  ExpertShard shard() const { return {grid.ep_index, grid.ep}; }
+};
+
+// The world (MPI under mpirun, else one process) split by train.ep; errors name
+// the key (ep must divide the world size and model.moe.num_experts).
+Distributed make_distributed(const Config& config);
+
+// Prints (root) one line per rank: rank, host, dp/ep index, threads. Collective.
+void log_rank_table(Distributed& d, int threads);
+
+// Gradient sums as described above (bucketed all-reduces).
+void sync_gradients(Distributed& d, const LanguageModel& model);
+// The global gradient norm (expert shards summed over their ep group); clips every
+// rank's grads by the same factor. Returns the norm before clipping.
+double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm);
+// Sums the MoE layers' assignment counts over the world (before the bias update),
+// so every rank moves its router biases identically.
+void all_reduce_moe_stats(Distributed& d, LanguageModel& model);
+// Mean of a per-rank value over the world.
+double mean_over_world(Distributed& d, double value);
+// Parameters and buffers at full size (expert shards gathered over the ep group),
+// to save on the root. Collective.
+ParameterList full_state(Distributed& d, const LanguageModel& model);
+
+}  // namespace moetrain
