@@ -13,9 +13,12 @@
 //   - the output file holds one group of the input group's name ("/" by default):
 //     the outputs X, the input gradients d<input>, the parameter gradients under
 //     grad/<name> (each in the shape it was given), and attributes op, dtype (and
-//     mode, chunk_size for the KDA ops);
+//     mode, chunk_size for the KDA ops); some outputs are values only (latent_moe's
+//     topk_idx, an i64 dataset, and topk_weight): no upstream gradient is read for them;
+//   - buffers (the router bias) are read from params/ but get no gradient;
 //   - all float inputs share one dtype (f32 or f64), which is the compute dtype.
 // Errors name the input file, the group and the dataset or attribute; exit code 2.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -31,6 +34,7 @@
 #include "nn/gpt2.h"
 #include "nn/kda_layer.h"
 #include "nn/mla.h"
+#include "nn/moe.h"
 #include "ops/attention.h"
 #include "ops/attnres.h"
 #include "ops/elementwise.h"
@@ -85,6 +89,14 @@ class OpRun {
   }
   // A layer weight from params/ (its gradient is written as grad/<name>). rank 0: any.
   Tensor param(const std::string& name, int rank) { return take(params_group(), name, rank, params_); }
+  // A buffer from params/: state of the layer that is not trained (no gradient).
+  Tensor buffer(const std::string& name, int rank) {
+    Tensor t = read_checked(params_group(), name);
+    if (rank > 0 && t.dim() != rank) fail("{} is {}; expected rank {}", where("params/" + name), t.shape(), rank);
+    if (!device.is_cpu()) t = t.to(device);
+    buffers_.push_back({name, t});
+    return t;
+  }
   // A weight given with rank `rank` or `alt_rank` (e.g. conv [P, W] or HF's [P, 1, W]).
   Tensor param_either(const std::string& name, int rank, int alt_rank) {
     Tensor t = read_checked(params_group(), name);
@@ -132,10 +144,13 @@ class OpRun {
   }
 
   void output(const std::string& name, const Tensor& t) { outputs_.push_back({name, t}); }
+  // An output written as it is, without an upstream gradient (indices, routing weights).
+  void value(const std::string& name, const Tensor& t) { values_.push_back({name, t}); }
 
   const std::vector<Named>& inputs() const { return inputs_; }
   const std::vector<Named>& params() const { return params_; }
   const std::vector<Named>& outputs() const { return outputs_; }
+  const std::vector<Named>& values() const { return values_; }
   std::string params_group() const { return hdf5::join(group_, "params"); }
   // Attributes of the group the op did not ask for (typos such as gate_mod).
   std::vector<std::string> unused_attributes() const {
@@ -154,6 +169,7 @@ class OpRun {
       if (!known.count(d)) out.push_back(d);
     std::set<std::string> known_params;
     for (const Named& n : params_) known_params.insert(n.name);
+    for (const Named& n : buffers_) known_params.insert(n.name);
     if (in_.has_group(params_group()))
       for (const std::string& d : in_.datasets(params_group()))
         if (!known_params.count(d)) out.push_back("params/" + d);
@@ -172,6 +188,8 @@ class OpRun {
     } catch (const Error& e) {
       throw OpInputError(fmt::format("op {}: {}", op_, e.what()));
     }
+    if (t.dtype() != DType::f32 && t.dtype() != DType::f64)
+      fail("{}:{} is {}; inputs are f32 or f64", in_.path(), hdf5::join(group, name), t.dtype());
     if (first_.empty()) {
       first_ = hdf5::join(group, name);
       dtype_ = t.dtype();
@@ -200,7 +218,7 @@ class OpRun {
   std::string group_, op_;
   std::string first_;  // the first dataset read: fixes the dtype
   DType dtype_ = DType::f64;
-  std::vector<Named> inputs_, params_, outputs_;
+  std::vector<Named> inputs_, params_, buffers_, outputs_, values_;
   mutable std::set<std::string> used_attrs_;
 };
 
@@ -470,6 +488,154 @@ void run_mla(OpRun& r) {
   r.output("y", layer.forward(x));
 }
 
+// latent_moe: x [N, D] or [B, T, D] through the model's own MoeLayer (MODEL_SPEC §9.1
+// router, §9.3 latent routed experts + shared experts), weights under HF names. The
+// per-expert weights experts.{j}.w1/w3/w2.weight are stacked into the layer's
+// [E, F, W] tensors by a differentiable concat, so each gets its own gradient; the
+// router bias is a buffer (selection only, no gradient). Without the three latent
+// weights the experts work on x (plain MoE); without shared_experts.* there is none.
+// Also writes the router's choice: topk_idx [N, k] (i64, descending biased score,
+// ties lower index first) and topk_weight [N, k] (values only, no upstream gradient).
+void run_latent_moe(OpRun& r) {
+  Tensor x = r.input("x", 0);
+  if (x.dim() != 2 && x.dim() != 3) r.fail("{} is {}; expected [N, D] or [B, T, D]", r.where("x"), x.shape());
+  const int64_t D = x.size(-1), N = x.numel() / D;
+  Tensor gate = r.param("gate.weight", 2);
+  const int64_t E = gate.size(0);
+  r.expect("params/gate.weight", gate, Shape{E, D}, "[E, D] (D from x)");
+  r.check_attr("num_experts", E, "gate.weight rows");
+  std::optional<int64_t> k = r.int_attr("top_k");
+  if (!k) r.fail("{} has no attribute top_k (experts per token; shapes do not say it)", r.where_group());
+  if (*k < 1 || *k > E) r.fail("attribute top_k of {} is {}; expected 1..{} (num_experts)", r.where_group(), *k, E);
+
+  MoeConfig c;
+  c.num_experts = E;
+  c.top_k = *k;
+  c.routed_scaling_factor = r.attr("routed_scaling_factor", 1.0);
+  const std::string score = r.string_attr("router_score", "sigmoid");
+  if (score != "sigmoid" && score != "softmax")
+    r.fail("attribute router_score of {} is \"{}\"; expected \"sigmoid\" or \"softmax\"", r.where_group(), score);
+  c.score = parse_router_score(score);
+  c.renormalize = r.bool_attr("renormalize").value_or(true);
+  c.bias_update_rate = 0;
+  FfnConfig ffn;
+  const std::string act = r.string_attr("activation", "situ_glu");
+  if (act == "situ_glu") {
+    ffn.kind = FfnKind::situ_glu;
+    ffn.situ_beta = r.attr("beta", 4.0);
+    const std::optional<double> lin = r.optional_attr("linear_beta");  // absent: no cap on `up`
+    if (ffn.situ_beta <= 0 || (lin && *lin <= 0))
+      r.fail("{}: attributes beta = {} and linear_beta = {} must be > 0 (linear_beta may be absent)", r.where_group(),
+             ffn.situ_beta, lin ? fmt::format("{}", *lin) : "absent");
+    ffn.situ_linear_beta = lin.value_or(0.0);
+  } else if (act == "swiglu") {
+    ffn.kind = FfnKind::swiglu;
+  } else {
+    r.fail("attribute activation of {} is \"{}\"; expected \"situ_glu\" (K3) or \"swiglu\" (Kimi-Linear)",
+           r.where_group(), act);
+  }
+
+  // Latent projections: all three or none.
+  const std::vector<std::string> latent_names{"routed_expert_down_proj.weight", "routed_expert_up_proj.weight",
+                                              "routed_expert_norm.weight"};
+  std::vector<std::string> given;
+  for (const std::string& n : latent_names)
+    if (r.has_param(n)) given.push_back(n);
+  if (!given.empty() && given.size() != latent_names.size())
+    r.fail("{} holds {} but not all of {}: the latent MoE needs all three (or none for a plain MoE)",
+           r.where("params"), fmt::join(given, ", "), fmt::join(latent_names, ", "));
+  Tensor down, up, norm;
+  if (!given.empty()) {
+    down = r.param("routed_expert_down_proj.weight", 2);
+    c.latent_dim = down.size(0);
+    r.expect("params/routed_expert_down_proj.weight", down, Shape{c.latent_dim, D}, "[L, D]");
+    up = r.param("routed_expert_up_proj.weight", 2);
+    r.expect("params/routed_expert_up_proj.weight", up, Shape{D, c.latent_dim}, "[D, L]");
+    norm = r.param("routed_expert_norm.weight", 1);
+    r.expect("params/routed_expert_norm.weight", norm, Shape{c.latent_dim}, "[L]");
+    c.latent_norm_eps = r.attr("eps", 1e-5);  // read only here: a plain MoE has no latent norm
+  }
+  const int64_t W = c.latent_dim > 0 ? c.latent_dim : D;
+  const std::string w_letters = c.latent_dim > 0 ? "L" : "D";
+
+  // Experts: stacked [E, F, W] / [E, W, F] from experts.{j}.*.
+  auto expert_name = [](int64_t j, const char* w) { return fmt::format("experts.{}.{}.weight", j, w); };
+  Tensors w1s, w3s, w2s;
+  int64_t F = 0;
+  for (int64_t j = 0; j < E; ++j) {
+    Tensor w1 = r.param(expert_name(j, "w1"), 2);
+    if (j == 0) F = w1.size(0);
+    r.expect("params/" + expert_name(j, "w1"), w1, Shape{F, W}, fmt::format("[F, {}]", w_letters));
+    Tensor w3 = r.param(expert_name(j, "w3"), 2);
+    r.expect("params/" + expert_name(j, "w3"), w3, Shape{F, W}, fmt::format("[F, {}]", w_letters));
+    Tensor w2 = r.param(expert_name(j, "w2"), 2);
+    r.expect("params/" + expert_name(j, "w2"), w2, Shape{W, F}, fmt::format("[{}, F]", w_letters));
+    w1s.push_back(reshape(w1, {1, F, W}));
+    w3s.push_back(reshape(w3, {1, F, W}));
+    w2s.push_back(reshape(w2, {1, W, F}));
+  }
+  c.expert_d_ff = F;
+
+  // Shared experts: one MLP of width F · n_shared (HF fuses them).
+  const std::vector<std::string> shared_names{"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight",
+                                              "shared_experts.down_proj.weight"};
+  std::vector<std::string> shared_given;
+  for (const std::string& n : shared_names)
+    if (r.has_param(n)) shared_given.push_back(n);
+  if (!shared_given.empty() && shared_given.size() != shared_names.size())
+    r.fail("{} holds {} but not all of {}", r.where("params"), fmt::join(shared_given, ", "),
+           fmt::join(shared_names, ", "));
+  Tensor s_gate, s_up, s_down;
+  c.num_shared_experts = 0;
+  if (!shared_given.empty()) {
+    s_gate = r.param(shared_names[0], 2);
+    const int64_t Fs = s_gate.size(0);
+    if (Fs % F != 0)
+      r.fail("{} is {}; expected [F * n_shared, D] with F = {} (experts.0.w1.weight rows)",
+             r.where("params/" + shared_names[0]), s_gate.shape(), F);
+    r.expect("params/" + shared_names[0], s_gate, Shape{Fs, D}, "[F * n_shared, D]");
+    s_up = r.param(shared_names[1], 2);
+    r.expect("params/" + shared_names[1], s_up, Shape{Fs, D}, "[F * n_shared, D]");
+    s_down = r.param(shared_names[2], 2);
+    r.expect("params/" + shared_names[2], s_down, Shape{D, Fs}, "[D, F * n_shared]");
+    c.num_shared_experts = Fs / F;
+  }
+  r.check_attr("num_shared_experts", c.num_shared_experts, "shared_experts.gate_proj.weight rows / F");
+
+  Tensor bias;
+  if (r.has_param("gate.e_score_correction_bias")) {
+    bias = r.buffer("gate.e_score_correction_bias", 1);
+    r.expect("params/gate.e_score_correction_bias", bias, Shape{E}, "[E]");
+  } else {
+    bias = zeros({E}, x.dtype(), x.device());
+  }
+
+  // Shapes only: the layer's members are set to the inputs.
+  ParamFactory shapes_only(false, x.dtype(), 0);
+  MoeLayer layer(c, D, ffn, 0.02, shapes_only, "");
+  layer.gate_weight = gate;
+  layer.bias = bias;
+  layer.down_proj = down;
+  layer.up_proj = up;
+  layer.latent_norm = norm;
+  layer.w1 = concat(w1s, 0);
+  layer.w3 = concat(w3s, 0);
+  layer.w2 = concat(w2s, 0);
+  if (layer.shared) {
+    layer.shared->gate_proj = s_gate;
+    layer.shared->up_proj = s_up;
+    layer.shared->down_proj = s_down;
+  }
+  Routing routing;
+  Tensor y = layer.forward(reshape(x, {x.dim() == 3 ? x.size(0) : 1, x.dim() == 3 ? x.size(1) : N, D}),
+                           /*training=*/false, &routing);
+  r.output("y", reshape(y, x.shape()));
+  Tensor idx = empty({N, c.top_k}, DType::i64);
+  std::copy(routing.experts.begin(), routing.experts.end(), idx.data<int64_t>());
+  r.value("topk_idx", idx);
+  r.value("topk_weight", routing.weights);
+}
+
 struct OpEntry {
   const char* name;
   bool kda_mode;  // uses --mode / --chunk-size
@@ -484,6 +650,7 @@ constexpr OpEntry kOps[] = {
     {"kda_layer", true, run_kda_layer},
     {"gpt2_block", false, run_gpt2_block},
     {"mla", false, run_mla},
+    {"latent_moe", false, run_latent_moe},
 };
 
 std::string op_names() {
@@ -568,6 +735,10 @@ int run_op(const Options& o) {
   }
   int64_t written = 0;
   for (const Named& n : r.outputs()) {
+    out.write(g, n.name, n.tensor.detach());
+    ++written;
+  }
+  for (const Named& n : r.values()) {
     out.write(g, n.name, n.tensor.detach());
     ++written;
   }

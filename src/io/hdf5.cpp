@@ -248,8 +248,12 @@ Tensor Reader::read(const std::string& group, const std::string& name) const {
   } else if (H5Tget_class(ft.get()) == H5T_FLOAT && H5Tget_size(ft.get()) == 8) {
     dtype = DType::f64;
     mem = H5T_NATIVE_DOUBLE;
+  } else if (H5Tget_class(ft.get()) == H5T_INTEGER && H5Tget_size(ft.get()) == 8 &&
+             H5Tget_sign(ft.get()) == H5T_SGN_2) {
+    dtype = DType::i64;
+    mem = H5T_NATIVE_INT64;
   } else {
-    MT_THROW("{} has dtype {}; expected f32 or f64 (convert it, e.g. h5py: f.create_dataset(name, "
+    MT_THROW("{} has dtype {}; expected f32, f64 or i64 (convert it, e.g. h5py: f.create_dataset(name, "
              "data=x.astype('float64')))",
              where(group, name), type_text(ft.get()));
   }
@@ -458,8 +462,8 @@ void Writer::create_group(const std::string& group) { H5Gclose(open_group(group)
 
 void Writer::write(const std::string& group, const std::string& name, const Tensor& tensor) {
   MT_CHECK(tensor.defined(), "{}: cannot write an undefined tensor", where(group, name));
-  MT_CHECK(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64, "{}: dtype {} cannot be written; f32 or f64",
-           where(group, name), tensor.dtype());
+  MT_CHECK(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64 || tensor.dtype() == DType::i64,
+           "{}: dtype {} cannot be written; f32, f64 or i64", where(group, name), tensor.dtype());
   MT_CHECK(!name.empty() && name.find('/') == std::string::npos, "{}: a dataset name must be non-empty and have no '/'",
            where(group, name));
   Tensor t = tensor.is_cpu() ? tensor : tensor.to(kCpu);
@@ -469,13 +473,15 @@ void Writer::write(const std::string& group, const std::string& name, const Tens
   for (int i = 0; i < t.dim(); ++i) dims.push_back(static_cast<hsize_t>(t.size(i)));
   Id space(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
            H5Sclose);
-  const bool f64 = t.dtype() == DType::f64;
-  Id ds(H5Dcreate2(g.get(), name.c_str(), f64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
-                   H5P_DEFAULT, H5P_DEFAULT),
-        H5Dclose);
+  const hid_t file_type = t.dtype() == DType::f64   ? H5T_IEEE_F64LE
+                          : t.dtype() == DType::f32 ? H5T_IEEE_F32LE
+                                                    : H5T_STD_I64LE;
+  const hid_t mem_type = t.dtype() == DType::f64   ? H5T_NATIVE_DOUBLE
+                         : t.dtype() == DType::f32 ? H5T_NATIVE_FLOAT
+                                                   : H5T_NATIVE_INT64;
+  Id ds(H5Dcreate2(g.get(), name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
   if (!ds.valid()) MT_THROW("{}: cannot create the dataset{}", where(group, name), library_error());
-  if (t.numel() > 0 &&
-      H5Dwrite(ds.get(), f64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw_data()) < 0)
+  if (t.numel() > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw_data()) < 0)
     MT_THROW("{}: writing the data failed{}", where(group, name), library_error());
 }
 

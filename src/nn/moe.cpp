@@ -217,7 +217,7 @@ Tensor MoeLayer::dispatch(const Tensor& z, const std::vector<int64_t>& counts) c
   return comm::all_to_all_v(*ep_, index_select(out, 0, index_tensor(inverse)), recv_rows, send_rows);
 }
 
-Tensor MoeLayer::forward(const Tensor& x, bool training) {
+Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
   MT_CHECK(x.dim() == 3 && x.size(2) == d_model_, "moe layer: x {} must be [B, T, {}]", x.shape(), d_model_);
   const int64_t B = x.size(0), T = x.size(1), N = B * T, D = d_model_, E = c_.num_experts, k = c_.top_k;
   const int64_t W = c_.latent_dim > 0 ? c_.latent_dim : D;
@@ -246,7 +246,7 @@ Tensor MoeLayer::forward(const Tensor& x, bool training) {
   Tensor slots = reshape(index_select(out, 0, index_tensor(slot_row)), {N, k, W});
   Tensor y = sum(mul(slots, reshape(r.weights, {N, k, 1})), 1);  // [N, W]
   if (c_.latent_dim > 0) {
-    if (latent_norm.defined()) y = rms_norm(y, latent_norm, 1e-5);
+    if (latent_norm.defined()) y = rms_norm(y, latent_norm, c_.latent_norm_eps);
     y = linear(y, up_proj);
   }
   if (shared) y = add(y, shared->forward(xf));
@@ -268,6 +268,7 @@ Tensor MoeLayer::forward(const Tensor& x, bool training) {
     Tensor z_loss = mul_scalar(mean(square(lse)), c_.z_loss_weight);
     aux_loss_ = aux_loss_.defined() ? add(aux_loss_, z_loss) : z_loss;
   }
+  if (routing) *routing = std::move(r);
   return reshape(y, {B, T, D});
 }
 

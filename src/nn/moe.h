@@ -37,6 +37,7 @@ struct MoeConfig {
   int64_t expert_d_ff = 0;  // F, per expert (and per shared expert)
   int64_t latent_dim = 0;   // L; 0: plain MoE on the full width
   bool latent_norm = true;
+  double latent_norm_eps = 1e-5;  // routed_expert_norm (MODEL_SPEC §1: rms_norm_eps)
   int64_t first_dense_layers = 1;
   RouterScore score = RouterScore::sigmoid;
   bool renormalize = true;
@@ -113,8 +114,9 @@ class MoeLayer {
   const ExpertShard& shard() const { return shard_; }
 
   // x [B, T, D] -> [B, T, D]. Adds the assignments to stats(); with training and a
-  // non-zero aux/z-loss weight sets aux_loss() (a scalar to add to the loss).
-  Tensor forward(const Tensor& x, bool training);
+  // non-zero aux/z-loss weight sets aux_loss() (a scalar to add to the loss). With
+  // `routing`, also hands back the router's result (tokens in B, T order).
+  Tensor forward(const Tensor& x, bool training, Routing* routing = nullptr);
 
   const MoeConfig& config() const { return c_; }
   MoeStats& stats() { return stats_; }

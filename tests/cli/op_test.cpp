@@ -1,8 +1,9 @@
 // `moetrain op` end to end without PyTorch: the binary on HDF5 inputs written here
 // gives what the op gives in-process (bitwise), absent upstream gradients count as
 // zeros, no upstream gradient at all writes outputs only, and bad input exits 2 with
-// one line naming the file and the dataset or attribute. The comparison with PyTorch
-// is tests/cli/op_reference_test.cpp.
+// one line naming the file and the dataset or attribute; latent_moe equals the
+// model's MoeLayer run in-process, weights given per expert under HF names. The
+// comparison with PyTorch is tests/cli/op_reference_test.cpp.
 #include <catch2/catch.hpp>
 #include <sys/wait.h>
 
@@ -13,6 +14,7 @@
 #include "backend/cuda/runtime.h"
 #include "io/hdf5.h"
 #include "moetrain.h"
+#include "nn/moe.h"
 #include "ops/kda.h"
 #include "testing.h"
 
@@ -206,4 +208,123 @@ TEST_CASE("op: unused datasets and attributes are reported, not fatal", "[cli][o
   CHECK(r.output.find("attribute gate_mod") != string::npos);
   hdf5::Reader out(tmp / "out.h5");
   CHECK(!out.has_dataset("/", "dh0"));
+}
+
+TEST_CASE("op: latent_moe equals the model's MoeLayer in-process, per-expert weights in and gradients out",
+          "[cli][op][moe]") {
+  TempDir tmp;
+  const int64_t D = 12, L = 6, F = 5, E = 5, k = 2, N = 9;
+  MoeConfig c;
+  c.num_experts = E;
+  c.top_k = k;
+  c.num_shared_experts = 2;
+  c.expert_d_ff = F;
+  c.latent_dim = L;
+  c.routed_scaling_factor = 1.7;
+  FfnConfig ffn;
+  ffn.kind = FfnKind::situ_glu;
+  ffn.situ_beta = 3.0;
+  ffn.situ_linear_beta = 6.0;
+  ParamFactory factory(true, DType::f64, 11);
+  MoeLayer layer(c, D, ffn, 0.3, factory, "");
+  layer.bias = mul_scalar(randn({E}, DType::f32, 5), 0.2);  // a buffer: f32 in the model
+  Tensor x = randn({N, D}, DType::f64, 6), dy = randn({N, D}, DType::f64, 7);
+
+  auto expert_slice = [&](const Tensor& stacked, int64_t j) {
+    return reshape(slice(stacked, 0, j, j + 1), {stacked.size(1), stacked.size(2)}).contiguous();
+  };
+  // Writes the layer's weights under HF names (experts one by one), leaving out `skip`.
+  auto write_group = [&](hdf5::Writer& w, const string& g, const std::vector<string>& skip) {
+    auto put = [&](const string& name, const Tensor& t) {  // name: "x" or "params/NAME"
+      if (std::find(skip.begin(), skip.end(), name) != skip.end()) return;
+      const size_t slash = name.find('/');
+      if (slash == string::npos) w.write(g, name, t);
+      else w.write(g + "/" + name.substr(0, slash), name.substr(slash + 1), t);
+    };
+    put("x", x);
+    put("dy", dy);
+    for (const NamedParameter& p : factory.params()) {
+      const string stacked = "experts.";
+      if (p.name.rfind(stacked, 0) == 0) {  // experts.w1.weight -> experts.{j}.w1.weight
+        for (int64_t j = 0; j < E; ++j)
+          put("params/experts." + std::to_string(j) + "." + p.name.substr(stacked.size()),
+              expert_slice(p.tensor.detach(), j));
+      } else {
+        put("params/" + p.name, p.tensor.detach());
+      }
+    }
+    put("params/gate.e_score_correction_bias", layer.bias.to(DType::f64));
+    w.set_attribute(g, "num_experts", E);
+    if (std::find(skip.begin(), skip.end(), "top_k") == skip.end()) w.set_attribute(g, "top_k", k);
+    w.set_attribute(g, "num_shared_experts", int64_t{2});
+    w.set_attribute(g, "routed_scaling_factor", 1.7);
+    w.set_attribute(g, "beta", 3.0);
+    w.set_attribute(g, "linear_beta", 6.0);
+  };
+  const string file = tmp / "in.h5";
+  {
+    hdf5::Writer w(file);
+    write_group(w, "moe", {});
+    w.write("moe", "dtopk_weight", randn({N, k}, DType::f64, 8));  // not an upstream gradient: warned about
+    write_group(w, "no_top_k", {"top_k"});
+    write_group(w, "partial_latent", {"params/routed_expert_norm.weight"});
+    write_group(w, "missing_expert", {"params/experts.4.w2.weight"});
+    w.commit();
+  }
+
+  Tensor xl = x.clone();
+  xl.set_requires_grad(true);
+  Routing routing;
+  Tensor y = layer.forward(reshape(xl, {1, N, D}), /*training=*/false, &routing);
+  autograd::backward({y}, {reshape(dy, {1, N, D})});
+
+  Result res = run_cli("op latent_moe --group moe --in " + file + " --out " + tmp / "out.h5");
+  INFO(res.output);
+  REQUIRE(res.code == 0);
+  CHECK(res.output.find("/moe/dtopk_weight was not used") != string::npos);
+  hdf5::Reader out(tmp / "out.h5");
+  CHECK(out.datasets("moe") == std::vector<string>{"dx", "topk_idx", "topk_weight", "y"});
+  CHECK(bitwise_equal(out.read("moe", "y"), reshape(y, {N, D}).detach()));
+  CHECK(bitwise_equal(out.read("moe", "dx"), xl.grad()));
+  Tensor idx = out.read("moe", "topk_idx");
+  CHECK(idx.dtype() == DType::i64);
+  CHECK(idx.shape() == Shape{N, k});
+  CHECK(idx.to_vector() == std::vector<double>(routing.experts.begin(), routing.experts.end()));
+  CHECK(bitwise_equal(out.read("moe", "topk_weight"), routing.weights.detach()));
+  // Every weight gets its gradient under its HF name; the bias (a buffer) none.
+  std::vector<string> want;
+  for (const NamedParameter& p : factory.params()) {
+    const string stacked = "experts.";
+    if (p.name.rfind(stacked, 0) == 0) {
+      for (int64_t j = 0; j < E; ++j) {
+        const string name = "experts." + std::to_string(j) + "." + p.name.substr(stacked.size());
+        INFO(name);
+        want.push_back(name);
+        CHECK(bitwise_equal(out.read("moe/grad", name), expert_slice(p.tensor.grad(), j)));
+      }
+    } else {
+      INFO(p.name);
+      want.push_back(p.name);
+      CHECK(bitwise_equal(out.read("moe/grad", p.name), p.tensor.grad()));
+    }
+  }
+  std::sort(want.begin(), want.end());
+  CHECK(out.datasets("moe/grad") == want);
+  CHECK(want.size() == static_cast<size_t>(3 * E + 7));  // gate, 3 latent, 3 shared
+
+  struct Bad {
+    const char* group;
+    std::vector<string> expect;
+  };
+  for (const Bad& b : {Bad{"no_top_k", {"/no_top_k", "attribute top_k"}},
+                       Bad{"partial_latent", {"/partial_latent/params", "routed_expert_norm.weight", "all three"}},
+                       Bad{"missing_expert", {"/missing_expert/params", "missing dataset experts.4.w2.weight"}}}) {
+    Result r = run_cli(string("op latent_moe --group ") + b.group + " --in " + file + " --out " + tmp / "bad.h5");
+    INFO(b.group << ": " << r.output);
+    CHECK(r.code == 2);
+    CHECK(lines(r.output) == 1);
+    CHECK(r.output.find(file) != string::npos);
+    for (const string& e : b.expect) CHECK(r.output.find(e) != string::npos);
+    CHECK(!fs::exists(tmp / "bad.h5"));
+  }
 }

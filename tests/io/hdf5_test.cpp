@@ -20,12 +20,14 @@ TEST_CASE("hdf5: tensors and attributes round-trip through nested groups", "[io]
   const std::string path = tmp / "t.h5";
   Tensor a = randn({2, 3, 5}, DType::f64, 1), b = randn({7}, DType::f32, 2), s = from_vector({2.5}, {}, DType::f64);
   Tensor empty_rows = zeros({0, 4}, DType::f32);
+  Tensor idx = from_vector({3, 0, 7, 1, 1, 2}, {3, 2}, DType::i64);
   {
     hdf5::Writer w(path);
     w.write("/", "a", a);
     w.write("case/params", "b", b);
     w.write("case", "s", s);
     w.write("case", "empty", empty_rows);
+    w.write("case", "idx", idx);
     w.set_attribute("case", "scale", 0.125);
     w.set_attribute("case", "H", int64_t{4});
     w.set_attribute("case", "gate_mode", std::string("softplus"));
@@ -41,7 +43,9 @@ TEST_CASE("hdf5: tensors and attributes round-trip through nested groups", "[io]
   CHECK(moetrain::testing::bitwise_equal(r.read("/case/params/", "b"), b));
   CHECK(moetrain::testing::bitwise_equal(r.read("case", "s"), s));
   CHECK(r.read("case", "empty").shape() == Shape{0, 4});
-  CHECK(r.datasets("case") == std::vector<std::string>{"empty", "s"});
+  CHECK(r.read("case", "idx").dtype() == DType::i64);
+  CHECK(moetrain::testing::bitwise_equal(r.read("case", "idx"), idx));
+  CHECK(r.datasets("case") == std::vector<std::string>{"empty", "idx", "s"});
   CHECK(r.groups("case") == std::vector<std::string>{"params"});
   CHECK(r.groups("/") == std::vector<std::string>{"case"});
   CHECK(r.has_group("case/params"));
@@ -91,7 +95,7 @@ TEST_CASE("hdf5: errors name the file, the group or dataset and the problem", "[
   hdf5::Writer w(tmp / "w.h5");
   w.write("g", "x", randn({2}, DType::f32, 1));
   CHECK(error_of([&] { w.write("g", "x", randn({2}, DType::f32, 1)); }).find("already exists") != std::string::npos);
-  CHECK(error_of([&] { w.write("g", "i", arange(3)); }).find("f32 or f64") != std::string::npos);
+  CHECK(error_of([&] { w.write("g", "i", arange(3, DType::i32)); }).find("f32, f64 or i64") != std::string::npos);
 }
 
 TEST_CASE("hdf5: a writer dropped before commit leaves the old file untouched", "[io][hdf5]") {
@@ -126,6 +130,7 @@ with h5py.File(sys.argv[1], "w") as f:
     g["x"] = np.arange(6, dtype=np.float32).reshape(2, 3)
     g["s"] = np.float64(1.5)
     g["ids"] = np.arange(4, dtype=np.int32)
+    g["idx"] = np.array([[5, 0], [2, 9]], dtype=np.int64)
     g["half"] = np.zeros(3, dtype=np.float16)
     g.attrs["flag"] = True
     g.attrs["off"] = np.bool_(False)
@@ -143,6 +148,8 @@ with h5py.File(sys.argv[1], "w") as f:
   CHECK(r.read("case", "s").item<double>() == 1.5);
   std::string ints = error_of([&] { r.read("case", "ids"); });
   CHECK(ints.find("/case/ids has dtype int32") != std::string::npos);
+  CHECK(r.read("case", "idx").dtype() == DType::i64);
+  CHECK(r.read("case", "idx").to_vector() == std::vector<double>{5, 0, 2, 9});
   CHECK(error_of([&] { r.read("case", "half"); }).find("dtype f16") != std::string::npos);
   CHECK(r.attr_bool("case", "flag") == true);
   CHECK(r.attr_bool("case", "off") == false);
@@ -155,6 +162,7 @@ with h5py.File(sys.argv[1], "w") as f:
   {
     hdf5::Writer w(ours);
     w.write("g/grad", "w", from_vector({1, 2, 3, 4}, {2, 2}, DType::f64));
+    w.write("g", "topk_idx", from_vector({4, 1, 0, 3}, {2, 2}, DType::i64));
     w.set_attribute("g", "op", std::string("kda"));
     w.set_attribute("g", "chunk_size", int64_t{16});
     w.set_attribute("g", "eps", 1e-5);
@@ -165,6 +173,8 @@ with h5py.File(sys.argv[1], "r") as f:
     w = f["g/grad/w"]
     assert w.dtype == np.float64 and w.shape == (2, 2), (w.dtype, w.shape)
     assert (w[()] == np.array([[1, 2], [3, 4]])).all()
+    i = f["g/topk_idx"]
+    assert i.dtype == np.int64 and (i[()] == np.array([[4, 1], [0, 3]])).all(), (i.dtype, i[()])
     a = f["g"].attrs
     assert a["op"] == "kda", a["op"]
     assert a["chunk_size"] == 16 and a["eps"] == 1e-5

@@ -20,7 +20,12 @@ h0; without h0 and with dht absent; outputs only; strong decay down to -12 per s
 with some channels exactly 0 and beta near 0 or 1; one partial chunk of 64 > T), kda_fused (softplus and
 lowerbound gates), kda_layer (softplus gate + low-rank output gate, lowerbound gate
 + full-rank output gate; GVA), attention, attnres, situ_glu (constant beta with
-linear_beta; learnable beta without), gpt2_block, mla.
+linear_beta; learnable beta without), gpt2_block, mla, latent_moe (§9: K3 latent MoE with
+shared experts and a router bias that changes the selection; plain MoE with SwiGLU and no
+shared experts; top_k = 1 on [B, T, D] with a softmax router; an expert that no token
+chooses; the experts run densely, a combine matrix masks what the router did not choose).
+Buffers (the router bias) go under params/ but get no gradient; latent_moe also writes
+topk_idx (int64) and topk_weight, which have no upstream gradient.
 --list prints "CASE OP MODES" lines.
 """
 import argparse
@@ -183,6 +188,71 @@ def mla(x, p, H, dn, dr, dv, eps):
     return o @ p["o_proj.weight"].T
 
 
+# ---------------------------------------------------------------- §9 MoE
+
+def glu_mlp(x, w_gate, w_up, w_down, activation, beta, linear_beta):
+    """§8 SiTU-GLU (K3) or SwiGLU (Kimi-Linear): act(x Wg^T, x Wu^T) Wd^T."""
+    g, u = x @ w_gate.T, x @ w_up.T
+    h = situ_glu(g, u, beta, linear_beta) if activation == "situ_glu" else silu(g) * u
+    return h @ w_down.T
+
+
+def moe_route(x, gate_w, bias, top_k, score, renormalize, scale):
+    """§9.1, one token at a time. x [N, D] -> (I [N][k] expert lists in descending biased score, ties lower
+    index first; combine [N, E]: w_e at the selected experts, 0 elsewhere, differentiable through s)."""
+    logits = x @ gate_w.T
+    s = sigmoid(logits) if score == "sigmoid" else torch.softmax(logits, dim=-1)
+    N, E = s.shape
+    chosen, rows = [], []
+    for n in range(N):
+        c = [float(s[n, e] + bias[e]) for e in range(E)]          # biased score: selection only
+        I = sorted(range(E), key=lambda e: (-c[e], e))[:top_k]
+        mask = torch.zeros(E, dtype=x.dtype)
+        mask[I] = 1.0
+        w = s[n] * mask
+        if renormalize and top_k > 1:
+            w = w / (w.sum() + 1e-20)
+        rows.append(w * scale)
+        chosen.append(I)
+    return chosen, torch.stack(rows)
+
+
+def moe_margin(x, gate_w, bias, top_k, score):
+    """Smallest gap between consecutive biased scores among each token's top_k + 1 (selection and its order
+    are unambiguous in f32 when this is well above f32 rounding)."""
+    logits = x @ gate_w.T
+    s = sigmoid(logits) if score == "sigmoid" else torch.softmax(logits, dim=-1)
+    c = torch.sort(s + bias, dim=-1, descending=True).values[:, :top_k + 1]
+    return (c[:, :-1] - c[:, 1:]).min(dim=-1).values                # [N]
+
+
+def latent_moe(x, p, top_k, score="sigmoid", renormalize=True, scale=1.0, activation="situ_glu", beta=4.0,
+               linear_beta=None, eps=1e-5):
+    """§9.3 in a dense masked form: every expert runs on every token and the combine matrix (zero for the
+    experts a token did not choose) weights the results. x [N, D] or [B, T, D]; p: HF names.
+    Returns y (x's shape), topk_idx [N, k] (int64), topk_weight [N, k]."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    E = p["gate.weight"].shape[0]
+    chosen, combine = moe_route(x, p["gate.weight"], p["gate.e_score_correction_bias"], top_k, score, renormalize,
+                                scale)
+    latent = "routed_expert_down_proj.weight" in p
+    z = x @ p["routed_expert_down_proj.weight"].T if latent else x
+    y = 0
+    for e in range(E):
+        out = glu_mlp(z, p[f"experts.{e}.w1.weight"], p[f"experts.{e}.w3.weight"], p[f"experts.{e}.w2.weight"],
+                      activation, beta, linear_beta)
+        y = y + combine[:, e:e + 1] * out                           # weight applied after the expert
+    if latent:
+        y = rms_norm(y, p["routed_expert_norm.weight"], eps) @ p["routed_expert_up_proj.weight"].T
+    if "shared_experts.gate_proj.weight" in p:
+        y = y + glu_mlp(x, p["shared_experts.gate_proj.weight"], p["shared_experts.up_proj.weight"],
+                        p["shared_experts.down_proj.weight"], activation, beta, linear_beta)
+    topk_idx = torch.tensor(chosen, dtype=torch.int64)
+    topk_weight = torch.stack([combine[n, chosen[n]] for n in range(len(chosen))])
+    return {"y": y.reshape(shape), "topk_idx": topk_idx, "topk_weight": topk_weight}
+
+
 # ---------------------------------------------------------------- cases
 
 class Case:
@@ -190,6 +260,7 @@ class Case:
         self.name, self.op, self.modes = name, op, modes
         self.chunk_size = 16
         self.inputs, self.params, self.attrs, self.upstream = {}, {}, {}, {}
+        self.buffers = {}  # written under params/ like weights, but get no gradient (the router bias)
         self.outputs, self.grads, self.param_grads = {}, {}, {}
 
 
@@ -197,7 +268,7 @@ def run_case(case, fn, upstream_names):
     """fn(inputs, params) -> dict of outputs. upstream_names: outputs whose dX goes into the file."""
     ins = {k: v.clone().requires_grad_(True) for k, v in case.inputs.items()}
     ps = {k: v.clone().requires_grad_(True) for k, v in case.params.items()}
-    outs = fn(ins, ps)
+    outs = fn(ins, dict(ps, **case.buffers))
     case.outputs = {k: v.detach() for k, v in outs.items()}
     if not upstream_names:
         return
@@ -379,6 +450,81 @@ def make_cases():
     c.attrs = {"H": Hm, "eps": 1e-6}
     run_case(c, lambda i, p: {"y": mla(i["x"], p, Hm, dn, dr, dv, 1e-6)}, ["y"])
     cases.append(c)
+    # --- latent_moe (§9): K3 latent MoE + shared experts, the bias changing the selection; a plain
+    # Kimi-Linear-style MoE (SwiGLU, no latent, no shared); top_k = 1 on [B, T, D]; an expert no token
+    # chooses (its bias puts it last for every token). Inputs are redrawn per token until the top_k + 1
+    # biased scores are 2e-3 apart, so the selection and its order are the same in f32.
+    Dx, Lx, Fx = 16, 8, 12
+
+    def moe_params(E, latent, n_shared, gain):
+        W = Lx if latent else Dx
+        p = {"gate.weight": randn(E, Dx, std=Dx ** -0.5)}
+        for e in range(E):
+            p[f"experts.{e}.w1.weight"] = randn(Fx, W, std=gain * W ** -0.5)
+            p[f"experts.{e}.w3.weight"] = randn(Fx, W, std=gain * W ** -0.5)
+            p[f"experts.{e}.w2.weight"] = randn(W, Fx, std=Fx ** -0.5)
+        if n_shared:
+            Fs = Fx * n_shared
+            p["shared_experts.gate_proj.weight"] = randn(Fs, Dx, std=gain * Dx ** -0.5)
+            p["shared_experts.up_proj.weight"] = randn(Fs, Dx, std=gain * Dx ** -0.5)
+            p["shared_experts.down_proj.weight"] = randn(Dx, Fs, std=Fs ** -0.5)
+        if latent:
+            p["routed_expert_down_proj.weight"] = randn(Lx, Dx, std=Dx ** -0.5)
+            p["routed_expert_up_proj.weight"] = randn(Dx, Lx, std=Lx ** -0.5)
+            p["routed_expert_norm.weight"] = randn(Lx, std=0.2, mean=1.0)
+        return p
+
+    def moe_x(shape, p, bias, top_k, score):
+        x = randn(*shape).reshape(-1, Dx)
+        for _ in range(100):
+            bad = moe_margin(x, p["gate.weight"], bias, top_k, score) < 2e-3
+            if not bad.any():
+                return x.reshape(shape)
+            x[bad] = randn(int(bad.sum()), Dx)
+        raise RuntimeError("latent_moe: no inputs with a clear top-k margin")
+
+    moe_cases = [
+        # name, E, k, latent, n_shared, x shape, attrs (beyond num_experts, top_k)
+        ("latent_moe_k3", 8, 3, True, 2, (20, Dx), 3.0,
+         {"routed_scaling_factor": 2.5, "beta": 4.0, "linear_beta": 25.0, "eps": 1e-5,
+          "router_score": "sigmoid", "renormalize": np.bool_(True)}),
+        ("latent_moe_plain_swiglu", 6, 2, False, 0, (20, Dx), 1.0,
+         {"routed_scaling_factor": 2.446, "activation": "swiglu", "renormalize": np.bool_(True)}),
+        ("latent_moe_top1", 4, 1, False, 1, (2, 7, Dx), 2.0, {"router_score": "softmax", "beta": 4.0}),
+        ("latent_moe_idle_expert", 6, 2, True, 0, (18, Dx), 2.5,
+         {"routed_scaling_factor": 1.5, "beta": 2.0, "linear_beta": 3.0, "eps": 1e-6, "router_score": "softmax",
+          "renormalize": np.bool_(False)}),
+    ]
+    for name, E, k, latent, n_shared, shape, gain, attrs in moe_cases:
+        c = Case(name, "latent_moe")
+        c.params = moe_params(E, latent, n_shared, gain)
+        score = attrs.get("router_score", "sigmoid")
+        if name == "latent_moe_idle_expert":
+            bias = torch.zeros(E, dtype=DT)
+            bias[3] = -1.0                                          # softmax scores < 1: expert 3 is always last
+        elif name == "latent_moe_top1":
+            bias = torch.zeros(E, dtype=DT)
+        else:
+            bias = randn(E, std=0.15)
+        c.buffers = {"gate.e_score_correction_bias": bias}
+        c.inputs = {"x": moe_x(shape, c.params, bias, k, score)}
+        c.attrs = dict(attrs, num_experts=E, top_k=k)
+
+        def moe(i, p, k=k, attrs=attrs):
+            return latent_moe(i["x"], p, k, score=attrs.get("router_score", "sigmoid"),
+                              renormalize=bool(attrs.get("renormalize", True)),
+                              scale=attrs.get("routed_scaling_factor", 1.0),
+                              activation=attrs.get("activation", "situ_glu"), beta=attrs.get("beta", 4.0),
+                              linear_beta=attrs.get("linear_beta"), eps=attrs.get("eps", 1e-5))
+        run_case(c, moe, ["y"])
+        idx = c.outputs["topk_idx"]
+        if name == "latent_moe_k3":                                 # the bias changes some selections
+            unbiased, _ = moe_route(c.inputs["x"], c.params["gate.weight"], torch.zeros(E, dtype=DT), k, score,
+                                    True, 1.0)
+            assert any(set(a) != set(b) for a, b in zip(unbiased, idx.tolist())), name
+        if name == "latent_moe_idle_expert":
+            assert not (idx == 3).any() and c.param_grads["experts.3.w1.weight"].abs().max() == 0, name
+        cases.append(c)
     return cases
 
 
@@ -390,7 +536,7 @@ def write(out_dir, cases):
             gi, ge = fi.create_group(c.name), fe.create_group(c.name)
             for k, v in c.inputs.items():
                 gi[k] = v.numpy()
-            for k, v in c.params.items():
+            for k, v in list(c.params.items()) + list(c.buffers.items()):
                 gi["params/" + k] = v.numpy()
             for k, v in c.upstream.items():
                 gi[k] = v.numpy()
