@@ -37,8 +37,7 @@ HybridConfig HybridConfig::from(const Config& config) {
   c.kda.chunked = config.get_string("model.kda.mode") == "chunked";
   c.kda.chunk_size = config.get_int("model.kda.chunk_size");
   if (c.kda.value_heads() % c.kda.n_head != 0)
-    config.fail("model.kda.n_value_head", fmt::format("= {} must be a multiple of model.kda.n_head = {}",
-                                                      c.kda.value_heads(), c.kda.n_head));
+    config.fail("model.kda.n_value_head", fmt::format("must be a multiple of model.kda.n_head = {}", c.kda.n_head));
 
   c.mla.n_head = config.get_int("model.mla.n_head");
   c.mla.q_lora_rank = config.get_int("model.mla.q_lora_rank");
@@ -78,19 +77,16 @@ HybridConfig HybridConfig::from(const Config& config) {
   c.moe.capacity_factor = config.get_number("model.moe.capacity_factor");
   if (c.moe.num_experts > 0) {
     if (c.moe.top_k > c.moe.num_experts)
-      config.fail("model.moe.top_k", fmt::format("= {} exceeds model.moe.num_experts = {}", c.moe.top_k,
-                                                 c.moe.num_experts));
+      config.fail("model.moe.top_k", fmt::format("exceeds model.moe.num_experts = {}", c.moe.num_experts));
     if (c.moe.expert_d_ff == 0) config.fail("model.moe.expert_d_ff", "must be set (> 0) when model.moe.num_experts > 0");
     if (c.moe.num_experts % c.moe.n_group != 0)
-      config.fail("model.moe.n_group", fmt::format("= {} does not divide model.moe.num_experts = {}", c.moe.n_group,
-                                                   c.moe.num_experts));
+      config.fail("model.moe.n_group", fmt::format("does not divide model.moe.num_experts = {}", c.moe.num_experts));
     if (c.moe.topk_group > c.moe.n_group || c.moe.top_k > c.moe.topk_group * (c.moe.num_experts / c.moe.n_group))
       config.fail("model.moe.topk_group",
-                  fmt::format("= {}: must be <= model.moe.n_group = {} and keep at least top_k = {} experts ({} per "
-                              "group)", c.moe.topk_group, c.moe.n_group, c.moe.top_k,
-                              c.moe.num_experts / c.moe.n_group));
+                  fmt::format("must be <= model.moe.n_group = {} and keep at least model.moe.top_k = {} experts ({} "
+                              "per group)", c.moe.n_group, c.moe.top_k, c.moe.num_experts / c.moe.n_group));
     if (c.ffn.kind == FfnKind::gelu)
-      config.fail("model.ffn", "= gelu: MoE experts are gated MLPs; use situ_glu or swiglu with model.moe.num_experts > 0");
+      config.fail("model.ffn", "MoE experts are gated MLPs; use situ_glu or swiglu with model.moe.num_experts > 0");
   }
 
   c.attn_res = config.get_bool("model.attn_res");

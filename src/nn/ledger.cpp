@@ -34,8 +34,7 @@ Ledger make_ledger(const Config& config, LedgerLayout layout) {
     model = std::move(m);
   }
   if (experts > 0 && experts % layout.ep != 0)
-    config.fail("model.moe.num_experts", fmt::format("= {} cannot be sharded over --ep {} ranks (not a multiple)",
-                                                     experts, layout.ep));
+    config.fail("model.moe.num_experts", fmt::format("cannot be sharded over --ep {} ranks (not a multiple)", layout.ep));
   l.arch = model->arch();
   l.description = model->describe();
   int64_t expert_params = 0, embedding_table = 0;

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <spdlog/spdlog.h>
+
 #include "autograd/grad_mode.h"
 #include "comm/collectives.h"
 #include "comm/communicator.h"
@@ -203,6 +205,12 @@ Tensor MoeLayer::dispatch(const Tensor& z, const std::vector<int64_t>& counts) c
       recv_rows[s] += recv_counts[s * El + e];
       local[e] += recv_counts[s * El + e];
     }
+  if (!logged_sizes_) {
+    logged_sizes_ = true;
+    spdlog::debug("moe dispatch (ep rank {} of {}): sends {} rows [{}], receives {} [{}], {} per local expert [{}]",
+                  shard_.index, P, z.size(0), fmt::join(send_rows, ", "), row, fmt::join(recv_rows, ", "), El,
+                  fmt::join(local, ", "));
+  }
   Tensor recv = comm::all_to_all_v(*ep_, z, send_rows, recv_rows);  // [row, W], (source, expert) order
   // Group by local expert (source order within an expert), run, and restore the order.
   std::vector<int64_t> perm, inverse(static_cast<size_t>(row));

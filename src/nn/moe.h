@@ -138,6 +138,7 @@ class MoeLayer {
   MoeConfig c_;
   ExpertShard shard_;
   comm::Communicator* ep_ = nullptr;
+  mutable bool logged_sizes_ = false;  // the first dispatch's sizes go to the debug log
   FfnConfig ffn_;
   int64_t d_model_;
   MoeStats stats_;

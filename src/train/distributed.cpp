@@ -30,13 +30,12 @@ Distributed make_distributed(const Config& config) {
   d.world = &comm::world();
   const int64_t ep = config.get_int("train.ep");
   if (d.world->size() % ep != 0)
-    config.fail("train.ep", fmt::format("= {} does not divide the {} ranks of this run (world = dp x ep)", ep,
-                                        d.world->size()));
+    config.fail("train.ep", fmt::format("does not divide the {} ranks of this run (world = dp x ep)", d.world->size()));
   const int64_t experts = config.get_string("model.arch") == "hybrid" ? config.get_int("model.moe.num_experts") : 0;
   if (ep > 1 && experts == 0)
-    config.fail("train.ep", fmt::format("= {}: expert parallelism needs MoE layers (model.moe.num_experts > 0)", ep));
+    config.fail("train.ep", "expert parallelism needs MoE layers (model.moe.num_experts > 0)");
   if (ep > 1 && experts % ep != 0)
-    config.fail("train.ep", fmt::format("= {} does not divide model.moe.num_experts = {}", ep, experts));
+    config.fail("train.ep", fmt::format("does not divide model.moe.num_experts = {}", experts));
   d.grid = comm::make_process_grid(*d.world, static_cast<int>(ep), "train.ep");
   return d;
 }

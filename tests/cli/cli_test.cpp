@@ -314,4 +314,9 @@ TEST_CASE("cli: k3-tiny under mpirun (EP 4, DP 2 x EP 2, DP 2) gives one process
     CHECK(worst < 1e-6);
     CHECK(std::abs(val_loss(dir) - want_val) < 1e-5 * want_val);
   }
+  // A bad expert-parallel setting ends the whole job with the key named (no hang).
+  Result bad = moetrain::testing::capture_command(mpirun + "-np 2 " + string(MOETRAIN_BINARY_DIR) + "/moetrain " +
+                                                  base + " --set train.ep=4 --set run.dir=" + w.dir + "/bad");
+  CHECK(bad.code != 0);
+  CHECK(bad.output.find("--set train.ep=4: train.ep = 4: does not divide the 2 ranks") != string::npos);
 }
