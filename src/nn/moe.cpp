@@ -181,8 +181,10 @@ void MoeLayer::set_expert_group(comm::Communicator* group) {
   ep_ = group;
 }
 
-Tensor MoeLayer::dispatch(const Tensor& z, const std::vector<int64_t>& counts) const {
-  if (shard_.size == 1 && !ep_) return experts_forward(z, counts);
+Tensor MoeLayer::dispatch(const Tensor& z, const std::vector<int64_t>& counts, const ExpertsFn& experts) const {
+  MT_CHECK(static_cast<int64_t>(counts.size()) == c_.num_experts, "moe dispatch: {} counts for {} experts",
+           counts.size(), c_.num_experts);
+  if (shard_.size == 1 && !ep_) return experts(z, counts);
   MT_CHECK(ep_, "moe layer: experts are sharded over {} ranks but no expert-parallel group is set", shard_.size);
   const int P = shard_.size;
   const int64_t El = c_.num_experts / P;
@@ -221,7 +223,7 @@ Tensor MoeLayer::dispatch(const Tensor& z, const std::vector<int64_t>& counts) c
         inverse[offset[s * El + e] + i] = static_cast<int64_t>(perm.size());
         perm.push_back(offset[s * El + e] + i);
       }
-  Tensor out = experts_forward(index_select(recv, 0, index_tensor(perm)), local);
+  Tensor out = experts(index_select(recv, 0, index_tensor(perm)), local);
   return comm::all_to_all_v(*ep_, index_select(out, 0, index_tensor(inverse)), recv_rows, send_rows);
 }
 
@@ -246,7 +248,8 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
   const int64_t M = static_cast<int64_t>(plan.order.size());
   std::vector<int64_t> token(plan.order.size());
   for (int64_t i = 0; i < M; ++i) token[i] = plan.order[i] / k;
-  Tensor out = dispatch(index_select(z, 0, index_tensor(token)), plan.counts);  // [M, W]
+  Tensor out = dispatch(index_select(z, 0, index_tensor(token)), plan.counts,
+                        [this](const Tensor& rows, const std::vector<int64_t>& n) { return experts_forward(rows, n); });
   // Combine: back to (token, slot) order (dropped slots read a zero row), weight, sum over slots.
   std::vector<int64_t> slot_row(static_cast<size_t>(N * k), M);
   for (int64_t i = 0; i < M; ++i) slot_row[plan.order[i]] = i;

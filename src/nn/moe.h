@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,6 +114,14 @@ class MoeLayer {
   void set_expert_group(comm::Communicator* group);
   const ExpertShard& shard() const { return shard_; }
 
+  // The dispatch and combine around `experts`: rows sorted by global expert
+  // (counts[e] rows for expert e, all E) travel to the ranks holding their
+  // experts, which call experts(rows grouped by local expert, rows per local
+  // expert) and the results come back in the input's order. forward() passes the
+  // grouped GEMMs; tests pass identity or checking functions.
+  using ExpertsFn = std::function<Tensor(const Tensor& rows, const std::vector<int64_t>& local_counts)>;
+  Tensor dispatch(const Tensor& rows_sorted, const std::vector<int64_t>& counts, const ExpertsFn& experts) const;
+
   // x [B, T, D] -> [B, T, D]. Adds the assignments to stats(); with training and a
   // non-zero aux/z-loss weight sets aux_loss() (a scalar to add to the loss). With
   // `routing`, also hands back the router's result (tokens in B, T order).
@@ -132,8 +141,6 @@ class MoeLayer {
 
  private:
   Tensor experts_forward(const Tensor& z_sorted, const std::vector<int64_t>& counts) const;
-  // z rows sorted by global expert (plan.counts per expert) -> expert outputs, same order.
-  Tensor dispatch(const Tensor& z_sorted, const std::vector<int64_t>& counts) const;
 
   MoeConfig c_;
   ExpertShard shard_;

@@ -103,6 +103,16 @@ TEST_CASE("moe parallel: loss and every gradient equal one process (EP 1, 2, 4; 
     auto [worst, where] = grad_error(m, ref, d);
     INFO("worst " << where);
     CHECK(worst < 1e-10);
+    // The bias update from world-summed counts leaves the same router biases on every rank.
+    all_reduce_moe_stats(d, m);
+    for (MoeLayer* layer : m.moe_layers()) {
+      layer->update_bias(layer->stats().tokens_per_expert);
+      Tensor all = world.all_gather(reshape(layer->bias, {1, 8}));
+      for (int r = 1; r < W; ++r) CHECK(testing::bitwise_equal(slice(all, 0, r, r + 1), slice(all, 0, 0, 1)));
+      double moved = 0;
+      for (double b : layer->bias.to_vector()) moved += std::abs(b);
+      CHECK(moved > 0);
+    }
   }
 }
 
@@ -145,4 +155,61 @@ TEST_CASE("moe parallel: a rank whose tokens all go elsewhere, and experts witho
     for (int e = 0; e < 6; ++e) CHECK(st.tokens_per_expert[e] == 0);
     CHECK(st.tokens_per_expert[6] == 10);  // this rank's 10 tokens, slots 6 and 7
   }
+}
+
+TEST_CASE("moe parallel: dispatch delivers stamped rows to their experts; identity experts return the input",
+          "[nn][moe][mpi]") {
+  // Rank s sends (s + e) % 3 rows for expert e (some none), each stamped
+  // [source, expert, index]; the expert function sees the rows of its local
+  // experts grouped by expert, sources in rank order, and returns them: the
+  // combine must give back the input, and the gradient must flow back unchanged.
+  comm::Communicator& world = comm::world();
+  const int W = world.size(), rank = world.rank();
+  const int64_t E = 8;
+  if (E % W != 0) return;
+  comm::ProcessGrid grid = comm::make_process_grid(world, W);
+  MoeConfig c;
+  c.num_experts = E;
+  c.top_k = 2;
+  c.expert_d_ff = 2;
+  c.num_shared_experts = 0;
+  ParamFactory f(true, DType::f64, 1);
+  MoeLayer layer(c, 4, FfnConfig{}, 0.1, f, "mlp.", {grid.ep_index, W});
+  if (W > 1) layer.set_expert_group(grid.ep_group.get());
+  std::vector<int64_t> counts(E);
+  std::vector<double> stamps;
+  for (int64_t e = 0; e < E; ++e) {
+    counts[e] = (rank + e) % 3;
+    for (int64_t i = 0; i < counts[e]; ++i) stamps.insert(stamps.end(), {double(rank), double(e), double(i)});
+  }
+  const int64_t M = static_cast<int64_t>(stamps.size() / 3);
+  Tensor rows = empty({M, 3}, DType::f64);
+  std::copy(stamps.begin(), stamps.end(), rows.data<double>());
+  rows.set_requires_grad(true);
+  const int64_t El = E / W, first = grid.ep_index * El;
+  int calls = 0;
+  Tensor out = layer.dispatch(rows, counts, [&](const Tensor& got, const std::vector<int64_t>& local) {
+    ++calls;
+    REQUIRE(static_cast<int64_t>(local.size()) == El);
+    const double* g = got.data<double>();
+    int64_t row = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      int64_t want = 0;
+      for (int s = 0; s < W; ++s) want += (s + first + e) % 3;
+      CHECK(local[e] == want);
+      for (int s = 0; s < W; ++s)
+        for (int64_t i = 0; i < (s + first + e) % 3; ++i, ++row) {
+          CHECK(g[row * 3 + 0] == s);
+          CHECK(g[row * 3 + 1] == first + e);
+          CHECK(g[row * 3 + 2] == i);
+        }
+    }
+    CHECK(row == got.size(0));
+    return got;
+  });
+  CHECK(calls == 1);
+  CHECK(testing::bitwise_equal(out.detach(), rows.detach()));
+  Tensor up = randn({M, 3}, DType::f64, 10 + static_cast<uint64_t>(rank));
+  sum(mul(out, up)).backward();
+  CHECK(testing::bitwise_equal(rows.grad(), up));
 }
