@@ -19,10 +19,10 @@
 #include "ops/elementwise.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
+#include "train/distributed.h"
 #include "train/eval.h"
 #include "train/metrics.h"
 #include "train/model_source.h"
-#include "train/distributed.h"
 #include "train/sampling.h"
 
 namespace moetrain {
