@@ -1,6 +1,7 @@
 // The moetrain command line. Subcommands live in cli/<name>.cpp. Logs go to
 // stderr (program output such as generated text and eval results to stdout);
-// a moetrain::Error is reported once, without a stack trace, with exit code 2.
+// a moetrain::Error is reported once, without a stack trace, with exit code 2
+// (3 for a numerical failure, 1 for anything unexpected).
 // Under mpirun with several ranks an error ends the whole job (MPI_Abort): the
 // other ranks may be waiting in a collective for this one.
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -24,11 +25,14 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S] %^%v%$");
   try {
     return moetrain::cli::run(argc, argv);
+  } catch (const moetrain::NumericalError& e) {
+    spdlog::error("{}", e.what());
+    return fail(3);
   } catch (const moetrain::Error& e) {
     spdlog::error("{}", e.what());
     return fail(2);
   } catch (const std::exception& e) {
     spdlog::critical("unexpected error: {}", e.what());
-    return fail(3);
+    return fail(1);
   }
 }

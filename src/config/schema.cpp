@@ -157,12 +157,19 @@ std::vector<KeySpec> make_schema() {
     integer("train.sample_top_k",   "40",    at_least(0),  "sample among the k most likely tokens; 0 = among all tokens"),
     integer("train.log_every",      "1",     at_least(1),  "print a step line every N steps"),
     integer("train.threads",        "0",     at_least(0),  "CPU threads per rank; 0 = automatic (cores / ranks on the node)"),
+    choice ("train.nan_policy",     "skip", {"skip", "abort"}, "non-finite loss or gradient norm: skip the step on every rank (no update; counted in metrics) or abort (exit 3)"),
+    integer("train.max_consecutive_skips", "5", at_least(0), "train.nan_policy skip: abort (exit 3) after this many skipped steps in a row"),
     integer("train.ep",             "1",     at_least(1),  "expert-parallel ranks: experts sharded over groups of ep ranks (world = dp x ep under mpirun)"),
     choice ("train.dtype",          "f32",   {"f32", "f64"}, "dtype of parameters and activations; f64 for exact checks"),
     boolean("train.activation_checkpointing", "false",     "recompute each block's activations in backward instead of storing them"),
 
     // run: where a run's outputs go.
     string ("run.dir",              "runs/default",        "directory of checkpoints, metrics.jsonl and config.resolved.yaml"),
+
+    // fault: injected faults, a testing aid for the fault-handling tests (off by default).
+    choice ("fault.kind",           "none", {"none", "nan_grad"}, "TESTING AID: inject a fault; nan_grad puts NaN into one gradient of rank fault.rank at step fault.step"),
+    integer("fault.rank",           "0",     at_least(0),  "TESTING AID: the rank that gets the fault"),
+    integer("fault.step",           "0",     at_least(0),  "TESTING AID: the step (1-based) at which the fault happens; 0 = never"),
   };
   // clang-format on
 }

@@ -17,6 +17,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A numerical failure of a run (non-finite loss or gradients past the policy):
+// the CLI exits with code 3 instead of 2 (bad input).
+class NumericalError : public Error {
+ public:
+  explicit NumericalError(const std::string& what) : Error(what) {}
+};
+
 namespace detail {
 [[noreturn]] void throw_assert(const char* cond, const char* file, int line, const std::string& msg);
 }  // namespace detail

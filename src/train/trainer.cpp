@@ -57,6 +57,25 @@ void report(const LanguageModel& model, const Config& config, int64_t tokens_per
                human_bytes(acts));
 }
 
+// fault.kind = nan_grad (a testing aid): a NaN in the first gradient of this rank.
+void inject_nan_grad(const ParameterList& params) {
+  for (const NamedParameter& p : params)
+    if (p.tensor.grad().defined()) {
+      fill_(p.tensor.grad(), std::nan(""));
+      return;
+    }
+}
+
+// A skipped step's MoE assignments do not move the router biases.
+void reset_moe_stats(LanguageModel& model) {
+  if (auto* hybrid = dynamic_cast<HybridModel*>(&model))
+    for (MoeLayer* m : hybrid->moe_layers()) {
+      MoeStats& st = m->stats();
+      std::fill(st.tokens_per_expert.begin(), st.tokens_per_expert.end(), 0.0);
+      st.dropped = 0;
+    }
+}
+
 // Once per optimizer step, for MoE models: the aux-loss-free bias update (§9.2)
 // from this step's assignments (all micro-batches), then the load metrics per
 // layer (max/mean tokens per expert, dead experts); the statistics restart.
@@ -181,6 +200,13 @@ TrainSummary train(const Config& config) {
     spdlog::info("sample at step {}:\n{}{}", step, config.get_string("train.sample_prompt"), text);
   };
 
+  const bool nan_policy_abort = config.get_string("train.nan_policy") == "abort";
+  const int64_t max_consecutive_skips = config.get_int("train.max_consecutive_skips");
+  const bool inject = config.get_string("fault.kind") == "nan_grad";
+  const int64_t fault_step = inject ? config.get_int("fault.step") : 0, fault_rank = config.get_int("fault.rank");
+  if (inject) spdlog::warn("fault injection (a testing aid): NaN gradient on rank {} at step {}", fault_rank, fault_step);
+  int64_t skipped = 0, consecutive_skips = 0;
+
   TrainSummary summary;
   auto run_start = Clock::now();
   int64_t tokens_seen = 0;
@@ -199,11 +225,31 @@ TrainSummary train(const Config& config) {
       loss_sum += loss.item<double>();
       (accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(accum)) : loss).backward();
     }
+    if (fault_step == step + 1 && fault_rank == dist.rank()) inject_nan_grad(params);
     double loss = mean_over_world(dist, loss_sum / static_cast<double>(accum));
-    MT_CHECK(std::isfinite(loss), "step {}: the loss is {}; lower train.lr (now {}) or check the data", step + 1,
-             loss, schedule.lr);
     sync_gradients(dist, *model);
     double gnorm = clip_grad_norm(dist, *model, clip);
+    // Non-finite values reach every rank through the loss mean and the gradient
+    // sums (the norm of expert shards is summed over the ep group), so every rank
+    // takes the same decision here without another collective.
+    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+      ++skipped;
+      ++consecutive_skips;
+      const std::string what = fmt::format("step {}: loss {}, gradient norm {}", step + 1, loss, gnorm);
+      if (nan_policy_abort)
+        throw NumericalError(fmt::format("{} (train.nan_policy = abort); lower train.lr (now {}) or check the data",
+                                         what, schedule.lr));
+      if (consecutive_skips > max_consecutive_skips)
+        throw NumericalError(fmt::format("{}: {} steps in a row were not finite (train.max_consecutive_skips = {}); "
+                                         "lower train.lr (now {}) or check the data", what, consecutive_skips,
+                                         max_consecutive_skips, schedule.lr));
+      spdlog::warn("{}: step skipped on every rank (train.nan_policy = skip; {} skipped so far)", what, skipped);
+      opt.zero_grad();
+      reset_moe_stats(*model);
+      if (metrics) metrics->write({{"step", step + 1}, {"skipped", true}, {"skipped_steps", skipped}});
+      continue;
+    }
+    consecutive_skips = 0;
     all_reduce_moe_stats(dist, *model);
     const MoeStepSummary moe = moe_step(*model);
     opt.step(lr);
@@ -221,6 +267,7 @@ TrainSummary train(const Config& config) {
     std::vector<std::pair<std::string, MetricsWriter::Value>> record{
         {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"tok_per_s", tok_s},
         {"step_ms", sec * 1e3}, {"tokens", tokens_seen}};
+    if (skipped > 0) record.emplace_back("skipped_steps", skipped);
     record.insert(record.end(), moe.fields.begin(), moe.fields.end());
     if (metrics) metrics->write(record);
     if (step == 0) spdlog::info("  peak memory after the first step: {}", human_bytes(peak_rss_bytes()));

@@ -320,3 +320,49 @@ TEST_CASE("cli: k3-tiny under mpirun (EP 4, DP 2 x EP 2, DP 2) gives one process
   CHECK(bad.code != 0);
   CHECK(bad.output.find("--set train.ep=4: train.ep = 4: does not divide the 2 ranks") != string::npos);
 }
+
+TEST_CASE("cli: a non-finite gradient skips the step on every rank (train.nan_policy), or ends the run with exit 3",
+          "[cli][slow]") {
+  // With a constant learning rate, 3 steps whose third gets a NaN gradient
+  // (fault.kind = nan_grad, a testing aid) must leave exactly the weights of 2
+  // steps: the skipped step changes neither parameters nor optimizer state. One
+  // process, and under mpirun with the NaN on rank 1 only.
+  Workspace w;
+  w.prepare();
+  const string cfg = w.config("");
+  const string common = "train -c " + cfg + " --set train.schedule=constant --set train.warmup_steps=0 "
+                        "--set train.eval_every=0 --set train.threads=1 ";
+  const string fault = "--set fault.kind=nan_grad --set fault.step=3 ";
+  const string mpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
+                        "--mca btl_vader_single_copy_mechanism none -x OMP_NUM_THREADS=1 -np 2 " +
+                        string(MOETRAIN_BINARY_DIR) + "/moetrain ";
+  auto weights = [&](const string& run_dir) { return moetrain::testing::read_bytes(run_dir + "/model/model.safetensors"); };
+  for (bool mpi : {false, true}) {
+    INFO("mpirun " << mpi);
+    auto train = [&](const string& args) {
+      return mpi ? moetrain::testing::capture_command(mpirun + common + args) : run(common + args);
+    };
+    const string tag = mpi ? "mpi" : "one";
+    Result two = train("--set train.max_steps=2 --set run.dir=" + w.dir + "/two" + tag);
+    INFO(two.output);
+    REQUIRE(two.code == 0);
+    Result skipped = train("--set train.max_steps=3 " + fault + "--set fault.rank=" + (mpi ? "1" : "0") +
+                           " --set run.dir=" + w.dir + "/skip" + tag);
+    INFO(skipped.output);
+    REQUIRE(skipped.code == 0);
+    CHECK(skipped.output.find("step 3: loss") != string::npos);
+    CHECK(skipped.output.find("step skipped on every rank") != string::npos);
+    CHECK(moetrain::testing::read_bytes(w.dir + "/skip" + tag + "/metrics.jsonl").find("\"skipped\":true") !=
+          string::npos);
+    CHECK(weights(w.dir + "/skip" + tag) == weights(w.dir + "/two" + tag));
+  }
+  Result abort = run(common + "--set train.max_steps=4 " + fault + "--set train.nan_policy=abort --set run.dir=" + w.dir +
+                     "/abort");
+  CHECK(abort.code == 3);
+  CHECK(abort.output.find("step 3: loss") != string::npos);
+  CHECK(abort.output.find("train.nan_policy = abort") != string::npos);
+  Result limit = run(common + "--set train.max_steps=4 " + fault + "--set train.max_consecutive_skips=0 --set run.dir=" +
+                     w.dir + "/limit");
+  CHECK(limit.code == 3);
+  CHECK(limit.output.find("train.max_consecutive_skips = 0") != string::npos);
+}
