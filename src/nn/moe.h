@@ -13,6 +13,7 @@
 // each expert's rows run as one GEMM (ops/moe.h).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -82,6 +83,10 @@ ExpertPlan plan_experts(const std::vector<int64_t>& experts, int64_t num_experts
 struct MoeStats {
   std::vector<double> tokens_per_expert;  // assignments per expert
   int64_t dropped = 0;
+  void reset() {
+    std::fill(tokens_per_expert.begin(), tokens_per_expert.end(), 0.0);
+    dropped = 0;
+  }
 };
 
 // Load balance of one layer's assignments per expert: max / mean (1 = balanced)

@@ -69,11 +69,7 @@ void inject_nan_grad(const ParameterList& params) {
 // A skipped step's MoE assignments do not move the router biases.
 void reset_moe_stats(LanguageModel& model) {
   if (auto* hybrid = dynamic_cast<HybridModel*>(&model))
-    for (MoeLayer* m : hybrid->moe_layers()) {
-      MoeStats& st = m->stats();
-      std::fill(st.tokens_per_expert.begin(), st.tokens_per_expert.end(), 0.0);
-      st.dropped = 0;
-    }
+    for (MoeLayer* m : hybrid->moe_layers()) m->stats().reset();
 }
 
 // Once per optimizer step, for MoE models: the aux-loss-free bias update (§9.2)
@@ -98,8 +94,7 @@ MoeStepSummary moe_step(LanguageModel& model) {
     out.worst_max_over_mean = std::max(out.worst_max_over_mean, load.max_over_mean);
     out.dead += load.dead;
     out.dropped += st.dropped;
-    std::fill(st.tokens_per_expert.begin(), st.tokens_per_expert.end(), 0.0);
-    st.dropped = 0;
+    st.reset();
   }
   if (!layers.empty()) {
     out.fields.emplace_back("moe_max_over_mean", out.worst_max_over_mean);

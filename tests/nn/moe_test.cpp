@@ -251,7 +251,7 @@ TEST_CASE("moe: aux-loss-free balancing drives a skewed router toward uniform lo
       if (step == 0) first = load;
       if (step >= 300) late += load / 100;
       layer.update_bias(st.tokens_per_expert);
-      std::fill(st.tokens_per_expert.begin(), st.tokens_per_expert.end(), 0.0);
+      st.reset();
     }
     std::vector<double> b = layer.bias.to(DType::f64).to_vector();
     return std::make_tuple(first, late, std::accumulate(b.begin(), b.end(), 0.0));
