@@ -102,6 +102,33 @@ GradCheckResult check_gradients(const std::function<Tensor(const Tensors&)>& fn,
   return check_gradients([&](const Tensors& in) { return Tensors{fn(in)}; }, inputs, opts);
 }
 
+GradCheckResult check_parameter_gradients(ParameterList& params, const std::function<Tensor()>& loss) {
+  for (NamedParameter& p : params) p.tensor.zero_grad();
+  loss().backward();
+  GradCheckResult r;
+  NoGradGuard no_grad;
+  for (NamedParameter& p : params) {
+    REQUIRE(p.tensor.grad().defined());
+    std::vector<double> g = p.tensor.grad().to_vector();
+    double* data = p.tensor.data<double>();
+    for (int64_t e : {int64_t{0}, p.tensor.numel() / 2, p.tensor.numel() - 1}) {
+      const double eps = 1e-6, orig = data[e];
+      data[e] = orig + eps;
+      const double up = loss().item<double>();
+      data[e] = orig - eps;
+      const double down = loss().item<double>();
+      data[e] = orig;
+      const double numeric = (up - down) / (2 * eps), an = g[static_cast<size_t>(e)];
+      const double rel = std::abs(an - numeric) / std::max({std::abs(an), std::abs(numeric), 1e-3});
+      if (rel > r.max_rel_error) {
+        r.max_rel_error = rel;
+        r.worst = fmt::format("{} element {}: analytic {} numeric {}", p.name, e, an, numeric);
+      }
+    }
+  }
+  return r;
+}
+
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   REQUIRE(a.shape() == b.shape());
   std::vector<double> va = a.to_vector(), vb = b.to_vector();

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/tensor.h"
+#include "nn/parameters.h"
 
 namespace moetrain::testing {
 
@@ -33,6 +34,11 @@ GradCheckResult check_gradients(const std::function<Tensors(const Tensors&)>& fn
                                 GradCheckOptions opts = {});
 GradCheckResult check_gradients(const std::function<Tensor(const Tensors&)>& fn, const Tensors& inputs,
                                 GradCheckOptions opts = {});
+
+// Central differences (step 1e-6) of loss() for three elements (first, middle,
+// last) of every f64 parameter, against the gradients of one backward of loss():
+// the worst relative error (denominator at least 1e-3) and where it occurred.
+GradCheckResult check_parameter_gradients(ParameterList& params, const std::function<Tensor()>& loss);
 
 double max_abs_diff(const Tensor& a, const Tensor& b);
 // Bitwise equality of shape, dtype and contents.

@@ -21,6 +21,9 @@ Tensor log_uniform_1_16(const Shape& s, DType dt, Generator& gen) {
   return log(rand(s, dt, gen, 1.0, 16.0));
 }
 
+// dt ~ log U(1e-3, 1e-1) from u ~ U(0, 1): the initial decay rates of both gates' inits.
+double log_uniform_dt(double u) { return std::exp(u * (std::log(0.1) - std::log(1e-3)) + std::log(1e-3)); }
+
 // dt_bias for the softplus gate (fla): inverse softplus of dt ~ logU(1e-3, 1e-1), dt >= 1e-4.
 Tensor inverse_softplus_dt(const Shape& s, DType dt, Generator& gen) {
   Tensor u = rand(s, DType::f64, gen);
@@ -28,8 +31,7 @@ Tensor inverse_softplus_dt(const Shape& s, DType dt, Generator& gen) {
   Tensor out = empty(s, DType::f64);
   double* p = out.data<double>();
   for (size_t i = 0; i < v.size(); ++i) {
-    double d = std::exp(v[i] * (std::log(0.1) - std::log(1e-3)) + std::log(1e-3));
-    d = std::max(d, 1e-4);
+    const double d = std::max(log_uniform_dt(v[i]), 1e-4);
     p[i] = d + std::log(-std::expm1(-d));  // softplus^{-1}(d)
   }
   return out.to(dt);
@@ -47,8 +49,7 @@ Init lower_bound_spread_dt(const Tensor& A_log, double lower_bound) {
     double* p = out.data<double>();
     for (int64_t h = 0; h < HV; ++h)
       for (int64_t d = 0; d < K; ++d) {
-        const double decay = std::exp(u[h * K + d] * (std::log(0.1) - std::log(1e-3)) + std::log(1e-3));
-        const double r = std::min(decay / -lower_bound, 0.5);  // σ(e^{A}·dt_bias) = r
+        const double r = std::min(log_uniform_dt(u[h * K + d]) / -lower_bound, 0.5);  // σ(e^{A}·dt_bias) = r
         p[h * K + d] = std::log(r / (1 - r)) / std::exp(a[h]);
       }
     return out.to(dt);

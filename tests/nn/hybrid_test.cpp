@@ -91,34 +91,10 @@ TEST_CASE("hybrid: every parameter gradient matches finite differences (f64)", "
     HybridModel model(tiny(DType::f64, attn_res), 7);
     perturb(model, 100);
     Tensor ids = random_ids(2, 6, 23, 1), targets = random_ids(2, 6, 23, 2);
-    for (NamedParameter& p : model.parameters()) p.tensor.zero_grad();
-    model.loss(ids, targets).backward();
-    double worst = 0;
-    std::string where;
-    NoGradGuard no_grad;
-    for (NamedParameter& p : model.parameters()) {
-      REQUIRE(p.tensor.grad().defined());
-      std::vector<double> g = p.tensor.grad().to_vector();
-      double* data = p.tensor.data<double>();
-      // Three elements per parameter (first, middle, last) keep this fast.
-      for (int64_t e : {int64_t{0}, p.tensor.numel() / 2, p.tensor.numel() - 1}) {
-        const double eps = 1e-6, orig = data[e];
-        data[e] = orig + eps;
-        double up = model.loss(ids, targets).item<double>();
-        data[e] = orig - eps;
-        double down = model.loss(ids, targets).item<double>();
-        data[e] = orig;
-        double numeric = (up - down) / (2 * eps), an = g[static_cast<size_t>(e)];
-        double rel = std::abs(an - numeric) / std::max({std::abs(an), std::abs(numeric), 1e-3});
-        if (rel > worst) {
-          worst = rel;
-          where = p.name + " element " + std::to_string(e) + ": analytic " + std::to_string(an) + " numeric " +
-                  std::to_string(numeric);
-        }
-      }
-    }
-    INFO(where);
-    CHECK(worst < 1e-5);
+    const testing::GradCheckResult r =
+        testing::check_parameter_gradients(model.parameters(), [&] { return model.loss(ids, targets); });
+    INFO(r.worst);
+    CHECK(r.max_rel_error < 1e-5);
   }
 }
 

@@ -39,36 +39,6 @@ FfnConfig expert_ffn(FfnKind kind) {
   return f;
 }
 
-// Central differences of loss() for three elements of every parameter; returns the
-// worst relative error and where.
-std::pair<double, std::string> fd_check(ParameterList& params, const std::function<Tensor()>& loss) {
-  for (NamedParameter& p : params) p.tensor.zero_grad();
-  loss().backward();
-  double worst = 0;
-  std::string where;
-  NoGradGuard no_grad;
-  for (NamedParameter& p : params) {
-    REQUIRE(p.tensor.grad().defined());
-    std::vector<double> g = p.tensor.grad().to_vector();
-    double* data = p.tensor.data<double>();
-    for (int64_t e : {int64_t{0}, p.tensor.numel() / 2, p.tensor.numel() - 1}) {
-      const double eps = 1e-6, orig = data[e];
-      data[e] = orig + eps;
-      const double up = loss().item<double>();
-      data[e] = orig - eps;
-      const double down = loss().item<double>();
-      data[e] = orig;
-      const double numeric = (up - down) / (2 * eps), an = g[static_cast<size_t>(e)];
-      const double rel = std::abs(an - numeric) / std::max({std::abs(an), std::abs(numeric), 1e-3});
-      if (rel > worst) {
-        worst = rel;
-        where = fmt::format("{} element {}: analytic {} numeric {}", p.name, e, an, numeric);
-      }
-    }
-  }
-  return {worst, where};
-}
-
 }  // namespace
 
 TEST_CASE("moe: selection takes the top-k of score + bias, lower index first on ties", "[nn][moe]") {
@@ -214,9 +184,9 @@ TEST_CASE("moe: every parameter gradient matches finite differences (f64), with 
       layer.forward(x, true);
       CHECK(layer.stats().dropped > 0);
     }
-    auto [worst, where] = fd_check(params, loss);
-    INFO(where);
-    CHECK(worst < 1e-6);
+    const testing::GradCheckResult r = testing::check_parameter_gradients(params, loss);
+    INFO(r.worst);
+    CHECK(r.max_rel_error < 1e-6);
   }
 }
 
