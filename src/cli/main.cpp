@@ -1,9 +1,12 @@
 // The moetrain command line. Subcommands live in cli/<name>.cpp. Logs go to
 // stderr (program output such as generated text and eval results to stdout);
-// a moetrain::Error is reported once, without a stack trace, with exit code 2
-// (3 for a numerical failure, 1 for anything unexpected).
+// a moetrain::Error is reported once, without a stack trace, with the exit code of
+// its class (core/error.h: 2 bad input, 3 numerical, 4 out of memory, 5 I/O; the
+// watchdog exits 42; 1 for anything unexpected).
 // Under mpirun with several ranks an error ends the whole job (MPI_Abort): the
 // other ranks may be waiting in a collective for this one.
+#include <new>
+
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -21,16 +24,26 @@ int fail(int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  using namespace moetrain;
   spdlog::set_default_logger(spdlog::stderr_color_mt("moetrain"));
   spdlog::set_pattern("[%H:%M:%S] %^%v%$");
   try {
-    return moetrain::cli::run(argc, argv);
-  } catch (const moetrain::NumericalError& e) {
+    return cli::run(argc, argv);
+  } catch (const NumericalError& e) {
     spdlog::error("{}", e.what());
-    return fail(3);
-  } catch (const moetrain::Error& e) {
+    return fail(kExitNumerical);
+  } catch (const OutOfMemoryError& e) {
     spdlog::error("{}", e.what());
-    return fail(2);
+    return fail(kExitOutOfMemory);
+  } catch (const IoError& e) {
+    spdlog::error("{}", e.what());
+    return fail(kExitIo);
+  } catch (const Error& e) {
+    spdlog::error("{}", e.what());
+    return fail(kExitBadInput);
+  } catch (const std::bad_alloc&) {
+    spdlog::error("out of memory (a standard-library allocation failed); lower train.batch_size or train.seq_len");
+    return fail(kExitOutOfMemory);
   } catch (const std::exception& e) {
     spdlog::critical("unexpected error: {}", e.what());
     return fail(1);

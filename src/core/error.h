@@ -18,11 +18,29 @@ class Error : public std::runtime_error {
 };
 
 // A numerical failure of a run (non-finite loss or gradients past the policy):
-// the CLI exits with code 3 instead of 2 (bad input).
+// exit code 3.
 class NumericalError : public Error {
  public:
   explicit NumericalError(const std::string& what) : Error(what) {}
 };
+
+// Memory ran out (a host allocation failed): exit code 4.
+class OutOfMemoryError : public Error {
+ public:
+  explicit OutOfMemoryError(const std::string& what) : Error(what) {}
+};
+
+// Reading or writing a file failed for a reason outside the input's content
+// (disk full, permission, fsync or rename failed): exit code 5. A file whose
+// content is wrong (corrupt, truncated, mismatched) is bad input: Error, exit 2.
+class IoError : public Error {
+ public:
+  explicit IoError(const std::string& what) : Error(what) {}
+};
+
+// Exit codes of the command line, by class of failure (docs/training.md).
+inline constexpr int kExitBadInput = 2, kExitNumerical = 3, kExitOutOfMemory = 4, kExitIo = 5,
+                     kExitWatchdog = 42;
 
 namespace detail {
 [[noreturn]] void throw_assert(const char* cond, const char* file, int line, const std::string& msg);

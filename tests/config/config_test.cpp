@@ -191,7 +191,7 @@ TEST_CASE("config: unknown keys suggest the nearest key, also across sections", 
         bad + ":2:3: unknown key 'train.warmup' (did you mean 'train.warmup_steps'?)");
   CHECK(load_error(dir, "modle:\n  n_layer: 4\n") == bad + ":1:1: unknown section 'modle' (did you mean 'model'?)");
   CHECK(load_error(dir, "optimizer:\n  lr: 1\n") ==
-        bad + ":1:1: unknown section 'optimizer'; the sections are: model, data, train, run, fault");
+        bad + ":1:1: unknown section 'optimizer'; the sections are: model, data, train, run, ckpt, dist, fault");
   CHECK(load_error(dir, "model:\n  d_model: 64\n  attention_kind: flash\n") ==
         bad + ":3:3: unknown key 'model.attention_kind'; section 'model' has: arch, vocab_size, n_layer, n_head, "
               "d_model, n_ctx, d_ff, layer_norm_eps, dropout, init_std, init_from, mixer, attn_mixer, attn_every, "
@@ -256,7 +256,7 @@ TEST_CASE("config: the structure of the file is checked", "[config][errors]") {
   CHECK(load_error(dir, "train:\n  - lr: 1\n") == bad + ":1:1: train is a section and needs its keys indented "
                                                         "below it (e.g. '  seed: ...'), got a list");
   CHECK(load_error(dir, "- model\n") ==
-        bad + ":1:1: expected a map of sections (model, data, train, run, fault) at the top of the file, got a list");
+        bad + ":1:1: expected a map of sections (model, data, train, run, ckpt, dist, fault) at the top of the file, got a list");
   CHECK(load_error(dir, "model:\n  n_layer: 4\n  n_layer: 5\n") ==
         bad + ":3:3: model.n_layer appears twice in this file (first at " + bad + ":2:3); keep one");
   CHECK(load_error(dir, "model:\n  n_layer: 4\ntrain: {}\nmodel:\n  n_head: 4\n") ==

@@ -61,7 +61,7 @@ void* host_alloc(int64_t nbytes, int64_t* capacity) {
     int64_t rounded = (nbytes + kSmallAlign - 1) / kSmallAlign * kSmallAlign;
     *capacity = rounded;
     void* p = os_alloc(kSmallAlign, rounded);
-    MT_CHECK(p != nullptr, "out of host memory: failed to allocate {} bytes", nbytes);
+    if (!p) throw OutOfMemoryError(fmt::format("out of host memory: failed to allocate {} bytes", nbytes));
     return p;
   }
   int64_t rounded = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
@@ -85,8 +85,10 @@ void* host_alloc(int64_t nbytes, int64_t* capacity) {
     std::lock_guard<std::mutex> lock(c.mutex);
     c.release_all_locked();
     p = os_alloc(kHugePage, rounded);
-    MT_CHECK(p != nullptr, "out of host memory: failed to allocate {} bytes ({:.1f} MiB; {:.1f} MiB in tensors)",
-             nbytes, nbytes / 1048576.0, c.stats.in_use_bytes / 1048576.0);
+    if (!p)
+      throw OutOfMemoryError(fmt::format("out of host memory: failed to allocate {} bytes ({:.1f} MiB; {:.1f} MiB in "
+                                         "tensors); lower train.batch_size or train.seq_len, or use more ranks",
+                                         nbytes, nbytes / 1048576.0, c.stats.in_use_bytes / 1048576.0));
   }
   std::lock_guard<std::mutex> lock(c.mutex);
   c.stats.in_use_bytes += rounded;
