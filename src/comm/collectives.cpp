@@ -3,6 +3,7 @@
 #include "comm/collectives.h"
 
 #include "autograd/node.h"
+#include "comm/watchdog.h"
 
 namespace moetrain::comm {
 
@@ -11,6 +12,7 @@ Tensor all_to_all_v(Communicator& comm, const Tensor& x, const std::vector<int64
   Tensor y = comm.all_to_all_v(x, send_rows, recv_rows);
   Communicator* c = &comm;
   return record("all_to_all_v", y, {x}, [c, send_rows, recv_rows](const Tensor& grad_y) {
+    WatchdogLabel label("backward");
     return Grads{c->all_to_all_v(grad_y, recv_rows, send_rows)};
   });
 }
@@ -20,6 +22,7 @@ Tensor all_gather(Communicator& comm, const Tensor& x) {
   Communicator* c = &comm;
   const int64_t rows = x.size(0);
   return record("all_gather", y, {x}, [c, rows](const Tensor& grad_y) {
+    WatchdogLabel label("backward");
     Tensor sum = grad_y.clone();
     c->all_reduce_sum(sum);
     const int64_t start = static_cast<int64_t>(c->rank()) * rows;

@@ -2,7 +2,8 @@
 // mpi.h. Every communicator it creates is a duplicate or a split of
 // MPI_COMM_WORLD with MPI_ERRORS_RETURN, and every MPI return code is checked:
 // a failure throws moetrain::Error naming the call, the ranks, the host and
-// MPI's error text (MT_MPI_CHECK).
+// MPI's error text (MT_MPI_CHECK). Every blocking call runs inside a
+// WatchdogWait (comm/watchdog.h), so dist.timeout_s ends a job stuck in it.
 //
 // Counts: MPI takes int counts. all_gather and all_to_all_v move rows as one
 // contiguous datatype of row_bytes bytes, so their counts and displacements are
@@ -20,6 +21,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_world.h"
+#include "comm/watchdog.h"
 
 namespace moetrain::comm {
 
@@ -105,6 +107,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Communicator> split(int color, int key) const override {
+    WatchdogWait wait("split");
     MPI_Comm sub = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split",
           fmt::format("color {}, key {}", color, key));
@@ -114,6 +117,7 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce_sum(Tensor& t) override {
     detail::check_cpu_tensor("all_reduce_sum", t);
+    WatchdogWait wait("all_reduce_sum");
     MPI_Datatype type = sum_type(t.dtype());
     MT_CHECK(type != MPI_DATATYPE_NULL,
              "all_reduce_sum: {} has dtype {}; sums are of f32, f64, i32 or i64 (convert bf16 to f32 first)",
@@ -134,6 +138,7 @@ class MpiCommunicator final : public Communicator {
     MT_CHECK(t.dim() >= 1, "all_gather: {} has no row dim (dim 0)", describe(t));
     const int64_t rows = t.size(0), row_bytes = t.shape().numel(1, t.dim()) * dtype_size(t.dtype());
     // Shapes must agree (else MPI truncates or reads garbage): one small exchange.
+    WatchdogWait wait("all_gather");
     int64_t mine[3] = {rows, row_bytes, static_cast<int64_t>(t.dtype())};
     std::vector<int64_t> all(3 * static_cast<size_t>(size_));
     check(MPI_Allgather(mine, 3, MPI_INT64_T, all.data(), 3, MPI_INT64_T, comm_), "MPI_Allgather",
@@ -158,6 +163,7 @@ class MpiCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override {
     // root is checked by MPI (MPI_ERR_ROOT), through the same error path.
     detail::check_cpu_tensor("broadcast", t);
+    WatchdogWait wait("broadcast");
     char* p = static_cast<char*>(t.raw_data());
     const int64_t n = t.nbytes();
     int64_t at = 0;
@@ -188,6 +194,7 @@ class MpiCommunicator final : public Communicator {
     Tensor out = empty(send.shape().with(0, recv_at), send.dtype());
     const int64_t row_bytes = row_elems * dtype_size(send.dtype());
     RowType row(*this, row_bytes);
+    WatchdogWait wait("all_to_all_v");
     check(MPI_Alltoallv(send.raw_data(), send_counts.data(), send_displs.data(), row.type, out.raw_data(),
                         recv_counts.data(), recv_displs.data(), row.type, comm_),
           "MPI_Alltoallv",
@@ -200,12 +207,16 @@ class MpiCommunicator final : public Communicator {
     MT_CHECK(static_cast<int>(send_counts.size()) == size_,
              "all_to_all_counts: {} counts for a group of {} ranks; pass one per rank", send_counts.size(), size_);
     std::vector<int64_t> recv(send_counts.size());
+    WatchdogWait wait("all_to_all_counts");
     check(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv.data(), 1, MPI_INT64_T, comm_), "MPI_Alltoall",
           "all_to_all_counts");
     return recv;
   }
 
-  void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    WatchdogWait wait("barrier");
+    check(MPI_Barrier(comm_), "MPI_Barrier");
+  }
 
  private:
   // A committed datatype of `bytes` contiguous bytes: one row.

@@ -12,6 +12,7 @@
 #include "autograd/grad_mode.h"
 #include "comm/collectives.h"
 #include "comm/communicator.h"
+#include "comm/watchdog.h"
 #include "ops/elementwise.h"
 #include "ops/linalg.h"
 #include "ops/moe.h"
@@ -186,6 +187,7 @@ Tensor MoeLayer::dispatch(const Tensor& z, const std::vector<int64_t>& counts, c
            counts.size(), c_.num_experts);
   if (shard_.size == 1 && !ep_) return experts(z, counts);
   MT_CHECK(ep_, "moe layer: experts are sharded over {} ranks but no expert-parallel group is set", shard_.size);
+  comm::WatchdogLabel label("expert dispatch");  // and combine; their backward is labelled "backward"
   const int P = shard_.size;
   const int64_t El = c_.num_experts / P;
   // Rows for rank r are contiguous (experts sorted globally, rank r holds a range).

@@ -36,6 +36,11 @@ Distributed make_distributed(const Config& config) {
     config.fail("train.ep", "expert parallelism needs MoE layers (model.moe.num_experts > 0)");
   if (ep > 1 && experts % ep != 0)
     config.fail("train.ep", fmt::format("does not divide model.moe.num_experts = {}", experts));
+  const double timeout_s = config.get_number("dist.timeout_s");
+  if (timeout_s > 0 && d.world->size() > 1)
+    d.watchdog = std::make_unique<comm::Watchdog>(comm::WatchdogOptions{
+        .timeout_s = timeout_s, .rank = d.rank(), .size = d.size(), .host = d.world->host(), .on_timeout = {}});
+  comm::WatchdogLabel label("process grid");
   d.grid = comm::make_process_grid(*d.world, static_cast<int>(ep), "train.ep");
   return d;
 }
@@ -48,6 +53,7 @@ void log_rank_table(Distributed& d, int threads) {
   const std::string host = d.world->host();
   for (size_t i = 0; i < host.size() && i < kHost; ++i) p[i] = static_cast<unsigned char>(host[i]);
   p[kHost] = threads;
+  comm::WatchdogLabel label("rank table");
   Tensor all = d.world->all_gather(row);
   if (!d.root()) return;
   spdlog::info("{} rank(s): dp {} x ep {}", d.size(), d.grid.dp, d.grid.ep);
@@ -64,6 +70,7 @@ void sync_gradients(Distributed& d, const LanguageModel& model) {
   if (d.size() == 1) return;
   ParameterList replicated, shards;
   split(d, model.parameters(), replicated, shards);
+  comm::WatchdogLabel label("gradient sync");
   comm::GradSyncOptions o;
   o.scale = 1.0 / d.size();
   comm::all_reduce_grads(*d.world, replicated, o);
@@ -77,6 +84,7 @@ double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_nor
   double total = grad_squared_sum(replicated);
   if (!shards.empty()) {
     Tensor s = full({1}, grad_squared_sum(shards), DType::f64);
+    comm::WatchdogLabel label("gradient norm");
     d.grid.ep_group->all_reduce_sum(s);
     total += s.data<double>()[0];
   }
@@ -88,6 +96,7 @@ double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_nor
 void all_reduce_moe_stats(Distributed& d, LanguageModel& model) {
   auto* hybrid = dynamic_cast<HybridModel*>(&model);
   if (!hybrid || d.size() == 1) return;
+  comm::WatchdogLabel label("MoE load counts");
   for (MoeLayer* m : hybrid->moe_layers()) {
     MoeStats& st = m->stats();
     const int64_t E = static_cast<int64_t>(st.tokens_per_expert.size());
@@ -103,6 +112,7 @@ void all_reduce_moe_stats(Distributed& d, LanguageModel& model) {
 double mean_over_world(Distributed& d, double value) {
   if (d.size() == 1) return value;
   Tensor t = full({1}, value, DType::f64);
+  comm::WatchdogLabel label("mean over the world");
   d.world->all_reduce_sum(t);
   return t.data<double>()[0] / d.size();
 }
@@ -110,6 +120,7 @@ double mean_over_world(Distributed& d, double value) {
 ParameterList full_state(Distributed& d, const LanguageModel& model) {
   ParameterList out;
   NoGradGuard no_grad;
+  comm::WatchdogLabel label("expert gather");
   for (const NamedParameter& p : model.parameters()) {
     NamedParameter q = p;
     if (sharded(d, p)) q.tensor = d.grid.ep_group->all_gather(p.tensor.detach());

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "comm/process_grid.h"
+#include "comm/watchdog.h"
 #include "config/config.h"
 #include "nn/language_model.h"
 #include "nn/moe.h"
@@ -24,6 +25,8 @@ class HybridModel;
 struct Distributed {
   comm::Communicator* world = nullptr;
   comm::ProcessGrid grid;
+  // dist.timeout_s > 0 with several ranks: a collective that waits longer ends the job (exit 42).
+  std::unique_ptr<comm::Watchdog> watchdog;
 
   int rank() const { return world->rank(); }
   int size() const { return world->size(); }
@@ -32,7 +35,9 @@ struct Distributed {
 };
 
 // The world (MPI under mpirun, else one process) split by train.ep; errors name
-// the key (ep must divide the world size and model.moe.num_experts).
+// the key (ep must divide the world size and model.moe.num_experts). Starts the
+// collective watchdog (comm/watchdog.h) when dist.timeout_s > 0 and there are
+// several ranks. The collectives below label their waits for its message.
 Distributed make_distributed(const Config& config);
 
 // Prints (root) one line per rank: rank, host, dp/ep index, threads. Collective.

@@ -12,6 +12,7 @@
 
 #include "autograd/grad_mode.h"
 #include "backend/cpu/parallel.h"
+#include "comm/watchdog.h"
 #include "core/format.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
@@ -21,6 +22,7 @@
 #include "optim/schedule.h"
 #include "train/distributed.h"
 #include "train/eval.h"
+#include "train/fault.h"
 #include "train/metrics.h"
 #include "train/model_source.h"
 #include "train/sampling.h"
@@ -200,6 +202,7 @@ TrainSummary train(const Config& config) {
   const bool inject = config.get_string("fault.kind") == "nan_grad";
   const int64_t fault_step = inject ? config.get_int("fault.step") : 0, fault_rank = config.get_int("fault.rank");
   if (inject) spdlog::warn("fault injection (a testing aid): NaN gradient on rank {} at step {}", fault_rank, fault_step);
+  const SignalFault signal_fault(config, dist.rank(), dist.size());  // fault.kind = kill | stop
   int64_t skipped = 0, consecutive_skips = 0;
 
   TrainSummary summary;
@@ -207,6 +210,8 @@ TrainSummary train(const Config& config) {
   int64_t tokens_seen = 0;
   for (int64_t step = 0; step < max_steps; ++step) {
     auto t0 = Clock::now();
+    comm::set_watchdog_step(step + 1);
+    signal_fault.at_step_start(step + 1);
     double lr = schedule.at(step);
     opt.zero_grad();
     double loss_sum = 0;
