@@ -22,6 +22,7 @@
 
 #include "autograd/grad_mode.h"
 #include "comm/communicator.h"
+#include "comm/watchdog.h"
 #include "core/format.h"
 #include "core/rng.h"
 #include "io/hdf5.h"
@@ -318,6 +319,7 @@ std::string checkpoint_config_path(const std::string& dir) { return (fs::path(di
 SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const AdamW& opt,
                            const TrainProgress& progress, const Config& config, const SaveOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
+  comm::WatchdogLabel label("checkpoint save");  // rank 0 writes while the others wait, within dist.timeout_s
   const fs::path root = checkpoints_dir(run_dir);
   const std::string name = checkpoint_name(progress.step);
 
@@ -488,6 +490,7 @@ std::string find_checkpoint(const std::string& run_dir, const Config& config, bo
 TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, LanguageModel& model, AdamW* opt,
                               const Config& config) {
   const fs::path dir(dir_text);
+  comm::WatchdogLabel label("checkpoint load");
   MT_CHECK(fs::exists(dir / kCommit), "checkpoint {}: no COMMIT (an unfinished save); it cannot be loaded",
            dir.string());
   const Manifest m = read_manifest(dir);
