@@ -6,8 +6,9 @@
 // the operation; callers may name what the collective is for with a
 // WatchdogLabel ("gradient sync", "expert dispatch"), and the trainer publishes
 // the step. A monitor thread (one per process, while a Watchdog exists) checks
-// a few times per timeout whether the current wait has lasted longer than the
-// timeout; then it logs one line, from this rank,
+// ten times per timeout whether the current wait has lasted longer than the
+// timeout (as timed by the monitor, from when it first saw the wait: to within
+// a tenth of the timeout); then it logs one line, from this rank,
 //
 //   watchdog: rank 2 of 4 (host node7) has waited 10.0 s in all_reduce_sum
 //   (gradient sync) at step 37 (dist.timeout_s = 10): ...; ending the job (exit code 42)
@@ -16,8 +17,9 @@
 // monitor thread while the main thread is blocked in MPI. Open MPI 4.1 kills
 // every rank then, a SIGSTOPped one too (docs/distributed.md, measured).
 //
-// Cost on the hot path: a wait is a clock read and three relaxed/release atomic
-// stores on entry and one store on exit; a label two stores. No locks. Only the
+// Cost on the hot path: a wait is two atomic stores (relaxed, release) on entry
+// and one on exit; a label a load and a store, and a store on exit. No locks,
+// no clock read (a few ns in all). Only the
 // thread that calls MPI (the main thread, MPI_THREAD_FUNNELED) publishes waits,
 // so one slot suffices; waits do not nest. Names and labels must be string
 // literals (or otherwise outlive the process): the monitor reads the pointers.
