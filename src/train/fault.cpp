@@ -1,3 +1,4 @@
+// fault.kind = kill | stop; see fault.h.
 #include "train/fault.h"
 
 #include <csignal>

@@ -146,15 +146,23 @@ TEST_CASE("cli: a killed rank (fault.kind = kill) ends the job quickly, non-zero
   CHECK(seconds < 30);  // about 5 s here, 4 s of it start-up; the launcher ends the job about 1 s after the kill
 }
 
-TEST_CASE("cli: fault.kind = kill or stop on a rank outside the run is refused", "[cli][errors]") {
+TEST_CASE("cli: fault.kind = kill or stop on a rank outside the run, or at no step, is refused", "[cli][errors]") {
   TempDir tmp;
   prepare(tmp.path());
-  Result r = moetrain::testing::run_moetrain(
-      "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + tmp.path() +
-      "/data/train_*.bin --set data.val= --set train.max_steps=2 --set train.threads=1 --set run.dir=" + tmp.path() +
-      "/run --set fault.kind=stop --set fault.rank=1 --set fault.step=1");
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(r.output.find("--set fault.rank=1: fault.rank = 1: is not a rank of this run, which has 1 rank; "
-                      "fault.kind = stop would never fire") != string::npos);
+  auto train = [&](const string& fault) {
+    return moetrain::testing::run_moetrain(
+        "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + tmp.path() +
+        "/data/train_*.bin --set data.val= --set train.max_steps=2 --set train.threads=1 --set run.dir=" + tmp.path() +
+        "/run " + fault);
+  };
+  Result rank = train("--set fault.kind=stop --set fault.rank=1 --set fault.step=1");
+  INFO(rank.output);
+  CHECK(rank.code == 2);
+  CHECK(rank.output.find("--set fault.rank=1: fault.rank = 1: is not a rank of this run, which has 1 rank; "
+                         "fault.kind = stop would never fire") != string::npos);
+  Result step = train("--set fault.kind=kill --set fault.rank=0");
+  INFO(step.output);
+  CHECK(step.code == 2);
+  CHECK(step.output.find("fault.step = 0 (default): fault.kind = kill needs a step (1-based) to fire at") !=
+        string::npos);
 }
