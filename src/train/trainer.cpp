@@ -276,11 +276,12 @@ TrainSummary train(const Config& config) {
   bool stopped = false;
   CheckpointSaver saver(dist, run_dir.string(), config, config.get_bool("ckpt.async"));
   auto log_saved = [&](const std::optional<SaveResult>& saved) {
-    if (saved)
-      spdlog::info(saver.async() ? "checkpoint {} committed {:.2f} s after it began (written in the background; {} "
-                                   "in this rank's file)"
-                                 : "checkpoint {} saved in {:.2f} s ({} in this rank's file, {:.0f} MB/s)",
-                   saved->dir, saved->seconds, human_bytes(static_cast<double>(saved->bytes)),
+    if (saved && saver.async())
+      spdlog::info("checkpoint {} committed {:.2f} s after it began (written in the background; {} in this rank's "
+                   "file)", saved->dir, saved->seconds, human_bytes(static_cast<double>(saved->bytes)));
+    else if (saved)
+      spdlog::info("checkpoint {} saved in {:.2f} s ({} in this rank's file, {:.0f} MB/s)", saved->dir,
+                   saved->seconds, human_bytes(static_cast<double>(saved->bytes)),
                    saved->bytes / 1e6 / std::max(saved->seconds, 1e-9));
   };
   // End of a step (taken or skipped): a checkpoint every ckpt.every steps, at the
