@@ -121,7 +121,8 @@ std::string find_checkpoint(const std::string& run_dir, const Config& config, bo
 // layout) and returns the progress to continue from. Every rank reads what it
 // needs; no collective. Throws Error (exit 2) naming the file and dataset when a
 // file is corrupt or truncated, or listing every tensor whose name or shape does
-// not match the model.
+// not match the model. opt may be null (export: weights and buffers only; the
+// moments in the files are then not compared).
 TrainProgress load_checkpoint(Distributed& d, const std::string& dir, LanguageModel& model, AdamW* opt,
                               const Config& config);
 
