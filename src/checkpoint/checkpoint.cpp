@@ -5,16 +5,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
@@ -35,7 +38,8 @@ namespace moetrain {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
+// Named rather than anonymous: CheckpointSaver::Job holds these types.
+namespace checkpoint_impl {
 
 constexpr const char* kFormat = "moetrain-checkpoint";
 constexpr const char* kManifest = "manifest.json";
@@ -308,7 +312,9 @@ void purge(const fs::path& root, int64_t keep_last, const fs::path& newest) {
   std::abort();
 }
 
-}  // namespace
+}  // namespace checkpoint_impl
+
+using namespace checkpoint_impl;
 
 std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
@@ -316,80 +322,121 @@ std::string checkpoints_dir(const std::string& run_dir) { return (fs::path(run_d
 
 std::string checkpoint_config_path(const std::string& dir) { return (fs::path(dir) / kConfig).string(); }
 
-SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const AdamW& opt,
-                           const TrainProgress& progress, const Config& config, const SaveOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
-  comm::WatchdogLabel label("checkpoint save");  // rank 0 writes while the others wait, within dist.timeout_s
-  const fs::path root = checkpoints_dir(run_dir);
-  const std::string name = checkpoint_name(progress.step);
+namespace checkpoint_impl {
 
-  // A directory name every rank agrees on, unique per attempt.
+// One save in flight: its directories, and this rank's file once written.
+struct PendingSave {
+  std::string name;  // step_00000030
+  fs::path root, tmp;
+  int64_t nonce = 0, step = 0, tokens = 0, experts = 0;
+  std::string dtype, config_sha256;
+  FileInfo mine;
+  std::chrono::steady_clock::time_point start;
+};
+
+// Collective: rank 0 creates the .tmp directory under a name every rank agrees on.
+PendingSave begin_save(Distributed& d, const std::string& run_dir, const LanguageModel& model,
+                       const TrainProgress& progress, const Config& config) {
+  comm::WatchdogLabel label("checkpoint save");
+  PendingSave p;
+  p.start = std::chrono::steady_clock::now();
+  p.root = checkpoints_dir(run_dir);
+  p.name = checkpoint_name(progress.step);
+  p.step = progress.step;
+  p.tokens = progress.tokens;
+  p.experts = global_experts(config);
+  p.dtype = fmt::format("{}", model.dtype());
+  p.config_sha256 = config.sha256();
   Tensor nonce = zeros({1}, DType::i64);
   if (d.root()) {
     std::error_code ec;
-    fs::create_directories(root, ec);
-    if (ec) throw IoError(fmt::format("cannot create {}: {}", root.string(), ec.message()));
+    fs::create_directories(p.root, ec);
+    if (ec) throw IoError(fmt::format("cannot create {}: {}", p.root.string(), ec.message()));
     std::random_device rd;
     nonce.data<int64_t>()[0] = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd() ^ ::getpid()) &
                                0x7fffffffffffffff;
   }
   if (d.size() > 1) d.world->broadcast(nonce, 0);
-  const fs::path tmp = root / fmt::format("{}.tmp.{:x}", name, nonce.data<int64_t>()[0]);
+  p.nonce = nonce.data<int64_t>()[0];
+  p.tmp = p.root / fmt::format("{}.tmp.{:x}", p.name, p.nonce);
   if (d.root()) {
     std::error_code ec;
-    fs::create_directory(tmp, ec);
-    if (ec) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), ec.message()));
+    fs::create_directory(p.tmp, ec);
+    if (ec) throw IoError(fmt::format("cannot create {}: {}", p.tmp.string(), ec.message()));
   }
   if (d.size() > 1) d.world->barrier();
+  return p;
+}
 
-  // This rank's file.
-  const int64_t experts = global_experts(config);
-  const auto [lo, hi] = expert_range(d, experts);
-  const bool holds_replicated = d.root(), holds_experts = experts > 0 && d.grid.dp_index == 0;
-  FileInfo mine;
+// What this rank writes: attributes and datasets (tensors copied when `copy`, for
+// a background write while training goes on).
+struct RankFileContent {
+  std::vector<std::pair<std::string, int64_t>> ints;
+  std::vector<std::pair<std::string, std::string>> strings;
+  std::vector<std::tuple<std::string, std::string, Tensor>> datasets;  // group, name, tensor
+};
+
+RankFileContent rank_file_content(const Distributed& d, const LanguageModel& model, const AdamW& opt,
+                                  const TrainProgress& progress, const Config& config, PendingSave& p, bool copy) {
+  const auto [lo, hi] = expert_range(d, p.experts);
+  const bool holds_replicated = d.root(), holds_experts = p.experts > 0 && d.grid.dp_index == 0;
+  FileInfo& mine = p.mine;
   mine.name = rank_file(d.rank());
   mine.rank = d.rank();
   mine.dp_index = d.grid.dp_index;
   mine.ep_index = d.grid.ep_index;
   mine.replicated = holds_replicated;
   if (holds_experts) std::tie(mine.expert_begin, mine.expert_end) = std::pair{lo, hi};
-  const fs::path file = tmp / mine.name;
+  RankFileContent c;
+  c.ints = {{"version", kCheckpointVersion}, {"rank", d.rank()},          {"world", d.size()},
+            {"dp", d.grid.dp},               {"ep", d.grid.ep},           {"dp_index", d.grid.dp_index},
+            {"ep_index", d.grid.ep_index},   {"step", progress.step},     {"tokens", progress.tokens},
+            {"skipped", progress.skipped},   {"consecutive_skips", progress.consecutive_skips},
+            {"loader_epoch", static_cast<int64_t>(progress.loader.epoch)},
+            {"loader_position", progress.loader.position},
+            {"adam_step", opt.steps()},
+            {"rng_seed", static_cast<int64_t>(default_generator().seed())},
+            {"rng_offset", static_cast<int64_t>(default_generator().offset())},
+            {"num_experts", p.experts},      {"expert_begin", mine.expert_begin}, {"expert_end", mine.expert_end}};
+  c.strings = {{"format", kFormat}, {"config_sha256", config.sha256()}};
+  if (holds_experts) {
+    Tensor index = empty({hi - lo}, DType::i64);
+    for (int64_t e = lo; e < hi; ++e) index.data<int64_t>()[e - lo] = e;
+    c.datasets.emplace_back("experts", "global_index", index);
+  }
+  const ParameterList buffers = model.buffers();
+  for (const Slot& s : slots(model, buffers, &opt)) {
+    const bool expert = p.experts > 0 && is_expert(*s.param);
+    if (expert ? holds_experts : holds_replicated)
+      c.datasets.emplace_back(s.group, s.param->name, copy ? s.tensor.detach().clone() : s.tensor);
+  }
+  return c;
+}
+
+// This rank's file: written, fsync'd and renamed into the .tmp directory, then its
+// size and SHA-256. No collective: runs on the background thread of an async save.
+void write_rank_file(PendingSave& p, const RankFileContent& c, CheckpointKillPoint kill_at) {
+  const fs::path file = p.tmp / p.mine.name;
   {
     hdf5::Writer w(file.string());
-    const std::vector<std::pair<std::string, int64_t>> ints = {
-        {"version", kCheckpointVersion}, {"rank", d.rank()},          {"world", d.size()},
-        {"dp", d.grid.dp},               {"ep", d.grid.ep},           {"dp_index", d.grid.dp_index},
-        {"ep_index", d.grid.ep_index},   {"step", progress.step},     {"tokens", progress.tokens},
-        {"skipped", progress.skipped},   {"consecutive_skips", progress.consecutive_skips},
-        {"loader_epoch", static_cast<int64_t>(progress.loader.epoch)},
-        {"loader_position", progress.loader.position},
-        {"adam_step", opt.steps()},
-        {"rng_seed", static_cast<int64_t>(default_generator().seed())},
-        {"rng_offset", static_cast<int64_t>(default_generator().offset())},
-        {"num_experts", experts},        {"expert_begin", mine.expert_begin}, {"expert_end", mine.expert_end}};
-    for (const auto& [key, value] : ints) w.set_attribute("/", key, value);
-    w.set_attribute("/", "format", std::string(kFormat));
-    w.set_attribute("/", "config_sha256", config.sha256());
-    if (holds_experts) {
-      Tensor index = empty({hi - lo}, DType::i64);
-      for (int64_t e = lo; e < hi; ++e) index.data<int64_t>()[e - lo] = e;
-      w.write("experts", "global_index", index, true);
-    }
-    const ParameterList buffers = model.buffers();
-    for (const Slot& s : slots(model, buffers, &opt)) {
-      const bool expert = experts > 0 && is_expert(*s.param);
-      if (expert ? holds_experts : holds_replicated) w.write(s.group, s.param->name, s.tensor, true);
-    }
+    for (const auto& [key, value] : c.ints) w.set_attribute("/", key, value);
+    for (const auto& [key, value] : c.strings) w.set_attribute("/", key, value);
+    for (const auto& [group, name, tensor] : c.datasets) w.write(group, name, tensor, true);
     w.commit();
   }
-  mine.bytes = static_cast<int64_t>(fs::file_size(file));
-  mine.sha256 = sha256_file(file);
-  if (options.kill_at == CheckpointKillPoint::before_commit) kill_self("after writing its rank file, before COMMIT");
+  p.mine.bytes = static_cast<int64_t>(fs::file_size(file));
+  p.mine.sha256 = sha256_file(file);
+  if (kill_at == CheckpointKillPoint::before_commit) kill_self("after writing its rank file, before COMMIT");
+}
 
-  // Every rank's file description to rank 0 (this is also the barrier after the writes).
+// Collective: the file descriptions go to rank 0, which writes the manifest and
+// COMMIT and renames the directory into place; then a barrier.
+SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& config, const SaveOptions& options) {
+  comm::WatchdogLabel label("checkpoint save");  // rank 0 commits while the others wait, within dist.timeout_s
+  const FileInfo& mine = p.mine;
   std::vector<FileInfo> files{mine};
-  if (d.size() > 1) {
-    Tensor row = zeros({1, 8}, DType::i64);  // bytes, ranges, flags, sha256 as 4 words (hex in 64 bytes won't fit)
+  if (d.size() > 1) {  // this all-gather is also the barrier after the writes
+    Tensor row = zeros({1, 8}, DType::i64);  // bytes, expert range, replicated, SHA-256 as 4 words
     int64_t* r = row.data<int64_t>();
     r[0] = mine.bytes;
     r[1] = mine.expert_begin;
@@ -414,50 +461,119 @@ SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const Lan
     }
   }
 
-  const fs::path final_dir = root / name;
+  const fs::path final_dir = p.root / p.name;
   if (d.root()) {
-    config.save((tmp / kConfig).string());
+    config.save((p.tmp / kConfig).string());
     FileInfo cfg;
     cfg.name = kConfig;
-    cfg.bytes = static_cast<int64_t>(fs::file_size(tmp / kConfig));
-    cfg.sha256 = sha256_file(tmp / kConfig);
+    cfg.bytes = static_cast<int64_t>(fs::file_size(p.tmp / kConfig));
+    cfg.sha256 = sha256_file(p.tmp / kConfig);
     json files_json = json::array();
     for (const FileInfo& f : files) files_json.push_back(file_json(f, true));
     const json manifest = {{"format", kFormat},
                            {"version", kCheckpointVersion},
-                           {"step", progress.step},
-                           {"tokens", progress.tokens},
+                           {"step", p.step},
+                           {"tokens", p.tokens},
                            {"world", d.size()},
                            {"dp", d.grid.dp},
                            {"ep", d.grid.ep},
-                           {"num_experts", experts},
-                           {"dtype", fmt::format("{}", model.dtype())},
-                           {"config_sha256", config.sha256()},
+                           {"num_experts", p.experts},
+                           {"dtype", p.dtype},
+                           {"config_sha256", p.config_sha256},
                            {"files", files_json},
                            {"config", file_json(cfg, false)}};
-    write_file_durably(tmp / kManifest, manifest.dump(2) + "\n");
-    write_file_durably(tmp / kCommit, name + "\n");
-    fsync_or_throw(tmp, true);
+    write_file_durably(p.tmp / kManifest, manifest.dump(2) + "\n");
+    write_file_durably(p.tmp / kCommit, p.name + "\n");
+    fsync_or_throw(p.tmp, true);
     if (options.kill_at == CheckpointKillPoint::before_rename) kill_self("after COMMIT, before the rename");
     std::error_code ec;
     fs::path old;
     if (fs::exists(final_dir)) {  // resumed from an older step: this save replaces the later one
-      old = root / fmt::format("{}.old.{:x}", name, nonce.data<int64_t>()[0]);
+      old = p.root / fmt::format("{}.old.{:x}", p.name, p.nonce);
       spdlog::warn("replacing checkpoint {} (this run resumed from an earlier step)", final_dir.string());
       fs::rename(final_dir, old, ec);
       if (ec) throw IoError(fmt::format("moving {} aside failed: {}", final_dir.string(), ec.message()));
     }
-    fs::rename(tmp, final_dir, ec);
-    if (ec) throw IoError(fmt::format("renaming {} to {} failed: {}", tmp.string(), final_dir.string(), ec.message()));
-    fsync_or_throw(root, true);
+    fs::rename(p.tmp, final_dir, ec);
+    if (ec)
+      throw IoError(fmt::format("renaming {} to {} failed: {}", p.tmp.string(), final_dir.string(), ec.message()));
+    fsync_or_throw(p.root, true);
     if (!old.empty()) remove_all_logged(old, "replaced");
     if (options.kill_at == CheckpointKillPoint::before_latest) kill_self("after the rename, before `latest`");
-    write_file_durably(root / "latest", name + "\n");
-    purge(root, options.keep_last, final_dir);
+    write_file_durably(p.root / "latest", p.name + "\n");
+    purge(p.root, options.keep_last, final_dir);
   }
   if (d.size() > 1) d.world->barrier();  // nobody goes on (or exits) before the commit
   return {final_dir.string(), mine.bytes,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count()};
+}
+
+}  // namespace checkpoint_impl
+
+SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const AdamW& opt,
+                           const TrainProgress& progress, const Config& config, const SaveOptions& options) {
+  PendingSave p = begin_save(d, run_dir, model, progress, config);
+  write_rank_file(p, rank_file_content(d, model, opt, progress, config, p, false), options.kill_at);
+  return commit_save(d, p, config, options);
+}
+
+// ---------------------------------------------------------------- CheckpointSaver
+
+struct CheckpointSaver::Job {
+  PendingSave pending;
+  SaveOptions options;
+  std::thread thread;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+};
+
+CheckpointSaver::CheckpointSaver(Distributed& d, std::string run_dir, const Config& config, bool async)
+    : d_(d), run_dir_(std::move(run_dir)), config_(config), async_(async) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  if (job_ && job_->thread.joinable()) job_->thread.join();  // an error path: the .tmp directory stays uncommitted
+}
+
+std::optional<SaveResult> CheckpointSaver::save(const LanguageModel& model, const AdamW& opt,
+                                                const TrainProgress& progress, const SaveOptions& options) {
+  if (!async_) return save_checkpoint(d_, run_dir_, model, opt, progress, config_, options);
+  std::optional<SaveResult> previous = finish();
+  job_ = std::make_unique<Job>();
+  job_->pending = begin_save(d_, run_dir_, model, progress, config_);
+  job_->options = options;
+  auto content = std::make_shared<RankFileContent>(
+      rank_file_content(d_, model, opt, progress, config_, job_->pending, true));
+  Job* job = job_.get();
+  job->thread = std::thread([job, content] {
+    try {
+      write_rank_file(job->pending, *content, job->options.kill_at);
+    } catch (...) {
+      job->error = std::current_exception();
+    }
+    job->done = true;
+  });
+  return previous;
+}
+
+std::optional<SaveResult> CheckpointSaver::poll() {
+  if (!job_) return std::nullopt;
+  comm::WatchdogLabel label("checkpoint save");
+  bool all_done = job_->done;
+  if (d_.size() > 1) {
+    Tensor busy = full({1}, job_->done ? 0 : 1, DType::i32);
+    d_.world->all_reduce_sum(busy);
+    all_done = busy.data<int32_t>()[0] == 0;
+  }
+  if (!all_done) return std::nullopt;
+  return finish();
+}
+
+std::optional<SaveResult> CheckpointSaver::finish() {
+  if (!job_) return std::nullopt;
+  job_->thread.join();
+  std::unique_ptr<Job> job = std::move(job_);
+  if (job->error) std::rethrow_exception(job->error);
+  return commit_save(d_, job->pending, config_, job->options);
 }
 
 std::string find_checkpoint(const std::string& run_dir, const Config& config, bool log) {
@@ -556,7 +672,7 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   std::set<std::string> seen;
   for (const hdf5::Reader* r : listed)
     for (const std::string& g : r->groups("/")) {
-      if (g == "experts") continue;
+      if (g == "experts" || (!opt && (g == "exp_avg" || g == "exp_avg_sq"))) continue;  // moments: not asked for
       for (const std::string& name : r->datasets(g))
         if (!expected[g].count(name) && seen.insert(g + "/" + name).second)
           unexpected.push_back(fmt::format("{}/{} {}", g, name, shape_text(r->shape(g, name))));

@@ -29,6 +29,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "config/config.h"
@@ -67,6 +69,37 @@ struct SaveResult {
   double seconds = 0;    // the whole save, on this rank
 };
 
+// Saves during training: synchronously (save_checkpoint), or with ckpt.async in a
+// background thread: save() copies this rank's part of the state (a memcpy of the
+// weights, moments and buffers it writes) and returns; the thread writes and
+// hashes the file (no MPI calls off the main thread); poll(), called by every rank
+// at the end of every step, commits it (the collective part of the save) once
+// every rank's thread is done. A new save, and finish() at the end of the run,
+// first complete the one in flight. save()/poll()/finish() are collective.
+class CheckpointSaver {
+ public:
+  CheckpointSaver(Distributed& d, std::string run_dir, const Config& config, bool async);
+  ~CheckpointSaver();
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+
+  bool async() const { return async_; }
+  // Returns what was committed by this call (the synchronous save, or the async save
+  // before this one).
+  std::optional<SaveResult> save(const LanguageModel& model, const AdamW& opt, const TrainProgress& progress,
+                                 const SaveOptions& options);
+  std::optional<SaveResult> poll();
+  std::optional<SaveResult> finish();
+
+ private:
+  struct Job;
+  Distributed& d_;
+  std::string run_dir_;
+  const Config& config_;
+  bool async_;
+  std::unique_ptr<Job> job_;
+};
+
 // "step_00000030"
 std::string checkpoint_name(int64_t step);
 // <run>/checkpoints
@@ -88,7 +121,8 @@ std::string find_checkpoint(const std::string& run_dir, const Config& config, bo
 // layout) and returns the progress to continue from. Every rank reads what it
 // needs; no collective. Throws Error (exit 2) naming the file and dataset when a
 // file is corrupt or truncated, or listing every tensor whose name or shape does
-// not match the model.
+// not match the model. opt may be null (export: weights and buffers only; the
+// moments in the files are then not compared).
 TrainProgress load_checkpoint(Distributed& d, const std::string& dir, LanguageModel& model, AdamW* opt,
                               const Config& config);
 

@@ -277,10 +277,21 @@ TrainSummary train(const Config& config) {
   if (dist.root()) metrics = std::make_unique<MetricsWriter>((run_dir / "metrics.jsonl").string());
   StopSignalHandler stop_signal;
   bool stopped = false;
+  CheckpointSaver saver(dist, run_dir.string(), config, config.get_bool("ckpt.async"));
+  auto log_saved = [&](const std::optional<SaveResult>& saved) {
+    if (saved && saver.async())
+      spdlog::info("checkpoint {} committed {:.2f} s after it began (written in the background; {} in this rank's "
+                   "file)", saved->dir, saved->seconds, human_bytes(static_cast<double>(saved->bytes)));
+    else if (saved)
+      spdlog::info("checkpoint {} saved in {:.2f} s ({} in this rank's file, {:.0f} MB/s)", saved->dir,
+                   saved->seconds, human_bytes(static_cast<double>(saved->bytes)),
+                   saved->bytes / 1e6 / std::max(saved->seconds, 1e-9));
+  };
   // End of a step (taken or skipped): a checkpoint every ckpt.every steps, at the
   // last step and when SIGUSR1 asks to stop. Returns true to stop.
   auto end_of_step = [&](int64_t done) {
     const bool stop = stop_requested(dist);
+    if (saver.async()) log_saved(saver.poll());  // commits a background save once every rank wrote its file
     if (stop) spdlog::warn("SIGUSR1: saving a checkpoint at step {} and exiting", done);
     if (stop || (ckpt_every > 0 && (done % ckpt_every == 0 || done == max_steps))) {
       progress.step = done;
@@ -288,10 +299,9 @@ TrainSummary train(const Config& config) {
       SaveOptions o = save_options;
       if (kill_in_save && done == fault_step && dist.rank() == fault_rank)
         o.kill_at = kill_point(config.get_string("fault.phase"));
-      const SaveResult saved = save_checkpoint(dist, run_dir.string(), *model, opt, progress, config, o);
-      spdlog::info("checkpoint {} saved in {:.2f} s ({} in rank 0's file, {:.0f} MB/s)", saved.dir, saved.seconds,
-                   human_bytes(static_cast<double>(saved.bytes)), saved.bytes / 1e6 / std::max(saved.seconds, 1e-9));
+      log_saved(saver.save(*model, opt, progress, o));
     }
+    if (stop) log_saved(saver.finish());
     return stop && done < max_steps;  // at the last step the run simply ends
   };
 
@@ -377,6 +387,7 @@ TrainSummary train(const Config& config) {
       break;
     }
   }
+  log_saved(saver.finish());  // a background save still in flight
   double total_sec = std::chrono::duration<double>(Clock::now() - run_start).count();
   if (max_steps > 0 && total_sec > 0)
     summary.tokens_per_second = static_cast<double>(tokens_seen - tokens_at_start) / total_sec;

@@ -100,6 +100,11 @@ TEST_CASE("cli: a job killed on one rank, or while saving, resumes from its last
                         "--set fault.phase=before_rename", "step_00000030"});
       faults.push_back({"--set fault.kind=kill_during_ckpt --set fault.rank=0 --set fault.step=40 "
                         "--set fault.phase=before_latest", "step_00000040"});
+      // Saves in a background thread: the same checkpoints, the same continuation.
+      faults.push_back({"--set ckpt.async=true --set fault.kind=kill --set fault.rank=1 --set fault.step=37",
+                        "step_00000030"});
+      faults.push_back({"--set ckpt.async=true --set fault.kind=kill_during_ckpt --set fault.rank=1 "
+                        "--set fault.step=40 --set fault.phase=before_commit", "step_00000030"});
     }
     for (size_t i = 0; i < faults.size(); ++i) {
       const string run = job.dir + "/ep" + std::to_string(ep) + "_fault" + std::to_string(i);
