@@ -30,8 +30,9 @@ using Clock = std::chrono::steady_clock;
 
 // Byte-level tinyshakespeare shards in dir/data.
 void prepare(const string& dir) {
-  Result r = moetrain::testing::run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) + "/data/tinyshakespeare.txt --out " +
-                                             dir + "/data --tokenizer byte --val-tokens 8192");
+  Result r = moetrain::testing::run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) +
+                                             "/data/tinyshakespeare.txt --out " + dir +
+                                             "/data --tokenizer byte --val-tokens 8192");
   INFO(r.output);
   REQUIRE(r.code == 0);
 }
@@ -131,8 +132,8 @@ TEST_CASE("cli: a killed rank (fault.kind = kill) ends the job quickly, non-zero
   const string run_dir = tmp.path() + "/killed-run";
   const auto t0 = Clock::now();
   // The default dist.timeout_s (600 s): the launcher, not the watchdog, ends this job.
-  Result r = moetrain::testing::capture_command(
-      mpirun_train(tmp.path(), run_dir, "--set train.ep=4 --set fault.kind=kill --set fault.rank=1 --set fault.step=3"));
+  Result r = moetrain::testing::capture_command(mpirun_train(
+      tmp.path(), run_dir, "--set train.ep=4 --set fault.kind=kill --set fault.rank=1 --set fault.step=3"));
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   INFO(r.output << "\n(" << seconds << " s)");
   const std::vector<string> left = leftovers(run_dir);
