@@ -2,10 +2,12 @@
 // docs/export.md).
 #include "checkpoint/export.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +68,18 @@ int64_t layer_of(const std::string& name, std::string* rest = nullptr) {
   return l;
 }
 
+// fsync of a file or directory (a directory: makes the renames inside it durable).
+void fsync_path(const fs::path& path, bool directory) {
+  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw IoError(fmt::format("{}: cannot open to fsync: {}", path.string(), std::strerror(errno)));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0 && !(directory && err == EINVAL))  // EINVAL: the file system cannot sync directories
+    throw IoError(fmt::format("{}: fsync failed: {}", path.string(), std::strerror(err)));
+}
+
+// Written to a temp name, fsync'd, renamed (the directory is fsync'd by the caller).
 void write_text_file(const fs::path& path, const std::string& text) {
   std::string tmp = path.string() + ".tmp";
   {
@@ -74,6 +88,7 @@ void write_text_file(const fs::path& path, const std::string& text) {
     out.flush();
     if (!out.good()) throw IoError(fmt::format("{}: writing failed", tmp));
   }
+  fsync_path(tmp, false);
   fs::rename(tmp, path);
 }
 
@@ -384,6 +399,7 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   else write_hdf5(tmp.path, tensors, o.dtype, on_written);
   write_text_file(tmp.path / "config.json", hf_config_json(model, o.dtype));
   if (config) config->save((tmp.path / "config.resolved.yaml").string());
+  fsync_path(tmp.path, true);
   progress.finish();
 
   // Commit: DIR appears complete or not at all. A replaced DIR is moved aside first and
@@ -401,6 +417,7 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
     throw;
   }
   tmp.keep = true;
+  fsync_path(parent.empty() ? fs::path(".") : parent, true);
   if (!old.empty()) fs::remove_all(old);
 }
 

@@ -422,6 +422,13 @@ TEST_CASE("export: refuses a non-empty --out unless replacing; sizes, formats an
   CHECK(!fs::exists(tmp / "busy/keep.txt"));
   CHECK(fs::exists(tmp / "busy/model.safetensors"));
   CHECK(tmp.listing() == std::vector<std::string>{"busy"});
+  // A failure while writing (a tensor name twice) leaves the old directory as it was and no temp directory.
+  ParameterList twice = state_of(a);
+  twice.push_back(twice[3]);
+  CHECK(testing::error_of([&] { export_model_dir(a, twice, tmp / "busy", replace); }).find("appears twice") !=
+        std::string::npos);
+  CHECK(fs::exists(tmp / "busy/model.safetensors"));
+  CHECK(tmp.listing() == std::vector<std::string>{"busy"});
   tmp.write("file", "x");
   CHECK(testing::error_of([&] { export_model_dir(a, {}, tmp / "file", replace); }).find("not a directory") !=
         std::string::npos);
