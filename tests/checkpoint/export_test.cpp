@@ -476,7 +476,7 @@ TEST_CASE("export: an independent PyTorch reader of the exported files reproduce
   const std::vector<Case> cases = {
       {"hybrid_f32", &src, with(ExportFormat::safetensors, DType::f32)},
       {"hybrid_bf16_shards", &src, with(ExportFormat::safetensors, DType::bf16, 3000)},
-      {"hybrid_hdf5", &src, with(ExportFormat::hdf5, DType::f32)},
+      {"hybrid_hdf5_bf16", &src, with(ExportFormat::hdf5, DType::bf16)},
       {"gpt2_bf16", &gsrc, with(ExportFormat::safetensors, DType::bf16)},
   };
   // Export each, load it back (in f64) and run it; then one Python process for all.
