@@ -497,7 +497,7 @@ HfWeights HfWeights::open(const std::string& path) {
     impl.h5 = std::make_unique<hdf5::Reader>(file);
     const bool bf16 = impl.h5->attr_string("/", "dtype").value_or("f32") == "bf16";
     for (const std::string& name : impl.h5->datasets("/")) {
-      Tensor t = impl.h5->read("/", name);  // small models; shapes need the dataspace anyway
+      Tensor t = impl.h5->read("/", name);  // its dtype too (f32, or uint16 bits of bf16): read once at open
       DType d = t.dtype() == DType::u16 && bf16 ? DType::bf16 : t.dtype();
       impl.index[name] = w.entries_.size();
       impl.file_of.push_back(0);

@@ -160,11 +160,13 @@ std::string list_text(const std::vector<std::string>& names) {
   return s;
 }
 
-void fsync_path(const std::string& path, int flags) {
+// False when the path cannot be opened or fsync fails.
+bool fsync_path(const std::string& path, int flags) {
   int fd = ::open(path.c_str(), flags);
-  if (fd < 0) return;
-  ::fsync(fd);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
   ::close(fd);
+  return ok;
 }
 
 }  // namespace
@@ -273,6 +275,18 @@ Tensor Reader::read(const std::string& group, const std::string& name) const {
   if (t.numel() > 0 && H5Dread(ds.get(), mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw_data()) < 0)
     MT_THROW("{}: reading the data failed{}", where(group, name), library_error());
   return t;
+}
+
+Shape Reader::shape(const std::string& group, const std::string& name) const {
+  if (object_type(file_, join(group, name)) != H5I_DATASET) return read(group, name).shape();  // throws, naming it
+  Id ds(H5Dopen2(file_, join(group, name).c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) MT_THROW("{}: cannot open the dataset{}", where(group, name), library_error());
+  Id space(H5Dget_space(ds.get()), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  MT_CHECK(rank >= 0, "{}: cannot read the shape{}", where(group, name), library_error());
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return Shape(std::vector<int64_t>(dims.begin(), dims.end()));
 }
 
 Tensor Reader::read(const std::string& group, const std::string& name, int rank) const {
@@ -464,7 +478,7 @@ int64_t Writer::open_group(const std::string& group) {
 
 void Writer::create_group(const std::string& group) { H5Gclose(open_group(group)); }
 
-void Writer::write(const std::string& group, const std::string& name, const Tensor& tensor) {
+void Writer::write(const std::string& group, const std::string& name, const Tensor& tensor, bool checksum) {
   MT_CHECK(tensor.defined(), "{}: cannot write an undefined tensor", where(group, name));
   MT_CHECK(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64 || tensor.dtype() == DType::i64 ||
                tensor.dtype() == DType::u16,
@@ -486,10 +500,22 @@ void Writer::write(const std::string& group, const std::string& name, const Tens
                          : t.dtype() == DType::f32 ? H5T_NATIVE_FLOAT
                          : t.dtype() == DType::u16 ? H5T_NATIVE_UINT16
                                                    : H5T_NATIVE_INT64;
-  Id ds(H5Dcreate2(g.get(), name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) MT_THROW("{}: cannot create the dataset{}", where(group, name), library_error());
+  Id create(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (checksum && !dims.empty() && t.numel() > 0) {
+    // Whole rows of dim 0 per chunk, at most 4 MiB (HDF5 chunks must stay below 4 GiB).
+    std::vector<hsize_t> chunk = dims;
+    const int64_t row_bytes = t.numel() / t.size(0) * dtype_size(t.dtype());
+    chunk[0] = static_cast<hsize_t>(std::clamp<int64_t>((int64_t{4} << 20) / std::max<int64_t>(row_bytes, 1), 1,
+                                                        t.size(0)));
+    for (size_t i = 1; i < chunk.size() && row_bytes > (int64_t{4} << 20); ++i) chunk[i] = 1;  // huge rows
+    if (H5Pset_chunk(create.get(), static_cast<int>(chunk.size()), chunk.data()) < 0 ||
+        H5Pset_fletcher32(create.get()) < 0)
+      MT_THROW("{}: cannot set up chunked storage with Fletcher32{}", where(group, name), library_error());
+  }
+  Id ds(H5Dcreate2(g.get(), name.c_str(), file_type, space.get(), H5P_DEFAULT, create.get(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw IoError(fmt::format("{}: cannot create the dataset{}", where(group, name), library_error()));
   if (t.numel() > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw_data()) < 0)
-    MT_THROW("{}: writing the data failed{}", where(group, name), library_error());
+    throw IoError(fmt::format("{}: writing the data failed{}", where(group, name), library_error()));
 }
 
 void Writer::set_attribute(const std::string& group, const std::string& name, const Attribute& value) {
@@ -520,11 +546,12 @@ void Writer::commit() {
   MT_CHECK(file_ >= 0, "HDF5 file {}: already committed", path_);
   herr_t closed = H5Fclose(file_);
   file_ = -1;
-  if (closed < 0) MT_THROW("HDF5 file {}: closing {} failed{}", path_, tmp_, library_error());
-  fsync_path(tmp_, O_RDONLY);
+  if (closed < 0) throw IoError(fmt::format("HDF5 file {}: closing {} failed{}", path_, tmp_, library_error()));
+  if (!fsync_path(tmp_, O_RDONLY))
+    throw IoError(fmt::format("HDF5 file {}: fsync of {} failed: {}", path_, tmp_, std::strerror(errno)));
   std::error_code ec;
   std::filesystem::rename(tmp_, path_, ec);
-  MT_CHECK(!ec, "HDF5 file {}: renaming {} into place failed: {}", path_, tmp_, ec.message());
+  if (ec) throw IoError(fmt::format("HDF5 file {}: renaming {} into place failed: {}", path_, tmp_, ec.message()));
   committed_ = true;
   std::filesystem::path dir = std::filesystem::path(path_).parent_path();
   fsync_path(dir.empty() ? "." : dir.string(), O_RDONLY | O_DIRECTORY);

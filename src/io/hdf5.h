@@ -14,6 +14,7 @@
 // Errors throw moetrain::Error naming the file, the group or dataset and what is
 // wrong (missing, wrong rank, unsupported dtype), plus HDF5's own innermost message
 // where it has one (e.g. "truncated file"). HDF5's automatic error printing is off.
+// A Writer failing to write, close, sync or rename throws IoError (exit code 5).
 // Writes go to `path.tmp.<pid>`; commit() closes, fsyncs and renames it over `path`,
 // so `path` never holds a half-written file; a Writer destroyed without commit()
 // removes its temp file.
@@ -54,6 +55,8 @@ class Reader {
   // A fresh CPU tensor (f32, f64, i64 or u16, as stored). Throws when the group or
   // dataset is missing (listing what the group holds) or the dtype is none of those.
   Tensor read(const std::string& group, const std::string& name) const;
+  // The dataset's shape, without reading its data; throws like read().
+  Shape shape(const std::string& group, const std::string& name) const;
   // Like read(), and the rank must be `rank`.
   Tensor read(const std::string& group, const std::string& name, int rank) const;
 
@@ -88,8 +91,11 @@ class Writer {
   // Creates the group and its parents if needed.
   void create_group(const std::string& group);
   // Writes an f32/f64/i64/u16 tensor (any device; copied to the host) as group/name.
-  // Creates the group if needed; the dataset must not exist yet.
-  void write(const std::string& group, const std::string& name, const Tensor& t);
+  // Creates the group if needed; the dataset must not exist yet. checksum: stored
+  // in chunks of at most 4 MiB with HDF5's Fletcher32 filter, so a reader fails
+  // naming this dataset when its bytes change (checkpoints). Rank-0 and empty
+  // tensors cannot be chunked and are stored plainly.
+  void write(const std::string& group, const std::string& name, const Tensor& t, bool checksum = false);
   // A scalar attribute on the group (created if needed); replaces an existing one.
   void set_attribute(const std::string& group, const std::string& name, const Attribute& value);
   // Closes the file, fsyncs it, renames it over `path` and fsyncs the directory.

@@ -3,8 +3,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -28,6 +31,35 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 }  // namespace
+
+int64_t truncate_metrics_after(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return 0;
+  std::string kept, line;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() > step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  in.close();
+  if (dropped == 0) return 0;
+  const std::string tmp = fmt::format("{}.tmp", path);
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    out.flush();
+    if (!out) throw IoError(fmt::format("{}: rewriting the metrics failed: {}", tmp, std::strerror(errno)));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw IoError(fmt::format("{}: replacing the metrics failed: {}", path, ec.message()));
+  return dropped;
+}
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   file_ = std::fopen(path.c_str(), "a");

@@ -10,6 +10,13 @@
 
 namespace moetrain {
 
+// A resumed run: drops the records of steps after `step` (written by the run that
+// stopped after its last checkpoint), so the file reads as one history. Records
+// are kept or dropped by their "step" field; lines that do not parse are kept.
+// Rewritten atomically; nothing happens when the file does not exist. Returns
+// the number of records dropped.
+int64_t truncate_metrics_after(const std::string& path, int64_t step);
+
 class MetricsWriter {
  public:
   using Value = std::variant<int64_t, double, std::string, bool>;

@@ -2,7 +2,9 @@
 
 #include <sys/resource.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -12,6 +14,8 @@
 
 #include "autograd/grad_mode.h"
 #include "backend/cpu/parallel.h"
+#include "checkpoint/checkpoint.h"
+#include "comm/communicator.h"
 #include "core/format.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
@@ -104,6 +108,37 @@ MoeStepSummary moe_step(LanguageModel& model) {
   return out;
 }
 
+// SIGUSR1: save a checkpoint and exit cleanly at the end of the current step.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int) { g_stop_signal = 1; }
+
+struct StopSignalHandler {
+  struct sigaction previous {};
+  StopSignalHandler() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, &previous);
+  }
+  ~StopSignalHandler() { sigaction(SIGUSR1, &previous, nullptr); }
+};
+
+// Whether any rank got SIGUSR1 (mpirun forwards it to every rank, but not
+// necessarily within the same step): every rank takes the same decision.
+bool stop_requested(Distributed& dist) {
+  if (dist.size() == 1) return g_stop_signal != 0;
+  Tensor flag = full({1}, g_stop_signal != 0 ? 1 : 0, DType::i32);
+  dist.world->all_reduce_sum(flag);
+  return flag.data<int32_t>()[0] > 0;
+}
+
+CheckpointKillPoint kill_point(const std::string& phase) {
+  if (phase == "before_commit") return CheckpointKillPoint::before_commit;
+  if (phase == "before_rename") return CheckpointKillPoint::before_rename;
+  return CheckpointKillPoint::before_latest;
+}
+
 std::unique_ptr<data::DataLoader> open_loader(const Config& config, const std::string& key, data::LoaderOrder order,
                                               int32_t vocab) {
   std::string pattern = config.get_string(key);
@@ -179,8 +214,7 @@ TrainSummary train(const Config& config) {
                train_loader->num_windows(), T + 1,
                val_loader ? fmt::format(" | val {} windows", val_loader->num_windows()) : std::string());
   if (dist.root()) report(*model, config, B * T * accum * dist.size());
-  std::unique_ptr<MetricsWriter> metrics;
-  if (dist.root()) metrics = std::make_unique<MetricsWriter>((run_dir / "metrics.jsonl").string());
+  std::unique_ptr<MetricsWriter> metrics;  // opened after a resume has trimmed the file
 
   auto run_eval = [&](int64_t step) {
     if (!val_loader) return -1.0;
@@ -197,15 +231,85 @@ TrainSummary train(const Config& config) {
 
   const bool nan_policy_abort = config.get_string("train.nan_policy") == "abort";
   const int64_t max_consecutive_skips = config.get_int("train.max_consecutive_skips");
-  const bool inject = config.get_string("fault.kind") == "nan_grad";
-  const int64_t fault_step = inject ? config.get_int("fault.step") : 0, fault_rank = config.get_int("fault.rank");
+  const std::string fault_kind = config.get_string("fault.kind");
+  const bool inject = fault_kind == "nan_grad";
+  const int64_t fault_step = config.get_int("fault.step"), fault_rank = config.get_int("fault.rank");
   if (inject) spdlog::warn("fault injection (a testing aid): NaN gradient on rank {} at step {}", fault_rank, fault_step);
-  int64_t skipped = 0, consecutive_skips = 0;
+  const bool kill_in_save = fault_kind == "kill_during_ckpt";
+  if (kill_in_save && config.get_string("fault.phase") != "before_commit" && fault_rank != 0)
+    config.fail("fault.rank", fmt::format("fault.phase {} happens on rank 0 only; set fault.rank: 0",
+                                          config.get_string("fault.phase")));
+  if (kill_in_save)
+    spdlog::warn("fault injection (a testing aid): SIGKILL on rank {} while saving the checkpoint of step {} ({})",
+                 fault_rank, fault_step, config.get_string("fault.phase"));
+
+  // Checkpoints: resume (rank 0 chooses, every rank loads what it needs).
+  const int64_t ckpt_every = config.get_int("ckpt.every");
+  SaveOptions save_options;
+  save_options.keep_last = config.get_int("ckpt.keep_last");
+  TrainProgress progress;
+  {
+    Tensor chosen = full({1}, -1, DType::i64);
+    if (dist.root()) {
+      const std::string dir = find_checkpoint(run_dir.string(), config);
+      if (!dir.empty()) chosen.data<int64_t>()[0] = std::stoll(std::filesystem::path(dir).filename().string().substr(5));
+    }
+    if (dist.size() > 1) dist.world->broadcast(chosen, 0);
+    if (const int64_t step = chosen.data<int64_t>()[0]; step >= 0) {
+      const std::string dir = (std::filesystem::path(checkpoints_dir(run_dir.string())) / checkpoint_name(step)).string();
+      const auto t0 = Clock::now();
+      progress = load_checkpoint(dist, dir, *model, &opt, config);
+      train_loader->set_state(progress.loader);
+      spdlog::info("resumed from {} (step {}, {} tokens seen, {} skipped steps) in {:.2f} s", dir, progress.step,
+                   with_commas(progress.tokens), progress.skipped,
+                   std::chrono::duration<double>(Clock::now() - t0).count());
+      if (dist.root()) {
+        const int64_t dropped = truncate_metrics_after((run_dir / "metrics.jsonl").string(), progress.step);
+        if (dropped > 0)
+          spdlog::info("  metrics.jsonl: dropped {} records after step {} (the run that stopped wrote them)", dropped,
+                       progress.step);
+      }
+    }
+  }
+  if (dist.root()) metrics = std::make_unique<MetricsWriter>((run_dir / "metrics.jsonl").string());
+  StopSignalHandler stop_signal;
+  bool stopped = false;
+  CheckpointSaver saver(dist, run_dir.string(), config, config.get_bool("ckpt.async"));
+  auto log_saved = [&](const std::optional<SaveResult>& saved) {
+    if (saved && saver.async())
+      spdlog::info("checkpoint {} committed {:.2f} s after it began (written in the background; {} in this rank's "
+                   "file)", saved->dir, saved->seconds, human_bytes(static_cast<double>(saved->bytes)));
+    else if (saved)
+      spdlog::info("checkpoint {} saved in {:.2f} s ({} in this rank's file, {:.0f} MB/s)", saved->dir,
+                   saved->seconds, human_bytes(static_cast<double>(saved->bytes)),
+                   saved->bytes / 1e6 / std::max(saved->seconds, 1e-9));
+  };
+  // End of a step (taken or skipped): a checkpoint every ckpt.every steps, at the
+  // last step and when SIGUSR1 asks to stop. Returns true to stop.
+  auto end_of_step = [&](int64_t done) {
+    const bool stop = stop_requested(dist);
+    if (saver.async()) log_saved(saver.poll());  // commits a background save once every rank wrote its file
+    if (stop) spdlog::warn("SIGUSR1: saving a checkpoint at step {} and exiting", done);
+    if (stop || (ckpt_every > 0 && (done % ckpt_every == 0 || done == max_steps))) {
+      progress.step = done;
+      progress.loader = train_loader->state();
+      SaveOptions o = save_options;
+      if (kill_in_save && done == fault_step && dist.rank() == fault_rank)
+        o.kill_at = kill_point(config.get_string("fault.phase"));
+      log_saved(saver.save(*model, opt, progress, o));
+    }
+    if (stop) log_saved(saver.finish());
+    return stop && done < max_steps;  // at the last step the run simply ends
+  };
 
   TrainSummary summary;
+  summary.steps = progress.step;
   auto run_start = Clock::now();
-  int64_t tokens_seen = 0;
-  for (int64_t step = 0; step < max_steps; ++step) {
+  int64_t& tokens_seen = progress.tokens;
+  int64_t& skipped = progress.skipped;
+  int64_t& consecutive_skips = progress.consecutive_skips;
+  const int64_t tokens_at_start = progress.tokens;
+  for (int64_t step = progress.step; step < max_steps; ++step) {
     auto t0 = Clock::now();
     double lr = schedule.at(step);
     opt.zero_grad();
@@ -220,7 +324,7 @@ TrainSummary train(const Config& config) {
       loss_sum += loss.item<double>();
       (accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(accum)) : loss).backward();
     }
-    if (fault_step == step + 1 && fault_rank == dist.rank()) inject_nan_grad(params);
+    if (inject && fault_step == step + 1 && fault_rank == dist.rank()) inject_nan_grad(params);
     double loss = mean_over_world(dist, loss_sum / static_cast<double>(accum));
     sync_gradients(dist, *model);
     double gnorm = clip_grad_norm(dist, *model, clip);
@@ -242,6 +346,10 @@ TrainSummary train(const Config& config) {
       opt.zero_grad();
       reset_moe_stats(*model);
       if (metrics) metrics->write({{"step", step + 1}, {"skipped", true}, {"skipped_steps", skipped}});
+      if (end_of_step(step + 1)) {
+        stopped = true;
+        break;
+      }
       continue;
     }
     consecutive_skips = 0;
@@ -269,9 +377,19 @@ TrainSummary train(const Config& config) {
     bool last = step + 1 == max_steps;
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) summary.last_val_loss = run_eval(step + 1);
     if (sample_every > 0 && (step + 1) % sample_every == 0 && !last) run_sample(step + 1);
+    if (end_of_step(step + 1)) {
+      stopped = true;
+      break;
+    }
   }
+  log_saved(saver.finish());  // a background save still in flight
   double total_sec = std::chrono::duration<double>(Clock::now() - run_start).count();
-  if (max_steps > 0) summary.tokens_per_second = static_cast<double>(tokens_seen) / total_sec;
+  if (max_steps > 0 && total_sec > 0)
+    summary.tokens_per_second = static_cast<double>(tokens_seen - tokens_at_start) / total_sec;
+  if (stopped) {
+    spdlog::info("stopped by SIGUSR1 after step {}; continue with ckpt.resume: auto", summary.steps);
+    return summary;
+  }
   if (sample_every > 0 || max_steps == 0) run_sample(summary.steps);
 
   std::filesystem::path model_dir = run_dir / "model";

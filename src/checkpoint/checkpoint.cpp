@@ -1,0 +1,740 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <openssl/evp.h>
+#include <spdlog/spdlog.h>
+
+#include "autograd/grad_mode.h"
+#include "comm/communicator.h"
+#include "core/format.h"
+#include "core/rng.h"
+#include "io/hdf5.h"
+#include "nn/language_model.h"
+#include "optim/adamw.h"
+#include "train/distributed.h"
+
+namespace moetrain {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// Named rather than anonymous: CheckpointSaver::Job holds these types.
+namespace checkpoint_impl {
+
+constexpr const char* kFormat = "moetrain-checkpoint";
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kCommit = "COMMIT";
+constexpr const char* kConfig = "config.resolved.yaml";
+
+std::string rank_file(int rank) { return fmt::format("rank_{:05d}.h5", rank); }
+
+// ---------------------------------------------------------------- files
+
+void fsync_or_throw(const fs::path& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw IoError(fmt::format("cannot open {} to sync it: {}", path.string(), std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw IoError(fmt::format("fsync of {} failed: {}", path.string(), std::strerror(err)));
+}
+
+// Writes `text` to path (temp file, fsync, rename, fsync of the directory).
+void write_file_durably(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw IoError(fmt::format("writing {} failed: {}", tmp.string(), std::strerror(errno)));
+  }
+  fsync_or_throw(tmp, false);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw IoError(fmt::format("renaming {} to {} failed: {}", tmp.string(), path.string(), ec.message()));
+  fsync_or_throw(path.parent_path(), true);
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in, "cannot read {}: {}", path.string(), std::strerror(errno));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Lowercase hex SHA-256 of a file, read in 4 MiB blocks.
+std::string sha256_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in, "cannot read {}: {}", path.string(), std::strerror(errno));
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  MT_ASSERT(ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1, "OpenSSL sha256 init failed");
+  std::vector<char> buf(4 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    if (in.gcount() > 0) MT_ASSERT(EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(in.gcount())) == 1,
+                                   "OpenSSL sha256 update failed");
+  }
+  MT_CHECK(in.eof(), "reading {} failed: {}", path.string(), std::strerror(errno));
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  MT_ASSERT(EVP_DigestFinal_ex(ctx.get(), digest, &size) == 1, "OpenSSL sha256 final failed");
+  std::string hex;
+  for (unsigned int i = 0; i < size; ++i) hex += fmt::format("{:02x}", digest[i]);
+  return hex;
+}
+
+// ---------------------------------------------------------------- what a rank holds
+
+bool is_expert(const NamedParameter& p) { return p.group == "experts"; }
+
+int64_t global_experts(const Config& config) {
+  return config.get_string("model.arch") == "hybrid" ? config.get_int("model.moe.num_experts") : 0;
+}
+
+// This rank's global expert rows [lo, hi).
+std::pair<int64_t, int64_t> expert_range(const Distributed& d, int64_t experts) {
+  const int64_t per = experts / d.grid.ep;
+  return {d.grid.ep_index * per, (d.grid.ep_index + 1) * per};
+}
+
+// The tensors of one group of the file: parameters, buffers or a moment.
+struct Slot {
+  std::string group;  // "params", "buffers", "exp_avg", "exp_avg_sq"
+  const NamedParameter* param;
+  Tensor tensor;      // what is saved / loaded into
+};
+
+// buffers: model.buffers(), kept alive by the caller while the slots are used.
+std::vector<Slot> slots(const LanguageModel& model, const ParameterList& buffers, const AdamW* opt) {
+  std::vector<Slot> out;
+  const ParameterList& params = model.parameters();
+  for (const NamedParameter& p : params) out.push_back({"params", &p, p.tensor});
+  for (const NamedParameter& b : buffers) out.push_back({"buffers", &b, b.tensor});
+  if (opt) {
+    auto& o = const_cast<AdamW&>(*opt);
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg", &params[i], o.exp_avg()[i]});
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg_sq", &params[i], o.exp_avg_sq()[i]});
+  }
+  return out;
+}
+
+std::string shape_text(const Shape& s) { return fmt::format("{}", s); }
+
+// ---------------------------------------------------------------- manifest
+
+struct FileInfo {
+  std::string name;
+  int rank = 0, dp_index = 0, ep_index = 0;
+  bool replicated = false;
+  int64_t expert_begin = 0, expert_end = 0;  // global rows held; empty when equal
+  int64_t bytes = 0;
+  std::string sha256;
+};
+
+struct Manifest {
+  int64_t version = 0, step = 0, world = 0, dp = 0, ep = 0, num_experts = 0;
+  std::string config_sha256;
+  std::vector<FileInfo> files;
+  FileInfo config;  // config.resolved.yaml
+};
+
+Manifest read_manifest(const fs::path& dir) {
+  const fs::path path = dir / kManifest;
+  MT_CHECK(fs::exists(path), "checkpoint {}: {} is missing (a checkpoint directory has {}, {} and rank files)",
+           dir.string(), kManifest, kManifest, kCommit);
+  Manifest m;
+  try {
+    const json j = json::parse(read_text(path));
+    MT_CHECK(j.at("format").get<std::string>() == kFormat, "format is '{}', expected '{}'",
+             j.at("format").get<std::string>(), kFormat);
+    m.version = j.at("version").get<int64_t>();
+    MT_CHECK(m.version == kCheckpointVersion, "version {} is not the one this build reads ({})", m.version,
+             kCheckpointVersion);
+    m.step = j.at("step").get<int64_t>();
+    m.world = j.at("world").get<int64_t>();
+    m.dp = j.at("dp").get<int64_t>();
+    m.ep = j.at("ep").get<int64_t>();
+    m.num_experts = j.at("num_experts").get<int64_t>();
+    m.config_sha256 = j.at("config_sha256").get<std::string>();
+    auto file = [](const json& f) {
+      FileInfo i;
+      i.name = f.at("name").get<std::string>();
+      i.bytes = f.at("bytes").get<int64_t>();
+      i.sha256 = f.at("sha256").get<std::string>();
+      if (f.contains("rank")) {
+        i.rank = f.at("rank").get<int>();
+        i.dp_index = f.at("dp_index").get<int>();
+        i.ep_index = f.at("ep_index").get<int>();
+        i.replicated = f.at("replicated").get<bool>();
+        i.expert_begin = f.at("experts").at(0).get<int64_t>();
+        i.expert_end = f.at("experts").at(1).get<int64_t>();
+      }
+      MT_CHECK(i.name.find('/') == std::string::npos && i.name != "." && i.name != "..", "bad file name '{}'", i.name);
+      return i;
+    };
+    for (const json& f : j.at("files")) m.files.push_back(file(f));
+    m.config = file(j.at("config"));
+    MT_CHECK(static_cast<int64_t>(m.files.size()) == m.world, "lists {} rank files for a world of {}", m.files.size(),
+             m.world);
+  } catch (const json::exception& e) {
+    MT_THROW("checkpoint {}: {} is not a valid manifest: {}", dir.string(), path.string(), e.what());
+  } catch (const Error& e) {
+    MT_THROW("checkpoint {}: {}: {}", dir.string(), path.string(), e.what());
+  }
+  return m;
+}
+
+json file_json(const FileInfo& f, bool rank_file) {
+  json j = {{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}};
+  if (rank_file) {
+    j["rank"] = f.rank;
+    j["dp_index"] = f.dp_index;
+    j["ep_index"] = f.ep_index;
+    j["replicated"] = f.replicated;
+    j["experts"] = {f.expert_begin, f.expert_end};
+  }
+  return j;
+}
+
+// ---------------------------------------------------------------- verification
+
+// The first dataset of the file that cannot be read (Fletcher32 mismatch,
+// truncation), as " dataset /params/x: <why>", or "".
+std::string first_bad_dataset(const fs::path& path) {
+  try {
+    hdf5::Reader r(path.string());
+    for (const std::string& g : r.groups("/"))
+      for (const std::string& name : r.datasets(g)) {
+        try {
+          (void)r.read(g, name);
+        } catch (const Error& e) {
+          return fmt::format("; dataset /{}/{} fails to read: {}", g, name, e.what());
+        }
+      }
+    return "; every dataset still reads, so the damage is in metadata or padding";
+  } catch (const Error& e) {
+    return fmt::format("; HDF5 cannot open it: {}", e.what());
+  }
+}
+
+// Size and SHA-256 against the manifest; throws naming the file (and dataset).
+void verify_file(const fs::path& dir, const FileInfo& f) {
+  const fs::path path = dir / f.name;
+  MT_CHECK(fs::exists(path), "checkpoint {}: {} is missing (listed in {}); the checkpoint is damaged, resume from "
+           "another one (ckpt.resume: step_...)", dir.string(), f.name, kManifest);
+  const auto bytes = static_cast<int64_t>(fs::file_size(path));
+  if (bytes != f.bytes)
+    MT_THROW("checkpoint {}: {} has {} bytes, {} says {} (truncated or overwritten){}; the checkpoint is damaged, "
+             "resume from another one (ckpt.resume: step_...)", dir.string(), path.string(), bytes, kManifest, f.bytes,
+             f.name.ends_with(".h5") ? first_bad_dataset(path) : "");
+  const std::string sha = sha256_file(path);
+  if (sha != f.sha256)
+    MT_THROW("checkpoint {}: {} is corrupt: its SHA-256 {} differs from {} in {}{}; resume from another checkpoint "
+             "(ckpt.resume: step_...)", dir.string(), path.string(), sha.substr(0, 16), f.sha256.substr(0, 16),
+             kManifest, f.name.ends_with(".h5") ? first_bad_dataset(path) : "");
+}
+
+// A step directory name -> step, or -1.
+int64_t step_of(const std::string& name) {
+  static const std::regex re(R"(step_(\d{8}))");
+  std::smatch m;
+  return std::regex_match(name, m, re) ? std::stoll(m[1].str()) : -1;
+}
+
+// Committed step directories, oldest first.
+std::vector<std::pair<int64_t, fs::path>> committed(const fs::path& root, bool log) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  if (!fs::is_directory(root)) return out;
+  static const std::regex tmp_re(R"(step_\d{8}\.(tmp|old)\..*)");
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+    if (!e.is_directory()) continue;
+    const std::string name = e.path().filename().string();
+    const int64_t step = step_of(name);
+    if (step >= 0 && fs::exists(e.path() / kCommit)) {
+      out.emplace_back(step, e.path());
+    } else if (log && (step >= 0 || std::regex_match(name, tmp_re))) {
+      spdlog::info("ignoring incomplete checkpoint {} (no COMMIT: a save that did not finish)", e.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void remove_all_logged(const fs::path& p, const char* why) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  if (ec) spdlog::warn("could not delete {} ({}): {}", p.string(), why, ec.message());
+}
+
+// After a commit: keep the newest keep_last committed checkpoints; delete leftovers of
+// saves that did not finish (only this job writes checkpoints into the run).
+void purge(const fs::path& root, int64_t keep_last, const fs::path& newest) {
+  auto all = committed(root, false);
+  const int64_t drop = static_cast<int64_t>(all.size()) - std::max<int64_t>(keep_last, 1);
+  for (int64_t i = 0; i < drop; ++i)
+    if (all[i].second != newest) {
+      spdlog::info("deleting checkpoint {} (ckpt.keep_last = {})", all[i].second.string(), keep_last);
+      remove_all_logged(all[i].second, "ckpt.keep_last");
+    }
+  static const std::regex tmp_re(R"(step_\d{8}\.(tmp|old)\..*)");
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && std::regex_match(name, tmp_re)) {
+      spdlog::info("deleting {} (left by a save that did not finish)", e.path().string());
+      remove_all_logged(e.path(), "unfinished save");
+    }
+  }
+}
+
+[[noreturn]] void kill_self(const char* where) {
+  spdlog::warn("fault injection (a testing aid): SIGKILL {}", where);
+  spdlog::default_logger()->flush();
+  std::raise(SIGKILL);
+  std::abort();
+}
+
+}  // namespace checkpoint_impl
+
+using namespace checkpoint_impl;
+
+std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+std::string checkpoints_dir(const std::string& run_dir) { return (fs::path(run_dir) / "checkpoints").string(); }
+
+std::string checkpoint_config_path(const std::string& dir) { return (fs::path(dir) / kConfig).string(); }
+
+namespace checkpoint_impl {
+
+// One save in flight: its directories, and this rank's file once written.
+struct PendingSave {
+  std::string name;  // step_00000030
+  fs::path root, tmp;
+  int64_t nonce = 0, step = 0, tokens = 0, experts = 0;
+  std::string dtype, config_sha256;
+  FileInfo mine;
+  std::chrono::steady_clock::time_point start;
+};
+
+// Collective: rank 0 creates the .tmp directory under a name every rank agrees on.
+PendingSave begin_save(Distributed& d, const std::string& run_dir, const LanguageModel& model,
+                       const TrainProgress& progress, const Config& config) {
+  PendingSave p;
+  p.start = std::chrono::steady_clock::now();
+  p.root = checkpoints_dir(run_dir);
+  p.name = checkpoint_name(progress.step);
+  p.step = progress.step;
+  p.tokens = progress.tokens;
+  p.experts = global_experts(config);
+  p.dtype = fmt::format("{}", model.dtype());
+  p.config_sha256 = config.sha256();
+  Tensor nonce = zeros({1}, DType::i64);
+  if (d.root()) {
+    std::error_code ec;
+    fs::create_directories(p.root, ec);
+    if (ec) throw IoError(fmt::format("cannot create {}: {}", p.root.string(), ec.message()));
+    std::random_device rd;
+    nonce.data<int64_t>()[0] = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 31) ^ rd() ^ ::getpid()) &
+                               0x7fffffffffffffff;
+  }
+  if (d.size() > 1) d.world->broadcast(nonce, 0);
+  p.nonce = nonce.data<int64_t>()[0];
+  p.tmp = p.root / fmt::format("{}.tmp.{:x}", p.name, p.nonce);
+  if (d.root()) {
+    std::error_code ec;
+    fs::create_directory(p.tmp, ec);
+    if (ec) throw IoError(fmt::format("cannot create {}: {}", p.tmp.string(), ec.message()));
+  }
+  if (d.size() > 1) d.world->barrier();
+  return p;
+}
+
+// What this rank writes: attributes and datasets (tensors copied when `copy`, for
+// a background write while training goes on).
+struct RankFileContent {
+  std::vector<std::pair<std::string, int64_t>> ints;
+  std::vector<std::pair<std::string, std::string>> strings;
+  std::vector<std::tuple<std::string, std::string, Tensor>> datasets;  // group, name, tensor
+};
+
+RankFileContent rank_file_content(const Distributed& d, const LanguageModel& model, const AdamW& opt,
+                                  const TrainProgress& progress, const Config& config, PendingSave& p, bool copy) {
+  const auto [lo, hi] = expert_range(d, p.experts);
+  const bool holds_replicated = d.root(), holds_experts = p.experts > 0 && d.grid.dp_index == 0;
+  FileInfo& mine = p.mine;
+  mine.name = rank_file(d.rank());
+  mine.rank = d.rank();
+  mine.dp_index = d.grid.dp_index;
+  mine.ep_index = d.grid.ep_index;
+  mine.replicated = holds_replicated;
+  if (holds_experts) std::tie(mine.expert_begin, mine.expert_end) = std::pair{lo, hi};
+  RankFileContent c;
+  c.ints = {{"version", kCheckpointVersion}, {"rank", d.rank()},          {"world", d.size()},
+            {"dp", d.grid.dp},               {"ep", d.grid.ep},           {"dp_index", d.grid.dp_index},
+            {"ep_index", d.grid.ep_index},   {"step", progress.step},     {"tokens", progress.tokens},
+            {"skipped", progress.skipped},   {"consecutive_skips", progress.consecutive_skips},
+            {"loader_epoch", static_cast<int64_t>(progress.loader.epoch)},
+            {"loader_position", progress.loader.position},
+            {"adam_step", opt.steps()},
+            {"rng_seed", static_cast<int64_t>(default_generator().seed())},
+            {"rng_offset", static_cast<int64_t>(default_generator().offset())},
+            {"num_experts", p.experts},      {"expert_begin", mine.expert_begin}, {"expert_end", mine.expert_end}};
+  c.strings = {{"format", kFormat}, {"config_sha256", config.sha256()}};
+  if (holds_experts) {
+    Tensor index = empty({hi - lo}, DType::i64);
+    for (int64_t e = lo; e < hi; ++e) index.data<int64_t>()[e - lo] = e;
+    c.datasets.emplace_back("experts", "global_index", index);
+  }
+  const ParameterList buffers = model.buffers();
+  for (const Slot& s : slots(model, buffers, &opt)) {
+    const bool expert = p.experts > 0 && is_expert(*s.param);
+    if (expert ? holds_experts : holds_replicated)
+      c.datasets.emplace_back(s.group, s.param->name, copy ? s.tensor.detach().clone() : s.tensor);
+  }
+  return c;
+}
+
+// This rank's file: written, fsync'd and renamed into the .tmp directory, then its
+// size and SHA-256. No collective: runs on the background thread of an async save.
+void write_rank_file(PendingSave& p, const RankFileContent& c, CheckpointKillPoint kill_at) {
+  const fs::path file = p.tmp / p.mine.name;
+  {
+    hdf5::Writer w(file.string());
+    for (const auto& [key, value] : c.ints) w.set_attribute("/", key, value);
+    for (const auto& [key, value] : c.strings) w.set_attribute("/", key, value);
+    for (const auto& [group, name, tensor] : c.datasets) w.write(group, name, tensor, true);
+    w.commit();
+  }
+  p.mine.bytes = static_cast<int64_t>(fs::file_size(file));
+  p.mine.sha256 = sha256_file(file);
+  if (kill_at == CheckpointKillPoint::before_commit) kill_self("after writing its rank file, before COMMIT");
+}
+
+// Collective: the file descriptions go to rank 0, which writes the manifest and
+// COMMIT and renames the directory into place; then a barrier.
+SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& config, const SaveOptions& options) {
+  const FileInfo& mine = p.mine;
+  std::vector<FileInfo> files{mine};
+  if (d.size() > 1) {  // this all-gather is also the barrier after the writes
+    Tensor row = zeros({1, 8}, DType::i64);  // bytes, expert range, replicated, SHA-256 as 4 words
+    int64_t* r = row.data<int64_t>();
+    r[0] = mine.bytes;
+    r[1] = mine.expert_begin;
+    r[2] = mine.expert_end;
+    r[3] = mine.replicated ? 1 : 0;
+    for (int i = 0; i < 4; ++i) r[4 + i] = static_cast<int64_t>(std::stoull(mine.sha256.substr(16 * i, 16), nullptr, 16));
+    Tensor all = d.world->all_gather(row);
+    files.clear();
+    for (int k = 0; k < d.size(); ++k) {
+      const int64_t* a = all.data<int64_t>() + 8 * k;
+      FileInfo f;
+      f.name = rank_file(k);
+      f.rank = k;
+      f.dp_index = k / d.grid.ep;
+      f.ep_index = k % d.grid.ep;
+      f.bytes = a[0];
+      f.expert_begin = a[1];
+      f.expert_end = a[2];
+      f.replicated = a[3] != 0;
+      for (int i = 0; i < 4; ++i) f.sha256 += fmt::format("{:016x}", static_cast<uint64_t>(a[4 + i]));
+      files.push_back(f);
+    }
+  }
+
+  const fs::path final_dir = p.root / p.name;
+  if (d.root()) {
+    config.save((p.tmp / kConfig).string());
+    FileInfo cfg;
+    cfg.name = kConfig;
+    cfg.bytes = static_cast<int64_t>(fs::file_size(p.tmp / kConfig));
+    cfg.sha256 = sha256_file(p.tmp / kConfig);
+    json files_json = json::array();
+    for (const FileInfo& f : files) files_json.push_back(file_json(f, true));
+    const json manifest = {{"format", kFormat},
+                           {"version", kCheckpointVersion},
+                           {"step", p.step},
+                           {"tokens", p.tokens},
+                           {"world", d.size()},
+                           {"dp", d.grid.dp},
+                           {"ep", d.grid.ep},
+                           {"num_experts", p.experts},
+                           {"dtype", p.dtype},
+                           {"config_sha256", p.config_sha256},
+                           {"files", files_json},
+                           {"config", file_json(cfg, false)}};
+    write_file_durably(p.tmp / kManifest, manifest.dump(2) + "\n");
+    write_file_durably(p.tmp / kCommit, p.name + "\n");
+    fsync_or_throw(p.tmp, true);
+    if (options.kill_at == CheckpointKillPoint::before_rename) kill_self("after COMMIT, before the rename");
+    std::error_code ec;
+    fs::path old;
+    if (fs::exists(final_dir)) {  // resumed from an older step: this save replaces the later one
+      old = p.root / fmt::format("{}.old.{:x}", p.name, p.nonce);
+      spdlog::warn("replacing checkpoint {} (this run resumed from an earlier step)", final_dir.string());
+      fs::rename(final_dir, old, ec);
+      if (ec) throw IoError(fmt::format("moving {} aside failed: {}", final_dir.string(), ec.message()));
+    }
+    fs::rename(p.tmp, final_dir, ec);
+    if (ec)
+      throw IoError(fmt::format("renaming {} to {} failed: {}", p.tmp.string(), final_dir.string(), ec.message()));
+    fsync_or_throw(p.root, true);
+    if (!old.empty()) remove_all_logged(old, "replaced");
+    if (options.kill_at == CheckpointKillPoint::before_latest) kill_self("after the rename, before `latest`");
+    write_file_durably(p.root / "latest", p.name + "\n");
+    purge(p.root, options.keep_last, final_dir);
+  }
+  if (d.size() > 1) d.world->barrier();  // nobody goes on (or exits) before the commit
+  return {final_dir.string(), mine.bytes,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count()};
+}
+
+}  // namespace checkpoint_impl
+
+SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const AdamW& opt,
+                           const TrainProgress& progress, const Config& config, const SaveOptions& options) {
+  PendingSave p = begin_save(d, run_dir, model, progress, config);
+  write_rank_file(p, rank_file_content(d, model, opt, progress, config, p, false), options.kill_at);
+  return commit_save(d, p, config, options);
+}
+
+// ---------------------------------------------------------------- CheckpointSaver
+
+struct CheckpointSaver::Job {
+  PendingSave pending;
+  SaveOptions options;
+  std::thread thread;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+};
+
+CheckpointSaver::CheckpointSaver(Distributed& d, std::string run_dir, const Config& config, bool async)
+    : d_(d), run_dir_(std::move(run_dir)), config_(config), async_(async) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  if (job_ && job_->thread.joinable()) job_->thread.join();  // an error path: the .tmp directory stays uncommitted
+}
+
+std::optional<SaveResult> CheckpointSaver::save(const LanguageModel& model, const AdamW& opt,
+                                                const TrainProgress& progress, const SaveOptions& options) {
+  if (!async_) return save_checkpoint(d_, run_dir_, model, opt, progress, config_, options);
+  std::optional<SaveResult> previous = finish();
+  job_ = std::make_unique<Job>();
+  job_->pending = begin_save(d_, run_dir_, model, progress, config_);
+  job_->options = options;
+  auto content = std::make_shared<RankFileContent>(
+      rank_file_content(d_, model, opt, progress, config_, job_->pending, true));
+  Job* job = job_.get();
+  job->thread = std::thread([job, content] {
+    try {
+      write_rank_file(job->pending, *content, job->options.kill_at);
+    } catch (...) {
+      job->error = std::current_exception();
+    }
+    job->done = true;
+  });
+  return previous;
+}
+
+std::optional<SaveResult> CheckpointSaver::poll() {
+  if (!job_) return std::nullopt;
+  bool all_done = job_->done;
+  if (d_.size() > 1) {
+    Tensor busy = full({1}, job_->done ? 0 : 1, DType::i32);
+    d_.world->all_reduce_sum(busy);
+    all_done = busy.data<int32_t>()[0] == 0;
+  }
+  if (!all_done) return std::nullopt;
+  return finish();
+}
+
+std::optional<SaveResult> CheckpointSaver::finish() {
+  if (!job_) return std::nullopt;
+  job_->thread.join();
+  std::unique_ptr<Job> job = std::move(job_);
+  if (job->error) std::rethrow_exception(job->error);
+  return commit_save(d_, job->pending, config_, job->options);
+}
+
+std::string find_checkpoint(const std::string& run_dir, const Config& config, bool log) {
+  const std::string resume = config.get_string("ckpt.resume");
+  if (resume == "none" || resume.empty()) return "";
+  const fs::path root = checkpoints_dir(run_dir);
+  if (resume == "auto") {
+    auto all = committed(root, log);
+    if (all.empty()) {
+      if (log) spdlog::info("ckpt.resume = auto: no complete checkpoint in {}; starting from step 0", root.string());
+      return "";
+    }
+    return all.back().second.string();
+  }
+  if (step_of(resume) < 0)
+    config.fail("ckpt.resume", "must be none, auto or a checkpoint name such as step_00000030");
+  const fs::path dir = root / resume;
+  if (!fs::is_directory(dir)) {
+    std::vector<std::string> names;
+    for (const auto& [step, p] : committed(root, false)) names.push_back(p.filename().string());
+    config.fail("ckpt.resume", fmt::format("{} does not exist (complete checkpoints: {})", dir.string(),
+                                           names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
+  }
+  if (!fs::exists(dir / kCommit))
+    config.fail("ckpt.resume", fmt::format("{} has no COMMIT: that save did not finish; choose another checkpoint",
+                                           dir.string()));
+  return dir.string();
+}
+
+TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, LanguageModel& model, AdamW* opt,
+                              const Config& config) {
+  const fs::path dir(dir_text);
+  MT_CHECK(fs::exists(dir / kCommit), "checkpoint {}: no COMMIT (an unfinished save); it cannot be loaded",
+           dir.string());
+  const Manifest m = read_manifest(dir);
+  MT_CHECK(step_of(dir.filename().string()) < 0 || step_of(dir.filename().string()) == m.step,
+           "checkpoint {}: {} says step {}, the directory name another", dir.string(), kManifest, m.step);
+  if (d.root() && m.config_sha256 != config.sha256())
+    spdlog::info("checkpoint {} was saved with another resolved config (SHA-256 {}...; now {}...): tensors must "
+                 "still match by name and shape", dir.string(), m.config_sha256.substr(0, 12),
+                 config.sha256().substr(0, 12));
+
+  const int64_t experts = global_experts(config);
+  const auto [lo, hi] = expert_range(d, experts);
+  // The files this rank reads: the replicated one and those holding its experts.
+  const FileInfo* replicated = nullptr;
+  std::vector<const FileInfo*> expert_files;
+  for (const FileInfo& f : m.files) {
+    if (f.replicated) replicated = &f;
+    if (f.expert_end > f.expert_begin && f.expert_begin < hi && f.expert_end > lo) expert_files.push_back(&f);
+  }
+  MT_CHECK(replicated, "checkpoint {}: {} names no file with the replicated tensors", dir.string(), kManifest);
+  const bool same_layout = m.world == d.size() && m.ep == d.grid.ep;
+  const FileInfo& own = same_layout ? m.files[static_cast<size_t>(d.rank())] : *replicated;
+  std::set<const FileInfo*> needed{replicated, &own};
+  needed.insert(expert_files.begin(), expert_files.end());
+  for (const FileInfo* f : needed) verify_file(dir, *f);
+
+  std::map<const FileInfo*, std::unique_ptr<hdf5::Reader>> readers;
+  for (const FileInfo* f : needed) readers[f] = std::make_unique<hdf5::Reader>((dir / f->name).string());
+  const hdf5::Reader& rep = *readers.at(replicated);
+
+  // Names and shapes: every mismatch in one message.
+  std::vector<std::string> missing, unexpected, mismatched;
+  const ParameterList buffers = model.buffers();
+  const std::vector<Slot> all = slots(model, buffers, opt);
+  std::map<std::string, std::set<std::string>> expected;  // group -> names
+  const bool ckpt_has_experts = m.num_experts > 0;
+  for (const Slot& s : all) {
+    expected[s.group].insert(s.param->name);
+    const bool expert = experts > 0 && is_expert(*s.param);
+    std::vector<int64_t> model_dims = s.tensor.shape().vec();
+    if (expert) model_dims[0] = experts;  // compare global shapes
+    const Shape model_shape(model_dims);
+    const std::string what = fmt::format("{}/{}", s.group, s.param->name);
+    if (expert && ckpt_has_experts) {
+      const hdf5::Reader* r = expert_files.empty() ? nullptr : readers.at(expert_files.front()).get();
+      if (!r || !r->has_dataset(s.group, s.param->name)) {
+        missing.push_back(fmt::format("{} {}", what, shape_text(model_shape)));
+        continue;
+      }
+      std::vector<int64_t> dims = r->shape(s.group, s.param->name).vec();
+      if (!dims.empty()) dims[0] = m.num_experts;
+      if (Shape(dims) != model_shape)
+        mismatched.push_back(fmt::format("{}: checkpoint {}, model {}", what, shape_text(Shape(dims)),
+                                         shape_text(model_shape)));
+    } else if (!rep.has_dataset(s.group, s.param->name)) {
+      missing.push_back(fmt::format("{} {}", what, shape_text(model_shape)));
+    } else if (Shape ck = rep.shape(s.group, s.param->name); ck != model_shape) {
+      mismatched.push_back(fmt::format("{}: checkpoint {}, model {}", what, shape_text(ck), shape_text(model_shape)));
+    }
+  }
+  std::vector<const hdf5::Reader*> listed{&rep};
+  if (!expert_files.empty()) listed.push_back(readers.at(expert_files.front()).get());
+  std::set<std::string> seen;
+  for (const hdf5::Reader* r : listed)
+    for (const std::string& g : r->groups("/")) {
+      if (g == "experts") continue;
+      for (const std::string& name : r->datasets(g))
+        if (!expected[g].count(name) && seen.insert(g + "/" + name).second)
+          unexpected.push_back(fmt::format("{}/{} {}", g, name, shape_text(r->shape(g, name))));
+    }
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    std::string msg = fmt::format("checkpoint {} does not match the model of this config ({} tensors missing, {} "
+                                  "unexpected, {} with another shape):", dir.string(), missing.size(),
+                                  unexpected.size(), mismatched.size());
+    for (const auto& s : missing) msg += "\n  missing in the checkpoint: " + s;
+    for (const auto& s : unexpected) msg += "\n  not in the model: " + s;
+    for (const auto& s : mismatched) msg += "\n  shape differs: " + s;
+    msg += "\nresume with the config the checkpoint was saved with (" + checkpoint_config_path(dir.string()) + ")";
+    throw Error(msg);
+  }
+
+  // Copy the data in.
+  NoGradGuard no_grad;
+  auto check_dtype = [&](const Tensor& src, const Slot& s, const std::string& file) {
+    MT_CHECK(src.dtype() == s.tensor.dtype(), "checkpoint {}: {}/{} in {} is {}, the model's is {} (train.dtype)",
+             dir.string(), s.group, s.param->name, file, src.dtype(), s.tensor.dtype());
+  };
+  for (const Slot& s : all) {
+    MT_ASSERT(s.tensor.is_cpu(), "checkpoint load needs CPU tensors (always contiguous in this project)");
+    const bool expert = experts > 0 && is_expert(*s.param);
+    if (!expert) {
+      Tensor src = rep.read(s.group, s.param->name);
+      check_dtype(src, s, replicated->name);
+      copy_(s.tensor, src);
+      continue;
+    }
+    const int64_t row_bytes = s.tensor.nbytes() / s.tensor.size(0);
+    for (const FileInfo* f : expert_files) {
+      Tensor src = readers.at(f)->read(s.group, s.param->name);
+      check_dtype(src, s, f->name);
+      const int64_t a = std::max(lo, f->expert_begin), b = std::min(hi, f->expert_end);
+      MT_CHECK(src.size(0) == f->expert_end - f->expert_begin, "checkpoint {}: {}/{} in {} has {} expert rows, the "
+               "manifest says {}", dir.string(), s.group, s.param->name, f->name, src.size(0),
+               f->expert_end - f->expert_begin);
+      std::memcpy(static_cast<char*>(s.tensor.raw_data()) + (a - lo) * row_bytes,
+                  static_cast<const char*>(src.raw_data()) + (a - f->expert_begin) * row_bytes,
+                  static_cast<size_t>((b - a) * row_bytes));
+    }
+  }
+  if (experts > 0) {  // every row of this rank's experts came from some file
+    int64_t covered = 0;
+    for (const FileInfo* f : expert_files) covered += std::min(hi, f->expert_end) - std::max(lo, f->expert_begin);
+    MT_CHECK(covered == hi - lo, "checkpoint {}: its files hold {} of the experts [{}, {}) this rank needs",
+             dir.string(), covered, lo, hi);
+  }
+
+  const hdf5::Reader& mine = *readers.at(&own);
+  auto attr = [&](const char* key) {
+    std::optional<int64_t> v = mine.attr_int("/", key);
+    MT_CHECK(v, "checkpoint {}: {} has no attribute {}", dir.string(), own.name, key);
+    return *v;
+  };
+  TrainProgress p;
+  p.step = attr("step");
+  p.tokens = attr("tokens");
+  p.skipped = attr("skipped");
+  p.consecutive_skips = attr("consecutive_skips");
+  p.loader.epoch = static_cast<uint64_t>(attr("loader_epoch"));
+  p.loader.position = attr("loader_position");
+  if (opt) opt->set_steps(attr("adam_step"));
+  default_generator() = Generator(static_cast<uint64_t>(attr("rng_seed")));
+  default_generator().set_offset(static_cast<uint64_t>(attr("rng_offset")));
+  return p;
+}
+
+}  // namespace moetrain
