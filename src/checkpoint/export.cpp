@@ -437,6 +437,7 @@ void export_model_dir(const LanguageModel& model, const ParameterList& state, co
 struct HfWeights::Impl {
   std::vector<SafetensorsFile> files;
   std::unique_ptr<hdf5::Reader> h5;
+  bool h5_bf16 = false;  // the HDF5 file's uint16 datasets hold bf16 bits
   std::unordered_map<std::string, size_t> index;  // name -> entries_ position
   std::vector<size_t> file_of;                     // entries_ position -> files index
 };
@@ -496,12 +497,13 @@ HfWeights HfWeights::open(const std::string& path) {
     const std::string file = (p / "model.h5").string();
     impl.h5 = std::make_unique<hdf5::Reader>(file);
     const bool bf16 = impl.h5->attr_string("/", "dtype").value_or("f32") == "bf16";
+    impl.h5_bf16 = bf16;
     for (const std::string& name : impl.h5->datasets("/")) {
-      Tensor t = impl.h5->read("/", name);  // its dtype too (f32, or uint16 bits of bf16): read once at open
-      DType d = t.dtype() == DType::u16 && bf16 ? DType::bf16 : t.dtype();
+      // The dtype by the writer's rule (read() goes by the dataset's own type).
+      DType d = bf16 && !keeps_f32(name) ? DType::bf16 : DType::f32;
       impl.index[name] = w.entries_.size();
       impl.file_of.push_back(0);
-      w.entries_.push_back({name, t.shape(), d, file});
+      w.entries_.push_back({name, impl.h5->shape("/", name), d, file});
     }
   } else {
     MT_THROW("{}: no weights (expected model.safetensors, model.safetensors.index.json or model.h5)", path);
@@ -519,7 +521,7 @@ Tensor HfWeights::read(const std::string& name) const {
   MT_CHECK(e, "{}: no tensor {}", path_, name);
   if (impl_->h5) {
     Tensor t = impl_->h5->read("/", name);
-    return e->dtype == DType::bf16 ? bits_bf16(t) : t;
+    return t.dtype() == DType::u16 && impl_->h5_bf16 ? bits_bf16(t) : t;
   }
   return impl_->files[impl_->file_of[impl_->index.at(name)]].read(name);
 }
