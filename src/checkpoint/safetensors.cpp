@@ -385,7 +385,8 @@ void check_utf8(const std::string& text, const std::string& path, const char* wh
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(int64_t)>& on_written) {
   // Header first: every check happens before a file is created.
   ordered_json header = ordered_json::object();
   ordered_json meta = ordered_json::object();
@@ -428,7 +429,10 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   uint64_t n = text.size();  // little-endian in memory, as the file wants it
   write_all(tmp, &n, 8, path);
   write_all(tmp, text.data(), text.size(), path);
-  for (const Tensor& h : host) write_all(tmp, h.raw_data(), static_cast<uint64_t>(h.nbytes()), path);
+  for (const Tensor& h : host) {
+    write_all(tmp, h.raw_data(), static_cast<uint64_t>(h.nbytes()), path);
+    if (on_written) on_written(h.nbytes());
+  }
   if (::fsync(tmp.fd) != 0) fail_write(path, "fsync of {} failed: {}", tmp.path, errno_text());
   int fd = tmp.fd;
   tmp.fd = -1;

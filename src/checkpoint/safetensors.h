@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,7 +85,9 @@ class SafetensorsFile {
 // The file is written to `path + ".tmp.<pid>"`, fsync'd, renamed over `path`, and the
 // directory fsync'd, so `path` never holds a half-written file. On any error before
 // the rename the temp file is removed and `path` is left as it was.
+// on_written(bytes), when given, is called after each tensor's data is written (progress).
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::function<void(int64_t)>& on_written = nullptr);
 
 }  // namespace moetrain

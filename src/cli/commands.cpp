@@ -22,6 +22,7 @@ int run(int argc, char** argv) {
   add_eval_command(app, commands);
   add_ledger_command(app, commands);
   add_op_command(app, commands);
+  add_export_command(app, commands);
 
   CLI11_PARSE(app, argc, argv);
   cpu::init_threads();

@@ -254,8 +254,12 @@ Tensor Reader::read(const std::string& group, const std::string& name) const {
              H5Tget_sign(ft.get()) == H5T_SGN_2) {
     dtype = DType::i64;
     mem = H5T_NATIVE_INT64;
+  } else if (H5Tget_class(ft.get()) == H5T_INTEGER && H5Tget_size(ft.get()) == 2 &&
+             H5Tget_sign(ft.get()) == H5T_SGN_NONE) {
+    dtype = DType::u16;
+    mem = H5T_NATIVE_UINT16;
   } else {
-    MT_THROW("{} has dtype {}; expected f32, f64 or i64 (convert it, e.g. h5py: f.create_dataset(name, "
+    MT_THROW("{} has dtype {}; expected f32, f64, i64 or uint16 (convert it, e.g. h5py: f.create_dataset(name, "
              "data=x.astype('float64')))",
              where(group, name), type_text(ft.get()));
   }
@@ -476,8 +480,9 @@ void Writer::create_group(const std::string& group) { H5Gclose(open_group(group)
 
 void Writer::write(const std::string& group, const std::string& name, const Tensor& tensor, bool checksum) {
   MT_CHECK(tensor.defined(), "{}: cannot write an undefined tensor", where(group, name));
-  MT_CHECK(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64 || tensor.dtype() == DType::i64,
-           "{}: dtype {} cannot be written; f32, f64 or i64", where(group, name), tensor.dtype());
+  MT_CHECK(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64 || tensor.dtype() == DType::i64 ||
+               tensor.dtype() == DType::u16,
+           "{}: dtype {} cannot be written; f32, f64, i64 or u16", where(group, name), tensor.dtype());
   MT_CHECK(!name.empty() && name.find('/') == std::string::npos, "{}: a dataset name must be non-empty and have no '/'",
            where(group, name));
   Tensor t = tensor.is_cpu() ? tensor : tensor.to(kCpu);
@@ -489,9 +494,11 @@ void Writer::write(const std::string& group, const std::string& name, const Tens
            H5Sclose);
   const hid_t file_type = t.dtype() == DType::f64   ? H5T_IEEE_F64LE
                           : t.dtype() == DType::f32 ? H5T_IEEE_F32LE
+                          : t.dtype() == DType::u16 ? H5T_STD_U16LE
                                                     : H5T_STD_I64LE;
   const hid_t mem_type = t.dtype() == DType::f64   ? H5T_NATIVE_DOUBLE
                          : t.dtype() == DType::f32 ? H5T_NATIVE_FLOAT
+                         : t.dtype() == DType::u16 ? H5T_NATIVE_UINT16
                                                    : H5T_NATIVE_INT64;
   Id create(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (checksum && !dims.empty() && t.numel() > 0) {

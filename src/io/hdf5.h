@@ -2,9 +2,10 @@
 // file that includes hdf5.h is hdf5.cpp). It moves float tensors and scalar
 // attributes between moetrain and tools such as h5py, for `moetrain op`
 // (docs/op.md). What it covers, and nothing more:
-//   - datasets of f32, f64 or i64 (64-bit signed integers: expert indices), any rank
-//     (rank 0 included), read into CPU tensors of the same dtype with the dataset's
-//     shape; written from f32/f64/i64 tensors;
+//   - datasets of f32, f64, i64 (64-bit signed integers: expert indices) or u16
+//     (bf16 bit patterns of an export, docs/export.md), any rank (rank 0 included),
+//     read into CPU tensors of the same dtype with the dataset's shape; written from
+//     f32/f64/i64/u16 tensors;
 //   - scalar attributes of groups: float (read as double), integer (int64), string
 //     (fixed or variable length, as h5py writes str) and h5py's bool (an enum of
 //     int8, read as the integer 0/1); one-element attribute arrays count as scalars;
@@ -51,8 +52,8 @@ class Reader {
   std::vector<std::string> datasets(const std::string& group) const;
   // Names of the subgroups directly in `group`, sorted.
   std::vector<std::string> groups(const std::string& group) const;
-  // A fresh CPU tensor (f32, f64 or i64, as stored). Throws when the group or dataset
-  // is missing (listing what the group holds) or the dtype is not f32/f64/i64.
+  // A fresh CPU tensor (f32, f64, i64 or u16, as stored). Throws when the group or
+  // dataset is missing (listing what the group holds) or the dtype is none of those.
   Tensor read(const std::string& group, const std::string& name) const;
   // The dataset's shape, without reading its data; throws like read().
   Shape shape(const std::string& group, const std::string& name) const;
@@ -89,7 +90,7 @@ class Writer {
   const std::string& path() const { return path_; }
   // Creates the group and its parents if needed.
   void create_group(const std::string& group);
-  // Writes an f32/f64/i64 tensor (any device; copied to the host) as group/name.
+  // Writes an f32/f64/i64/u16 tensor (any device; copied to the host) as group/name.
   // Creates the group if needed; the dataset must not exist yet. checksum: stored
   // in chunks of at most 4 MiB with HDF5's Fletcher32 filter, so a reader fails
   // naming this dataset when its bytes change (checkpoints). Rank-0 and empty

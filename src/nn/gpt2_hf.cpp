@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/grad_mode.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/export.h"
 #include "ops/view.h"
 
 namespace moetrain {
@@ -80,9 +80,9 @@ std::string gpt2_hf_weights_path(const std::string& path) {
 }
 
 void load_gpt2_hf_weights(Gpt2& model, const std::string& path) {
-  SafetensorsFile file = SafetensorsFile::open(path);
-  std::map<std::string, const TensorEntry*> by_name;
-  for (const TensorEntry& e : file.entries()) {
+  HfWeights file = HfWeights::open(path);
+  std::map<std::string, const HfWeights::Entry*> by_name;
+  for (const HfWeights::Entry& e : file.entries()) {
     std::string name = e.name.rfind("transformer.", 0) == 0 ? e.name.substr(12) : e.name;
     if (is_skipped_buffer(name)) continue;
     by_name[name] = &e;
@@ -93,30 +93,36 @@ void load_gpt2_hf_weights(Gpt2& model, const std::string& path) {
     auto it = by_name.find(p.name);
     MT_CHECK(it != by_name.end(), "{}: missing tensor {} (expected a GPT-2 with {} layers)", path, p.name,
              model.config().n_layer);
-    Tensor t = file.read(it->second->name);
+    const HfWeights::Entry& e = *it->second;
     Shape on_disk = is_conv1d(p.name) ? Shape{p.tensor.size(1), p.tensor.size(0)} : p.tensor.shape();
-    MT_CHECK(t.shape() == on_disk, "{}: tensor {} is {} but the model expects {}{}", path, it->second->name,
-             it->second->shape, on_disk, is_conv1d(p.name) ? " (Conv1D layout [in, out])" : "");
+    MT_CHECK(e.shape == on_disk, "{}: tensor {} is {} but the model expects {}{}", e.file, e.name, e.shape, on_disk,
+             is_conv1d(p.name) ? " (Conv1D layout [in, out])" : "");
+    Tensor t = file.read(e.name).to(p.tensor.dtype());
     if (is_conv1d(p.name)) t = transpose(t, 0, 1);  // Conv1D [in, out] -> [out, in]
-    copy_(p.tensor, t.to(p.tensor.dtype()));
+    copy_(p.tensor, t);
     used.insert(p.name);
   }
   for (const auto& [name, e] : by_name)
-    MT_CHECK(used.count(name), "{}: unexpected tensor {} {} (not part of GPT-2)", path, e->name, e->shape);
+    MT_CHECK(used.count(name), "{}: unexpected tensor {} {} (not part of GPT-2)", e->file, e->name, e->shape);
+}
+
+std::vector<std::pair<std::string, Tensor>> gpt2_hf_tensors(const ParameterList& params) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  NoGradGuard no_grad;
+  for (const NamedParameter& p : params) {
+    Tensor t = p.tensor.detach();
+    tensors.emplace_back(p.name, is_conv1d(p.name) ? transpose(t, 0, 1) : t);
+  }
+  return tensors;
 }
 
 void export_gpt2_hf(const Gpt2& model, const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  {
-    NoGradGuard no_grad;
-    for (const NamedParameter& p : model.parameters()) {
-      Tensor t = p.tensor.detach().to(DType::f32);
-      tensors.emplace_back(p.name, is_conv1d(p.name) ? transpose(t, 0, 1) : t);
-    }
-  }
-  write_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors);
-  const Gpt2Config& c = model.config();
+  ExportOptions options;
+  options.replace = true;
+  export_model_dir(model, {}, dir, options);
+}
+
+std::string gpt2_hf_config_json(const Gpt2Config& c, DType dtype) {
   nlohmann::json j = {{"architectures", {"GPT2LMHeadModel"}},
                       {"model_type", "gpt2"},
                       {"vocab_size", c.vocab_size},
@@ -127,16 +133,10 @@ void export_gpt2_hf(const Gpt2& model, const std::string& dir) {
                       {"n_inner", c.d_ff},
                       {"layer_norm_epsilon", c.layer_norm_eps},
                       {"activation_function", "gelu_new"},
-                      {"tie_word_embeddings", true}};
+                      {"tie_word_embeddings", true},
+                      {"torch_dtype", dtype == DType::bf16 ? "bfloat16" : "float32"}};
   if (c.vocab_size >= 50257) j["bos_token_id"] = j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>
-  std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
-    MT_CHECK(out.good(), "{}: writing the config failed", tmp);
-  }
-  std::filesystem::rename(tmp, path);
+  return j.dump(2) + "\n";
 }
 
 }  // namespace moetrain

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "nn/gpt2.h"
 
@@ -22,10 +24,18 @@ std::string gpt2_hf_weights_path(const std::string& path);
 // True when `path` is a directory holding a config.json.
 bool is_hf_model_dir(const std::string& path);
 
-// Copies the weights of a safetensors file into `model` (converting dtypes).
-void load_gpt2_hf_weights(Gpt2& model, const std::string& safetensors_path);
+// Copies the weights of a model directory (model.safetensors, sharded safetensors with
+// model.safetensors.index.json, or an HDF5 export: checkpoint/export.h) or of one
+// .safetensors file into `model` (converting dtypes, e.g. bf16 to f32).
+void load_gpt2_hf_weights(Gpt2& model, const std::string& path);
 
-// Writes DIR/model.safetensors (f32, HF layout and names) and DIR/config.json.
+// The parameters in HF layout (the Conv1D weights transposed to [in, out]), HF names.
+std::vector<std::pair<std::string, Tensor>> gpt2_hf_tensors(const ParameterList& params);
+// Writes DIR/model.safetensors (f32, HF layout and names) and DIR/config.json, replacing
+// DIR (export_model_dir in checkpoint/export.h with its defaults).
 void export_gpt2_hf(const Gpt2& model, const std::string& dir);
+
+// The config.json text: GPT2LMHeadModel; torch_dtype from `dtype` (f32 or bf16).
+std::string gpt2_hf_config_json(const Gpt2Config& c, DType dtype);
 
 }  // namespace moetrain

@@ -8,6 +8,9 @@
 //   model.embed_tokens.weight, model.layers.{l}.{input_layernorm,post_attention_layernorm}.weight,
 //   model.layers.{l}.self_attn.*, model.layers.{l}.mlp.*, model.layers.{l}.{attn,mlp}_res_{proj,norm}.weight,
 //   model.output_attn_res_{proj,norm}.weight, model.norm.weight, lm_head.weight.
+// Saved models use Kimi's exact names, which differ for MoE layers (block_sparse_moe.*,
+// one experts.{j}.* per expert), AttnRes (self_attention_res_*) and some shapes
+// (checkpoint/export.h, docs/export.md).
 #pragma once
 
 #include <memory>

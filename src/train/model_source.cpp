@@ -4,10 +4,10 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/export.h"
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
 #include "nn/hybrid.h"
-#include "nn/weights.h"
 
 namespace moetrain {
 
@@ -43,9 +43,12 @@ Config resolve_config(const ModelSource& source) {
   if (!source.checkpoint.empty()) {
     std::filesystem::path dir(source.checkpoint);
     std::string yaml = (dir / "config.resolved.yaml").string();
-    MT_CHECK(std::filesystem::exists(yaml) && std::filesystem::exists(dir / "model.safetensors"),
+    const bool has_weights = std::filesystem::exists(dir / "model.safetensors") ||
+                             std::filesystem::exists(dir / "model.safetensors.index.json") ||
+                             std::filesystem::exists(dir / "model.h5");
+    MT_CHECK(std::filesystem::exists(yaml) && has_weights,
              "{}: not a moetrain model directory (expected config.resolved.yaml and model.safetensors, "
-             "as written by `moetrain train` into <run>/model)", source.checkpoint);
+             "as written by `moetrain train` into <run>/model or by `moetrain export`)", source.checkpoint);
     Config config = Config::load(yaml, source.overrides);
     config.set("model.init_from", fmt::format("'{}'", source.checkpoint), "--checkpoint");
     return config;
@@ -70,14 +73,12 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
     if (!init.empty()) {
       MT_CHECK(shard.size == 1, "{}: model.init_from with experts sharded over {} ranks (train.ep) is not supported "
                "yet; start from it with train.ep = 1", config.where("model.init_from"), shard.size);
-      std::string weights = std::filesystem::is_directory(init)
-                                ? (std::filesystem::path(init) / "model.safetensors").string() : init;
-      MT_CHECK(std::filesystem::exists(weights), "{}: model.init_from ({}) has no weights file {}",
-               config.where("model.init_from"), init, weights);
+      MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
+               config.where("model.init_from"), init);
       ParameterList state = model->parameters();  // weights and buffers (MoE router biases)
       const ParameterList buffers = model->buffers();
       state.insert(state.end(), buffers.begin(), buffers.end());
-      load_weights(state, weights);
+      load_hybrid_hf_weights(state, HfWeights::open(init));
     }
     return model;
   }
@@ -88,24 +89,17 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
   auto model = std::make_unique<Gpt2>(c, seed);
   std::string init = config.get_string("model.init_from");
   if (!init.empty()) {
-    std::string weights = gpt2_hf_weights_path(init);
-    MT_CHECK(std::filesystem::exists(weights), "{}: model.init_from ({}) has no weights file {}",
-             config.where("model.init_from"), init, weights);
-    load_gpt2_hf_weights(*model, weights);
+    MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
+             config.where("model.init_from"), init);
+    load_gpt2_hf_weights(*model, init);
   }
   return model;
 }
 
 void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* full) {
-  if (const auto* gpt2 = dynamic_cast<const Gpt2*>(&model)) {
-    export_gpt2_hf(*gpt2, dir);
-    return;
-  }
-  std::filesystem::create_directories(dir);
-  ParameterList state = model.parameters();
-  const ParameterList buffers = model.buffers();
-  state.insert(state.end(), buffers.begin(), buffers.end());
-  save_weights(full ? *full : state, (std::filesystem::path(dir) / "model.safetensors").string());
+  ExportOptions options;
+  options.replace = true;  // a run's model directory is rewritten at the end of each run
+  export_model_dir(model, full ? *full : ParameterList{}, dir, options);
 }
 
 }  // namespace moetrain

@@ -34,9 +34,10 @@ Config resolve_config(const ModelSource& source);
 // shard: this rank's experts under expert parallelism (hybrid models with MoE).
 std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard = {});
 
-// Writes DIR/model.safetensors (GPT-2: Hugging Face layout plus config.json).
-// state: the hybrid model's parameters and buffers at full size when they differ
-// from the model's own (expert shards gathered from other ranks).
+// Writes DIR (replacing it) with export_model_dir's defaults: f32 model.safetensors
+// under Hugging Face names plus config.json (checkpoint/export.h, docs/export.md).
+// state: the model's parameters and buffers at full size when they differ from the
+// model's own (expert shards gathered from other ranks).
 void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* state = nullptr);
 
 }  // namespace moetrain

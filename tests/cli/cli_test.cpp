@@ -244,7 +244,7 @@ TEST_CASE("cli: k3-tiny (with its MoE) trains on bytes and decodes with constant
   CHECK(metrics.str().find("\"moe7_dead_experts\":") != string::npos);  // 8 MoE layers (1..8), per-layer load
   // The router biases (buffers moved by the aux-loss-free update) are saved with the weights.
   CHECK(moetrain::testing::read_bytes(w.dir + "/k3/model/model.safetensors")
-            .find("model.layers.8.mlp.gate.e_score_correction_bias") != string::npos);
+            .find("model.layers.8.block_sparse_moe.gate.e_score_correction_bias") != string::npos);
 
   Result g = run("generate --checkpoint " + w.dir + "/k3/model --prompt 'ROMEO:' --temperature 0 "
                  "--max-new-tokens 64 --stats");

@@ -21,6 +21,7 @@ TEST_CASE("hdf5: tensors and attributes round-trip through nested groups", "[io]
   Tensor a = randn({2, 3, 5}, DType::f64, 1), b = randn({7}, DType::f32, 2), s = from_vector({2.5}, {}, DType::f64);
   Tensor empty_rows = zeros({0, 4}, DType::f32);
   Tensor idx = from_vector({3, 0, 7, 1, 1, 2}, {3, 2}, DType::i64);
+  Tensor bits = from_vector({0, 1, 0x3f80, 65535}, {2, 2}, DType::u16);  // bf16 bit patterns of an export
   {
     hdf5::Writer w(path);
     w.write("/", "a", a);
@@ -28,6 +29,7 @@ TEST_CASE("hdf5: tensors and attributes round-trip through nested groups", "[io]
     w.write("case", "s", s);
     w.write("case", "empty", empty_rows);
     w.write("case", "idx", idx);
+    w.write("/", "bits", bits);
     w.set_attribute("case", "scale", 0.125);
     w.set_attribute("case", "H", int64_t{4});
     w.set_attribute("case", "gate_mode", std::string("softplus"));
@@ -45,6 +47,7 @@ TEST_CASE("hdf5: tensors and attributes round-trip through nested groups", "[io]
   CHECK(r.read("case", "empty").shape() == Shape{0, 4});
   CHECK(r.read("case", "idx").dtype() == DType::i64);
   CHECK(moetrain::testing::bitwise_equal(r.read("case", "idx"), idx));
+  CHECK(moetrain::testing::bitwise_equal(r.read("/", "bits"), bits));
   CHECK(r.datasets("case") == std::vector<std::string>{"empty", "idx", "s"});
   CHECK(r.groups("case") == std::vector<std::string>{"params"});
   CHECK(r.groups("/") == std::vector<std::string>{"case"});
@@ -95,7 +98,7 @@ TEST_CASE("hdf5: errors name the file, the group or dataset and the problem", "[
   hdf5::Writer w(tmp / "w.h5");
   w.write("g", "x", randn({2}, DType::f32, 1));
   CHECK(error_of([&] { w.write("g", "x", randn({2}, DType::f32, 1)); }).find("already exists") != std::string::npos);
-  CHECK(error_of([&] { w.write("g", "i", arange(3, DType::i32)); }).find("f32, f64 or i64") != std::string::npos);
+  CHECK(error_of([&] { w.write("g", "i", arange(3, DType::i32)); }).find("f32, f64, i64 or u16") != std::string::npos);
 }
 
 TEST_CASE("hdf5: a writer dropped before commit leaves the old file untouched", "[io][hdf5]") {
