@@ -10,9 +10,13 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/export.h"
+#include "comm/communicator.h"
+#include "comm/process_grid.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "train/distributed.h"
 #include "train/model_source.h"
 
 namespace moetrain::cli {
@@ -21,16 +25,36 @@ namespace {
 
 // What the export needs from its source: the resolved config, the model and its full
 // state (parameters and buffers at full size). The one place that knows where models
-// come from: training checkpoints (<run>/checkpoints/step_N) plug in here.
+// come from: a model directory (<run>/model, an export) or a training checkpoint.
 struct LoadedModel {
   Config config;
   std::unique_ptr<LanguageModel> model;
   ParameterList state;
 };
 
+// A training checkpoint (<run>/checkpoints/step_N, docs/checkpoints.md): its own
+// config, one process holding every expert (resharded from however many ranks
+// saved it), weights and buffers only.
+LoadedModel load_training_checkpoint(const std::string& path) {
+  Config config = Config::load(checkpoint_config_path(path), {"train.ep=1"});
+  config.set("model.init_from", "''", "moetrain export");
+  std::unique_ptr<comm::Communicator> one = comm::single_process();
+  Distributed d;
+  d.world = one.get();
+  d.grid = comm::make_process_grid(*one, 1);
+  LoadedModel m{config, build_model(config), {}};
+  const TrainProgress p = load_checkpoint(d, path, *m.model, nullptr, config);
+  spdlog::info("training checkpoint {}: step {}, {} tokens seen", path, p.step, p.tokens);
+  m.state = m.model->parameters();
+  const ParameterList buffers = m.model->buffers();
+  m.state.insert(m.state.end(), buffers.begin(), buffers.end());
+  return m;
+}
+
 LoadedModel load_model_for_export(const std::string& path) {
   namespace fs = std::filesystem;
   MT_CHECK(fs::is_directory(path), "--checkpoint {}: no such directory", path);
+  if (fs::exists(fs::path(path) / "manifest.json")) return load_training_checkpoint(path);
   ModelSource source;
   source.checkpoint = path;
   LoadedModel m{resolve_config(source), nullptr, {}};
@@ -51,7 +75,8 @@ void add_export_command(CLI::App& app, Commands& commands) {
     bool force = false, no_progress = false;
   };
   auto o = std::make_shared<Options>();
-  cmd->add_option("--checkpoint", o->checkpoint, "model directory written by `moetrain train` (<run>/model)")
+  cmd->add_option("--checkpoint", o->checkpoint,
+                  "a training checkpoint (<run>/checkpoints/step_N) or a model directory (<run>/model, an export)")
       ->required();
   cmd->add_option("--out", o->out, "the directory to write (must not exist or be empty, unless --force)")->required();
   cmd->add_option("--format", o->format, "safetensors (default) or hdf5");

@@ -127,7 +127,8 @@ TEST_CASE("cli: a job killed on one rank, or while saving, resumes from its last
   }
 }
 
-TEST_CASE("cli: a checkpoint from EP 4 resumes at EP 2 and on one process within tolerance", "[cli][slow]") {
+TEST_CASE("cli: a checkpoint from EP 4 resumes at EP 2 and on one process within tolerance, and exports",
+          "[cli][slow]") {
   // Same data stream and global batch: world x grad_accum = 4 micro-batches per
   // step in every layout. Experts and their AdamW moments are resharded by global
   // expert index. Only summation orders differ (f32): losses agree to 1e-5 relative.
@@ -139,6 +140,20 @@ TEST_CASE("cli: a checkpoint from EP 4 resumes at EP 2 and on one process within
   REQUIRE(r.code == 0);
   const std::vector<double> want = losses(ref);
   REQUIRE(want.size() == 30);
+  // `moetrain export` of the last checkpoint (experts gathered from the 4 rank files)
+  // evaluates exactly like the model the training run wrote at its end.
+  Result exported = moetrain::testing::run_moetrain("export --checkpoint " + ref + "/checkpoints/step_00000030 --out " +
+                                                    job.dir + "/exported --no-progress");
+  INFO(exported.output);
+  REQUIRE(exported.code == 0);
+  auto eval = [&](const string& model_dir) {
+    Result e = moetrain::testing::run_moetrain("eval --checkpoint " + model_dir + " --data '" + job.dir +
+                                               "/data/val_*.bin' --batches 4", false);
+    INFO(e.output);
+    REQUIRE(e.code == 0);
+    return e.output;
+  };
+  CHECK(eval(job.dir + "/exported") == eval(ref + "/model"));
   struct Layout {
     int np, ep, accum;
   };
