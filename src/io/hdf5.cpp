@@ -22,6 +22,10 @@ namespace {
 void init_library() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // No library shutdown at exit: after a failed close (disk full) HDF5 1.10 keeps
+    // the file in its tables and crashes closing it again from its atexit handler,
+    // turning exit code 5 into a segfault. Every object is closed explicitly anyway.
+    H5dont_atexit();
     H5open();
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // we report errors ourselves
   });
@@ -39,6 +43,7 @@ std::string library_error() {
       },
       &text);
   H5Eclear2(H5E_DEFAULT);
+  std::replace(text.begin(), text.end(), '\n', ' ');  // one line (write errors embed a ctime() stamp)
   return text.empty() ? std::string() : " (HDF5: " + text + ")";
 }
 

@@ -242,3 +242,36 @@ TEST_CASE("cli: resuming from a corrupt or mismatched checkpoint exits 2 naming 
   CHECK(mismatch.output.find("shape differs: params/model.layers.1.mlp.experts.w1.weight: checkpoint [16, 32, 32], "
                              "model [16, 48, 32]") != string::npos);
 }
+
+TEST_CASE("cli: a full disk during a checkpoint save exits 5 and leaves the earlier checkpoint intact", "[cli]") {
+  // run.dir on a 1 MiB tmpfs: the checkpoint of step 3 fits, the one of step 6 does not.
+  Job job;
+  const string mnt = job.dir + "/small";
+  fs::create_directories(mnt);
+  if (moetrain::testing::run_command("mount -t tmpfs -o size=1m tmpfs " + mnt + " 2>/dev/null") != 0) {
+    WARN("skipped: cannot mount a tmpfs here (needs root)");
+    return;
+  }
+  struct Unmount {
+    string path;
+    ~Unmount() { moetrain::testing::run_command("umount " + path); }
+  } unmount{mnt};
+  const string config = job.dir + "/tiny.yaml";
+  moetrain::testing::write_bytes(config, "model:\n  vocab_size: 256\n  n_layer: 2\n  n_head: 2\n  d_model: 32\n"
+                                 "  n_ctx: 64\ndata:\n  train: " + job.dir + "/data/train_*.bin\n  val: ''\n"
+                                 "  tokenizer: byte\ntrain:\n  batch_size: 4\n  seq_len: 32\n  max_steps: 6\n"
+                                 "  eval_every: 0\nckpt:\n  every: 3\n");
+  Result full = moetrain::testing::run_moetrain("train -c " + config + " --set run.dir=" + mnt + "/run");
+  INFO(full.output);
+  CHECK(full.code == 5);
+  CHECK(full.output.find("No space left on device") != string::npos);
+  CHECK(fs::exists(mnt + "/run/checkpoints/step_00000003/COMMIT"));
+  CHECK(!fs::exists(mnt + "/run/checkpoints/step_00000006"));
+  // The committed checkpoint is whole: a copy on a roomy disk resumes from it and finishes.
+  fs::copy(mnt + "/run", job.dir + "/run", fs::copy_options::recursive);
+  Result resumed = moetrain::testing::run_moetrain("train -c " + config + " --set run.dir=" + job.dir +
+                                                   "/run --set ckpt.resume=auto");
+  INFO(resumed.output);
+  CHECK(resumed.code == 0);
+  CHECK(resumed.output.find("resumed from " + job.dir + "/run/checkpoints/step_00000003 (step 3") != string::npos);
+}
