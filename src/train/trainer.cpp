@@ -2,10 +2,9 @@
 
 #include <sys/resource.h>
 
-#include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <map>
 
@@ -392,7 +391,7 @@ TrainSummary train(const Config& config) {
   if (max_steps > 0 && total_sec > 0)
     summary.tokens_per_second = static_cast<double>(tokens_seen - tokens_at_start) / total_sec;
   if (stopped) {
-    spdlog::info("stopped by SIGUSR1 after step {}; continue with ckpt.resume: auto", summary.steps);
+    spdlog::info("stopped by SIGUSR1 after step {}; continue with ckpt.resume: auto", progress.step);
     return summary;
   }
   if (sample_every > 0 || max_steps == 0) run_sample(summary.steps);
