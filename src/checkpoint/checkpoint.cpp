@@ -130,9 +130,8 @@ std::vector<Slot> slots(const LanguageModel& model, const ParameterList& buffers
   for (const NamedParameter& p : params) out.push_back({"params", &p, p.tensor});
   for (const NamedParameter& b : buffers) out.push_back({"buffers", &b, b.tensor});
   if (opt) {
-    auto& o = const_cast<AdamW&>(*opt);
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg", &params[i], o.exp_avg()[i]});
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg_sq", &params[i], o.exp_avg_sq()[i]});
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg", &params[i], opt->exp_avg()[i]});
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg_sq", &params[i], opt->exp_avg_sq()[i]});
   }
   return out;
 }

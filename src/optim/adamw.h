@@ -32,6 +32,8 @@ class AdamW {
   // Moment tensors, in parameter order (checkpoints).
   std::vector<Tensor>& exp_avg() { return m_; }
   std::vector<Tensor>& exp_avg_sq() { return v_; }
+  const std::vector<Tensor>& exp_avg() const { return m_; }
+  const std::vector<Tensor>& exp_avg_sq() const { return v_; }
   void set_steps(int64_t steps) { step_ = steps; }
 
  private:
