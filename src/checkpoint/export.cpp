@@ -526,10 +526,10 @@ Tensor HfWeights::read(const std::string& name) const {
   return impl_->files[impl_->file_of[impl_->index.at(name)]].read(name);
 }
 
-void load_hybrid_hf_weights(ParameterList& state, const HfWeights& weights) {
+void load_hybrid_hf_weights(ParameterList& state, const HfWeights& weights, ExpertShard shard) {
   NoGradGuard no_grad;
   // Files from before the export (internal names): exactly state's names and shapes.
-  bool internal = weights.entries().size() == state.size();
+  bool internal = shard.size == 1 && weights.entries().size() == state.size();
   for (const NamedParameter& p : state) {
     const HfWeights::Entry* e = weights.find(p.name);
     internal = internal && e && e->shape == p.tensor.shape();
@@ -541,16 +541,27 @@ void load_hybrid_hf_weights(ParameterList& state, const HfWeights& weights) {
   const std::vector<bool> moe = hybrid_moe_layers(state);
   std::set<std::string> used;
   for (NamedParameter& p : state) {
-    for (const HfPiece& piece : hybrid_hf_pieces(p.name, p.tensor.shape(), moe)) {
+    // An expert shard is matched as the whole [E, ...] tensor; its rows are [lo, lo + rows).
+    Shape shape = p.tensor.shape();
+    int64_t lo = 0;
+    const bool shard_rows = shard.size > 1 && p.group == "experts";
+    if (shard_rows) {
+      std::vector<int64_t> dims = shape.vec();
+      lo = shard.index * dims[0];
+      dims[0] *= shard.size;
+      shape = Shape(dims);
+    }
+    for (const HfPiece& piece : hybrid_hf_pieces(p.name, shape, moe)) {
       const HfWeights::Entry* e = weights.find(piece.name);
       MT_CHECK(e, "{}: missing tensor {} {} (the weights belong to another architecture or size; see "
                "docs/export.md for the names)", weights.path(), piece.name, piece.shape);
       MT_CHECK(e->shape == piece.shape, "{}: tensor {} is {} but the model expects {}", e->file, e->name, e->shape,
                piece.shape);
-      Tensor t = weights.read(piece.name).to(p.tensor.dtype());
-      Tensor dst = piece.row >= 0 ? slice(p.tensor.detach(), 0, piece.row, piece.row + 1) : p.tensor.detach();
-      copy_(dst, reshape(t, dst.shape()));
       used.insert(piece.name);
+      if (shard_rows && (piece.row < lo || piece.row >= lo + p.tensor.size(0))) continue;  // another rank's expert
+      Tensor t = weights.read(piece.name).to(p.tensor.dtype());
+      Tensor dst = piece.row >= 0 ? slice(p.tensor.detach(), 0, piece.row - lo, piece.row - lo + 1) : p.tensor.detach();
+      copy_(dst, reshape(t, dst.shape()));
     }
   }
   for (const HfWeights::Entry& e : weights.entries()) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/moe.h"
 #include "nn/parameters.h"
 
 namespace moetrain {
@@ -111,6 +112,9 @@ class HfWeights {
 // present with its shape, and nothing else (errors name the file and the tensor). Files
 // written before the export existed (moetrain's internal names: stacked experts
 // mlp.experts.w1.weight [E, F, L]) are accepted too when they hold exactly `state`'s names.
-void load_hybrid_hf_weights(ParameterList& state, const HfWeights& weights);
+// shard: the routed-expert tensors of `state` (group "experts", [E / size, ...]) hold
+// global experts [index * E / size, (index + 1) * E / size) (expert parallelism); the
+// file's other experts are checked for shape and skipped.
+void load_hybrid_hf_weights(ParameterList& state, const HfWeights& weights, ExpertShard shard = {});
 
 }  // namespace moetrain

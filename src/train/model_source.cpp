@@ -71,14 +71,12 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
     auto model = std::make_unique<HybridModel>(HybridConfig::from(config), seed, true, shard);
     std::string init = config.get_string("model.init_from");
     if (!init.empty()) {
-      MT_CHECK(shard.size == 1, "{}: model.init_from with experts sharded over {} ranks (train.ep) is not supported "
-               "yet; start from it with train.ep = 1", config.where("model.init_from"), shard.size);
       MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
                config.where("model.init_from"), init);
       ParameterList state = model->parameters();  // weights and buffers (MoE router biases)
       const ParameterList buffers = model->buffers();
       state.insert(state.end(), buffers.begin(), buffers.end());
-      load_hybrid_hf_weights(state, HfWeights::open(init));
+      load_hybrid_hf_weights(state, HfWeights::open(init), shard);  // this rank's experts only
     }
     return model;
   }

@@ -17,6 +17,7 @@
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
 #include "nn/hybrid.h"
+#include "ops/view.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -144,6 +145,35 @@ TEST_CASE("export: a hybrid model (KDA, MLA, attention, latent MoE with shared e
   CHECK(cfg["routed_expert_hidden_size"] == 4);
   CHECK(cfg["attn_res_block_size"] == 2);
   CHECK(cfg["torch_dtype"] == "float32");
+}
+
+TEST_CASE("export: a model with experts sharded over 2 ranks loads its own experts' rows (init_from at train.ep 2)",
+          "[checkpoint][export]") {
+  TempDir tmp;
+  HybridModel full(tiny(DType::f32), 1);
+  perturb(full, 2);
+  export_model_dir(full, {}, tmp / "out", with(ExportFormat::safetensors, DType::f32));
+  const ParameterList want = state_of(full);
+  for (int index : {0, 1}) {
+    HybridModel part(tiny(DType::f32), 5, true, ExpertShard{index, 2});
+    ParameterList got = state_of(part);
+    load_hybrid_hf_weights(got, HfWeights::open(tmp / "out"), ExpertShard{index, 2});
+    REQUIRE(got.size() == want.size());
+    int64_t shards = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO(got[i].name << " on shard " << index);
+      REQUIRE(got[i].name == want[i].name);
+      if (got[i].group == "experts") {
+        ++shards;
+        const int64_t rows = got[i].tensor.size(0);  // 2 of the 4 experts
+        CHECK(rows == 2);
+        CHECK(bitwise_equal(got[i].tensor, slice(want[i].tensor, 0, index * rows, (index + 1) * rows).contiguous()));
+      } else {
+        CHECK(bitwise_equal(got[i].tensor, want[i].tensor));
+      }
+    }
+    CHECK(shards == 9);  // w1, w2, w3 of the 3 MoE layers
+  }
 }
 
 TEST_CASE("export: the Hugging Face name table covers every hybrid tensor exactly once", "[checkpoint][export]") {
@@ -361,7 +391,8 @@ TEST_CASE("export: the HDF5 format holds the same tensors under the same names, 
   Tensor bits = h5bf.read("/", "model.layers.1.self_attn.kv_b_proj.weight");
   CHECK(bits.dtype() == DType::u16);
   CHECK(h5bf.read("/", "model.layers.0.self_attn.A_log").dtype() == DType::f32);
-  const float* x = st.read("model.layers.1.self_attn.kv_b_proj.weight").data<float>();
+  const Tensor f32 = st.read("model.layers.1.self_attn.kv_b_proj.weight");  // kept alive while x is read
+  const float* x = f32.data<float>();
   CHECK(static_cast<const uint16_t*>(bits.raw_data())[5] == rne_bf16(x[5]));
   CHECK(fs::exists(tmp / "h5/config.json"));
 
