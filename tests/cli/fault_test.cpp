@@ -175,8 +175,8 @@ TEST_CASE("cli: an allocation the machine cannot hold exits 4 with one line nami
   prepare(tmp.path());
   Result r = moetrain::testing::capture_command(
       "ASAN_OPTIONS=allocator_may_return_null=1 " + string(MOETRAIN_BINARY_DIR) + "/moetrain train -c " +
-      string(MOETRAIN_SOURCE_DIR) + "/configs/gpt2-shakespeare.yaml --set model.vocab_size=256 --set model.n_layer=1 --set model.n_head=2 --set model.d_model=32 "
-      "--set model.n_ctx=2000000000 --set train.seq_len=16 --set train.batch_size=2 --set data.tokenizer=byte "
+      string(MOETRAIN_SOURCE_DIR) + "/configs/gpt2-shakespeare.yaml --set model.vocab_size=256 --set model.n_layer=1 "
+      "--set model.n_head=2 --set model.d_model=32 --set model.n_ctx=2000000000 --set train.seq_len=16 --set train.batch_size=2 --set data.tokenizer=byte "
       "--set data.train=" + tmp.path() + "/data/train_*.bin --set data.val= --set run.dir=" + tmp.path() + "/run");
   INFO(r.output);
   CHECK(r.code == 4);
