@@ -23,6 +23,7 @@ int run(int argc, char** argv) {
   add_ledger_command(app, commands);
   add_op_command(app, commands);
   add_export_command(app, commands);
+  add_schema_command(app, commands);
 
   CLI11_PARSE(app, argc, argv);
   cpu::init_threads();

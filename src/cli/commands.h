@@ -29,5 +29,6 @@ void add_eval_command(CLI::App& app, Commands& commands);
 void add_ledger_command(CLI::App& app, Commands& commands);
 void add_op_command(CLI::App& app, Commands& commands);
 void add_export_command(CLI::App& app, Commands& commands);
+void add_schema_command(CLI::App& app, Commands& commands);
 
 }  // namespace moetrain::cli

@@ -69,7 +69,7 @@ std::vector<KeySpec> make_schema() {
     number ("model.layer_norm_eps", "1e-5",  above(0),     "epsilon added to the variance in every LayerNorm"),
     number ("model.dropout",        "0.0",   in_half_open(0, 1), "dropout probability while training; 0 turns dropout off"),
     number ("model.init_std",       "0.02",  above(0),     "standard deviation of the normal weight initialization"),
-    string ("model.init_from",      "''",                  "pretrained weights to start from: a Hugging Face GPT-2 directory or a .safetensors file; empty = random init"),
+    string ("model.init_from",      "''",                  "weights to start from: a Hugging Face GPT-2 directory, a model directory of moetrain export or <run>/model (any train.ep), or a .safetensors file; empty = random init"),
 
     // model, hybrid architecture only (model.arch: hybrid; MODEL_SPEC §4-§13).
     choice ("model.mixer",          "kda",   {"kda", "mla", "attention"}, "hybrid: token mixer of the layers not picked for model.attn_mixer"),
