@@ -1,7 +1,5 @@
 #include "checkpoint/checkpoint.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +26,7 @@
 #include "comm/watchdog.h"
 #include "core/format.h"
 #include "core/rng.h"
+#include "io/durable.h"
 #include "io/hdf5.h"
 #include "nn/language_model.h"
 #include "optim/adamw.h"
@@ -49,31 +48,6 @@ constexpr const char* kConfig = "config.resolved.yaml";
 std::string rank_file(int rank) { return fmt::format("rank_{:05d}.h5", rank); }
 
 // ---------------------------------------------------------------- files
-
-void fsync_or_throw(const fs::path& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw IoError(fmt::format("cannot open {} to sync it: {}", path.string(), std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw IoError(fmt::format("fsync of {} failed: {}", path.string(), std::strerror(err)));
-}
-
-// Writes `text` to path (temp file, fsync, rename, fsync of the directory).
-void write_file_durably(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw IoError(fmt::format("writing {} failed: {}", tmp.string(), std::strerror(errno)));
-  }
-  fsync_or_throw(tmp, false);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw IoError(fmt::format("renaming {} to {} failed: {}", tmp.string(), path.string(), ec.message()));
-  fsync_or_throw(path.parent_path(), true);
-}
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -481,9 +455,9 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
                            {"config_sha256", p.config_sha256},
                            {"files", files_json},
                            {"config", file_json(cfg, false)}};
-    write_file_durably(p.tmp / kManifest, manifest.dump(2) + "\n");
-    write_file_durably(p.tmp / kCommit, p.name + "\n");
-    fsync_or_throw(p.tmp, true);
+    write_file_atomically(p.tmp / kManifest, manifest.dump(2) + "\n", false);
+    write_file_atomically(p.tmp / kCommit, p.name + "\n", false);
+    fsync_path(p.tmp, true);  // both files' renames, before the directory's own rename
     if (options.kill_at == CheckpointKillPoint::before_rename) kill_self("after COMMIT, before the rename");
     std::error_code ec;
     fs::path old;
@@ -496,10 +470,10 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
     fs::rename(p.tmp, final_dir, ec);
     if (ec)
       throw IoError(fmt::format("renaming {} to {} failed: {}", p.tmp.string(), final_dir.string(), ec.message()));
-    fsync_or_throw(p.root, true);
+    fsync_path(p.root, true);
     if (!old.empty()) remove_all_logged(old, "replaced");
     if (options.kill_at == CheckpointKillPoint::before_latest) kill_self("after the rename, before `latest`");
-    write_file_durably(p.root / "latest", p.name + "\n");
+    write_file_atomically(p.root / "latest", p.name + "\n");
     purge(p.root, options.keep_last, final_dir);
   }
   if (d.size() > 1) d.world->barrier();  // nobody goes on (or exits) before the commit

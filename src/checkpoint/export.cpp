@@ -2,7 +2,6 @@
 // docs/export.md).
 #include "checkpoint/export.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "data/progress.h"
+#include "io/durable.h"
 #include "io/hdf5.h"
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
@@ -66,30 +66,6 @@ int64_t layer_of(const std::string& name, std::string* rest = nullptr) {
   int64_t l = std::stoll(name.substr(kPrefix.size(), dot - kPrefix.size()));
   if (rest) *rest = name.substr(dot + 1);
   return l;
-}
-
-// fsync of a file or directory (a directory: makes the renames inside it durable).
-void fsync_path(const fs::path& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw IoError(fmt::format("{}: cannot open to fsync: {}", path.string(), std::strerror(errno)));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0 && !(directory && err == EINVAL))  // EINVAL: the file system cannot sync directories
-    throw IoError(fmt::format("{}: fsync failed: {}", path.string(), std::strerror(err)));
-}
-
-// Written to a temp name, fsync'd, renamed (the directory is fsync'd by the caller).
-void write_text_file(const fs::path& path, const std::string& text) {
-  std::string tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    out.flush();
-    if (!out.good()) throw IoError(fmt::format("{}: writing failed", tmp));
-  }
-  fsync_path(tmp, false);
-  fs::rename(tmp, path);
 }
 
 }  // namespace
@@ -348,7 +324,7 @@ void write_safetensors_dir(const fs::path& dir, const std::vector<std::pair<std:
     for (const auto& kv : shards[i]) weight_map[kv.first] = file;
   }
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  write_text_file(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+  write_file_atomically(dir / "model.safetensors.index.json", index.dump(2) + "\n", false);
 }
 
 void write_hdf5(const fs::path& dir, const std::vector<std::pair<std::string, Tensor>>& tensors, DType dtype,
@@ -397,7 +373,7 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   auto on_written = [&](int64_t n) { progress.update(n); };
   if (o.format == ExportFormat::safetensors) write_safetensors_dir(tmp.path, tensors, o.max_shard_bytes, on_written);
   else write_hdf5(tmp.path, tensors, o.dtype, on_written);
-  write_text_file(tmp.path / "config.json", hf_config_json(model, o.dtype));
+  write_file_atomically(tmp.path / "config.json", hf_config_json(model, o.dtype), false);
   if (config) config->save((tmp.path / "config.resolved.yaml").string());
   fsync_path(tmp.path, true);
   progress.finish();

@@ -3,13 +3,13 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/durable.h"
 
 namespace moetrain {
 
@@ -48,16 +48,7 @@ int64_t truncate_metrics_after(const std::string& path, int64_t step) {
   }
   in.close();
   if (dropped == 0) return 0;
-  const std::string tmp = fmt::format("{}.tmp", path);
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kept;
-    out.flush();
-    if (!out) throw IoError(fmt::format("{}: rewriting the metrics failed: {}", tmp, std::strerror(errno)));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw IoError(fmt::format("{}: replacing the metrics failed: {}", path, ec.message()));
+  write_file_atomically(path, kept);
   return dropped;
 }
 
