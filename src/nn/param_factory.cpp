@@ -37,7 +37,20 @@ Tensor ParamFactory::make_rows(const std::string& name, const Shape& full_shape,
   Shape local = full_shape.with(0, hi - lo);
   specs_.push_back({name, local, group, decay});
   if (!allocate_) return Tensor();
-  // Initialise the full tensor through make() on a scratch factory that shares the generator.
+  if (init.kind == Init::Kind::normal || init.kind == Init::Kind::trunc_normal) {
+    // Element i of the full tensor draws Philox counter first + i: generate only
+    // rows [lo, hi) from their own counters, the same values the full tensor has
+    // there, without materialising the other ranks' rows.
+    const uint64_t first = gen_.reserve(static_cast<uint64_t>(full_shape.numel()));
+    Generator rows(gen_.seed());
+    rows.set_offset(first + static_cast<uint64_t>(lo * (full_shape.numel() / full_shape[0])));
+    Tensor t = init.kind == Init::Kind::normal ? randn(local, dtype_, rows, 0.0, init.std)
+                                               : trunc_normal(local, dtype_, rows, 0.0, init.std, init.a, init.b);
+    t.set_requires_grad(true);
+    params_.push_back({name, t, decay, group});
+    return t;
+  }
+  // Other inits: the full tensor through make() on a scratch factory that shares the generator.
   ParamFactory scratch(true, dtype_, 0);
   std::swap(scratch.gen_, gen_);
   Tensor full = scratch.make(name, full_shape, init, group, decay);

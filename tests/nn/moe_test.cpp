@@ -236,3 +236,30 @@ TEST_CASE("moe: aux-loss-free balancing drives a skewed router toward uniform lo
   CHECK(std::abs(bias_sum) < 1e-4);  // mean-centred updates
   CHECK(bias_sum0 == 0.0);
 }
+
+TEST_CASE("ParamFactory::make_rows gives each shard exactly the rows of the unsharded tensor", "[nn][moe]") {
+  const Shape full_shape{7, 3, 5};
+  std::vector<Init> inits = {Init::normal(0.5), Init::trunc_normal(0.02), Init::trunc_normal(1.0, -3, 3),
+                             Init::constant(0.25),
+                             Init::custom([](const Shape& s, DType d, Generator& g) { return rand(s, d, g); })};
+  for (size_t k = 0; k < inits.size(); ++k) {
+    // The parameters around the sharded one draw from the same generator: the
+    // shard must also leave it where the unsharded construction does.
+    ParamFactory whole(true, DType::f32, 11);
+    Tensor before = whole.make("a", {4}, Init::normal(1.0), "g", true);
+    Tensor all = whole.make("w", full_shape, inits[k], "g", true);
+    Tensor after = whole.make("b", {6}, Init::normal(1.0), "g", true);
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 2}, {2, 5}, {5, 7}, {3, 4}}) {
+      INFO("init " << k << " rows [" << lo << ", " << hi << ")");
+      ParamFactory part(true, DType::f32, 11);
+      Tensor p_before = part.make("a", {4}, Init::normal(1.0), "g", true);
+      Tensor rows = part.make_rows("w", full_shape, lo, hi, inits[k], "g", true);
+      Tensor p_after = part.make("b", {6}, Init::normal(1.0), "g", true);
+      REQUIRE(rows.shape() == Shape({hi - lo, 3, 5}));
+      const float* want = all.data<float>() + lo * 15;
+      for (int64_t i = 0; i < rows.numel(); ++i) REQUIRE(rows.data<float>()[i] == want[i]);
+      for (int64_t i = 0; i < 6; ++i) REQUIRE(p_after.data<float>()[i] == after.data<float>()[i]);
+      REQUIRE(part.specs()[1].shape == Shape({hi - lo, 3, 5}));
+    }
+  }
+}
