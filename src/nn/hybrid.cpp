@@ -319,8 +319,25 @@ double HybridModel::activation_bytes_per_token() const {
   const double D = static_cast<double>(c_.d_model), F = static_cast<double>(c_.ffn.d_ff);
   const double P = static_cast<double>(c_.kda.value_heads() * c_.kda.head_dim);
   double per_layer = 16.0 * D + 3.0 * F + 12.0 * P;
-  return (static_cast<double>(c_.n_layer()) * per_layer + 2.0 * static_cast<double>(c_.vocab_size)) *
-         static_cast<double>(dtype_size(c_.dtype));
+  double total = static_cast<double>(c_.n_layer()) * per_layer + 2.0 * static_cast<double>(c_.vocab_size);
+  // MoE layers replace the dense FFN hidden by what their backward keeps per token:
+  // the router's scores over all E (the sigmoid keeps its output; this term
+  // dominates at many experts and small widths), per routed slot the dispatched
+  // row, its gate/up/activation [3 F] and the expert output, combined and weighted
+  // rows (5 W), the latent down/up/norm (~4 W + D) and the shared experts' hidden
+  // (3 F each).
+  const MoeConfig& m = c_.moe;
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c_.n_layer(); ++l) moe_layers += c_.is_moe_layer(l);
+  if (moe_layers > 0) {
+    const double E = static_cast<double>(m.num_experts), k = static_cast<double>(m.top_k);
+    const double Fe = static_cast<double>(m.expert_d_ff);
+    const double W = static_cast<double>(m.latent_dim > 0 ? m.latent_dim : c_.d_model);
+    const double per_moe = E + k * (5.0 * W + 3.0 * Fe) + 4.0 * W + D +
+                           3.0 * Fe * static_cast<double>(m.num_shared_experts) - 3.0 * F;
+    total += static_cast<double>(moe_layers) * per_moe;
+  }
+  return total * static_cast<double>(dtype_size(c_.dtype));
 }
 
 }  // namespace moetrain

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <unistd.h>
 #include <filesystem>
 #include <map>
 
@@ -20,6 +22,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "nn/hybrid.h"
+#include "nn/ledger.h"
 #include "ops/elementwise.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -42,8 +45,42 @@ double peak_rss_bytes() {
   return static_cast<double>(r.ru_maxrss) * 1024.0;
 }
 
-// Parameters by component, FLOPs per token and a memory estimate, before step 1.
-void report(const LanguageModel& model, const Config& config, int64_t tokens_per_step) {
+// Resident bytes now (/proc/self/statm); 0 where it cannot be read.
+double current_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long size = 0, resident = 0;
+  const bool ok = std::fscanf(f, "%ld %ld", &size, &resident) == 2;
+  std::fclose(f);
+  return ok ? static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// The ledger's memory estimate for one rank against what the ranks really held:
+// peak RSS per rank (max and min over ranks), less the process's own footprint
+// measured before the model was built (libraries, MPI, buffers: not the model's).
+// Collective.
+void report_memory(Distributed& dist, const Ledger& ledger, double baseline_rss) {
+  Tensor mine = empty({2}, DType::f64);
+  mine.data<double>()[0] = peak_rss_bytes();
+  mine.data<double>()[1] = baseline_rss;
+  Tensor all = dist.size() > 1 ? dist.world->all_gather(mine) : mine;  // [2 * ranks]
+  const double* v = all.data<double>();
+  int worst = 0;
+  double lowest = v[0];
+  for (int r = 0; r < dist.size(); ++r) {
+    if (v[2 * r] > v[2 * worst]) worst = r;
+    lowest = std::min(lowest, v[2 * r]);
+  }
+  const double estimate = ledger.state_bytes_per_rank + ledger.activation_bytes_per_rank;
+  const double predicted = estimate + v[2 * worst + 1];
+  spdlog::info("memory per rank: peak RSS {} (rank {}; lowest {}) against {} predicted = the ledger's {} + {} "
+               "resident before the model was built: peak / predicted = {:.3f}",
+               human_bytes(v[2 * worst]), worst, human_bytes(lowest), human_bytes(predicted), human_bytes(estimate),
+               human_bytes(v[2 * worst + 1]), v[2 * worst] / predicted);
+}
+
+// Parameters by component, FLOPs per token and the ledger's memory estimate per rank, before step 1.
+void report(const LanguageModel& model, const Config& config, const Ledger& ledger, int64_t tokens_per_step) {
   std::map<std::string, int64_t> groups;
   for (const NamedParameter& p : model.parameters()) groups[p.group] += p.tensor.numel();
   int64_t total = count_parameters(model.parameters());
@@ -52,14 +89,11 @@ void report(const LanguageModel& model, const Config& config, int64_t tokens_per
     spdlog::info("  {:<10} {:>14} parameters ({:5.1f}%)", group, with_commas(n), 100.0 * n / total);
   spdlog::info("  {:<10} {:>14} parameters{}", "total", with_commas(total),
                model.arch() == "gpt2" ? " (LM head tied to wte)" : "");
-  int64_t T = config.get_int("train.seq_len"), B = config.get_int("train.batch_size");
-  double bytes = static_cast<double>(dtype_size(model.dtype()));
-  double state = 4.0 * total * bytes;  // weights, gradients, two AdamW moments
-  double acts = static_cast<double>(B * T) * model.activation_bytes_per_token();
+  int64_t T = config.get_int("train.seq_len");
   spdlog::info("  FLOPs/token {:.3g}, {:.3g} per optimizer step of {} tokens", model.flops_per_token(T),
                model.flops_per_token(T) * tokens_per_step, with_commas(tokens_per_step));
-  spdlog::info("  memory estimate: {} weights+grads+AdamW, ~{} activations per micro-batch", human_bytes(state),
-               human_bytes(acts));
+  spdlog::info("  memory estimate per rank (ledger): {} weights+grads+AdamW, ~{} activations per micro-batch",
+               human_bytes(ledger.state_bytes_per_rank), human_bytes(ledger.activation_bytes_per_rank));
 }
 
 // fault.kind = nan_grad (a testing aid): a NaN in the first gradient of this rank.
@@ -196,6 +230,8 @@ TrainSummary train(const Config& config) {
   auto train_loader = open_loader(config, "data.train", data::LoaderOrder::shuffled, static_cast<int32_t>(vocab));
   auto val_loader = open_loader(config, "data.val", data::LoaderOrder::sequential, static_cast<int32_t>(vocab));
 
+  const double baseline_rss = current_rss_bytes();
+  const Ledger ledger = make_ledger(config, {dist.grid.dp, dist.grid.ep});
   std::unique_ptr<LanguageModel> model = build_model(config, dist.shard());
   if (dist.grid.ep > 1) dynamic_cast<HybridModel&>(*model).set_expert_group(dist.grid.ep_group.get());
   ParameterList& params = model->parameters();
@@ -214,7 +250,7 @@ TrainSummary train(const Config& config) {
   spdlog::info("run {} | {} threads | train data {} windows of {} tokens{}", run_dir.string(), cpu::num_threads(),
                train_loader->num_windows(), T + 1,
                val_loader ? fmt::format(" | val {} windows", val_loader->num_windows()) : std::string());
-  if (dist.root()) report(*model, config, B * T * accum * dist.size());
+  if (dist.root()) report(*model, config, ledger, B * T * accum * dist.size());
   std::unique_ptr<MetricsWriter> metrics;  // opened after a resume has trimmed the file
 
   auto run_eval = [&](int64_t step) {
@@ -390,6 +426,7 @@ TrainSummary train(const Config& config) {
   double total_sec = std::chrono::duration<double>(Clock::now() - run_start).count();
   if (max_steps > 0 && total_sec > 0)
     summary.tokens_per_second = static_cast<double>(tokens_seen - tokens_at_start) / total_sec;
+  if (tokens_seen > tokens_at_start) report_memory(dist, ledger, baseline_rss);  // steps ran here
   if (stopped) {
     spdlog::info("stopped by SIGUSR1 after step {}; continue with ckpt.resume: auto", progress.step);
     return summary;
