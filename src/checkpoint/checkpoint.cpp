@@ -26,6 +26,7 @@
 #include "comm/watchdog.h"
 #include "core/format.h"
 #include "core/rng.h"
+#include "data/progress.h"
 #include "io/durable.h"
 #include "io/hdf5.h"
 #include "nn/language_model.h"
@@ -56,7 +57,7 @@ std::string read_text(const fs::path& path) {
 }
 
 // Lowercase hex SHA-256 of a file, read in 4 MiB blocks.
-std::string sha256_file(const fs::path& path) {
+std::string sha256_file(const fs::path& path, data::Progress* progress = nullptr) {
   std::ifstream in(path, std::ios::binary);
   MT_CHECK(in, "cannot read {}: {}", path.string(), std::strerror(errno));
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
@@ -66,6 +67,7 @@ std::string sha256_file(const fs::path& path) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     if (in.gcount() > 0) MT_ASSERT(EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(in.gcount())) == 1,
                                    "OpenSSL sha256 update failed");
+    if (progress) progress->update(in.gcount());
   }
   MT_CHECK(in.eof(), "reading {} failed: {}", path.string(), std::strerror(errno));
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -74,6 +76,17 @@ std::string sha256_file(const fs::path& path) {
   std::string hex;
   for (unsigned int i = 0; i < size; ++i) hex += fmt::format("{:02x}", digest[i]);
   return hex;
+}
+
+// Progress of one rank's side of a save or load (rank 0 reports): bytes, rate and
+// ETA, as a bar on a terminal or lines in logs; silent for what takes under 2 s.
+data::ProgressOptions progress_options(bool report) {
+  data::ProgressOptions o;
+  o.mode = report ? data::ProgressOptions::Mode::automatic : data::ProgressOptions::Mode::off;
+  o.unit = "B";
+  o.scale = true;
+  o.delay_s = 2.0;
+  return o;
 }
 
 // ---------------------------------------------------------------- what a rank holds
@@ -210,7 +223,7 @@ std::string first_bad_dataset(const fs::path& path) {
 }
 
 // Size and SHA-256 against the manifest; throws naming the file (and dataset).
-void verify_file(const fs::path& dir, const FileInfo& f) {
+void verify_file(const fs::path& dir, const FileInfo& f, data::Progress* progress = nullptr) {
   const fs::path path = dir / f.name;
   MT_CHECK(fs::exists(path), "checkpoint {}: {} is missing (listed in {}); the checkpoint is damaged, resume from "
            "another one (ckpt.resume: step_...)", dir.string(), f.name, kManifest);
@@ -219,7 +232,7 @@ void verify_file(const fs::path& dir, const FileInfo& f) {
     MT_THROW("checkpoint {}: {} has {} bytes, {} says {} (truncated or overwritten){}; the checkpoint is damaged, "
              "resume from another one (ckpt.resume: step_...)", dir.string(), path.string(), bytes, kManifest, f.bytes,
              f.name.ends_with(".h5") ? first_bad_dataset(path) : "");
-  const std::string sha = sha256_file(path);
+  const std::string sha = sha256_file(path, progress);
   if (sha != f.sha256)
     MT_THROW("checkpoint {}: {} is corrupt: its SHA-256 {} differs from {} in {}{}; resume from another checkpoint "
              "(ckpt.resume: step_...)", dir.string(), path.string(), sha.substr(0, 16), f.sha256.substr(0, 16),
@@ -388,15 +401,22 @@ RankFileContent rank_file_content(const Distributed& d, const LanguageModel& mod
 
 // This rank's file: written, fsync'd and renamed into the .tmp directory, then its
 // size and SHA-256. No collective: runs on the background thread of an async save.
-void write_rank_file(PendingSave& p, const RankFileContent& c, CheckpointKillPoint kill_at) {
+void write_rank_file(PendingSave& p, const RankFileContent& c, CheckpointKillPoint kill_at, bool report) {
   const fs::path file = p.tmp / p.mine.name;
+  int64_t total = 0;
+  for (const auto& [group, name, tensor] : c.datasets) total += tensor.nbytes();
+  data::Progress progress(fmt::format("checkpoint {}: save {}", p.name, p.mine.name), total, progress_options(report));
   {
     hdf5::Writer w(file.string());
     for (const auto& [key, value] : c.ints) w.set_attribute("/", key, value);
     for (const auto& [key, value] : c.strings) w.set_attribute("/", key, value);
-    for (const auto& [group, name, tensor] : c.datasets) w.write(group, name, tensor, true);
+    for (const auto& [group, name, tensor] : c.datasets) {
+      w.write(group, name, tensor, true);
+      progress.update(tensor.nbytes());
+    }
     w.commit();
   }
+  progress.finish();
   p.mine.bytes = static_cast<int64_t>(fs::file_size(file));
   p.mine.sha256 = sha256_file(file);
   if (kill_at == CheckpointKillPoint::before_commit) kill_self("after writing its rank file, before COMMIT");
@@ -486,7 +506,7 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
 SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const AdamW& opt,
                            const TrainProgress& progress, const Config& config, const SaveOptions& options) {
   PendingSave p = begin_save(d, run_dir, model, progress, config);
-  write_rank_file(p, rank_file_content(d, model, opt, progress, config, p, false), options.kill_at);
+  write_rank_file(p, rank_file_content(d, model, opt, progress, config, p, false), options.kill_at, d.root());
   return commit_save(d, p, config, options);
 }
 
@@ -519,7 +539,7 @@ std::optional<SaveResult> CheckpointSaver::save(const LanguageModel& model, cons
   Job* job = job_.get();
   job->thread = std::thread([job, content] {
     try {
-      write_rank_file(job->pending, *content, job->options.kill_at);
+      write_rank_file(job->pending, *content, job->options.kill_at, /*report=*/false);  // beside training: quiet
     } catch (...) {
       job->error = std::current_exception();
     }
@@ -604,7 +624,13 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   const FileInfo& own = same_layout ? m.files[static_cast<size_t>(d.rank())] : *replicated;
   std::set<const FileInfo*> needed{replicated, &own};
   needed.insert(expert_files.begin(), expert_files.end());
-  for (const FileInfo* f : needed) verify_file(dir, *f);
+  {
+    int64_t total = 0;
+    for (const FileInfo* f : needed) total += f->bytes;
+    data::Progress check(fmt::format("checkpoint {}: verify SHA-256", dir.filename().string()), total,
+                         progress_options(d.root()));
+    for (const FileInfo* f : needed) verify_file(dir, *f, &check);
+  }
 
   std::map<const FileInfo*, std::unique_ptr<hdf5::Reader>> readers;
   for (const FileInfo* f : needed) readers[f] = std::make_unique<hdf5::Reader>((dir / f->name).string());
@@ -667,6 +693,10 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     MT_CHECK(src.dtype() == s.tensor.dtype(), "checkpoint {}: {}/{} in {} is {}, the model's is {} (train.dtype)",
              dir.string(), s.group, s.param->name, file, src.dtype(), s.tensor.dtype());
   };
+  int64_t load_total = 0;
+  for (const Slot& s : all) load_total += s.tensor.nbytes();
+  data::Progress loading(fmt::format("checkpoint {}: load", dir.filename().string()), load_total,
+                         progress_options(d.root()));
   for (const Slot& s : all) {
     MT_ASSERT(s.tensor.is_cpu(), "checkpoint load needs CPU tensors (always contiguous in this project)");
     const bool expert = experts > 0 && is_expert(*s.param);
@@ -674,6 +704,7 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
       Tensor src = rep.read(s.group, s.param->name);
       check_dtype(src, s, replicated->name);
       copy_(s.tensor, src);
+      loading.update(s.tensor.nbytes());
       continue;
     }
     const int64_t row_bytes = s.tensor.nbytes() / s.tensor.size(0);
@@ -688,7 +719,9 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
                   static_cast<const char*>(src.raw_data()) + (a - f->expert_begin) * row_bytes,
                   static_cast<size_t>((b - a) * row_bytes));
     }
+    loading.update(s.tensor.nbytes());
   }
+  loading.finish();
   if (experts > 0) {  // every row of this rank's experts came from some file
     int64_t covered = 0;
     for (const FileInfo* f : expert_files) covered += std::min(hi, f->expert_end) - std::max(lo, f->expert_begin);

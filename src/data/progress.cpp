@@ -35,7 +35,7 @@ Progress::Progress(std::string desc, int64_t total, ProgressOptions options)
   if (options_.mode == ProgressOptions::Mode::off || options_.out == nullptr) finished_ = true;  // never draws
   start_ = last_draw_ = options_.clock();
   next_line_count_ = total_ > 0 ? static_cast<int64_t>(std::ceil(total_ * options_.line_fraction)) : 0;
-  if (bar_ && !finished_) draw(false);
+  if (bar_ && !finished_ && options_.delay_s <= 0) draw(false);
 }
 
 Progress::~Progress() { finish(); }
@@ -48,6 +48,7 @@ void Progress::update(int64_t n) {
   count_ += n;
   if (finished_) return;
   const double now = options_.clock();
+  if (!drawn_ && now - start_ < options_.delay_s) return;
   if (bar_) {
     if (now - last_draw_ >= options_.bar_interval_s) draw(false);
     return;
@@ -58,11 +59,12 @@ void Progress::update(int64_t n) {
 
 void Progress::finish() {
   if (finished_) return;
-  draw(true);
+  if (drawn_ || options_.clock() - start_ >= options_.delay_s) draw(true);
   finished_ = true;
 }
 
 void Progress::draw(bool final) {
+  drawn_ = true;
   last_draw_ = options_.clock();
   std::string text = format(bar_);
   if (bar_) {

@@ -1,5 +1,5 @@
 // Progress: a tqdm-style progress report for long loops (tokenizing, later
-// checkpoint save/load), written by hand as Debian 12 packages no C++ one.
+// checkpoint save/load, export), written by hand as Debian 12 packages no C++ one.
 //
 // On a terminal (isatty) it redraws one line with '\r', at most every 0.1 s:
 //   prepare: 42%|██████████▌              | 420M/1.00G [00:12<00:17, 34.1MB/s, 88.2M tok]
@@ -28,6 +28,7 @@ struct ProgressOptions {
   double line_interval_s = 10.0;   // lines: the most time between lines
   double line_fraction = 0.1;      // lines: a line each time this fraction of the total is passed
   int width = 0;                   // bar: line width in columns; 0 = the terminal's, else 80
+  double delay_s = 0;              // nothing is drawn (not even the end) unless this much time passes first
   std::function<double()> clock;   // seconds on a monotonic clock; default std::chrono::steady_clock
 };
 
@@ -62,6 +63,7 @@ class Progress {
   ProgressOptions options_;
   bool bar_ = false;  // resolved mode: bar or lines
   bool finished_ = false;
+  bool drawn_ = false;  // something was drawn (delay_s passed)
   int64_t count_ = 0;
   std::string postfix_;
   double start_ = 0, last_draw_ = 0;

@@ -142,3 +142,41 @@ TEST_CASE("progress: Mode::off writes nothing", "[data][progress]") {
   }
   CHECK(cap.text().empty());
 }
+
+TEST_CASE("progress: delay_s keeps quick work silent and shows slow work from then on", "[data][progress]") {
+  for (ProgressOptions::Mode mode : {ProgressOptions::Mode::lines, ProgressOptions::Mode::bar}) {
+    Capture quick, slow;
+    double now = 0;
+    ProgressOptions o;
+    o.mode = mode;
+    o.delay_s = 2.0;
+    o.clock = [&] { return now; };
+    o.out = quick.file;
+    {
+      Progress p("save", 10, o);
+      for (int i = 0; i < 10; ++i) {
+        now += 0.15;  // 1.5 s in all: below the delay
+        p.update(1);
+      }
+    }
+    CHECK(quick.text().empty());
+    o.out = slow.file;
+    now = 0;
+    {
+      Progress p("save", 10, o);
+      for (int i = 0; i < 10; ++i) {
+        now += 0.5;  // reaches the delay at the 4th update (2.0 s)
+        p.update(1);
+      }
+    }
+    const std::string text = slow.text();
+    CHECK(text.find("save:  30%") == std::string::npos);  // nothing before 2 s
+    CHECK(text.find("save: 100%") != std::string::npos);
+    if (mode == ProgressOptions::Mode::lines) {
+      const std::vector<std::string> lines = lines_of(text);
+      REQUIRE(!lines.empty());
+      CHECK(lines.front().rfind("save:  40%", 0) == 0);
+      CHECK(lines.back() == "save: 100% 10/10 [00:05<00:00, 2.00it/s]");
+    }
+  }
+}
