@@ -180,29 +180,55 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
 
 // Parses the header, rejecting duplicate keys at any depth (nlohmann-json would keep
 // the last one silently; a parser callback sees every key as it is read).
-json parse_header(const std::string& path, const std::string& header) {
+// Rejects a duplicate key in any object of the header, naming it (and the object
+// it is in). A SAX pass that builds nothing: nlohmann-json's callback parser scans
+// the whole parent object each time an object ends, quadratic in the tensor count.
+class DuplicateKeys : public nlohmann::json_sax<json> {
+ public:
+  explicit DuplicateKeys(const std::string& path) : path_(path) {}
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    frames_.emplace_back();
+    return true;
+  }
+  bool key(string_t& key) override {
+    if (!frames_.back().keys.insert(key).second) {
+      if (frames_.size() == 1) fail(path_, "duplicate key {} in the header; every tensor name must be unique", json_quoted(key));
+      fail(path_, "duplicate key {} inside {} in the header", json_quoted(key), json_quoted(frames_[frames_.size() - 2].key));
+    }
+    frames_.back().key = key;
+    return true;
+  }
+  bool end_object() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;  // the DOM parse that follows reports it
+  }
+
+ private:
   struct Frame {
     std::set<std::string> keys;
     std::string key;  // the latest key, which names what is being parsed inside
   };
-  std::vector<Frame> frames;
-  json::parser_callback_t on_event = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      frames.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      frames.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (!frames.back().keys.insert(key).second) {
-        if (frames.size() == 1) fail(path, "duplicate key {} in the header; every tensor name must be unique", json_quoted(key));
-        fail(path, "duplicate key {} inside {} in the header", json_quoted(key), json_quoted(frames[frames.size() - 2].key));
-      }
-      frames.back().key = key;
-    }
-    return true;
-  };
+  const std::string& path_;
+  std::vector<Frame> frames_;
+};
+
+json parse_header(const std::string& path, const std::string& header) {
+  DuplicateKeys duplicates(path);
+  json::sax_parse(header, &duplicates);
   try {
-    return json::parse(header, on_event);
+    return json::parse(header);
   } catch (const json::parse_error& e) {
     std::string_view what = e.what();
     if (auto pos = what.find("] "); pos != std::string_view::npos) what.remove_prefix(pos + 2);  // drop the error id
