@@ -10,7 +10,7 @@
 //   2. one MoE layer forward + backward (f32) split into routing, permute
 //      (plan + gathers), communication and expert GEMMs, timed as separate phases
 //      with the layer's own functions, and the whole layer for comparison.
-// Shape: k3-small's MoE layer (D 512, latent 128, 64 experts top-8, F 112), 2048
+// Shape: k3-small's MoE experts (latent 128, 64 experts top-8, F 112) at D 512 (k3-small: 256), 2048
 // tokens per rank.
 #include <algorithm>
 #include <chrono>

@@ -146,9 +146,12 @@ int main(int argc, char** argv) {
     std::string base;
     if (name.rfind("BM_matmul/", 0) == 0) base = "BM_sgemm_openblas/" + name.substr(10);
     else if (name.rfind("BM_linear/", 0) == 0) base = "BM_sgemm_openblas/" + name.substr(10);
-    else if (name.rfind("BM_sgemm", 0) != 0 && name.rfind("BM_memcpy", 0) != 0) base = "BM_memcpy/real_time";
-    auto it = reporter.rate.find(base);
-    if (base.empty() || it == reporter.rate.end()) continue;
+    else if (name.rfind("BM_sgemm", 0) != 0 && name.rfind("BM_memcpy", 0) != 0) base = "BM_memcpy";
+    if (base.empty()) continue;
+    // The run's full name carries its options (BM_memcpy/min_warmup_time:0.200/real_time): match the prefix.
+    auto it = reporter.rate.lower_bound(base);
+    if (it == reporter.rate.end() || it->first.rfind(base, 0) != 0) continue;
+    base = it->first;
     fmt::print("  {:<36} {:8.1f} vs {:8.1f} G/s  = {:.2f}x of {}\n", name, value / 1e9, it->second / 1e9,
                value / it->second, base);
   }
