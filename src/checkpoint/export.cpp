@@ -210,7 +210,9 @@ std::string hf_config_json(const LanguageModel& model, DType dtype) {
   json kda_layers = json::array(), full_attn_layers = json::array(), mixers = json::array();
   for (int64_t l = 0; l < c.n_layer(); ++l) {  // Kimi's lists are 1-based
     MixerKind k = c.mixers[static_cast<size_t>(l)];
-    (k == MixerKind::kda ? kda_layers : full_attn_layers).push_back(l + 1);
+    // Kimi knows KDA and full attention; the ladder's other mixers are in moetrain.layer_mixers only.
+    if (k == MixerKind::kda) kda_layers.push_back(l + 1);
+    if (k == MixerKind::mla || k == MixerKind::attention) full_attn_layers.push_back(l + 1);
     mixers.push_back(mixer_kind_name(k));
   }
   auto or_null = [](int64_t v) { return v > 0 ? json(v) : json(nullptr); };

@@ -72,12 +72,12 @@ std::vector<KeySpec> make_schema() {
     string ("model.init_from",      "''",                  "weights to start from: a Hugging Face GPT-2 directory, a model directory of moetrain export or <run>/model (any train.ep), or a .safetensors file; empty = random init"),
 
     // model, hybrid architecture only (model.arch: hybrid; MODEL_SPEC §4-§13).
-    choice ("model.mixer",          "kda",   {"kda", "mla", "attention"}, "hybrid: token mixer of the layers not picked for model.attn_mixer"),
-    choice ("model.attn_mixer",     "mla",   {"mla", "attention", "kda"}, "hybrid: mixer of the layers l with l % model.attn_every == model.attn_offset (and the last, with model.attn_last)"),
+    choice ("model.mixer",          "kda",   {"kda", "mla", "attention", "linear_attention", "deltanet", "gated_deltanet"}, "hybrid: token mixer of the layers not picked for model.attn_mixer; linear_attention, deltanet and gated_deltanet are the lower rungs of the evolution ladder (docs/evolution.md) and use the model.kda.* heads, head dim and kernels"),
+    choice ("model.attn_mixer",     "mla",   {"mla", "attention", "kda", "linear_attention", "deltanet", "gated_deltanet"}, "hybrid: mixer of the layers l with l % model.attn_every == model.attn_offset (and the last, with model.attn_last)"),
     integer("model.attn_every",     "4",     at_least(0),  "hybrid: period of the model.attn_mixer layers; 0 = none by period"),
     integer("model.attn_offset",    "3",     at_least(0),  "hybrid: layer index modulo model.attn_every that gets model.attn_mixer (K3: 3)"),
     boolean("model.attn_last",      "true",                "hybrid: the last layer also gets model.attn_mixer (K3)"),
-    string ("model.layer_mixers",   "''",                  "hybrid: explicit comma list of mixers, one per layer (e.g. kda,kda,kda,mla); overrides the period keys"),
+    string ("model.layer_mixers",   "''",                  "hybrid: explicit comma list of mixers, one per layer (e.g. kda,kda,kda,mla; names as model.mixer); overrides the period keys"),
     choice ("model.ffn",            "situ_glu", {"situ_glu", "swiglu", "gelu"}, "hybrid: dense FFN: situ_glu (K3), swiglu (Kimi-Linear) or gelu (no biases); width model.d_ff"),
     number ("model.situ_beta",      "4.0",   above(0),     "SiTU-GLU beta: gate soft cap, a = beta tanh(gate/beta) sigmoid(gate)"),
     number ("model.situ_linear_beta", "25.0", at_least(0), "SiTU-GLU linear beta (lambda): up = lambda tanh(up/lambda); 0 = no cap"),
@@ -129,6 +129,12 @@ std::vector<KeySpec> make_schema() {
     string ("data.val",             "''",                  "glob of tokenized validation shards, e.g. data/shakespeare/val_*.bin"),
     choice ("data.tokenizer",       "gpt2",  {"gpt2", "byte"}, "gpt2 = GPT-2 byte-level BPE (files in data.tokenizer_dir); byte = one token per byte"),
     string ("data.tokenizer_dir",   "data/gpt2",           "directory of the GPT-2 tokenizer files, used when data.tokenizer is gpt2"),
+    choice ("data.synthetic",       "none",  {"none", "assoc_recall", "repeated_key", "context_switch"}, "train and evaluate on a seeded synthetic memory task instead of data.train/data.val (data/synthetic.h): the loss and val_acc count the answer positions only; train.seq_len must equal the task's row length"),
+    integer("data.synthetic_num_keys", "64", at_least(1),  "synthetic: key vocabulary (model.vocab_size >= 2 + keys + values)"),
+    integer("data.synthetic_num_values", "64", at_least(1), "synthetic: value vocabulary"),
+    integer("data.synthetic_num_pairs", "16", at_least(1), "synthetic: key-value pairs P per row (per context for context_switch)"),
+    integer("data.synthetic_num_queries", "8", at_least(1), "synthetic: queries Q per row; the row length (train.seq_len) is 2P + 2Q - 1 (context_switch: 4P + 2Q)"),
+    integer("data.synthetic_num_rebinds", "4", at_least(0), "synthetic: keys bound twice (repeated_key) or again after the switch (context_switch)"),
 
     // train: optimization, schedule, evaluation, sampling and logging.
     integer("train.seed",           "1337",  at_least(0),  "random seed of initialization, data order and sampling"),

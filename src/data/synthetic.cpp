@@ -217,4 +217,23 @@ SyntheticBatch synthetic_batch(const SyntheticOptions& o, int64_t batch_size, Ge
   return batch;
 }
 
+SyntheticStream::SyntheticStream(const SyntheticOptions& options, int64_t batch_size, uint64_t seed)
+    : options_(options), batch_size_(batch_size), gen_(seed) {
+  options_.validate();
+  MT_CHECK(batch_size >= 1, "synthetic stream: batch_size = {} must be >= 1", batch_size);
+}
+
+SyntheticBatch SyntheticStream::next() {
+  ++batches_;
+  return synthetic_batch(options_, batch_size_, gen_);
+}
+
+void SyntheticStream::set_state(const LoaderState& state) {
+  MT_CHECK(state.epoch == 0 && state.position >= 0,
+           "synthetic stream: cannot resume at epoch {} position {}; expected epoch 0 and a batch count >= 0",
+           state.epoch, state.position);
+  batches_ = state.position;
+  gen_.set_offset(static_cast<uint64_t>(batches_ * batch_size_) * kCountersPerRow);
+}
+
 }  // namespace moetrain::data

@@ -75,4 +75,22 @@ struct SyntheticBatch : Batch {
 // The next batch_size rows of gen's stream (advances gen by batch_size * kCountersPerRow).
 SyntheticBatch synthetic_batch(const SyntheticOptions& options, int64_t batch_size, Generator& gen);
 
+// The training data source of `data.synthetic`: batches of batch_size rows from
+// the stream of Generator(seed), in order. state() is (epoch 0, batches taken), so a
+// checkpoint resumes the stream exactly where it stopped.
+class SyntheticStream {
+ public:
+  SyntheticStream(const SyntheticOptions& options, int64_t batch_size, uint64_t seed);
+  SyntheticBatch next();
+  LoaderState state() const { return {0, batches_}; }
+  void set_state(const LoaderState& state);
+  const SyntheticOptions& options() const { return options_; }
+
+ private:
+  SyntheticOptions options_;
+  int64_t batch_size_;
+  Generator gen_;
+  int64_t batches_ = 0;
+};
+
 }  // namespace moetrain::data

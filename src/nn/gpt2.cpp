@@ -130,6 +130,10 @@ Tensor Gpt2::forward_cached(const Tensor& ids, DecodeCache& cache) {
   return forward_cached(ids, *c);
 }
 
+int64_t Gpt2::decode_cache_bytes(int64_t length) const {
+  return 2 * config_.n_layer * length * config_.d_model * dtype_size(config_.dtype);  // K and V per layer
+}
+
 double Gpt2::activation_bytes_per_token() const {
   const Gpt2Config& c = config_;
   return (static_cast<double>(c.n_layer) * (13.0 * static_cast<double>(c.d_model) + 2.0 * static_cast<double>(c.d_ff)) +

@@ -85,6 +85,7 @@ class Gpt2 : public LanguageModel {
   // LN inputs/outputs, qkv and its split, attention output, MLP hidden before and
   // after GELU (~13 D + 2 F per layer), plus logits and their gradient (2 V).
   double activation_bytes_per_token() const override;
+  int64_t decode_cache_bytes(int64_t length) const override;
 
  private:
   using Block = Gpt2BlockWeights;

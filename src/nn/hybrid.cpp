@@ -3,6 +3,7 @@
 #include "nn/hybrid.h"
 
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -21,7 +22,10 @@ MixerKind parse_mixer_kind(const std::string& name) {
   if (name == "kda") return MixerKind::kda;
   if (name == "mla") return MixerKind::mla;
   if (name == "attention") return MixerKind::attention;
-  MT_THROW("unknown mixer '{}' (kda, mla, attention)", name);
+  if (name == "linear_attention") return MixerKind::linear_attention;
+  if (name == "deltanet") return MixerKind::deltanet;
+  if (name == "gated_deltanet") return MixerKind::gated_deltanet;
+  MT_THROW("unknown mixer '{}' (kda, mla, attention, linear_attention, deltanet, gated_deltanet)", name);
 }
 
 const char* mixer_kind_name(MixerKind kind) {
@@ -29,6 +33,9 @@ const char* mixer_kind_name(MixerKind kind) {
     case MixerKind::kda: return "kda";
     case MixerKind::mla: return "mla";
     case MixerKind::attention: return "attention";
+    case MixerKind::linear_attention: return "linear_attention";
+    case MixerKind::deltanet: return "deltanet";
+    case MixerKind::gated_deltanet: return "gated_deltanet";
   }
   return "?";
 }
@@ -63,7 +70,8 @@ struct HybridModel::Layer {
   MixerKind mixer = MixerKind::kda;
   Tensor input_layernorm, post_attention_layernorm;
   Tensor attn_res_proj, attn_res_norm, mlp_res_proj, mlp_res_norm;  // AttnRes (attn pair absent at layer 0)
-  std::unique_ptr<KdaLayer> kda;
+  std::unique_ptr<KdaLayer> kda;  // kda, deltanet, gated_deltanet
+  std::unique_ptr<LinearAttentionLayer> linear;
   std::unique_ptr<MlaLayer> mla;
   Tensor q_proj, k_proj, v_proj, o_proj;  // plain attention
   std::unique_ptr<DenseFfn> ffn;  // dense layers
@@ -78,6 +86,7 @@ struct AttentionCache {
 
 struct HybridCache : DecodeCache {
   std::vector<KdaCache> kda;
+  std::vector<LinearAttentionCache> linear;
   std::vector<MlaCache> mla;
   std::vector<AttentionCache> attn;
   int64_t tokens = 0;
@@ -85,6 +94,7 @@ struct HybridCache : DecodeCache {
   int64_t bytes() const override {
     int64_t n = 0;
     for (const KdaCache& c : kda) n += c.bytes();
+    for (const LinearAttentionCache& c : linear) n += c.bytes();
     for (const MlaCache& c : mla) n += c.bytes();
     for (const AttentionCache& c : attn) n += (c.k.defined() ? c.k.nbytes() + c.v.nbytes() : 0);
     return n;
@@ -109,12 +119,28 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
     L.mixer = c.mixers[static_cast<size_t>(l)];
     L.input_layernorm = f.make(p + "input_layernorm.weight", {D}, Init::ones(), "norm", false);
     switch (L.mixer) {
-      case MixerKind::kda: {
+      case MixerKind::kda:
+      case MixerKind::deltanet:
+      case MixerKind::gated_deltanet: {
         KdaLayerConfig kc = c.kda;
+        kc.decay = L.mixer == MixerKind::kda        ? DeltaDecay::per_channel
+                   : L.mixer == MixerKind::deltanet ? DeltaDecay::none
+                                                    : DeltaDecay::per_head;
         kc.d_model = D;
         kc.norm_eps = c.rms_norm_eps;
         kc.init_std = c.init_std;
         L.kda = std::make_unique<KdaLayer>(kc, f, p + "self_attn.");
+        break;
+      }
+      case MixerKind::linear_attention: {
+        LinearAttentionConfig lc;
+        lc.d_model = D;
+        lc.n_head = c.kda.n_head;
+        lc.head_dim = c.kda.head_dim;
+        lc.chunked = c.kda.chunked;
+        lc.chunk_size = c.kda.chunk_size;
+        lc.init_std = c.init_std;
+        L.linear = std::make_unique<LinearAttentionLayer>(lc, f, p + "self_attn.");
         break;
       }
       case MixerKind::mla: {
@@ -171,10 +197,18 @@ HybridModel::~HybridModel() = default;
 
 std::string HybridModel::describe() const {
   int64_t kda = 0, mla = 0, attn = 0;
-  for (MixerKind m : c_.mixers) (m == MixerKind::kda ? kda : m == MixerKind::mla ? mla : attn) += 1;
-  return fmt::format("{} layers ({} kda, {} mla, {} attention), d_model {}, ffn {} {}, vocab {}, attn_res {}, {}",
-                     c_.n_layer(), kda, mla, attn, c_.d_model, ffn_kind_name(c_.ffn.kind), c_.ffn.d_ff, c_.vocab_size,
-                     c_.attn_res ? fmt::format("S={}", c_.attn_res_block_size) : std::string("off"),
+  std::map<std::string, int64_t> others;  // the other mixers of the evolution ladder, by name
+  for (MixerKind m : c_.mixers) {
+    if (m == MixerKind::kda) ++kda;
+    else if (m == MixerKind::mla) ++mla;
+    else if (m == MixerKind::attention) ++attn;
+    else ++others[mixer_kind_name(m)];
+  }
+  std::string extra;
+  for (const auto& [name, count] : others) extra += fmt::format(", {} {}", count, name);
+  return fmt::format("{} layers ({} kda, {} mla, {} attention{}), d_model {}, ffn {} {}, vocab {}, attn_res {}, {}",
+                     c_.n_layer(), kda, mla, attn, extra, c_.d_model, ffn_kind_name(c_.ffn.kind), c_.ffn.d_ff,
+                     c_.vocab_size, c_.attn_res ? fmt::format("S={}", c_.attn_res_block_size) : std::string("off"),
                      dtype_name(c_.dtype));
 }
 
@@ -189,6 +223,7 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
   const size_t n = layers_.size();
   if (cache && cache->kda.empty()) {
     cache->kda.resize(n);
+    cache->linear.resize(n);
     cache->mla.resize(n);
     cache->attn.resize(n);
   }
@@ -196,7 +231,10 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
   auto mixer = [&](size_t l, const Tensor& x) -> Tensor {
     const Layer& L = *layers_[l];
     switch (L.mixer) {
-      case MixerKind::kda: return L.kda->forward(x, cache ? &cache->kda[l] : nullptr);
+      case MixerKind::kda:
+      case MixerKind::deltanet:
+      case MixerKind::gated_deltanet: return L.kda->forward(x, cache ? &cache->kda[l] : nullptr);
+      case MixerKind::linear_attention: return L.linear->forward(x, cache ? &cache->linear[l] : nullptr);
       case MixerKind::mla: return L.mla->forward(x, cache ? &cache->mla[l] : nullptr);
       case MixerKind::attention: {
         const int64_t H = c_.attention_n_head, hd = c_.d_model / H;
@@ -311,6 +349,25 @@ double HybridModel::flops_per_token(int64_t T) const {
       seq += 24.0 * static_cast<double>(c_.kda.head_dim * c_.kda.head_dim * c_.kda.value_heads());
   }
   return 6.0 * matmul + seq;
+}
+
+int64_t HybridModel::decode_cache_bytes(int64_t length) const {
+  // What HybridCache holds for one sequence after `length` tokens (tested against it).
+  const int64_t e = dtype_size(c_.dtype), H = c_.kda.n_head, HV = c_.kda.value_heads(), K = c_.kda.head_dim;
+  int64_t n = 0;
+  for (MixerKind m : c_.mixers) {
+    switch (m) {
+      case MixerKind::kda:
+      case MixerKind::deltanet:
+      case MixerKind::gated_deltanet:
+        n += ((c_.kda.conv_size - 1) * (2 * H * K + HV * K) + HV * K * K) * e;  // conv inputs + state
+        break;
+      case MixerKind::linear_attention: n += H * K * (K + 1) * e; break;  // S and z
+      case MixerKind::mla: n += length * (c_.mla.kv_lora_rank + c_.mla.qk_rope_head_dim) * e; break;
+      case MixerKind::attention: n += 2 * length * c_.d_model * e; break;
+    }
+  }
+  return n;
 }
 
 double HybridModel::activation_bytes_per_token() const {

@@ -21,6 +21,7 @@
 #include "nn/moe.h"
 #include "nn/kda_layer.h"
 #include "nn/language_model.h"
+#include "nn/linear_attention_layer.h"
 #include "nn/mla.h"
 #include "nn/param_factory.h"
 
@@ -28,7 +29,9 @@ namespace moetrain {
 
 class Config;
 
-enum class MixerKind { kda, mla, attention };
+// kda, deltanet and gated_deltanet are one layer class (KdaLayer) with per-channel,
+// no and per-head decay; linear_attention is LinearAttentionLayer (docs/evolution.md).
+enum class MixerKind { kda, mla, attention, linear_attention, deltanet, gated_deltanet };
 MixerKind parse_mixer_kind(const std::string& name);
 const char* mixer_kind_name(MixerKind kind);
 
@@ -38,7 +41,8 @@ struct HybridConfig {
   int64_t n_ctx = 1024;  // longest sequence accepted (no position embeddings; a sanity bound)
   std::vector<MixerKind> mixers;  // one per layer
   int64_t attention_n_head = 4;   // plain attention mixer
-  KdaLayerConfig kda;
+  KdaLayerConfig kda;             // also deltanet, gated_deltanet (their decay set per layer) and the
+                                  // heads, head dim and kernels of linear_attention
   MlaConfig mla;
   FfnConfig ffn;  // the dense FFN
   MoeConfig moe;
@@ -89,6 +93,7 @@ class HybridModel : public LanguageModel {
   const std::vector<ParamSpec>& param_specs() const { return factory_.specs(); }
   double flops_per_token(int64_t seq_len) const override;
   double activation_bytes_per_token() const override;
+  int64_t decode_cache_bytes(int64_t length) const override;
   const HybridConfig& config() const { return c_; }
 
  private:

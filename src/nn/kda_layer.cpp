@@ -90,16 +90,28 @@ KdaLayer::KdaLayer(const KdaLayerConfig& c, ParamFactory& f, const std::string& 
   q_conv = f.make(p + "q_conv1d.weight", {PK, c.conv_size}, w, "kda", false);
   k_conv = f.make(p + "k_conv1d.weight", {PK, c.conv_size}, w, "kda", false);
   v_conv = f.make(p + "v_conv1d.weight", {PV, c.conv_size}, w, "kda", false);
-  f_a_proj = f.make(p + "f_a_proj.weight", {K, D}, w, "kda", true);
-  f_b_proj = f.make(p + "f_b_proj.weight", {HV * K, K}, w, "kda", true);
+  // Creation order (and so every random init) of KDA's parameters is as before the
+  // other decays existed: f_a, f_b, b, A_log, dt_bias.
+  if (c.decay == DeltaDecay::per_channel) {
+    f_a_proj = f.make(p + "f_a_proj.weight", {K, D}, w, "kda", true);
+    f_b_proj = f.make(p + "f_b_proj.weight", {HV * K, K}, w, "kda", true);
+  }
   b_proj = f.make(p + "b_proj.weight", {HV, D}, w, "kda", true);
-  A_log = f.make(p + "A_log", {HV}, Init::custom(log_uniform_1_16), "kda", false);
-  Init dt_init = Init::zeros();  // lower bound, KdaDtBiasInit::zero
-  if (c.gate == KdaGate::softplus)
-    dt_init = Init::custom(inverse_softplus_dt);
-  else if (c.dt_bias_init == KdaDtBiasInit::spread && f.allocating())
-    dt_init = lower_bound_spread_dt(A_log, c.lower_bound);
-  dt_bias = f.make(p + "dt_bias", {HV * K}, dt_init, "kda", false);
+  if (c.decay == DeltaDecay::per_channel) {
+    A_log = f.make(p + "A_log", {HV}, Init::custom(log_uniform_1_16), "kda", false);
+    Init dt_init = Init::zeros();  // lower bound, KdaDtBiasInit::zero
+    if (c.gate == KdaGate::softplus)
+      dt_init = Init::custom(inverse_softplus_dt);
+    else if (c.dt_bias_init == KdaDtBiasInit::spread && f.allocating())
+      dt_init = lower_bound_spread_dt(A_log, c.lower_bound);
+    dt_bias = f.make(p + "dt_bias", {HV * K}, dt_init, "kda", false);
+  } else if (c.decay == DeltaDecay::per_head) {
+    // fla's GatedDeltaNet init: A ~ U(1, 16) (log-uniform here, as KDA's A_log),
+    // dt_bias = softplus^{-1}(dt), dt ~ log U(1e-3, 1e-1).
+    a_proj = f.make(p + "a_proj.weight", {HV, D}, w, "kda", true);
+    A_log = f.make(p + "A_log", {HV}, Init::custom(log_uniform_1_16), "kda", false);
+    dt_bias = f.make(p + "dt_bias", {HV}, Init::custom(inverse_softplus_dt), "kda", false);
+  }
   if (c.full_rank_output_gate) {
     g_proj = f.make(p + "g_proj.weight", {PV, D}, w, "kda", true);
   } else {
@@ -121,6 +133,14 @@ Tensor kda_gate(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias, Kda
   return mul_scalar(sigmoid(mul(a, fb)), lower_bound);
 }
 
+Tensor gated_deltanet_gate(const Tensor& a, const Tensor& A_log, const Tensor& dt_bias) {
+  const int64_t HV = a.size(-1);
+  MT_CHECK(A_log.shape() == Shape{HV} && dt_bias.shape() == Shape{HV},
+           "gated_deltanet_gate: A_log {} and dt_bias {} must be [{}] for a {}", A_log.shape(), dt_bias.shape(), HV,
+           a.shape());
+  return neg(mul(exp(A_log), softplus(add(a, dt_bias))));
+}
+
 Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
   MT_CHECK(x.dim() == 3 && x.size(2) == c_.d_model, "kda layer: x is {} but must be [B, T, {}]", x.shape(),
            c_.d_model);
@@ -131,19 +151,32 @@ Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
   q = l2_norm(reshape(q, {B, T, H, K}), c_.l2norm_eps);
   k = l2_norm(reshape(k, {B, T, H, K}), c_.l2norm_eps);
   v = reshape(v, {B, T, HV, K});
-  Tensor g = kda_gate(reshape(linear(linear(x, f_a_proj), f_b_proj), {B, T, HV, K}), A_log, dt_bias, c_.gate,
-                      c_.lower_bound);
+  Tensor g;  // KDA: [B, T, HV, K]; Gated DeltaNet: [B, T, HV]; DeltaNet: none
+  if (c_.decay == DeltaDecay::per_channel)
+    g = kda_gate(reshape(linear(linear(x, f_a_proj), f_b_proj), {B, T, HV, K}), A_log, dt_bias, c_.gate,
+                 c_.lower_bound);
+  else if (c_.decay == DeltaDecay::per_head)
+    g = gated_deltanet_gate(linear(x, a_proj), A_log, dt_bias);
   Tensor beta = sigmoid(linear(x, b_proj));  // [B, T, HV]
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
   Tensor o;
   if (cache && T == 1 && !autograd::grad_enabled()) {
     // Decoding one token: the constant-size state is updated in place.
     if (!cache->state.defined()) cache->state = zeros({B, HV, K, K}, x.dtype());
-    o = kda_decode_step(q, k, v, g, beta, cache->state, scale);
+    switch (c_.decay) {
+      case DeltaDecay::per_channel: o = kda_decode_step(q, k, v, g, beta, cache->state, scale); break;
+      case DeltaDecay::per_head: o = gated_delta_rule_decode_step(q, k, v, g, beta, cache->state, scale); break;
+      case DeltaDecay::none: o = delta_rule_decode_step(q, k, v, beta, cache->state, scale); break;
+    }
   } else {
     Tensor h0 = cache ? cache->state : Tensor();
-    KdaResult r = c_.chunked ? kda_chunked(q, k, v, g, beta, h0, scale, c_.chunk_size)
-                             : kda_recurrent(q, k, v, g, beta, h0, scale);
+    const KdaMode mode = c_.chunked ? KdaMode::chunked : KdaMode::recurrent;
+    KdaResult r;
+    switch (c_.decay) {
+      case DeltaDecay::per_channel: r = kda(q, k, v, g, beta, h0, scale, mode, c_.chunk_size); break;
+      case DeltaDecay::per_head: r = gated_delta_rule(q, k, v, g, beta, h0, scale, mode, c_.chunk_size); break;
+      case DeltaDecay::none: r = delta_rule(q, k, v, beta, h0, scale, mode, c_.chunk_size); break;
+    }
     if (cache) cache->state = r.final_state.detach().clone();  // owned: decode steps update it in place
     o = r.o;
   }

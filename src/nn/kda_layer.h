@@ -5,6 +5,12 @@
 //   β     = σ(x Wb^T)
 //   o, S  = KDA(l2norm(q), l2norm(k), v, g, β; K^{-1/2}, S_0)      §5/§6
 //   y     = (RMSNorm_V(o; w_o) ⊙ σ(z)) Wo^T,  z = x Wg^T (full rank) or x Wga^T Wgb^T
+// The same layer builds the two rungs below KDA on the evolution ladder
+// (docs/evolution.md), which differ from it in the decay only (`decay`):
+//   DeltaNet:       no decay (g = 0; no f/A_log/dt_bias parameters)        ops delta_rule
+//   Gated DeltaNet: one decay per value head and step, Mamba-2's gate       ops gated_delta_rule
+//                   g = −e^{A_log}·softplus(x Wa^T + dt_bias), Wa [HV, D] (a_proj), A_log, dt_bias [HV]
+// Everything else (projections, short convs, L2 norm, β, output gate and norm) is shared.
 // With grouped value heads (HV = n_value_head > H) v, g, β, the output gate and
 // the output norm belong to the value heads; q/k head h serves value heads
 // hG..hG+G−1. Kimi uses HV = H, K = V = head_dim.
@@ -28,7 +34,11 @@ enum class KdaGate { softplus, lower_bound };
 //           f = 0, about one token of memory.
 enum class KdaDtBiasInit { spread, zero };
 
+// Which decay the delta-rule layer has: per key channel (KDA), per head (Gated DeltaNet), none (DeltaNet).
+enum class DeltaDecay { per_channel, per_head, none };
+
 struct KdaLayerConfig {
+  DeltaDecay decay = DeltaDecay::per_channel;
   int64_t d_model = 256;
   int64_t n_head = 4;        // H: query/key heads
   int64_t n_value_head = 0;  // HV; 0 = n_head
@@ -67,11 +77,16 @@ class KdaLayer {
   const KdaLayerConfig& config() const { return c_; }
 
   Tensor q_proj, k_proj, v_proj, q_conv, k_conv, v_conv, f_a_proj, f_b_proj, b_proj, A_log, dt_bias;
+  Tensor a_proj;  // Gated DeltaNet's decay projection [HV, D]
   Tensor g_proj, g_a_proj, g_b_proj, o_norm, o_proj;
 
  private:
   KdaLayerConfig c_;
 };
+
+// Gated DeltaNet's (Mamba-2's) decay gate on a [..., HV] with A_log, dt_bias [HV]:
+// g = −e^{A_log}·softplus(a + dt_bias), [..., HV].
+Tensor gated_deltanet_gate(const Tensor& a, const Tensor& A_log, const Tensor& dt_bias);
 
 // The decay gate of §4 on f [..., HV, K] with A_log [HV], dt_bias [HV·K]: g [..., HV, K].
 Tensor kda_gate(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias, KdaGate gate, double lower_bound);

@@ -47,6 +47,10 @@ class LanguageModel {
   virtual double flops_per_token(int64_t seq_len) const = 0;
   // Saved activations per token of a training micro-batch (an estimate, bytes).
   virtual double activation_bytes_per_token() const = 0;
+  // Bytes of the decoding cache of one sequence after `length` tokens (what
+  // new_cache() holds then, from the shapes alone): linear in the length for
+  // attention, constant for recurrent mixers.
+  virtual int64_t decode_cache_bytes(int64_t length) const = 0;
 };
 
 }  // namespace moetrain

@@ -50,6 +50,7 @@ Ledger make_ledger(const Config& config, LedgerLayout layout) {
   l.params_per_rank = l.total - expert_params + expert_params / layout.ep;
   l.state_bytes_per_rank = 16.0 * static_cast<double>(l.params_per_rank);  // f32 weights, grads, 2 moments
   l.activation_bytes_per_rank = static_cast<double>(l.batch_size * l.seq_len) * model->activation_bytes_per_token();
+  for (int64_t length : {1024, 8192, 65536}) l.decode_cache_bytes[length] = model->decode_cache_bytes(length);
   return l;
 }
 
@@ -66,6 +67,10 @@ std::string ledger_text(const Ledger& l) {
                      "per micro-batch of {} x {}\n",
                      l.layout.dp, l.layout.ep, with_commas(l.params_per_rank), human_bytes(l.state_bytes_per_rank),
                      human_bytes(l.activation_bytes_per_rank), l.batch_size, l.seq_len);
+  std::string cache;
+  for (const auto& [length, bytes] : l.decode_cache_bytes)
+    cache += fmt::format("{}T={}: {}", cache.empty() ? "" : ", ", length, human_bytes(static_cast<double>(bytes)));
+  out += fmt::format("decode cache per sequence: {}\n", cache);
   return out;
 }
 
@@ -83,6 +88,7 @@ std::string ledger_json(const Ledger& l) {
                       {"params_per_rank", l.params_per_rank},
                       {"state_bytes_per_rank", l.state_bytes_per_rank},
                       {"activation_bytes_per_rank", l.activation_bytes_per_rank}};
+  for (const auto& [length, bytes] : l.decode_cache_bytes) j["decode_cache_bytes"][std::to_string(length)] = bytes;
   return j.dump(2);
 }
 

@@ -27,6 +27,9 @@ struct Ledger {
   int64_t params_per_rank = 0;  // replicated parameters + this rank's expert shard
   double state_bytes_per_rank = 0;        // weights + gradients + AdamW moments (fp32)
   double activation_bytes_per_rank = 0;   // one micro-batch of batch_size x seq_len (estimate)
+  // Decoding cache of one sequence at lengths 1k, 8k and 64k (the model's dtype):
+  // KV caches grow with the length, recurrent states do not.
+  std::map<int64_t, int64_t> decode_cache_bytes;
 };
 
 // Throws ConfigError (naming the key) when the layout does not fit the config.

@@ -4,6 +4,8 @@
 
 #include "autograd/node.h"
 #include "ops/checks.h"
+#include "ops/elementwise.h"
+#include "ops/view.h"
 #include "ops/kda_kernels.h"
 
 namespace moetrain {
@@ -41,6 +43,18 @@ void check_kda(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
 Tensor initial_state(const Tensor& q, const Tensor& v, const Tensor& h0) {
   if (h0.defined()) return h0.detach().clone();
   return zeros({q.size(0), v.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
+}
+
+// The per-channel log decay of DeltaNet (zero) and Gated DeltaNet (g [B, T, HV]
+// broadcast over K) for q [B, T, H, K]; v [B, T, HV, V] names HV.
+Tensor zero_decay(const Tensor& q, const Tensor& v) {
+  return zeros({q.size(0), q.size(1), v.size(2), q.size(3)}, q.dtype(), q.device());
+}
+Tensor head_decay(const char* op, const Tensor& g, const Tensor& q, const Tensor& v) {
+  MT_CHECK(q.dim() == 4 && v.dim() == 4 && g.shape() == Shape({q.size(0), q.size(1), v.size(2)}),
+           "{}: g is {}; expected one log decay per value head and step, [B, T, HV] (q {}, v {})", op, g.shape(),
+           q.shape(), v.shape());
+  return broadcast_to(reshape(g, {g.size(0), g.size(1), g.size(2), 1}), {g.size(0), g.size(1), g.size(2), q.size(3)});
 }
 
 }  // namespace
@@ -107,6 +121,30 @@ KdaResult kda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g
               double scale, KdaMode mode, int64_t chunk_size) {
   if (mode == KdaMode::recurrent) return kda_recurrent(q, k, v, g, beta, h0, scale);
   return kda_chunked(q, k, v, g, beta, h0, scale, chunk_size);
+}
+
+KdaResult delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& h0,
+                     double scale, KdaMode mode, int64_t chunk_size) {
+  check_rank("delta_rule", "q", q, 4);
+  check_rank("delta_rule", "v", v, 4);
+  return kda(q, k, v, zero_decay(q, v), beta, h0, scale, mode, chunk_size);
+}
+
+KdaResult gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                           const Tensor& h0, double scale, KdaMode mode, int64_t chunk_size) {
+  return kda(q, k, v, head_decay("gated_delta_rule", g, q, v), beta, h0, scale, mode, chunk_size);
+}
+
+Tensor delta_rule_decode_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                              const Tensor& state, double scale) {
+  check_rank("delta_rule_decode_step", "q", q, 4);
+  check_rank("delta_rule_decode_step", "v", v, 4);
+  return kda_decode_step(q, k, v, zero_decay(q, v), beta, state, scale);
+}
+
+Tensor gated_delta_rule_decode_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                    const Tensor& beta, const Tensor& state, double scale) {
+  return kda_decode_step(q, k, v, head_decay("gated_delta_rule_decode_step", g, q, v), beta, state, scale);
 }
 
 Tensor kda_decode_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,

@@ -44,6 +44,25 @@ KdaResult kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const T
 KdaResult kda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& h0,
               double scale, KdaMode mode, int64_t chunk_size = 64);
 
+// The rungs below KDA on the evolution ladder (docs/evolution.md), as exact special
+// cases of the same recurrence and kernels: the log decay g is built here and the
+// KDA op does the rest, so the recurrent and chunked forms, their backward and the
+// decode step are KDA's.
+//   DeltaNet (Schlag et al. 2021; Yang et al. 2024, "Parallelizing Linear Transformers
+//   with the Delta Rule"): no decay, g = 0, i.e. S_t = S_{t-1} + β_t k_t (v_t - S_{t-1}^T k_t)^T.
+//   Gated DeltaNet (Yang et al. 2024, "Gated Delta Networks"): one log decay per value
+//   head and step, g [B, T, HV], broadcast over the K key channels (α_t = e^{g_t} scales
+//   the whole state, Mamba-2 style); KDA makes it per channel.
+KdaResult delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& h0,
+                     double scale, KdaMode mode, int64_t chunk_size = 64);
+KdaResult gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                           const Tensor& h0, double scale, KdaMode mode, int64_t chunk_size = 64);
+// Their decode steps (shapes as kda_decode_step's, g [B, 1, HV]).
+Tensor delta_rule_decode_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                              const Tensor& state, double scale);
+Tensor gated_delta_rule_decode_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                    const Tensor& beta, const Tensor& state, double scale);
+
 // One decoding step (T = 1): q, k [B, 1, H, K], v [B, 1, HV, V], g [B, 1, HV, K],
 // beta [B, 1, HV]. Updates `state` [B, HV, K, V] in place and returns o [B, 1, HV, V].
 // No autograd (state must not require grad). Runs the same step code as

@@ -1,5 +1,7 @@
 #include "train/eval.h"
 
+#include <algorithm>
+
 #include "autograd/grad_mode.h"
 #include "ops/softmax.h"
 
@@ -18,6 +20,37 @@ double evaluate(LanguageModel& model, data::DataLoader& loader, int64_t max_batc
     total += model.loss(batch.inputs, batch.targets, false).item<double>();
   }
   return total / static_cast<double>(batches);  // equal-sized batches: the per-token mean
+}
+
+AnswerScore evaluate_answers(LanguageModel& model, const data::SyntheticOptions& options, int64_t batch_size,
+                             int64_t batches, uint64_t seed) {
+  NoGradGuard no_grad;
+  Generator gen(seed);
+  AnswerScore score;
+  double loss_sum = 0;
+  int64_t hits = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    data::SyntheticBatch batch = data::synthetic_batch(options, batch_size, gen);
+    Tensor logits = model.forward(batch.inputs, false);  // [B, T, V]
+    const int64_t V = logits.size(2);
+    const Tensor lf = logits.dtype() == DType::f64 ? logits : logits.to(DType::f64);
+    const double* l = lf.data<double>();
+    const int32_t* target = batch.targets.data<int32_t>();
+    int64_t answers = 0;
+    for (int64_t p = 0; p < batch.targets.numel(); ++p) {
+      if (target[p] == data::kIgnoreIndex) continue;
+      ++answers;
+      const double* row = l + p * V;
+      hits += std::max_element(row, row + V) - row == target[p];  // first maximum on ties
+    }
+    loss_sum += cross_entropy(logits, batch.targets, data::kIgnoreIndex).item<double>() * static_cast<double>(answers);
+    score.answers += answers;
+  }
+  if (score.answers > 0) {
+    score.loss = loss_sum / static_cast<double>(score.answers);
+    score.accuracy = static_cast<double>(hits) / static_cast<double>(score.answers);
+  }
+  return score;
 }
 
 }  // namespace moetrain

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "data/loader.h"
+#include "data/synthetic.h"
 #include "nn/language_model.h"
 
 namespace moetrain {
@@ -12,5 +13,16 @@ namespace moetrain {
 // them when max_batches <= 0), weighting every token equally. Restores nothing:
 // the loader advances.
 double evaluate(LanguageModel& model, data::DataLoader& loader, int64_t max_batches);
+
+// A synthetic memory task's held-out score: mean cross-entropy and argmax accuracy
+// over the answer positions (target != kIgnoreIndex) of `batches` batches of
+// batch_size rows drawn from Generator(seed).
+struct AnswerScore {
+  double loss = 0;
+  double accuracy = 0;
+  int64_t answers = 0;
+};
+AnswerScore evaluate_answers(LanguageModel& model, const data::SyntheticOptions& options, int64_t batch_size,
+                             int64_t batches, uint64_t seed);
 
 }  // namespace moetrain

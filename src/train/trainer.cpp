@@ -20,6 +20,7 @@
 #include "comm/watchdog.h"
 #include "core/format.h"
 #include "data/loader.h"
+#include "data/synthetic.h"
 #include "data/tokenizer.h"
 #include "nn/hybrid.h"
 #include "nn/ledger.h"
@@ -191,6 +192,42 @@ std::unique_ptr<data::DataLoader> open_loader(const Config& config, const std::s
   }
 }
 
+// The synthetic memory task of data.synthetic (errors name the key).
+data::SyntheticOptions synthetic_options(const Config& config) {
+  data::SyntheticOptions o;
+  try {
+    o.task = data::parse_synthetic_task(config.get_string("data.synthetic"));
+  } catch (const Error& e) {
+    config.fail("data.synthetic", e.what());
+  }
+  o.num_keys = config.get_int("data.synthetic_num_keys");
+  o.num_values = config.get_int("data.synthetic_num_values");
+  o.num_pairs = config.get_int("data.synthetic_num_pairs");
+  o.num_queries = config.get_int("data.synthetic_num_queries");
+  o.num_rebinds = config.get_int("data.synthetic_num_rebinds");
+  try {
+    o.validate();
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    config.fail("data.synthetic", e.what());
+  }
+  return o;
+}
+
+// Held-out rows of a synthetic task come from Generator(train.seed + kHeldOutSeed),
+// a stream independent of the training rows' Generator(train.seed).
+constexpr uint64_t kHeldOutSeed = 1000003;
+
+// Training batches from token shards or from a synthetic task.
+struct TrainStream {
+  std::unique_ptr<data::DataLoader> loader;
+  std::unique_ptr<data::SyntheticStream> synthetic;
+  data::Batch next() { return loader ? loader->next() : static_cast<data::Batch>(synthetic->next()); }
+  data::LoaderState state() const { return loader ? loader->state() : synthetic->state(); }
+  void set_state(const data::LoaderState& s) { loader ? loader->set_state(s) : synthetic->set_state(s); }
+};
+
 std::string sample_text(LanguageModel& model, const data::Tokenizer& tok, const Config& config, uint64_t seed) {
   SamplingOptions o;
   o.max_new_tokens = config.get_int("train.sample_tokens");
@@ -219,16 +256,36 @@ TrainSummary train(const Config& config) {
 
   const int64_t B = config.get_int("train.batch_size"), T = config.get_int("train.seq_len");
   const int64_t accum = config.get_int("train.grad_accum"), max_steps = config.get_int("train.max_steps");
-  std::unique_ptr<data::Tokenizer> tokenizer =
-      data::make_tokenizer(config.get_string("data.tokenizer"), config.get_string("data.tokenizer_dir"));
+  const bool synthetic = config.get_string("data.synthetic") != "none";
+  std::unique_ptr<data::Tokenizer> tokenizer;  // none for a synthetic task: its ids are not text (no samples)
   const int64_t vocab = config.get_int("model.vocab_size");
-  if (vocab < tokenizer->vocab_size())
-    config.fail("model.vocab_size", fmt::format("is below the {} tokenizer's {} ids; use at least {}",
-                                                tokenizer->name(), tokenizer->vocab_size(), tokenizer->vocab_size()));
-  MT_CHECK(!config.get_string("data.train").empty(), "{}: data.train is empty; set it to the training shards, e.g. "
-           "data/shakespeare/train_*.bin (made by `moetrain prepare`)", config.where("data.train"));
-  auto train_loader = open_loader(config, "data.train", data::LoaderOrder::shuffled, static_cast<int32_t>(vocab));
-  auto val_loader = open_loader(config, "data.val", data::LoaderOrder::sequential, static_cast<int32_t>(vocab));
+  if (!synthetic) {
+    tokenizer = data::make_tokenizer(config.get_string("data.tokenizer"), config.get_string("data.tokenizer_dir"));
+    if (vocab < tokenizer->vocab_size())
+      config.fail("model.vocab_size", fmt::format("is below the {} tokenizer's {} ids; use at least {}",
+                                                  tokenizer->name(), tokenizer->vocab_size(), tokenizer->vocab_size()));
+  }
+  TrainStream train_loader;
+  std::unique_ptr<data::DataLoader> val_loader;
+  data::SyntheticOptions task;
+  if (synthetic) {
+    task = synthetic_options(config);
+    if (vocab < task.vocab_size())
+      config.fail("model.vocab_size", fmt::format("is below the {} ids of data.synthetic {} (2 + keys + values); use "
+                                                  "at least {}", task.vocab_size(), synthetic_task_name(task.task),
+                                                  task.vocab_size()));
+    if (T != task.seq_len())
+      config.fail("train.seq_len", fmt::format("must be {}, the row length of data.synthetic {} with {} pairs and {} "
+                                               "queries", task.seq_len(), synthetic_task_name(task.task),
+                                               task.num_pairs, task.num_queries));
+    train_loader.synthetic =
+        std::make_unique<data::SyntheticStream>(task, B, static_cast<uint64_t>(config.get_int("train.seed")));
+  } else {
+    MT_CHECK(!config.get_string("data.train").empty(), "{}: data.train is empty; set it to the training shards, e.g. "
+             "data/shakespeare/train_*.bin (made by `moetrain prepare`)", config.where("data.train"));
+    train_loader.loader = open_loader(config, "data.train", data::LoaderOrder::shuffled, static_cast<int32_t>(vocab));
+    val_loader = open_loader(config, "data.val", data::LoaderOrder::sequential, static_cast<int32_t>(vocab));
+  }
 
   const double baseline_rss = current_rss_bytes();
   const Ledger ledger = make_ledger(config, {dist.grid.dp, dist.grid.ep});
@@ -247,13 +304,28 @@ TrainSummary train(const Config& config) {
   const int64_t eval_every = config.get_int("train.eval_every"), sample_every = config.get_int("train.sample_every");
   const int64_t log_every = config.get_int("train.log_every"), eval_batches = config.get_int("train.eval_batches");
 
-  spdlog::info("run {} | {} threads | train data {} windows of {} tokens{}", run_dir.string(), cpu::num_threads(),
-               train_loader->num_windows(), T + 1,
-               val_loader ? fmt::format(" | val {} windows", val_loader->num_windows()) : std::string());
+  if (synthetic)
+    spdlog::info("run {} | {} threads | synthetic {}: {} pairs, {} queries, {} keys, {} values, rows of {} tokens",
+                 run_dir.string(), cpu::num_threads(), synthetic_task_name(task.task), task.num_pairs,
+                 task.num_queries, task.num_keys, task.num_values, T + 1);
+  else
+    spdlog::info("run {} | {} threads | train data {} windows of {} tokens{}", run_dir.string(), cpu::num_threads(),
+                 train_loader.loader->num_windows(), T + 1,
+                 val_loader ? fmt::format(" | val {} windows", val_loader->num_windows()) : std::string());
   if (dist.root()) report(*model, config, ledger, B * T * accum * dist.size());
   std::unique_ptr<MetricsWriter> metrics;  // opened after a resume has trimmed the file
 
+  double last_val_acc = -1;
   auto run_eval = [&](int64_t step) {
+    if (synthetic) {  // every rank, the same held-out rows
+      const AnswerScore a = evaluate_answers(*model, task, B, eval_batches,
+                                             static_cast<uint64_t>(config.get_int("train.seed")) + kHeldOutSeed);
+      spdlog::info("step {}/{} | val loss {:.4f} | val acc {:.4f} ({} answers)", step, max_steps, a.loss, a.accuracy,
+                   a.answers);
+      if (metrics) metrics->write({{"step", step}, {"val_loss", a.loss}, {"val_acc", a.accuracy}});
+      last_val_acc = a.accuracy;
+      return a.loss;
+    }
     if (!val_loader) return -1.0;
     val_loader->set_state({});  // always the same windows, from the start of the data
     double v = evaluate(*model, *val_loader, eval_batches);  // every rank, the same windows
@@ -262,6 +334,7 @@ TrainSummary train(const Config& config) {
     return v;
   };
   auto run_sample = [&](int64_t step) {
+    if (!tokenizer) return;
     std::string text = sample_text(*model, *tokenizer, config, static_cast<uint64_t>(config.get_int("train.seed")));
     spdlog::info("sample at step {}:\n{}{}", step, config.get_string("train.sample_prompt"), text);
   };
@@ -297,7 +370,7 @@ TrainSummary train(const Config& config) {
       const std::string dir = (std::filesystem::path(checkpoints_dir(run_dir.string())) / checkpoint_name(step)).string();
       const auto t0 = Clock::now();
       progress = load_checkpoint(dist, dir, *model, &opt, config);
-      train_loader->set_state(progress.loader);
+      train_loader.set_state(progress.loader);
       spdlog::info("resumed from {} (step {}, {} tokens seen, {} skipped steps) in {:.2f} s", dir, progress.step,
                    with_commas(progress.tokens), progress.skipped,
                    std::chrono::duration<double>(Clock::now() - t0).count());
@@ -330,7 +403,7 @@ TrainSummary train(const Config& config) {
     if (stop) spdlog::warn("SIGUSR1: saving a checkpoint at step {} and exiting", done);
     if (stop || (ckpt_every > 0 && (done % ckpt_every == 0 || done == max_steps))) {
       progress.step = done;
-      progress.loader = train_loader->state();
+      progress.loader = train_loader.state();
       SaveOptions o = save_options;
       if (kill_in_save && done == fault_step && dist.rank() == fault_rank)
         o.kill_at = kill_point(config.get_string("fault.phase"));
@@ -357,7 +430,7 @@ TrainSummary train(const Config& config) {
     for (int64_t micro = 0; micro < accum; ++micro) {
       data::Batch batch;  // this rank's share of the stream: batches rank, rank + world, ...
       for (int r = 0; r < dist.size(); ++r) {
-        data::Batch b = train_loader->next();
+        data::Batch b = train_loader.next();
         if (r == dist.rank()) batch = std::move(b);
       }
       Tensor loss = model->loss(batch.inputs, batch.targets, true);
@@ -399,7 +472,7 @@ TrainSummary train(const Config& config) {
     double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     tokens_seen += B * T * accum * dist.size();
     double tok_s = static_cast<double>(B * T * accum * dist.size()) / sec;
-    summary = {step + 1, loss, summary.last_val_loss, tok_s};
+    summary = {step + 1, loss, summary.last_val_loss, summary.last_val_acc, tok_s};
     if ((step + 1) % log_every == 0 || step == 0 || step + 1 == max_steps)
       spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms{}", step + 1, max_steps,
                    loss, lr, gnorm, with_commas(std::llround(tok_s)), sec * 1e3,
@@ -415,7 +488,10 @@ TrainSummary train(const Config& config) {
     if (metrics) metrics->write(record);
     if (step == 0) spdlog::info("  peak memory after the first step: {}", human_bytes(peak_rss_bytes()));
     bool last = step + 1 == max_steps;
-    if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) summary.last_val_loss = run_eval(step + 1);
+    if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) {
+      summary.last_val_loss = run_eval(step + 1);
+      summary.last_val_acc = last_val_acc;
+    }
     if (sample_every > 0 && (step + 1) % sample_every == 0 && !last) run_sample(step + 1);
     if (end_of_step(step + 1)) {
       stopped = true;

@@ -109,6 +109,18 @@ TEST_CASE("gpt2: cached decoding gives the logits of the full forward", "[nn][gp
   CHECK(cache.length() == 9);
 }
 
+TEST_CASE("gpt2: decode_cache_bytes is what the cache holds", "[nn][gpt2]") {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    Gpt2 model(tiny(dtype), 5);
+    std::unique_ptr<DecodeCache> cache = model.new_cache();
+    model.forward_cached(random_ids(1, 4, 37, 1), *cache);
+    CHECK(model.decode_cache_bytes(4) == cache->bytes());
+    model.forward_cached(random_ids(1, 1, 37, 2), *cache);
+    CHECK(model.decode_cache_bytes(5) == cache->bytes());
+    CHECK(model.decode_cache_bytes(5) == 2 * 2 * 5 * 8 * static_cast<int64_t>(dtype_size(dtype)));  // K, V per layer
+  }
+}
+
 TEST_CASE("gpt2: activation checkpointing gives bitwise the same gradients", "[nn][gpt2]") {
   auto grads = [](bool recompute) {
     Gpt2Config c = tiny(DType::f32);

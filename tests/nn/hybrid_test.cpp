@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include <catch2/catch.hpp>
 
@@ -232,4 +233,101 @@ TEST_CASE("hybrid: the lower-bound gate's initial decays (model.kda.dt_bias_init
     capped += std::abs(v + 0.005) < 1e-12;
   }
   CHECK(std::abs(capped / 512.0 - 0.65) < 0.1);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The evolution ladder's mixers (docs/evolution.md): linear attention, DeltaNet, Gated DeltaNet.
+
+namespace {
+
+HybridConfig ladder(DType dtype, bool attn_res, bool chunked) {
+  HybridConfig c = tiny(dtype, attn_res, chunked);
+  c.mixers = {MixerKind::linear_attention, MixerKind::deltanet, MixerKind::gated_deltanet, MixerKind::kda,
+              MixerKind::linear_attention};
+  c.kda.n_value_head = 0;  // linear attention has one value head per head; the delta rules keep GVA below
+  c.moe.num_experts = 0;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("hybrid: the ladder's mixers have their own parameters", "[nn][hybrid][evolution]") {
+  HybridConfig c = ladder(DType::f32, false, true);
+  c.kda.n_value_head = 4;  // GVA for the delta rules
+  c.mixers = {MixerKind::linear_attention, MixerKind::deltanet, MixerKind::gated_deltanet};
+  HybridModel m(c, 1);
+  std::map<std::string, Shape> shapes;
+  for (const NamedParameter& p : m.parameters()) shapes[p.name] = p.tensor.shape();
+  auto has = [&](const std::string& name) { return shapes.count(name) > 0; };
+  // linear attention: q, k, v, o only (12 = d_model, 6 = H·K).
+  CHECK(shapes["model.layers.0.self_attn.q_proj.weight"] == Shape({6, 12}));
+  CHECK(shapes["model.layers.0.self_attn.o_proj.weight"] == Shape({12, 6}));
+  CHECK_FALSE(has("model.layers.0.self_attn.b_proj.weight"));
+  CHECK_FALSE(has("model.layers.0.self_attn.q_conv1d.weight"));
+  // DeltaNet: no decay parameters.
+  CHECK(has("model.layers.1.self_attn.b_proj.weight"));
+  for (const char* n : {"f_a_proj.weight", "f_b_proj.weight", "a_proj.weight", "A_log", "dt_bias"})
+    CHECK_FALSE(has(std::string("model.layers.1.self_attn.") + n));
+  // Gated DeltaNet: one decay per value head (HV = 4).
+  CHECK(shapes["model.layers.2.self_attn.a_proj.weight"] == Shape({4, 12}));
+  CHECK(shapes["model.layers.2.self_attn.A_log"] == Shape({4}));
+  CHECK(shapes["model.layers.2.self_attn.dt_bias"] == Shape({4}));
+  CHECK_FALSE(has("model.layers.2.self_attn.f_a_proj.weight"));
+  CHECK_THAT(m.describe(), Catch::Contains("1 deltanet, 1 gated_deltanet, 1 linear_attention"));
+  for (MixerKind k : {MixerKind::linear_attention, MixerKind::deltanet, MixerKind::gated_deltanet})
+    CHECK(parse_mixer_kind(mixer_kind_name(k)) == k);
+}
+
+TEST_CASE("hybrid: the ladder's mixers: every parameter gradient matches finite differences (f64)",
+          "[nn][hybrid][evolution]") {
+  // Chunked kernels with AttnRes; the recurrent kernels' gradients are checked per op
+  // (tests/ops) and their forward against the chunked one below.
+  {
+    HybridModel model(ladder(DType::f64, true, true), 9);
+    perturb(model, 300);
+    Tensor ids = random_ids(2, 6, 23, 5), targets = random_ids(2, 6, 23, 6);
+    const testing::GradCheckResult r =
+        testing::check_parameter_gradients(model.parameters(), [&] { return model.loss(ids, targets); });
+    INFO(r.worst);
+    CHECK(r.max_rel_error < 1e-5);
+  }
+}
+
+TEST_CASE("hybrid: the ladder's mixers: chunked equals recurrent, decoding equals the full forward",
+          "[nn][hybrid][evolution]") {
+  Tensor ids = random_ids(2, 11, 23, 7);
+  Tensor reference;  // recurrent kernels, full forward
+  for (bool chunked : {false, true}) {
+    INFO("chunked " << chunked);
+    HybridModel model(ladder(DType::f64, true, chunked), 3);
+    perturb(model, 400);
+    Tensor full_logits;
+    {
+      NoGradGuard no_grad;
+      full_logits = model.forward(ids, false);
+    }
+    double scale = 0;
+    for (double v : full_logits.to_vector()) scale = std::max(scale, std::abs(v));
+    if (!reference.defined()) reference = full_logits;
+    CHECK(max_abs_diff(full_logits, reference) <= 1e-10 * scale);
+    std::unique_ptr<DecodeCache> cache = model.new_cache();
+    Tensors parts{model.forward_cached(slice(ids, 1, 0, 5), *cache)};  // prefill crosses a chunk (4)
+    for (int64_t t = 5; t < 11; ++t) parts.push_back(model.forward_cached(slice(ids, 1, t, t + 1), *cache));
+    CHECK(max_abs_diff(concat(parts, 1), full_logits) <= 1e-10 * scale);
+  }
+}
+
+TEST_CASE("hybrid: decode_cache_bytes is what the cache holds", "[nn][hybrid][evolution]") {
+  for (bool use_ladder : {false, true}) {
+    INFO("ladder " << use_ladder);
+    HybridConfig c = use_ladder ? ladder(DType::f32, true, true) : tiny(DType::f32);
+    HybridModel m(c, 1);
+    for (int64_t n : {1, 6}) {
+      std::unique_ptr<DecodeCache> cache = m.new_cache();
+      m.forward_cached(random_ids(1, n - 1 > 0 ? n - 1 : 1, 23, 8), *cache);
+      if (n > 1) m.forward_cached(random_ids(1, 1, 23, 9), *cache);
+      REQUIRE(cache->length() == n);
+      CHECK(m.decode_cache_bytes(n) == cache->bytes());
+    }
+  }
 }

@@ -339,3 +339,159 @@ TEST_CASE("kda: bad shapes are reported", "[ops][kda][errors]") {
   CHECK_THAT(error_of([&] { kda_decode_step(in.q, in.k, in.v, in.g, in.beta, Tensor(), 1); }),
              Catch::Contains("kda_decode_step: state is undefined"));
 }
+
+// ---------------------------------------------------------------------------------------------------
+// DeltaNet and Gated DeltaNet: the KDA op with g = 0 and with one decay per value head.
+
+namespace {
+
+// Log decays per value head and step, [B, T, HV]: -0.3 σ(randn) (long memories).
+Tensor head_log_decays(int64_t B, int64_t T, int64_t HV, uint64_t seed) {
+  std::vector<double> g = randn({B, T, HV}, DType::f64, seed).to_vector();
+  for (double& x : g) x = -0.3 * sigmoid(x);
+  return from_vector(g, {B, T, HV}, DType::f64);
+}
+
+// The gated delta rule written with a scalar decay, in double (Yang et al. 2024, Eq. 10):
+//   S_t = α_t (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T,  o_t = S_t^T (scale q_t);
+// g undefined: α = 1 (DeltaNet). o [B,T,HV,V] followed by S_T [B,HV,K,V].
+std::pair<std::vector<double>, std::vector<double>> naive_gated_delta(const Inputs& in, const Tensor& g,
+                                                                      double scale) {
+  int64_t B = in.q.size(0), T = in.q.size(1), H = in.q.size(2), K = in.q.size(3), HV = in.v.size(2), V = in.v.size(3),
+          G = HV / H;
+  std::vector<double> q = in.q.to_vector(), k = in.k.to_vector(), v = in.v.to_vector(), beta = in.beta.to_vector();
+  std::vector<double> gv = g.defined() ? g.to_vector() : std::vector<double>(B * T * HV, 0.0);
+  std::vector<double> o(B * T * HV * V), S = in.h0.defined() ? in.h0.to_vector() : std::vector<double>(B * HV * K * V);
+  std::vector<double> kS(V);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hv = 0; hv < HV; ++hv) {
+      double* s = &S[(b * HV + hv) * K * V];
+      for (int64_t t = 0; t < T; ++t) {
+        const double* qt = &q[((b * T + t) * H + hv / G) * K];
+        const double* kt = &k[((b * T + t) * H + hv / G) * K];
+        const double* vt = &v[((b * T + t) * HV + hv) * V];
+        const double alpha = std::exp(gv[(b * T + t) * HV + hv]), bt = beta[(b * T + t) * HV + hv];
+        for (int64_t j = 0; j < V; ++j) {  // k^T S_{t-1}
+          kS[j] = 0;
+          for (int64_t d = 0; d < K; ++d) kS[j] += kt[d] * s[d * V + j];
+        }
+        for (int64_t d = 0; d < K; ++d)
+          for (int64_t j = 0; j < V; ++j)
+            s[d * V + j] = alpha * (s[d * V + j] - bt * kt[d] * kS[j]) + bt * kt[d] * vt[j];
+        for (int64_t j = 0; j < V; ++j) {
+          double acc = 0;
+          for (int64_t d = 0; d < K; ++d) acc += scale * qt[d] * s[d * V + j];
+          o[((b * T + t) * HV + hv) * V + j] = acc;
+        }
+      }
+    }
+  return {o, S};
+}
+
+struct DeltaRun {
+  Tensor o, state;
+  Tensors grads;  // q, k, v, g (gated only), beta, h0
+};
+
+// mode "delta" (no g) or "gated"; backward under (grad_o, grad_state).
+DeltaRun run_delta(bool gated, KdaMode mode, int64_t C, const Inputs& in, const Tensor& g, const Tensor& grad_o,
+                   const Tensor& grad_state) {
+  Tensors leaves;
+  for (const Tensor& t : Tensors{in.q, in.k, in.v, g, in.beta, in.h0}) {
+    Tensor c = t.defined() ? t.detach().clone() : Tensor();
+    if (c.defined()) c.set_requires_grad(true);
+    leaves.push_back(c);
+  }
+  KdaResult r = gated ? gated_delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], leaves[5], 0.4, mode, C)
+                      : delta_rule(leaves[0], leaves[1], leaves[2], leaves[4], leaves[5], 0.4, mode, C);
+  autograd::backward({r.o, r.final_state}, {grad_o, grad_state});
+  DeltaRun out{r.o.detach(), r.final_state.detach(), {}};
+  for (const Tensor& l : leaves) out.grads.push_back(l.defined() ? l.grad() : Tensor());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("delta_rule, gated_delta_rule: forward matches the scalar-decay recurrence", "[ops][kda][delta]") {
+  Inputs in = make_inputs(2, 70, 2, 4, 3, 5, Decay::mild, true, 70);
+  Tensor g = head_log_decays(2, 70, 4, 71);
+  for (KdaMode mode : {KdaMode::recurrent, KdaMode::chunked}) {
+    INFO(kda_mode_name(mode));
+    auto [o, S] = naive_gated_delta(in, Tensor(), 0.6);
+    KdaResult d = delta_rule(in.q, in.k, in.v, in.beta, in.h0, 0.6, mode, 16);
+    CHECK(rel_error(d.o, from_vector(o, d.o.shape(), DType::f64)) < 1e-12);
+    CHECK(rel_error(d.final_state, from_vector(S, d.final_state.shape(), DType::f64)) < 1e-12);
+    auto [og, Sg] = naive_gated_delta(in, g, 0.6);
+    KdaResult gd = gated_delta_rule(in.q, in.k, in.v, g, in.beta, in.h0, 0.6, mode, 16);
+    CHECK(rel_error(gd.o, from_vector(og, gd.o.shape(), DType::f64)) < 1e-12);
+    CHECK(rel_error(gd.final_state, from_vector(Sg, gd.final_state.shape(), DType::f64)) < 1e-12);
+  }
+}
+
+TEST_CASE("delta_rule, gated_delta_rule: chunked equals recurrent in f64 (outputs and gradients)",
+          "[ops][kda][delta]") {
+  double worst = 0;
+  for (bool gated : {false, true})
+    for (int64_t T : {1, 37, 200})
+      for (int64_t C : {16, 64}) {
+        INFO((gated ? "gated" : "delta") << " T=" << T << " C=" << C);
+        Inputs in = make_inputs(2, T, 2, 4, 9, 6, Decay::mild, true, 80 + T);
+        Tensor g = gated ? head_log_decays(2, T, 4, 81) : Tensor();
+        Tensor grad_o = randn(in.v.shape(), DType::f64, 82), grad_state = randn({2, 4, 9, 6}, DType::f64, 83);
+        DeltaRun rec = run_delta(gated, KdaMode::recurrent, C, in, g, grad_o, grad_state);
+        DeltaRun chk = run_delta(gated, KdaMode::chunked, C, in, g, grad_o, grad_state);
+        std::vector<std::pair<Tensor, Tensor>> pairs{{chk.o, rec.o}, {chk.state, rec.state}};
+        for (size_t i = 0; i < rec.grads.size(); ++i)
+          if (rec.grads[i].defined()) pairs.push_back({chk.grads[i], rec.grads[i]});
+        for (auto& [a, b] : pairs) {
+          double e = rel_error(a, b);
+          CHECK(e < 1e-10);
+          worst = std::max(worst, e);
+        }
+      }
+  WARN("delta rules, chunked vs recurrent, f64: max relative error " << worst);
+}
+
+TEST_CASE("delta_rule, gated_delta_rule: gradients match finite differences", "[ops][kda][delta]") {
+  for (KdaMode mode : {KdaMode::recurrent, KdaMode::chunked}) {
+    DYNAMIC_SECTION(kda_mode_name(mode)) {
+      Inputs in = make_inputs(1, 21, 1, 2, 3, 4, Decay::mild, true, 90);
+      check_gradients(
+          [mode](const Tensors& x) {
+            KdaResult r = delta_rule(x[0], x[1], x[2], x[3], x[4], 0.7, mode, 8);
+            return Tensors{r.o, r.final_state};
+          },
+          {in.q, in.k, in.v, in.beta, in.h0});
+      check_gradients(
+          [mode](const Tensors& x) {
+            KdaResult r = gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], 0.7, mode, 8);
+            return Tensors{r.o, r.final_state};
+          },
+          {in.q, in.k, in.v, head_log_decays(1, 21, 2, 91), in.beta, in.h0});
+    }
+  }
+}
+
+TEST_CASE("delta_rule, gated_delta_rule: decode steps equal the recurrent form", "[ops][kda][delta]") {
+  const int64_t B = 2, T = 9, H = 2, HV = 4, K = 8, V = 6;
+  Inputs in = make_inputs(B, T, H, HV, K, V, Decay::mild, true, 95);
+  Tensor g = head_log_decays(B, T, HV, 96);
+  auto token = [&](const Tensor& x, int64_t t) { return slice(x, 1, t, t + 1).contiguous(); };
+  for (bool gated : {false, true}) {
+    INFO((gated ? "gated" : "delta"));
+    KdaResult full = gated ? gated_delta_rule(in.q, in.k, in.v, g, in.beta, in.h0, 0.35, KdaMode::recurrent)
+                           : delta_rule(in.q, in.k, in.v, in.beta, in.h0, 0.35, KdaMode::recurrent);
+    Tensor state = in.h0.clone();
+    for (int64_t t = 0; t < T; ++t) {
+      Tensor o = gated ? gated_delta_rule_decode_step(token(in.q, t), token(in.k, t), token(in.v, t), token(g, t),
+                                                      token(in.beta, t), state, 0.35)
+                       : delta_rule_decode_step(token(in.q, t), token(in.k, t), token(in.v, t), token(in.beta, t),
+                                                state, 0.35);
+      CHECK(moetrain::testing::bitwise_equal(o, token(full.o, t)));
+    }
+    CHECK(moetrain::testing::bitwise_equal(state, full.final_state));
+  }
+  // A per-channel decay is KDA's, not Gated DeltaNet's.
+  CHECK_THAT(error_of([&] { gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.h0, 1, KdaMode::chunked); }),
+             Catch::Contains("gated_delta_rule: g is [2, 9, 4, 8]") && Catch::Contains("[B, T, HV]"));
+}
