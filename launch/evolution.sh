@@ -11,13 +11,14 @@
 #     --task-steps  steps of each memory-task run (default 300)
 #     --out         run directories (default runs/evolution)
 #     --doc         the report (default docs/evolution.md; its plot goes next to it, under images/)
-#     --threads     train.threads of every run (default 2)
+#     --threads     train.threads of every run (default 1: on a busy 2-core machine two
+#                   threads stall at OpenMP barriers: DeltaNet took 2.4 s per step with two, 0.3 s with one)
 #     --data        tokenized tinyshakespeare bytes (default data/shakespeare_byte, prepared when missing)
 #     --set         an override for every run, after the script's own (e.g. train.eval_batches=1)
 # Needs build/moetrain (launch/build.sh; MOETRAIN_BIN names another binary).
 #
-# Memory tasks (data.synthetic, seeded; held-out rows from another seed): 64 keys,
-# 64 values, 24 key-value pairs per row, 8 queries; the recurrent rungs hold a 16 x 16
+# Memory tasks (data.synthetic, seeded; held-out rows from another seed): 32 keys,
+# 32 values, 24 key-value pairs per row, 8 queries; the recurrent rungs hold a 16 x 16
 # state per head, so 24 pairs exceed a head's key dimension. repeated_key binds 8 of
 # the keys twice and asks for the later value. Batches of 32 rows of 63 tokens.
 set -euo pipefail
@@ -29,7 +30,7 @@ steps=""
 task_steps=300
 out=runs/evolution
 doc=docs/evolution.md
-threads=2
+threads=1
 data=data/shakespeare_byte
 extra=()
 while [[ $# -gt 0 ]]; do
@@ -42,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --threads) threads=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --set) extra+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "launch/evolution.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -69,7 +70,7 @@ if ! ls "$data"/train_*.bin > /dev/null 2>&1; then
   "$bin" prepare data/tinyshakespeare.txt --out "$data" --tokenizer byte
 fi
 
-task_keys=(--set data.synthetic_num_keys=64 --set data.synthetic_num_values=64 --set data.synthetic_num_pairs=24
+task_keys=(--set data.synthetic_num_keys=32 --set data.synthetic_num_values=32 --set data.synthetic_num_pairs=24
            --set data.synthetic_num_queries=8 --set data.synthetic_num_rebinds=8 --set train.seq_len=63
            --set train.batch_size=32 --set "train.max_steps=$task_steps" --set train.warmup_steps=30
            --set "train.eval_every=$task_steps" --set train.eval_batches=8 --set train.weight_decay=0.0)

@@ -53,7 +53,7 @@ linear attention has its own op (`ops/linear_attention.h`) whose normaliser is t
 last column of a state computed on [v, 1].
 
 Memory tasks (`data.synthetic`, data/synthetic.h): rows of 24 key-value pairs out
-of 64 keys and 64 values, then 8 queries; accuracy is the argmax at the answer
+of 32 keys and 32 values, then 8 queries; accuracy is the argmax at the answer
 positions of held-out rows. The recurrent rungs hold a 16 x 16 state per head,
 so 24 pairs are more than a head's key dimension. `repeated_key` binds 8 keys twice
 and asks for the later value (editing). Each task run trains the rung's architecture
@@ -92,7 +92,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--doc", required=True)
     parser.add_argument("--command", required=True)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("configs", nargs="+")
     args = parser.parse_args()
 
@@ -117,7 +117,9 @@ def main():
             "tok_s": statistics.median(speeds) if speeds else None,
         }
         for task in ("assoc_recall", "repeated_key"):
-            row[task] = last(records(os.path.join(args.out, f"{rung}-{task}")), "val_acc")
+            recs = records(os.path.join(args.out, f"{rung}-{task}"))
+            row[task] = last(recs, "val_acc")
+            row["task_steps"] = last(recs, "step")
         rows.append(row)
 
     doc_dir = os.path.dirname(os.path.abspath(args.doc))
@@ -131,7 +133,8 @@ def main():
     fmt = lambda x, spec: "-" if x is None else format(x, spec)
     lines = [TEXT, "## Results", "",
              f"Produced by `{args.command}` (launch/evolution_report.py writes this file; "
-             f"{rows[0]['steps']} language-model steps per rung).", "",
+             f"{rows[0]['steps']} language-model steps per rung, {rows[0]['task_steps']} steps per memory-task run; "
+             "chance accuracy on the memory tasks is 1/32 = 0.031).", "",
              "| rung | params total | active | val loss | tokens/s | cache T=1k | 8k | 64k "
              "| assoc. recall acc | repeated-key acc |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -143,7 +146,8 @@ def main():
                      f"| {fmt(r['repeated_key'], '.3f')} |")
     lines += ["", "Parameters and decode cache bytes (one sequence, f32) come from `moetrain ledger --json`; "
               "\"active\" leaves out the routed experts a token does not use and the input embedding table "
-              f"(unless tied). Tokens/s is the median over the run's steps ({args.threads} threads).", ""]
+              f"(unless tied). Tokens/s is the median over the run's steps ({args.threads} thread{'' if args.threads == 1 else 's'}, "
+              "on a machine shared with other jobs: a rough guide).", ""]
 
     by = {r["rung"][:2]: r for r in rows}
 
