@@ -36,7 +36,7 @@ void check_linear_attention(const char* op, const Tensor& q, const Tensor& k, co
              v.size(3), q.shape(), v.shape());
 }
 
-Tensor initial_state(const Tensor& q, const Tensor& v, const Tensor& h0) {
+Tensor linear_attention_initial_state(const Tensor& q, const Tensor& v, const Tensor& h0) {
   if (h0.defined()) return h0.detach().clone();
   return zeros({q.size(0), q.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
 }
@@ -46,7 +46,7 @@ Tensor initial_state(const Tensor& q, const Tensor& v, const Tensor& h0) {
 LinearAttentionResult linear_attention_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& h0) {
   check_linear_attention("linear_attention_recurrent", q, k, v, h0, "h0");
   Tensor o = empty(v.shape(), q.dtype(), q.device());
-  Tensor state = initial_state(q, v, h0);  // S_0, becomes S_T
+  Tensor state = linear_attention_initial_state(q, v, h0);  // S_0, becomes S_T
   Tensor h0_saved = h0.defined() ? h0.detach() : Tensor();
   cpu::linear_attention_recurrent_forward(o, state, q, k, v);
   Tensors out = autograd::record("linear_attention_recurrent", {o, state}, {q, k, v, h0}, [=](const Tensors& grads) {
@@ -65,7 +65,7 @@ LinearAttentionResult linear_attention_chunked(const Tensor& q, const Tensor& k,
            chunk_size);
   chunk_size = std::min(chunk_size, std::max<int64_t>(q.size(1), 1));  // one chunk covers short sequences
   Tensor o = empty(v.shape(), q.dtype(), q.device());
-  Tensor state = initial_state(q, v, h0);
+  Tensor state = linear_attention_initial_state(q, v, h0);
   Tensors inputs{q, k, v, h0};
   Tensor chunk_states;  // [B, H, chunks, K, V]: S_n entering each chunk
   if (autograd::needs_grad(inputs))
