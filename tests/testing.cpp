@@ -182,6 +182,24 @@ std::string read_bytes(const std::string& path) {
   return std::move(ss).str();
 }
 
+std::string metrics_history(const std::string& run_dir) {
+  std::stringstream in(read_bytes(run_dir + "/metrics.jsonl"));
+  std::ostringstream out;
+  for (std::string line; std::getline(in, line);) {
+    auto cut = line.find(",\"tok_per_s\"");
+    out << (cut == std::string::npos ? line : line.substr(0, cut)) << "\n";
+  }
+  return std::move(out).str();
+}
+
+std::vector<double> metrics_losses(const std::string& run_dir) {
+  std::stringstream in(read_bytes(run_dir + "/metrics.jsonl"));
+  std::vector<double> out;
+  for (std::string line; std::getline(in, line);)
+    if (auto at = line.find("\"loss\":"); at != std::string::npos) out.push_back(std::stod(line.substr(at + 7)));
+  return out;
+}
+
 void write_bytes(const std::string& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

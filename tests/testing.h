@@ -79,6 +79,17 @@ CommandOutput run_moetrain(const std::string& args, bool merge_stderr = true);
 // Single-quotes a string for /bin/sh.
 std::string shell_quote(std::string_view s);
 
+// mpirun for tests on this machine, followed by "-np N ...": as root,
+// oversubscribed, shared memory only (no CMA), one thread per rank.
+inline constexpr const char* kLocalMpirun =
+    "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
+    "--mca btl_vader_single_copy_mechanism none -x OMP_NUM_THREADS=1 ";
+// A run's metrics.jsonl without its timing fields (everything from "tok_per_s"
+// on): what two runs of the same computation must agree on to the bit.
+std::string metrics_history(const std::string& run_dir);
+// The "loss" of every record of a run's metrics.jsonl that has one.
+std::vector<double> metrics_losses(const std::string& run_dir);
+
 // The what() of the exception of type E that fn throws; fails the test otherwise.
 template <class E = Error, class F>
 std::string error_of(F&& fn) {

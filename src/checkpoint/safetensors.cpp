@@ -199,8 +199,10 @@ class DuplicateKeys : public nlohmann::json_sax<json> {
   }
   bool key(string_t& key) override {
     if (!frames_.back().keys.insert(key).second) {
-      if (frames_.size() == 1) fail(path_, "duplicate key {} in the header; every tensor name must be unique", json_quoted(key));
-      fail(path_, "duplicate key {} inside {} in the header", json_quoted(key), json_quoted(frames_[frames_.size() - 2].key));
+      if (frames_.size() == 1)
+        fail(path_, "duplicate key {} in the header; every tensor name must be unique", json_quoted(key));
+      fail(path_, "duplicate key {} inside {} in the header", json_quoted(key),
+           json_quoted(frames_[frames_.size() - 2].key));
     }
     frames_.back().key = key;
     return true;

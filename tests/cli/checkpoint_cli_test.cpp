@@ -16,6 +16,9 @@
 
 #include "testing.h"
 
+using moetrain::testing::kLocalMpirun;
+using moetrain::testing::metrics_history;
+using moetrain::testing::metrics_losses;
 using moetrain::testing::TempDir;
 using std::string;
 namespace fs = std::filesystem;
@@ -23,9 +26,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using Result = moetrain::testing::CommandOutput;
-
-const string kMpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
-                       "--mca btl_vader_single_copy_mechanism none -x OMP_NUM_THREADS=1 ";
 
 struct Job {
   TempDir tmp;
@@ -48,27 +48,10 @@ struct Job {
   }
   string moetrain() const { return string(MOETRAIN_BINARY_DIR) + "/moetrain "; }
   Result mpirun(int np, const string& args) const {
-    return moetrain::testing::capture_command(kMpirun + "-np " + std::to_string(np) + " " + moetrain() + args);
+    return moetrain::testing::capture_command(string(kLocalMpirun) + "-np " + std::to_string(np) + " " + moetrain() +
+                                              args);
   }
 };
-
-// metrics.jsonl without the timing fields (everything from tok_per_s on).
-string history(const string& run_dir) {
-  std::stringstream in(moetrain::testing::read_bytes(run_dir + "/metrics.jsonl")), out;
-  for (string line; std::getline(in, line);) {
-    auto cut = line.find(",\"tok_per_s\"");
-    out << (cut == string::npos ? line : line.substr(0, cut)) << "\n";
-  }
-  return out.str();
-}
-
-std::vector<double> losses(const string& run_dir) {
-  std::stringstream in(moetrain::testing::read_bytes(run_dir + "/metrics.jsonl"));
-  std::vector<double> out;
-  for (string line; std::getline(in, line);)
-    if (auto at = line.find("\"loss\":"); at != string::npos) out.push_back(std::stod(line.substr(at + 7)));
-  return out;
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -85,8 +68,8 @@ TEST_CASE("cli: a job killed on one rank, or while saving, resumes from its last
     Result r = job.mpirun(4, args + " --set run.dir=" + ref);
     INFO("reference, ep " << ep << "\n" << r.output);
     REQUIRE(r.code == 0);
-    const string want = history(ref);
-    REQUIRE(losses(ref).size() == 60);
+    const string want = metrics_history(ref);
+    REQUIRE(metrics_losses(ref).size() == 60);
 
     struct Fault {
       string sets;       // the fault injected
@@ -121,7 +104,7 @@ TEST_CASE("cli: a job killed on one rank, or while saving, resumes from its last
       REQUIRE(resumed.code == 0);
       CHECK(resumed.output.find("resumed from " + run + "/checkpoints/" + faults[i].resumed + " (step ") !=
             string::npos);
-      CHECK(history(run) == want);  // steps 1..60 (those after the checkpoint recomputed) equal to the bit
+      CHECK(metrics_history(run) == want);  // steps 1..60 (those after the checkpoint recomputed) equal to the bit
       CHECK(moetrain::testing::read_bytes(run + "/checkpoints/latest") == "step_00000060\n");
     }
   }
@@ -138,7 +121,7 @@ TEST_CASE("cli: a checkpoint from EP 4 resumes at EP 2 and on one process within
   Result r = job.mpirun(4, args + " --set train.ep=4 --set run.dir=" + ref);
   INFO(r.output);
   REQUIRE(r.code == 0);
-  const std::vector<double> want = losses(ref);
+  const std::vector<double> want = metrics_losses(ref);
   REQUIRE(want.size() == 30);
   // `moetrain export` of the last checkpoint (experts gathered from the 4 rank files)
   // evaluates exactly like the model the training run wrote at its end.
@@ -166,7 +149,7 @@ TEST_CASE("cli: a checkpoint from EP 4 resumes at EP 2 and on one process within
     INFO("np " << l.np << " ep " << l.ep << "\n" << res.output);
     REQUIRE(res.code == 0);
     CHECK(res.output.find("resumed from " + run + "/checkpoints/step_00000020 (step 20") != string::npos);
-    const std::vector<double> got = losses(run);
+    const std::vector<double> got = metrics_losses(run);
     REQUIRE(got.size() == 30);
     for (size_t i = 0; i < 20; ++i) CHECK(got[i] == want[i]);  // the history before the checkpoint, kept
     double worst = 0;
@@ -185,14 +168,14 @@ TEST_CASE("cli: SIGUSR1 to mpirun saves a checkpoint on every rank and exits 0; 
   REQUIRE(r.code == 0);
   // mpirun forwards SIGUSR1 to the ranks; send it once a few steps are logged.
   Result sig = moetrain::testing::capture_command(
-      "{ " + kMpirun + "-np 4 " + job.moetrain() + args + " --set run.dir=" + run + " > " + job.dir +
+      "{ " + string(kLocalMpirun) + "-np 4 " + job.moetrain() + args + " --set run.dir=" + run + " > " + job.dir +
       "/signalled.log 2>&1 & pid=$!; i=0; while [ \"$( (wc -l < " + run + "/metrics.jsonl) 2>/dev/null || echo 0)\" "
       "-lt 5 ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; kill -USR1 $pid; wait $pid; echo \"rc=$?\"; }");
   const string log = moetrain::testing::read_bytes(job.dir + "/signalled.log");
   INFO(sig.output << log);
   CHECK(sig.output.find("rc=0") != string::npos);
   CHECK(log.find("SIGUSR1: saving a checkpoint at step ") != string::npos);
-  const std::vector<double> partial = losses(run);
+  const std::vector<double> partial = metrics_losses(run);
   REQUIRE(!partial.empty());
   REQUIRE(partial.size() < 60);
   CHECK(fs::exists(run + "/checkpoints/step_" + fmt::format("{:08d}", partial.size()) + "/COMMIT"));
@@ -201,7 +184,7 @@ TEST_CASE("cli: SIGUSR1 to mpirun saves a checkpoint on every rank and exits 0; 
   Result resumed = job.mpirun(4, args + " --set run.dir=" + run + " --set ckpt.resume=auto");
   INFO(resumed.output);
   REQUIRE(resumed.code == 0);
-  CHECK(history(run) == history(ref));
+  CHECK(metrics_history(run) == metrics_history(ref));
 }
 
 TEST_CASE("cli: resuming from a corrupt or mismatched checkpoint exits 2 naming the file, dataset or tensors",

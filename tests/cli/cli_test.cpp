@@ -43,17 +43,6 @@ struct Workspace {
   }
 };
 
-// The step records of a metrics.jsonl without the timing fields.
-string losses_of(const string& metrics) {
-  std::stringstream in(metrics), out;
-  string line;
-  while (std::getline(in, line)) {
-    auto cut = line.find(",\"tok_per_s\"");
-    out << (cut == string::npos ? line : line.substr(0, cut)) << "\n";
-  }
-  return out.str();
-}
-
 }  // namespace
 
 TEST_CASE("cli: prepare, train, generate and eval a tiny byte-level GPT-2", "[cli]") {
@@ -81,7 +70,7 @@ TEST_CASE("cli: prepare, train, generate and eval a tiny byte-level GPT-2", "[cl
   // Same config, same seed: the same losses, bit for bit.
   Result again = run("train -c " + cfg + " --set run.dir=" + w.dir + "/run2");
   REQUIRE(again.code == 0);
-  CHECK(losses_of(moetrain::testing::read_bytes(w.dir + "/run2/metrics.jsonl")) == losses_of(metrics));
+  CHECK(moetrain::testing::metrics_history(w.dir + "/run2") == moetrain::testing::metrics_history(w.dir + "/run"));
 
   // Greedy generation is bit-reproducible.
   string gen = "generate --checkpoint " + w.dir + "/run/model --prompt 'ROMEO:' --temperature 0 --max-new-tokens 24";
@@ -275,15 +264,8 @@ TEST_CASE("cli: k3-tiny under mpirun (EP 4, DP 2 x EP 2, DP 2) gives one process
                       "/data/train_*.bin --set data.val= --set train.max_steps=20 --set train.warmup_steps=5 "
                       "--set train.batch_size=4 --set train.seq_len=32 --set train.eval_every=0 --set train.threads=1 "
                       "--set train.log_every=20";
-  const string mpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
-                        "--mca btl_vader_single_copy_mechanism none -x OMP_NUM_THREADS=1 ";
-  auto losses = [&](const string& run_dir) {
-    std::stringstream metrics(moetrain::testing::read_bytes(run_dir + "/metrics.jsonl"));
-    std::vector<double> out;
-    for (string line; std::getline(metrics, line);)
-      if (line.find("\"loss\":") != string::npos) out.push_back(std::stod(line.substr(line.find("\"loss\":") + 7)));
-    return out;
-  };
+  const string mpirun = moetrain::testing::kLocalMpirun;
+  const auto losses = moetrain::testing::metrics_losses;
   auto val_loss = [&](const string& run_dir) {
     Result r = run("eval --checkpoint " + run_dir + "/model --data '" + w.dir + "/data/val_*.bin' --batches 4", false);
     REQUIRE(r.code == 0);

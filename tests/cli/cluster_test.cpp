@@ -18,6 +18,9 @@
 
 #include "testing.h"
 
+using moetrain::testing::kLocalMpirun;
+using moetrain::testing::metrics_history;
+using moetrain::testing::metrics_losses;
 using moetrain::testing::TempDir;
 using std::string;
 namespace fs = std::filesystem;
@@ -25,9 +28,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using Result = moetrain::testing::CommandOutput;
-
-const string kMpirun = "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
-                       "--mca btl_vader_single_copy_mechanism none -x OMP_NUM_THREADS=1 ";
 
 string moetrain_bin() { return string(MOETRAIN_BINARY_DIR) + "/moetrain"; }
 
@@ -40,14 +40,6 @@ void prepare_bytes(const string& dir) {
   REQUIRE(r.code == 0);
 }
 
-std::vector<double> losses(const string& run_dir) {
-  std::stringstream in(moetrain::testing::read_bytes(run_dir + "/metrics.jsonl"));
-  std::vector<double> out;
-  for (string line; std::getline(in, line);)
-    if (auto at = line.find("\"loss\":"); at != string::npos) out.push_back(std::stod(line.substr(at + 7)));
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("cli: the full K3 topology (93 layers, 896 experts top-16, AttnRes S=12) trains under mpirun -np 4 "
@@ -57,7 +49,7 @@ TEST_CASE("cli: the full K3 topology (93 layers, 896 experts top-16, AttnRes S=1
   const string dir = tmp.path();
   prepare_bytes(dir);
   const string run = dir + "/run";
-  const string args = kMpirun + "-np 4 " + moetrain_bin() + " train -c " + string(MOETRAIN_SOURCE_DIR) +
+  const string args = string(kLocalMpirun) + "-np 4 " + moetrain_bin() + " train -c " + string(MOETRAIN_SOURCE_DIR) +
                       "/configs/k3-topology-mini.yaml --set data.train=" + dir +
                       "/data/train_*.bin --set data.val= --set train.max_steps=4 --set ckpt.every=2 --set run.dir=" +
                       run;
@@ -78,7 +70,7 @@ TEST_CASE("cli: the full K3 topology (93 layers, 896 experts top-16, AttnRes S=1
   INFO(resumed.output);
   REQUIRE(resumed.code == 0);
   CHECK(resumed.output.find("resumed from " + run + "/checkpoints/step_00000002 (step 2") != string::npos);
-  const std::vector<double> loss = losses(run);
+  const std::vector<double> loss = metrics_losses(run);
   REQUIRE(loss.size() == 4);  // steps 1-2 from the first run, 3-4 from the resumed one
   CHECK(loss[3] < loss[0] - 0.3);  // 896 experts learn: ln 256 = 5.55 at the start
 
@@ -128,7 +120,8 @@ class NamespaceHosts {
     std::ofstream(hostfile_) << "h1 slots=2\nh2 slots=2\n";
   }
   ~NamespaceHosts() {
-    if (created_) moetrain::testing::capture_command(fmt::format("ip netns del {}; ip netns del {}", ns("h1"), ns("h2")));
+    if (created_)
+      moetrain::testing::capture_command(fmt::format("ip netns del {}; ip netns del {}", ns("h1"), ns("h2")));
   }
   bool ok() const { return why_not_.empty(); }
   const string& why_not() const { return why_not_; }
@@ -151,15 +144,6 @@ class NamespaceHosts {
   string suffix_, agent_, hostfile_, why_not_;
   bool created_ = false;
 };
-
-string history(const string& run_dir) {  // metrics.jsonl without the timing fields
-  std::stringstream in(moetrain::testing::read_bytes(run_dir + "/metrics.jsonl")), out;
-  for (string line; std::getline(in, line);) {
-    auto cut = line.find(",\"tok_per_s\"");
-    out << (cut == string::npos ? line : line.substr(0, cut)) << "\n";
-  }
-  return out.str();
-}
 
 }  // namespace
 
@@ -188,8 +172,8 @@ TEST_CASE("cli: launch/multinode.sh across two hosts (network namespaces, TCP ov
     INFO("ep " << ep);
     const string one = dir + "/one_ep" + std::to_string(ep), two = dir + "/two_ep" + std::to_string(ep);
     const string sets = " --set train.ep=" + std::to_string(ep);
-    Result local = moetrain::testing::capture_command(kMpirun + "-np 4 " + moetrain_bin() + " train -c " + train +
-                                                      sets + " --set run.dir=" + one);
+    Result local = moetrain::testing::capture_command(string(kLocalMpirun) + "-np 4 " + moetrain_bin() +
+                                                      " train -c " + train + sets + " --set run.dir=" + one);
     INFO(local.output);
     REQUIRE(local.code == 0);
 
@@ -205,6 +189,6 @@ TEST_CASE("cli: launch/multinode.sh across two hosts (network namespaces, TCP ov
     CHECK(remote.output.find("rank   1 | host h1") != string::npos);
     CHECK(remote.output.find("rank   2 | host h2") != string::npos);
     CHECK(hosts.h2_rx_bytes() - rx_before > (1 << 20));  // the traffic went over the veth
-    CHECK(history(two) == history(one));
+    CHECK(metrics_history(two) == metrics_history(one));
   }
 }
