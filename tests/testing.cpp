@@ -129,6 +129,17 @@ GradCheckResult check_parameter_gradients(ParameterList& params, const std::func
   return r;
 }
 
+double rel_error(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.to_vector(), y = b.to_vector();
+  REQUIRE(x.size() == y.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   REQUIRE(a.shape() == b.shape());
   std::vector<double> va = a.to_vector(), vb = b.to_vector();

@@ -41,6 +41,9 @@ GradCheckResult check_gradients(const std::function<Tensor(const Tensors&)>& fn,
 GradCheckResult check_parameter_gradients(ParameterList& params, const std::function<Tensor()>& loss);
 
 double max_abs_diff(const Tensor& a, const Tensor& b);
+// max |a - b| / max |b|: the error relative to the scale of the reference b
+// (the absolute error when b is all zero).
+double rel_error(const Tensor& a, const Tensor& b);
 // Bitwise equality of shape, dtype and contents.
 bool bitwise_equal(const Tensor& a, const Tensor& b);
 

@@ -80,14 +80,7 @@ std::string sha256_file(const fs::path& path, data::Progress* progress = nullptr
 
 // Progress of one rank's side of a save or load (rank 0 reports): bytes, rate and
 // ETA, as a bar on a terminal or lines in logs; silent for what takes under 2 s.
-data::ProgressOptions progress_options(bool report) {
-  data::ProgressOptions o;
-  o.mode = report ? data::ProgressOptions::Mode::automatic : data::ProgressOptions::Mode::off;
-  o.unit = "B";
-  o.scale = true;
-  o.delay_s = 2.0;
-  return o;
-}
+data::ProgressOptions progress_options(bool report) { return data::ProgressOptions::bytes(report, 2.0); }
 
 // ---------------------------------------------------------------- what a rank holds
 

@@ -367,11 +367,8 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   fs::remove_all(tmp.path);
   fs::create_directory(tmp.path);
 
-  data::ProgressOptions po;
-  po.mode = o.progress ? data::ProgressOptions::Mode::automatic : data::ProgressOptions::Mode::off;
-  po.unit = std::string("B");
-  po.scale = true;
-  data::Progress progress(fmt::format("export {}", out.filename().string()), total, po);
+  data::Progress progress(fmt::format("export {}", out.filename().string()), total,
+                          data::ProgressOptions::bytes(o.progress));
   auto on_written = [&](int64_t n) { progress.update(n); };
   if (o.format == ExportFormat::safetensors) write_safetensors_dir(tmp.path, tensors, o.max_shard_bytes, on_written);
   else write_hdf5(tmp.path, tensors, o.dtype, on_written);

@@ -30,6 +30,16 @@ struct ProgressOptions {
   int width = 0;                   // bar: line width in columns; 0 = the terminal's, else 80
   double delay_s = 0;              // nothing is drawn (not even the end) unless this much time passes first
   std::function<double()> clock;   // seconds on a monotonic clock; default std::chrono::steady_clock
+
+  // Bytes with SI prefixes (B, kB/s ...), drawn automatically when `report`, else off.
+  static ProgressOptions bytes(bool report, double delay_s = 0) {
+    ProgressOptions o;
+    o.mode = report ? Mode::automatic : Mode::off;
+    o.unit = std::string("B");  // not = "B": GCC 12 -Wrestrict false positive (PR 105329)
+    o.scale = true;
+    o.delay_s = delay_s;
+    return o;
+  }
 };
 
 class Progress {

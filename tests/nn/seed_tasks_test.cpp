@@ -50,6 +50,7 @@
 
 using namespace moetrain;
 using namespace moetrain::data;
+using moetrain::testing::rel_error;
 
 namespace {
 
@@ -151,17 +152,6 @@ Answers held_out_answers(HybridModel& model, const SyntheticOptions& task, int64
 }
 
 // max |a - b| / max |b|
-double rel_error(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return diff / scale;
-}
-
 bool all_finite(const Tensor& t) {
   for (double x : t.to_vector())
     if (!std::isfinite(x)) return false;

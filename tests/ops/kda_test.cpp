@@ -10,6 +10,7 @@
 using namespace moetrain;
 using moetrain::testing::check_gradients;
 using moetrain::testing::error_of;
+using moetrain::testing::rel_error;
 
 namespace {
 
@@ -110,18 +111,6 @@ std::pair<std::vector<double>, std::vector<double>> naive_kda(const Inputs& in, 
       }
     }
   return {o, S};
-}
-
-// max |a - b| / max |b|: error relative to the scale of the reference.
-double rel_error(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
 }
 
 // Outputs and the gradients of every input under upstream gradients (grad_o, grad_state).

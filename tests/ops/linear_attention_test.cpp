@@ -10,6 +10,7 @@
 using namespace moetrain;
 using moetrain::testing::check_gradients;
 using moetrain::testing::error_of;
+using moetrain::testing::rel_error;
 
 namespace {
 
@@ -53,17 +54,6 @@ std::pair<std::vector<double>, std::vector<double>> naive_linear_attention(const
       }
     }
   return {o, S};
-}
-
-double rel_error(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
 }
 
 struct Run {
