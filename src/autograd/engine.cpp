@@ -1,11 +1,13 @@
 #include "autograd/engine.h"
 
+#include <chrono>
 #include <queue>
 #include <unordered_map>
 #include <vector>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "autograd/profile.h"
 #include "core/rng.h"
 #include "ops/elementwise.h"
 
@@ -59,6 +61,8 @@ struct LaterFirst {
 void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   MT_CHECK(roots.size() == grads.size(), "backward: {} roots but {} gradients", roots.size(), grads.size());
   NoGradGuard no_grad;
+  profile::BackwardPass profiled;
+  const bool profiling = profile::enabled();
 
   // Seed gradients.
   std::unordered_map<Node*, Pending> pending;
@@ -110,6 +114,7 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
+    const auto started = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     Pending& p = pending[node];
     bool any = false;
     for (const Tensor& g : p.grads) any = any || g.defined();
@@ -140,6 +145,9 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
         accumulate_leaf(*e.leaf, *g);
       }
     }
+    if (profiling)
+      profile::add_backward(node->region,
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
 }
 

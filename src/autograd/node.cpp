@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "autograd/grad_mode.h"
+#include "autograd/profile.h"
 
 namespace moetrain::autograd {
 
@@ -45,6 +46,7 @@ std::shared_ptr<Node> make_node(const char* name, const Tensors& outputs, const 
   node->device = outputs.empty() ? kCpu : outputs[0].device();
   node->backward = std::move(backward);
   node->sequence = g_sequence.fetch_add(1, std::memory_order_relaxed);
+  node->region = profile::current_region();
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!is_floating(outputs[i].dtype())) continue;  // indices and counts carry no gradient
     TensorImpl& impl = outputs[i].impl();

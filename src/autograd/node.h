@@ -42,6 +42,7 @@ struct Node {
   Device device;
   BackwardFn backward;
   uint64_t sequence = 0;              // creation order; later nodes run first
+  const char* region = "other";       // profile::Region the node was created in
 };
 
 // Records a multi-output op. Returns `outputs`, stamped with the new node when

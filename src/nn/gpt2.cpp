@@ -4,11 +4,13 @@
 #include "nn/gpt2.h"
 
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/profile.h"
 #include "core/rng.h"
 #include "ops/attention.h"
 #include "ops/dropout.h"
@@ -59,6 +61,7 @@ Tensor Gpt2::embed(const Tensor& ids, int64_t first_position, bool training) {
   MT_CHECK(first_position + T <= config_.n_ctx,
            "gpt2: positions {}..{} exceed the context of {} (model.n_ctx); use shorter sequences", first_position,
            first_position + T - 1, config_.n_ctx);
+  profile::Region region("embedding/head");
   Tensor x = add(embedding(wte_, ids), slice(wpe_, 0, first_position, first_position + T));
   return dropout(x, training ? config_.dropout : 0.0);
 }
@@ -69,6 +72,7 @@ Tensor gpt2_block(const Gpt2BlockWeights& b, const Tensor& x, int64_t n_head, do
            "gpt2_block: x {} must be [B, T, D] with D divisible by n_head = {}", x.shape(), n_head);
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2), H = n_head, hd = D / H;
   // Attention: qkv = LN_1(x) W_attn^T + b, split into q | k | v, per head [B, T, H, hd].
+  std::optional<profile::Region> region(std::in_place, "attention");
   Tensor qkv = linear(layer_norm(x, b.ln1_w, b.ln1_b, eps), b.attn_w, b.attn_b);  // [B, T, 3D]
   Tensors parts = split(qkv, {D, D, D}, -1);
   Tensor q = reshape(parts[0], {B, T, H, hd}), k = reshape(parts[1], {B, T, H, hd}),
@@ -84,6 +88,8 @@ Tensor gpt2_block(const Gpt2BlockWeights& b, const Tensor& x, int64_t n_head, do
   Tensor o = reshape(causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {B, T, D});
   Tensor h = add(x, dropout(linear(o, b.attn_proj_w, b.attn_proj_b), p));
   // MLP: x + gelu(LN_2(h) W_fc^T + b_fc) W_proj^T + b_proj
+  region.reset();
+  region.emplace("mlp");
   Tensor m = gelu_tanh(linear(layer_norm(h, b.ln2_w, b.ln2_b, eps), b.fc_w, b.fc_b));
   return add(h, dropout(linear(m, b.mlp_proj_w, b.mlp_proj_b), p));
 }
@@ -95,6 +101,7 @@ Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tenso
 
 // logits = LN_f(x) wte^T (tied head)
 Tensor Gpt2::head(const Tensor& x) {
+  profile::Region region("embedding/head");
   return linear(layer_norm(x, lnf_w_, lnf_b_, config_.layer_norm_eps), wte_);
 }
 

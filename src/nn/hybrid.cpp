@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "autograd/grad_mode.h"
+#include "autograd/profile.h"
 #include "ops/attention.h"
 #include "ops/attnres.h"
 #include "ops/elementwise.h"
@@ -228,8 +229,12 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
     cache->attn.resize(n);
   }
 
-  auto mixer = [&](size_t l, const Tensor& x) -> Tensor {
+  // Profile regions (autograd/profile.h): each mixer with its pre-norm, each FFN
+  // with its pre-norm, AttnRes, embedding and head.
+  auto mixer = [&](size_t l, const Tensor& normed_input, const Tensor& norm_weight) -> Tensor {
     const Layer& L = *layers_[l];
+    profile::Region region(mixer_kind_name(L.mixer));
+    const Tensor x = rms_norm(normed_input, norm_weight, eps);
     switch (L.mixer) {
       case MixerKind::kda:
       case MixerKind::deltanet:
@@ -256,18 +261,28 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
     }
     return Tensor();
   };
-  auto ffn = [&](size_t l, const Tensor& x) {
+  auto ffn = [&](size_t l, const Tensor& normed_input) {
     const Layer& L = *layers_[l];
+    profile::Region region(L.moe ? "moe" : "ffn");
+    const Tensor x = rms_norm(normed_input, L.post_attention_layernorm, eps);
     return L.moe ? L.moe->forward(x, training) : L.ffn->forward(x);
   };
+  auto res = [&](const Tensors& sources, const Tensor& proj, const Tensor& norm) {
+    profile::Region region("attnres");
+    return attn_res(sources, proj, norm, eps);
+  };
 
-  Tensor hidden = embedding(embed_tokens_, ids);  // [B, T, D]
+  Tensor hidden;
+  {
+    profile::Region region("embedding/head");
+    hidden = embedding(embed_tokens_, ids);  // [B, T, D]
+  }
   if (!c_.attn_res) {
     // Standard pre-norm residual stream (Kimi-Linear).
     for (size_t l = 0; l < n; ++l) {
       const Layer& L = *layers_[l];
-      hidden = add(hidden, mixer(l, rms_norm(hidden, L.input_layernorm, eps)));
-      hidden = add(hidden, ffn(l, rms_norm(hidden, L.post_attention_layernorm, eps)));
+      hidden = add(hidden, mixer(l, hidden, L.input_layernorm));
+      hidden = add(hidden, ffn(l, hidden));
     }
   } else {
     // Block AttnRes (§10.2): `blocks` holds the embedding and the completed block
@@ -282,19 +297,20 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
     for (size_t l = 0; l < n; ++l) {
       const Layer& L = *layers_[l];
       Tensor prefix = hidden, x = hidden;
-      if (!blocks.empty()) x = attn_res(with(prefix), L.attn_res_proj, L.attn_res_norm, eps);
+      if (!blocks.empty()) x = res(with(prefix), L.attn_res_proj, L.attn_res_norm);
       if (l % S == 0) {
         blocks.push_back(prefix);
         prefix = Tensor();
       }
-      Tensor a = mixer(l, rms_norm(x, L.input_layernorm, eps));
+      Tensor a = mixer(l, x, L.input_layernorm);
       prefix = prefix.defined() ? add(prefix, a) : a;
-      x = attn_res(with(prefix), L.mlp_res_proj, L.mlp_res_norm, eps);
-      hidden = add(prefix, ffn(l, rms_norm(x, L.post_attention_layernorm, eps)));
+      x = res(with(prefix), L.mlp_res_proj, L.mlp_res_norm);
+      hidden = add(prefix, ffn(l, x));
     }
-    hidden = attn_res(with(hidden), out_res_proj_, out_res_norm_, eps);
+    hidden = res(with(hidden), out_res_proj_, out_res_norm_);
   }
   if (cache) cache->tokens += T;
+  profile::Region region("embedding/head");
   return linear(rms_norm(hidden, norm_, eps), c_.tie_embeddings ? embed_tokens_ : lm_head_);
 }
 

@@ -1,11 +1,14 @@
 #include "nn/language_model.h"
 
+#include "autograd/profile.h"
 #include "ops/softmax.h"
 
 namespace moetrain {
 
 Tensor LanguageModel::loss(const Tensor& ids, const Tensor& targets, bool training) {
-  return cross_entropy(forward(ids, training), targets);
+  Tensor logits = forward(ids, training);
+  profile::Region region("embedding/head");
+  return cross_entropy(logits, targets);
 }
 
 }  // namespace moetrain

@@ -1,0 +1,247 @@
+// The CPU speed harness (issue 8): each case against the machine's own limit,
+// measured in the same process. For every case: ms per step (warm-up step, then
+// the mean of --steps), tokens/s, GFLOP/s, the fraction of the f32 FMA peak that a
+// probe measured at the start of this run, and per step the kernel (system) time
+// and minor page faults (getrusage), so allocation churn shows. GPT-2 and KDA are
+// also timed in PyTorch (Debian torch, /usr/bin/python3, same shapes and threads,
+// environment as is) right after ours, with the ratio torch / ours.
+//
+//   build/moetrain_bench_cpu [--steps N] [--no-torch] [--cases gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe]
+//
+// Cases (f32, default thread count = cores / ranks, MOETRAIN_NUM_THREADS to change):
+//   gpt2-64, gpt2-256  GPT-2 124M train step (forward, backward, AdamW) at B=4, T=64 / 256
+//   k3-small           configs/k3-small.yaml train step at B=4, T=256, plus time per component
+//   kda-2048, kda-8192 chunked KDA op forward+backward, B=1, H=4, K=V=64, chunk 64
+//   moe                the MoE layer of k3-small (EP=1) forward+backward on B·T = 1024 tokens
+// FLOP counts: the models' own flops_per_token (6N + attention), the KDA chunked
+// FLOP model of bench/kda_bench.cpp, and 3x the MoE layer's forward multiply-adds.
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autograd/profile.h"
+#include "backend/cpu/allocator.h"
+#include "backend/cpu/blas.h"
+#include "bench/harness.h"
+#include "config/config.h"
+#include "moetrain.h"
+#include "nn/gpt2.h"
+#include "nn/moe.h"
+#include "ops/kda.h"
+#include "optim/adamw.h"
+#include "train/model_source.h"
+
+using namespace moetrain;
+using namespace moetrain::bench;
+
+namespace {
+
+struct Result {
+  std::string name;
+  double ms = 0, tokens = 0, flops = 0;  // per step
+  Usage usage;                           // per step
+  double torch_ms = -1;
+};
+
+// Warm-up step, then the mean of `steps`; usage per step over the timed steps.
+Result measure(const std::string& name, int steps, double tokens, double flops, const std::function<void()>& step) {
+  step();
+  Usage u0 = Usage::now();
+  auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) step();
+  double sec = seconds_since(t0) / steps;
+  Usage du = Usage::now() - u0;
+  Result r;
+  r.name = name;
+  r.ms = sec * 1e3;
+  r.tokens = tokens;
+  r.flops = flops;
+  r.usage = {du.user_s / steps, du.sys_s / steps, du.minor_faults / steps};
+  return r;
+}
+
+// Wall time per component of a step (profile regions, autograd/profile.h), by case.
+std::vector<std::pair<std::string, std::vector<profile::Entry>>> g_breakdowns;
+
+// Runs `steps` more steps with the profiler on (not part of the timing) and keeps
+// the time per component.
+void profile_steps(const std::string& name, int steps, const std::function<void()>& step) {
+  profile::reset();
+  profile::set_enabled(true);
+  for (int s = 0; s < steps; ++s) step();
+  profile::set_enabled(false);
+  std::vector<profile::Entry> per_step = profile::entries();
+  for (profile::Entry& e : per_step) {
+    e.forward_s /= steps;
+    e.backward_s /= steps;
+  }
+  g_breakdowns.emplace_back(name, per_step);
+}
+
+// One training step with the optimizer's share marked.
+void train_step(LanguageModel& model, AdamW& opt, const Tensor& ids, const Tensor& targets) {
+  {
+    profile::Region region("optimizer");
+    opt.zero_grad();
+  }
+  model.loss(ids, targets).backward();
+  profile::Region region("optimizer");
+  opt.step(1e-4);
+}
+
+Result gpt2_case(int64_t B, int64_t T, int steps, bool torch) {
+  Gpt2Config config;  // GPT-2 small, 124M
+  Gpt2 model(config, 1);
+  AdamW opt(model.parameters(), {});
+  Generator gen(7);
+  Tensor ids = randint({B, T}, config.vocab_size, DType::i32, gen);
+  Tensor targets = randint({B, T}, config.vocab_size, DType::i32, gen);
+  auto step = [&] { train_step(model, opt, ids, targets); };
+  Result r = measure(fmt::format("gpt2-{}", T), steps, static_cast<double>(B * T),
+                     model.flops_per_token(T) * static_cast<double>(B * T), step);
+  profile_steps(r.name, steps, step);
+  if (torch)
+    r.torch_ms = torch_ms(fmt::format("gpt2_step_torch.py --batch {} --seq {} --steps {} --threads {}", B, T, steps,
+                                      cpu::num_threads()));
+  return r;
+}
+
+Result k3_case(int steps) {
+  Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
+  std::unique_ptr<LanguageModel> model = build_model(config);
+  AdamW opt(model->parameters(), {});
+  const int64_t B = 4, T = 256;
+  Generator gen(7);
+  const int64_t vocab = config.get_int("model.vocab_size");
+  Tensor ids = randint({B, T}, vocab, DType::i32, gen), targets = randint({B, T}, vocab, DType::i32, gen);
+  auto step = [&] { train_step(*model, opt, ids, targets); };
+  Result r = measure("k3-small", steps, static_cast<double>(B * T), model->flops_per_token(T) * B * T, step);
+  profile_steps(r.name, steps, step);
+  return r;
+}
+
+constexpr int64_t kKdaH = 4, kKdaK = 64, kKdaC = 64;
+
+// The chunked form's FLOPs (bench/kda_bench.cpp's model: in-chunk matrices counted
+// as dense products, built in the forward and again in the backward).
+double kda_chunked_flops(int64_t T) {
+  double c = kKdaC, k = kKdaK, v = kKdaK;
+  double per_chunk = 16 * c * c * k + 14 * c * c * v + 20 * c * k * v + 14.0 / 3.0 * c * c * c;
+  return per_chunk * static_cast<double>((T + kKdaC - 1) / kKdaC) * kKdaH;
+}
+
+Result kda_case(int64_t T, int steps, bool torch) {
+  Tensor q = randn({1, T, kKdaH, kKdaK}, DType::f32, 1), k = randn({1, T, kKdaH, kKdaK}, DType::f32, 2);
+  q = div(q, sqrt(sum(square(q), -1, true)));  // unit rows, as the layer passes them
+  k = div(k, sqrt(sum(square(k), -1, true)));
+  Tensor v = randn({1, T, kKdaH, kKdaK}, DType::f32, 3);
+  Tensor g = mul_scalar(sigmoid(randn({1, T, kKdaH, kKdaK}, DType::f32, 4)), -5.0);  // K3 lower-bound gate range
+  Tensor beta = sigmoid(randn({1, T, kKdaH}, DType::f32, 5));
+  Tensors x;
+  for (Tensor t : {q, k, v, g, beta}) {
+    t = t.detach().clone();
+    t.set_requires_grad(true);
+    x.push_back(t);
+  }
+  Tensor grad_o = randn({1, T, kKdaH, kKdaK}, DType::f32, 6);
+  Result r = measure(fmt::format("kda-{}", T), steps, static_cast<double>(T), kda_chunked_flops(T), [&] {
+    KdaResult out = kda(x[0], x[1], x[2], x[3], x[4], Tensor(), 0.125, KdaMode::chunked, kKdaC);
+    autograd::backward({out.o}, {grad_o});
+    for (const Tensor& t : x) t.zero_grad();
+  });
+  if (torch)
+    r.torch_ms = torch_ms(fmt::format("kda_torch.py --seq {} --heads {} --dim {} --chunk {} --batch 1 --threads {} "
+                                      "--steps {}",
+                                      T, kKdaH, kKdaK, kKdaC, cpu::num_threads(), steps));
+  return r;
+}
+
+Result moe_case(int steps) {
+  Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
+  const int64_t D = config.get_int("model.d_model");
+  MoeConfig c;
+  c.num_experts = config.get_int("model.moe.num_experts");
+  c.top_k = config.get_int("model.moe.top_k");
+  c.expert_d_ff = config.get_int("model.moe.expert_d_ff");
+  c.latent_dim = config.get_int("model.moe.latent_dim");
+  c.num_shared_experts = config.get_int("model.moe.num_shared_experts");
+  FfnConfig ffn;
+  ffn.d_model = D;
+  ParamFactory f(true, DType::f32, 1);
+  MoeLayer layer(c, D, ffn, 0.02, f, "mlp.", {0, 1});
+  const int64_t N = 4 * 256;
+  Tensor x = randn({4, 256, D}, DType::f32, 100);
+  x.set_requires_grad(true);
+  const double L = static_cast<double>(c.latent_dim), F = static_cast<double>(c.expert_d_ff);
+  const double per_token = 2.0 * D * static_cast<double>(c.num_experts)            // router
+                           + 2.0 * D * L + 2.0 * L * D                             // latent down / up
+                           + static_cast<double>(c.top_k) * 3 * 2 * L * F          // routed experts
+                           + 3 * 2.0 * D * F * static_cast<double>(c.num_shared_experts);  // shared
+  return measure("moe", steps, static_cast<double>(N), 3 * per_token * static_cast<double>(N), [&] {
+    sum(layer.forward(x, true)).backward();
+    x.zero_grad();
+    for (const NamedParameter& p : f.params()) p.tensor.zero_grad();
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 3;
+  bool torch = true;
+  std::string cases = "gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (a == "--no-torch") torch = false;
+    else if (a == "--cases" && i + 1 < argc) cases = argv[++i];
+    else {
+      fmt::print(stderr, "usage: {} [--steps N] [--no-torch] [--cases {}]\n", argv[0], cases);
+      return 2;
+    }
+  }
+  cpu::init_threads();
+  const int threads = cpu::num_threads();
+  const FmaPeak peak = fma_peak(threads);
+  fmt::print("CPU harness: {} threads, f32; FMA peak measured now: {:.1f} GFLOP/s ({} probe); BLAS: {}\n", threads,
+             peak.gflops, peak.isa, cpu::blas_name());
+  fmt::print("{:<10} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>8}\n", "case", "ms/step", "tok/s", "GFLOP/s",
+             "of FMA", "sys ms", "faults", "torch ms", "torch/us");
+  std::stringstream list(cases);
+  for (std::string name; std::getline(list, name, ',');) {
+    Result r;
+    if (name == "gpt2-64") r = gpt2_case(4, 64, steps, torch);
+    else if (name == "gpt2-256") r = gpt2_case(4, 256, steps, torch);
+    else if (name == "k3-small") r = k3_case(steps);
+    else if (name == "kda-2048") r = kda_case(2048, steps, torch);
+    else if (name == "kda-8192") r = kda_case(8192, steps, torch);
+    else if (name == "moe") r = moe_case(steps);
+    else {
+      fmt::print(stderr, "unknown case '{}'\n", name);
+      return 2;
+    }
+    const double gflops = r.flops / (r.ms / 1e3) / 1e9;
+    fmt::print("{:<10} {:>9.1f} {:>8.0f} {:>8.1f} {:>6.0f}% {:>9.1f} {:>9} {:>9} {:>8}\n", r.name, r.ms,
+               r.tokens / (r.ms / 1e3), gflops, 100 * gflops / peak.gflops, r.usage.sys_s * 1e3,
+               r.usage.minor_faults, r.torch_ms > 0 ? fmt::format("{:.1f}", r.torch_ms) : "-",
+               r.torch_ms > 0 ? fmt::format("{:.2f}x", r.torch_ms / r.ms) : "-");
+    std::fflush(stdout);
+  }
+  for (const auto& [name, entries] : g_breakdowns) {
+    double total = 0;
+    for (const profile::Entry& e : entries) total += e.forward_s + e.backward_s;
+    fmt::print("\n{} step by component (wall ms per step, profiled steps after the timed ones):\n", name);
+    fmt::print("  {:<16} {:>9} {:>9} {:>9} {:>6}\n", "component", "forward", "backward", "total", "share");
+    for (const profile::Entry& e : entries)
+      fmt::print("  {:<16} {:>9.1f} {:>9.1f} {:>9.1f} {:>5.1f}%\n", e.region, e.forward_s * 1e3, e.backward_s * 1e3,
+                 (e.forward_s + e.backward_s) * 1e3, 100 * (e.forward_s + e.backward_s) / total);
+    fmt::print("  {:<16} {:>9} {:>9} {:>9.1f}\n", "total", "", "", total * 1e3);
+  }
+  const cpu::HostAllocatorStats a = cpu::host_allocator_stats();
+  fmt::print("\nhost allocator: {} hits, {} misses (large blocks), {:.0f} MiB cached\n", a.hits, a.misses,
+             static_cast<double>(a.cached_bytes) / (1 << 20));
+  return 0;
+}

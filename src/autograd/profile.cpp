@@ -1,0 +1,70 @@
+#include "autograd/profile.h"
+
+#include <chrono>
+
+namespace moetrain::profile {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+bool g_enabled = false;
+const char* g_current = "other";
+Clock::time_point g_since;  // when the current region last resumed (profiling on)
+std::vector<Entry> g_entries;
+double g_nodes_s = 0;  // Σ of add_backward
+
+Entry& entry(const char* region) {
+  for (Entry& e : g_entries)
+    if (e.region == region) return e;
+  g_entries.push_back({region, 0, 0});
+  return g_entries.back();
+}
+
+// Charges the time since the last switch to the current region.
+void charge(Clock::time_point now) {
+  entry(g_current).forward_s += std::chrono::duration<double>(now - g_since).count();
+  g_since = now;
+}
+}  // namespace
+
+void set_enabled(bool on) {
+  g_enabled = on;
+  g_since = Clock::now();
+}
+bool enabled() { return g_enabled; }
+const char* current_region() { return g_current; }
+
+Region::Region(const char* name) : saved_(g_current), timed_(g_enabled) {
+  if (timed_) charge(Clock::now());
+  g_current = name;
+}
+
+Region::~Region() {
+  if (timed_ && g_enabled) charge(Clock::now());
+  g_current = saved_;
+}
+
+BackwardPass::BackwardPass() : timed_(g_enabled), nodes_s_at_start_(g_nodes_s) {
+  if (timed_) charge(Clock::now());
+}
+
+BackwardPass::~BackwardPass() {
+  if (!timed_ || !g_enabled) return;
+  Clock::time_point now = Clock::now();
+  double pass = std::chrono::duration<double>(now - g_since).count();
+  entry("autograd").backward_s += pass - (g_nodes_s - nodes_s_at_start_);
+  g_since = now;
+}
+
+void add_backward(const char* region, double seconds) {
+  entry(region).backward_s += seconds;
+  g_nodes_s += seconds;
+}
+
+std::vector<Entry> entries() { return g_entries; }
+void reset() {
+  g_entries.clear();
+  g_since = Clock::now();
+}
+
+}  // namespace moetrain::profile
