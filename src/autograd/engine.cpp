@@ -30,9 +30,18 @@ void accumulate(Tensor& slot, const Tensor& g) {
 
 // Leaves own their grad buffer (a copy the first time), so accumulation over
 // several backward calls (micro-batches) can add in place.
+// True when nothing but `g` refers to its memory: no other Tensor, no view, no
+// closure (the node's closure is freed before its gradients are handed on), so a
+// leaf may keep it as its gradient without a copy.
+bool sole_owner(const Tensor& g) {
+  const std::shared_ptr<TensorImpl>& impl = g.impl_ptr();
+  return impl.use_count() == 1 && impl->storage.use_count() == 1 && impl->offset == 0 &&
+         impl->storage->nbytes() == g.numel() * dtype_size(g.dtype()) && !impl->grad_fn && !impl->grad;
+}
+
 void accumulate_leaf(TensorImpl& leaf, const Tensor& g) {
   if (!leaf.grad) {
-    leaf.grad = g.clone().impl_ptr();
+    leaf.grad = sole_owner(g) ? g.impl_ptr() : g.clone().impl_ptr();
   } else if (g.dtype() == DType::bf16) {
     copy_(Tensor(leaf.grad), sum_of(Tensor(leaf.grad), g));
   } else {

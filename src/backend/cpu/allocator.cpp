@@ -1,5 +1,6 @@
 #include "backend/cpu/allocator.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -54,10 +55,25 @@ void* os_alloc(int64_t align, int64_t bytes) {
   return p;
 }
 
+// Small blocks come from malloc. glibc serves blocks above its mmap threshold
+// (128 KiB at first) with a fresh mmap and unmaps them on free, and trims the heap
+// top after frees: the next step's blocks of the same sizes fault their pages in
+// again. So keep everything below our large-block threshold in the heap and the
+// heap's top resident (set once, before the first small block).
+void tune_malloc() {
+  static const bool once = [] {
+    mallopt(M_MMAP_THRESHOLD, static_cast<int>(kLargeThreshold));
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    return true;
+  }();
+  (void)once;
+}
+
 }  // namespace
 
 void* host_alloc(int64_t nbytes, int64_t* capacity) {
   if (nbytes < kLargeThreshold) {
+    tune_malloc();
     int64_t rounded = (nbytes + kSmallAlign - 1) / kSmallAlign * kSmallAlign;
     *capacity = rounded;
     void* p = os_alloc(kSmallAlign, rounded);

@@ -4,7 +4,8 @@
 // So blocks of 1 MiB and more are rounded up to 2 MiB, advised as transparent
 // huge pages, and kept after free in exact-size free lists for reuse. The cache
 // is capped (MOETRAIN_HOST_CACHE_MB, default half the machine's memory); an
-// allocation that fails empties it and retries. Small blocks go to malloc.
+// allocation that fails empties it and retries. Small blocks go to malloc, tuned
+// (mallopt) to keep them in its heap rather than mmap/munmap each one.
 #pragma once
 
 #include <cstdint>
