@@ -6,9 +6,10 @@
 // also timed in PyTorch (Debian torch, /usr/bin/python3, same shapes and threads,
 // environment as is) right after ours, with the ratio torch / ours.
 //
-//   build/moetrain_bench_cpu [--steps N] [--no-torch] [--cases gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe]
+//   build/moetrain_bench_cpu [--steps N] [--no-torch] [--cases gemm,gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe]
 //
 // Cases (f32, default thread count = cores / ranks, MOETRAIN_NUM_THREADS to change):
+//   gemm               f32 GEMM on GPT-2 step shapes on each GEMM route (OpenBLAS, BLIS)
 //   gpt2-64, gpt2-256  GPT-2 124M train step (forward, backward, AdamW) at B=4, T=64 / 256
 //   k3-small           configs/k3-small.yaml train step at B=4, T=256, plus time per component
 //   kda-2048, kda-8192 chunked KDA op forward+backward, B=1, H=4, K=V=64, chunk 64
@@ -187,12 +188,54 @@ Result moe_case(int steps) {
   });
 }
 
+// f32 GEMM on the shapes of a GPT-2 step at B·T = 256 (and one square-ish
+// shape), on each route (backend/cpu/blas.h): best of 5, GFLOP/s and share of peak.
+void gemm_table(double peak) {
+  struct Shape3 {
+    int64_t m, k, n;
+    bool ta, tb;
+    const char* what;
+  };
+  const Shape3 shapes[] = {{256, 768, 2304, false, true, "c_attn forward (x W^T)"},
+                           {256, 3072, 768, false, true, "mlp c_proj forward"},
+                           {256, 768, 50304, false, true, "lm head forward"},
+                           {256, 3072, 768, false, false, "dX = dY W (c_fc)"},
+                           {768, 256, 3072, true, false, "dW = dY^T X (c_fc)"},
+                           {50304, 256, 768, true, false, "lm head dW"},
+                           {1024, 768, 3072, false, false, "1024 x 768 x 3072"}};
+  std::vector<cpu::GemmRoute> routes{cpu::GemmRoute::openblas};
+  if (cpu::blis_available()) routes.push_back(cpu::GemmRoute::blis);
+  const cpu::GemmRoute saved = cpu::gemm_route();
+  fmt::print("\nf32 GEMM by route (GFLOP/s, share of the FMA peak; route in use: {}):\n",
+             saved == cpu::GemmRoute::blis ? "blis" : "openblas");
+  fmt::print("  {:<24} {:>17} {:>15} {:>15}\n", "shape", "M x K x N", "openblas", routes.size() > 1 ? "blis" : "");
+  for (const Shape3& s : shapes) {
+    Tensor a = randn({s.ta ? s.k : s.m, s.ta ? s.m : s.k}, DType::f32, 1);
+    Tensor b = randn({s.tb ? s.n : s.k, s.tb ? s.k : s.n}, DType::f32, 2), c = empty({s.m, s.n});
+    std::string row = fmt::format("  {:<24} {:>17}", s.what, fmt::format("{}x{}x{}", s.m, s.k, s.n));
+    for (cpu::GemmRoute route : routes) {
+      cpu::set_gemm_route(route);
+      double best = 1e30;
+      for (int rep = 0; rep < 5; ++rep) {
+        auto t0 = Clock::now();
+        cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data<float>(), a.size(1), b.data<float>(), b.size(1), 0.f,
+                  c.data<float>(), s.n);
+        best = std::min(best, seconds_since(t0));
+      }
+      const double gflops = 2.0 * s.m * s.n * s.k / best / 1e9;
+      row += fmt::format(" {:>7.1f} ({:>3.0f}%)", gflops, 100 * gflops / peak);
+    }
+    fmt::print("{}\n", row);
+  }
+  cpu::set_gemm_route(saved);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int steps = 3;
   bool torch = true;
-  std::string cases = "gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe";
+  std::string cases = "gemm,gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
@@ -208,11 +251,14 @@ int main(int argc, char** argv) {
   const FmaPeak peak = fma_peak(threads);
   fmt::print("CPU harness: {} threads, f32; FMA peak measured now: {:.1f} GFLOP/s ({} probe); BLAS: {}\n", threads,
              peak.gflops, peak.isa, cpu::blas_name());
-  fmt::print("{:<10} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>8}\n", "case", "ms/step", "tok/s", "GFLOP/s",
-             "of FMA", "sys ms", "faults", "torch ms", "torch/us");
   std::stringstream list(cases);
+  bool header = false;
   for (std::string name; std::getline(list, name, ',');) {
     Result r;
+    if (name == "gemm") {
+      gemm_table(peak.gflops);
+      continue;
+    }
     if (name == "gpt2-64") r = gpt2_case(4, 64, steps, torch);
     else if (name == "gpt2-256") r = gpt2_case(4, 256, steps, torch);
     else if (name == "k3-small") r = k3_case(steps);
@@ -222,6 +268,11 @@ int main(int argc, char** argv) {
     else {
       fmt::print(stderr, "unknown case '{}'\n", name);
       return 2;
+    }
+    if (!header) {
+      fmt::print("\n{:<10} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>8}\n", "case", "ms/step", "tok/s", "GFLOP/s",
+                 "of FMA", "sys ms", "faults", "torch ms", "torch/us");
+      header = true;
     }
     const double gflops = r.flops / (r.ms / 1e3) / 1e9;
     fmt::print("{:<10} {:>9.1f} {:>8.0f} {:>8.1f} {:>6.0f}% {:>9.1f} {:>9} {:>9} {:>8}\n", r.name, r.ms,

@@ -1,9 +1,22 @@
-// Row-major GEMM through CBLAS (OpenBLAS, OpenMP flavour):
+// Row-major GEMM for the CPU kernels:
 //   C[M,N] = alpha * op(A) op(B) + beta * C,  op(X) = X or X^T.
-// Called from inside our own OpenMP regions it runs on the calling thread only.
+// f64 always runs on OpenBLAS (OpenMP flavour). f32, the training path, runs on a
+// route chosen once per process:
+//   openblas  OpenBLAS with the kernels it picked for this CPU;
+//   blis      BLIS (Debian libblis4-openmp, loaded at run time with dlopen), with
+//             its AVX-512 "skx" kernels on CPUs with AVX-512F (Debian's BLIS 0.9
+//             does not recognise some of them and would fall back to generic C),
+//             its "haswell" kernels on AVX2 + FMA.
+// MOETRAIN_GEMM=auto (default) | openblas | blis. auto takes BLIS on CPUs with
+// AVX-512F when OpenBLAS runs kernels without AVX-512 there (its core is not
+// SkylakeX / Cooperlake / SapphireRapids, e.g. OPENBLAS_CORETYPE=Haswell), and
+// OpenBLAS otherwise: where both had AVX2 kernels only (AMD Zen here), OpenBLAS was
+// as fast and steadier under load (bench/cpu_bench --gemm prints both).
+// Called from inside our own OpenMP regions a GEMM runs on the calling thread only.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace moetrain::cpu {
 
@@ -12,6 +25,20 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
           const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
-const char* blas_name();  // e.g. "OpenBLAS 0.3.21 (openmp) Haswell"
+enum class GemmRoute { openblas, blis };
+
+// The f32 route in use (resolved from MOETRAIN_GEMM on first use; a bad value or
+// MOETRAIN_GEMM=blis without a loadable BLIS throws, naming the variable).
+GemmRoute gemm_route();
+// Switches the f32 route (benchmarks and tests compare the two in one process).
+// Throws when BLIS is asked for and cannot be loaded.
+void set_gemm_route(GemmRoute route);
+// True when libblis could be loaded (loads it on first call).
+bool blis_available();
+// Threads for the BLAS libraries' own parallel regions.
+void set_blas_threads(int n);
+
+// e.g. "OpenBLAS 0.3.21 ... core=Zen; f32 GEMM: openblas" or "...; f32 GEMM: blis (skx)"
+std::string blas_name();
 
 }  // namespace moetrain::cpu

@@ -4,10 +4,9 @@
 #include <mutex>
 #include <string>
 
+#include "backend/cpu/blas.h"
 #include "backend/cpu/parallel.h"
 #include "core/error.h"
-
-extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace moetrain::cpu {
 
@@ -32,7 +31,7 @@ void set_num_threads(int n) {
   MT_CHECK(n >= 1, "thread count must be >= 1, got {}", n);
   g_threads = n;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+  set_blas_threads(n);
 }
 
 int default_num_threads() {
