@@ -153,15 +153,31 @@ void with_op(UnaryOp op, F&& fn) {
 }
 }  // namespace
 
+namespace {
+// One op over [lo, hi), as a function of its own so that target_clones compiles an
+// AVX2 + FMA copy of each op's loop, picked by CPUID at load time.
+template <class T, UnaryOp kOp>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void unary_range(const T* __restrict x,
+                                                                             T* __restrict y, int64_t lo,
+                                                                             int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) y[i] = unary_value(kOp, x[i]);
+}
+
+template <class T, UnaryOp kOp>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void unary_backward_range(
+    const T* __restrict x, const T* __restrict y, const T* __restrict gy, T* __restrict gx, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * unary_derivative(kOp, x[i], y[i]);
+}
+}  // namespace
+
 void unary_forward(UnaryOp op, Tensor& y, const Tensor& x) {
   dispatch_float(x.dtype(), "unary", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();
     T* py = y.data<T>();
     with_op(op, [&](auto op_c) {
-      parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) py[i] = unary_value(op_c.value, px[i]);
-      });
+      parallel_for(x.numel(), kGrain,
+                   [&](int64_t lo, int64_t hi) { unary_range<T, decltype(op_c)::value>(px, py, lo, hi); });
     });
   });
 }
@@ -175,7 +191,7 @@ void unary_backward(UnaryOp op, Tensor& grad_x, const Tensor& grad_y, const Tens
     T* gx = grad_x.data<T>();
     with_op(op, [&](auto op_c) {
       parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * unary_derivative(op_c.value, px[i], py[i]);
+        unary_backward_range<T, decltype(op_c)::value>(px, py, gy, gx, lo, hi);
       });
     });
   });
