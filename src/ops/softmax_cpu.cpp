@@ -12,12 +12,20 @@
 namespace moetrain::cpu {
 
 namespace {
-// log Σ e^x, max-subtracted; -inf for an all -inf row.
+// log Σ e^x, max-subtracted; -inf for an all -inf row. target_clones: an AVX2 +
+// FMA copy, picked by CPUID at load time (the vocabulary rows are the bulk of a
+// small model's non-GEMM time).
 template <class T>
-double row_logsumexp(const T* x, int64_t n) {
+__attribute__((target_clones("arch=x86-64-v3", "default"))) double row_logsumexp(const T* x, int64_t n) {
   T m = max_of(x, n);
   if (std::isinf(m) && m < 0) return m;
   return static_cast<double>(m) + std::log(sum_exp(x, n, m));
+}
+// grad = scale · e^{x - lse} over a row (the target's entry is fixed by the caller).
+template <class T>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void row_softmax_scaled(
+    T* __restrict grad, const T* __restrict x, int64_t n, T scale, T lse) {
+  for (int64_t j = 0; j < n; ++j) grad[j] = scale * exp_of(x[j] - lse);
 }
 }  // namespace
 
@@ -122,7 +130,7 @@ void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Ten
           const T* xr = px + r * v;
           double l = pl[r];
           T sc = static_cast<T>(scale), lt = static_cast<T>(l);  // rounding lse to T costs <= 1 ulp of it
-          for (int64_t j = 0; j < v; ++j) gr[j] = sc * exp_of(xr[j] - lt);
+          row_softmax_scaled(gr, xr, v, sc, lt);
           gr[pt[r]] = static_cast<T>(scale * (std::exp(static_cast<double>(xr[pt[r]]) - l) - 1.0));
         }
       });
