@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace moetrain::cpu {
 
@@ -18,8 +19,15 @@ void set_num_threads(int n);
 // Default: MOETRAIN_NUM_THREADS if set, else cores available to this process
 // divided by the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE etc.), at least 1.
 int default_num_threads();
-// Applies default_num_threads() once; called by the CLI and the test main.
+// Applies default_num_threads() once, then pins the threads when
+// MOETRAIN_PIN_THREADS=1; called by the CLI and the test main.
 void init_threads();
+// Pins OpenMP thread i (the pool OpenBLAS and BLIS also run on) to one CPU of this
+// process's allowed set: the (local_rank * num_threads() + i)-th, wrapping, so ranks
+// on one node started without binding (mpirun --bind-to none) take different CPUs.
+// Returns the CPU of each thread. Off by default: the OS scheduler does better
+// when other work shares the cores.
+std::vector<int> pin_threads();
 
 // fn(begin, end) over [0, n) in at most num_threads() contiguous chunks of at
 // least `grain` elements. Runs inline when nested or when the work is small.

@@ -48,9 +48,43 @@ int default_num_threads() {
   return std::max(1, cores / ranks);
 }
 
+std::vector<int> pin_threads() {
+  cpu_set_t allowed;
+  MT_CHECK(sched_getaffinity(0, sizeof(allowed), &allowed) == 0, "pin_threads: sched_getaffinity failed");
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  int local_rank = 0;
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(var); v && *v) {
+      local_rank = std::atoi(v);
+      break;
+    }
+  const int n = num_threads();
+  std::vector<int> chosen(static_cast<size_t>(n), -1);
+#pragma omp parallel num_threads(n)
+  {
+    const int t = omp_get_thread_num();
+    const int cpu = cpus[static_cast<size_t>(local_rank * n + t) % cpus.size()];
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) chosen[static_cast<size_t>(t)] = cpu;
+  }
+  return chosen;
+}
+
 void init_threads() {
   static std::once_flag once;
-  std::call_once(once, [] { set_num_threads(default_num_threads()); });
+  std::call_once(once, [] {
+    set_num_threads(default_num_threads());
+    const char* pin = std::getenv("MOETRAIN_PIN_THREADS");
+    if (pin && *pin) {
+      MT_CHECK(std::string(pin) == "0" || std::string(pin) == "1",
+               "environment variable MOETRAIN_PIN_THREADS={} is not 0 or 1", pin);
+      if (std::string(pin) == "1") pin_threads();
+    }
+  });
 }
 
 }  // namespace moetrain::cpu

@@ -1,0 +1,47 @@
+// Thread pinning (backend/cpu/parallel.h): each OpenMP thread ends up on the one
+// CPU pin_threads() reports, distinct CPUs while there are enough; the variable
+// that turns it on is checked.
+#include <catch2/catch.hpp>
+
+#include <sched.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/parallel.h"
+#include "testing.h"
+
+using namespace moetrain;
+
+TEST_CASE("threads: pin_threads puts each OpenMP thread on its own CPU", "[threads]") {
+  cpu_set_t original;
+  REQUIRE(sched_getaffinity(0, sizeof(original), &original) == 0);
+  const int n = cpu::num_threads();
+  std::vector<int> chosen = cpu::pin_threads();
+  REQUIRE(static_cast<int>(chosen.size()) == n);
+  std::vector<int> seen(static_cast<size_t>(n), -2);
+#pragma omp parallel num_threads(n)
+  {
+    cpu_set_t now;
+    if (sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_COUNT(&now) == 1)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &now)) seen[static_cast<size_t>(omp_get_thread_num())] = c;
+  }
+  CHECK(seen == chosen);
+  for (int c : chosen) CHECK(CPU_ISSET(c, &original));
+  if (n <= CPU_COUNT(&original)) CHECK(std::set<int>(chosen.begin(), chosen.end()).size() == chosen.size());
+  // Unpin again for the tests that follow.
+#pragma omp parallel num_threads(n)
+  sched_setaffinity(0, sizeof(original), &original);
+}
+
+TEST_CASE("threads: MOETRAIN_PIN_THREADS must be 0 or 1", "[threads][cli]") {
+  auto bad = moetrain::testing::capture_command("MOETRAIN_PIN_THREADS=yes " + std::string(MOETRAIN_BINARY_DIR) +
+                                                "/moetrain info");
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.output, Catch::Contains("MOETRAIN_PIN_THREADS=yes"));
+  auto ok = moetrain::testing::capture_command("MOETRAIN_PIN_THREADS=1 " + std::string(MOETRAIN_BINARY_DIR) +
+                                               "/moetrain info");
+  CHECK(ok.code == 0);
+}
