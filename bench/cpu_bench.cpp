@@ -65,21 +65,16 @@ Result measure(const std::string& name, int steps, double tokens, double flops, 
 }
 
 // Wall time per component of a step (profile regions, autograd/profile.h), by case.
-std::vector<std::pair<std::string, std::vector<profile::Entry>>> g_breakdowns;
+std::vector<std::pair<std::string, std::string>> g_breakdowns;
 
 // Runs `steps` more steps with the profiler on (not part of the timing) and keeps
-// the time per component.
+// the table of time per component.
 void profile_steps(const std::string& name, int steps, const std::function<void()>& step) {
   profile::reset();
   profile::set_enabled(true);
   for (int s = 0; s < steps; ++s) step();
   profile::set_enabled(false);
-  std::vector<profile::Entry> per_step = profile::entries();
-  for (profile::Entry& e : per_step) {
-    e.forward_s /= steps;
-    e.backward_s /= steps;
-  }
-  g_breakdowns.emplace_back(name, per_step);
+  g_breakdowns.emplace_back(name, profile::format_table(profile::entries(), steps));
 }
 
 // One training step with the optimizer's share marked.
@@ -281,16 +276,8 @@ int main(int argc, char** argv) {
                r.torch_ms > 0 ? fmt::format("{:.2f}x", r.torch_ms / r.ms) : "-");
     std::fflush(stdout);
   }
-  for (const auto& [name, entries] : g_breakdowns) {
-    double total = 0;
-    for (const profile::Entry& e : entries) total += e.forward_s + e.backward_s;
-    fmt::print("\n{} step by component (wall ms per step, profiled steps after the timed ones):\n", name);
-    fmt::print("  {:<16} {:>9} {:>9} {:>9} {:>6}\n", "component", "forward", "backward", "total", "share");
-    for (const profile::Entry& e : entries)
-      fmt::print("  {:<16} {:>9.1f} {:>9.1f} {:>9.1f} {:>5.1f}%\n", e.region, e.forward_s * 1e3, e.backward_s * 1e3,
-                 (e.forward_s + e.backward_s) * 1e3, 100 * (e.forward_s + e.backward_s) / total);
-    fmt::print("  {:<16} {:>9} {:>9} {:>9.1f}\n", "total", "", "", total * 1e3);
-  }
+  for (const auto& [name, table] : g_breakdowns)
+    fmt::print("\n{} step by component (wall time, profiled steps after the timed ones):\n{}\n", name, table);
   const cpu::HostAllocatorStats a = cpu::host_allocator_stats();
   fmt::print("\nhost allocator: {} hits, {} misses (large blocks), {:.0f} MiB cached\n", a.hits, a.misses,
              static_cast<double>(a.cached_bytes) / (1 << 20));

@@ -1,6 +1,10 @@
 #include "autograd/profile.h"
 
+#include <algorithm>
+
 #include <chrono>
+
+#include <fmt/format.h>
 
 namespace moetrain::profile {
 
@@ -65,6 +69,20 @@ std::vector<Entry> entries() { return g_entries; }
 void reset() {
   g_entries.clear();
   g_since = Clock::now();
+}
+
+std::string format_table(const std::vector<Entry>& entries, int64_t steps) {
+  const double per = 1e3 / static_cast<double>(std::max<int64_t>(steps, 1));  // s -> ms per step
+  double total = 0;
+  for (const Entry& e : entries) total += e.forward_s + e.backward_s;
+  std::string out = fmt::format("  {:<16} {:>9} {:>9} {:>9} {:>6}", "component", "forward", "backward", "ms/step",
+                                "share");
+  for (const Entry& e : entries)
+    out += fmt::format("\n  {:<16} {:>9.1f} {:>9.1f} {:>9.1f} {:>5.1f}%", e.region, e.forward_s * per,
+                       e.backward_s * per, (e.forward_s + e.backward_s) * per,
+                       total > 0 ? 100 * (e.forward_s + e.backward_s) / total : 0.0);
+  out += fmt::format("\n  {:<16} {:>9} {:>9} {:>9.1f}", "total", "", "", total * per);
+  return out;
 }
 
 }  // namespace moetrain::profile

@@ -8,6 +8,7 @@
 // model (kernels may still use OpenMP inside them).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -54,5 +55,8 @@ struct Entry {
 // Accumulated times, in the order the regions were first seen.
 std::vector<Entry> entries();
 void reset();
+// A table of `entries` per step (times divided by `steps`): component, forward,
+// backward and total ms, share of the total; one line per row, no trailing newline.
+std::string format_table(const std::vector<Entry>& entries, int64_t steps);
 
 }  // namespace moetrain::profile

@@ -168,6 +168,7 @@ std::vector<KeySpec> make_schema() {
     integer("train.ep",             "1",     at_least(1),  "expert-parallel ranks: experts sharded over groups of ep ranks (world = dp x ep under mpirun)"),
     choice ("train.dtype",          "f32",   {"f32", "f64"}, "dtype of parameters and activations; f64 for exact checks"),
     boolean("train.activation_checkpointing", "false",     "recompute each block's activations in backward instead of storing them"),
+    boolean("train.profile",        "false", "time each component (mixers, MoE, AttnRes, embedding/head, optimizer, ...) from the second step on and print a table per step at the end"),
 
     // run: where a run's outputs go.
     string ("run.dir",              "runs/default",        "directory of checkpoints, metrics.jsonl and config.resolved.yaml"),

@@ -9,11 +9,13 @@
 #include <unistd.h>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "autograd/grad_mode.h"
+#include "autograd/profile.h"
 #include "backend/cpu/parallel.h"
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
@@ -340,6 +342,11 @@ TrainSummary train(const Config& config) {
   };
 
   const bool nan_policy_abort = config.get_string("train.nan_policy") == "abort";
+  // train.profile: components timed from the second step of this run on (the first
+  // allocates its buffers); eval, samples and checkpoints are not counted.
+  const bool profiling = config.get_bool("train.profile");
+  int64_t profiled_steps = 0;
+  if (profiling) profile::reset();
   const int64_t max_consecutive_skips = config.get_int("train.max_consecutive_skips");
   const std::string fault_kind = config.get_string("fault.kind");
   const bool inject = fault_kind == "nan_grad";
@@ -422,25 +429,34 @@ TrainSummary train(const Config& config) {
   const int64_t tokens_at_start = progress.tokens;
   for (int64_t step = progress.step; step < max_steps; ++step) {
     auto t0 = Clock::now();
+    if (profiling && step > progress.step) profile::set_enabled(true);
     comm::set_watchdog_step(step + 1);
     signal_fault.at_step_start(step + 1);
     double lr = schedule.at(step);
-    opt.zero_grad();
+    {
+      profile::Region region("optimizer");
+      opt.zero_grad();
+    }
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       data::Batch batch;  // this rank's share of the stream: batches rank, rank + world, ...
-      for (int r = 0; r < dist.size(); ++r) {
-        data::Batch b = train_loader.next();
-        if (r == dist.rank()) batch = std::move(b);
+      {
+        profile::Region region("data");
+        for (int r = 0; r < dist.size(); ++r) {
+          data::Batch b = train_loader.next();
+          if (r == dist.rank()) batch = std::move(b);
+        }
       }
       Tensor loss = model->loss(batch.inputs, batch.targets, true);
       loss_sum += loss.item<double>();
       (accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(accum)) : loss).backward();
     }
     if (inject && fault_step == step + 1 && fault_rank == dist.rank()) inject_nan_grad(params);
+    std::optional<profile::Region> sync_region(std::in_place, "grad sync+clip");
     double loss = mean_over_world(dist, loss_sum / static_cast<double>(accum));
     sync_gradients(dist, *model);
     double gnorm = clip_grad_norm(dist, *model, clip);
+    sync_region.reset();
     // Non-finite values reach every rank through the loss mean and the gradient
     // sums (the norm of expert shards is summed over the ep group), so every rank
     // takes the same decision here without another collective.
@@ -456,6 +472,7 @@ TrainSummary train(const Config& config) {
                                          "lower train.lr (now {}) or check the data", what, consecutive_skips,
                                          max_consecutive_skips, schedule.lr));
       spdlog::warn("{}: step skipped on every rank (train.nan_policy = skip; {} skipped so far)", what, skipped);
+      profile::set_enabled(false);
       opt.zero_grad();
       reset_moe_stats(*model);
       if (metrics) metrics->write({{"step", step + 1}, {"skipped", true}, {"skipped_steps", skipped}});
@@ -468,7 +485,14 @@ TrainSummary train(const Config& config) {
     consecutive_skips = 0;
     all_reduce_moe_stats(dist, *model);
     const MoeStepSummary moe = moe_step(*model);
-    opt.step(lr);
+    {
+      profile::Region region("optimizer");
+      opt.step(lr);
+    }
+    if (profile::enabled()) {
+      profile::set_enabled(false);  // what follows (logging, eval, checkpoints) is not a step's work
+      ++profiled_steps;
+    }
     double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     tokens_seen += B * T * accum * dist.size();
     double tok_s = static_cast<double>(B * T * accum * dist.size()) / sec;
@@ -503,6 +527,14 @@ TrainSummary train(const Config& config) {
   if (max_steps > 0 && total_sec > 0)
     summary.tokens_per_second = static_cast<double>(tokens_seen - tokens_at_start) / total_sec;
   if (tokens_seen > tokens_at_start) report_memory(dist, ledger, baseline_rss);  // steps ran here
+  if (profiling) {
+    profile::set_enabled(false);
+    if (profiled_steps > 0)
+      spdlog::info("time per step by component (train.profile; this rank, mean of {} steps after the first):\n{}",
+                   profiled_steps, profile::format_table(profile::entries(), profiled_steps));
+    else
+      spdlog::info("train.profile: no step after the first ran here, nothing to report");
+  }
   if (stopped) {
     spdlog::info("stopped by SIGUSR1 after step {}; continue with ckpt.resume: auto", progress.step);
     return summary;
