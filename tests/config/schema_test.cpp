@@ -108,6 +108,7 @@ TEST_CASE("schema: defaults, types and ranges of the GPT-2 and training keys", "
       {"train.threads", {T::integer, "0", ">= 0"}},
       {"train.dtype", {T::choice, "f32", "one of f32, f64"}},
       {"train.activation_checkpointing", {T::boolean, "false", ""}},
+      {"train.profile", {T::boolean, "false", ""}},
       {"run.dir", {T::string, "runs/default", ""}},
   };
   Config defaults = Config::defaults();
