@@ -63,7 +63,7 @@ double gemm_error(bool ta, bool tb, int64_t m, int64_t n, int64_t k, uint64_t se
 
 }  // namespace
 
-TEST_CASE("blas: every f32 GEMM route matches an f64 loop (transposes, padding, alpha, beta)", "[blas]") {
+TEST_CASE("blas: every f32 GEMM route matches an f64 loop (transposes, padding, alpha, beta)", "[backend][blas]") {
   RouteGuard guard;
   for (cpu::GemmRoute route : routes()) {
     cpu::set_gemm_route(route);
@@ -78,7 +78,7 @@ TEST_CASE("blas: every f32 GEMM route matches an f64 loop (transposes, padding, 
 }
 
 TEST_CASE("blas: GEMMs issued from inside our parallel regions (one per thread) are right on every route",
-          "[blas]") {
+          "[backend][blas]") {
   RouteGuard guard;
   for (cpu::GemmRoute route : routes()) {
     cpu::set_gemm_route(route);
@@ -91,7 +91,7 @@ TEST_CASE("blas: GEMMs issued from inside our parallel regions (one per thread) 
   }
 }
 
-TEST_CASE("blas: matmul and linear give the same results on both routes (to f32 rounding)", "[blas]") {
+TEST_CASE("blas: matmul and linear give the same results on both routes (to f32 rounding)", "[backend][blas]") {
   if (!cpu::blis_available()) {
     WARN("BLIS is not installed: skipped");
     return;
@@ -106,7 +106,7 @@ TEST_CASE("blas: matmul and linear give the same results on both routes (to f32 
   CHECK(moetrain::testing::max_abs_diff(b, d) < 1e-4);
 }
 
-TEST_CASE("blas: MOETRAIN_GEMM picks the route; a bad value is an error naming the variable", "[blas][cli]") {
+TEST_CASE("blas: MOETRAIN_GEMM picks the route; a bad value is an error naming the variable", "[backend][blas]") {
   auto info = moetrain::testing::run_moetrain("info");
   REQUIRE(info.code == 0);
   CHECK_THAT(info.output, Catch::Contains("f32 GEMM: "));

@@ -14,7 +14,7 @@
 
 using namespace moetrain;
 
-TEST_CASE("threads: pin_threads puts each OpenMP thread on its own CPU", "[threads]") {
+TEST_CASE("threads: pin_threads puts each OpenMP thread on its own CPU", "[backend][threads]") {
   cpu_set_t original;
   REQUIRE(sched_getaffinity(0, sizeof(original), &original) == 0);
   const int n = cpu::num_threads();
@@ -36,7 +36,7 @@ TEST_CASE("threads: pin_threads puts each OpenMP thread on its own CPU", "[threa
   sched_setaffinity(0, sizeof(original), &original);
 }
 
-TEST_CASE("threads: MOETRAIN_PIN_THREADS must be 0 or 1", "[threads][cli]") {
+TEST_CASE("threads: MOETRAIN_PIN_THREADS must be 0 or 1", "[backend][threads]") {
   auto bad = moetrain::testing::capture_command("MOETRAIN_PIN_THREADS=yes " + std::string(MOETRAIN_BINARY_DIR) +
                                                 "/moetrain info");
   CHECK(bad.code != 0);
