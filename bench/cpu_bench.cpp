@@ -228,6 +228,7 @@ void gemm_table(double peak) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cpu::reexec_with_short_spin(argv);
   int steps = 3;
   bool torch = true;
   std::string cases = "gemm,gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe";
@@ -244,8 +245,13 @@ int main(int argc, char** argv) {
   cpu::init_threads();
   const int threads = cpu::num_threads();
   const FmaPeak peak = fma_peak(threads);
-  fmt::print("CPU harness: {} threads, f32; FMA peak measured now: {:.1f} GFLOP/s ({} probe); BLAS: {}\n", threads,
-             peak.gflops, peak.isa, cpu::blas_name());
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  fmt::print("CPU harness: {} threads, f32; FMA peak measured now: {:.1f} GFLOP/s ({} probe); BLAS: {}; OpenMP "
+             "wait: {}\n",
+             threads, peak.gflops, peak.isa, cpu::blas_name(),
+             policy ? fmt::format("OMP_WAIT_POLICY={}", policy)
+                    : fmt::format("GOMP_SPINCOUNT={}", spin ? spin : "libgomp default"));
   std::stringstream list(cases);
   bool header = false;
   for (std::string name; std::getline(list, name, ',');) {

@@ -2,6 +2,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "backend/cpu/blas.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cuda/runtime.h"
@@ -15,6 +18,11 @@ void add_info_command(CLI::App& app, Commands& commands) {
     fmt::print("moetrain {}\n", MOETRAIN_VERSION);
     fmt::print("threads     {} (MOETRAIN_NUM_THREADS or --threads override)\n", cpu::num_threads());
     fmt::print("blas        {}\n", cpu::blas_name());
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    const char* spin = std::getenv("GOMP_SPINCOUNT");
+    fmt::print("openmp      {}\n", policy ? fmt::format("OMP_WAIT_POLICY={}", policy)
+                                          : spin ? fmt::format("GOMP_SPINCOUNT={}", spin)
+                                                 : std::string("libgomp's default spin"));
     if (cuda::built_with_cuda()) {
       int n = cuda::device_count();
       fmt::print("cuda        built in, {} device(s)\n", n);

@@ -10,6 +10,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "backend/cpu/parallel.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -25,6 +26,7 @@ int fail(int code) {
 
 int main(int argc, char** argv) {
   using namespace moetrain;
+  cpu::reexec_with_short_spin(argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("moetrain"));
   spdlog::set_pattern("[%H:%M:%S] %^%v%$");
   try {

@@ -45,3 +45,20 @@ TEST_CASE("threads: MOETRAIN_PIN_THREADS must be 0 or 1", "[backend][threads]") 
                                                "/moetrain info");
   CHECK(ok.code == 0);
 }
+
+TEST_CASE("threads: the CLI restarts itself with a short OpenMP spin unless the user chose one",
+          "[backend][threads]") {
+  const std::string bin = std::string(MOETRAIN_BINARY_DIR) + "/moetrain info";
+  auto plain = moetrain::testing::capture_command("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY " + bin);
+  REQUIRE(plain.code == 0);
+  CHECK_THAT(plain.output, Catch::Contains(std::string("openmp      GOMP_SPINCOUNT=") + cpu::kDefaultSpinCount));
+  auto chosen = moetrain::testing::capture_command("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=300000 " + bin);
+  CHECK_THAT(chosen.output, Catch::Contains("openmp      GOMP_SPINCOUNT=300000"));
+  auto policy = moetrain::testing::capture_command("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive " + bin);
+  CHECK_THAT(policy.output, Catch::Contains("openmp      OMP_WAIT_POLICY=passive"));
+  // The arguments survive the restart.
+  auto args = moetrain::testing::capture_command("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY " +
+                                                 std::string(MOETRAIN_BINARY_DIR) + "/moetrain info --bogus");
+  CHECK(args.code != 0);
+  CHECK_THAT(args.output, Catch::Contains("--bogus"));
+}

@@ -19,6 +19,18 @@ void set_num_threads(int n);
 // Default: MOETRAIN_NUM_THREADS if set, else cores available to this process
 // divided by the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE etc.), at least 1.
 int default_num_threads();
+// OpenMP threads that reach the end of a parallel region first spin before they
+// sleep; libgomp spins 300,000 times by default, so when other processes share
+// the cores a waiting thread burns the core the straggler needs, and a step can
+// take several times longer than on one thread. libgomp reads its settings once,
+// when it loads, so a program that wants a shorter spin must start again with it
+// set: when neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set, this sets
+// GOMP_SPINCOUNT=10000 and re-executes the program (same pid, arguments and
+// environment otherwise). Call first thing in main. Either variable set by the
+// user is left alone.
+inline constexpr const char* kDefaultSpinCount = "10000";
+void reexec_with_short_spin(char** argv);
+
 // Applies default_num_threads() once, then pins the threads when
 // MOETRAIN_PIN_THREADS=1; called by the CLI and the test main.
 void init_threads();

@@ -1,4 +1,5 @@
 #include <sched.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -72,6 +73,17 @@ std::vector<int> pin_threads() {
     if (sched_setaffinity(0, sizeof(one), &one) == 0) chosen[static_cast<size_t>(t)] = cpu;
   }
   return chosen;
+}
+
+void reexec_with_short_spin(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  char path[4096];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return;  // no procfs: run on with libgomp's default
+  path[n] = '\0';
+  setenv("GOMP_SPINCOUNT", kDefaultSpinCount, 1);
+  execv(path, argv);
+  unsetenv("GOMP_SPINCOUNT");  // exec failed: libgomp's default stays in force
 }
 
 void init_threads() {
