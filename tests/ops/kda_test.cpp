@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "moetrain.h"
+#include "ops/kda_kernels.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -252,6 +253,43 @@ TEST_CASE("kda_chunked: f32 agrees with the f64 recurrent form", "[ops][kda]") {
     }
   }
   WARN("f32 vs f64 recurrent: max relative error chunked " << worst_chunked << ", recurrent " << worst_recurrent);
+}
+
+TEST_CASE("kda_chunked: the portable and the AVX2 copies of the kernels agree", "[ops][kda]") {
+  // kda_cpu.cpp compiles the chunked kernels twice (the build's baseline ISA, and AVX2 + FMA
+  // picked at run time). Both must meet the recurrent reference; they differ only by
+  // rounding (FMA contraction, vector exp lanes), so they agree to f64 / f32 precision.
+  // On a CPU without AVX2 both runs take the portable copy and agree bitwise.
+  INFO("AVX2 copy in use: " << cpu::kda_chunked_uses_avx2());
+  for (Decay decay : {Decay::lower_bound, Decay::mixed})
+    for (DType dtype : {DType::f64, DType::f32}) {
+      INFO(decay_name(decay) << " " << dtype_name(dtype));
+      Inputs in = make_inputs(2, 150, 2, 4, 16, 8, decay, true, 70);
+      Tensor grad_o = randn(in.v.shape(), DType::f64, 71), grad_state = randn(in.h0.shape(), DType::f64, 72);
+      Run ref = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.3); }, in,
+                    grad_o, grad_state);
+      auto chunked = [&] {
+        return run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.3, 64); },
+                   in.to(dtype), grad_o.to(dtype), grad_state.to(dtype));
+      };
+      Run fast = chunked();
+      cpu::kda_chunked_force_portable(true);
+      Run portable = chunked();
+      cpu::kda_chunked_force_portable(false);
+      const double to_ref = dtype == DType::f64 ? 1e-10 : 2e-5, between = dtype == DType::f64 ? 1e-12 : 2e-6;
+      std::vector<std::pair<Tensor, Tensor>> pairs{{fast.o, portable.o}, {fast.state, portable.state}};
+      std::vector<Tensor> refs{ref.o, ref.state};
+      for (size_t i = 0; i < ref.grads.size(); ++i) {
+        pairs.push_back({fast.grads[i], portable.grads[i]});
+        refs.push_back(ref.grads[i]);
+      }
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        INFO("tensor " << i);
+        CHECK(rel_error(pairs[i].first.to(DType::f64), refs[i]) < to_ref);
+        CHECK(rel_error(pairs[i].second.to(DType::f64), refs[i]) < to_ref);
+        CHECK(rel_error(pairs[i].first.to(DType::f64), pairs[i].second.to(DType::f64)) < between);
+      }
+    }
 }
 
 TEST_CASE("kda_decode_step: token by token equals kda_recurrent", "[ops][kda]") {
