@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/blas.h"
@@ -179,6 +180,100 @@ void multiply(T* __restrict out, const T* __restrict a, const T* __restrict b, i
   for (int64_t x = 0; x < n; ++x) out[x] = a[x] * b[x];
 }
 
+// C[m,n] = alpha op(A) op(B) + beta C (row-major, op(X) = X or X^T; beta = 0 never reads C)
+// for the chunk's small tiles (m, n, k <= max(C, K, V)). OpenBLAS spends as much time
+// packing operands, scaling C and taking its buffer lock as multiplying at these sizes;
+// here the operands already sit in L1/L2, so a register-blocked kernel reads them in
+// place: 6 rows of C by 2 vectors of columns in registers (12 accumulators: enough
+// independent FMAs to cover their latency), then 4, then 1, op(A) broadcast element by
+// element, op(B) rows loaded as vectors (B^T is first packed into `pack` [k, n]). The
+// vectors are GCC vector extensions, 32 bytes: one AVX2 register in the AVX2 copy, two
+// SSE2 registers in the portable one. Shapes whose n is not a multiple of the two
+// vectors go to OpenBLAS. Each C element is one in-order sum over p: deterministic.
+template <class T>
+struct Vec32Of;
+template <>
+struct Vec32Of<float> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct Vec32Of<double> {
+  typedef double type __attribute__((vector_size(32)));
+};
+template <class T>
+using Vec32 = typename Vec32Of<T>::type;
+
+// Unaligned vector load / store (memcpy compiles to one vmovups). By reference: a
+// 32-byte vector passed by value has a different ABI with and without AVX.
+template <class T>
+inline void load_vec(Vec32<T>& v, const T* p) {
+  std::memcpy(&v, p, sizeof v);
+}
+template <class T>
+inline void store_vec(T* p, const Vec32<T>& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+template <class T, int MR>
+inline void tile_gemm_rows(int64_t i0, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row, int64_t a_col,
+                           const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  using V = Vec32<T>;
+  constexpr int64_t W = sizeof(V) / sizeof(T);
+  for (int64_t j0 = 0; j0 < n; j0 += 2 * W) {
+    V acc[MR][2] = {};
+    const T* ap = a + i0 * a_row;
+    const T* bp = b + j0;
+    for (int64_t p = 0; p < k; ++p, ap += a_col, bp += ldb) {
+      V b0, b1;
+      load_vec(b0, bp);
+      load_vec(b1, bp + W);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        T x = ap[r * a_row];
+        acc[r][0] += x * b0;
+        acc[r][1] += x * b1;
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      T* c0 = c + (i0 + r) * ldc + j0;
+      V y0 = alpha * acc[r][0], y1 = alpha * acc[r][1];
+      if (beta != T(0)) {
+        V x0, x1;
+        load_vec(x0, c0);
+        load_vec(x1, c0 + W);
+        y0 += beta * x0;
+        y1 += beta * x1;
+      }
+      store_vec(c0, y0);
+      store_vec(c0 + W, y1);
+    }
+  }
+}
+
+template <class T>
+inline void tile_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                      const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* pack) {
+  constexpr int64_t W = sizeof(Vec32<T>) / sizeof(T);
+  if (m <= 0 || n <= 0) return;
+  if (n % (2 * W) != 0 || k <= 0) {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (trans_b) {  // pack[p, j] = B[j, p]
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t j = 0; j < n; ++j) pack[p * n + j] = b[j * ldb + p];
+    b = pack;
+    ldb = n;
+  }
+  // op(A)[i, p] = a[i * a_row + p * a_col]
+  const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
+  int64_t i = 0;
+  for (; i + 6 <= m; i += 6) tile_gemm_rows<T, 6>(i, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
+  for (; i + 4 <= m; i += 4) tile_gemm_rows<T, 4>(i, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
+  for (; i < m; ++i) tile_gemm_rows<T, 1>(i, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
+}
+
 // Workspace and per-chunk quantities of one task. prepare() loads a chunk and
 // computes what depends on the chunk alone; forward() / backward() add the entry state.
 template <class T>
@@ -206,6 +301,8 @@ class KdaChunk {
     col_off_.resize(static_cast<size_t>(nsub));
     diag_reference_.resize(static_cast<size_t>(nsub));
     pairdec_.resize(static_cast<size_t>(nsub * tri(kSubChunk) * K));
+    int64_t widest = std::max({C, K, V});
+    pack_.resize(static_cast<size_t>(widest * widest));
   }
 
   // Loads rows [t0, t0 + L) of a task and computes γ, the decay factors, E (= A^kk
@@ -284,18 +381,18 @@ class KdaChunk {
     }
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = 0; j < L; ++j) Tm_[i * L + j] = M_[i * L + j] * beta_[j];
-    gemm(false, false, L, K, L, T(1), Tm_.data(), L, kg_.data(), K, T(0), W_.data(), K);
+    mm(false, false, L, K, L, T(1), Tm_.data(), L, kg_.data(), K, T(0), W_.data(), K);
   }
 
   // With entry state S [K, V]: writes the chunk's output rows O (row stride ldo) and advances S to S_{n+1}.
   void forward(T* S, T* o, int64_t ldo) {
     const int64_t L = L_, K = K_, V = V_;
     new_values(S);
-    gemm(false, false, L, V, K, T(1), qg_.data(), K, S, V, T(0), o, ldo);            // (Q̄ ⊙ e^γ) S_n
-    gemm(false, false, L, V, L, T(1), Aqk_.data(), L, Vn_.data(), V, T(1), o, ldo);  // + A^qk V^new
+    mm(false, false, L, V, K, T(1), qg_.data(), K, S, V, T(0), o, ldo);            // (Q̄ ⊙ e^γ) S_n
+    mm(false, false, L, V, L, T(1), Aqk_.data(), L, Vn_.data(), V, T(1), o, ldo);  // + A^qk V^new
     for (int64_t d = 0; d < K; ++d)
       for (int64_t j = 0; j < V; ++j) S[d * V + j] *= egC_[d];
-    gemm(true, false, K, V, L, T(1), kh_.data(), K, Vn_.data(), V, T(1), S, V);  // + (K ⊙ e^{γ_C-γ})^T V^new
+    mm(true, false, K, V, L, T(1), kh_.data(), K, Vn_.data(), V, T(1), S, V);  // + (K ⊙ e^{γ_C-γ})^T V^new
   }
 
   // §6.2 for this chunk. S: the entry state S_n; dS: in dS_{n+1}, out dS_n; dO: rows
@@ -305,23 +402,23 @@ class KdaChunk {
     const int64_t L = L_, K = K_, V = V_;
     new_values(S);
     // dV^new = A^qk^T dO + (K ⊙ e^{γ_C-γ}) dS
-    gemm(true, false, L, V, L, T(1), Aqk_.data(), L, dO, ldo, T(0), dVn_.data(), V);
-    gemm(false, false, L, V, K, T(1), kh_.data(), K, dS, V, T(1), dVn_.data(), V);
+    mm(true, false, L, V, L, T(1), Aqk_.data(), L, dO, ldo, T(0), dVn_.data(), V);
+    mm(false, false, L, V, K, T(1), kh_.data(), K, dS, V, T(1), dVn_.data(), V);
     // dA^qk = Tril(dO V^new^T)
-    gemm(false, true, L, L, V, T(1), dO, ldo, Vn_.data(), V, T(0), dAqk_.data(), L);
+    mm(false, true, L, L, V, T(1), dO, ldo, Vn_.data(), V, T(0), dAqk_.data(), L);
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = i + 1; j < L; ++j) dAqk_[i * L + j] = T(0);
     // dS_n = Diag(e^{γ_C}) dS + (Q̄ ⊙ e^γ)^T dO - W^T dV^new
     for (int64_t d = 0; d < K; ++d)
       for (int64_t j = 0; j < V; ++j) dSn_[d * V + j] = egC_[d] * dS[d * V + j];
-    gemm(true, false, K, V, L, T(1), qg_.data(), K, dO, ldo, T(1), dSn_.data(), V);
-    gemm(true, false, K, V, L, T(-1), W_.data(), K, dVn_.data(), V, T(1), dSn_.data(), V);
+    mm(true, false, K, V, L, T(1), qg_.data(), K, dO, ldo, T(1), dSn_.data(), V);
+    mm(true, false, K, V, L, T(-1), W_.data(), K, dVn_.data(), V, T(1), dSn_.data(), V);
     // dU = dV^new, dW = -dV^new S_n^T; dTm = dU V^T + dW (K ⊙ e^γ)^T; dV = Tm^T dU; d(K ⊙ e^γ) = Tm^T dW
-    gemm(false, true, L, K, V, T(-1), dVn_.data(), V, S, V, T(0), dW_.data(), K);
-    gemm(false, true, L, L, V, T(1), dVn_.data(), V, v_.data(), V, T(0), dTm_.data(), L);
-    gemm(false, true, L, L, K, T(1), dW_.data(), K, kg_.data(), K, T(1), dTm_.data(), L);
-    gemm(true, false, L, V, L, T(1), Tm_.data(), L, dVn_.data(), V, T(0), dv.at(t0), dv.stride);
-    gemm(true, false, L, K, L, T(1), Tm_.data(), L, dW_.data(), K, T(0), dkg_.data(), K);
+    mm(false, true, L, K, V, T(-1), dVn_.data(), V, S, V, T(0), dW_.data(), K);
+    mm(false, true, L, L, V, T(1), dVn_.data(), V, v_.data(), V, T(0), dTm_.data(), L);
+    mm(false, true, L, L, K, T(1), dW_.data(), K, kg_.data(), K, T(1), dTm_.data(), L);
+    mm(true, false, L, V, L, T(1), Tm_.data(), L, dVn_.data(), V, T(0), dv.at(t0), dv.stride);
+    mm(true, false, L, K, L, T(1), Tm_.data(), L, dW_.data(), K, T(0), dkg_.data(), K);
     // dM = dTm Diag(β) and dβ_j += Σ_i dTm[i,j] M[i,j], on the lower triangle (M is lower triangular).
     std::fill(dbeta_.begin(), dbeta_.begin() + L, T(0));
     for (int64_t i = 0; i < L; ++i)
@@ -331,8 +428,8 @@ class KdaChunk {
         if (j <= i) dbeta_[j] += x * M_[i * L + j];
       }
     // dA^kk = -StrictTril(M^T dM M^T); with A^kk = Diag(β) E: dβ_i += Σ_j dA^kk[i,j] E[i,j], dE = Diag(β) dA^kk.
-    gemm(true, false, L, L, L, T(1), M_.data(), L, dM_.data(), L, T(0), tmpc_.data(), L);
-    gemm(false, true, L, L, L, T(-1), tmpc_.data(), L, M_.data(), L, T(0), dAkk_.data(), L);
+    mm(true, false, L, L, L, T(1), M_.data(), L, dM_.data(), L, T(0), tmpc_.data(), L);
+    mm(false, true, L, L, L, T(-1), tmpc_.data(), L, M_.data(), L, T(0), dAkk_.data(), L);
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = 0; j < L; ++j) {
         T& x = dAkk_[i * L + j];
@@ -350,14 +447,14 @@ class KdaChunk {
     decayed_products_backward(dAqk_.data(), q_.data(), qrow_.data(), qdiag_.data(), dq_.data());  // A^qk: x = q̄
     // Inter-chunk factors: Q̄ ⊙ e^γ (G = dO S_n^T), K ⊙ e^γ, K ⊙ e^{γ_C-γ} (dK̂ = V^new dS^T), Diag(e^{γ_C}).
     std::fill(dgamC_.begin(), dgamC_.end(), T(0));
-    gemm(false, true, L, K, V, T(1), dO, ldo, S, V, T(0), tmpk_.data(), K);
+    mm(false, true, L, K, V, T(1), dO, ldo, S, V, T(0), tmpk_.data(), K);
     for (int64_t x = 0; x < L * K; ++x) {
       dq_[x] += tmpk_[x] * eg_[x];
       dgam_[x] += tmpk_[x] * qg_[x];
       dk_[x] += dkg_[x] * eg_[x];
       dgam_[x] += dkg_[x] * kg_[x];
     }
-    gemm(false, true, L, K, V, T(1), Vn_.data(), V, dS, V, T(0), tmpk_.data(), K);
+    mm(false, true, L, K, V, T(1), Vn_.data(), V, dS, V, T(0), tmpk_.data(), K);
     for (int64_t i = 0; i < L; ++i)
       for (int64_t d = 0; d < K; ++d) {
         int64_t x = i * K + d;
@@ -396,8 +493,8 @@ class KdaChunk {
   // V^new = U - W S_n with U = Tm V.
   void new_values(const T* S) {
     const int64_t L = L_, K = K_, V = V_;
-    gemm(false, false, L, V, L, T(1), Tm_.data(), L, v_.data(), V, T(0), Vn_.data(), V);
-    gemm(false, false, L, V, K, T(-1), W_.data(), K, S, V, T(1), Vn_.data(), V);
+    mm(false, false, L, V, L, T(1), Tm_.data(), L, v_.data(), V, T(0), Vn_.data(), V);
+    mm(false, false, L, V, K, T(-1), W_.data(), K, S, V, T(1), Vn_.data(), V);
   }
 
   // P[i,j] = Σ_d x_{i,d} k_{j,d} exp(γ_{i,d} - γ_{j,d}) for j < i (and j = i when `diagonal`),
@@ -409,10 +506,10 @@ class KdaChunk {
     for (int64_t r = 0; r * kSubChunk < L; ++r) {
       int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk), rl = r1 - r0;
       // Off-diagonal block [r0, r1) x [0, r0): one matmul of reference-scaled rows.
-      gemm(false, true, rl, r0, K, T(1), xrow + r0 * K, K, &kcol_[col_off_[r]], K, T(0), P + r0 * L, L);
+      mm(false, true, rl, r0, K, T(1), xrow + r0 * K, K, &kcol_[col_off_[r]], K, T(0), P + r0 * L, L);
       if (diag_reference_[r]) {
         // Diagonal block as a matmul; the entries above the diagonal (factors > 1, unused) are zeroed.
-        gemm(false, true, rl, rl, K, T(1), xdiag + r0 * K, K, &kdcol_[r0 * K], K, T(0), P + r0 * L + r0, L);
+        mm(false, true, rl, rl, K, T(1), xdiag + r0 * K, K, &kdcol_[r0 * K], K, T(0), P + r0 * L + r0, L);
         for (int64_t i = r0; i < r1; ++i)
           for (int64_t j = diagonal ? i + 1 : i; j < r1; ++j) P[i * L + j] = T(0);
         continue;
@@ -441,16 +538,16 @@ class KdaChunk {
       int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk), rl = r1 - r0;
       if (r0 > 0) {
         const T* col = &coldec_[col_off_[r]];
-        gemm(false, false, rl, K, r0, T(1), dP + r0 * L, L, &kcol_[col_off_[r]], K, T(0), tmpk_.data(), K);
+        mm(false, false, rl, K, r0, T(1), dP + r0 * L, L, &kcol_[col_off_[r]], K, T(0), tmpk_.data(), K);
         for (int64_t x0 = 0; x0 < rl * K; ++x0) px_[r0 * K + x0] += tmpk_[x0] * rowdec_[r0 * K + x0];
-        gemm(true, false, r0, K, rl, T(1), dP + r0 * L, L, xrow + r0 * K, K, T(0), tmpk_.data(), K);
+        mm(true, false, r0, K, rl, T(1), dP + r0 * L, L, xrow + r0 * K, K, T(0), tmpk_.data(), K);
         for (int64_t x0 = 0; x0 < r0 * K; ++x0) py_[x0] += tmpk_[x0] * col[x0];
       }
       if (diag_reference_[r]) {
         const T* dPd = dP + r0 * L + r0;  // [rl, rl], lower triangular
-        gemm(false, false, rl, K, rl, T(1), dPd, L, &kdcol_[r0 * K], K, T(0), tmpk_.data(), K);
+        mm(false, false, rl, K, rl, T(1), dPd, L, &kdcol_[r0 * K], K, T(0), tmpk_.data(), K);
         for (int64_t x0 = 0; x0 < rl * K; ++x0) px_[r0 * K + x0] += tmpk_[x0] * drow_[r0 * K + x0];
-        gemm(true, false, rl, K, rl, T(1), dPd, L, xdiag + r0 * K, K, T(0), tmpk_.data(), K);
+        mm(true, false, rl, K, rl, T(1), dPd, L, xdiag + r0 * K, K, T(0), tmpk_.data(), K);
         for (int64_t x0 = 0; x0 < rl * K; ++x0) py_[r0 * K + x0] += tmpk_[x0] * dcol_[r0 * K + x0];
         continue;
       }
@@ -477,7 +574,13 @@ class KdaChunk {
     }
   }
 
+  void mm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T beta, T* c, int64_t ldc) {
+    tile_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pack_.data());
+  }
+
   int64_t C_, K_, V_, L_ = 0;
+  std::vector<T> pack_;  // B^T for tile_gemm
   std::vector<T> q_, k_, v_, beta_;      // chunk rows; q_ = scale q
   std::vector<double> gam_;              // [L, K] γ, inclusive within-chunk cumsum of g
   std::vector<double> zero_;             // [K] zeros
