@@ -421,25 +421,29 @@ class KdaChunk {
     mm(true, false, L, K, L, T(1), Tm_.data(), L, dW_.data(), K, T(0), dkg_.data(), K);
     // dM = dTm Diag(β) and dβ_j += Σ_i dTm[i,j] M[i,j], on the lower triangle (M is lower triangular).
     std::fill(dbeta_.begin(), dbeta_.begin() + L, T(0));
-    for (int64_t i = 0; i < L; ++i)
-      for (int64_t j = 0; j < L; ++j) {
-        T x = dTm_[i * L + j];
-        dM_[i * L + j] = j <= i ? x * beta_[j] : T(0);
-        if (j <= i) dbeta_[j] += x * M_[i * L + j];
+    for (int64_t i = 0; i < L; ++i) {
+      const T *x = &dTm_[i * L], *m = &M_[i * L];
+      T* dm = &dM_[i * L];
+      for (int64_t j = 0; j <= i; ++j) {
+        dm[j] = x[j] * beta_[j];
+        dbeta_[j] += x[j] * m[j];
       }
+      std::fill(dm + i + 1, dm + L, T(0));
+    }
     // dA^kk = -StrictTril(M^T dM M^T); with A^kk = Diag(β) E: dβ_i += Σ_j dA^kk[i,j] E[i,j], dE = Diag(β) dA^kk.
     mm(true, false, L, L, L, T(1), M_.data(), L, dM_.data(), L, T(0), tmpc_.data(), L);
     mm(false, true, L, L, L, T(-1), tmpc_.data(), L, M_.data(), L, T(0), dAkk_.data(), L);
-    for (int64_t i = 0; i < L; ++i)
-      for (int64_t j = 0; j < L; ++j) {
-        T& x = dAkk_[i * L + j];
-        if (j < i) {
-          dbeta_[i] += x * E_[i * L + j];
-          x *= beta_[i];
-        } else {
-          x = T(0);
-        }
+    for (int64_t i = 0; i < L; ++i) {
+      T* x = &dAkk_[i * L];
+      const T* e = &E_[i * L];
+      T acc = T(0);
+      for (int64_t j = 0; j < i; ++j) {
+        acc += x[j] * e[j];
+        x[j] *= beta_[i];
       }
+      dbeta_[i] += acc;
+      std::fill(x + i, x + L, T(0));
+    }
     std::fill(dq_.begin(), dq_.begin() + L * K, T(0));
     std::fill(dk_.begin(), dk_.begin() + L * K, T(0));
     std::fill(dgam_.begin(), dgam_.begin() + L * K, T(0));
@@ -470,11 +474,14 @@ class KdaChunk {
       dgam_[(L - 1) * K + d] += dgamC_[d];  // γ_C is γ of the last row
     }
     // Write out: dg_i = Σ_{l >= i} dγ_l (reverse cumsum), dq = scale dq̄.
-    for (int64_t d = 0; d < K; ++d) {
-      T acc = T(0);
-      for (int64_t i = L - 1; i >= 0; --i) {
-        acc += dgam_[i * K + d];
-        dg.at(t0 + i)[d] = acc;
+    // Rows from the last, a running sum per channel (dgamC_ is free again): same order of
+    // additions per channel as a column loop, but contiguous.
+    std::fill(dgamC_.begin(), dgamC_.end(), T(0));
+    for (int64_t i = L - 1; i >= 0; --i) {
+      T* out = dg.at(t0 + i);
+      for (int64_t d = 0; d < K; ++d) {
+        dgamC_[d] += dgam_[i * K + d];
+        out[d] = dgamC_[d];
       }
     }
     for (int64_t i = 0; i < L; ++i) {
