@@ -326,18 +326,15 @@ class KdaChunk {
     const double* gamC = &gam_[(L - 1) * K];
     const double* zero = zero_.data();
     exp_of_difference(egC_.data(), gamC, zero, K);
-    for (int64_t i = 0; i < L; ++i) {
-      exp_of_difference(&eg_[i * K], &gam_[i * K], zero, K);
-      exp_of_difference(&eh_[i * K], gamC, &gam_[i * K], K);
-    }
-    multiply(qg_.data(), q_.data(), eg_.data(), L * K);
-    multiply(kg_.data(), k_.data(), eg_.data(), L * K);
-    multiply(kh_.data(), k_.data(), eh_.data(), L * K);
-    int64_t off = 0;
+    int64_t off = 0, last0 = 0;  // last0: first row of the last sub-chunk
     for (int64_t r = 0; r * kSubChunk < L; ++r) {
       int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk);
       const double* gn = &gam_[r0 * K];
+      last0 = r0;
       for (int64_t i = r0; i < r1; ++i) exp_of_difference(&rowdec_[i * K], &gam_[i * K], gn, K);
+      // e^{γ_i} = e^{γ_n} e^{γ_i - γ_n}: one exp row per sub-chunk, both factors <= 1.
+      exp_of_difference(&eg_[r0 * K], gn, zero, K);
+      for (int64_t i = r0 + 1; i < r1; ++i) multiply(&eg_[i * K], &eg_[r0 * K], &rowdec_[i * K], K);
       multiply(&qrow_[r0 * K], &q_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
       multiply(&krow_[r0 * K], &k_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
       col_off_[r] = off;
@@ -364,6 +361,14 @@ class KdaChunk {
           for (int64_t j = r0; j <= i; ++j, pd += K) exp_of_difference(pd, &gam_[i * K], &gam_[j * K], K);
       }
     }
+    // e^{γ_C - γ_j}: rows of the last sub-chunk directly; earlier rows, with n = last0,
+    // as e^{γ_C - γ_n} e^{γ_n - γ_j} (the last sub-chunk's column factors; both <= 1).
+    for (int64_t i = last0; i < L; ++i) exp_of_difference(&eh_[i * K], gamC, &gam_[i * K], K);
+    const T* last_col = &coldec_[col_off_[last0 / kSubChunk]];
+    for (int64_t j = 0; j < last0; ++j) multiply(&eh_[j * K], &eh_[last0 * K], &last_col[j * K], K);
+    multiply(qg_.data(), q_.data(), eg_.data(), L * K);
+    multiply(kg_.data(), k_.data(), eg_.data(), L * K);
+    multiply(kh_.data(), k_.data(), eh_.data(), L * K);
     decayed_products(E_.data(), krow_.data(), kdiag_.data(), k_.data(), /*diagonal=*/false);
     decayed_products(Aqk_.data(), qrow_.data(), qdiag_.data(), q_.data(), /*diagonal=*/true);
 
