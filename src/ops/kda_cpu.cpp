@@ -195,10 +195,12 @@ struct Vec32Of;
 template <>
 struct Vec32Of<float> {
   typedef float type __attribute__((vector_size(32)));
+  typedef int32_t mask __attribute__((vector_size(32)));
 };
 template <>
 struct Vec32Of<double> {
   typedef double type __attribute__((vector_size(32)));
+  typedef int64_t mask __attribute__((vector_size(32)));
 };
 template <class T>
 using Vec32 = typename Vec32Of<T>::type;
@@ -212,6 +214,42 @@ inline void load_vec(Vec32<T>& v, const T* p) {
 template <class T>
 inline void store_vec(T* p, const Vec32<T>& v) {
   std::memcpy(p, &v, sizeof v);
+}
+
+// dst[c * ldd + i] = src[i * lds + c] for an 8x8 (f32) / 4x4 (f64) block: the unpack /
+// shuffle / 128-bit-lane steps of the usual AVX transpose, as GCC shuffles.
+inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  using V = Vec32<float>;
+  using M = Vec32Of<float>::mask;
+  V r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) load_vec(r[i], src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shuffle(r[i], r[i + 1], M{0, 8, 1, 9, 4, 12, 5, 13});
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], M{2, 10, 3, 11, 6, 14, 7, 15});
+  }
+  for (int h = 0; h < 8; h += 4)
+    for (int i = 0; i < 2; ++i) {
+      u[h + 2 * i] = __builtin_shuffle(t[h + i], t[h + i + 2], M{0, 1, 8, 9, 4, 5, 12, 13});
+      u[h + 2 * i + 1] = __builtin_shuffle(t[h + i], t[h + i + 2], M{2, 3, 10, 11, 6, 7, 14, 15});
+    }
+  for (int c = 0; c < 4; ++c) {
+    store_vec(dst + c * ldd, V(__builtin_shuffle(u[c], u[c + 4], M{0, 1, 2, 3, 8, 9, 10, 11})));
+    store_vec(dst + (c + 4) * ldd, V(__builtin_shuffle(u[c], u[c + 4], M{4, 5, 6, 7, 12, 13, 14, 15})));
+  }
+}
+inline void transpose_block(const double* src, int64_t lds, double* dst, int64_t ldd) {
+  using V = Vec32<double>;
+  using M = Vec32Of<double>::mask;
+  V r[4], t[4];
+  for (int i = 0; i < 4; ++i) load_vec(r[i], src + i * lds);
+  for (int i = 0; i < 4; i += 2) {
+    t[i] = __builtin_shuffle(r[i], r[i + 1], M{0, 4, 2, 6});
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], M{1, 5, 3, 7});
+  }
+  for (int c = 0; c < 2; ++c) {
+    store_vec(dst + c * ldd, V(__builtin_shuffle(t[c], t[c + 2], M{0, 1, 4, 5})));
+    store_vec(dst + (c + 2) * ldd, V(__builtin_shuffle(t[c], t[c + 2], M{2, 3, 6, 7})));
+  }
 }
 
 template <class T, int MR>
@@ -261,7 +299,10 @@ inline void tile_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     return;
   }
   if (trans_b) {  // pack[p, j] = B[j, p]
-    for (int64_t p = 0; p < k; ++p)
+    int64_t p0 = 0;
+    for (; p0 + W <= k; p0 += W)
+      for (int64_t j0 = 0; j0 < n; j0 += W) transpose_block(b + j0 * ldb + p0, ldb, pack + p0 * n + j0, n);
+    for (int64_t p = p0; p < k; ++p)
       for (int64_t j = 0; j < n; ++j) pack[p * n + j] = b[j * ldb + p];
     b = pack;
     ldb = n;
