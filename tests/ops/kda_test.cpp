@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "ops/kda_kernels.h"
 #include "ops/math.h"
@@ -291,6 +292,29 @@ TEST_CASE("kda_chunked: the portable and the AVX2 copies of the kernels agree", 
         CHECK(rel_error(pairs[i].first.to(DType::f64), pairs[i].second.to(DType::f64)) < between);
       }
     }
+}
+
+TEST_CASE("kda_chunked: results do not depend on the thread count", "[ops][kda]") {
+  // One (batch, value head) task runs start to end on one thread with the same code, so
+  // 1, 2 and 3 threads give the same bits (B·HV = 4 tasks: uneven splits included).
+  const int before = cpu::num_threads();
+  Inputs in = make_inputs(1, 150, 2, 4, 64, 64, Decay::lower_bound, true, 80).to(DType::f32);
+  Tensor grad_o = randn(in.v.shape(), DType::f32, 81), grad_state = randn(in.h0.shape(), DType::f32, 82);
+  auto chunked = [&] {
+    return run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.125, 64); }, in,
+               grad_o, grad_state);
+  };
+  cpu::set_num_threads(1);
+  Run one = chunked();
+  for (int threads : {2, 3}) {
+    cpu::set_num_threads(threads);
+    Run many = chunked();
+    INFO(threads << " threads");
+    CHECK(moetrain::testing::bitwise_equal(many.o, one.o));
+    CHECK(moetrain::testing::bitwise_equal(many.state, one.state));
+    for (size_t i = 0; i < one.grads.size(); ++i) CHECK(moetrain::testing::bitwise_equal(many.grads[i], one.grads[i]));
+  }
+  cpu::set_num_threads(before);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
