@@ -1,7 +1,8 @@
 // KDA core op, forward + backward in f32 at B = 1, H = HV = 4, K = V = 64, T = 2048 and 8192:
-// chunked (C = 64) vs recurrent, as time, as GFLOP/s against the same-run sgemm rate on
-// the chunk tiles (64x64 by 64x64, one tile product per task in parallel, as the chunked
-// kernel runs them), and as the chunked / recurrent time ratio.
+// chunked (C = 64) vs recurrent, as time, as GFLOP/s against the same-run OpenBLAS sgemm
+// rate on the chunk tiles (64x64 by 64x64, one tile product per task in parallel; the
+// chunked kernel now multiplies such tiles with its own tile_gemm), and as the
+// chunked / recurrent time ratio.
 // Then, for T = 2048 and 8192, the same chunked algorithm in plain PyTorch (bench/kda_torch.py,
 // autograd backward, same thread count, run by /usr/bin/python3 after our runs) and the
 // PyTorch / moetrain time ratio.

@@ -11,6 +11,10 @@
 // kReferenceSpan). exp is exp_of (ops/math.h: for f32 a vectorisable expf within
 // 2 ulp, 0 below -87.3).
 //
+// Speed (docs/kernels.md): the chunked task loops also exist compiled for AVX2 + FMA,
+// picked at run time (chunked_tasks_avx2); in-chunk products go through tile_gemm,
+// a register-blocked kernel for these small tiles, not OpenBLAS.
+//
 // Memory: the recurrent forward saves the state every kKdaRecurrentSegment steps
 // and its backward recomputes the states of one segment at a time; the chunked
 // forward saves every chunk-entry state S_n and its backward recomputes the
