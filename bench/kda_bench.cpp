@@ -1,8 +1,13 @@
 // KDA core op, forward + backward in f32 at B = 1, H = HV = 4, K = V = 64, T = 2048 and 8192:
-// chunked (C = 64) vs recurrent, as time, as GFLOP/s against the same-run sgemm rate on
-// the chunk tiles (64x64 by 64x64, one tile product per task in parallel, as the chunked
-// kernel runs them), and as the chunked / recurrent time ratio.
-// Run: build/moetrain_bench_kda [--benchmark_filter=...]; the ratio table is printed last.
+// chunked (C = 64) vs recurrent, as time, as GFLOP/s against the same-run OpenBLAS sgemm
+// rate on the chunk tiles (64x64 by 64x64, one tile product per task in parallel; the
+// chunked kernel now multiplies such tiles with its own tile_gemm), and as the
+// chunked / recurrent time ratio.
+// Then, for T = 2048 and 8192, the same chunked algorithm in plain PyTorch (bench/kda_torch.py,
+// autograd backward, same thread count, run by /usr/bin/python3 after our runs) and the
+// PyTorch / moetrain time ratio.
+// Run: build/moetrain_bench_kda [--no-torch] [--torch-steps N] [--benchmark_filter=...]; the
+// ratio table is printed last.
 //
 // FLOP models (2 per multiply-add), per head:
 //   recurrent, per token: forward 7KV; backward 23KV (segment recomputation 7KV, BPTT 16KV).
@@ -10,6 +15,8 @@
 //   counted as dense matmuls, built twice: forward and backward recomputation).
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -111,9 +118,34 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 };
 
+// Mean ms per forward+backward step of bench/kda_torch.py at this shape and thread count; -1 if it failed.
+double torch_ms(int64_t T, int steps) {
+  std::string cmd = fmt::format(
+      "/usr/bin/python3 {}/bench/kda_torch.py --seq {} --heads {} --dim {} --chunk {} --batch {} --threads {} --steps {}",
+      MOETRAIN_SOURCE_DIR, T, kH, kK, kC, kB, cpu::num_threads(), steps);
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char line[256] = {0};
+  double ms = -1;
+  while (std::fgets(line, sizeof line, p))
+    if (std::sscanf(line, "torch_ms_per_step %lf", &ms) == 1) break;
+  pclose(p);
+  return ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool with_torch = true;
+  int torch_steps = 3;
+  int kept = 1;  // our flags out, Google Benchmark's in
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--no-torch") with_torch = false;
+    else if (a == "--torch-steps" && i + 1 < argc) torch_steps = std::atoi(argv[++i]);
+    else argv[kept++] = argv[i];
+  }
+  argc = kept;
   cpu::init_threads();
   benchmark::Initialize(&argc, argv);
   RatioReporter reporter;
@@ -132,6 +164,21 @@ int main(int argc, char** argv) {
     }
     if (reporter.ms.count(rec) && reporter.ms.count(chk))
       fmt::print("  T={}: chunked / recurrent time = {:.2f}\n", T, reporter.ms[chk] / reporter.ms[rec]);
+  }
+  if (!with_torch) return 0;
+  fmt::print("PyTorch {} (bench/kda_torch.py, chunked, autograd backward, warm-up + mean of {} steps)\n",
+             "/usr/bin/python3", torch_steps);
+  for (int64_t T : {2048, 8192}) {
+    std::string chk = fmt::format("BM_kda_chunked/{}", T);
+    double tms = torch_ms(T, torch_steps);
+    if (tms <= 0) {
+      fmt::print("  T={}: PyTorch run failed\n", T);
+      continue;
+    }
+    fmt::print("  T={}: PyTorch {:9.2f} ms", T, tms);
+    if (reporter.ms.count(chk))
+      fmt::print(", moetrain chunked {:.2f} ms: PyTorch / moetrain time = {:.1f}x", reporter.ms[chk], tms / reporter.ms[chk]);
+    fmt::print("\n");
   }
   return 0;
 }

@@ -33,4 +33,11 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
                           const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                           const Tensor& chunk_states, double scale, int64_t chunk_size);
 
+// The chunked kernels run a copy compiled for AVX2 + FMA when the CPU has both
+// (kda_cpu.cpp), else the portable copy; the two round differently (FMA), each is
+// deterministic for a fixed thread count. For tests: which one runs, and forcing the
+// portable one (process-wide).
+bool kda_chunked_uses_avx2();
+void kda_chunked_force_portable(bool portable);
+
 }  // namespace moetrain::cpu
