@@ -22,6 +22,7 @@
 
 #include "backend/cpu/blas.h"
 #include "backend/cpu/parallel.h"
+#include "bench/harness.h"
 #include "moetrain.h"
 #include "ops/kda.h"
 
@@ -120,17 +121,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
 // Mean ms per forward+backward step of bench/kda_torch.py at this shape and thread count; -1 if it failed.
 double torch_ms(int64_t T, int steps) {
-  std::string cmd = fmt::format(
-      "/usr/bin/python3 {}/bench/kda_torch.py --seq {} --heads {} --dim {} --chunk {} --batch {} --threads {} --steps {}",
-      MOETRAIN_SOURCE_DIR, T, kH, kK, kC, kB, cpu::num_threads(), steps);
-  std::FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char line[256] = {0};
-  double ms = -1;
-  while (std::fgets(line, sizeof line, p))
-    if (std::sscanf(line, "torch_ms_per_step %lf", &ms) == 1) break;
-  pclose(p);
-  return ms;
+  return bench::torch_ms(fmt::format("kda_torch.py --seq {} --heads {} --dim {} --chunk {} --batch {} --threads {} "
+                                     "--steps {}",
+                                     T, kH, kK, kC, kB, cpu::num_threads(), steps));
 }
 
 }  // namespace

@@ -45,13 +45,19 @@ struct Blis {
 constexpr const char* kBlisSkx = "0";
 constexpr const char* kBlisHaswell = "3";
 
+// The AVX-512 subsets BLIS's skx kernels use (Skylake-SP and later).
+bool cpu_has_skx_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
 const Blis& blis() {
   static const Blis b = [] {
     Blis r;
     // Chosen before BLIS initialises (it reads BLIS_ARCH_TYPE once); a value the
     // user set wins.
     if (!std::getenv("BLIS_ARCH_TYPE")) {
-      if (__builtin_cpu_supports("avx512f")) setenv("BLIS_ARCH_TYPE", kBlisSkx, 0);
+      if (cpu_has_skx_avx512()) setenv("BLIS_ARCH_TYPE", kBlisSkx, 0);
       else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) setenv("BLIS_ARCH_TYPE", kBlisHaswell, 0);
     }
     void* h = nullptr;
@@ -94,8 +100,7 @@ void resolve_route() {
     MT_CHECK(want == "auto" || want == "openblas" || want == "blis",
              "environment variable MOETRAIN_GEMM={} is not one of auto, openblas, blis", want);
     if (want == "openblas") return;
-    const bool cpu_avx512 = __builtin_cpu_supports("avx512f");
-    if (want == "auto" && !(cpu_avx512 && !openblas_has_avx512())) return;
+    if (want == "auto" && !(cpu_has_skx_avx512() && !openblas_has_avx512())) return;
     const Blis& b = blis();
     if (b.sgemm) {
       g_route = GemmRoute::blis;

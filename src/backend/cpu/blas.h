@@ -4,14 +4,16 @@
 // route chosen once per process:
 //   openblas  OpenBLAS with the kernels it picked for this CPU;
 //   blis      BLIS (Debian libblis4-openmp, loaded at run time with dlopen), with
-//             its AVX-512 "skx" kernels on CPUs with AVX-512F (Debian's BLIS 0.9
+//             its AVX-512 "skx" kernels on CPUs with AVX-512 F/DQ/BW/VL (Debian's BLIS 0.9
 //             does not recognise some of them and would fall back to generic C),
 //             its "haswell" kernels on AVX2 + FMA.
-// MOETRAIN_GEMM=auto (default) | openblas | blis. auto takes BLIS on CPUs with
-// AVX-512F when OpenBLAS runs kernels without AVX-512 there (its core is not
+// MOETRAIN_GEMM=auto (default) | openblas | blis. auto takes BLIS on such AVX-512
+// CPUs when OpenBLAS runs kernels without AVX-512 there (its core is not
 // SkylakeX / Cooperlake / SapphireRapids, e.g. OPENBLAS_CORETYPE=Haswell), and
-// OpenBLAS otherwise: where both had AVX2 kernels only (AMD Zen here), OpenBLAS was
-// as fast and steadier under load (bench/cpu_bench --gemm prints both).
+// OpenBLAS otherwise: where both have AVX2 kernels only (AMD Zen here), BLIS was up
+// to 1.3x faster on some GPT-2 shapes on an idle box but collapsed when another
+// process shared the cores, OpenBLAS much less (bench/cpu_bench's gemm case prints
+// both routes).
 // Called from inside our own OpenMP regions a GEMM runs on the calling thread only.
 #pragma once
 
