@@ -110,16 +110,14 @@ TEST_CASE("blas: MOETRAIN_GEMM picks the route; a bad value is an error naming t
   auto info = moetrain::testing::run_moetrain("info");
   REQUIRE(info.code == 0);
   CHECK_THAT(info.output, Catch::Contains("f32 GEMM: "));
-  auto forced = moetrain::testing::capture_command("MOETRAIN_GEMM=openblas " + std::string(MOETRAIN_BINARY_DIR) +
-                                                   "/moetrain info");
+  const std::string info_cmd = std::string(MOETRAIN_BINARY_DIR) + "/moetrain info";
+  auto forced = moetrain::testing::capture_command(std::string("MOETRAIN_GEMM=openblas ") + info_cmd);
   CHECK_THAT(forced.output, Catch::Contains("f32 GEMM: openblas"));
-  auto bad = moetrain::testing::capture_command("MOETRAIN_GEMM=mkl " + std::string(MOETRAIN_BINARY_DIR) +
-                                                "/moetrain info");
+  auto bad = moetrain::testing::capture_command(std::string("MOETRAIN_GEMM=mkl ") + info_cmd);
   CHECK(bad.code != 0);
   CHECK_THAT(bad.output, Catch::Contains("MOETRAIN_GEMM=mkl") && Catch::Contains("auto, openblas, blis"));
   if (cpu::blis_available()) {
-    auto blis = moetrain::testing::capture_command("MOETRAIN_GEMM=blis " + std::string(MOETRAIN_BINARY_DIR) +
-                                                   "/moetrain info");
+    auto blis = moetrain::testing::capture_command(std::string("MOETRAIN_GEMM=blis ") + info_cmd);
     CHECK(blis.code == 0);
     CHECK_THAT(blis.output, Catch::Contains("f32 GEMM: blis ("));
   }
