@@ -12,10 +12,10 @@
 //   gemm               f32 GEMM on GPT-2 step shapes on each GEMM route (OpenBLAS, BLIS)
 //   gpt2-64, gpt2-256  GPT-2 124M train step (forward, backward, AdamW) at B=4, T=64 / 256
 //   k3-small           configs/k3-small.yaml train step at B=4, T=256, plus time per component
-//   kda-2048, kda-8192 chunked KDA op forward+backward, B=1, H=4, K=V=64, chunk 64
+//   kda-2048, kda-8192 chunked KDA op forward+backward (bench/kda_case.h: B=1, H=4, K=V=64, chunk 64)
 //   moe                the MoE layer of k3-small (EP=1) forward+backward on B·T = 1024 tokens
 // FLOP counts: the models' own flops_per_token (6N + attention), the KDA chunked
-// FLOP model of bench/kda_bench.cpp, and 3x the MoE layer's forward multiply-adds.
+// FLOP model of bench/kda_case.h, and 3x the MoE layer's forward multiply-adds.
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -27,9 +27,11 @@
 #include "backend/cpu/allocator.h"
 #include "backend/cpu/blas.h"
 #include "bench/harness.h"
+#include "bench/kda_case.h"
 #include "config/config.h"
 #include "moetrain.h"
 #include "nn/gpt2.h"
+#include "nn/hybrid.h"
 #include "nn/moe.h"
 #include "ops/kda.h"
 #include "optim/adamw.h"
@@ -119,33 +121,12 @@ Result k3_case(int steps) {
   return r;
 }
 
-constexpr int64_t kKdaH = 4, kKdaK = 64, kKdaC = 64;
-
-// The chunked form's FLOPs (bench/kda_bench.cpp's model: in-chunk matrices counted
-// as dense products, built in the forward and again in the backward).
-double kda_chunked_flops(int64_t T) {
-  double c = kKdaC, k = kKdaK, v = kKdaK;
-  double per_chunk = 16 * c * c * k + 14 * c * c * v + 20 * c * k * v + 14.0 / 3.0 * c * c * c;
-  return per_chunk * static_cast<double>((T + kKdaC - 1) / kKdaC) * kKdaH;
-}
-
 Result kda_case(int64_t T, int steps, bool torch) {
-  Tensor q = randn({1, T, kKdaH, kKdaK}, DType::f32, 1), k = randn({1, T, kKdaH, kKdaK}, DType::f32, 2);
-  q = div(q, sqrt(sum(square(q), -1, true)));  // unit rows, as the layer passes them
-  k = div(k, sqrt(sum(square(k), -1, true)));
-  Tensor v = randn({1, T, kKdaH, kKdaK}, DType::f32, 3);
-  Tensor g = mul_scalar(sigmoid(randn({1, T, kKdaH, kKdaK}, DType::f32, 4)), -5.0);  // K3 lower-bound gate range
-  Tensor beta = sigmoid(randn({1, T, kKdaH}, DType::f32, 5));
-  Tensors x;
-  for (Tensor t : {q, k, v, g, beta}) {
-    t = t.detach().clone();
-    t.set_requires_grad(true);
-    x.push_back(t);
-  }
-  Tensor grad_o = randn({1, T, kKdaH, kKdaK}, DType::f32, 6);
+  KdaInputs in = make_kda_inputs(T);
+  const Tensors& x = in.leaves;
   Result r = measure(fmt::format("kda-{}", T), steps, static_cast<double>(T), kda_chunked_flops(T), [&] {
     KdaResult out = kda(x[0], x[1], x[2], x[3], x[4], Tensor(), 0.125, KdaMode::chunked, kKdaC);
-    autograd::backward({out.o}, {grad_o});
+    autograd::backward({out.o}, {in.grad_o});
     for (const Tensor& t : x) t.zero_grad();
   });
   if (torch)
@@ -157,17 +138,11 @@ Result kda_case(int64_t T, int steps, bool torch) {
 
 Result moe_case(int steps) {
   Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
-  const int64_t D = config.get_int("model.d_model");
-  MoeConfig c;
-  c.num_experts = config.get_int("model.moe.num_experts");
-  c.top_k = config.get_int("model.moe.top_k");
-  c.expert_d_ff = config.get_int("model.moe.expert_d_ff");
-  c.latent_dim = config.get_int("model.moe.latent_dim");
-  c.num_shared_experts = config.get_int("model.moe.num_shared_experts");
-  FfnConfig ffn;
-  ffn.d_model = D;
+  const HybridConfig hc = HybridConfig::from(config);  // k3-small's MoE layer as the model builds it
+  const int64_t D = hc.d_model;
+  const MoeConfig& c = hc.moe;
   ParamFactory f(true, DType::f32, 1);
-  MoeLayer layer(c, D, ffn, 0.02, f, "mlp.", {0, 1});
+  MoeLayer layer(c, D, hc.ffn, hc.init_std, f, "mlp.", {0, 1});
   const int64_t N = 4 * 256;
   Tensor x = randn({4, 256, D}, DType::f32, 100);
   x.set_requires_grad(true);

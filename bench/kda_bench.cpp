@@ -9,10 +9,7 @@
 // Run: build/moetrain_bench_kda [--no-torch] [--torch-steps N] [--benchmark_filter=...]; the
 // ratio table is printed last.
 //
-// FLOP models (2 per multiply-add), per head:
-//   recurrent, per token: forward 7KV; backward 23KV (segment recomputation 7KV, BPTT 16KV).
-//   chunked, per chunk of C: 16C²K + 14C²V + 20CKV + 14C³/3 (in-chunk matrices A^kk, A^qk, M, W
-//   counted as dense matmuls, built twice: forward and backward recomputation).
+// FLOP models: bench/kda_case.h.
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -23,6 +20,7 @@
 #include "backend/cpu/blas.h"
 #include "backend/cpu/parallel.h"
 #include "bench/harness.h"
+#include "bench/kda_case.h"
 #include "moetrain.h"
 #include "ops/kda.h"
 
@@ -30,14 +28,7 @@ using namespace moetrain;
 
 namespace {
 
-constexpr int64_t kB = 1, kH = 4, kK = 64, kV = 64, kC = 64;
-
-double recurrent_flops(int64_t T) { return 30.0 * kK * kV * T * kB * kH; }
-double chunked_flops(int64_t T) {
-  double c = kC, k = kK, v = kV;
-  double per_chunk = 16 * c * c * k + 14 * c * c * v + 20 * c * k * v + 14.0 / 3.0 * c * c * c;
-  return per_chunk * static_cast<double>((T + kC - 1) / kC) * kB * kH;
-}
+constexpr int64_t kB = bench::kKdaB, kH = bench::kKdaH, kK = bench::kKdaK, kV = bench::kKdaV, kC = bench::kKdaC;
 
 void set_flops(benchmark::State& st, double flops) {
   st.counters["GFLOP/s"] =
@@ -61,40 +52,16 @@ void BM_sgemm_tiles(benchmark::State& st) {
   set_flops(st, 2.0 * kC * kK * kV * tasks * reps);
 }
 
-struct KdaInputs {
-  Tensors leaves;  // q, k, v, g, beta (requires grad)
-  Tensor grad_o, grad_state;
-};
-
-KdaInputs make_inputs(int64_t T) {
-  Tensor q = randn({kB, T, kH, kK}, DType::f32, 1), k = randn({kB, T, kH, kK}, DType::f32, 2);
-  // Unit rows, as the layer passes them.
-  q = div(q, sqrt(sum(square(q), -1, true)));
-  k = div(k, sqrt(sum(square(k), -1, true)));
-  Tensor v = randn({kB, T, kH, kV}, DType::f32, 3);
-  Tensor g = mul_scalar(sigmoid(randn({kB, T, kH, kK}, DType::f32, 4)), -5.0);  // K3 lower-bound gate range
-  Tensor beta = sigmoid(randn({kB, T, kH}, DType::f32, 5));
-  KdaInputs in;
-  for (Tensor t : {q, k, v, g, beta}) {
-    t = t.detach().clone();
-    t.set_requires_grad(true);
-    in.leaves.push_back(t);
-  }
-  in.grad_o = randn({kB, T, kH, kV}, DType::f32, 6);
-  in.grad_state = randn({kB, kH, kK, kV}, DType::f32, 7);
-  return in;
-}
-
 void run_kda(benchmark::State& st, KdaMode mode) {
   int64_t T = st.range(0);
-  KdaInputs in = make_inputs(T);
+  bench::KdaInputs in = bench::make_kda_inputs(T);
   const Tensors& x = in.leaves;
   for (auto _ : st) {
     KdaResult r = kda(x[0], x[1], x[2], x[3], x[4], Tensor(), 0.125, mode, kC);
     autograd::backward({r.o, r.final_state}, {in.grad_o, in.grad_state});
     for (const Tensor& t : x) t.zero_grad();
   }
-  set_flops(st, mode == KdaMode::chunked ? chunked_flops(T) : recurrent_flops(T));
+  set_flops(st, mode == KdaMode::chunked ? bench::kda_chunked_flops(T) : bench::kda_recurrent_flops(T));
 }
 
 void BM_kda_recurrent(benchmark::State& st) { run_kda(st, KdaMode::recurrent); }
