@@ -1,29 +1,30 @@
-// CUDA runtime calls (compiled only when the CUDA backend is on). Synchronous
-// copies and plain cudaMalloc for now; the CUDA backend issue replaces this with
-// streams and a caching allocator behind the same functions.
+// CUDA runtime calls (compiled only when the CUDA backend is on): per-device
+// state (stream, caching allocator) created on first use.
 #include "backend/cuda/runtime.h"
+
+#include <array>
+#include <memory>
+#include <mutex>
 
 #include <cuda_runtime.h>
 
+#include "autograd/profile.h"
+#include "backend/cuda/check.h"
 #include "core/error.h"
-
-#define MT_CUDA_CHECK(call)                                                              \
-  do {                                                                                   \
-    cudaError_t err_ = (call);                                                           \
-    MT_CHECK(err_ == cudaSuccess, "CUDA call {} failed: {} ({})", #call, cudaGetErrorString(err_), \
-             static_cast<int>(err_));                                                    \
-  } while (0)
 
 namespace moetrain::cuda {
 
 bool built_with_cuda() { return true; }
 
 int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
-  }
+  static const int n = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no driver" error
+      return 0;
+    }
+    return count;
+  }();
   return n;
 }
 
@@ -33,38 +34,152 @@ std::string device_name(int device) {
   return prop.name;
 }
 
-void* device_malloc(int64_t nbytes, int device) {
-  MT_CHECK(device < device_count(), "cuda:{} requested but {} CUDA device(s) are visible", device, device_count());
+void set_device(int device) {
+  int n = device_count();
+  MT_CHECK(device >= 0 && device < n, "cuda:{} requested but {} CUDA device(s) are visible{}", device, n,
+           n == 0 ? " (no driver or no GPU; check nvidia-smi and CUDA_VISIBLE_DEVICES)" : "");
   MT_CUDA_CHECK(cudaSetDevice(device));
-  void* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, static_cast<size_t>(nbytes));
-  if (err != cudaSuccess) {
-    size_t free_b = 0, total_b = 0;
-    cudaMemGetInfo(&free_b, &total_b);
-    MT_THROW("CUDA out of memory on cuda:{}: requested {} bytes, {} of {} bytes free ({})", device, nbytes,
-             free_b, total_b, cudaGetErrorString(err));
+}
+
+int select_device(int local_rank) {
+  int n = device_count();
+  MT_CHECK(n > 0, "no CUDA device is visible to this process (local rank {}); check nvidia-smi and "
+                  "CUDA_VISIBLE_DEVICES, or train on the CPU", local_rank);
+  int device = local_rank % n;
+  set_device(device);
+  return device;
+}
+
+namespace {
+
+class CudaMemory final : public RawMemory {
+ public:
+  explicit CudaMemory(int device) : device_(device) {}
+  void* allocate(int64_t nbytes) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, static_cast<size_t>(nbytes)) != cudaSuccess) {
+      cudaGetLastError();  // an allocation failure is not sticky; clear it
+      return nullptr;
+    }
+    return p;
   }
-  return p;
+  void release(void* ptr) override { cudaFree(ptr); }
+  void memory_info(int64_t* free_bytes, int64_t* total_bytes) override {
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) cudaGetLastError();
+    *free_bytes = static_cast<int64_t>(f);
+    *total_bytes = static_cast<int64_t>(t);
+  }
+
+ private:
+  int device_;
+};
+
+struct DeviceState {
+  explicit DeviceState(int device)
+      : memory(device), allocator(memory, fmt::format("cuda:{} ({})", device, device_name(device))) {
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  // Never destroyed (see state()): the CUDA context may be gone at exit.
+  cudaStream_t stream = nullptr;
+  CudaMemory memory;
+  CachingAllocator allocator;
+  std::mutex mutex;  // allocator calls
+};
+
+constexpr int kMaxDevices = 64;
+std::array<std::once_flag, kMaxDevices> g_once;
+std::array<DeviceState*, kMaxDevices> g_state{};
+
+DeviceState& state(int device) {
+  MT_CHECK(device < kMaxDevices, "cuda:{}: at most {} devices per process", device, kMaxDevices);
+  set_device(device);
+  std::call_once(g_once[static_cast<size_t>(device)],
+                 [device] { g_state[static_cast<size_t>(device)] = new DeviceState(device); });
+  return *g_state[static_cast<size_t>(device)];
+}
+
+}  // namespace
+
+CUstream_st* stream(int device) { return state(device).stream; }
+
+void synchronize(int device) { MT_CUDA_CHECK(cudaStreamSynchronize(state(device).stream)); }
+
+void* device_malloc(int64_t nbytes, int device) {
+  DeviceState& s = state(device);
+  std::lock_guard lock(s.mutex);
+  return s.allocator.allocate(nbytes, profile::current_region());
 }
 
 void device_free(void* ptr, int device) {
-  cudaSetDevice(device);
-  cudaFree(ptr);  // never throws from a destructor path
+  // Runs in Storage's destructor: never throws. Before the first allocation
+  // there is nothing to free.
+  DeviceState* s = device >= 0 && device < kMaxDevices ? g_state[static_cast<size_t>(device)] : nullptr;
+  if (!s) return;
+  std::lock_guard lock(s->mutex);
+  s->allocator.release(ptr);
+}
+
+MemoryStats memory_stats(int device) {
+  DeviceState& s = state(device);
+  std::lock_guard lock(s.mutex);
+  return s.allocator.stats();
+}
+
+void empty_cache(int device) {
+  DeviceState& s = state(device);
+  std::lock_guard lock(s.mutex);
+  MT_CUDA_CHECK(cudaStreamSynchronize(s.stream));  // cached blocks may still be in use by queued work
+  s.allocator.empty_cache();
 }
 
 void copy_host_to_device(void* dst, const void* src, int64_t nbytes, int device) {
-  MT_CUDA_CHECK(cudaSetDevice(device));
-  MT_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(nbytes), cudaMemcpyHostToDevice));
+  cudaStream_t st = state(device).stream;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyHostToDevice, st));
+  // The source is pageable host memory the caller may free or change next.
+  MT_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
 void copy_device_to_host(void* dst, const void* src, int64_t nbytes, int device) {
-  MT_CUDA_CHECK(cudaSetDevice(device));
-  MT_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDeviceToHost));
+  cudaStream_t st = state(device).stream;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDeviceToHost, st));
+  MT_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
 void copy_device_to_device(void* dst, const void* src, int64_t nbytes, int device) {
-  MT_CUDA_CHECK(cudaSetDevice(device));
-  MT_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDeviceToDevice));
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDeviceToDevice,
+                                state(device).stream));
 }
+
+void memset_zero(void* dst, int64_t nbytes, int device) {
+  MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<size_t>(nbytes), state(device).stream));
+}
+
+EventTimer::EventTimer(int device) : device_(device) {
+  set_device(device);
+  cudaEvent_t a = nullptr, b = nullptr;
+  MT_CUDA_CHECK(cudaEventCreate(&a));
+  MT_CUDA_CHECK(cudaEventCreate(&b));
+  start_ = a;
+  stop_ = b;
+}
+
+EventTimer::~EventTimer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+
+void EventTimer::start() { MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), stream(device_))); }
+
+double EventTimer::stop_ms() {
+  auto stop = static_cast<cudaEvent_t>(stop_);
+  MT_CUDA_CHECK(cudaEventRecord(stop, stream(device_)));
+  MT_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), stop));
+  return ms;
+}
+
+void no_cuda(const char* what) { MT_THROW("{}: not available", what); }
 
 }  // namespace moetrain::cuda

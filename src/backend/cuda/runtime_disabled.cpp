@@ -6,20 +6,29 @@
 
 namespace moetrain::cuda {
 
-namespace {
-[[noreturn]] void no_cuda(const char* what) {
+void no_cuda(const char* what) {
   MT_THROW("{}: this moetrain was built without CUDA; rebuild with the CUDA toolkit installed "
            "(cmake -DMOETRAIN_CUDA=ON) to use cuda devices", what);
 }
-}  // namespace
 
 bool built_with_cuda() { return false; }
 int device_count() { return 0; }
 std::string device_name(int) { no_cuda("device_name"); }
+int select_device(int) { no_cuda("select_device"); }
+void set_device(int) { no_cuda("set_device"); }
+CUstream_st* stream(int) { no_cuda("stream"); }
+void synchronize(int) { no_cuda("synchronize"); }
 void* device_malloc(int64_t, int) { no_cuda("allocating a cuda tensor"); }
 void device_free(void*, int) {}
+MemoryStats memory_stats(int) { return {}; }
+void empty_cache(int) {}
 void copy_host_to_device(void*, const void*, int64_t, int) { no_cuda("copy to cuda"); }
 void copy_device_to_host(void*, const void*, int64_t, int) { no_cuda("copy from cuda"); }
 void copy_device_to_device(void*, const void*, int64_t, int) { no_cuda("copy on cuda"); }
+void memset_zero(void*, int64_t, int) { no_cuda("memset on cuda"); }
+EventTimer::EventTimer(int device) : device_(device) { no_cuda("EventTimer"); }
+EventTimer::~EventTimer() = default;
+void EventTimer::start() { no_cuda("EventTimer"); }
+double EventTimer::stop_ms() { no_cuda("EventTimer"); }
 
 }  // namespace moetrain::cuda

@@ -1,0 +1,105 @@
+#include "backend/cuda/caching_allocator.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "core/error.h"
+#include "core/format.h"
+
+namespace moetrain::cuda {
+
+namespace {
+constexpr int64_t kSmallLimit = int64_t{1} << 20;  // 1 MiB
+constexpr int64_t kSmallGranule = 512;
+}  // namespace
+
+int64_t CachingAllocator::size_class(int64_t nbytes) {
+  MT_ASSERT(nbytes > 0, "size_class of {} bytes", nbytes);
+  if (nbytes <= kSmallLimit) return (nbytes + kSmallGranule - 1) / kSmallGranule * kSmallGranule;
+  // 1/8 of the power of two at or below nbytes: 2^k <= n < 2^(k+1) gives steps of 2^(k-3).
+  int64_t granule = std::bit_floor(static_cast<uint64_t>(nbytes)) / 8;
+  return (nbytes + granule - 1) / granule * granule;
+}
+
+CachingAllocator::CachingAllocator(RawMemory& raw, std::string device) : raw_(raw), device_(std::move(device)) {}
+
+CachingAllocator::~CachingAllocator() { empty_cache(); }
+
+void* CachingAllocator::allocate(int64_t nbytes, const char* label) {
+  MT_ASSERT(nbytes > 0, "allocate of {} bytes on {}", nbytes, device_);
+  int64_t rounded = size_class(nbytes);
+  void* ptr = nullptr;
+  if (auto it = free_.find(rounded); it != free_.end()) {
+    ptr = it->second;
+    free_.erase(it);
+    ++stats_.num_cache_hits;
+  } else {
+    ptr = raw_.allocate(rounded);
+    if (!ptr && !free_.empty()) {
+      // Cached blocks of other classes may be what the device lacks.
+      ++stats_.num_alloc_retries;
+      empty_cache();
+      ptr = raw_.allocate(rounded);
+    }
+    if (!ptr) {
+      ++stats_.num_ooms;
+      throw OutOfMemoryError(out_of_memory_message(nbytes, rounded));
+    }
+    ++stats_.num_device_allocs;
+    stats_.reserved_bytes += rounded;
+    stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+  }
+  live_.emplace(ptr, Block{rounded, nbytes, label ? label : "other"});
+  ++stats_.num_allocs;
+  stats_.allocated_bytes += rounded;
+  stats_.requested_bytes += nbytes;
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  return ptr;
+}
+
+void CachingAllocator::release(void* ptr) {
+  auto it = live_.find(ptr);
+  MT_ASSERT(it != live_.end(), "release of {} on {}: not a live block of this allocator", ptr, device_);
+  stats_.allocated_bytes -= it->second.size;
+  stats_.requested_bytes -= it->second.requested;
+  free_.emplace(it->second.size, ptr);
+  live_.erase(it);
+}
+
+void CachingAllocator::empty_cache() {
+  for (auto& [size, ptr] : free_) {
+    raw_.release(ptr);
+    stats_.reserved_bytes -= size;
+    ++stats_.num_device_frees;
+  }
+  free_.clear();
+}
+
+std::vector<std::pair<std::string, int64_t>> CachingAllocator::holders() const {
+  std::map<std::string, int64_t> by_label;
+  for (const auto& [ptr, block] : live_) by_label[block.label] += block.size;
+  std::vector<std::pair<std::string, int64_t>> out(by_label.begin(), by_label.end());
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
+}
+
+std::string CachingAllocator::out_of_memory_message(int64_t nbytes, int64_t rounded) {
+  int64_t free_bytes = 0, total_bytes = 0;
+  raw_.memory_info(&free_bytes, &total_bytes);
+  std::string msg = fmt::format(
+      "CUDA out of memory on {}: tried to allocate {} ({} bytes); the device has {} free of {}. "
+      "This process holds {} in live tensors and {} cached",
+      device_, human_bytes(static_cast<double>(rounded)), nbytes, human_bytes(static_cast<double>(free_bytes)),
+      human_bytes(static_cast<double>(total_bytes)), human_bytes(static_cast<double>(stats_.allocated_bytes)),
+      human_bytes(static_cast<double>(stats_.reserved_bytes - stats_.allocated_bytes)));
+  auto top = holders();
+  if (!top.empty()) {
+    msg += "; largest holders:";
+    for (size_t i = 0; i < std::min<size_t>(top.size(), 5); ++i)
+      msg += fmt::format("{} {} {}", i ? "," : "", top[i].first, human_bytes(static_cast<double>(top[i].second)));
+  }
+  msg += ". Lower train.micro_batch_size (or the sequence length), or use more GPUs";
+  return msg;
+}
+
+}  // namespace moetrain::cuda
