@@ -4,6 +4,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "backend/cuda/runtime.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "ops/attention.h"

@@ -38,6 +38,17 @@ double weighted_difference(const std::vector<std::vector<double>>& up, const std
 
 }  // namespace
 
+bool gpu_available() {
+  static const bool available = [] {
+    bool yes = cuda::device_count() > 0;
+    if (!yes)
+      fmt::print(stderr, "[cuda] tests skipped: {}\n",
+                 cuda::built_with_cuda() ? "no CUDA device is visible" : "this build has no CUDA backend");
+    return yes;
+  }();
+  return available;
+}
+
 GradCheckResult check_gradients(const std::function<Tensors(const Tensors&)>& fn, const Tensors& inputs,
                                 GradCheckOptions opts) {
   // Fresh leaves (copies), so perturbations never touch the caller's tensors.

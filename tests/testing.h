@@ -41,6 +41,11 @@ GradCheckResult check_gradients(const std::function<Tensor(const Tensors&)>& fn,
 GradCheckResult check_parameter_gradients(ParameterList& params, const std::function<Tensor()>& loss);
 
 double max_abs_diff(const Tensor& a, const Tensor& b);
+
+// [cuda] tests start with `if (!gpu_available()) return;`: false when no CUDA
+// device is visible (or the build has no CUDA); the first such call of a process
+// prints one line saying the [cuda] tests are skipped and why.
+bool gpu_available();
 // max |a - b| / max |b|: the error relative to the scale of the reference b
 // (the absolute error when b is all zero).
 double rel_error(const Tensor& a, const Tensor& b);

@@ -21,7 +21,7 @@ class Shape {
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims);
   explicit Shape(std::span<const int64_t> dims);
-  explicit Shape(const std::vector<int64_t>& dims) : Shape(std::span<const int64_t>(dims)) {}
+  explicit Shape(const std::vector<int64_t>& dims) : Shape(std::span<const int64_t>(dims.data(), dims.size())) {}
 
   int ndim() const { return ndim_; }
   int64_t operator[](int i) const { return dims_[i]; }
