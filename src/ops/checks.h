@@ -5,7 +5,7 @@
 
 namespace moetrain {
 
-// t is a floating tensor of a compute dtype (f32 or f64).
+// t is a floating tensor of a compute dtype: f32 or f64, or bf16 on CUDA.
 void check_float(const char* op, const char* arg, const Tensor& t);
 // a and b have the same dtype and device.
 void check_same_kind(const char* op, const Tensor& a, const Tensor& b);
