@@ -122,11 +122,7 @@ std::vector<double> Tensor::to_vector() const {
 
 void fill_(const Tensor& t, double value) {
   check_inplace_allowed(t, "fill_");
-  if (t.is_cuda()) {
-    Tensor host = full(t.shape(), value, t.dtype(), kCpu);
-    cuda::copy_host_to_device(t.raw_data(), host.raw_data(), t.nbytes(), t.device().index);
-    return;
-  }
+  if (t.is_cuda()) return cuda::fill(t.raw_data(), t.dtype(), t.numel(), value, t.device().index);
   dispatch_all(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v = from_double<T>(value);

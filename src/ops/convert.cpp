@@ -2,6 +2,7 @@
 
 #include "autograd/node.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cuda/runtime.h"
 #include "core/dispatch.h"
 #include "ops/view.h"
 
@@ -36,10 +37,9 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
-  MT_CHECK(is_cpu(), "to({}): dtype conversion of {} needs the CUDA backend's kernels; convert on the host",
-           target, describe(*this));
   Tensor y = empty(shape(), target, device());
-  cpu::convert(y, *this);
+  if (is_cuda()) cuda::convert(y.raw_data(), target, raw_data(), dtype(), numel(), device().index);
+  else cpu::convert(y, *this);
   if (!is_floating(target) || !is_floating(dtype())) return y;
   DType source = dtype();
   return record("to_dtype", y, {*this}, [source](const Tensor& g) { return Grads{g.to(source)}; });

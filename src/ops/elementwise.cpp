@@ -29,9 +29,9 @@ Tensor binary(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
   check_float(name, "a", a);
   check_float(name, "b", b);
   check_same_kind(name, a, b);
-  check_cpu(name, a);
   Tensor out = empty(broadcast_shape(a.shape(), b.shape(), name), a.dtype(), a.device());
-  cpu::binary_forward(op, out, a, b);
+  if (out.is_cuda()) cuda::binary_forward(op, out, a, b);
+  else cpu::binary_forward(op, out, a, b);
   return out;
 }
 
@@ -41,13 +41,14 @@ Tensor reduce_grad(const Tensor& g, const Tensor& like) {
 
 Tensor unary(UnaryOp op, const char* name, const Tensor& x) {
   check_float(name, "x", x);
-  check_cpu(name, x);
   Tensor y = empty_like(x);
-  cpu::unary_forward(op, y, x);
+  if (x.is_cuda()) cuda::unary_forward(op, y, x);
+  else cpu::unary_forward(op, y, x);
   Tensor y_saved = y.detach();
   return record(name, y, {x}, [op, x, y_saved](const Tensor& grad_y) {
     Tensor grad_x = empty_like(x);
-    cpu::unary_backward(op, grad_x, grad_y, x, y_saved);
+    if (x.is_cuda()) cuda::unary_backward(op, grad_x, grad_y, x, y_saved);
+    else cpu::unary_backward(op, grad_x, grad_y, x, y_saved);
     return Grads{grad_x};
   });
 }
@@ -90,26 +91,26 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 Tensor add_scalar(const Tensor& x, double s) {
   check_float("add_scalar", "x", x);
-  check_cpu("add_scalar", x);
   Tensor y = empty_like(x);
-  cpu::affine_forward(y, x, 1.0, s);
+  if (x.is_cuda()) cuda::affine_forward(y, x, 1.0, s);
+  else cpu::affine_forward(y, x, 1.0, s);
   return record("add_scalar", y, {x}, [](const Tensor& g) { return Grads{g}; });
 }
 
 Tensor mul_scalar(const Tensor& x, double s) {
   check_float("mul_scalar", "x", x);
-  check_cpu("mul_scalar", x);
   Tensor y = empty_like(x);
-  cpu::affine_forward(y, x, s, 0.0);
+  if (x.is_cuda()) cuda::affine_forward(y, x, s, 0.0);
+  else cpu::affine_forward(y, x, s, 0.0);
   return record("mul_scalar", y, {x}, [s](const Tensor& g) { return Grads{mul_scalar(g, s)}; });
 }
 
 // d(x^p) = p x^(p-1) dx
 Tensor pow_scalar(const Tensor& x, double p) {
   check_float("pow_scalar", "x", x);
-  check_cpu("pow_scalar", x);
   Tensor y = empty_like(x);
-  cpu::pow_forward(y, x, p);
+  if (x.is_cuda()) cuda::pow_forward(y, x, p);
+  else cpu::pow_forward(y, x, p);
   return record("pow_scalar", y, {x}, [x, p](const Tensor& g) {
     return Grads{mul(g, mul_scalar(pow_scalar(x, p - 1.0), p))};
   });
@@ -129,24 +130,24 @@ Tensor gelu_tanh(const Tensor& x) { return unary(UnaryOp::gelu_tanh, "gelu_tanh"
 
 Tensor sum_to(const Tensor& t, const Shape& shape) {
   check_float("sum_to", "t", t);
-  check_cpu("sum_to", t);
   MT_CHECK(broadcast_shape(shape, t.shape(), "sum_to") == t.shape(),
            "sum_to: {} cannot be summed to {} ({} must broadcast to the tensor's shape)", t.shape(), shape, shape);
   if (shape == t.shape()) return t;
   Tensor out = empty(shape, t.dtype(), t.device());
-  cpu::sum_to(out, t);
+  if (t.is_cuda()) cuda::sum_to(out, t);
+  else cpu::sum_to(out, t);
   Shape in_shape = t.shape();
   return record("sum_to", out, {t}, [in_shape](const Tensor& g) { return Grads{broadcast_to(g, in_shape)}; });
 }
 
 Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   check_float("broadcast_to", "x", x);
-  check_cpu("broadcast_to", x);
   MT_CHECK(broadcast_shape(x.shape(), shape, "broadcast_to") == shape, "broadcast_to: {} does not broadcast to {}",
            x.shape(), shape);
   if (x.shape() == shape) return x;
   Tensor y = empty(shape, x.dtype(), x.device());
-  cpu::broadcast_copy(y, x);
+  if (x.is_cuda()) cuda::broadcast_copy(y, x);
+  else cpu::broadcast_copy(y, x);
   Shape in_shape = x.shape();
   return record("broadcast_to", y, {x}, [in_shape](const Tensor& g) { return Grads{sum_to(g, in_shape)}; });
 }
@@ -154,12 +155,12 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
   check_float("add_", "dst", dst);
   check_same_kind("add_", dst, src);
-  check_cpu("add_", dst);
   MT_CHECK(!(dst.requires_grad() && autograd::grad_enabled()),
            "add_: in-place update of {} which requires grad while grad mode is on; use NoGradGuard", describe(dst));
   MT_CHECK(dst.shape() == src.shape(), "add_: destination {} but source {}", describe(dst), describe(src));
   Tensor d = dst;
-  cpu::add_inplace(d, src, alpha);
+  if (d.is_cuda()) cuda::add_inplace(d, src, alpha);
+  else cpu::add_inplace(d, src, alpha);
 }
 
 }  // namespace moetrain

@@ -2,6 +2,7 @@
 // elementwise_cpu.cpp). Arguments are checked by the ops in elementwise.cpp.
 #pragma once
 
+#include "backend/cuda/runtime.h"
 #include "core/tensor.h"
 
 namespace moetrain {
@@ -22,5 +23,18 @@ void sum_to(Tensor& out, const Tensor& t);
 void broadcast_copy(Tensor& out, const Tensor& x);
 void add_inplace(Tensor& dst, const Tensor& src, double alpha);
 }  // namespace cpu
+
+// The CUDA twins (elementwise_cuda.cu): same contracts; f32, f64 and bf16.
+namespace cuda {
+MT_CUDA_KERNEL(void binary_forward(BinaryOp op, Tensor& out, const Tensor& a, const Tensor& b));
+MT_CUDA_KERNEL(void unary_forward(UnaryOp op, Tensor& y, const Tensor& x));
+MT_CUDA_KERNEL(void unary_backward(UnaryOp op, Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                                   const Tensor& y));
+MT_CUDA_KERNEL(void affine_forward(Tensor& y, const Tensor& x, double scale, double shift));
+MT_CUDA_KERNEL(void pow_forward(Tensor& y, const Tensor& x, double p));
+MT_CUDA_KERNEL(void sum_to(Tensor& out, const Tensor& t));
+MT_CUDA_KERNEL(void broadcast_copy(Tensor& out, const Tensor& x));
+MT_CUDA_KERNEL(void add_inplace(Tensor& dst, const Tensor& src, double alpha));
+}  // namespace cuda
 
 }  // namespace moetrain

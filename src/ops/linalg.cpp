@@ -18,7 +18,6 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   check_float("matmul", "a", a);
   check_float("matmul", "b", b);
   check_same_kind("matmul", a, b);
-  check_cpu("matmul", a);
   check_rank("matmul", "a", a, -2);
   check_rank("matmul", "b", b, -2);
   int64_t m = trans_a ? a.size(-1) : a.size(-2), ka = trans_a ? a.size(-2) : a.size(-1);
@@ -33,7 +32,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   const Tensor& batched = a.dim() >= b.dim() ? a : b;
   Shape out_shape = batched.shape().with(-2, m).with(-1, n);
   Tensor out = empty(out_shape, a.dtype(), a.device());
-  cpu::matmul_forward(out, a, b, trans_a, trans_b);
+  if (a.is_cuda()) cuda::matmul_forward(out, a, b, trans_a, trans_b);
+  else cpu::matmul_forward(out, a, b, trans_a, trans_b);
   return record("matmul", out, {a, b}, [a, b, trans_a, trans_b](const Tensor& g) {
     Tensor grad_a, grad_b;
     if (a.requires_grad()) {

@@ -11,7 +11,6 @@ namespace moetrain {
 Tensor grouped_linear(const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts) {
   check_float("grouped_linear", "x", x);
   check_same_kind("grouped_linear", x, w);
-  check_cpu("grouped_linear", x);
   check_rank("grouped_linear", "x", x, 2);
   check_rank("grouped_linear", "w", w, 3);
   MT_CHECK(static_cast<int64_t>(counts.size()) == w.size(0),
@@ -27,11 +26,14 @@ Tensor grouped_linear(const Tensor& x, const Tensor& w, const std::vector<int64_
            x.size(0));
   Tensor xc = x.contiguous(), wc = w.contiguous();
   Tensor y = empty({x.size(0), w.size(1)}, x.dtype(), x.device());
-  cpu::grouped_linear_forward(y, xc, wc, counts);
+  if (x.is_cuda()) cuda::grouped_linear_forward(y, xc, wc, counts);
+  else cpu::grouped_linear_forward(y, xc, wc, counts);
   return record("grouped_linear", y, {x, w}, [xc, wc, counts](const Tensor& dy) {
     Tensor dx = empty(xc.shape(), dy.dtype(), dy.device());
     Tensor dw = empty(wc.shape(), dy.dtype(), dy.device());
-    cpu::grouped_linear_backward(dx, dw, dy.contiguous(), xc, wc, counts);
+    Tensor dyc = dy.contiguous();
+    if (dyc.is_cuda()) cuda::grouped_linear_backward(dx, dw, dyc, xc, wc, counts);
+    else cpu::grouped_linear_backward(dx, dw, dyc, xc, wc, counts);
     return Grads{dx, dw};
   });
 }

@@ -71,7 +71,6 @@ Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   check_defined("permute", x);
-  check_cpu("permute", x);
   MT_CHECK(static_cast<int>(dims.size()) == x.dim(), "permute: {} dims given for {} of rank {}", dims.size(),
            x.shape(), x.dim());
   std::vector<int64_t> perm(dims.size());
@@ -85,7 +84,8 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
     out_dims[i] = x.size(d);
   }
   Tensor y = empty(Shape(out_dims), x.dtype(), x.device());
-  cpu::permute_copy(y, x, perm);
+  if (x.is_cuda()) cuda::permute_copy(y, x, perm);
+  else cpu::permute_copy(y, x, perm);
   std::vector<int64_t> inverse(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
   return record("permute", y, {x}, [inverse](const Tensor& g) { return Grads{permute(g, inverse)}; });
@@ -102,7 +102,6 @@ Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
 
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
   check_defined("slice", x);
-  check_cpu("slice", x);
   int d = x.shape().normalize_dim(dim);
   int64_t n = x.size(d);
   int64_t s = start < 0 ? start + n : start, e = end < 0 ? end + n : end;
@@ -115,12 +114,14 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
     y = alias(x, out_shape, s * inner);  // a contiguous range: a view
   } else {
     y = empty(out_shape, x.dtype(), x.device());
-    cpu::copy_from_mid(y, x, outer, inner, s);
+    if (x.is_cuda()) cuda::copy_from_mid(y, x, outer, inner, s);
+    else cpu::copy_from_mid(y, x, outer, inner, s);
   }
   Shape in_shape = x.shape();
   return record("slice", y, {x}, [in_shape, outer, inner, s](const Tensor& g) {
     Tensor gx = zeros(in_shape, g.dtype(), g.device());
-    cpu::copy_into_mid(gx, g, outer, inner, s);
+    if (g.is_cuda()) cuda::copy_into_mid(gx, g, outer, inner, s);
+    else cpu::copy_into_mid(gx, g, outer, inner, s);
     return Grads{gx};
   });
 }
@@ -133,7 +134,6 @@ Tensor concat(const Tensors& xs, int64_t dim) {
   int64_t total = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
     check_defined("concat", xs[i]);
-    check_cpu("concat", xs[i]);
     check_same_kind("concat", first, xs[i]);
     MT_CHECK(xs[i].dim() == first.dim() && xs[i].shape().with(d, 1) == first.shape().with(d, 1),
              "concat: tensor {} has shape {}, incompatible with {} along dim {}", i, xs[i].shape(), first.shape(), d);
@@ -144,7 +144,8 @@ Tensor concat(const Tensors& xs, int64_t dim) {
   std::vector<int64_t> starts;
   int64_t at = 0;
   for (const Tensor& x : xs) {
-    cpu::copy_into_mid(y, x, outer, inner, at);
+    if (y.is_cuda()) cuda::copy_into_mid(y, x, outer, inner, at);
+    else cpu::copy_into_mid(y, x, outer, inner, at);
     starts.push_back(at);
     at += x.size(d);
   }
@@ -177,10 +178,13 @@ Tensors split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
 }
 
 namespace {
+// Reads the indices on the host (a copy, and a wait, for CUDA indices): an out of
+// range index is a clear error here instead of a wild read in a kernel.
 void check_indices(const char* op, const Tensor& index, int64_t limit) {
+  Tensor host = index.is_cpu() ? index : index.detach().to(kCpu);
   dispatch_index(index.dtype(), op, [&](auto tag) {
     using I = decltype(tag);
-    const I* p = index.data<I>();
+    const I* p = host.data<I>();
     for (int64_t i = 0; i < index.numel(); ++i)
       MT_CHECK(p[i] >= 0 && p[i] < limit, "{}: index {} at position {} is out of range [0, {})", op,
                static_cast<int64_t>(p[i]), i, limit);
@@ -188,19 +192,22 @@ void check_indices(const char* op, const Tensor& index, int64_t limit) {
 }
 }  // namespace
 
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& ids) {
   check_defined("index_select", x);
-  check_cpu("index_select", x);
-  check_rank("index_select", "index", index, 1);
+  check_rank("index_select", "index", ids, 1);
   int d = x.shape().normalize_dim(dim);
-  check_indices("index_select", index, x.size(d));
+  check_indices("index_select", ids, x.size(d));
+  // The kernel reads the indices where x lives.
+  Tensor index = ids.device() == x.device() ? ids : ids.detach().to(x.device());
   int64_t outer = x.shape().numel(0, d), inner = x.shape().numel(d + 1, x.dim());
   Tensor y = empty(x.shape().with(d, index.numel()), x.dtype(), x.device());
-  cpu::index_select_forward(y, x, index, outer, inner);
+  if (x.is_cuda()) cuda::index_select_forward(y, x, index, outer, inner);
+  else cpu::index_select_forward(y, x, index, outer, inner);
   Shape in_shape = x.shape();
   return record("index_select", y, {x}, [in_shape, index, outer, inner](const Tensor& g) {
     Tensor gx = zeros(in_shape, g.dtype(), g.device());
-    cpu::index_select_backward(gx, g, index, outer, inner);
+    if (g.is_cuda()) cuda::index_select_backward(gx, g, index, outer, inner);
+    else cpu::index_select_backward(gx, g, index, outer, inner);
     return Grads{gx};
   });
 }

@@ -2,9 +2,12 @@
 
 #include <vector>
 
+#include "backend/cuda/runtime.h"
 #include "core/tensor.h"
 
-namespace moetrain::cpu {
+namespace moetrain {
+
+namespace cpu {
 
 void permute_copy(Tensor& out, const Tensor& x, const std::vector<int64_t>& dims);
 // Copies x viewed as [outer, x_mid, inner] into out [outer, out_mid, inner] at
@@ -16,4 +19,18 @@ void index_select_forward(Tensor& out, const Tensor& x, const Tensor& index, int
 void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor& index, int64_t outer,
                            int64_t inner);
 
-}  // namespace moetrain::cpu
+}  // namespace cpu
+
+// The CUDA twins (view_cuda.cu). index_select_backward adds in index order per
+// column (deterministic, no atomics).
+namespace cuda {
+MT_CUDA_KERNEL(void permute_copy(Tensor& out, const Tensor& x, const std::vector<int64_t>& dims));
+MT_CUDA_KERNEL(void copy_into_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, int64_t at));
+MT_CUDA_KERNEL(void copy_from_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, int64_t at));
+MT_CUDA_KERNEL(void index_select_forward(Tensor& out, const Tensor& x, const Tensor& index, int64_t outer,
+                                         int64_t inner));
+MT_CUDA_KERNEL(void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor& index,
+                                          int64_t outer, int64_t inner));
+}  // namespace cuda
+
+}  // namespace moetrain

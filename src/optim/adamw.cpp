@@ -5,14 +5,11 @@
 #include "autograd/grad_mode.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "optim/adamw_kernels.h"
 
 namespace moetrain {
 
 namespace {
-
-struct AdamWCoefficients {
-  double decay, b1, b2, step_size, bc2_sqrt, eps;
-};
 
 // One pass over [lo, hi): decoupled decay, both moments, the update. The pointers
 // do not alias (restrict), so the loop vectorises; target_clones compiles it for
@@ -43,8 +40,6 @@ AdamW::AdamW(const ParameterList& params, AdamWOptions options) : params_(params
   MT_CHECK(options.eps > 0 && options.weight_decay >= 0, "adamw: eps = {} must be > 0 and weight_decay = {} >= 0",
            options.eps, options.weight_decay);
   for (const NamedParameter& p : params_) {
-    MT_CHECK(p.tensor.is_cpu(), "adamw: parameter {} is on {}; the CPU optimizer needs CPU tensors", p.name,
-             p.tensor.device());
     m_.push_back(zeros_like(p.tensor));
     v_.push_back(zeros_like(p.tensor));
   }
@@ -61,6 +56,11 @@ void AdamW::step(double lr) {
     Tensor g = p.tensor.grad();
     if (!g.defined()) continue;
     const double decay = p.decay ? 1.0 - lr * options_.weight_decay : 1.0;
+    if (p.tensor.is_cuda()) {
+      Tensor w = p.tensor;
+      cuda::adamw_update(w, g, m_[i], v_[i], AdamWCoefficients{decay, b1, b2, step_size, bc2_sqrt, options_.eps});
+      continue;
+    }
     dispatch_float(p.tensor.dtype(), "adamw", [&](auto tag) {
       using T = decltype(tag);
       T* w = p.tensor.data<T>();
@@ -80,15 +80,24 @@ void AdamW::zero_grad() {
 
 double grad_squared_sum(const ParameterList& params) {
   double total = 0;
+  Tensor device_total;  // CUDA grads add into one f64 on their device: one wait at the end
   for (const NamedParameter& p : params) {
     Tensor g = p.tensor.grad();
     if (!g.defined()) continue;
+    if (g.is_cuda()) {
+      if (!device_total.defined()) device_total = zeros({1}, DType::f64, g.device());
+      MT_CHECK(device_total.device() == g.device(), "clip_grad_norm: gradients on {} and {}; one device per process",
+               device_total.device(), g.device());
+      cuda::add_squared_sum(device_total, g);
+      continue;
+    }
     dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {
       using T = decltype(tag);
       const T* d = g.data<T>();
       for (int64_t j = 0; j < g.numel(); ++j) total += static_cast<double>(d[j]) * d[j];
     });
   }
+  if (device_total.defined()) total += device_total.item<double>();
   return total;
 }
 
@@ -96,6 +105,10 @@ void scale_grads(const ParameterList& params, double coef) {
   for (const NamedParameter& p : params) {
     Tensor g = p.tensor.grad();
     if (!g.defined()) continue;
+    if (g.is_cuda()) {
+      cuda::scale(g, coef);
+      continue;
+    }
     dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {
       using T = decltype(tag);
       T* d = g.data<T>();

@@ -219,3 +219,30 @@ TEST_CASE("tensor: describe names dtype, shape and device", "[core][tensor]") {
   CHECK(describe(zeros({}, DType::bf16)) == "bf16[] cpu");
   CHECK(describe(arange(2)) == "i64[2] cpu");
 }
+
+TEST_CASE("tensor: CUDA storage, fill, dtype conversion and the caching allocator", "[core][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  Tensor f = full({1000}, 2.5, DType::f32, kCuda);
+  CHECK(f.is_cuda());
+  for (double v : f.to_vector()) REQUIRE(v == 2.5);
+  Tensor z = zeros({3, 5}, DType::bf16, kCuda);
+  for (double v : z.to_vector()) REQUIRE(v == 0.0);
+  // Conversions on the device give the CPU's bits (bf16 rounds to nearest even).
+  Tensor x = randn({4099}, DType::f32, 3);
+  for (DType t : {DType::bf16, DType::f64, DType::i32, DType::i64}) {
+    INFO(dtype_name(t));
+    CHECK(moetrain::testing::bitwise_equal(x.to(kCuda).to(t).to(kCpu), x.to(t)));
+  }
+  // Freed blocks are reused: a second tensor of the same size costs no cudaMalloc.
+  cuda::MemoryStats before = cuda::memory_stats(0);
+  { Tensor a = empty({1 << 20}, DType::f32, kCuda); }
+  cuda::MemoryStats mid = cuda::memory_stats(0);
+  { Tensor b = empty({1 << 20}, DType::f32, kCuda); }
+  cuda::MemoryStats after = cuda::memory_stats(0);
+  CHECK(after.num_device_allocs == mid.num_device_allocs);
+  CHECK(after.num_cache_hits == mid.num_cache_hits + 1);
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  // A request beyond the device names the request and the device.
+  CHECK_THROWS_WITH(empty({int64_t{1} << 42}, DType::f32, kCuda),
+                    Catch::Contains("CUDA out of memory on cuda:0") && Catch::Contains("bytes"));
+}

@@ -145,3 +145,52 @@ TEST_CASE("elementwise: f32 tanh and gelu agree with double formulas to float pr
     REQUIRE(std::abs(g[i] - gelu_ref(xf[i])) <= 4e-7 * std::abs(gelu_ref(xf[i])) + 1.2e-7 * std::abs(xf[i]));
   }
 }
+
+// --- CUDA vs CPU (skipped without a GPU) ---
+
+TEST_CASE("elementwise: CUDA matches CPU, forward and gradients, f32/f64/bf16", "[ops][elementwise][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  using moetrain::testing::compare_cuda_cpu;
+  struct Shapes {
+    Shape a, b;
+  };
+  // Same shapes, broadcast rows/columns/scalars, sizes off any block boundary.
+  std::vector<Shapes> shapes = {{{257}, {257}},        {{33, 31}, {31}},         {{33, 31}, {33, 1}},
+                                {{2, 3, 4099}, {1}},   {{5, 1, 7}, {1, 6, 7}},   {{1}, {3, 129}}};
+  for (DType dtype : {DType::f32, DType::f64}) {
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      DYNAMIC_SECTION("dtype " << dtype_name(dtype) << " shapes " << s) {
+        Tensor a = randn(shapes[s].a, dtype, 11).set_requires_grad(),
+               b = add_scalar(rand(shapes[s].b, dtype, default_generator(), 0.5, 2.0), 0.0).detach().set_requires_grad();
+        auto r = compare_cuda_cpu([](const Tensors& in) {
+          return Tensors{add(in[0], in[1]), sub(in[0], in[1]), mul(in[0], in[1]), div(in[0], in[1])};
+        }, {a, b});
+        INFO(r.worst);
+        CHECK(r.max_rel_error < (dtype == DType::f64 ? 1e-12 : 1e-5));
+      }
+    }
+  }
+  SECTION("unary ops, scalar ops, sum_to, broadcast_to and add_") {
+    Tensor x = randn({7, 4099}, DType::f32, 5).set_requires_grad();
+    Tensor pos = add_scalar(rand({7, 4099}, DType::f32, default_generator(), 0.1, 3.0), 0.0).detach().set_requires_grad();
+    auto unary = [](const Tensors& in) {
+      const Tensor& v = in[0];
+      const Tensor& p = in[1];
+      return Tensors{neg(v), exp(v), log(p), sqrt(p), square(v), tanh(v), sigmoid(v), relu(v), silu(v),
+                     softplus(v), gelu_tanh(v), add_scalar(v, 0.25), mul_scalar(v, -1.5), pow_scalar(p, 1.7),
+                     sum_to(v, Shape{1, 4099}), sum_to(v, Shape{7, 1}), sum_to(v, Shape{1}),
+                     broadcast_to(sum_to(v, Shape{7, 1}), Shape{7, 4099})};
+    };
+    auto r = compare_cuda_cpu(unary, {x, pos});
+    INFO(r.worst);
+    CHECK(r.max_rel_error < 1e-5);
+    auto rb = compare_cuda_cpu(unary, {x, pos}, DType::bf16);
+    INFO(rb.worst);
+    CHECK(rb.max_rel_error < 3e-2);
+    Tensor d = randn({1000}, DType::f32, 3), s = randn({1000}, DType::f32, 4);
+    Tensor dg = d.to(kCuda);
+    add_(d, s, 0.5);
+    add_(dg, s.to(kCuda), 0.5);
+    CHECK(moetrain::testing::max_abs_diff(dg.to(kCpu), d) < 1e-6);
+  }
+}

@@ -26,3 +26,21 @@ TEST_CASE("embedding: out-of-range ids name the id and the table", "[ops][embedd
                     Catch::Contains("token id 11") && Catch::Contains("[0, 11)") && Catch::Contains("[11, 4]"));
   CHECK_THROWS_WITH(embedding(table, from_vector({-1}, {1}, DType::i64)), Catch::Contains("token id -1"));
 }
+
+TEST_CASE("embedding: CUDA matches CPU, ids on either device, repeated ids in the gradient",
+          "[ops][embedding][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  Tensor w = randn({1000, 67}, DType::f32, 3).set_requires_grad();
+  Tensor ids = randint({4, 33}, 1000, DType::i32, default_generator());
+  ids.data<int32_t>()[5] = ids.data<int32_t>()[6] = 7;  // a repeated id sums its rows
+  for (bool ids_on_gpu : {false, true}) {
+    auto r = moetrain::testing::compare_cuda_cpu([&](const Tensors& in) {
+      Tensor i = in[0].is_cuda() && ids_on_gpu ? ids.to(kCuda) : ids;
+      return Tensors{embedding(in[0], i)};
+    }, {w});
+    INFO(r.worst);
+    CHECK(r.max_rel_error < 1e-6);
+  }
+  Tensor bad = full({3}, 1000, DType::i64);
+  CHECK_THROWS_WITH(embedding(w.detach().to(kCuda), bad.to(kCuda)), Catch::Contains("out of range"));
+}

@@ -256,3 +256,42 @@ TEST_CASE("linear: bad shapes name the op", "[ops][linalg][linear][errors]") {
                     Catch::Contains("linear") && Catch::Contains("bias") && Catch::Contains("[5]"));
   CHECK_THROWS_WITH(linear(x, randn({2, 4, 8}, DType::f32, 5)), Catch::Contains("linear") && Catch::Contains("weight"));
 }
+
+TEST_CASE("matmul: CUDA (cuBLAS) matches CPU for all layouts and transposes, with gradients",
+          "[ops][linalg][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  using moetrain::testing::compare_cuda_cpu;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      DYNAMIC_SECTION("trans_a " << ta << " trans_b " << tb) {
+        auto shape = [](bool t, int64_t r, int64_t c) { return t ? Shape{c, r} : Shape{r, c}; };
+        auto batched = [](bool t, int64_t r, int64_t c) { return t ? Shape{3, c, r} : Shape{3, r, c}; };
+        for (DType dtype : {DType::f32, DType::f64}) {
+          Tensor a2 = randn(shape(ta, 33, 65), dtype, 1).set_requires_grad();
+          Tensor b2 = randn(shape(tb, 65, 31), dtype, 2).set_requires_grad();
+          Tensor a3 = randn(batched(ta, 33, 65), dtype, 3).set_requires_grad();
+          Tensor b3 = randn(batched(tb, 65, 31), dtype, 4).set_requires_grad();
+          auto fn = [ta, tb](const Tensors& in) {
+            return Tensors{matmul(in[0], in[1], ta, tb), matmul(in[2], in[1], ta, tb), matmul(in[0], in[3], ta, tb),
+                           matmul(in[2], in[3], ta, tb)};
+          };
+          auto r = compare_cuda_cpu(fn, {a2, b2, a3, b3});
+          INFO(dtype_name(dtype) << ": " << r.worst);
+          CHECK(r.max_rel_error < (dtype == DType::f64 ? 1e-12 : 1e-5));
+          if (dtype == DType::f32) {
+            auto rb = compare_cuda_cpu(fn, {a2, b2, a3, b3}, DType::bf16);
+            INFO("bf16: " << rb.worst);
+            CHECK(rb.max_rel_error < 3e-2);
+          }
+        }
+      }
+    }
+  }
+  SECTION("linear with bias") {
+    Tensor x = randn({2, 17, 129}, DType::f32, 5).set_requires_grad();
+    Tensor w = randn({257, 129}, DType::f32, 6).set_requires_grad(), b = randn({257}, DType::f32, 7).set_requires_grad();
+    auto r = compare_cuda_cpu([](const Tensors& in) { return Tensors{linear(in[0], in[1], in[2])}; }, {x, w, b});
+    INFO(r.worst);
+    CHECK(r.max_rel_error < 1e-5);
+  }
+}

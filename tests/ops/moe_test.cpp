@@ -47,3 +47,17 @@ TEST_CASE("grouped_linear: bad shapes are named", "[ops][moe]") {
   CHECK_THROWS_WITH(grouped_linear(x, w, {4}), Catch::Contains("1 row counts for w [2, 5, 3]"));
   CHECK_THROWS_WITH(grouped_linear(x, randn({2, 5, 4}, DType::f64, 3), {2, 2}), Catch::Contains("w must be [E, out, 3]"));
 }
+
+TEST_CASE("grouped_linear: CUDA matches CPU, experts without rows included", "[ops][moe][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  std::vector<int64_t> counts = {5, 0, 33, 1, 0, 17};
+  Tensor x = randn({56, 65}, DType::f32, 1).set_requires_grad();
+  Tensor w = randn({6, 31, 65}, DType::f32, 2).set_requires_grad();
+  auto fn = [counts](const Tensors& in) { return Tensors{grouped_linear(in[0], in[1], counts)}; };
+  auto r = moetrain::testing::compare_cuda_cpu(fn, {x, w});
+  INFO(r.worst);
+  CHECK(r.max_rel_error < 1e-5);
+  auto rb = moetrain::testing::compare_cuda_cpu(fn, {x, w}, DType::bf16);
+  INFO(rb.worst);
+  CHECK(rb.max_rel_error < 3e-2);
+}

@@ -79,3 +79,30 @@ TEST_CASE("schedules: warmup, cosine, linear, constant and wsd at known points",
   CHECK(parse_schedule("wsd") == ScheduleKind::wsd);
   CHECK_THROWS_WITH(parse_schedule("step"), Catch::Contains("cosine"));
 }
+
+TEST_CASE("adamw: the fused CUDA update and gradient clipping match the CPU", "[optim][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  ParameterList cpu_params, gpu_params;
+  for (int i = 0; i < 3; ++i) {
+    Shape s = i == 0 ? Shape{33, 65} : (i == 1 ? Shape{4099} : Shape{1});
+    Tensor p = randn(s, DType::f32, 10 + i);
+    cpu_params.push_back({fmt::format("p{}", i), p.clone().set_requires_grad(), i != 1, "test"});
+    gpu_params.push_back({fmt::format("p{}", i), p.to(kCuda).set_requires_grad(), i != 1, "test"});
+  }
+  AdamW cpu_opt(cpu_params, {}), gpu_opt(gpu_params, {});
+  for (int step = 0; step < 5; ++step) {
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      Tensor g = randn(cpu_params[i].tensor.shape(), DType::f32, 100 * step + i);
+      cpu_params[i].tensor.set_grad(g);
+      gpu_params[i].tensor.set_grad(g.to(kCuda));
+    }
+    double n_cpu = clip_grad_norm(cpu_params, 1.0), n_gpu = clip_grad_norm(gpu_params, 1.0);
+    CHECK(n_gpu == Approx(n_cpu).epsilon(1e-12));
+    cpu_opt.step(1e-2);
+    gpu_opt.step(1e-2);
+  }
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    CHECK(moetrain::testing::rel_error(gpu_params[i].tensor.detach().to(kCpu), cpu_params[i].tensor.detach()) < 1e-5);
+    CHECK(moetrain::testing::rel_error(gpu_opt.exp_avg_sq()[i].to(kCpu), cpu_opt.exp_avg_sq()[i]) < 1e-5);
+  }
+}

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "backend/cuda/caching_allocator.h"
+#include "core/dtype.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
@@ -50,6 +51,10 @@ void copy_device_to_host(void* dst, const void* src, int64_t nbytes, int device)
 void copy_device_to_device(void* dst, const void* src, int64_t nbytes, int device);
 // dst[0..nbytes) = 0 on the device's stream.
 void memset_zero(void* dst, int64_t nbytes, int device);
+// n elements of `dtype` at dst = value (memory.cu).
+void fill(void* dst, DType dtype, int64_t n, double value, int device);
+// n elements converted from src_type to dst_type, as the CPU converts (memory.cu).
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int device);
 
 // Time of work on a device's stream, measured with CUDA events:
 //   EventTimer t(0); t.start(); ...queue kernels...; double ms = t.stop_ms();

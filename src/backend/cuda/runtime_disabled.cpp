@@ -26,6 +26,8 @@ void copy_host_to_device(void*, const void*, int64_t, int) { no_cuda("copy to cu
 void copy_device_to_host(void*, const void*, int64_t, int) { no_cuda("copy from cuda"); }
 void copy_device_to_device(void*, const void*, int64_t, int) { no_cuda("copy on cuda"); }
 void memset_zero(void*, int64_t, int) { no_cuda("memset on cuda"); }
+void fill(void*, DType, int64_t, double, int) { no_cuda("fill on cuda"); }
+void convert(void*, DType, const void*, DType, int64_t, int) { no_cuda("dtype conversion on cuda"); }
 EventTimer::EventTimer(int device) : device_(device) { no_cuda("EventTimer"); }
 EventTimer::~EventTimer() = default;
 void EventTimer::start() { no_cuda("EventTimer"); }

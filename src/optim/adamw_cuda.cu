@@ -1,0 +1,91 @@
+#include "optim/adamw_kernels.h"
+
+#include "backend/cuda/kernel_utils.cuh"
+
+namespace moetrain::cuda {
+
+namespace {
+
+// The same order of operations as adamw.cpp's loop.
+template <class T>
+__global__ void adamw_kernel(T* __restrict__ w, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
+                             int64_t n, AdamWCoefficients k) {
+  const T td = static_cast<T>(k.decay), tb1 = static_cast<T>(k.b1), tb2 = static_cast<T>(k.b2);
+  const T ss = static_cast<T>(k.step_size), bc = static_cast<T>(k.bc2_sqrt), eps = static_cast<T>(k.eps);
+  MT_GRID_LOOP(j, n) {
+    const T gj = g[j];
+    const T mj = m[j] * tb1 + gj * (T(1) - tb1);
+    const T vj = v[j] * tb2 + gj * gj * (T(1) - tb2);
+    m[j] = mj;
+    v[j] = vj;
+    w[j] = w[j] * td - ss * mj / (sqrt(vj) / bc + eps);
+  }
+}
+
+// A fixed grid (kSumBlocks x kThreads): each block sums a fixed set of elements
+// into partial[block]; one block then adds the partials in order to acc.
+constexpr int kSumBlocks = 256;
+
+template <class T> __global__ void squared_sum_partial(double* partial, const T* g, int64_t n) {
+  double s = 0;
+  MT_GRID_LOOP(j, n) {
+    double x = static_cast<double>(load(g, j));
+    s += x * x;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void add_partials(double* acc, const double* partial, int count) {
+  double s = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) acc[0] += s;
+}
+
+template <class T> __global__ void scale_kernel(T* g, acc_t<T> c, int64_t n) {
+  MT_GRID_LOOP(j, n) store(g, j, load(g, j) * c);
+}
+
+}  // namespace
+
+void adamw_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamWCoefficients& k) {
+  int64_t n = w.numel();
+  if (n == 0) return;
+  switch (w.dtype()) {
+    case DType::f32:
+      adamw_kernel<float><<<blocks_for(n), kThreads, 0, stream_of(w)>>>(ptr<float>(w), ptr<float>(g), ptr<float>(m),
+                                                                        ptr<float>(v), n, k);
+      break;
+    case DType::f64:
+      adamw_kernel<double><<<blocks_for(n), kThreads, 0, stream_of(w)>>>(ptr<double>(w), ptr<double>(g),
+                                                                         ptr<double>(m), ptr<double>(v), n, k);
+      break;
+    default: MT_THROW("adamw: parameters must be f32 or f64 (master weights), got {}", w.dtype());
+  }
+  MT_CUDA_CHECK_LAUNCH("adamw");
+}
+
+void add_squared_sum(Tensor& acc, const Tensor& g) {
+  int64_t n = g.numel();
+  if (n == 0) return;
+  Tensor partial = empty({kSumBlocks}, DType::f64, g.device());
+  dispatch_float_cuda(g.dtype(), "clip_grad_norm", [&](auto tag) {
+    using T = decltype(tag);
+    squared_sum_partial<T><<<kSumBlocks, kThreads, 0, stream_of(g)>>>(ptr<double>(partial), ptr<T>(g), n);
+  });
+  add_partials<<<1, kThreads, 0, stream_of(g)>>>(ptr<double>(acc), ptr<double>(partial), kSumBlocks);
+  MT_CUDA_CHECK_LAUNCH("clip_grad_norm");
+}
+
+void scale(Tensor& g, double coef) {
+  int64_t n = g.numel();
+  if (n == 0) return;
+  dispatch_float_cuda(g.dtype(), "clip_grad_norm", [&](auto tag) {
+    using T = decltype(tag);
+    scale_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(g)>>>(ptr<T>(g), static_cast<acc_t<T>>(coef), n);
+  });
+  MT_CUDA_CHECK_LAUNCH("scale");
+}
+
+}  // namespace moetrain::cuda
