@@ -159,6 +159,16 @@ void copy_(const Tensor& dst, const Tensor& src) {
   }
 }
 
+void move_to_device_(const Tensor& t, Device device) {
+  if (!t.defined() || t.device() == device) return;
+  TensorImpl& impl = t.impl();
+  MT_CHECK(t.is_leaf() && impl.offset == 0 && impl.storage->nbytes() == t.nbytes() && impl.storage.use_count() == 1,
+           "move_to_device_: {} is a view or shares its storage; only whole leaves move in place", describe(t));
+  Tensor moved = t.detach().to(device);
+  impl.storage = moved.impl().storage;
+  if (impl.grad) impl.grad.reset();  // a gradient on the old device would not match
+}
+
 std::string describe(const Tensor& t) {
   if (!t.defined()) return "undefined tensor";
   return fmt::format("{}{} {}", t.dtype(), t.shape(), t.device());

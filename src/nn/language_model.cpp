@@ -8,7 +8,8 @@ namespace moetrain {
 Tensor LanguageModel::loss(const Tensor& ids, const Tensor& targets, bool training) {
   Tensor logits = forward(ids, training);
   profile::Region region("embedding/head");
-  return cross_entropy(logits, targets);
+  // Targets follow the logits (the trainer moves both; eval passes host batches).
+  return cross_entropy(logits, targets.device() == logits.device() ? targets : targets.to(logits.device()));
 }
 
 }  // namespace moetrain

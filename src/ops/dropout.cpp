@@ -8,17 +8,18 @@ namespace moetrain {
 
 Tensor dropout(const Tensor& x, double p, Generator* gen) {
   check_float("dropout", "x", x);
-  check_cpu("dropout", x);
   MT_CHECK(p >= 0.0 && p < 1.0, "dropout: p = {} must be in [0, 1)", p);
   if (p == 0.0) return x;
   Generator& g = gen ? *gen : default_generator();
   uint64_t first = g.reserve(static_cast<uint64_t>(x.numel()));
   Generator mask_gen = g;  // seed is what matters; offsets are passed explicitly
   Tensor y = empty_like(x);
-  cpu::dropout_apply(y, x, p, mask_gen, first);
+  if (x.is_cuda()) cuda::dropout_apply(y, x, p, mask_gen, first);
+  else cpu::dropout_apply(y, x, p, mask_gen, first);
   return record("dropout", y, {x}, [p, mask_gen, first](const Tensor& grad_y) {
     Tensor grad_x = empty_like(grad_y);
-    cpu::dropout_apply(grad_x, grad_y, p, mask_gen, first);
+    if (grad_y.is_cuda()) cuda::dropout_apply(grad_x, grad_y, p, mask_gen, first);
+    else cpu::dropout_apply(grad_x, grad_y, p, mask_gen, first);
     return Grads{grad_x};
   });
 }

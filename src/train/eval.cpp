@@ -33,7 +33,8 @@ AnswerScore evaluate_answers(LanguageModel& model, const data::SyntheticOptions&
     data::SyntheticBatch batch = data::synthetic_batch(options, batch_size, gen);
     Tensor logits = model.forward(batch.inputs, false);  // [B, T, V]
     const int64_t V = logits.size(2);
-    const Tensor lf = logits.dtype() == DType::f64 ? logits : logits.to(DType::f64);
+    const Tensor host = logits.is_cpu() ? logits : logits.to(kCpu);
+    const Tensor lf = host.dtype() == DType::f64 ? host : host.to(DType::f64);
     const double* l = lf.data<double>();
     const int32_t* target = batch.targets.data<int32_t>();
     int64_t answers = 0;
@@ -43,7 +44,8 @@ AnswerScore evaluate_answers(LanguageModel& model, const data::SyntheticOptions&
       const double* row = l + p * V;
       hits += std::max_element(row, row + V) - row == target[p];  // first maximum on ties
     }
-    loss_sum += cross_entropy(logits, batch.targets, data::kIgnoreIndex).item<double>() * static_cast<double>(answers);
+    loss_sum += cross_entropy(logits, batch.targets.to(logits.device()), data::kIgnoreIndex).item<double>() *
+                static_cast<double>(answers);
     score.answers += answers;
   }
   if (score.answers > 0) {

@@ -17,6 +17,8 @@
 #include "autograd/grad_mode.h"
 #include "autograd/profile.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cuda/cublas.h"
+#include "backend/cuda/runtime.h"
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
@@ -389,6 +391,23 @@ TrainSummary train(const Config& config) {
       }
     }
   }
+  // train.device = cuda: parameters and moments move to the GPU after a resume
+  // has loaded them on the host; batches follow them each step.
+  Device device = kCpu;
+  if (config.get_string("train.device") == "cuda") {
+    if (!cuda::built_with_cuda())
+      config.fail("train.device", "is cuda but this moetrain was built without CUDA; rebuild with the CUDA toolkit "
+                                  "(cmake -DMOETRAIN_CUDA=ON) or set train.device: cpu");
+    if (cuda::device_count() == 0)
+      config.fail("train.device", "is cuda but no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES), "
+                                  "or set train.device: cpu");
+    device = Device{DeviceKind::cuda, cuda::select_device(cpu::launcher_local_rank())};
+    cuda::set_allow_tf32(config.get_bool("train.tf32"));
+    for (const NamedParameter& p : params) move_to_device_(p.tensor, device);
+    for (const Tensor& t : opt.exp_avg()) move_to_device_(t, device);
+    for (const Tensor& t : opt.exp_avg_sq()) move_to_device_(t, device);
+    spdlog::info("training on {} ({})", device, cuda::device_name(device.index));
+  }
   if (dist.root()) metrics = std::make_unique<MetricsWriter>((run_dir / "metrics.jsonl").string());
   StopSignalHandler stop_signal;
   bool stopped = false;
@@ -447,7 +466,8 @@ TrainSummary train(const Config& config) {
           if (r == dist.rank()) batch = std::move(b);
         }
       }
-      Tensor loss = model->loss(batch.inputs, batch.targets, true);
+      Tensor loss = device.is_cpu() ? model->loss(batch.inputs, batch.targets, true)
+                                    : model->loss(batch.inputs.to(device), batch.targets.to(device), true);
       loss_sum += loss.item<double>();
       (accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(accum)) : loss).backward();
     }

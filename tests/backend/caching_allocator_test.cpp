@@ -139,7 +139,7 @@ TEST_CASE("caching allocator: out of memory names the request, the device and th
   CHECK_THAT(msg, Catch::Contains("8388608 bytes"));        // the request
   CHECK_THAT(msg, Catch::Contains("4.0 MiB free of 16.0 MiB"));  // the device
   CHECK_THAT(msg, Catch::Contains("largest holders: moe 10.0 MiB, kda 2.0 MiB"));
-  CHECK_THAT(msg, Catch::Contains("train.micro_batch_size"));
+  CHECK_THAT(msg, Catch::Contains("train.batch_size"));
   CHECK(alloc.stats().num_ooms == 1);
   // The failed request changed nothing.
   CHECK(alloc.stats().allocated_bytes == 12 * kMiB);

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "backend/cuda/runtime.h"
 #include "testing.h"
 
 using moetrain::testing::TempDir;
@@ -350,4 +351,34 @@ TEST_CASE("cli: a non-finite gradient skips the step on every rank (train.nan_po
                      w.dir + "/limit");
   CHECK(limit.code == 3);
   CHECK(limit.output.find("train.max_consecutive_skips = 0") != string::npos);
+}
+
+TEST_CASE("cli: train.device = cuda without a usable GPU exits 2 naming the key", "[cli][errors]") {
+  if (moetrain::cuda::device_count() > 0) return;  // a GPU machine runs the [cuda] case below instead
+  Workspace w;
+  w.prepare();
+  Result r = run("train -c " + w.config() + " --set train.device=cuda --set train.max_steps=1");
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("train.device") &&
+                           (Catch::Contains("no CUDA device is visible") || Catch::Contains("built without CUDA")));
+}
+
+TEST_CASE("cli: a tiny GPT-2 trains on CUDA with the CPU run's losses", "[cli][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  Workspace w;
+  w.prepare();
+  string cfg = w.config();
+  Result cpu = run("train -c " + cfg);
+  INFO(cpu.output);
+  REQUIRE(cpu.code == 0);
+  Result gpu = run("train -c " + cfg + " --set train.device=cuda --set run.dir=" + w.dir + "/run_cuda");
+  INFO(gpu.output);
+  REQUIRE(gpu.code == 0);
+  CHECK_THAT(gpu.output, Catch::Contains("training on cuda:"));
+  std::vector<double> a = moetrain::testing::metrics_losses(w.dir + "/run"),
+                      b = moetrain::testing::metrics_losses(w.dir + "/run_cuda");
+  REQUIRE(a.size() == b.size());
+  REQUIRE(a.size() >= 6);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == Approx(a[i]).epsilon(1e-3));  // f32, other summation orders
 }

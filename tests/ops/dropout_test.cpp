@@ -36,3 +36,17 @@ TEST_CASE("dropout: identity for p = 0; bad p is reported", "[ops][dropout]") {
   CHECK(dropout(x, 0.0).same_storage(x));
   CHECK_THROWS_WITH(dropout(x, 1.0), Catch::Contains("dropout") && Catch::Contains("[0, 1)"));
 }
+
+TEST_CASE("dropout: CUDA draws the CPU's mask (same Philox stream), forward and backward",
+          "[ops][dropout][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  Tensor x = randn({33, 257}, DType::f32, 4).set_requires_grad();
+  auto fn = [](const Tensors& in) {
+    Generator g(99);
+    g.set_offset(12345);
+    return Tensors{dropout(in[0], 0.3, &g)};
+  };
+  auto r = moetrain::testing::compare_cuda_cpu(fn, {x});
+  INFO(r.worst);
+  CHECK(r.max_rel_error == 0.0);
+}

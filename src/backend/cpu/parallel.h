@@ -34,6 +34,10 @@ void reexec_with_short_spin(char** argv);
 // Applies default_num_threads() once, then pins the threads when
 // MOETRAIN_PIN_THREADS=1; called by the CLI and the test main.
 void init_threads();
+// This process's rank among the processes of its node, as its launcher says
+// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID); 0 without one.
+// Picks the CPUs of pin_threads() and the GPU of train.device = cuda.
+int launcher_local_rank();
 // Pins OpenMP thread i (the pool OpenBLAS and BLIS also run on) to one CPU of this
 // process's allowed set: the (local_rank * num_threads() + i)-th, wrapping, so ranks
 // on one node started without binding (mpirun --bind-to none) take different CPUs.

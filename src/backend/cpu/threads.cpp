@@ -49,18 +49,19 @@ int default_num_threads() {
   return std::max(1, cores / ranks);
 }
 
+int launcher_local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
+  return 0;
+}
+
 std::vector<int> pin_threads() {
   cpu_set_t allowed;
   MT_CHECK(sched_getaffinity(0, sizeof(allowed), &allowed) == 0, "pin_threads: sched_getaffinity failed");
   std::vector<int> cpus;
   for (int c = 0; c < CPU_SETSIZE; ++c)
     if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-  int local_rank = 0;
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    if (const char* v = std::getenv(var); v && *v) {
-      local_rank = std::atoi(v);
-      break;
-    }
+  const int local_rank = launcher_local_rank();
   const int n = num_threads();
   std::vector<int> chosen(static_cast<size_t>(n), -1);
 #pragma omp parallel num_threads(n)

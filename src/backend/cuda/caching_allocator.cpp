@@ -98,7 +98,7 @@ std::string CachingAllocator::out_of_memory_message(int64_t nbytes, int64_t roun
     for (size_t i = 0; i < std::min<size_t>(top.size(), 5); ++i)
       msg += fmt::format("{} {} {}", i ? "," : "", top[i].first, human_bytes(static_cast<double>(top[i].second)));
   }
-  msg += ". Lower train.micro_batch_size (or the sequence length), or use more GPUs";
+  msg += ". Lower train.batch_size (raise train.grad_accum to keep the global batch) or train.seq_len, or use more GPUs";
   return msg;
 }
 

@@ -1,0 +1,206 @@
+// The CUDA harness (built with the CUDA backend; run by launch/gpu-check.sh):
+// one table of TFLOP/s, each as a share of the best cuBLAS bf16 GEMM rate
+// measured in the same run (the "peak" row), and of the datasheet bf16 dense
+// peak when the GPU is a known one. Every time is CUDA events around the work
+// on the device's stream, after a warm-up.
+//   build/moetrain_bench_cuda [--steps N] [--out FILE.md]
+// Cases: GEMMs (peak, GPT-2 small's shapes, f32 with and without TF32), causal
+// attention forward+backward at T = 4096 / 8192, chunked KDA forward+backward
+// (reported as not available while it has no CUDA kernel), and GPT-2 small /
+// k3-small training steps (forward, backward, AdamW) with tokens/s and MFU.
+// A case whose op has no CUDA kernel yet prints the error instead of a number.
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/cuda/cublas.h"
+#include "backend/cuda/runtime.h"
+#include "config/config.h"
+#include "moetrain.h"
+#include "nn/gpt2.h"
+#include "optim/adamw.h"
+#include "train/model_source.h"
+
+using namespace moetrain;
+
+namespace {
+
+const Device kGpu{DeviceKind::cuda, 0};
+
+struct Row {
+  std::string name, shape;
+  double ms = -1, flops = 0, tokens = 0;
+  std::string note;
+};
+
+// Warm-up, then the mean of `steps` runs of fn, timed with events.
+double time_ms(int steps, const std::function<void()>& fn) {
+  fn();
+  cuda::synchronize(0);
+  cuda::EventTimer timer(0);
+  timer.start();
+  for (int s = 0; s < steps; ++s) fn();
+  return timer.stop_ms() / steps;
+}
+
+Row gemm_row(const std::string& name, DType dtype, int64_t m, int64_t n, int64_t k, int steps, bool tf32 = false) {
+  Tensor a = randn({m, k}, DType::f32, 1).to(kGpu).to(dtype), b = randn({n, k}, DType::f32, 2).to(kGpu).to(dtype);
+  Tensor c = empty({m, n}, dtype, kGpu);
+  cuda::set_allow_tf32(tf32);
+  Row r{name, fmt::format("{}x{}x{} {}{}", m, n, k, dtype_name(dtype), tf32 ? " tf32" : ""), 0, 2.0 * m * n * k};
+  r.ms = time_ms(steps, [&] {
+    cuda::gemm(dtype, false, true, m, n, k, 1.0, a.raw_data(), k, 0, b.raw_data(), k, 0, 0.0, c.raw_data(), n, 0, 1, 0);
+  });
+  cuda::set_allow_tf32(false);
+  return r;
+}
+
+Row guarded(const std::string& name, const std::string& shape, const std::function<Row()>& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    Row r{name, shape};
+    r.note = e.what();
+    if (r.note.size() > 160) r.note = r.note.substr(0, 157) + "...";
+    return r;
+  }
+}
+
+// Causal attention forward + backward, B = 1, H heads of D: FLOPs of the causal
+// half: forward 2 * 2 * T^2/2 * D * H, backward 2.5x forward (recomputes scores).
+Row attention_row(int64_t T, int64_t H, int64_t D, int steps) {
+  std::string shape = fmt::format("B1 T{} H{} D{} bf16", T, H, D);
+  return guarded("attention fwd+bwd", shape, [&] {
+    Tensor q = randn({1, T, H, D}, DType::f32, 1).to(kGpu).to(DType::bf16).detach().set_requires_grad();
+    Tensor k = randn({1, T, H, D}, DType::f32, 2).to(kGpu).to(DType::bf16).detach().set_requires_grad();
+    Tensor v = randn({1, T, H, D}, DType::f32, 3).to(kGpu).to(DType::bf16).detach().set_requires_grad();
+    Tensor g = randn({1, T, H, D}, DType::f32, 4).to(kGpu).to(DType::bf16);
+    double fwd = 2.0 * 2.0 * (static_cast<double>(T) * T / 2) * D * H;
+    Row r{"attention fwd+bwd", shape, 0, fwd * 3.5};
+    r.ms = time_ms(steps, [&] {
+      Tensor o = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(D)));
+      autograd::backward({o}, {g});
+      for (Tensor* t : {&q, &k, &v}) t->zero_grad();
+    });
+    return r;
+  });
+}
+
+Row kda_row(int64_t T, int steps) {
+  const int64_t H = 16, K = 128;
+  std::string shape = fmt::format("B1 T{} H{} K=V={} chunk 64", T, H, K);
+  return guarded("kda chunked fwd+bwd", shape, [&] {
+    auto leaf = [&](Shape s, uint64_t seed, double scale) {
+      return mul_scalar(randn(s, DType::f32, seed), scale).to(kGpu).detach().set_requires_grad();
+    };
+    Tensor q = leaf({1, T, H, K}, 1, 0.1), k = leaf({1, T, H, K}, 2, 0.1), v = leaf({1, T, H, K}, 3, 1.0);
+    Tensor g = leaf({1, T, H, K}, 4, 0.01), beta = leaf({1, T, H}, 5, 0.5);
+    Tensor grad = randn({1, T, H, K}, DType::f32, 6).to(kGpu);
+    // Chunked forward+backward FLOPs are dominated by the chunk GEMMs (MODEL_SPEC §6): ~ 6 * T * 64 * K * H * 4.
+    Row r{"kda chunked fwd+bwd", shape, 0, 6.0 * T * 64 * K * H * 4};
+    r.ms = time_ms(steps, [&] {
+      KdaResult out = kda(q, k, v, g, beta, Tensor(), 1.0 / std::sqrt(static_cast<double>(K)), KdaMode::chunked, 64);
+      autograd::backward({out.o}, {grad});
+      for (Tensor* t : {&q, &k, &v, &g, &beta}) t->zero_grad();
+    });
+    return r;
+  });
+}
+
+Row train_row(const std::string& name, std::unique_ptr<LanguageModel> model, int64_t vocab, int64_t B, int64_t T,
+              int steps) {
+  std::string shape = fmt::format("B{} T{} f32 (tf32 GEMMs)", B, T);
+  return guarded(name + " train step", shape, [&] {
+    cuda::set_allow_tf32(true);
+    AdamW opt(model->parameters(), {});
+    for (const NamedParameter& p : model->parameters()) move_to_device_(p.tensor, kGpu);
+    for (const Tensor& t : opt.exp_avg()) move_to_device_(t, kGpu);
+    for (const Tensor& t : opt.exp_avg_sq()) move_to_device_(t, kGpu);
+    Generator gen(7);
+    Tensor ids = randint({B, T}, vocab, DType::i32, gen).to(kGpu), targets = randint({B, T}, vocab, DType::i32, gen).to(kGpu);
+    Row r{name + " train step", shape, 0, model->flops_per_token(T) * B * T, static_cast<double>(B * T)};
+    r.ms = time_ms(steps, [&] {
+      opt.zero_grad();
+      model->loss(ids, targets).backward();
+      opt.step(1e-4);
+    });
+    cuda::set_allow_tf32(false);
+    return r;
+  });
+}
+
+// Dense bf16 tensor-core peak of known GPUs (datasheet, without sparsity).
+double datasheet_bf16_tflops(const std::string& name) {
+  if (name.find("H200") != std::string::npos || name.find("H100") != std::string::npos) return 989.4;
+  if (name.find("A100") != std::string::npos) return 312.0;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 10;
+  std::string out_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else {
+      fmt::print(stderr, "usage: moetrain_bench_cuda [--steps N] [--out FILE.md]\n");
+      return 2;
+    }
+  }
+  if (cuda::device_count() == 0) {
+    fmt::print(stderr, "moetrain_bench_cuda: no CUDA device is visible\n");
+    return 1;
+  }
+  cuda::set_device(0);
+  const std::string gpu = cuda::device_name(0);
+  std::vector<Row> rows;
+  // The peak: the best of a few large bf16 GEMMs.
+  for (int64_t s : {4096, 8192, 16384}) rows.push_back(gemm_row("gemm (peak probe)", DType::bf16, s, s, s, steps));
+  double peak = 0;
+  for (const Row& r : rows) peak = std::max(peak, r.flops / (r.ms * 1e-3) / 1e12);
+  // GPT-2 small's GEMMs at B*T = 8192 tokens (qkv, attention proj, fc, mlp proj, head).
+  const int64_t N = 8192;
+  rows.push_back(gemm_row("gemm gpt2 qkv", DType::bf16, N, 2304, 768, steps));
+  rows.push_back(gemm_row("gemm gpt2 fc", DType::bf16, N, 3072, 768, steps));
+  rows.push_back(gemm_row("gemm gpt2 mlp proj", DType::bf16, N, 768, 3072, steps));
+  rows.push_back(gemm_row("gemm gpt2 head", DType::bf16, N, 50304, 768, steps));
+  rows.push_back(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps));
+  rows.push_back(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps, true));
+  for (int64_t T : {4096, 8192}) rows.push_back(attention_row(T, 16, 128, steps));
+  for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps));
+  {
+    Gpt2Config c;  // GPT-2 small, 124M
+    rows.push_back(train_row("gpt2-small", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps));
+  }
+  rows.push_back(guarded("k3-small train step", "B4 T1024", [&] {
+    Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
+    return train_row("k3-small", build_model(config), config.get_int("model.vocab_size"), 4, 1024, steps);
+  }));
+
+  const double sheet = datasheet_bf16_tflops(gpu);
+  std::string table = fmt::format("GPU: {}; peak = best bf16 cuBLAS GEMM of this run: {:.1f} TFLOP/s{}\n\n", gpu, peak,
+                                  sheet > 0 ? fmt::format(" ({:.0f}% of the {:.1f} TFLOP/s datasheet bf16 dense peak)",
+                                                          100 * peak / sheet, sheet)
+                                            : "");
+  table += "| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) |\n|---|---|---|---|---|---|---|\n";
+  for (const Row& r : rows) {
+    if (r.ms < 0) {
+      table += fmt::format("| {} | {} | n/a | | | | {} |\n", r.name, r.shape, r.note);
+      continue;
+    }
+    double tf = r.flops / (r.ms * 1e-3) / 1e12;
+    table += fmt::format("| {} | {} | {:.3f} | {:.1f} | {:.0f}% | {} | {} |\n", r.name, r.shape, r.ms, tf, 100 * tf / peak,
+                         r.tokens > 0 ? fmt::format("{:.0f}", r.tokens / (r.ms * 1e-3)) : "",
+                         r.tokens > 0 && sheet > 0 ? fmt::format("{:.1f}%", 100 * tf / sheet) : "");
+  }
+  fmt::print("{}", table);
+  if (!out_path.empty()) std::ofstream(out_path) << table;
+  return 0;
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU proof, on a machine with an NVIDIA GPU (see docs/cuda.md):
+#   launch/gpu-check.sh OUT_DIR
+# builds moetrain with the CUDA backend (Release, sm_90 + PTX unless
+# MOETRAIN_CUDA_ARCHITECTURES says otherwise) into build-gpu/, shows the sm_90
+# code of the kernels, runs every [cuda] test (each CUDA op against its CPU twin,
+# gradients included; a tiny GPT-2 trained on the GPU against the CPU's losses),
+# the [cuda][mpi] tests under mpirun when more than one GPU is visible, then the
+# benchmark table (bench/cuda_bench.cpp). Logs and the table go to OUT_DIR:
+#   nvidia-smi.txt build.log sass.txt tests.log tests-mpi.log bench.md
+# Extra cmake arguments: CMAKE_ARGS="-DCMAKE_PREFIX_PATH=/deps/usr ..." (a machine
+# without our Debian packages installed points the build at an unpacked copy).
+# Exits non-zero when the build or a test fails; the benchmark runs either way.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: launch/gpu-check.sh OUT_DIR}
+mkdir -p "$out"
+status=0
+step() { echo "== $* ($(date +%T))"; }
+
+step "GPU"
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || { echo "gpu-check: nvidia-smi failed: no NVIDIA GPU or driver" >&2; exit 1; }
+head -15 "$out/nvidia-smi.txt"
+ngpu=$(nvidia-smi -L | grep -c '^GPU ')
+
+step "build (build-gpu/, log in $out/build.log)"
+# shellcheck disable=SC2086
+if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOETRAIN_CUDA=ON -DMOETRAIN_BENCH=ON \
+         -DMOETRAIN_UNITY=ON ${CMAKE_ARGS:-} &&
+       cmake --build build-gpu -j "${JOBS:-$(nproc)}" --target moetrain moetrain_tests moetrain_bench_cuda; } \
+     >"$out/build.log" 2>&1; then
+  tail -40 "$out/build.log"
+  echo "gpu-check: build failed (log: $out/build.log)" >&2
+  exit 1
+fi
+
+step "sm_90 code of the kernels ($out/sass.txt)"
+if command -v cuobjdump >/dev/null; then
+  cuobjdump --list-elf build-gpu/src/libmoetrain_lib.a >"$out/sass.txt" 2>&1
+  cuobjdump -sass build-gpu/src/libmoetrain_lib.a 2>/dev/null | grep -E "Function : .*(attention|kda|adamw|index_add)" \
+    | head -20 >>"$out/sass.txt"
+  grep -c "sm_90" "$out/sass.txt" | xargs echo "sm_90 ELF entries:"
+else
+  echo "cuobjdump not found; skipped" | tee "$out/sass.txt"
+fi
+
+step "[cuda] tests ($out/tests.log)"
+if ! build-gpu/moetrain_tests "[cuda]" --durations yes >"$out/tests.log" 2>&1; then status=1; fi
+tail -5 "$out/tests.log"
+
+if [ "$ngpu" -gt 1 ]; then
+  step "[cuda][mpi] tests on $ngpu GPUs ($out/tests-mpi.log)"
+  if ! mpirun --allow-run-as-root --oversubscribe -np "$ngpu" -x OMP_NUM_THREADS=1 \
+       build-gpu/moetrain_tests "[cuda][mpi]" >"$out/tests-mpi.log" 2>&1; then status=1; fi
+  tail -5 "$out/tests-mpi.log"
+else
+  echo "one GPU: the [cuda][mpi] tests need two or more" | tee "$out/tests-mpi.log"
+fi
+
+step "benchmark ($out/bench.md)"
+build-gpu/moetrain_bench_cuda --steps "${BENCH_STEPS:-10}" --out "$out/bench.md" || status=1
+
+step "done: $([ $status -eq 0 ] && echo passed || echo FAILED)"
+exit $status
