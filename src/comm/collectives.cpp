@@ -20,13 +20,9 @@ Tensor all_to_all_v(Communicator& comm, const Tensor& x, const std::vector<int64
 Tensor all_gather(Communicator& comm, const Tensor& x) {
   Tensor y = comm.all_gather(x);
   Communicator* c = &comm;
-  const int64_t rows = x.size(0);
-  return record("all_gather", y, {x}, [c, rows](const Tensor& grad_y) {
+  return record("all_gather", y, {x}, [c](const Tensor& grad_y) {
     WatchdogLabel label("backward");
-    Tensor sum = grad_y.clone();
-    c->all_reduce_sum(sum);
-    const int64_t start = static_cast<int64_t>(c->rank()) * rows;
-    return Grads{alias(sum, sum.shape().with(0, rows), start * sum.shape().numel(1, sum.dim())).contiguous()};
+    return Grads{c->reduce_scatter_sum(grad_y)};
   });
 }
 

@@ -21,9 +21,8 @@ Tensor all_to_all_v(Communicator& comm, const Tensor& x, const std::vector<int64
                     const std::vector<int64_t>& recv_rows);
 
 // Communicator::all_gather as an op: y [size * n, ...] from x [n, ...].
-// Backward (reduce-scatter): grad_x = rows [rank * n, (rank + 1) * n) of the sum
-// over ranks of grad_y, computed as an all_reduce_sum of grad_y and a slice (size
-// times the traffic of a reduce-scatter; all_gather is not on a hot path).
+// Backward: grad_x = rows [rank * n, (rank + 1) * n) of the sum over ranks of
+// grad_y, i.e. Communicator::reduce_scatter_sum(grad_y).
 Tensor all_gather(Communicator& comm, const Tensor& x);
 
 }  // namespace moetrain::comm

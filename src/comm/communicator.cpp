@@ -15,15 +15,29 @@ namespace moetrain::comm {
 
 namespace detail {
 
-void check_cpu_tensor(const char* op, const Tensor& t) {
-  MT_CHECK(t.defined(), "{}: the tensor is undefined", op);
-  MT_CHECK(t.is_cpu(), "{}: {} is not on the CPU; the MPI communicator exchanges host memory, copy it with .to(kCpu)",
-           op, describe(t));
+void check_defined(const char* op, const Tensor& t) { MT_CHECK(t.defined(), "{}: the tensor is undefined", op); }
+
+void check_sum_dtype(const char* op, const Tensor& t) {
+  check_defined(op, t);
+  const DType d = t.dtype();
+  if (d == DType::f32 || d == DType::f64 || d == DType::i32 || d == DType::i64) return;
+  MT_CHECK(d == DType::bf16 && t.is_cuda(),
+           "{}: {} has dtype {}; sums are of f32, f64, i32 or i64, and of bf16 on CUDA only (convert to f32 first)",
+           op, describe(t), d);
+}
+
+int64_t check_reduce_scatter(const Tensor& t, int size) {
+  check_sum_dtype("reduce_scatter_sum", t);
+  MT_CHECK(t.dim() >= 1 && t.size(0) % size == 0,
+           "reduce_scatter_sum: {} must have a row dim (dim 0) of size * n rows, one block of n rows per rank; the "
+           "group has {} ranks",
+           describe(t), size);
+  return t.size(0) / size;
 }
 
 int64_t check_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
                            const std::vector<int64_t>& recv_rows, int size) {
-  check_cpu_tensor("all_to_all_v", send);
+  check_defined("all_to_all_v", send);
   MT_CHECK(send.dim() >= 1, "all_to_all_v: send must have a row dim (dim 0), got the scalar {}", describe(send));
   MT_CHECK(static_cast<int>(send_rows.size()) == size && static_cast<int>(recv_rows.size()) == size,
            "all_to_all_v: {} send counts and {} receive counts for a group of {} ranks; pass one per rank",
@@ -58,22 +72,23 @@ class LocalCommunicator final : public Communicator {
     return std::make_unique<LocalCommunicator>();
   }
 
-  void all_reduce_sum(Tensor& t) override {
-    detail::check_cpu_tensor("all_reduce_sum", t);
-    MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::i32 ||
-                 t.dtype() == DType::i64,
-             "all_reduce_sum: {} has dtype {}; sums are of f32, f64, i32 or i64 (convert bf16 to f32 first)",
-             describe(t), t.dtype());
+  // On either device: the sum of one is t, and the copies below are copy_ on the
+  // tensor's device (on a GPU: queued on its stream like any other copy).
+  void all_reduce_sum(Tensor& t) override { detail::check_sum_dtype("all_reduce_sum", t); }
+
+  Tensor reduce_scatter_sum(const Tensor& t) override {
+    detail::check_reduce_scatter(t, 1);
+    return t.detach().clone();
   }
 
   Tensor all_gather(const Tensor& t) override {
-    detail::check_cpu_tensor("all_gather", t);
+    detail::check_defined("all_gather", t);
     MT_CHECK(t.dim() >= 1, "all_gather: {} has no row dim (dim 0)", describe(t));
     return t.detach().clone();
   }
 
   void broadcast(Tensor& t, int root) override {
-    detail::check_cpu_tensor("broadcast", t);
+    detail::check_defined("broadcast", t);
     MT_CHECK(root == 0, "broadcast: root {} is not a rank of this one-process group (rank 0 only)", root);
   }
 

@@ -4,8 +4,17 @@
 // mpi.h) and the one-process communicator, whose collectives are copies.
 //
 // Conventions:
-// - Tensors are CPU tensors (always contiguous in this project). Collectives are
-//   blocking, and every rank of the group must call the same collectives in the
+// - Tensors are CPU or CUDA tensors (always contiguous in this project). The
+//   MPI communicator moves CPU tensors with MPI and hands CUDA tensors to NCCL
+//   (comm/nccl.h: an NCCL communicator per group, created on its first CUDA
+//   collective); the one-process communicator copies on the tensor's device.
+//   Every rank of a group passes its tensors on the same kind of device.
+//   all_to_all_counts and barrier always run on the host.
+// - CPU collectives are blocking. CUDA collectives are queued on the device's
+//   stream (cuda::stream) behind the kernels that produced their inputs and
+//   return at once; whatever reads the result on that stream, or copies it to
+//   the host, runs after them.
+// - Every rank of the group must call the same collectives in the
 //   same order with matching arguments (shapes, dtypes, roots, row counts).
 // - Argument errors that one rank can see alone (a wrong number of counts, a
 //   dtype) are checked before communicating. What needs the peers' view
@@ -16,8 +25,9 @@
 //   the group and in the world), the host and MPI's error text.
 // - Sizes: MPI counts are int. Row exchanges (all_gather, all_to_all_v) count
 //   rows of a contiguous row datatype, so they reach 2^31-1 rows of any size
-//   (beyond: a clear error); all_reduce_sum and broadcast are split into chunks
-//   of 2^30 elements/bytes and have no limit.
+//   (beyond: a clear error); all_reduce_sum, reduce_scatter_sum and broadcast
+//   are split into chunks of 2^30 elements/bytes and have no limit. NCCL counts
+//   are size_t: no limit.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +53,14 @@ class Communicator {
   // and gets nullptr. Collective over this group.
   virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
 
-  // t = sum of t over the group, in place; f32, f64, i32 or i64.
+  // t = sum of t over the group, in place; f32, f64, i32 or i64, and bf16 on
+  // CUDA (NCCL sums bf16 in bf16; on the CPU convert to f32 first).
   virtual void all_reduce_sum(Tensor& t) = 0;
+  // t [size * n, ...] (the same shape on every rank) -> [n, ...]: row block
+  // `rank` of the sum of t over the group, i.e. all_reduce_sum followed by
+  // taking this rank's n rows, without forming the whole sum. Dtypes as
+  // all_reduce_sum.
+  virtual Tensor reduce_scatter_sum(const Tensor& t) = 0;
   // [size * n, ...]: the ranks' t ([n, ...], the same shape on every rank,
   // checked) concatenated along dim 0 in rank order. Any dtype.
   virtual Tensor all_gather(const Tensor& t) = 0;
@@ -89,7 +105,11 @@ bool mpi_active();
 
 namespace detail {
 // Argument checks shared by the implementations (they need no peers).
-void check_cpu_tensor(const char* op, const Tensor& t);
+void check_defined(const char* op, const Tensor& t);
+// f32, f64, i32, i64; bf16 too for a CUDA tensor.
+void check_sum_dtype(const char* op, const Tensor& t);
+// Checks t for reduce_scatter_sum over `size` ranks; returns n, the rows per rank.
+int64_t check_reduce_scatter(const Tensor& t, int size);
 // Checks the counts and returns the number of elements per row of `send`.
 int64_t check_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
                            const std::vector<int64_t>& recv_rows, int size);

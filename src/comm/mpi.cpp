@@ -5,15 +5,19 @@
 // MPI's error text (MT_MPI_CHECK). Every blocking call runs inside a
 // WatchdogWait (comm/watchdog.h), so dist.timeout_s ends a job stuck in it.
 //
+// CUDA tensors go to the communicator's NcclGroup (comm/nccl.h), which
+// bootstraps NCCL through this communicator; everything here moves host memory.
+//
 // Counts: MPI takes int counts. all_gather and all_to_all_v move rows as one
 // contiguous datatype of row_bytes bytes, so their counts and displacements are
-// in rows (an error past 2^31-1 rows); all_reduce_sum and broadcast loop over
-// chunks of at most 2^30 elements (bytes for broadcast).
+// in rows (an error past 2^31-1 rows); all_reduce_sum, reduce_scatter_sum and
+// broadcast loop over chunks of at most 2^30 elements (bytes for broadcast).
 #include <mpi.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -21,6 +25,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_world.h"
+#include "comm/nccl.h"
 #include "comm/watchdog.h"
 
 namespace moetrain::comm {
@@ -83,7 +88,7 @@ MPI_Datatype sum_type(DType t) {
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed in the destructor).
-  MpiCommunicator(MPI_Comm comm, std::string group) : comm_(comm), group_(std::move(group)) {
+  MpiCommunicator(MPI_Comm comm, std::string group) : comm_(comm), group_(std::move(group)), nccl_(*this) {
     // The size and rank are needed by error messages, so check these two by hand.
     check_world(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check_world(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
@@ -116,12 +121,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   void all_reduce_sum(Tensor& t) override {
-    detail::check_cpu_tensor("all_reduce_sum", t);
+    detail::check_sum_dtype("all_reduce_sum", t);
+    if (t.is_cuda()) return nccl_.all_reduce_sum(t);
     WatchdogWait wait("all_reduce_sum");
     MPI_Datatype type = sum_type(t.dtype());
-    MT_CHECK(type != MPI_DATATYPE_NULL,
-             "all_reduce_sum: {} has dtype {}; sums are of f32, f64, i32 or i64 (convert bf16 to f32 first)",
-             describe(t), t.dtype());
     char* p = static_cast<char*>(t.raw_data());
     const int64_t n = t.numel(), esize = dtype_size(t.dtype());
     int64_t at = 0;
@@ -133,8 +136,38 @@ class MpiCommunicator final : public Communicator {
     } while (at < n);
   }
 
+  Tensor reduce_scatter_sum(const Tensor& t) override {
+    const int64_t n = detail::check_reduce_scatter(t, size_);
+    if (t.is_cuda()) return nccl_.reduce_scatter_sum(t);
+    Tensor out = empty(t.shape().with(0, n), t.dtype());
+    const int64_t block = out.numel(), esize = dtype_size(t.dtype());
+    MPI_Datatype type = sum_type(t.dtype());
+    const char* src = static_cast<const char*>(t.raw_data());
+    char* dst = static_cast<char*>(out.raw_data());
+    WatchdogWait wait("reduce_scatter_sum");
+    if (block <= kChunk) {
+      check(MPI_Reduce_scatter_block(src, dst, static_cast<int>(block), type, MPI_SUM, comm_),
+            "MPI_Reduce_scatter_block", describe(t));
+      return out;
+    }
+    // Blocks past MPI's int count: element range [at, at + count) of every
+    // rank's block, packed side by side, per call.
+    Tensor packed = empty(Shape{kChunk * size_}, t.dtype());
+    char* pk = static_cast<char*>(packed.raw_data());
+    for (int64_t at = 0; at < block; at += kChunk) {
+      const int64_t count = std::min(kChunk, block - at);
+      for (int r = 0; r < size_; ++r)
+        std::memcpy(pk + r * count * esize, src + (r * block + at) * esize, static_cast<size_t>(count * esize));
+      check(MPI_Reduce_scatter_block(pk, dst + at * esize, static_cast<int>(count), type, MPI_SUM, comm_),
+            "MPI_Reduce_scatter_block",
+            fmt::format("{}, elements [{}, {}) of each block", describe(t), at, at + count));
+    }
+    return out;
+  }
+
   Tensor all_gather(const Tensor& t) override {
-    detail::check_cpu_tensor("all_gather", t);
+    detail::check_defined("all_gather", t);
+    if (t.is_cuda()) return nccl_.all_gather(t);
     MT_CHECK(t.dim() >= 1, "all_gather: {} has no row dim (dim 0)", describe(t));
     const int64_t rows = t.size(0), row_bytes = t.shape().numel(1, t.dim()) * dtype_size(t.dtype());
     // Shapes must agree (else MPI truncates or reads garbage): one small exchange.
@@ -162,7 +195,8 @@ class MpiCommunicator final : public Communicator {
 
   void broadcast(Tensor& t, int root) override {
     // root is checked by MPI (MPI_ERR_ROOT), through the same error path.
-    detail::check_cpu_tensor("broadcast", t);
+    detail::check_defined("broadcast", t);
+    if (t.is_cuda()) return nccl_.broadcast(t, root);
     WatchdogWait wait("broadcast");
     char* p = static_cast<char*>(t.raw_data());
     const int64_t n = t.nbytes();
@@ -178,6 +212,7 @@ class MpiCommunicator final : public Communicator {
   Tensor all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
                       const std::vector<int64_t>& recv_rows) override {
     const int64_t row_elems = detail::check_all_to_all_v(send, send_rows, recv_rows, size_);
+    if (send.is_cuda()) return nccl_.all_to_all_v(send, send_rows, recv_rows);
     std::vector<int> send_counts(static_cast<size_t>(size_)), send_displs(send_counts.size());
     std::vector<int> recv_counts(send_counts.size()), recv_displs(send_counts.size());
     int64_t send_at = 0, recv_at = 0;
@@ -244,6 +279,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string group_;
   int rank_ = 0, size_ = 1;
+  NcclGroup nccl_;  // CUDA tensors' collectives; its NCCL communicator is made on first use
 };
 
 }  // namespace

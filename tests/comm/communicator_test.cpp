@@ -2,6 +2,9 @@
 // world, split MPI groups) runs the same checks. Expected values are computed
 // by each rank on its own from (rank, size), never by another collective.
 //
+// [comm][cuda] cases run the collectives on CUDA tensors (NCCL under MPI) and
+// compare them with the CPU path; they return at once without a GPU.
+//
 // [comm][mpi] cases run under mpirun (ctest comm_mpi_np2, comm_mpi_np4) and, in
 // a plain run, with the one-process world. They use CHECK rather than REQUIRE
 // after the first collective, so a failing rank keeps issuing the collectives
@@ -16,7 +19,9 @@
 
 using namespace moetrain;
 using namespace moetrain::comm;
+using moetrain::testing::bitwise_equal;
 using moetrain::testing::error_of;
+using moetrain::testing::gpu_available;
 
 namespace {
 
@@ -50,6 +55,31 @@ void check_all_reduce(Communicator& comm) {
   Tensor none = empty(Shape{0, 3}, DType::f32);
   comm.all_reduce_sum(none);
   CHECK(none.numel() == 0);
+}
+
+// Rank r's element (row j, column c) of the reduce_scatter_sum input.
+double scatter_value(int r, int64_t j, int64_t c) { return (r + 1) * static_cast<double>(j * 3 + c + 1) - 5; }
+
+void check_reduce_scatter(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64}) {
+    INFO("dtype " << dtype_name(dt));
+    std::vector<double> mine;
+    for (int64_t j = 0; j < 2 * n; ++j)
+      for (int64_t c = 0; c < 3; ++c) mine.push_back(scatter_value(r, j, c));
+    Tensor out = comm.reduce_scatter_sum(from_vector(mine, Shape{2 * n, 3}, dt));
+    REQUIRE(out.shape() == Shape{2, 3});
+    CHECK(out.dtype() == dt);
+    std::vector<double> got = out.to_vector();
+    for (int64_t j = 0; j < 2; ++j)
+      for (int64_t c = 0; c < 3; ++c) {
+        double expected = 0;  // rows [2r, 2r + 2) of the sum
+        for (int q = 0; q < n; ++q) expected += scatter_value(q, 2 * r + j, c);
+        CHECK(got[static_cast<size_t>(j * 3 + c)] == expected);
+      }
+  }
+  Tensor none = comm.reduce_scatter_sum(empty(Shape{0, 4}, DType::f32));
+  CHECK(none.shape() == Shape{0, 4});
 }
 
 void check_all_gather(Communicator& comm) {
@@ -205,12 +235,19 @@ void check_argument_errors(Communicator& comm) {
              Catch::Contains("all_reduce_sum") && Catch::Contains("bf16"));
   CHECK_THAT(error_of([&] { comm.all_to_all_counts(std::vector<int64_t>(static_cast<size_t>(n + 1), 0)); }),
              Catch::Contains("all_to_all_counts") && Catch::Contains("pass one per rank"));
+  CHECK_THAT(error_of([&] { comm.reduce_scatter_sum(zeros(Shape{n + 1, 2}, DType::bf16)); }),
+             Catch::Contains("reduce_scatter_sum") && Catch::Contains("bf16"));
+  if (n > 1)
+    CHECK_THAT(error_of([&] { comm.reduce_scatter_sum(zeros(Shape{n + 1, 2})); }),
+               Catch::Contains("reduce_scatter_sum") && Catch::Contains("size * n rows") &&
+                   Catch::Contains(fmt::format("has {} ranks", n)));
 }
 
 void check_suite(Communicator& comm) {
   INFO("rank " << comm.rank() << " of " << comm.size() << " on " << comm.host());
   CHECK(!comm.host().empty());
   check_all_reduce(comm);
+  check_reduce_scatter(comm);
   check_all_gather(comm);
   check_broadcast(comm);
   check_all_to_all_v(comm);
@@ -307,4 +344,166 @@ TEST_CASE("comm: an MPI error names the call, the rank, the host and MPI's text"
   Tensor one = ones(Shape{1}, DType::i64);
   w.all_reduce_sum(one);
   CHECK(one.item<int64_t>() == w.size());
+}
+
+// --- CUDA tensors: NCCL under MPI, device copies in one process -------------
+//
+// Each collective on CUDA tensors must give what the same collective gives on
+// the same CPU tensors (bitwise: the values are small integers, so every sum is
+// exact in any order and in bf16), with its result on the same GPU. bf16 sums,
+// which the CPU path refuses, are checked against the f32 CPU sums.
+
+namespace {
+
+// Small integers (exact in bf16 and in every partial sum), varying with rank,
+// element and a salt.
+std::vector<double> small_ints(int r, int64_t count, int salt) {
+  std::vector<double> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[static_cast<size_t>(i)] = (r + 1) * ((i + salt) % 7) - 3;
+  return v;
+}
+
+void check_same(const Tensor& on_gpu, const Tensor& on_cpu, Device gpu) {
+  CHECK(on_gpu.device() == gpu);
+  CHECK(bitwise_equal(on_gpu.to(kCpu), on_cpu));
+}
+
+void check_cuda_collectives(Communicator& comm, Device gpu) {
+  const int r = comm.rank(), n = comm.size();
+  INFO("rank " << r << " of " << n << " on " << gpu.str());
+
+  for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64}) {
+    INFO("dtype " << dtype_name(dt));
+    Tensor cpu = from_vector(small_ints(r, 33, 1), Shape{3, 11}, dt);
+    Tensor cuda = cpu.to(gpu);
+    comm.all_reduce_sum(cpu);
+    comm.all_reduce_sum(cuda);
+    check_same(cuda, cpu, gpu);
+
+    Tensor whole = from_vector(small_ints(r, 2 * n * 5, 2), Shape{2 * n, 5}, dt);
+    Tensor part_cuda = comm.reduce_scatter_sum(whole.to(gpu));  // collectives in one order on every rank
+    check_same(part_cuda, comm.reduce_scatter_sum(whole), gpu);
+  }
+  {  // bf16 sums: NCCL only; against the f32 sums of the same values
+    Tensor sum_f32 = from_vector(small_ints(r, 33, 3), Shape{33}, DType::f32);
+    Tensor sum_bf16 = from_vector(small_ints(r, 33, 3), Shape{33}, DType::bf16).to(gpu);
+    comm.all_reduce_sum(sum_f32);
+    comm.all_reduce_sum(sum_bf16);
+    CHECK(sum_bf16.device() == gpu);
+    CHECK(sum_bf16.dtype() == DType::bf16);
+    CHECK(sum_bf16.to_vector() == sum_f32.to_vector());
+
+    std::vector<double> whole = small_ints(r, 2 * n * 4, 4);
+    Tensor part_f32 = comm.reduce_scatter_sum(from_vector(whole, Shape{2 * n, 4}, DType::f32));
+    Tensor part_bf16 = comm.reduce_scatter_sum(from_vector(whole, Shape{2 * n, 4}, DType::bf16).to(gpu));
+    CHECK(part_bf16.shape() == Shape{2, 4});
+    CHECK(part_bf16.to_vector() == part_f32.to_vector());
+  }
+  // An empty sum.
+  Tensor none = empty(Shape{0, 3}, DType::f32, gpu);
+  comm.all_reduce_sum(none);
+  CHECK(none.numel() == 0);
+
+  for (DType dt : {DType::f32, DType::i64, DType::bf16}) {
+    INFO("dtype " << dtype_name(dt));
+    Tensor mine = from_vector(small_ints(r, 12, 5), Shape{3, 2, 2}, dt);
+    Tensor gathered_cuda = comm.all_gather(mine.to(gpu));
+    check_same(gathered_cuda, comm.all_gather(mine), gpu);
+
+    for (int root = 0; root < n; ++root) {
+      INFO("root " << root);
+      Tensor cpu = from_vector(small_ints(r, 5, root), Shape{5}, dt);
+      Tensor cuda = cpu.to(gpu);
+      comm.broadcast(cpu, root);
+      comm.broadcast(cuda, root);
+      check_same(cuda, cpu, gpu);
+    }
+  }
+  CHECK(comm.all_gather(empty(Shape{0, 5}, DType::f32, gpu)).shape() == Shape{0, 5});
+
+  // all_to_all_v: uneven counts with empty pairs (rows_between), every row
+  // stamped with source, destination, row and column.
+  std::vector<int64_t> send_rows, recv_rows;
+  for (int q = 0; q < n; ++q) {
+    send_rows.push_back(rows_between(r, q));
+    recv_rows.push_back(rows_between(q, r));
+  }
+  std::vector<double> stamps;
+  for (int q = 0; q < n; ++q)
+    for (int64_t j = 0; j < send_rows[static_cast<size_t>(q)]; ++j)
+      for (int64_t c = 0; c < 6; ++c) stamps.push_back(stamp(r, q, j, c));  // bf16: rounded, then moved as bytes
+  const int64_t num_send = static_cast<int64_t>(stamps.size()) / 6;
+  for (DType dt : {DType::f32, DType::i64, DType::bf16}) {
+    INFO("all_to_all_v, dtype " << dtype_name(dt));
+    Tensor send = from_vector(stamps, Shape{num_send, 2, 3}, dt);
+    Tensor out_cuda = comm.all_to_all_v(send.to(gpu), send_rows, recv_rows);
+    check_same(out_cuda, comm.all_to_all_v(send, send_rows, recv_rows), gpu);
+  }
+  std::vector<int64_t> zero(static_cast<size_t>(n), 0);
+  CHECK(comm.all_to_all_v(empty(Shape{0, 4}, DType::f32, gpu), zero, zero).shape() == Shape{0, 4});
+  std::vector<int64_t> to_first(static_cast<size_t>(n), 0), from_all(static_cast<size_t>(n), 0);
+  to_first[0] = 2;
+  if (r == 0) from_all.assign(static_cast<size_t>(n), 2);
+  Tensor gathered = full(Shape{2, 1}, r, DType::f64);
+  Tensor gathered_cuda = comm.all_to_all_v(gathered.to(gpu), to_first, from_all);
+  check_same(gathered_cuda, comm.all_to_all_v(gathered, to_first, from_all), gpu);
+
+  // Past the small-message paths: 1 MiB sums, 12 KB rows.
+  Tensor big = empty(Shape{1 << 18}, DType::f32);
+  for (int64_t i = 0; i < big.numel(); ++i) big.data<float>()[i] = static_cast<float>((r + 1) * (i % 7));
+  Tensor big_cuda = big.to(gpu);
+  comm.all_reduce_sum(big);
+  comm.all_reduce_sum(big_cuda);
+  check_same(big_cuda, big, gpu);
+  std::vector<int64_t> many_send, many_recv;
+  for (int q = 0; q < n; ++q) many_send.push_back(r + q + 1), many_recv.push_back(q + r + 1);
+  int64_t num_many = 0;
+  for (int64_t k : many_send) num_many += k;
+  Tensor rows = from_vector(small_ints(r, num_many * 3000, 6), Shape{num_many, 3000}, DType::f32);
+  Tensor rows_cuda = comm.all_to_all_v(rows.to(gpu), many_send, many_recv);
+  check_same(rows_cuda, comm.all_to_all_v(rows, many_send, many_recv), gpu);
+
+  // Sums refuse what they cannot add, on either device, before communicating.
+  Tensor bytes = zeros(Shape{4}, DType::u16, gpu);
+  CHECK_THAT(error_of([&] { comm.all_reduce_sum(bytes); }),
+             Catch::Contains("all_reduce_sum") && Catch::Contains("u16"));
+}
+
+// This rank's GPU: ranks of one node take one GPU each (as the trainer does
+// by local rank). False, with a note, when the node has fewer GPUs than ranks:
+// NCCL refuses two ranks of one communicator on one GPU.
+bool gpu_per_rank(const Communicator& w) {
+  if (!gpu_available()) return false;
+  if (cuda::device_count() >= w.size()) return true;
+  if (w.rank() == 0)
+    fmt::print(stderr, "[comm][cuda][mpi] skipped: {} ranks but {} GPU(s); NCCL needs one GPU per rank\n", w.size(),
+               cuda::device_count());
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("comm: the one-process communicator takes CUDA tensors", "[comm][cuda]") {
+  if (!gpu_available()) return;
+  std::unique_ptr<Communicator> one = single_process();
+  check_cuda_collectives(*one, Device{DeviceKind::cuda, 0});
+}
+
+TEST_CASE("comm: CUDA tensors through the world and split groups match the CPU path", "[comm][cuda][mpi]") {
+  if (!gpu_available()) return;
+  Communicator& w = world();
+  if (!gpu_per_rank(w)) return;  // the same answer on every rank of a node
+  const Device gpu{DeviceKind::cuda, w.rank()};
+  check_cuda_collectives(w, gpu);
+  // Groups with their own NCCL communicators on the same GPUs.
+  std::unique_ptr<Communicator> pairs = w.split(w.rank() / 2, w.rank());
+  REQUIRE(pairs != nullptr);
+  check_cuda_collectives(*pairs, gpu);
+  std::unique_ptr<Communicator> reversed = w.split(0, w.size() - w.rank());
+  REQUIRE(reversed != nullptr);
+  check_cuda_collectives(*reversed, gpu);
+  // The world again, after the groups: its NCCL communicator is still usable.
+  Tensor one = ones(Shape{3}, DType::i32, gpu);
+  w.all_reduce_sum(one);
+  CHECK(one.to_vector() == std::vector<double>(3, w.size()));
 }
