@@ -10,6 +10,8 @@
 
 #include "autograd/grad_mode.h"
 #include "core/dispatch.h"
+#include "ops/elementwise.h"
+#include "ops/view.h"
 
 namespace moetrain::comm {
 
@@ -60,6 +62,32 @@ void unpack(const T* src, const NamedParameter& p, double scale) {
   }
 }
 
+// A bucket of device gradients: pack (converting bf16 to the bucket's f32),
+// all-reduce, scale and write back, all on the device.
+void device_bucket(Communicator& comm, Tensor& view, const ParameterList& params, const std::vector<size_t>& members,
+                   double scale) {
+  int64_t at = 0;
+  for (size_t i : members) {
+    const Tensor& w = params[i].tensor;
+    Tensor slot = alias(view, w.shape(), at);
+    Tensor g = w.grad();
+    if (!g.defined()) fill_(slot, 0.0);
+    else copy_(slot, g.dtype() == view.dtype() ? g : g.to(view.dtype()));
+    at += w.numel();
+  }
+  comm.all_reduce_sum(view);
+  at = 0;
+  for (size_t i : members) {
+    const Tensor& w = params[i].tensor;
+    Tensor summed = mul_scalar(alias(view, w.shape(), at), scale);
+    if (summed.dtype() != w.dtype()) summed = summed.to(w.dtype());
+    Tensor g = w.grad();
+    if (g.defined()) copy_(g, summed);
+    else w.set_grad(summed);
+    at += w.numel();
+  }
+}
+
 }  // namespace
 
 GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, const GradSyncOptions& options) {
@@ -71,9 +99,13 @@ GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, 
     MT_CHECK(seen.insert(&p.tensor.impl()).second,
              "all_reduce_grads: parameter '{}' is listed twice (tied weights belong in the list once)", p.name);
     Tensor g = p.tensor.grad();
-    MT_CHECK(!g.defined() || (g.is_cpu() && g.dtype() == p.tensor.dtype() && g.shape() == p.tensor.shape()),
-             "all_reduce_grads: the grad of '{}' is {} but the parameter is {}; expected a CPU grad of the same "
-             "shape and dtype",
+    MT_CHECK(p.tensor.device() == params.front().tensor.device(),
+             "all_reduce_grads: parameter '{}' is on {} but '{}' on {}; one device per process",
+             p.name, p.tensor.device(), params.front().name, params.front().tensor.device());
+    MT_CHECK(!g.defined() || (g.device() == p.tensor.device() && g.dtype() == p.tensor.dtype() &&
+                              g.shape() == p.tensor.shape()),
+             "all_reduce_grads: the grad of '{}' is {} but the parameter is {}; expected a grad of the same "
+             "shape, dtype and device",
              p.name, describe(g), describe(p.tensor));
     bucket_dtype(p);  // checks the dtype before any communication
   }
@@ -84,6 +116,7 @@ GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, 
   comm.all_reduce_sum(has_grad);
 
   GradSyncStats stats;
+  const Device device = params.empty() ? kCpu : params.front().tensor.device();
   for (DType dtype : {DType::f32, DType::f64}) {
     dispatch_float(dtype, "all_reduce_grads", [&](auto tag) {
       using T = decltype(tag);
@@ -93,8 +126,16 @@ GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, 
       Tensor buffer;
       auto flush = [&] {
         if (members.empty()) return;
-        if (!buffer.defined() || buffer.numel() < filled) buffer = empty(Shape{filled}, dtype);
+        if (!buffer.defined() || buffer.numel() < filled) buffer = empty(Shape{filled}, dtype, device);
         Tensor view = alias(buffer, Shape{filled});
+        if (device.is_cuda()) {  // the same steps with device copies; the sum goes through NCCL
+          device_bucket(comm, view, params, members, options.scale);
+          ++stats.num_buckets;
+          stats.bytes += filled * static_cast<int64_t>(sizeof(T));
+          members.clear();
+          filled = 0;
+          return;
+        }
         T* data = view.data<T>();
         int64_t at = 0;
         for (size_t i : members) {

@@ -29,7 +29,8 @@ struct GradSyncStats {
 // parameter (one small all_reduce). Buckets: per dtype (f32, then f64), the
 // grads in list order are copied into a buffer until the next would exceed
 // bucket_bytes; one all_reduce_sum per buffer. bf16 grads are summed in f32
-// buckets and rounded back once. Grads are CPU tensors of the parameter's dtype.
+// buckets and rounded back once. Grads have the parameter's dtype and device; CUDA
+// grads are packed on the device and summed through NCCL (no overlap with backward yet).
 GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, const GradSyncOptions& options = {});
 
 }  // namespace moetrain::comm

@@ -132,3 +132,29 @@ TEST_CASE("comm: all_reduce_grads refuses what it cannot sum", "[comm]") {
   CHECK_THAT(error_of([&] { all_reduce_grads(*one, {{"tied", w, true, "test"}, {"w", w, true, "test"}}); }),
              Catch::Contains("'w' is listed twice"));
 }
+
+TEST_CASE("all_reduce_grads: CUDA gradients are packed and scaled on the device as on the CPU", "[comm][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  auto comm = single_process();
+  auto make = [](Device d) {
+    ParameterList ps;
+    ps.push_back({"a", randn({33, 7}, DType::f32, 1).to(d).set_requires_grad(), true, "t"});
+    ps.push_back({"b", randn({5}, DType::f32, 2).to(d).set_requires_grad(), true, "t"});  // no grad
+    ps.push_back({"c", randn({9}, DType::f64, 3).to(d).set_requires_grad(), true, "t"});
+    ps[0].tensor.set_grad(randn({33, 7}, DType::f32, 4).to(d));
+    ps[2].tensor.set_grad(randn({9}, DType::f64, 5).to(d));
+    return ps;
+  };
+  ParameterList cpu = make(kCpu), gpu = make(kCuda);
+  GradSyncOptions o;
+  o.scale = 0.5;
+  o.bucket_bytes = 64;  // several buckets
+  all_reduce_grads(*comm, cpu, o);
+  all_reduce_grads(*comm, gpu, o);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO(cpu[i].name);
+    REQUIRE(gpu[i].tensor.grad().defined() == cpu[i].tensor.grad().defined());
+    if (cpu[i].tensor.grad().defined())
+      CHECK(moetrain::testing::bitwise_equal(gpu[i].tensor.grad().to(kCpu), cpu[i].tensor.grad()));
+  }
+}
