@@ -100,4 +100,8 @@ TEST_CASE("norms: CUDA handles 3-d inputs, many rows and a weight without grad",
                          {true, false, true}, DType::f32, tol);
   check_cuda_matches_cpu([](const Tensors& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w}, {false, true},
                          DType::f32, tol);
+  // Enough rows for the most row chunks of the weight gradient (1024 chunks of 293 rows).
+  Tensor xl = randn({300001, 5}, DType::f64, 14), wl = randn({5}, DType::f64, 15), bl = randn({5}, DType::f64, 16);
+  check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {xl, wl, bl},
+                         {true, true, true}, DType::f32, tol);
 }
