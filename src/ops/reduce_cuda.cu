@@ -1,8 +1,11 @@
 // CUDA kernels of the reductions (twins of reduce_cpu.cpp). x is viewed as
 // [outer, n, inner]. Sums accumulate in f64 like the CPU kernels and add in an
 // order fixed by the shape (no atomics), so results are deterministic. A
-// reduction over the last dim (inner == 1) gives each row a block; otherwise one
-// thread owns an output element and walks n (coalesced over inner).
+// reduction over the last dim (inner == 1) gives each row a block. Otherwise,
+// with many outputs one thread owns an output element and walks n (coalesced
+// over inner); with few outputs (a bias gradient: [rows, n] summed over rows)
+// n is cut into chunks, blocks of 32 columns x 8 row lanes sum a chunk each into
+// f64 partials, and a second kernel adds the chunks in order.
 #include <algorithm>
 
 #include "ops/cuda_helpers.cuh"
@@ -14,6 +17,10 @@ namespace {
 
 constexpr unsigned kMaxRowBlocks = 1u << 20;
 constexpr unsigned kSumAllBlocks = 1024;  // partial sums of sum_all (fixed: the order depends on n only)
+constexpr int kColTile = 32, kRowLanes = 8;  // column-sum blocks
+constexpr int64_t kFewOutputs = 1 << 16;     // below this many outputs, sum_dim chunks n
+constexpr int64_t kChunkRows = 256;          // rows of n per chunk (at most kMaxChunks chunks)
+constexpr int64_t kMaxChunks = 1024;
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxRowBlocks)); }
 
 template <class T> __global__ void sum_rows_kernel(T* out, const T* x, int64_t rows, int64_t n) {
@@ -31,6 +38,37 @@ template <class T> __global__ void sum_strided_kernel(T* out, const T* x, int64_
     const T* base = x + o * n * inner + j;
     double acc = 0;
     for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(load(base, i * inner));
+    store(out, w, static_cast<acc_t<T>>(acc));
+  }
+}
+
+// partial[(c outer + o) inner + j] = Σ_{i in chunk c} x[o, i, j]; grid (column
+// tiles, outer, chunks), block (32, 8): thread (tx, ty) adds rows ty, ty + 8, ...
+// of its chunk, then the 8 row lanes are added in order.
+template <class T>
+__global__ void sum_column_chunks_kernel(double* partial, const T* x, int64_t outer, int64_t n, int64_t inner,
+                                         int64_t chunk_rows) {
+  __shared__ double part[kRowLanes][kColTile + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColTile + tx, o = blockIdx.y, c = blockIdx.z;
+  const int64_t i0 = c * chunk_rows, i1 = min(n, i0 + chunk_rows);
+  double acc = 0;
+  if (j < inner)
+    for (int64_t i = i0 + ty; i < i1; i += kRowLanes) acc += static_cast<double>(load(x, (o * n + i) * inner + j));
+  part[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && j < inner) {
+    double s = 0;
+    for (int r = 0; r < kRowLanes; ++r) s += part[r][tx];
+    partial[(c * outer + o) * inner + j] = s;
+  }
+}
+
+template <class T>
+__global__ void sum_chunks_finish_kernel(T* out, const double* partial, int64_t outer, int64_t inner, int64_t chunks) {
+  MT_GRID_LOOP(w, outer * inner) {
+    double acc = 0;
+    for (int64_t c = 0; c < chunks; ++c) acc += partial[c * outer * inner + w];
     store(out, w, static_cast<acc_t<T>>(acc));
   }
 }
@@ -105,6 +143,19 @@ void sum_dim(Tensor& out, const Tensor& x, int64_t outer, int64_t n, int64_t inn
     if (inner == 1) {
       sum_rows_kernel<T><<<row_blocks(outer), kThreads, 0, stream_of(x)>>>(ptr<T>(out), ptr<T>(x), outer, n);
       MT_CUDA_CHECK_LAUNCH("sum_rows_kernel");
+    } else if (outer * inner < kFewOutputs && outer <= 65535 && n > kChunkRows) {
+      int64_t chunk_rows = std::max(kChunkRows, (n + kMaxChunks - 1) / kMaxChunks);
+      int64_t chunks = (n + chunk_rows - 1) / chunk_rows;
+      Tensor partial = empty({chunks, outer, inner}, DType::f64, x.device());
+      cudaStream_t s = stream_of(x);
+      dim3 grid(static_cast<unsigned>((inner + kColTile - 1) / kColTile), static_cast<unsigned>(outer),
+                static_cast<unsigned>(chunks));
+      sum_column_chunks_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, s>>>(ptr<double>(partial), ptr<T>(x), outer,
+                                                                            n, inner, chunk_rows);
+      MT_CUDA_CHECK_LAUNCH("sum_column_chunks_kernel");
+      sum_chunks_finish_kernel<T><<<blocks_for(outer * inner), kThreads, 0, s>>>(ptr<T>(out), ptr<double>(partial),
+                                                                                 outer, inner, chunks);
+      MT_CUDA_CHECK_LAUNCH("sum_chunks_finish_kernel");
     } else {
       sum_strided_kernel<T><<<blocks_for(outer * inner), kThreads, 0, stream_of(x)>>>(ptr<T>(out), ptr<T>(x),
                                                                                        outer, n, inner);

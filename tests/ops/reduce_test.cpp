@@ -268,6 +268,15 @@ TEST_CASE("sum: CUDA matches CPU over every dim and over all", "[ops][reduce][cu
         check_cuda_matches_cpu([](const Tensors& in) { return sum(in[0]); }, {row}, {true}, dt, tol);
       }
     }
+  // Few outputs and a long n (a bias gradient): n cut into chunks of 256 rows, partial sums added in order.
+  for (int64_t rows : {257, 4099, 300000}) {
+    Tensor tall = randn({rows, 33}, DType::f64, static_cast<uint64_t>(rows));
+    check_cuda_matches_cpu([](const Tensors& in) { return sum(in[0], 0); }, {tall}, {true}, DType::f32,
+                           tolerance_for(DType::f32));
+    Tensor tall3 = randn({2, rows, 3}, DType::f64, static_cast<uint64_t>(rows) + 1);
+    check_cuda_matches_cpu([](const Tensors& in) { return sum(in[0], 1); }, {tall3}, {true}, DType::f64,
+                           tolerance_for(DType::f64));
+  }
   Tensor big = randn({1 << 20}, DType::f64, 4);  // sum_all over all of its partial-sum blocks
   check_cuda_matches_cpu([](const Tensors& in) { return sum(in[0]); }, {big}, {true}, DType::f32,
                          tolerance_for(DType::f32));
