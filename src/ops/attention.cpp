@@ -11,7 +11,6 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, doubl
   check_float(op, "q", q);
   check_same_kind(op, q, k);
   check_same_kind(op, q, v);
-  check_cpu(op, q);
   check_rank(op, "q", q, 4);
   check_rank(op, "k", k, 4);
   check_rank(op, "v", v, 4);
@@ -21,11 +20,19 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, doubl
   MT_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2),
            "{}: v is {} but k is {}; v must be [B, Tk, H, Dv] with the same B, Tk, H", op, v.shape(), k.shape());
   Tensor o = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, v.dtype(), v.device());
-  Tensor lse = empty({q.size(0), q.size(2), q.size(1)}, q.dtype(), q.device());
-  cpu::causal_attention_forward(o, lse, q, k, v, scale);
+  // lse [B, H, T]: q's dtype, f32 for bf16 q (backward's e^{S - lse} needs more than bf16's 3 digits)
+  DType lse_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
+  Tensor lse = empty({q.size(0), q.size(2), q.size(1)}, lse_dtype, q.device());
+  if (q.is_cuda()) cuda::causal_attention_forward(o, lse, q, k, v, scale);
+  else             cpu::causal_attention_forward(o, lse, q, k, v, scale);
   Tensor o_saved = o.detach();
   return record(op, o, {q, k, v}, [q, k, v, o_saved, lse, scale](const Tensor& grad_o) {
-    Tensor grad_q = empty_like(q), grad_k = zeros_like(k), grad_v = zeros_like(v);
+    if (q.is_cuda()) {  // the CUDA kernels write every element of the grads
+      Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v);
+      cuda::causal_attention_backward(grad_q, grad_k, grad_v, grad_o, q, k, v, o_saved, lse, scale);
+      return Grads{grad_q, grad_k, grad_v};
+    }
+    Tensor grad_q = empty_like(q), grad_k = zeros_like(k), grad_v = zeros_like(v);  // dK, dV accumulate
     cpu::causal_attention_backward(grad_q, grad_k, grad_v, grad_o, q, k, v, o_saved, lse, scale);
     return Grads{grad_q, grad_k, grad_v};
   });

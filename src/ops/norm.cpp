@@ -17,24 +17,29 @@ void check_weight(const char* op, const char* arg, const Tensor& x, const Tensor
            arg, x.size(-1));
   check_same_kind(op, x, w);
 }
+// Saved mean and rstd: x's dtype, f32 for bf16 x (rounding them to bf16 would cost
+// backward ~3 significant digits).
+DType stats_dtype(const Tensor& x) { return x.dtype() == DType::bf16 ? DType::f32 : x.dtype(); }
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   check_float("layer_norm", "x", x);
-  check_cpu("layer_norm", x);
   check_rank("layer_norm", "x", x, -1);
   check_weight("layer_norm", "weight", x, weight);
   check_weight("layer_norm", "bias", x, bias);
   Tensor y = empty_like(x);
   Shape stats = x.shape().drop_last();
-  Tensor mean = empty(stats, x.dtype(), x.device()), rstd = empty(stats, x.dtype(), x.device());
-  cpu::layer_norm_forward(y, mean, rstd, x, weight, bias, eps);
+  Tensor mean = empty(stats, stats_dtype(x), x.device()), rstd = empty(stats, stats_dtype(x), x.device());
+  if (x.is_cuda()) cuda::layer_norm_forward(y, mean, rstd, x, weight, bias, eps);
+  else             cpu::layer_norm_forward(y, mean, rstd, x, weight, bias, eps);
   return record("layer_norm", y, {x, weight, bias}, [x, weight, bias, mean, rstd](const Tensor& grad_y) {
     Tensor grad_x = empty_like(x), grad_w, grad_b;
     if (weight.defined() && weight.requires_grad()) grad_w = empty_like(weight);
     if (bias.defined() && bias.requires_grad()) grad_b = empty_like(bias);
-    cpu::layer_norm_backward(grad_x, grad_w.defined() ? &grad_w : nullptr, grad_b.defined() ? &grad_b : nullptr,
-                             grad_y, x, weight, mean, rstd);
+    Tensor* gw = grad_w.defined() ? &grad_w : nullptr;
+    Tensor* gb = grad_b.defined() ? &grad_b : nullptr;
+    if (x.is_cuda()) cuda::layer_norm_backward(grad_x, gw, gb, grad_y, x, weight, mean, rstd);
+    else             cpu::layer_norm_backward(grad_x, gw, gb, grad_y, x, weight, mean, rstd);
     return Grads{grad_x, grad_w, grad_b};
   });
 }
@@ -42,16 +47,18 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 namespace {
 Tensor scaled_norm(const char* op, const Tensor& x, const Tensor& weight, double scale, double eps) {
   check_float(op, "x", x);
-  check_cpu(op, x);
   check_rank(op, "x", x, -1);
   check_weight(op, "weight", x, weight);
   Tensor y = empty_like(x);
-  Tensor rstd = empty(x.shape().drop_last(), x.dtype(), x.device());
-  cpu::scaled_norm_forward(y, rstd, x, weight, scale, eps);
+  Tensor rstd = empty(x.shape().drop_last(), stats_dtype(x), x.device());
+  if (x.is_cuda()) cuda::scaled_norm_forward(y, rstd, x, weight, scale, eps);
+  else             cpu::scaled_norm_forward(y, rstd, x, weight, scale, eps);
   return record(op, y, {x, weight}, [x, weight, rstd, scale](const Tensor& grad_y) {
     Tensor grad_x = empty_like(x), grad_w;
     if (weight.defined() && weight.requires_grad()) grad_w = empty_like(weight);
-    cpu::scaled_norm_backward(grad_x, grad_w.defined() ? &grad_w : nullptr, grad_y, x, weight, rstd, scale);
+    Tensor* gw = grad_w.defined() ? &grad_w : nullptr;
+    if (x.is_cuda()) cuda::scaled_norm_backward(grad_x, gw, grad_y, x, weight, rstd, scale);
+    else             cpu::scaled_norm_backward(grad_x, gw, grad_y, x, weight, rstd, scale);
     return Grads{grad_x, grad_w};
   });
 }

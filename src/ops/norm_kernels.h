@@ -1,7 +1,9 @@
 // Kernels of the norm family; x viewed as [rows, n]. Backward overwrites
-// grad_x and (where given) grad_w / grad_b.
+// grad_x and (where given) grad_w / grad_b. mean and rstd have x's dtype, except
+// for bf16 x (CUDA only), whose statistics are f32.
 #pragma once
 
+#include "backend/cuda/runtime.h"
 #include "core/tensor.h"
 
 namespace moetrain::cpu {
@@ -17,3 +19,16 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_y, 
                           const Tensor& rstd, double scale);
 
 }  // namespace moetrain::cpu
+
+namespace moetrain::cuda {
+
+MT_CUDA_KERNEL(void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w,
+                                       const Tensor& b, double eps));
+MT_CUDA_KERNEL(void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const Tensor& grad_y,
+                                        const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd));
+MT_CUDA_KERNEL(void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double scale,
+                                        double eps));
+MT_CUDA_KERNEL(void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_y, const Tensor& x,
+                                         const Tensor& w, const Tensor& rstd, double scale));
+
+}  // namespace moetrain::cuda

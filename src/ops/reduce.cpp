@@ -36,10 +36,10 @@ Split split_at(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
   check_float("sum", "x", x);
-  check_cpu("sum", x);
   Split s = split_at(x, dim, keepdim);
   Tensor y = empty(s.out_shape, x.dtype(), x.device());
-  cpu::sum_dim(y, x, s.outer, s.n, s.inner);
+  if (x.is_cuda()) cuda::sum_dim(y, x, s.outer, s.n, s.inner);
+  else             cpu::sum_dim(y, x, s.outer, s.n, s.inner);
   Shape in_shape = x.shape(), keep = s.keep_shape;
   return record("sum", y, {x}, [in_shape, keep](const Tensor& g) {
     return Grads{broadcast_to(reshape(g, keep), in_shape)};
@@ -48,9 +48,9 @@ Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor sum(const Tensor& x) {
   check_float("sum", "x", x);
-  check_cpu("sum", x);
   Tensor y = empty({}, x.dtype(), x.device());
-  cpu::sum_all(y, x);
+  if (x.is_cuda()) cuda::sum_all(y, x);
+  else             cpu::sum_all(y, x);
   Shape in_shape = x.shape();
   return record("sum_all", y, {x}, [in_shape](const Tensor& g) { return Grads{broadcast_to(g, in_shape)}; });
 }
@@ -69,12 +69,12 @@ Tensor mean(const Tensor& x) {
 namespace {
 std::pair<Tensor, Tensor> max_impl(const Tensor& x, int64_t dim, bool keepdim, Split& s) {
   check_float("max", "x", x);
-  check_cpu("max", x);
   s = split_at(x, dim, keepdim);
   MT_CHECK(s.n > 0, "max: dim {} of {} is empty", dim, x.shape());
   Tensor values = empty(s.out_shape, x.dtype(), x.device());
   Tensor indices = empty(s.out_shape, DType::i64, x.device());
-  cpu::max_dim(values, indices, x, s.outer, s.n, s.inner);
+  if (x.is_cuda()) cuda::max_dim(values, indices, x, s.outer, s.n, s.inner);
+  else             cpu::max_dim(values, indices, x, s.outer, s.n, s.inner);
   return {values, indices};
 }
 }  // namespace
@@ -85,7 +85,8 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
   Shape in_shape = x.shape();
   return record("max", values, {x}, [in_shape, indices, s](const Tensor& g) {
     Tensor gx = zeros(in_shape, g.dtype(), g.device());
-    cpu::max_dim_backward(gx, g, indices, s.outer, s.n, s.inner);
+    if (gx.is_cuda()) cuda::max_dim_backward(gx, g, indices, s.outer, s.n, s.inner);
+    else              cpu::max_dim_backward(gx, g, indices, s.outer, s.n, s.inner);
     return Grads{gx};
   });
 }

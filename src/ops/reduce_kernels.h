@@ -1,5 +1,6 @@
 #pragma once
 
+#include "backend/cuda/runtime.h"
 #include "core/tensor.h"
 
 namespace moetrain::cpu {
@@ -13,3 +14,14 @@ void max_dim_backward(Tensor& grad_x, const Tensor& grad, const Tensor& indices,
                       int64_t inner);
 
 }  // namespace moetrain::cpu
+
+namespace moetrain::cuda {
+
+MT_CUDA_KERNEL(void sum_dim(Tensor& out, const Tensor& x, int64_t outer, int64_t n, int64_t inner));
+MT_CUDA_KERNEL(void sum_all(Tensor& out, const Tensor& x));
+MT_CUDA_KERNEL(void max_dim(Tensor& values, Tensor& indices, const Tensor& x, int64_t outer, int64_t n,
+                            int64_t inner));
+MT_CUDA_KERNEL(void max_dim_backward(Tensor& grad_x, const Tensor& grad, const Tensor& indices, int64_t outer,
+                                     int64_t n, int64_t inner));
+
+}  // namespace moetrain::cuda

@@ -14,7 +14,6 @@ void check_args(const Tensor& gate, const Tensor& up, double beta, std::optional
   check_float("situ_glu", "gate", gate);
   check_float("situ_glu", "up", up);
   check_same_kind("situ_glu", gate, up);
-  check_cpu("situ_glu", gate);
   MT_CHECK(gate.shape() == up.shape(), "situ_glu: gate {} and up {} must have the same shape", gate.shape(),
            up.shape());
   MT_CHECK(beta > 0 && std::isfinite(beta), "situ_glu: beta must be a finite number > 0, got {}", beta);
@@ -28,10 +27,12 @@ Tensor situ_glu(const Tensor& gate, const Tensor& up, double beta, std::optional
   check_args(gate, up, beta, linear_beta);
   double lambda = linear_beta.value_or(0.0);
   Tensor out = empty_like(gate);
-  cpu::situ_glu_forward(out, gate, up, beta, lambda);
+  if (gate.is_cuda()) cuda::situ_glu_forward(out, gate, up, beta, lambda);
+  else                cpu::situ_glu_forward(out, gate, up, beta, lambda);
   return record("situ_glu", out, {gate, up}, [gate, up, beta, lambda](const Tensor& grad_out) {
     Tensor grad_gate = empty_like(gate), grad_up = empty_like(up);
-    cpu::situ_glu_backward(grad_gate, grad_up, nullptr, grad_out, gate, up, beta, lambda);
+    if (gate.is_cuda()) cuda::situ_glu_backward(grad_gate, grad_up, nullptr, grad_out, gate, up, beta, lambda);
+    else                cpu::situ_glu_backward(grad_gate, grad_up, nullptr, grad_out, gate, up, beta, lambda);
     return Grads{grad_gate, grad_up};
   });
 }
@@ -41,13 +42,22 @@ Tensor situ_glu(const Tensor& gate, const Tensor& up, const Tensor& beta, std::o
            "situ_glu: a learnable beta must be a one-element tensor, got {}",
            beta.defined() ? beta.shape() : Shape{});
   check_same_kind("situ_glu", gate, beta);
+  // The kernels take β as a number: for a CUDA β this copies one element to the
+  // host (and waits for the stream).
   double b = beta.to(kCpu).item<double>();
   check_args(gate, up, b, linear_beta);
   double lambda = linear_beta.value_or(0.0);
   Tensor out = empty_like(gate);
-  cpu::situ_glu_forward(out, gate, up, b, lambda);
+  if (gate.is_cuda()) cuda::situ_glu_forward(out, gate, up, b, lambda);
+  else                cpu::situ_glu_forward(out, gate, up, b, lambda);
   return record("situ_glu", out, {gate, up, beta}, [gate, up, beta, b, lambda](const Tensor& grad_out) {
     Tensor grad_gate = empty_like(gate), grad_up = empty_like(up), grad_beta;
+    if (gate.is_cuda()) {  // dβ is reduced on the device, into grad_beta
+      if (beta.requires_grad()) grad_beta = empty(beta.shape(), beta.dtype(), beta.device());
+      cuda::situ_glu_backward(grad_gate, grad_up, grad_beta.defined() ? &grad_beta : nullptr, grad_out, gate, up, b,
+                              lambda);
+      return Grads{grad_gate, grad_up, grad_beta};
+    }
     double gb = 0;
     cpu::situ_glu_backward(grad_gate, grad_up, beta.requires_grad() ? &gb : nullptr, grad_out, gate, up, b, lambda);
     if (beta.requires_grad()) grad_beta = full(beta.shape(), gb, beta.dtype(), beta.device());

@@ -4,6 +4,7 @@
 
 #include "moetrain.h"
 #include "testing.h"
+#include "cuda_vs_cpu.h"
 
 using namespace moetrain;
 using moetrain::testing::check_gradients;
@@ -86,4 +87,35 @@ TEST_CASE("causal_attention: queries after a cache equal the last rows of full a
   Tensor q = randn({1, 4, 2, 3}, DType::f64, 4), k = randn({1, 9, 2, 3}, DType::f64, 5),
          v = randn({1, 9, 2, 2}, DType::f64, 6);
   check_gradients([](const Tensors& in) { return causal_attention(in[0], in[1], in[2], 0.7); }, {q, k, v});
+}
+
+// The FlashAttention-style CUDA kernels against the CPU kernel: T around the
+// 32-row tiles, the usual head dims, Dk != Dv, and a key cache longer than the
+// queries (decoding: Tk > T).
+TEST_CASE("causal_attention: CUDA matches CPU", "[ops][attention][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  struct Case {
+    int64_t T, Tk, Dk, Dv;
+  };
+  std::vector<Case> cases;
+  for (int64_t T : {1, 17, 64, 129})
+    for (int64_t D : {32, 64, 128}) cases.push_back({T, T, D, D});
+  cases.push_back({33, 33, 96, 48});    // head dims off the 32-lane steps, Dk != Dv
+  cases.push_back({17, 50, 64, 64});    // 33 cached keys before the queries
+  cases.push_back({1, 129, 128, 128});  // one decoding step
+  cases.push_back({40, 40, 192, 128});  // MLA-like Dk > Dv
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (const Case& c : cases) {
+      DYNAMIC_SECTION(fmt::format("{} T={} Tk={} Dk={} Dv={}", dt, c.T, c.Tk, c.Dk, c.Dv)) {
+        const int64_t B = 2, H = 3;
+        Tensor q = randn({B, c.T, H, c.Dk}, DType::f64, 1), k = randn({B, c.Tk, H, c.Dk}, DType::f64, 2),
+               v = randn({B, c.Tk, H, c.Dv}, DType::f64, 3);
+        double scale = 1.5 / std::sqrt(static_cast<double>(c.Dk));  // peaked rows as well as flat ones
+        CudaCompare tol = tolerance_for(dt);
+        if (dt == DType::bf16) tol.backward_tol = 3e-2;  // dS = P (dP - rowsum(dO O)) with O stored in bf16
+        check_cuda_matches_cpu([scale](const Tensors& in) { return causal_attention(in[0], in[1], in[2], scale); },
+                               {q, k, v}, {true, true, true}, dt, tol);
+      }
+    }
 }

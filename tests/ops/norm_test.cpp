@@ -5,6 +5,7 @@
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "testing.h"
+#include "cuda_vs_cpu.h"
 
 using namespace moetrain;
 using moetrain::testing::check_gradients;
@@ -64,4 +65,43 @@ TEST_CASE("norms: bad weight shape names the op and shapes", "[ops][norm][errors
   Tensor x = randn({3, 8}, DType::f32, 1), w = randn({7}, DType::f32, 2);
   CHECK_THROWS_WITH(rms_norm(x, w), Catch::Contains("rms_norm") && Catch::Contains("[7]") && Catch::Contains("[3, 8]"));
   CHECK_THROWS_WITH(layer_norm(x, w, Tensor()), Catch::Contains("layer_norm"));
+}
+
+// CUDA twins: forward and every gradient against the CPU kernels, widths off the
+// block and tile sizes (1, 31, 33, 257, 4099 columns).
+TEST_CASE("norms: CUDA matches CPU", "[ops][norm][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t cols : {1, 31, 33, 257, 4099}) {
+      DYNAMIC_SECTION(fmt::format("{} cols={}", dt, cols)) {
+        Tensor x = randn({7, cols}, DType::f64, static_cast<uint64_t>(cols)), w = randn({cols}, DType::f64, 2),
+               b = randn({cols}, DType::f64, 3);
+        x = mul_scalar(x, 3.0);  // rows with a spread of scales
+        CudaCompare tol = tolerance_for(dt);
+        check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b},
+                               {true, true, true}, dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], Tensor(), Tensor(), 1e-5); }, {x},
+                               {true}, dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w}, {true, true},
+                               dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return rms_norm(in[0], Tensor(), 1e-5); }, {x}, {true}, dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return l2_norm(in[0], 1e-6); }, {x}, {true}, dt, tol);
+      }
+    }
+}
+
+TEST_CASE("norms: CUDA handles 3-d inputs, many rows and a weight without grad", "[ops][norm][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  Tensor x = randn({3, 700, 65}, DType::f64, 11), w = randn({65}, DType::f64, 12), b = randn({65}, DType::f64, 13);
+  CudaCompare tol = tolerance_for(DType::f32);
+  check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b},
+                         {true, false, true}, DType::f32, tol);
+  check_cuda_matches_cpu([](const Tensors& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w}, {false, true},
+                         DType::f32, tol);
+  // Enough rows for the most row chunks of the weight gradient (1024 chunks of 293 rows).
+  Tensor xl = randn({300001, 5}, DType::f64, 14), wl = randn({5}, DType::f64, 15), bl = randn({5}, DType::f64, 16);
+  check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {xl, wl, bl},
+                         {true, true, true}, DType::f32, tol);
 }

@@ -11,6 +11,7 @@
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "testing.h"
+#include "cuda_vs_cpu.h"
 
 using namespace moetrain;
 using moetrain::testing::bitwise_equal;
@@ -237,4 +238,67 @@ TEST_CASE("reduce: sums over empty dims are zero", "[ops][reduce]") {
   REQUIRE(s.shape() == Shape{3});
   for (double v : s.to_vector()) CHECK(v == 0.0);
   CHECK(sum(zeros({0, 5})).item<double>() == 0.0);
+}
+
+namespace {
+// Random values rounded to halves (ties for max to break), NaNs at `nans`.
+Tensor tied_values(const Shape& shape, uint64_t seed, const std::vector<int64_t>& nans = {}) {
+  std::vector<double> v = randn(shape, DType::f64, seed).to_vector();
+  for (double& e : v) e = std::round(e * 2) / 2;
+  for (int64_t i : nans) v[static_cast<size_t>(i)] = std::numeric_limits<double>::quiet_NaN();
+  return from_vector(v, shape, DType::f64);
+}
+}  // namespace
+
+TEST_CASE("sum: CUDA matches CPU over every dim and over all", "[ops][reduce][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t n : {1, 31, 33, 257, 4099}) {
+      DYNAMIC_SECTION(fmt::format("{} n={}", dt, n)) {
+        Tensor x = randn({3, n, 5}, DType::f64, static_cast<uint64_t>(n));
+        CudaCompare tol = tolerance_for(dt);
+        for (int64_t dim : {0, 1, 2, -1})
+          for (bool keep : {false, true})
+            check_cuda_matches_cpu([dim, keep](const Tensors& in) { return sum(in[0], dim, keep); }, {x}, {true}, dt,
+                                   tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return sum(in[0]); }, {x}, {true}, dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return mean(in[0], 1); }, {x}, {true}, dt, tol);
+        Tensor row = randn({n}, DType::f64, 3);  // sum_all below one block of the partial sums
+        check_cuda_matches_cpu([](const Tensors& in) { return sum(in[0]); }, {row}, {true}, dt, tol);
+      }
+    }
+  // Few outputs and a long n (a bias gradient): n cut into chunks of 256 rows, partial sums added in order.
+  for (int64_t rows : {257, 4099, 300000}) {
+    Tensor tall = randn({rows, 33}, DType::f64, static_cast<uint64_t>(rows));
+    check_cuda_matches_cpu([](const Tensors& in) { return sum(in[0], 0); }, {tall}, {true}, DType::f32,
+                           tolerance_for(DType::f32));
+    Tensor tall3 = randn({2, rows, 3}, DType::f64, static_cast<uint64_t>(rows) + 1);
+    check_cuda_matches_cpu([](const Tensors& in) { return sum(in[0], 1); }, {tall3}, {true}, DType::f64,
+                           tolerance_for(DType::f64));
+  }
+  Tensor big = randn({1 << 20}, DType::f64, 4);  // sum_all over all of its partial-sum blocks
+  check_cuda_matches_cpu([](const Tensors& in) { return sum(in[0]); }, {big}, {true}, DType::f32,
+                         tolerance_for(DType::f32));
+}
+
+TEST_CASE("max and argmax: CUDA matches CPU, ties and NaN included", "[ops][reduce][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t n : {1, 31, 33, 257, 4099}) {
+      DYNAMIC_SECTION(fmt::format("{} n={}", dt, n)) {
+        // NaNs in a few places (the first NaN along a dim wins, as on the CPU).
+        Tensor x = tied_values({3, n, 5}, static_cast<uint64_t>(n) + 7, {7, 3 * n * 5 / 2, 3 * n * 5 - 1});
+        CudaCompare tol = tolerance_for(dt);
+        for (int64_t dim : {0, 1, 2})
+          for (bool keep : {false, true}) {
+            check_cuda_matches_cpu([dim, keep](const Tensors& in) { return max(in[0], dim, keep); }, {x}, {true}, dt,
+                                   tol);
+            Tensor ic = argmax(cpu_twin(x, dt), dim, keep), ig = argmax(cuda_twin(x, dt), dim, keep);
+            REQUIRE(ig.is_cuda());
+            CHECK(bitwise_equal(ig.to(kCpu), ic));
+          }
+      }
+    }
 }

@@ -1,9 +1,11 @@
 #include <cmath>
+#include <optional>
 
 #include <catch2/catch.hpp>
 
 #include "moetrain.h"
 #include "testing.h"
+#include "cuda_vs_cpu.h"
 
 using namespace moetrain;
 using moetrain::testing::check_gradients;
@@ -59,4 +61,27 @@ TEST_CASE("situ_glu: bad input is reported", "[ops][situ][errors]") {
   CHECK_THROWS_WITH(situ_glu(a, a, 0.0, 25.0), Catch::Contains("beta"));
   CHECK_THROWS_WITH(situ_glu(a, a, 4.0, -1.0), Catch::Contains("linear_beta"));
   CHECK_THROWS_WITH(situ_glu(a, a, full({2}, 4.0), 25.0), Catch::Contains("one-element"));
+}
+
+TEST_CASE("situ_glu: CUDA matches CPU, fixed and learnable beta, with and without the cap", "[ops][situ][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t cols : {1, 31, 33, 257, 4099})
+      for (std::optional<double> cap : {std::optional<double>{}, std::optional<double>{2.5}}) {
+        DYNAMIC_SECTION(fmt::format("{} cols={} cap={}", dt, cols, cap.value_or(0))) {
+          Tensor gate = mul_scalar(randn({9, cols}, DType::f64, static_cast<uint64_t>(cols)), 3.0);
+          Tensor up = mul_scalar(randn({9, cols}, DType::f64, static_cast<uint64_t>(cols) + 1), 3.0);
+          Tensor beta = full({1}, 1.3, DType::f64);
+          CudaCompare tol = tolerance_for(dt);
+          check_cuda_matches_cpu([cap](const Tensors& in) { return situ_glu(in[0], in[1], 0.8, cap); }, {gate, up},
+                                 {true, true}, dt, tol);
+          // The β gradient is a sum over every element: relative to its own size.
+          check_cuda_matches_cpu([cap](const Tensors& in) { return situ_glu(in[0], in[1], in[2], cap); },
+                                 {gate, up, beta}, {true, true, true}, dt, tol);
+        }
+      }
+  Tensor gate = randn({1 << 19}, DType::f64, 1), up = randn({1 << 19}, DType::f64, 2), beta = full({1}, 0.9, DType::f64);
+  check_cuda_matches_cpu([](const Tensors& in) { return situ_glu(in[0], in[1], in[2], std::nullopt); },
+                         {gate, up, beta}, {true, true, true}, DType::f32, tolerance_for(DType::f32));
 }

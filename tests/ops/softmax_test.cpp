@@ -4,6 +4,7 @@
 
 #include "moetrain.h"
 #include "testing.h"
+#include "cuda_vs_cpu.h"
 
 using namespace moetrain;
 using moetrain::testing::check_gradients;
@@ -64,4 +65,52 @@ TEST_CASE("cross_entropy: bad targets are reported", "[ops][softmax][loss][error
   CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 2, 3}, {3}, DType::i64)),
                     Catch::Contains("cross_entropy") && Catch::Contains("[2, 10]"));
   CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 2}, {2}, DType::f32)), Catch::Contains("i32 or i64"));
+}
+
+TEST_CASE("softmax and log_softmax: CUDA matches CPU", "[ops][softmax][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t cols : {1, 31, 33, 257, 4099}) {
+      DYNAMIC_SECTION(fmt::format("{} cols={}", dt, cols)) {
+        Tensor x = mul_scalar(randn({2, 5, cols}, DType::f64, static_cast<uint64_t>(cols) + 1), 4.0);
+        CudaCompare tol = tolerance_for(dt);
+        check_cuda_matches_cpu([](const Tensors& in) { return softmax(in[0]); }, {x}, {true}, dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return log_softmax(in[0]); }, {x}, {true}, dt, tol);
+      }
+    }
+}
+
+TEST_CASE("cross_entropy: CUDA matches CPU, with ignored targets", "[ops][softmax][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t vocab : {1, 33, 257, 4099})
+      for (Reduction red : {Reduction::mean, Reduction::sum})
+        for (DType tdt : {DType::i64, DType::i32}) {
+          DYNAMIC_SECTION(fmt::format("{} vocab={} sum={} targets {}", dt, vocab, red == Reduction::sum, tdt)) {
+            int64_t rows = 37;
+            Tensor logits = mul_scalar(randn({rows, vocab}, DType::f64, static_cast<uint64_t>(vocab)), 3.0);
+            Generator gen(5);
+            std::vector<double> t = randint({rows}, vocab, DType::i64, gen).to_vector();
+            for (int64_t r = 0; r < rows; r += 4) t[static_cast<size_t>(r)] = -7;  // ignored
+            Tensor targets = from_vector(t, {rows}, tdt);
+            CudaCompare tol = tolerance_for(dt);
+            check_cuda_matches_cpu(
+                [red](const Tensors& in) { return cross_entropy(in[0], in[1], -7, red); }, {logits, targets},
+                {true, false}, dt, tol);
+          }
+        }
+}
+
+TEST_CASE("cross_entropy: CUDA with every target ignored gives 0 and zero gradients", "[ops][softmax][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  Tensor logits = randn({4, 9}, DType::f32, 1).to(kCuda).detach();
+  logits.set_requires_grad(true);
+  Tensor targets = full({4}, -100, DType::i64).to(kCuda);
+  Tensor loss = cross_entropy(logits, targets);
+  CHECK(loss.to(kCpu).item<double>() == 0.0);
+  loss.backward(ones({}, DType::f32).to(kCuda));
+  CHECK(rel_error_nan(logits.grad(), zeros({4, 9})) == 0.0);
 }

@@ -1,10 +1,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "moetrain.h"
 #include "testing.h"
+#include "cuda_vs_cpu.h"
 
 using namespace moetrain;
 using moetrain::testing::check_gradients;
@@ -33,4 +36,25 @@ TEST_CASE("topk: gradient flows to the selected entries only", "[ops][topk]") {
 TEST_CASE("topk: k out of range is reported", "[ops][topk][errors]") {
   CHECK_THROWS_WITH(topk(randn({2, 5}, DType::f32, 1), 6), Catch::Contains("topk") && Catch::Contains("k = 6"));
   CHECK_THROWS_WITH(topk(randn({2, 5}, DType::f32, 1), 0), Catch::Contains("k = 0"));
+}
+
+TEST_CASE("topk: CUDA matches CPU (values, indices, gradient), ties and NaN included", "[ops][topk][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t n : {1, 31, 33, 257, 4099})
+      for (int64_t k : {int64_t{1}, int64_t{2}, int64_t{8}, n}) {
+        if (k > n || (k == n && (n == 1 || n > 300))) continue;  // k = n once, for the smaller rows
+        DYNAMIC_SECTION(fmt::format("{} n={} k={}", dt, n, k)) {
+          std::vector<double> v = randn({6, n}, DType::f64, static_cast<uint64_t>(n * 10 + k)).to_vector();
+          for (double& e : v) e = std::round(e * 2) / 2;  // ties, broken by the lower index
+          v[static_cast<size_t>(n / 2)] = std::numeric_limits<double>::quiet_NaN();  // NaN ranks first
+          Tensor x = from_vector(v, {6, n}, DType::f64);
+          check_cuda_matches_cpu([k](const Tensors& in) { return topk(in[0], k).values; }, {x}, {true}, dt,
+                                 tolerance_for(dt));
+          Tensor ic = topk(cpu_twin(x, dt), k).indices, ig = topk(cuda_twin(x, dt), k).indices;
+          REQUIRE(ig.is_cuda());
+          CHECK(moetrain::testing::bitwise_equal(ig.to(kCpu), ic));
+        }
+      }
 }

@@ -1,0 +1,66 @@
+// Device helpers shared by the CUDA kernels of the norm, softmax, reduce, situ,
+// topk and attention families (on top of backend/cuda/kernel_utils.cuh): math in
+// the compute type (float or double), the "argmax order" of max and topk, and
+// scratch tensors on a tensor's device.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/kernel_utils.cuh"
+
+namespace moetrain::cuda {
+
+// exp/log/tanh in the compute type: the float versions for f32 and bf16, the
+// double ones for f64 (device overloads from the CUDA math library).
+template <class A> __device__ __forceinline__ A exp_a(A x) { return exp(x); }
+template <> __device__ __forceinline__ float exp_a<float>(float x) { return expf(x); }
+template <class A> __device__ __forceinline__ A log_a(A x) { return log(x); }
+template <> __device__ __forceinline__ float log_a<float>(float x) { return logf(x); }
+template <class A> __device__ __forceinline__ A tanh_a(A x) { return tanh(x); }
+template <> __device__ __forceinline__ float tanh_a<float>(float x) { return tanhf(x); }
+template <class A> __device__ __forceinline__ A sigmoid_a(A x) { return A(1) / (A(1) + exp_a(-x)); }
+template <class A> __device__ __forceinline__ A neg_inf() { return -INFINITY; }
+template <> __device__ __forceinline__ double neg_inf<double>() { return -static_cast<double>(INFINITY); }
+
+// The order of max_dim and topk (as their CPU kernels): NaN first, then larger
+// values, then the lower index. max_dim's result is the first element in this
+// order (the first NaN, else the first occurrence of the maximum), topk's the
+// first k. idx < 0 marks "no candidate", which comes after everything.
+template <class A> struct Ranked {
+  A value;
+  int64_t idx;
+};
+template <class A> __device__ __forceinline__ bool ranks_before(const Ranked<A>& a, const Ranked<A>& b) {
+  if (a.idx < 0) return false;
+  if (b.idx < 0) return true;
+  bool na = a.value != a.value, nb = b.value != b.value;
+  if (na != nb) return na;
+  if (!na && a.value != b.value) return a.value > b.value;
+  return a.idx < b.idx;
+}
+template <class A> __device__ __forceinline__ Ranked<A> warp_first(Ranked<A> r) {
+  for (int o = 16; o > 0; o >>= 1) {
+    Ranked<A> other{__shfl_xor_sync(0xffffffffu, r.value, o), __shfl_xor_sync(0xffffffffu, r.idx, o)};
+    if (ranks_before(other, r)) r = other;
+  }
+  return r;
+}
+// First in the order over the block (blockDim.x a multiple of 32); every thread gets it.
+template <class A> __device__ Ranked<A> block_first(Ranked<A> r) {
+  __shared__ A values[32];
+  __shared__ int64_t idxs[32];
+  __syncthreads();  // the arrays may still be read by a previous call
+  r = warp_first(r);
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    values[warp] = r.value;
+    idxs[warp] = r.idx;
+  }
+  __syncthreads();
+  int nwarps = blockDim.x >> 5;
+  Ranked<A> w = lane < nwarps ? Ranked<A>{values[lane], idxs[lane]} : Ranked<A>{A(0), -1};
+  return warp_first(w);
+}
+
+}  // namespace moetrain::cuda
