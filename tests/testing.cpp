@@ -38,62 +38,6 @@ double weighted_difference(const std::vector<std::vector<double>>& up, const std
 
 }  // namespace
 
-GradCheckResult compare_cuda_cpu(const std::function<Tensors(const Tensors&)>& fn, const Tensors& inputs,
-                                 std::optional<DType> gpu_dtype) {
-  auto prepare = [&](bool gpu) {
-    Tensors in;
-    for (const Tensor& x : inputs) {
-      Tensor t = x.detach();
-      if (gpu) {
-        t = t.to(kCuda);
-        if (gpu_dtype && is_floating(t.dtype())) t = t.to(*gpu_dtype);
-      } else {
-        t = t.clone();
-      }
-      if (x.requires_grad()) t.set_requires_grad(true);
-      in.push_back(t);
-    }
-    return in;
-  };
-  Tensors cpu_in = prepare(false), gpu_in = prepare(true);
-  Tensors cpu_out = fn(cpu_in), gpu_out = fn(gpu_in);
-  REQUIRE(cpu_out.size() == gpu_out.size());
-  Tensors cpu_roots, cpu_grads, gpu_roots, gpu_grads;
-  for (size_t k = 0; k < cpu_out.size(); ++k) {
-    if (!cpu_out[k].requires_grad() || !is_floating(cpu_out[k].dtype())) continue;
-    Tensor w = randn(cpu_out[k].shape(), cpu_out[k].dtype(), 1000 + k);
-    cpu_roots.push_back(cpu_out[k]);
-    cpu_grads.push_back(w);
-    gpu_roots.push_back(gpu_out[k]);
-    gpu_grads.push_back(w.to(kCuda).to(gpu_out[k].dtype()));
-  }
-  if (!cpu_roots.empty()) {
-    autograd::backward(cpu_roots, cpu_grads);
-    autograd::backward(gpu_roots, gpu_grads);
-  }
-  GradCheckResult r;
-  auto consider = [&](const Tensor& gpu, const Tensor& cpu, const std::string& what) {
-    REQUIRE(gpu.defined() == cpu.defined());
-    if (!cpu.defined()) return;
-    REQUIRE(gpu.is_cuda());
-    REQUIRE(gpu.shape() == cpu.shape());
-    Tensor g = gpu.detach().to(kCpu), c = cpu.detach();
-    if (is_floating(c.dtype())) {
-      g = g.to(DType::f64);
-      c = c.to(DType::f64);
-    }
-    double e = rel_error(g, c);
-    if (e > r.max_rel_error || r.worst.empty()) {
-      r.max_rel_error = std::max(r.max_rel_error, e);
-      if (e >= r.max_rel_error) r.worst = fmt::format("{}: rel error {:.3g}", what, e);
-    }
-  };
-  for (size_t k = 0; k < cpu_out.size(); ++k) consider(gpu_out[k], cpu_out[k], fmt::format("output {}", k));
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].requires_grad()) consider(gpu_in[i].grad(), cpu_in[i].grad(), fmt::format("grad of input {}", i));
-  return r;
-}
-
 bool gpu_available() {
   static const bool available = [] {
     bool yes = cuda::device_count() > 0;

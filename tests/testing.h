@@ -3,7 +3,6 @@
 #pragma once
 
 #include <functional>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,12 +46,6 @@ double max_abs_diff(const Tensor& a, const Tensor& b);
 // device is visible (or the build has no CUDA); the first such call of a process
 // prints one line saying the [cuda] tests are skipped and why.
 bool gpu_available();
-// Runs fn on `inputs` on the CPU and on cuda:0 (copies; floating inputs converted
-// to gpu_dtype when given, e.g. bf16), backpropagates the same random upstream
-// gradients on both (inputs that require grad get gradients), and returns the
-// worst rel_error of the CUDA outputs and gradients against the CPU's, with where.
-GradCheckResult compare_cuda_cpu(const std::function<Tensors(const Tensors&)>& fn, const Tensors& inputs,
-                                 std::optional<DType> gpu_dtype = std::nullopt);
 // max |a - b| / max |b|: the error relative to the scale of the reference b
 // (the absolute error when b is all zero).
 double rel_error(const Tensor& a, const Tensor& b);

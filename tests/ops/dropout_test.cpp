@@ -2,6 +2,7 @@
 
 #include "moetrain.h"
 #include "ops/dropout.h"
+#include "cuda_vs_cpu.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -46,7 +47,5 @@ TEST_CASE("dropout: CUDA draws the CPU's mask (same Philox stream), forward and 
     g.set_offset(12345);
     return Tensors{dropout(in[0], 0.3, &g)};
   };
-  auto r = moetrain::testing::compare_cuda_cpu(fn, {x});
-  INFO(r.worst);
-  CHECK(r.max_rel_error == 0.0);
+  moetrain::testing::check_cuda_matches_cpu(fn, {x}, {true}, DType::f32, {0.0, 0.0});  // the same mask: exact
 }

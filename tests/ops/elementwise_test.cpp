@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "moetrain.h"
+#include "cuda_vs_cpu.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -150,7 +151,8 @@ TEST_CASE("elementwise: f32 tanh and gelu agree with double formulas to float pr
 
 TEST_CASE("elementwise: CUDA matches CPU, forward and gradients, f32/f64/bf16", "[ops][elementwise][cuda]") {
   if (!moetrain::testing::gpu_available()) return;
-  using moetrain::testing::compare_cuda_cpu;
+  using moetrain::testing::check_cuda_matches_cpu;
+  using moetrain::testing::tolerance_for;
   struct Shapes {
     Shape a, b;
   };
@@ -162,11 +164,9 @@ TEST_CASE("elementwise: CUDA matches CPU, forward and gradients, f32/f64/bf16", 
       DYNAMIC_SECTION("dtype " << dtype_name(dtype) << " shapes " << s) {
         Tensor a = randn(shapes[s].a, dtype, 11).set_requires_grad(),
                b = add_scalar(rand(shapes[s].b, dtype, default_generator(), 0.5, 2.0), 0.0).detach().set_requires_grad();
-        auto r = compare_cuda_cpu([](const Tensors& in) {
+        check_cuda_matches_cpu([](const Tensors& in) {
           return Tensors{add(in[0], in[1]), sub(in[0], in[1]), mul(in[0], in[1]), div(in[0], in[1])};
-        }, {a, b});
-        INFO(r.worst);
-        CHECK(r.max_rel_error < (dtype == DType::f64 ? 1e-12 : 1e-5));
+        }, {a, b}, {true, true}, dtype, tolerance_for(dtype));
       }
     }
   }
@@ -181,12 +181,7 @@ TEST_CASE("elementwise: CUDA matches CPU, forward and gradients, f32/f64/bf16", 
                      sum_to(v, Shape{1, 4099}), sum_to(v, Shape{7, 1}), sum_to(v, Shape{1}),
                      broadcast_to(sum_to(v, Shape{7, 1}), Shape{7, 4099})};
     };
-    auto r = compare_cuda_cpu(unary, {x, pos});
-    INFO(r.worst);
-    CHECK(r.max_rel_error < 1e-5);
-    auto rb = compare_cuda_cpu(unary, {x, pos}, DType::bf16);
-    INFO(rb.worst);
-    CHECK(rb.max_rel_error < 3e-2);
+    for (DType dtype : {DType::f32, DType::bf16}) check_cuda_matches_cpu(unary, {x, pos}, {true, true}, dtype, tolerance_for(dtype));
     Tensor d = randn({1000}, DType::f32, 3), s = randn({1000}, DType::f32, 4);
     Tensor dg = d.to(kCuda);
     add_(d, s, 0.5);

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "moetrain.h"
+#include "cuda_vs_cpu.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -34,12 +35,10 @@ TEST_CASE("embedding: CUDA matches CPU, ids on either device, repeated ids in th
   Tensor ids = randint({4, 33}, 1000, DType::i32, default_generator());
   ids.data<int32_t>()[5] = ids.data<int32_t>()[6] = 7;  // a repeated id sums its rows
   for (bool ids_on_gpu : {false, true}) {
-    auto r = moetrain::testing::compare_cuda_cpu([&](const Tensors& in) {
+    moetrain::testing::check_cuda_matches_cpu([&](const Tensors& in) {
       Tensor i = in[0].is_cuda() && ids_on_gpu ? ids.to(kCuda) : ids;
       return Tensors{embedding(in[0], i)};
-    }, {w});
-    INFO(r.worst);
-    CHECK(r.max_rel_error < 1e-6);
+    }, {w}, {true}, DType::f32, moetrain::testing::tolerance_for(DType::f32));
   }
   Tensor bad = full({3}, 1000, DType::i64);
   CHECK_THROWS_WITH(embedding(w.detach().to(kCuda), bad.to(kCuda)), Catch::Contains("out of range"));

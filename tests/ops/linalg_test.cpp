@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "moetrain.h"
+#include "cuda_vs_cpu.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -260,7 +261,8 @@ TEST_CASE("linear: bad shapes name the op", "[ops][linalg][linear][errors]") {
 TEST_CASE("matmul: CUDA (cuBLAS) matches CPU for all layouts and transposes, with gradients",
           "[ops][linalg][cuda]") {
   if (!moetrain::testing::gpu_available()) return;
-  using moetrain::testing::compare_cuda_cpu;
+  using moetrain::testing::check_cuda_matches_cpu;
+  using moetrain::testing::tolerance_for;
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       DYNAMIC_SECTION("trans_a " << ta << " trans_b " << tb) {
@@ -275,14 +277,10 @@ TEST_CASE("matmul: CUDA (cuBLAS) matches CPU for all layouts and transposes, wit
             return Tensors{matmul(in[0], in[1], ta, tb), matmul(in[2], in[1], ta, tb), matmul(in[0], in[3], ta, tb),
                            matmul(in[2], in[3], ta, tb)};
           };
-          auto r = compare_cuda_cpu(fn, {a2, b2, a3, b3});
-          INFO(dtype_name(dtype) << ": " << r.worst);
-          CHECK(r.max_rel_error < (dtype == DType::f64 ? 1e-12 : 1e-5));
-          if (dtype == DType::f32) {
-            auto rb = compare_cuda_cpu(fn, {a2, b2, a3, b3}, DType::bf16);
-            INFO("bf16: " << rb.worst);
-            CHECK(rb.max_rel_error < 3e-2);
-          }
+          check_cuda_matches_cpu(fn, {a2, b2, a3, b3}, {true, true, true, true}, dtype, tolerance_for(dtype));
+          if (dtype == DType::f32)
+            check_cuda_matches_cpu(fn, {a2, b2, a3, b3}, {true, true, true, true}, DType::bf16,
+                                   tolerance_for(DType::bf16));
         }
       }
     }
@@ -290,8 +288,7 @@ TEST_CASE("matmul: CUDA (cuBLAS) matches CPU for all layouts and transposes, wit
   SECTION("linear with bias") {
     Tensor x = randn({2, 17, 129}, DType::f32, 5).set_requires_grad();
     Tensor w = randn({257, 129}, DType::f32, 6).set_requires_grad(), b = randn({257}, DType::f32, 7).set_requires_grad();
-    auto r = compare_cuda_cpu([](const Tensors& in) { return Tensors{linear(in[0], in[1], in[2])}; }, {x, w, b});
-    INFO(r.worst);
-    CHECK(r.max_rel_error < 1e-5);
+    check_cuda_matches_cpu([](const Tensors& in) { return Tensors{linear(in[0], in[1], in[2])}; }, {x, w, b},
+                           {true, true, true}, DType::f32, tolerance_for(DType::f32));
   }
 }

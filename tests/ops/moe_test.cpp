@@ -3,6 +3,7 @@
 
 #include "moetrain.h"
 #include "ops/moe.h"
+#include "cuda_vs_cpu.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -54,10 +55,6 @@ TEST_CASE("grouped_linear: CUDA matches CPU, experts without rows included", "[o
   Tensor x = randn({56, 65}, DType::f32, 1).set_requires_grad();
   Tensor w = randn({6, 31, 65}, DType::f32, 2).set_requires_grad();
   auto fn = [counts](const Tensors& in) { return Tensors{grouped_linear(in[0], in[1], counts)}; };
-  auto r = moetrain::testing::compare_cuda_cpu(fn, {x, w});
-  INFO(r.worst);
-  CHECK(r.max_rel_error < 1e-5);
-  auto rb = moetrain::testing::compare_cuda_cpu(fn, {x, w}, DType::bf16);
-  INFO(rb.worst);
-  CHECK(rb.max_rel_error < 3e-2);
+  for (DType dtype : {DType::f32, DType::bf16})
+    moetrain::testing::check_cuda_matches_cpu(fn, {x, w}, {true, true}, dtype, moetrain::testing::tolerance_for(dtype));
 }
