@@ -81,13 +81,6 @@ template <class T> __global__ void sum_partials_kernel(double* partial, const T*
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-template <class T> __global__ void sum_finish_kernel(T* out, const double* partial, int64_t parts) {
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < parts; i += blockDim.x) acc += partial[i];
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) store(out, 0, static_cast<acc_t<T>>(acc));
-}
-
 template <class T> __global__ void max_rows_kernel(T* values, int64_t* indices, const T* x, int64_t rows, int64_t n) {
   using A = acc_t<T>;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -173,8 +166,8 @@ void sum_all(Tensor& out, const Tensor& x) {
     cudaStream_t s = stream_of(x);
     sum_partials_kernel<T><<<parts, kThreads, 0, s>>>(ptr<double>(partial), ptr<T>(x), n);
     MT_CUDA_CHECK_LAUNCH("sum_partials_kernel");
-    sum_finish_kernel<T><<<1, 1024, 0, s>>>(ptr<T>(out), ptr<double>(partial), parts);
-    MT_CUDA_CHECK_LAUNCH("sum_finish_kernel");
+    store_sum_of_partials<T><<<1, 1024, 0, s>>>(ptr<T>(out), ptr<double>(partial), parts);
+    MT_CUDA_CHECK_LAUNCH("sum (finish)");
   });
 }
 

@@ -61,13 +61,6 @@ __global__ void situ_backward_kernel(T* dg, T* du, double* beta_partial, const T
   }
 }
 
-template <class T> __global__ void situ_beta_finish_kernel(T* grad_beta, const double* partial, int64_t parts) {
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < parts; i += blockDim.x) acc += partial[i];
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) store(grad_beta, 0, static_cast<acc_t<T>>(acc));
-}
-
 }  // namespace
 
 void situ_glu_forward(Tensor& out, const Tensor& gate, const Tensor& up, double beta, double lambda) {
@@ -95,8 +88,8 @@ void situ_glu_backward(Tensor& grad_gate, Tensor& grad_up, Tensor* grad_beta, co
                                                         ptr<T>(gate), ptr<T>(up), n, beta, lambda);
     MT_CUDA_CHECK_LAUNCH("situ_backward_kernel");
     if (grad_beta) {
-      situ_beta_finish_kernel<T><<<1, 1024, 0, s>>>(ptr<T>(*grad_beta), ptr<double>(partial), blocks);
-      MT_CUDA_CHECK_LAUNCH("situ_beta_finish_kernel");
+      store_sum_of_partials<T><<<1, 1024, 0, s>>>(ptr<T>(*grad_beta), ptr<double>(partial), blocks);
+      MT_CUDA_CHECK_LAUNCH("situ_glu beta gradient (finish)");
     }
   });
 }

@@ -37,9 +37,7 @@ template <class T> __global__ void squared_sum_partial(double* partial, const T*
 }
 
 __global__ void add_partials(double* acc, const double* partial, int count) {
-  double s = 0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
-  s = block_sum(s);
+  double s = sum_partials(partial, count);
   if (threadIdx.x == 0) acc[0] += s;
 }
 

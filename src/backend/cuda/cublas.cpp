@@ -26,14 +26,13 @@ namespace {
 
 std::atomic<bool> g_allow_tf32{false};
 
-constexpr int kMaxDevices = 64;
-std::array<std::once_flag, kMaxDevices> g_once;
+std::array<std::once_flag, kMaxDevices> g_handle_once;
 std::array<cublasHandle_t, kMaxDevices> g_handle{};
 
 cublasHandle_t handle(int device) {
   MT_CHECK(device >= 0 && device < kMaxDevices, "cuda:{}: no such device", device);
   set_device(device);
-  std::call_once(g_once[static_cast<size_t>(device)], [device] {
+  std::call_once(g_handle_once[static_cast<size_t>(device)], [device] {
     cublasHandle_t h = nullptr;
     MT_CUBLAS_CHECK(cublasCreate(&h));
     MT_CUBLAS_CHECK(cublasSetStream(h, stream(device)));

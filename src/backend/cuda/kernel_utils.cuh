@@ -95,4 +95,19 @@ template <class A> __device__ A block_max(A v) {
   return warp_max(r);
 }
 
+// Σ partial[0..parts) by one block in a fixed order: the second pass of a
+// two-pass sum whose first pass wrote one double per block (the same bits every
+// run, unlike atomics). Every thread gets the sum.
+__device__ inline double sum_partials(const double* partial, int64_t parts) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < parts; i += blockDim.x) acc += partial[i];
+  return block_sum(acc);
+}
+
+// out[0] = Σ partial[0..parts), as T; launch with one block.
+template <class T> __global__ void store_sum_of_partials(T* out, const double* partial, int64_t parts) {
+  double s = sum_partials(partial, parts);
+  if (threadIdx.x == 0) store(out, 0, static_cast<acc_t<T>>(s));
+}
+
 }  // namespace moetrain::cuda

@@ -87,7 +87,6 @@ struct DeviceState {
   std::mutex mutex;  // allocator calls
 };
 
-constexpr int kMaxDevices = 64;
 std::array<std::once_flag, kMaxDevices> g_once;
 std::array<DeviceState*, kMaxDevices> g_state{};
 

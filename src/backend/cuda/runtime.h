@@ -22,6 +22,8 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace moetrain::cuda {
 
+inline constexpr int kMaxDevices = 64;  // per process (per-device state is kept in arrays of this size)
+
 bool built_with_cuda();
 int device_count();  // 0 when no driver or no GPU
 std::string device_name(int device);
