@@ -7,7 +7,7 @@
 # gradients included; a tiny GPT-2 trained on the GPU against the CPU's losses),
 # the [cuda][mpi] tests under mpirun when more than one GPU is visible, then the
 # benchmark table (bench/cuda_bench.cpp). Logs and the table go to OUT_DIR:
-#   nvidia-smi.txt build.log sass.txt tests.log tests-mpi.log bench.md
+#   nvidia-smi.txt build.log info.txt sass.txt tests.log tests-mpi.log bench.md
 # Extra cmake arguments: CMAKE_ARGS="-DCMAKE_PREFIX_PATH=/deps/usr ..." (a machine
 # without our Debian packages installed points the build at an unpacked copy).
 # Exits non-zero when the build or a test fails; the benchmark runs either way.
@@ -33,6 +33,8 @@ if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOETRAIN_CU
   echo "gpu-check: build failed (log: $out/build.log)" >&2
   exit 1
 fi
+
+build-gpu/moetrain info | tee "$out/info.txt"
 
 step "sm_90 code of the kernels ($out/sass.txt)"
 if command -v cuobjdump >/dev/null; then

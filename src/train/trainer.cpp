@@ -528,9 +528,17 @@ TrainSummary train(const Config& config) {
         {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"tok_per_s", tok_s},
         {"step_ms", sec * 1e3}, {"tokens", tokens_seen}};
     if (skipped > 0) record.emplace_back("skipped_steps", skipped);
+    if (device.is_cuda())  // the caching allocator's peak: what the GPU had to hold
+      record.emplace_back("gpu_peak_reserved_bytes", cuda::memory_stats(device.index).peak_reserved_bytes);
     record.insert(record.end(), moe.fields.begin(), moe.fields.end());
     if (metrics) metrics->write(record);
     if (step == 0) spdlog::info("  peak memory after the first step: {}", human_bytes(peak_rss_bytes()));
+    if (step == 0 && device.is_cuda()) {
+      const cuda::MemoryStats m = cuda::memory_stats(device.index);
+      spdlog::info("  {} memory after the first step: {} peak in tensors, {} peak reserved", device,
+                   human_bytes(static_cast<double>(m.peak_allocated_bytes)),
+                   human_bytes(static_cast<double>(m.peak_reserved_bytes)));
+    }
     bool last = step + 1 == max_steps;
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) {
       summary.last_val_loss = run_eval(step + 1);

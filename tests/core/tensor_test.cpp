@@ -246,3 +246,12 @@ TEST_CASE("tensor: CUDA storage, fill, dtype conversion and the caching allocato
   CHECK_THROWS_WITH(empty({int64_t{1} << 42}, DType::f32, kCuda),
                     Catch::Contains("CUDA out of memory on cuda:0") && Catch::Contains("bytes"));
 }
+
+TEST_CASE("tensor: asking for a CUDA tensor without a GPU is a clear error", "[core]") {
+  if (cuda::device_count() > 0) return;  // a GPU machine runs the [cuda] case above instead
+  std::string msg = moetrain::testing::error_of([] { empty({2}, DType::f32, kCuda); });
+  if (cuda::built_with_cuda())
+    CHECK_THAT(msg, Catch::Contains("cuda:0 requested but 0 CUDA device(s) are visible"));
+  else
+    CHECK_THAT(msg, Catch::Contains("built without CUDA"));
+}
