@@ -21,7 +21,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, doubl
            "{}: v is {} but k is {}; v must be [B, Tk, H, Dv] with the same B, Tk, H", op, v.shape(), k.shape());
   Tensor o = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, v.dtype(), v.device());
   // lse [B, H, T]: q's dtype, f32 for bf16 q (backward's e^{S - lse} needs more than bf16's 3 digits)
-  DType lse_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
+  DType lse_dtype = stats_dtype(q);
   Tensor lse = empty({q.size(0), q.size(2), q.size(1)}, lse_dtype, q.device());
   if (q.is_cuda()) cuda::causal_attention_forward(o, lse, q, k, v, scale);
   else             cpu::causal_attention_forward(o, lse, q, k, v, scale);

@@ -12,7 +12,6 @@ std::vector<const Tensor*> check_args(const Tensors& sources, const Tensor& proj
   MT_CHECK(!sources.empty(), "attn_res: needs at least one source");
   const Tensor& first = sources.front();
   check_float("attn_res", "sources[0]", first);
-  check_cpu("attn_res", first);
   check_rank("attn_res", "sources[0]", first, -1);
   std::vector<const Tensor*> ptrs;
   for (size_t m = 0; m < sources.size(); ++m) {
@@ -44,9 +43,10 @@ Tensor attn_res(const Tensors& sources, const Tensor& proj, const Tensor& norm, 
   std::vector<int64_t> sd = stats.vec();
   sd.push_back(M);
   Tensor h = empty_like(first);
-  Tensor alpha = empty(Shape(sd), first.dtype(), first.device());
-  Tensor rstd = empty(Shape(sd), first.dtype(), first.device());
-  cpu::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, eps);
+  Tensor alpha = empty(Shape(sd), stats_dtype(first), first.device());
+  Tensor rstd = empty(Shape(sd), stats_dtype(first), first.device());
+  if (first.is_cuda()) cuda::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, eps);
+  else cpu::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, eps);
   Tensors inputs = sources;
   inputs.push_back(proj);
   inputs.push_back(norm);
@@ -60,8 +60,10 @@ Tensor attn_res(const Tensors& sources, const Tensor& proj, const Tensor& norm, 
     Tensor grad_proj, grad_norm;
     if (proj.requires_grad()) grad_proj = empty_like(proj);
     if (norm.requires_grad()) grad_norm = empty_like(norm);
-    cpu::attn_res_backward(grad_sources, grad_proj.defined() ? &grad_proj : nullptr,
-                           grad_norm.defined() ? &grad_norm : nullptr, grad_h, ptrs, proj, norm, alpha, rstd);
+    Tensor* gp = grad_proj.defined() ? &grad_proj : nullptr;
+    Tensor* gn = grad_norm.defined() ? &grad_norm : nullptr;
+    if (grad_h.is_cuda()) cuda::attn_res_backward(grad_sources, gp, gn, grad_h, ptrs, proj, norm, alpha, rstd);
+    else cpu::attn_res_backward(grad_sources, gp, gn, grad_h, ptrs, proj, norm, alpha, rstd);
     Grads grads(grad_sources.begin(), grad_sources.end());
     grads.push_back(grad_proj);
     grads.push_back(grad_norm);
@@ -76,9 +78,10 @@ Tensor attn_res_weights(const Tensors& sources, const Tensor& proj, const Tensor
   std::vector<int64_t> sd = stats.vec();
   sd.push_back(static_cast<int64_t>(sources.size()));
   Tensor h = empty_like(first);
-  Tensor alpha = empty(Shape(sd), first.dtype(), first.device());
-  Tensor rstd = empty(Shape(sd), first.dtype(), first.device());
-  cpu::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, eps);
+  Tensor alpha = empty(Shape(sd), stats_dtype(first), first.device());
+  Tensor rstd = empty(Shape(sd), stats_dtype(first), first.device());
+  if (first.is_cuda()) cuda::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, eps);
+  else cpu::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, eps);
   return alpha;
 }
 

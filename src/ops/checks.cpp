@@ -22,6 +22,8 @@ void check_rank(const char* op, const char* arg, const Tensor& t, int rank) {
     MT_CHECK(t.dim() >= -rank, "{}: {} must have rank >= {}, got {}", op, arg, -rank, describe(t));
 }
 
+DType stats_dtype(const Tensor& t) { return t.dtype() == DType::bf16 ? DType::f32 : t.dtype(); }
+
 void check_cpu(const char* op, const Tensor& t) {
   MT_CHECK(t.is_cpu(), "{}: {} is on {}, and this op has no CUDA kernel in this build; move it with .to(kCpu)",
            op, describe(t), t.device());

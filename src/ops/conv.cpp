@@ -10,20 +10,22 @@ Tensor causal_conv1d(const Tensor& x, const Tensor& weight) {
   check_float("causal_conv1d", "x", x);
   check_float("causal_conv1d", "weight", weight);
   check_same_kind("causal_conv1d", x, weight);
-  check_cpu("causal_conv1d", x);
   check_rank("causal_conv1d", "x", x, 3);
   check_rank("causal_conv1d", "weight", weight, 2);
   MT_CHECK(weight.size(0) == x.size(2) && weight.size(1) >= 1,
            "causal_conv1d: weight {} must be [C, W] with C = {} channels of x {}", weight.shape(), x.size(2),
            x.shape());
   Tensor y = empty_like(x);
-  cpu::causal_conv1d_forward(y, x, weight);
+  if (x.is_cuda()) cuda::causal_conv1d_forward(y, x, weight);
+  else cpu::causal_conv1d_forward(y, x, weight);
   return record("causal_conv1d", y, {x, weight}, [x, weight](const Tensor& grad_y) {
     Tensor grad_x, grad_w;
     if (x.requires_grad()) grad_x = empty_like(x);
     if (weight.requires_grad()) grad_w = empty_like(weight);
-    cpu::causal_conv1d_backward(grad_x.defined() ? &grad_x : nullptr, grad_w.defined() ? &grad_w : nullptr, grad_y,
-                                x, weight);
+    Tensor* gx = grad_x.defined() ? &grad_x : nullptr;
+    Tensor* gw = grad_w.defined() ? &grad_w : nullptr;
+    if (x.is_cuda()) cuda::causal_conv1d_backward(gx, gw, grad_y, x, weight);
+    else cpu::causal_conv1d_backward(gx, gw, grad_y, x, weight);
     return Grads{grad_x, grad_w};
   });
 }

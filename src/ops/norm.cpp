@@ -17,9 +17,6 @@ void check_weight(const char* op, const char* arg, const Tensor& x, const Tensor
            arg, x.size(-1));
   check_same_kind(op, x, w);
 }
-// Saved mean and rstd: x's dtype, f32 for bf16 x (rounding them to bf16 would cost
-// backward ~3 significant digits).
-DType stats_dtype(const Tensor& x) { return x.dtype() == DType::bf16 ? DType::f32 : x.dtype(); }
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {

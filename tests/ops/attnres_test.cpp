@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "moetrain.h"
+#include "cuda_vs_cpu.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -104,4 +105,23 @@ TEST_CASE("attn_res: bad input is reported", "[ops][attnres][errors]") {
   CHECK_THROWS_WITH(attn_res({a, b}, w, w), Catch::Contains("attn_res") && Catch::Contains("[2, 7]"));
   CHECK_THROWS_WITH(attn_res({a}, randn({7}, DType::f32, 4), w), Catch::Contains("proj") && Catch::Contains("[8]"));
   CHECK_THROWS_WITH(attn_res({}, w, w), Catch::Contains("at least one source"));
+}
+
+TEST_CASE("attn_res: CUDA matches CPU, forward and every gradient", "[ops][attnres][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    for (int64_t M : {1, 3, 13}) {
+      Tensors in;
+      for (int64_t m = 0; m < M; ++m) in.push_back(randn({2, 65, 257}, DType::f32, 10 + m));  // 130 tokens: 3 chunks
+      in.push_back(mul_scalar(randn({257}, DType::f32, 1), 0.3));  // proj
+      in.push_back(add_scalar(mul_scalar(randn({257}, DType::f32, 2), 0.1), 1.0));  // norm weight
+      std::vector<bool> grad(in.size(), true);
+      moetrain::testing::check_cuda_matches_cpu(
+          [M](const Tensors& x) {
+            Tensors sources(x.begin(), x.begin() + M);
+            return Tensors{attn_res(sources, x[M], x[M + 1], 1e-6)};
+          },
+          in, grad, dtype, moetrain::testing::tolerance_for(dtype));
+    }
+  }
 }

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "moetrain.h"
+#include "cuda_vs_cpu.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -34,4 +35,18 @@ TEST_CASE("causal_conv1d: bad shapes are reported", "[ops][conv][errors]") {
                     Catch::Contains("causal_conv1d") && Catch::Contains("[5, 4]"));
   CHECK_THROWS_WITH(causal_conv1d(randn({3, 4}, DType::f32, 1), randn({4, 4}, DType::f32, 2)),
                     Catch::Contains("rank 3"));
+}
+
+TEST_CASE("causal_conv1d: CUDA matches CPU, forward and both gradients", "[ops][conv][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    for (int64_t W : {1, 4, 7}) {
+      // 2 x 257 rows (chunks of 128 plus a remainder), 33 channels.
+      Tensor x = randn({2, 257, 33}, DType::f32, 1), w = randn({33, W}, DType::f32, 2);
+      moetrain::testing::check_cuda_matches_cpu(
+          [](const Tensors& in) { return Tensors{causal_conv1d(in[0], in[1])}; },
+          {dtype == DType::f64 ? x.to(DType::f64) : x, dtype == DType::f64 ? w.to(DType::f64) : w}, {true, true},
+          dtype, moetrain::testing::tolerance_for(dtype));
+    }
+  }
 }
