@@ -387,7 +387,10 @@ RankFileContent rank_file_content(const Distributed& d, const LanguageModel& mod
   for (const Slot& s : slots(model, buffers, &opt)) {
     const bool expert = p.experts > 0 && is_expert(*s.param);
     if (expert ? holds_experts : holds_replicated)
-      c.datasets.emplace_back(s.group, s.param->name, copy ? s.tensor.detach().clone() : s.tensor);
+      // An async save snapshots on the host: a GPU tensor's copy frees no device
+      // memory and the writer thread never touches the GPU.
+      c.datasets.emplace_back(s.group, s.param->name,
+                              !copy ? s.tensor : s.tensor.is_cpu() ? s.tensor.detach().clone() : s.tensor.detach().to(kCpu));
   }
   return c;
 }

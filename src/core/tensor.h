@@ -129,10 +129,10 @@ Tensor alias(const Tensor& t, const Shape& shape, int64_t extra_offset = 0);
 void fill_(const Tensor& t, double value);
 void copy_(const Tensor& dst, const Tensor& src);  // same shape and dtype, any devices
 
-std::string describe(const Tensor& t);
+std::string describe(const Tensor& t);  // "f32[3, 4] cpu"
 // Moves a leaf's elements to `device` in place: every handle to this tensor (a
 // model's member and its ParameterList entry) sees the new device. For whole
 // leaves (parameters, optimizer moments) that no view shares; checked.
-void move_to_device_(const Tensor& t, Device device);  // "f32[3, 4] cpu"
+void move_to_device_(const Tensor& t, Device device);
 
 }  // namespace moetrain
