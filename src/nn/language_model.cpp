@@ -9,7 +9,7 @@ Tensor LanguageModel::loss(const Tensor& ids, const Tensor& targets, bool traini
   Tensor logits = forward(ids, training);
   profile::Region region("embedding/head");
   // Targets follow the logits (the trainer moves both; eval passes host batches).
-  return cross_entropy(logits, targets.device() == logits.device() ? targets : targets.to(logits.device()));
+  return cross_entropy(logits, targets.to(logits.device()));
 }
 
 }  // namespace moetrain

@@ -18,7 +18,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   int64_t vocab = weight.size(0), dim = weight.size(1);
   // Ids are checked on the host (for CUDA ids: a copy and a wait), then read
   // by the kernel where the table lives.
-  Tensor host = index.is_cpu() ? index : index.to(kCpu);
+  Tensor host = index.to(kCpu);
   dispatch_index(index.dtype(), "embedding", [&](auto tag) {
     using I = decltype(tag);
     const I* p = host.data<I>();
@@ -26,8 +26,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
       MT_CHECK(p[i] >= 0 && p[i] < vocab, "embedding: token id {} at position {} of ids {} is out of range [0, {}) "
                "for the table {}", static_cast<int64_t>(p[i]), i, ids.shape(), vocab, weight.shape());
   });
-  if (index.device() != weight.device()) index = index.to(weight.device());
-  Tensor flat = alias(index, {index.numel()});
+  Tensor flat = alias(index.to(weight.device()), {index.numel()});
   Tensor y = empty(ids.shape().appended(dim), weight.dtype(), weight.device());
   if (weight.is_cuda()) cuda::index_select_forward(y, weight, flat, 1, dim);
   else cpu::index_select_forward(y, weight, flat, 1, dim);

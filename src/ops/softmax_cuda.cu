@@ -121,14 +121,6 @@ RowsCols rows_cols(const Tensor& x) {
   return {x.numel() / std::max<int64_t>(n, 1), n};
 }
 
-template <class F> void dispatch_index_cuda(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::i32: return f(int32_t{});
-    case DType::i64: return f(int64_t{});
-    default: MT_THROW("{}: expected i32 or i64 targets, got {}", op, t);
-  }
-}
-
 }  // namespace
 
 void softmax_forward(Tensor& y, const Tensor& x, bool log) {
@@ -158,7 +150,7 @@ void cross_entropy_forward(Tensor& lse, Tensor& loss, const Tensor& logits, cons
   Tensor row_loss = empty({rows}, DType::f64, logits.device());
   dispatch_float_cuda(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_index_cuda(targets.dtype(), "cross_entropy", [&](auto itag) {
+    dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
       using I = decltype(itag);
       cudaStream_t s = stream_of(logits);
       if (rows > 0) {
@@ -178,7 +170,7 @@ void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Ten
   if (rows == 0 || v == 0) return;
   dispatch_float_cuda(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_index_cuda(targets.dtype(), "cross_entropy_backward", [&](auto itag) {
+    dispatch_index(targets.dtype(), "cross_entropy_backward", [&](auto itag) {
       using I = decltype(itag);
       cross_entropy_backward_kernel<T, I><<<row_blocks(rows), kThreads, 0, stream_of(logits)>>>(
           ptr<T>(grad_logits), ptr<T>(logits), ptr<I>(targets), ptr<double>(lse), ptr<T>(grad_loss), inv_divisor,

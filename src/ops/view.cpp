@@ -181,7 +181,7 @@ namespace {
 // Reads the indices on the host (a copy, and a wait, for CUDA indices): an out of
 // range index is a clear error here instead of a wild read in a kernel.
 void check_indices(const char* op, const Tensor& index, int64_t limit) {
-  Tensor host = index.is_cpu() ? index : index.detach().to(kCpu);
+  Tensor host = index.to(kCpu);
   dispatch_index(index.dtype(), op, [&](auto tag) {
     using I = decltype(tag);
     const I* p = host.data<I>();
@@ -198,7 +198,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& ids) {
   int d = x.shape().normalize_dim(dim);
   check_indices("index_select", ids, x.size(d));
   // The kernel reads the indices where x lives.
-  Tensor index = ids.device() == x.device() ? ids : ids.detach().to(x.device());
+  Tensor index = ids.to(x.device());
   int64_t outer = x.shape().numel(0, d), inner = x.shape().numel(d + 1, x.dim());
   Tensor y = empty(x.shape().with(d, index.numel()), x.dtype(), x.device());
   if (x.is_cuda()) cuda::index_select_forward(y, x, index, outer, inner);

@@ -61,14 +61,6 @@ __global__ void index_add_kernel(T* gx, const T* g, const I* idx, int64_t outer,
   }
 }
 
-template <class F> void with_index(DType t, F&& f) {
-  switch (t) {
-    case DType::i32: return f(int32_t{});
-    case DType::i64: return f(int64_t{});
-    default: MT_THROW("index_select: expected an i32 or i64 index, got {}", t);
-  }
-}
-
 }  // namespace
 
 void permute_copy(Tensor& out, const Tensor& x, const std::vector<int64_t>& dims) {
@@ -124,7 +116,7 @@ void index_select_forward(Tensor& out, const Tensor& x, const Tensor& index, int
   if (total == 0) return;
   with_element(dtype_size(x.dtype()), [&](auto etag) {
     using E = decltype(etag);
-    with_index(index.dtype(), [&](auto itag) {
+    dispatch_index(index.dtype(), "index_select", [&](auto itag) {
       using I = decltype(itag);
       index_select_kernel<E, I><<<blocks_for(total), kThreads, 0, stream_of(x)>>>(ptr<E>(out), ptr<E>(x),
                                                                                  ptr<I>(index), outer, n, mid, inner);
@@ -139,7 +131,7 @@ void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor&
   if (outer * inner == 0 || n == 0) return;
   dispatch_float_cuda(grad_x.dtype(), "index_select_backward", [&](auto tag) {
     using T = decltype(tag);
-    with_index(index.dtype(), [&](auto itag) {
+    dispatch_index(index.dtype(), "index_select", [&](auto itag) {
       using I = decltype(itag);
       index_add_kernel<T, I><<<blocks_for(outer * inner, 128), 128, 0, stream_of(grad_x)>>>(
           ptr<T>(grad_x), ptr<T>(grad_out), ptr<I>(index), outer, n, mid, inner);

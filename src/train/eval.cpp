@@ -33,8 +33,7 @@ AnswerScore evaluate_answers(LanguageModel& model, const data::SyntheticOptions&
     data::SyntheticBatch batch = data::synthetic_batch(options, batch_size, gen);
     Tensor logits = model.forward(batch.inputs, false);  // [B, T, V]
     const int64_t V = logits.size(2);
-    const Tensor host = logits.is_cpu() ? logits : logits.to(kCpu);
-    const Tensor lf = host.dtype() == DType::f64 ? host : host.to(DType::f64);
+    const Tensor lf = logits.to(kCpu).to(DType::f64);
     const double* l = lf.data<double>();
     const int32_t* target = batch.targets.data<int32_t>();
     int64_t answers = 0;

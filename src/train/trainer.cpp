@@ -466,8 +466,7 @@ TrainSummary train(const Config& config) {
           if (r == dist.rank()) batch = std::move(b);
         }
       }
-      Tensor loss = device.is_cpu() ? model->loss(batch.inputs, batch.targets, true)
-                                    : model->loss(batch.inputs.to(device), batch.targets.to(device), true);
+      Tensor loss = model->loss(batch.inputs.to(device), batch.targets.to(device), true);
       loss_sum += loss.item<double>();
       (accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(accum)) : loss).backward();
     }

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/runtime.h"
+#include "core/dispatch.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
