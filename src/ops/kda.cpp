@@ -21,7 +21,6 @@ void check_kda(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
   if (h0.defined()) check_float(op, h0_name, h0);
   for (size_t i = 1; i < all.size(); ++i) check_same_kind(op, q, all[i]);
   if (h0.defined()) check_same_kind(op, q, h0);
-  check_cpu(op, q);
   check_rank(op, "q", q, 4);
   int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
   MT_CHECK(H >= 1 && K >= 1, "{}: q is {}; expected [B, T, H, K] with H, K >= 1", op, q.shape());
@@ -78,24 +77,35 @@ KdaResult kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const
   if (autograd::needs_grad(inputs))
     checkpoints =
         empty({q.size(0), v.size(2), cpu::kda_num_segments(q.size(1), cpu::kKdaRecurrentSegment), q.size(3), v.size(3)},
-              q.dtype(), q.device());
-  cpu::kda_recurrent_forward(o, state, checkpoints.defined() ? &checkpoints : nullptr, q, k, v, g, beta, scale);
+              stats_dtype(q), q.device());
+  Tensor* cp = checkpoints.defined() ? &checkpoints : nullptr;
+  if (q.is_cuda())
+    cuda::kda_recurrent_forward(o, state, cp, q, k, v, g, beta, scale);
+  else
+    cpu::kda_recurrent_forward(o, state, cp, q, k, v, g, beta, scale);
   Tensors out = autograd::record("kda_recurrent", {o, state}, inputs, [=](const Tensors& grads) {
     Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v), grad_g = empty_like(g),
            grad_beta = empty_like(beta);
     Tensor grad_h0 = empty({q.size(0), v.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
-    cpu::kda_recurrent_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
-                                beta, checkpoints, scale);
+    if (q.is_cuda())
+      cuda::kda_recurrent_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
+                                   beta, checkpoints, scale);
+    else
+      cpu::kda_recurrent_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
+                                  beta, checkpoints, scale);
     return Grads{grad_q, grad_k, grad_v, grad_g, grad_beta, h0.defined() ? grad_h0 : Tensor()};
   });
   return {out[0], out[1]};
 }
 
-// Forward per §6.1; backward per §6.2 from the saved chunk-entry states.
+// Forward per §6.1; backward per §6.2 from the saved chunk-entry states. On CUDA
+// the recurrent kernels run instead (no chunked CUDA kernel yet; same result up to
+// rounding, docs/cuda.md).
 KdaResult kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       const Tensor& h0, double scale, int64_t chunk_size) {
   check_kda("kda_chunked", q, k, v, g, beta, h0, "h0");
   MT_CHECK(chunk_size >= 1, "kda_chunked: chunk_size = {}; expected >= 1 (64 is the usual choice)", chunk_size);
+  if (q.is_cuda()) return kda_recurrent(q, k, v, g, beta, h0, scale);
   chunk_size = std::min(chunk_size, std::max<int64_t>(q.size(1), 1));  // one chunk covers short sequences
   Tensor o = empty(v.shape(), q.dtype(), q.device());
   Tensor state = initial_state(q, v, h0);  // S_0, becomes S_T
@@ -158,7 +168,10 @@ Tensor kda_decode_step(const Tensor& q, const Tensor& k, const Tensor& v, const 
            describe(state));
   Tensor o = empty(v.shape(), q.dtype(), q.device());
   Tensor s = state;
-  cpu::kda_recurrent_forward(o, s, nullptr, q, k, v, g, beta, scale);
+  if (q.is_cuda())
+    cuda::kda_recurrent_forward(o, s, nullptr, q, k, v, g, beta, scale);
+  else
+    cpu::kda_recurrent_forward(o, s, nullptr, q, k, v, g, beta, scale);
   return o;
 }
 

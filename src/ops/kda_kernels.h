@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/runtime.h"
 #include "core/tensor.h"
 
 namespace moetrain::cpu {
@@ -41,3 +42,17 @@ bool kda_chunked_uses_avx2();
 void kda_chunked_force_portable(bool portable);
 
 }  // namespace moetrain::cpu
+
+// The CUDA twins (kda_cuda.cu) of the recurrent kernels: same contracts, except that
+// the checkpoints are f32 for bf16 inputs (the state's arithmetic type), and
+// K, V are bounded by 48 KiB of shared memory per block (4K + 2V + 1 values).
+namespace moetrain::cuda {
+MT_CUDA_KERNEL(void kda_recurrent_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                          double scale));
+MT_CUDA_KERNEL(void kda_recurrent_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g,
+                                           Tensor& grad_beta, Tensor& grad_h0, const Tensor& grad_o,
+                                           const Tensor& grad_final_state, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const Tensor& g, const Tensor& beta,
+                                           const Tensor& checkpoints, double scale));
+}  // namespace moetrain::cuda

@@ -4,6 +4,7 @@
 
 #include "autograd/node.h"
 #include "ops/checks.h"
+#include "ops/kda_kernels.h"
 #include "ops/linear_attention_kernels.h"
 
 namespace moetrain {
@@ -22,7 +23,6 @@ void check_linear_attention(const char* op, const Tensor& q, const Tensor& k, co
     check_float(op, h0_name, h0);
     check_same_kind(op, q, h0);
   }
-  check_cpu(op, q);
   check_rank(op, "q", q, 4);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
   MT_CHECK(H >= 1 && K >= 1, "{}: q is {}; expected [B, T, H, K] with H, K >= 1", op, q.shape());
@@ -41,10 +41,32 @@ Tensor linear_attention_initial_state(const Tensor& q, const Tensor& v, const Te
   return zeros({q.size(0), q.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
 }
 
+// CUDA, either form: the recurrent kernel, saving the state every
+// cpu::kKdaRecurrentSegment steps for the backward.
+LinearAttentionResult linear_attention_cuda(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& h0) {
+  Tensor o = empty(v.shape(), q.dtype(), q.device());
+  Tensor state = linear_attention_initial_state(q, v, h0);
+  Tensors inputs{q, k, v, h0};
+  Tensor checkpoints;  // [B, H, segments, K, V]
+  if (autograd::needs_grad(inputs))
+    checkpoints = empty({q.size(0), q.size(2), cpu::kda_num_segments(q.size(1), cpu::kKdaRecurrentSegment), q.size(3),
+                         v.size(3)}, stats_dtype(q), q.device());
+  cuda::linear_attention_forward(o, state, checkpoints.defined() ? &checkpoints : nullptr, q, k, v);
+  Tensors out = autograd::record(op, {o, state}, inputs, [=](const Tensors& grads) {
+    Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v);
+    Tensor grad_h0 = empty({q.size(0), q.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
+    cuda::linear_attention_backward(grad_q, grad_k, grad_v, grad_h0, grads[0], grads[1], q, k, v, checkpoints);
+    return Grads{grad_q, grad_k, grad_v, h0.defined() ? grad_h0 : Tensor()};
+  });
+  return {out[0], out[1]};
+}
+
 }  // namespace
 
 LinearAttentionResult linear_attention_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& h0) {
   check_linear_attention("linear_attention_recurrent", q, k, v, h0, "h0");
+  if (q.is_cuda()) return linear_attention_cuda("linear_attention_recurrent", q, k, v, h0);
   Tensor o = empty(v.shape(), q.dtype(), q.device());
   Tensor state = linear_attention_initial_state(q, v, h0);  // S_0, becomes S_T
   Tensor h0_saved = h0.defined() ? h0.detach() : Tensor();
@@ -63,6 +85,7 @@ LinearAttentionResult linear_attention_chunked(const Tensor& q, const Tensor& k,
   check_linear_attention("linear_attention_chunked", q, k, v, h0, "h0");
   MT_CHECK(chunk_size >= 1, "linear_attention_chunked: chunk_size = {}; expected >= 1 (64 is the usual choice)",
            chunk_size);
+  if (q.is_cuda()) return linear_attention_cuda("linear_attention_chunked", q, k, v, h0);
   chunk_size = std::min(chunk_size, std::max<int64_t>(q.size(1), 1));  // one chunk covers short sequences
   Tensor o = empty(v.shape(), q.dtype(), q.device());
   Tensor state = linear_attention_initial_state(q, v, h0);
@@ -99,7 +122,10 @@ Tensor linear_attention_decode_step(const Tensor& q, const Tensor& k, const Tens
            "autograd, pass a detached state", describe(state));
   Tensor o = empty(v.shape(), q.dtype(), q.device());
   Tensor s = state;
-  cpu::linear_attention_recurrent_forward(o, s, q, k, v);
+  if (q.is_cuda())
+    cuda::linear_attention_forward(o, s, nullptr, q, k, v);
+  else
+    cpu::linear_attention_recurrent_forward(o, s, q, k, v);
   return o;
 }
 

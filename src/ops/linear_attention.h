@@ -8,7 +8,8 @@
 // ladder below DeltaNet (ops/kda.h holds the delta-rule family).
 //
 // Shapes: q, k [B, T, H, K]; v [B, T, H, V]; h0 and the final state [B, H, K, V];
-// o [B, T, H, V]. All inputs share one dtype (f32 or f64), CPU only.
+// o [B, T, H, V]. All inputs share one dtype: f32 or f64, or bf16 on CUDA. On CUDA both
+// forms run one recurrent kernel with state checkpoints (kda_cuda.cu).
 //
 // Chunked form (chunks of C tokens, entry state S_n, chunk matrices Q, K [C, K], V [C, V]):
 //   O = Q S_n + Tril(Q K^T) V;   S_{n+1} = S_n + K^T V

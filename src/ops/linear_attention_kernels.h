@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/runtime.h"
 #include "core/tensor.h"
 
 namespace moetrain::cpu {
@@ -26,3 +27,15 @@ void linear_attention_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& g
                                        int64_t chunk_size);
 
 }  // namespace moetrain::cpu
+
+// The CUDA kernels (kda_cuda.cu, the recurrent KDA kernels without the delta rule)
+// serve both forms: the forward saves the state every cpu::kKdaRecurrentSegment steps
+// into `checkpoints` ([B, H, segments, K, V], f32 for bf16 inputs), the backward
+// recomputes each segment's states from them.
+namespace moetrain::cuda {
+MT_CUDA_KERNEL(void linear_attention_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q,
+                                             const Tensor& k, const Tensor& v));
+MT_CUDA_KERNEL(void linear_attention_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_h0,
+                                              const Tensor& grad_o, const Tensor& grad_final_state, const Tensor& q,
+                                              const Tensor& k, const Tensor& v, const Tensor& checkpoints));
+}  // namespace moetrain::cuda

@@ -8,6 +8,7 @@
 #include "moetrain.h"
 #include "ops/kda_kernels.h"
 #include "ops/math.h"
+#include "cuda_vs_cpu.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -377,6 +378,37 @@ TEST_CASE("kda_decode_step: token by token equals kda_recurrent", "[ops][kda]") 
       CHECK(moetrain::testing::bitwise_equal(state, full.final_state));
     }
   }
+}
+
+TEST_CASE("kda: CUDA matches CPU, both modes, forward and every gradient", "[ops][kda][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  struct Case {
+    int64_t B, T, H, HV, K, V;
+  };
+  // Off the 64-step checkpoint segments and the 32-thread warps; grouped value heads;
+  // the K3 head size (128) with a block of 128 threads.
+  for (Case c : {Case{2, 70, 2, 4, 20, 12}, Case{1, 129, 1, 1, 7, 33}, Case{1, 100, 2, 2, 128, 128}}) {
+    Inputs in = make_inputs(c.B, c.T, c.H, c.HV, c.K, c.V, Decay::lower_bound, true, 70);
+    for (DType dtype : {DType::f32, DType::f64, DType::bf16})
+      for (KdaMode mode : {KdaMode::recurrent, KdaMode::chunked}) {
+        INFO(fmt::format("{} {} {}", in.v.shape(), dtype, kda_mode_name(mode)));
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.K));
+        moetrain::testing::check_cuda_matches_cpu(
+            [&](const Tensors& x) {
+              KdaResult r = kda(x[0], x[1], x[2], x[3], x[4], x[5], scale, mode, 16);
+              return Tensors{r.o, r.final_state};
+            },
+            in.list(), {true, true, true, true, true, true}, dtype, moetrain::testing::tolerance_for(dtype));
+      }
+  }
+  // The decode step on CUDA updates the state as on the CPU.
+  Inputs in = make_inputs(2, 1, 2, 4, 8, 6, Decay::lower_bound, true, 71);
+  Tensor state = in.h0.clone(), state_gpu = in.h0.to(kCuda);
+  Tensor o = kda_decode_step(in.q, in.k, in.v, in.g, in.beta, state, 0.35);
+  Tensor o_gpu = kda_decode_step(in.q.to(kCuda), in.k.to(kCuda), in.v.to(kCuda), in.g.to(kCuda), in.beta.to(kCuda),
+                                 state_gpu, 0.35);
+  CHECK(rel_error(o_gpu.to(kCpu), o) < 1e-12);
+  CHECK(rel_error(state_gpu.to(kCpu), state) < 1e-12);
 }
 
 TEST_CASE("kda: mode dispatch", "[ops][kda]") {

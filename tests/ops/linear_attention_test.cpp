@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "moetrain.h"
+#include "cuda_vs_cpu.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -169,6 +170,23 @@ TEST_CASE("linear_attention_decode_step: token by token equals the recurrent for
       CHECK(moetrain::testing::bitwise_equal(state, full.final_state));
     }
   }
+}
+
+TEST_CASE("linear_attention: CUDA matches CPU, both forms, forward and every gradient",
+          "[ops][linear_attention][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  for (bool chunked : {false, true})
+    for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+      // 130 steps: three checkpoint segments of the CUDA kernel, the last one short.
+      Inputs in = make_inputs(2, 130, 3, 9, 40, true, 80);
+      INFO(fmt::format("{} chunked {}", dtype, chunked));
+      moetrain::testing::check_cuda_matches_cpu(
+          [&](const Tensors& x) {
+            LinearAttentionResult r = linear_attention(x[0], x[1], x[2], x[3], chunked, 16);
+            return Tensors{r.o, r.final_state};
+          },
+          in.list(), {true, true, true, true}, dtype, moetrain::testing::tolerance_for(dtype));
+    }
 }
 
 TEST_CASE("linear_attention: bad shapes are reported", "[ops][linear_attention][errors]") {

@@ -1,0 +1,182 @@
+// CUDA recurrent KDA and linear attention: one thread block per (batch
+// element, value head) runs the bodies of ops/kda_simt.h (the same code the
+// host tests run against the CPU kernels), then the per-value-head dq/dk are
+// summed over each group of value heads in a fixed order. kda_chunked runs
+// these kernels on CUDA too (ops/kda.cpp): no chunked CUDA kernel yet.
+#include <algorithm>
+
+#include "backend/cuda/kernel_utils.cuh"
+#include "ops/kda_kernels.h"
+#include "ops/kda_simt.h"
+#include "ops/linear_attention_kernels.h"
+
+namespace moetrain::cuda {
+
+namespace {
+
+using simt::KdaSimtArgs;
+
+struct DeviceBlock {
+  int threads;
+  template <class F>
+  __device__ void each(F&& f) const {
+    f(static_cast<int>(threadIdx.x));
+    __syncthreads();
+  }
+};
+
+template <class T, class A>
+__global__ void kda_forward_kernel(KdaSimtArgs<T, A> a) {
+  extern __shared__ __align__(16) unsigned char kda_shared[];
+  simt::kda_simt_forward(DeviceBlock{static_cast<int>(blockDim.x)}, a, blockIdx.x, reinterpret_cast<A*>(kda_shared));
+}
+
+template <class T, class A>
+__global__ void kda_backward_kernel(KdaSimtArgs<T, A> a) {
+  extern __shared__ __align__(16) unsigned char kda_shared[];
+  simt::kda_simt_backward(DeviceBlock{static_cast<int>(blockDim.x)}, a, blockIdx.x, reinterpret_cast<A*>(kda_shared));
+}
+
+template <class T, class A>
+__global__ void group_sum_kernel(T* grad, const A* per_value_head, int64_t n, int64_t G, int64_t K) {
+  MT_GRID_LOOP(e, n) simt::group_sum_element(grad, per_value_head, e, G, K);
+}
+
+// Threads per block: the larger of K and V in warps, at most 256 (the bodies stride over the rest).
+int block_threads(int64_t K, int64_t V) {
+  int64_t m = (std::max(K, V) + 31) / 32 * 32;
+  return static_cast<int>(std::clamp<int64_t>(m, 32, 256));
+}
+
+template <class T, class A>
+KdaSimtArgs<T, A> args_of(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* g,
+                          const Tensor* beta, double scale) {
+  KdaSimtArgs<T, A> a;
+  a.B = q.size(0);
+  a.Tn = q.size(1);
+  a.H = q.size(2);
+  a.K = q.size(3);
+  a.HV = v.size(2);
+  a.V = v.size(3);
+  a.segment = cpu::kKdaRecurrentSegment;
+  a.scale = static_cast<A>(scale);
+  a.delta_rule = g != nullptr;
+  a.q = ptr<T>(q);
+  a.k = ptr<T>(k);
+  a.v = ptr<T>(v);
+  a.g = g ? ptr<T>(*g) : nullptr;
+  a.beta = beta ? ptr<T>(*beta) : nullptr;
+  size_t shared = static_cast<size_t>(simt::kda_simt_shared_elements(a.K, a.V)) * sizeof(A);
+  MT_CHECK(shared <= 48 * 1024, "{}: K = {}, V = {} need {} bytes of shared memory per block; the CUDA kernel has 48 KiB",
+           op, a.K, a.V, shared);
+  MT_CHECK(a.tasks() <= 0x7fffffff, "{}: {} (batch, head) tasks exceed the CUDA grid", op, a.tasks());
+  return a;
+}
+
+template <class T, class A>
+void launch_forward(const char* op, KdaSimtArgs<T, A>& a, Tensor& o, Tensor& state, Tensor* checkpoints,
+                    const Tensor& q) {
+  const DType acc = dtype_of<A>::value;
+  Tensor work = empty({a.tasks(), a.K, a.V}, acc, q.device());
+  if (checkpoints)
+    MT_CHECK(checkpoints->dtype() == acc && checkpoints->numel() == a.tasks() * a.segments() * a.K * a.V,
+             "{}: checkpoints {} {}; expected {} with [B, HV, segments, K, V] = {} elements", op,
+             checkpoints->shape(), checkpoints->dtype(), acc, a.tasks() * a.segments() * a.K * a.V);
+  a.o = ptr<T>(o);
+  a.state = ptr<T>(state);
+  a.work = ptr<A>(work);
+  a.checkpoints = checkpoints ? ptr<A>(*checkpoints) : nullptr;
+  if (a.tasks() == 0) return;
+  const int threads = block_threads(a.K, a.V);
+  const size_t shared = static_cast<size_t>(simt::kda_simt_shared_elements(a.K, a.V)) * sizeof(A);
+  kda_forward_kernel<T, A><<<static_cast<unsigned>(a.tasks()), threads, shared, stream_of(q)>>>(a);
+  MT_CUDA_CHECK_LAUNCH(op);
+}
+
+// grad_q/grad_k [B, T, H, K] from the per-value-head sums; grad_v, grad_g, grad_beta and grad_h0 in place.
+template <class T, class A>
+void launch_backward(const char* op, KdaSimtArgs<T, A>& a, Tensor& grad_q, Tensor& grad_k, Tensor& grad_v,
+                     Tensor* grad_g, Tensor* grad_beta, Tensor& grad_h0, const Tensor& grad_o,
+                     const Tensor& grad_final_state, const Tensor& checkpoints, const Tensor& q) {
+  const DType acc = dtype_of<A>::value;
+  MT_CHECK(checkpoints.dtype() == acc && checkpoints.numel() == a.tasks() * a.segments() * a.K * a.V,
+           "{}: checkpoints {} {}; expected {} with [B, HV, segments, K, V] = {} elements", op, checkpoints.shape(),
+           checkpoints.dtype(), acc, a.tasks() * a.segments() * a.K * a.V);
+  Tensor grad_o_c = grad_o.contiguous(), grad_state_c = grad_final_state.contiguous();
+  Tensor states = empty({a.tasks(), a.segment + 1, a.K, a.V}, acc, q.device());
+  Tensor deltas = empty({a.tasks(), a.segment, a.V}, acc, q.device());
+  Tensor dS = empty({a.tasks(), a.K, a.V}, acc, q.device());
+  Tensor dq = empty({a.B, a.Tn, a.HV, a.K}, acc, q.device()), dk = empty({a.B, a.Tn, a.HV, a.K}, acc, q.device());
+  a.checkpoints = ptr<A>(checkpoints);
+  a.grad_o = ptr<T>(grad_o_c);
+  a.grad_state = ptr<T>(grad_state_c);
+  a.states = ptr<A>(states);
+  a.deltas = ptr<A>(deltas);
+  a.dS = ptr<A>(dS);
+  a.dq = ptr<A>(dq);
+  a.dk = ptr<A>(dk);
+  a.grad_v = ptr<T>(grad_v);
+  a.grad_g = grad_g ? ptr<T>(*grad_g) : nullptr;
+  a.grad_beta = grad_beta ? ptr<T>(*grad_beta) : nullptr;
+  a.grad_state0 = ptr<T>(grad_h0);
+  if (a.tasks() == 0) return;
+  cudaStream_t s = stream_of(q);
+  const int threads = block_threads(a.K, a.V);
+  const size_t shared = static_cast<size_t>(simt::kda_simt_shared_elements(a.K, a.V)) * sizeof(A);
+  kda_backward_kernel<T, A><<<static_cast<unsigned>(a.tasks()), threads, shared, s>>>(a);
+  const int64_t n = a.B * a.Tn * a.H * a.K, G = a.HV / a.H;
+  if (n > 0) {
+    group_sum_kernel<T, A><<<blocks_for(n), kThreads, 0, s>>>(ptr<T>(grad_q), ptr<A>(dq), n, G, a.K);
+    group_sum_kernel<T, A><<<blocks_for(n), kThreads, 0, s>>>(ptr<T>(grad_k), ptr<A>(dk), n, G, a.K);
+  }
+  MT_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace
+
+void kda_recurrent_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& g, const Tensor& beta, double scale) {
+  dispatch_float_cuda(q.dtype(), "kda_recurrent", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    KdaSimtArgs<T, A> a = args_of<T, A>("kda_recurrent", q, k, v, &g, &beta, scale);
+    launch_forward("kda_recurrent", a, o, state, checkpoints, q);
+  });
+}
+
+void kda_recurrent_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g, Tensor& grad_beta,
+                            Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                            const Tensor& checkpoints, double scale) {
+  dispatch_float_cuda(q.dtype(), "kda_recurrent_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    KdaSimtArgs<T, A> a = args_of<T, A>("kda_recurrent_backward", q, k, v, &g, &beta, scale);
+    launch_backward("kda_recurrent_backward", a, grad_q, grad_k, grad_v, &grad_g, &grad_beta, grad_h0, grad_o,
+                    grad_final_state, checkpoints, q);
+  });
+}
+
+void linear_attention_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q, const Tensor& k,
+                              const Tensor& v) {
+  dispatch_float_cuda(q.dtype(), "linear_attention", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    KdaSimtArgs<T, A> a = args_of<T, A>("linear_attention", q, k, v, nullptr, nullptr, 1.0);
+    launch_forward("linear_attention", a, o, state, checkpoints, q);
+  });
+}
+
+void linear_attention_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_h0, const Tensor& grad_o,
+                               const Tensor& grad_final_state, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& checkpoints) {
+  dispatch_float_cuda(q.dtype(), "linear_attention_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    KdaSimtArgs<T, A> a = args_of<T, A>("linear_attention_backward", q, k, v, nullptr, nullptr, 1.0);
+    launch_backward("linear_attention_backward", a, grad_q, grad_k, grad_v, nullptr, nullptr, grad_h0, grad_o,
+                    grad_final_state, checkpoints, q);
+  });
+}
+
+}  // namespace moetrain::cuda

@@ -1,0 +1,197 @@
+// The CUDA recurrent KDA / linear-attention kernel bodies (ops/kda_simt.h), run
+// on the host block by block (HostBlock: threads one after the other, phase by
+// phase) against the CPU kernels. This runs on every machine: what a GPU run of
+// kda_cuda.cu adds is the launch and the hardware's rounding, checked by the
+// [cuda] cases in kda_test.cpp and linear_attention_test.cpp.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "moetrain.h"
+#include "ops/kda_kernels.h"
+#include "ops/kda_simt.h"
+#include "ops/linear_attention_kernels.h"
+#include "testing.h"
+
+using namespace moetrain;
+using moetrain::testing::rel_error;
+
+namespace {
+
+struct Dims {
+  int64_t B, T, H, HV, K, V;
+};
+
+struct Problem {
+  Tensor q, k, v, g, beta, h0, grad_o, grad_state;  // g, beta undefined for linear attention
+};
+
+// Random inputs in dtype: unit-scale q, k (divided by sqrt(K)), g = -0.5 e^{N(0,1)}
+// (decays from mild to strong), β in (0, 1), a random h0 and upstream gradients.
+Problem make_problem(const Dims& d, bool delta_rule, DType dtype, uint64_t seed) {
+  const double inv = 1.0 / std::sqrt(static_cast<double>(d.K));
+  Problem p;
+  p.q = (randn({d.B, d.T, d.H, d.K}, DType::f64, seed) * inv).to(dtype);
+  p.k = (randn({d.B, d.T, d.H, d.K}, DType::f64, seed + 1) * inv).to(dtype);
+  p.v = randn({d.B, d.T, d.HV, d.V}, DType::f64, seed + 2).to(dtype);
+  if (delta_rule) {
+    std::vector<double> g = randn({d.B, d.T, d.HV, d.K}, DType::f64, seed + 3).to_vector();
+    for (double& x : g) x = -0.5 * std::exp(x);
+    p.g = from_vector(g, {d.B, d.T, d.HV, d.K}, DType::f64).to(dtype);
+    std::vector<double> b = randn({d.B, d.T, d.HV}, DType::f64, seed + 4).to_vector();
+    for (double& x : b) x = 1.0 / (1.0 + std::exp(-x));
+    p.beta = from_vector(b, {d.B, d.T, d.HV}, DType::f64).to(dtype);
+  }
+  p.h0 = (randn({d.B, d.HV, d.K, d.V}, DType::f64, seed + 5) * 0.5).to(dtype);
+  p.grad_o = randn({d.B, d.T, d.HV, d.V}, DType::f64, seed + 6).to(dtype);
+  p.grad_state = randn({d.B, d.HV, d.K, d.V}, DType::f64, seed + 7).to(dtype);
+  return p;
+}
+
+struct Results {
+  Tensor o, state, checkpoints, grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0;
+};
+
+// The bodies on the host, blocks of `threads`, as kda_cuda.cu launches them.
+template <class T>
+Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
+  const bool delta_rule = p.g.defined();
+  const DType dt = dtype_v<T>;
+  simt::KdaSimtArgs<T, T> a;
+  a.B = d.B;
+  a.Tn = d.T;
+  a.H = d.H;
+  a.HV = d.HV;
+  a.K = d.K;
+  a.V = d.V;
+  a.segment = cpu::kKdaRecurrentSegment;
+  a.scale = static_cast<T>(scale);
+  a.delta_rule = delta_rule;
+  a.q = p.q.data<T>();
+  a.k = p.k.data<T>();
+  a.v = p.v.data<T>();
+  a.g = delta_rule ? p.g.data<T>() : nullptr;
+  a.beta = delta_rule ? p.beta.data<T>() : nullptr;
+  const int64_t tasks = d.B * d.HV;
+  Results r;
+  r.o = empty(p.v.shape(), dt);
+  r.state = p.h0.clone();
+  r.checkpoints = empty({d.B, d.HV, a.segments(), d.K, d.V}, dt);
+  Tensor work = empty({tasks, d.K, d.V}, dt);
+  a.o = r.o.data<T>();
+  a.state = r.state.data<T>();
+  a.work = work.data<T>();
+  a.checkpoints = r.checkpoints.data<T>();
+  std::vector<T> shared(static_cast<size_t>(simt::kda_simt_shared_elements(d.K, d.V)));
+  const simt::HostBlock blk{threads};
+  for (int64_t task = 0; task < tasks; ++task) simt::kda_simt_forward(blk, a, task, shared.data());
+
+  Tensor states = empty({tasks, a.segment + 1, d.K, d.V}, dt), deltas = empty({tasks, a.segment, d.V}, dt);
+  Tensor dS = empty({tasks, d.K, d.V}, dt), dq = empty({d.B, d.T, d.HV, d.K}, dt), dk = empty({d.B, d.T, d.HV, d.K}, dt);
+  r.grad_q = empty(p.q.shape(), dt);
+  r.grad_k = empty(p.k.shape(), dt);
+  r.grad_v = empty(p.v.shape(), dt);
+  r.grad_h0 = empty(p.h0.shape(), dt);
+  a.grad_o = p.grad_o.data<T>();
+  a.grad_state = p.grad_state.data<T>();
+  a.states = states.data<T>();
+  a.deltas = deltas.data<T>();
+  a.dS = dS.data<T>();
+  a.dq = dq.data<T>();
+  a.dk = dk.data<T>();
+  a.grad_v = r.grad_v.data<T>();
+  if (delta_rule) {
+    r.grad_g = empty(p.g.shape(), dt);
+    r.grad_beta = empty(p.beta.shape(), dt);
+    a.grad_g = r.grad_g.data<T>();
+    a.grad_beta = r.grad_beta.data<T>();
+  }
+  a.grad_state0 = r.grad_h0.data<T>();
+  for (int64_t task = 0; task < tasks; ++task) simt::kda_simt_backward(blk, a, task, shared.data());
+  for (int64_t e = 0; e < p.q.numel(); ++e) {
+    simt::group_sum_element(r.grad_q.data<T>(), dq.data<T>(), e, d.HV / d.H, d.K);
+    simt::group_sum_element(r.grad_k.data<T>(), dk.data<T>(), e, d.HV / d.H, d.K);
+  }
+  return r;
+}
+
+// The CPU kernels on the same problem.
+Results run_cpu(const Problem& p, const Dims& d, double scale) {
+  Results r;
+  const DType dt = p.q.dtype();
+  r.o = empty(p.v.shape(), dt);
+  r.state = p.h0.clone();
+  r.grad_q = empty(p.q.shape(), dt);
+  r.grad_k = empty(p.k.shape(), dt);
+  r.grad_v = empty(p.v.shape(), dt);
+  r.grad_h0 = empty(p.h0.shape(), dt);
+  if (p.g.defined()) {
+    r.checkpoints = empty({d.B, d.HV, cpu::kda_num_segments(d.T, cpu::kKdaRecurrentSegment), d.K, d.V}, dt);
+    cpu::kda_recurrent_forward(r.o, r.state, &r.checkpoints, p.q, p.k, p.v, p.g, p.beta, scale);
+    r.grad_g = empty(p.g.shape(), dt);
+    r.grad_beta = empty(p.beta.shape(), dt);
+    cpu::kda_recurrent_backward(r.grad_q, r.grad_k, r.grad_v, r.grad_g, r.grad_beta, r.grad_h0, p.grad_o,
+                                p.grad_state, p.q, p.k, p.v, p.g, p.beta, r.checkpoints, scale);
+  } else {
+    cpu::linear_attention_recurrent_forward(r.o, r.state, p.q, p.k, p.v);
+    cpu::linear_attention_recurrent_backward(r.grad_q, r.grad_k, r.grad_v, r.grad_h0, p.grad_o, p.grad_state, p.q,
+                                             p.k, p.v, p.h0);
+  }
+  return r;
+}
+
+void compare(const Results& simt, const Results& ref, double tol) {
+  const char* names[] = {"o", "state", "checkpoints", "grad_q", "grad_k", "grad_v", "grad_g", "grad_beta", "grad_h0"};
+  const Tensor* a[] = {&simt.o, &simt.state, &simt.checkpoints, &simt.grad_q, &simt.grad_k,
+                       &simt.grad_v, &simt.grad_g, &simt.grad_beta, &simt.grad_h0};
+  const Tensor* b[] = {&ref.o, &ref.state, &ref.checkpoints, &ref.grad_q, &ref.grad_k,
+                       &ref.grad_v, &ref.grad_g, &ref.grad_beta, &ref.grad_h0};
+  for (int i = 0; i < 9; ++i) {
+    if (!b[i]->defined()) continue;  // linear attention: no checkpoints, g or beta on the CPU side
+    INFO(fmt::format("{} {}", names[i], b[i]->shape()));
+    REQUIRE(a[i]->shape() == b[i]->shape());
+    CHECK(rel_error(*a[i], *b[i]) <= tol);
+  }
+}
+
+// Off the segment (64) and block-size boundaries: several segments with a short
+// last one, K and V below, at and above the thread count, grouped value heads.
+const Dims kShapes[] = {
+    {2, 70, 2, 4, 20, 12},   // G = 2, two segments
+    {1, 129, 1, 1, 7, 33},   // three segments, V > K
+    {1, 1, 1, 3, 5, 4},      // one step, G = 3
+    {2, 64, 1, 2, 16, 16},   // exactly one segment
+};
+
+}  // namespace
+
+TEST_CASE("kda: the CUDA kernel bodies, run on the host, match the CPU recurrent kernels", "[ops][kda][simt]") {
+  for (const Dims& d : kShapes) {
+    for (int threads : {1, 8, 32}) {
+      DYNAMIC_SECTION("B" << d.B << " T" << d.T << " H" << d.H << " HV" << d.HV << " K" << d.K << " V" << d.V
+                          << " threads " << threads) {
+        const double scale = 1.0 / std::sqrt(static_cast<double>(d.K));
+        Problem p64 = make_problem(d, true, DType::f64, 11);
+        compare(run_bodies<double>(p64, d, scale, threads), run_cpu(p64, d, scale), 1e-12);
+        Problem p32 = make_problem(d, true, DType::f32, 11);
+        compare(run_bodies<float>(p32, d, scale, threads), run_cpu(p32, d, scale), 2e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("linear_attention: the CUDA kernel bodies, run on the host, match the CPU recurrent kernels",
+          "[ops][linear_attention][simt]") {
+  for (const Dims& d0 : kShapes) {
+    const Dims d{d0.B, d0.T, d0.HV, d0.HV, d0.K, d0.V};  // no grouped heads
+    for (int threads : {1, 8, 32}) {
+      DYNAMIC_SECTION("B" << d.B << " T" << d.T << " H" << d.H << " K" << d.K << " V" << d.V << " threads "
+                          << threads) {
+        Problem p64 = make_problem(d, false, DType::f64, 21);
+        compare(run_bodies<double>(p64, d, 1.0, threads), run_cpu(p64, d, 1.0), 1e-12);
+        Problem p32 = make_problem(d, false, DType::f32, 21);
+        compare(run_bodies<float>(p32, d, 1.0, threads), run_cpu(p32, d, 1.0), 2e-5);
+      }
+    }
+  }
+}
