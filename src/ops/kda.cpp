@@ -98,14 +98,12 @@ KdaResult kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const
   return {out[0], out[1]};
 }
 
-// Forward per §6.1; backward per §6.2 from the saved chunk-entry states. On CUDA
-// the recurrent kernels run instead (no chunked CUDA kernel yet; same result up to
-// rounding, docs/cuda.md).
+// Forward per §6.1; backward per §6.2 from the saved chunk-entry states (on CUDA:
+// the recurrent BPTT from them, kda_cuda.cu).
 KdaResult kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       const Tensor& h0, double scale, int64_t chunk_size) {
   check_kda("kda_chunked", q, k, v, g, beta, h0, "h0");
   MT_CHECK(chunk_size >= 1, "kda_chunked: chunk_size = {}; expected >= 1 (64 is the usual choice)", chunk_size);
-  if (q.is_cuda()) return kda_recurrent(q, k, v, g, beta, h0, scale);
   chunk_size = std::min(chunk_size, std::max<int64_t>(q.size(1), 1));  // one chunk covers short sequences
   Tensor o = empty(v.shape(), q.dtype(), q.device());
   Tensor state = initial_state(q, v, h0);  // S_0, becomes S_T
@@ -113,15 +111,22 @@ KdaResult kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const T
   Tensor chunk_states;  // [B, HV, chunks, K, V]: S_n entering each chunk
   if (autograd::needs_grad(inputs))
     chunk_states = empty({q.size(0), v.size(2), cpu::kda_num_segments(q.size(1), chunk_size), q.size(3), v.size(3)},
-                         q.dtype(), q.device());
-  cpu::kda_chunked_forward(o, state, chunk_states.defined() ? &chunk_states : nullptr, q, k, v, g, beta, scale,
-                           chunk_size);
+                         stats_dtype(q), q.device());
+  Tensor* cs = chunk_states.defined() ? &chunk_states : nullptr;
+  if (q.is_cuda())
+    cuda::kda_chunked_forward(o, state, cs, q, k, v, g, beta, scale, chunk_size);
+  else
+    cpu::kda_chunked_forward(o, state, cs, q, k, v, g, beta, scale, chunk_size);
   Tensors out = autograd::record("kda_chunked", {o, state}, inputs, [=](const Tensors& grads) {
     Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v), grad_g = empty_like(g),
            grad_beta = empty_like(beta);
     Tensor grad_h0 = empty({q.size(0), v.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
-    cpu::kda_chunked_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g, beta,
-                              chunk_states, scale, chunk_size);
+    if (q.is_cuda())
+      cuda::kda_chunked_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
+                                 beta, chunk_states, scale, chunk_size);
+    else
+      cpu::kda_chunked_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
+                                beta, chunk_states, scale, chunk_size);
     return Grads{grad_q, grad_k, grad_v, grad_g, grad_beta, h0.defined() ? grad_h0 : Tensor()};
   });
   return {out[0], out[1]};

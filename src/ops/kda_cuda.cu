@@ -1,8 +1,10 @@
-// CUDA recurrent KDA and linear attention: one thread block per (batch
-// element, value head) runs the bodies of ops/kda_simt.h (the same code the
-// host tests run against the CPU kernels), then the per-value-head dq/dk are
-// summed over each group of value heads in a fixed order. kda_chunked runs
-// these kernels on CUDA too (ops/kda.cpp): no chunked CUDA kernel yet.
+// CUDA KDA and linear attention, running the bodies of ops/kda_simt.h (the same
+// code the host tests run against the CPU kernels). Recurrent form: one thread
+// block per (batch element, value head), steps in order; the backward's
+// per-value-head dq/dk are then summed over each group of value heads in a fixed
+// order. Chunked forward: a block per (task, chunk) prepares every chunk at once,
+// a block per (task, 32..64 columns of S) scans the chunks, a block per (task,
+// chunk) writes O; its backward is the recurrent BPTT from the chunk states.
 #include <algorithm>
 
 #include "backend/cuda/kernel_utils.cuh"
@@ -35,6 +37,26 @@ template <class T, class A>
 __global__ void kda_backward_kernel(KdaSimtArgs<T, A> a) {
   extern __shared__ __align__(16) unsigned char kda_shared[];
   simt::kda_simt_backward(DeviceBlock{static_cast<int>(blockDim.x)}, a, blockIdx.x, reinterpret_cast<A*>(kda_shared));
+}
+
+template <class T, class A>
+__global__ void kda_chunk_prepare_kernel(simt::KdaChunkArgs<T, A> a) {
+  extern __shared__ __align__(16) unsigned char kda_shared[];
+  const int64_t chunks = a.chunks(), block = blockIdx.x;
+  simt::kda_chunk_prepare(DeviceBlock{static_cast<int>(blockDim.x)}, a, block / chunks, block % chunks,
+                          reinterpret_cast<A*>(kda_shared));
+}
+
+template <class T, class A>
+__global__ void kda_chunk_scan_kernel(simt::KdaChunkArgs<T, A> a) {
+  simt::kda_chunk_scan(DeviceBlock{static_cast<int>(blockDim.x)}, a, blockIdx.x,
+                       static_cast<int64_t>(blockIdx.y) * blockDim.x);
+}
+
+template <class T, class A>
+__global__ void kda_chunk_output_kernel(simt::KdaChunkArgs<T, A> a) {
+  const int64_t chunks = a.chunks(), block = blockIdx.x;
+  simt::kda_chunk_output(DeviceBlock{static_cast<int>(blockDim.x)}, a, block / chunks, block % chunks);
 }
 
 template <class T, class A>
@@ -154,6 +176,86 @@ void kda_recurrent_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tens
     KdaSimtArgs<T, A> a = args_of<T, A>("kda_recurrent_backward", q, k, v, &g, &beta, scale);
     launch_backward("kda_recurrent_backward", a, grad_q, grad_k, grad_v, &grad_g, &grad_beta, grad_h0, grad_o,
                     grad_final_state, checkpoints, q);
+  });
+}
+
+void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const Tensor& g, const Tensor& beta, double scale, int64_t chunk_size) {
+  dispatch_float_cuda(q.dtype(), "kda_chunked", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const DType acc = dtype_of<A>::value;
+    simt::KdaChunkArgs<T, A> a;
+    a.B = q.size(0);
+    a.Tn = q.size(1);
+    a.H = q.size(2);
+    a.K = q.size(3);
+    a.HV = v.size(2);
+    a.V = v.size(3);
+    a.C = chunk_size;
+    a.scale = static_cast<A>(scale);
+    const int64_t tasks = a.tasks(), chunks = a.chunks(), C = a.C, K = a.K, V = a.V;
+    const size_t shared = static_cast<size_t>(simt::kda_chunk_shared_elements(C)) * sizeof(A);
+    MT_CHECK(shared <= 48 * 1024, "kda_chunked: chunk_size = {} needs {} bytes of shared memory per block; the CUDA "
+             "kernel has 48 KiB (64 is the usual choice)", C, shared);
+    MT_CHECK(tasks * chunks <= 0x7fffffff, "kda_chunked: {} (batch, head, chunk) blocks exceed the CUDA grid",
+             tasks * chunks);
+    Tensor states;
+    if (chunk_states) {
+      MT_CHECK(chunk_states->dtype() == acc && chunk_states->numel() == tasks * chunks * K * V,
+               "kda_chunked: chunk_states {} {}; expected {} with [B, HV, chunks, K, V] = {} elements",
+               chunk_states->shape(), chunk_states->dtype(), acc, tasks * chunks * K * V);
+      states = *chunk_states;
+    } else {
+      states = empty({tasks, chunks, K, V}, acc, q.device());
+    }
+    const Device dev = q.device();
+    Tensor work = empty({tasks, K, V}, acc, dev), gamma = empty({tasks, chunks, C, K}, DType::f64, dev);
+    Tensor Aqk = empty({tasks, chunks, C, C}, acc, dev), N = empty({tasks, chunks, C, C}, acc, dev);
+    Tensor W = empty({tasks, chunks, C, K}, acc, dev), Qd = empty({tasks, chunks, C, K}, acc, dev),
+           Kd = empty({tasks, chunks, C, K}, acc, dev), decay = empty({tasks, chunks, K}, acc, dev);
+    Tensor U = empty({tasks, chunks, C, V}, acc, dev), Vnew = empty({tasks, chunks, C, V}, acc, dev);
+    a.q = ptr<T>(q);
+    a.k = ptr<T>(k);
+    a.v = ptr<T>(v);
+    a.g = ptr<T>(g);
+    a.beta = ptr<T>(beta);
+    a.o = ptr<T>(o);
+    a.state = ptr<T>(state);
+    a.work = ptr<A>(work);
+    a.states = ptr<A>(states);
+    a.gamma = ptr<double>(gamma);
+    a.Aqk = ptr<A>(Aqk);
+    a.N = ptr<A>(N);
+    a.W = ptr<A>(W);
+    a.Qd = ptr<A>(Qd);
+    a.Kd = ptr<A>(Kd);
+    a.U = ptr<A>(U);
+    a.Vnew = ptr<A>(Vnew);
+    a.decay = ptr<A>(decay);
+    if (tasks == 0) return;
+    cudaStream_t s = stream_of(q);
+    if (chunks > 0)
+      kda_chunk_prepare_kernel<T, A><<<static_cast<unsigned>(tasks * chunks), kThreads, shared, s>>>(a);
+    const int columns = static_cast<int>(std::clamp<int64_t>((V + 31) / 32 * 32, 32, 64));
+    dim3 scan_grid(static_cast<unsigned>(tasks), static_cast<unsigned>((V + columns - 1) / columns));
+    kda_chunk_scan_kernel<T, A><<<scan_grid, columns, 0, s>>>(a);
+    if (chunks > 0) kda_chunk_output_kernel<T, A><<<static_cast<unsigned>(tasks * chunks), kThreads, 0, s>>>(a);
+    MT_CUDA_CHECK_LAUNCH("kda_chunked");
+  });
+}
+
+void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g, Tensor& grad_beta,
+                          Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                          const Tensor& chunk_states, double scale, int64_t chunk_size) {
+  dispatch_float_cuda(q.dtype(), "kda_chunked_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    KdaSimtArgs<T, A> a = args_of<T, A>("kda_chunked_backward", q, k, v, &g, &beta, scale);
+    a.segment = chunk_size;  // the chunk-entry states are the BPTT checkpoints
+    launch_backward("kda_chunked_backward", a, grad_q, grad_k, grad_v, &grad_g, &grad_beta, grad_h0, grad_o,
+                    grad_final_state, chunk_states, q);
   });
 }
 

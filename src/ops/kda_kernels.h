@@ -43,9 +43,11 @@ void kda_chunked_force_portable(bool portable);
 
 }  // namespace moetrain::cpu
 
-// The CUDA twins (kda_cuda.cu) of the recurrent kernels: same contracts, except that
-// the checkpoints are f32 for bf16 inputs (the state's arithmetic type), and
-// K, V are bounded by 48 KiB of shared memory per block (4K + 2V + 1 values).
+// The CUDA twins (kda_cuda.cu): same contracts, except that the checkpoints and
+// chunk states are f32 for bf16 inputs (the state's arithmetic type), K and V are
+// bounded by 48 KiB of shared memory per block (4K + 2V + 1 values) and the chunk
+// size by C² + C values in it. kda_chunked_backward runs the recurrent BPTT with the
+// chunk states as checkpoints.
 namespace moetrain::cuda {
 MT_CUDA_KERNEL(void kda_recurrent_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q,
                                           const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
@@ -55,4 +57,12 @@ MT_CUDA_KERNEL(void kda_recurrent_backward(Tensor& grad_q, Tensor& grad_k, Tenso
                                            const Tensor& grad_final_state, const Tensor& q, const Tensor& k,
                                            const Tensor& v, const Tensor& g, const Tensor& beta,
                                            const Tensor& checkpoints, double scale));
+MT_CUDA_KERNEL(void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const Tensor& q,
+                                        const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                        double scale, int64_t chunk_size));
+MT_CUDA_KERNEL(void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g,
+                                         Tensor& grad_beta, Tensor& grad_h0, const Tensor& grad_o,
+                                         const Tensor& grad_final_state, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& g, const Tensor& beta,
+                                         const Tensor& chunk_states, double scale, int64_t chunk_size));
 }  // namespace moetrain::cuda

@@ -273,6 +273,188 @@ MT_HOST_DEVICE void kda_simt_backward(const Block& blk, const KdaSimtArgs<T, A>&
   });
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Chunked forward (MODEL_SPEC §6.1) in three bodies: kda_chunk_prepare per (task,
+// chunk n), all chunks at once: γ (double), A^qk, A^kk (in `sh`), M = (I + A^kk)^{-1}
+// by forward substitution (row i in phase i), W, U, Q̄ ⊙ e^γ, K ⊙ e^{γ_C - γ}, e^{γ_C};
+// kda_chunk_scan per (task, column j): the only sequential part, chunk after
+// chunk, V^new = U - W S_n and S_{n+1} = Diag(e^{γ_C}) S_n + (K ⊙ e^{γ_C-γ})^T V^new,
+// saving every S_n; kda_chunk_output per (task, chunk): O = (Q̄ ⊙ e^γ) S_n + A^qk V^new.
+// Pairs use exp(γ_i - γ_j) with i >= j only (exponent <= 0, §6 stability rule); the
+// last chunk may be shorter (its rows past the end count as absent). The backward
+// is the recurrent BPTT (kda_simt_backward) with the chunk-entry states as its
+// checkpoints (segment = chunk size).
+template <class T, class A>
+struct KdaChunkArgs {
+  int64_t B = 0, Tn = 0, H = 0, HV = 0, K = 0, V = 0, C = 64;
+  A scale = 1;
+  const T *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
+  T* o = nullptr;          // [B, T, HV, V]
+  T* state = nullptr;      // [tasks, K, V]: S_0 in, S_T out
+  A* work = nullptr;       // [tasks, K, V]: S while scanning
+  A* states = nullptr;     // [tasks, chunks, K, V]: S_n entering each chunk
+  double* gamma = nullptr; // [tasks, chunks, C, K]: within-chunk cumulative log decay
+  A* Aqk = nullptr;        // [tasks, chunks, C, C]
+  A* N = nullptr;          // [tasks, chunks, C, C]: M - I, strictly lower
+  A* W = nullptr;          // [tasks, chunks, C, K]
+  A* Qd = nullptr;         // [tasks, chunks, C, K]: Q̄ ⊙ e^γ
+  A* Kd = nullptr;         // [tasks, chunks, C, K]: K ⊙ e^{γ_C - γ}
+  A* U = nullptr;          // [tasks, chunks, C, V]
+  A* Vnew = nullptr;       // [tasks, chunks, C, V]
+  A* decay = nullptr;      // [tasks, chunks, K]: e^{γ_C}
+
+  MT_HOST_DEVICE int64_t tasks() const { return B * HV; }
+  MT_HOST_DEVICE int64_t chunks() const { return (Tn + C - 1) / C; }
+  MT_HOST_DEVICE int64_t rows(int64_t n) const { return Tn - n * C < C ? Tn - n * C : C; }
+  // Offset of (task, chunk n) in an array of `per` elements per chunk.
+  MT_HOST_DEVICE int64_t at(int64_t task, int64_t n, int64_t per) const { return (task * chunks() + n) * per; }
+};
+
+// Elements of `sh` for kda_chunk_prepare: A^kk (C x C) and β (C).
+inline int64_t kda_chunk_shared_elements(int64_t C) { return C * C + C; }
+
+MT_SIMT_BODY
+template <class Block, class T, class A>
+MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>& a, int64_t task, int64_t n, A* sh) {
+  const int threads = blk.threads;
+  const int64_t K = a.K, V = a.V, C = a.C, b = task / a.HV, hv = task % a.HV, rows = a.rows(n), t0 = n * C;
+  const int64_t qk_stride = a.H * K, gk_stride = a.HV * K, v_stride = a.HV * V;
+  const T* q = a.q + ((b * a.Tn + t0) * a.H + hv / (a.HV / a.H)) * K;  // row i at q + i * qk_stride
+  const T* k = a.k + ((b * a.Tn + t0) * a.H + hv / (a.HV / a.H)) * K;
+  const T* g = a.g + ((b * a.Tn + t0) * a.HV + hv) * K;
+  const T* v = a.v + ((b * a.Tn + t0) * a.HV + hv) * V;
+  double* gamma = a.gamma + a.at(task, n, C * K);
+  A *Aqk = a.Aqk + a.at(task, n, C * C), *N = a.N + a.at(task, n, C * C);
+  A *W = a.W + a.at(task, n, C * K), *Qd = a.Qd + a.at(task, n, C * K), *Kd = a.Kd + a.at(task, n, C * K);
+  A *U = a.U + a.at(task, n, C * V), *decay = a.decay + a.at(task, n, K);
+  A *Akk = sh, *beta = sh + C * C;
+  // γ, column by column; β.
+  blk.each([&](int tid) {
+    for (int64_t d = tid; d < K; d += threads) {
+      double acc = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        acc += static_cast<double>(static_cast<A>(g[i * gk_stride + d]));
+        gamma[i * K + d] = acc;
+      }
+    }
+    for (int64_t i = tid; i < C; i += threads)
+      beta[i] = i < rows ? static_cast<A>(a.beta[(b * a.Tn + t0 + i) * a.HV + hv]) : A(0);
+  });
+  // A^qk (i >= j) and A^kk (i > j), pair by pair; N = 0.
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < C * C; e += threads) {
+      const int64_t i = e / C, j = e % C;
+      A qk = 0, kk = 0;
+      if (i < rows && j <= i) {
+        for (int64_t d = 0; d < K; ++d) {
+          const A decay_ij = exp_a(static_cast<A>(gamma[i * K + d] - gamma[j * K + d]));
+          const A kj = static_cast<A>(k[j * qk_stride + d]) * decay_ij;
+          qk += static_cast<A>(q[i * qk_stride + d]) * kj;
+          kk += static_cast<A>(k[i * qk_stride + d]) * kj;
+        }
+        qk *= a.scale;
+        kk = j < i ? beta[i] * kk : A(0);
+      }
+      Aqk[e] = qk;
+      Akk[e] = kk;
+      N[e] = 0;
+    }
+  });
+  // N = (I + A^kk)^{-1} - I, row i from the rows above it:
+  // N[i,j] = -A^kk[i,j] - Σ_{j<m<i} A^kk[i,m] N[m,j].
+  for (int64_t i = 1; i < rows; ++i)
+    blk.each([&](int tid) {
+      for (int64_t j = tid; j < i; j += threads) {
+        A acc = Akk[i * C + j];
+        for (int64_t m = j + 1; m < i; ++m) acc += Akk[i * C + m] * N[m * C + j];
+        N[i * C + j] = -acc;
+      }
+    });
+  // W = M Diag(β) (K ⊙ e^γ), U = M Diag(β) V, Q̄ ⊙ e^γ, K ⊙ e^{γ_C - γ}, e^{γ_C}.
+  blk.each([&](int tid) {
+    const double* gamma_C = gamma + (rows - 1) * K;
+    for (int64_t e = tid; e < C * K; e += threads) {
+      const int64_t i = e / K, d = e % K;
+      A w = 0, qd = 0, kd = 0;
+      if (i < rows) {
+        for (int64_t j = 0; j <= i; ++j) {
+          const A m = j == i ? A(1) : N[i * C + j];
+          w += m * beta[j] * static_cast<A>(k[j * qk_stride + d]) * exp_a(static_cast<A>(gamma[j * K + d]));
+        }
+        const A ki = static_cast<A>(k[i * qk_stride + d]);
+        qd = a.scale * static_cast<A>(q[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[i * K + d]));
+        kd = ki * exp_a(static_cast<A>(gamma_C[d] - gamma[i * K + d]));
+      }
+      W[e] = w;
+      Qd[e] = qd;
+      Kd[e] = kd;
+    }
+    for (int64_t e = tid; e < C * V; e += threads) {
+      const int64_t i = e / V, c = e % V;
+      A u = 0;
+      if (i < rows)
+        for (int64_t j = 0; j <= i; ++j) {
+          const A m = j == i ? A(1) : N[i * C + j];
+          u += m * beta[j] * static_cast<A>(v[j * v_stride + c]);
+        }
+      U[e] = u;
+    }
+    for (int64_t d = tid; d < K; d += threads) decay[d] = exp_a(static_cast<A>(gamma_C[d]));
+  });
+}
+
+// Column j of task `task` through every chunk (one phase: columns are independent).
+MT_SIMT_BODY
+template <class Block, class T, class A>
+MT_HOST_DEVICE void kda_chunk_scan(const Block& blk, const KdaChunkArgs<T, A>& a, int64_t task, int64_t column0) {
+  const int64_t K = a.K, V = a.V, C = a.C, KV = K * V;
+  A* S = a.work + task * KV;
+  T* state = a.state + task * KV;
+  blk.each([&](int tid) {
+    const int64_t j = column0 + tid;
+    if (j >= V) return;
+    for (int64_t d = 0; d < K; ++d) S[d * V + j] = static_cast<A>(state[d * V + j]);
+    for (int64_t n = 0; n < a.chunks(); ++n) {
+      const int64_t rows = a.rows(n);
+      A* Sn = a.states + a.at(task, n, KV);
+      const A *W = a.W + a.at(task, n, C * K), *Kd = a.Kd + a.at(task, n, C * K), *U = a.U + a.at(task, n, C * V);
+      const A* decay = a.decay + a.at(task, n, K);
+      A* Vnew = a.Vnew + a.at(task, n, C * V);
+      for (int64_t d = 0; d < K; ++d) Sn[d * V + j] = S[d * V + j];
+      for (int64_t i = 0; i < rows; ++i) {
+        A acc = U[i * V + j];
+        for (int64_t d = 0; d < K; ++d) acc -= W[i * K + d] * S[d * V + j];
+        Vnew[i * V + j] = acc;
+      }
+      for (int64_t d = 0; d < K; ++d) {
+        A acc = decay[d] * S[d * V + j];
+        for (int64_t i = 0; i < rows; ++i) acc += Kd[i * K + d] * Vnew[i * V + j];
+        S[d * V + j] = acc;
+      }
+    }
+    for (int64_t d = 0; d < K; ++d) state[d * V + j] = T(S[d * V + j]);
+  });
+}
+
+// O of chunk n of task `task`: element (i, c) per thread.
+MT_SIMT_BODY
+template <class Block, class T, class A>
+MT_HOST_DEVICE void kda_chunk_output(const Block& blk, const KdaChunkArgs<T, A>& a, int64_t task, int64_t n) {
+  const int threads = blk.threads;
+  const int64_t K = a.K, V = a.V, C = a.C, b = task / a.HV, hv = task % a.HV, rows = a.rows(n);
+  const A *Sn = a.states + a.at(task, n, K * V), *Qd = a.Qd + a.at(task, n, C * K);
+  const A *Aqk = a.Aqk + a.at(task, n, C * C), *Vnew = a.Vnew + a.at(task, n, C * V);
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < rows * V; e += threads) {
+      const int64_t i = e / V, c = e % V;
+      A acc = 0;
+      for (int64_t d = 0; d < K; ++d) acc += Qd[i * K + d] * Sn[d * V + c];
+      for (int64_t m = 0; m <= i; ++m) acc += Aqk[i * C + m] * Vnew[m * V + c];
+      a.o[((b * a.Tn + n * C + i) * a.HV + hv) * V + c] = T(acc);
+    }
+  });
+}
+
 // Element e of grad [B, T, H, K] = Σ over the group's G value heads of per_value_head
 // [B, T, HV = H·G, K], in order.
 template <class T, class A>

@@ -52,11 +52,9 @@ struct Results {
   Tensor o, state, checkpoints, grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0;
 };
 
-// The bodies on the host, blocks of `threads`, as kda_cuda.cu launches them.
 template <class T>
-Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
+simt::KdaSimtArgs<T, T> recurrent_args(const Problem& p, const Dims& d, double scale, int64_t segment) {
   const bool delta_rule = p.g.defined();
-  const DType dt = dtype_v<T>;
   simt::KdaSimtArgs<T, T> a;
   a.B = d.B;
   a.Tn = d.T;
@@ -64,7 +62,7 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
   a.HV = d.HV;
   a.K = d.K;
   a.V = d.V;
-  a.segment = cpu::kKdaRecurrentSegment;
+  a.segment = segment;
   a.scale = static_cast<T>(scale);
   a.delta_rule = delta_rule;
   a.q = p.q.data<T>();
@@ -72,6 +70,52 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
   a.v = p.v.data<T>();
   a.g = delta_rule ? p.g.data<T>() : nullptr;
   a.beta = delta_rule ? p.beta.data<T>() : nullptr;
+  return a;
+}
+
+// The backward body on the host from r.checkpoints (states every `segment` steps),
+// then the group sums: fills r's gradients.
+template <class T>
+void run_backward_body(Results& r, const Problem& p, const Dims& d, double scale, int64_t segment, int threads) {
+  const DType dt = dtype_v<T>;
+  simt::KdaSimtArgs<T, T> a = recurrent_args<T>(p, d, scale, segment);
+  const int64_t tasks = d.B * d.HV;
+  Tensor states = empty({tasks, a.segment + 1, d.K, d.V}, dt), deltas = empty({tasks, a.segment, d.V}, dt);
+  Tensor dS = empty({tasks, d.K, d.V}, dt), dq = empty({d.B, d.T, d.HV, d.K}, dt), dk = empty({d.B, d.T, d.HV, d.K}, dt);
+  r.grad_q = empty(p.q.shape(), dt);
+  r.grad_k = empty(p.k.shape(), dt);
+  r.grad_v = empty(p.v.shape(), dt);
+  r.grad_h0 = empty(p.h0.shape(), dt);
+  a.checkpoints = r.checkpoints.data<T>();
+  a.grad_o = p.grad_o.data<T>();
+  a.grad_state = p.grad_state.data<T>();
+  a.states = states.data<T>();
+  a.deltas = deltas.data<T>();
+  a.dS = dS.data<T>();
+  a.dq = dq.data<T>();
+  a.dk = dk.data<T>();
+  a.grad_v = r.grad_v.data<T>();
+  if (a.delta_rule) {
+    r.grad_g = empty(p.g.shape(), dt);
+    r.grad_beta = empty(p.beta.shape(), dt);
+    a.grad_g = r.grad_g.data<T>();
+    a.grad_beta = r.grad_beta.data<T>();
+  }
+  a.grad_state0 = r.grad_h0.data<T>();
+  std::vector<T> shared(static_cast<size_t>(simt::kda_simt_shared_elements(d.K, d.V)));
+  const simt::HostBlock blk{threads};
+  for (int64_t task = 0; task < tasks; ++task) simt::kda_simt_backward(blk, a, task, shared.data());
+  for (int64_t e = 0; e < p.q.numel(); ++e) {
+    simt::group_sum_element(r.grad_q.data<T>(), dq.data<T>(), e, d.HV / d.H, d.K);
+    simt::group_sum_element(r.grad_k.data<T>(), dk.data<T>(), e, d.HV / d.H, d.K);
+  }
+}
+
+// The recurrent bodies on the host, blocks of `threads`, as kda_cuda.cu launches them.
+template <class T>
+Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
+  const DType dt = dtype_v<T>;
+  simt::KdaSimtArgs<T, T> a = recurrent_args<T>(p, d, scale, cpu::kKdaRecurrentSegment);
   const int64_t tasks = d.B * d.HV;
   Results r;
   r.o = empty(p.v.shape(), dt);
@@ -85,37 +129,85 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
   std::vector<T> shared(static_cast<size_t>(simt::kda_simt_shared_elements(d.K, d.V)));
   const simt::HostBlock blk{threads};
   for (int64_t task = 0; task < tasks; ++task) simt::kda_simt_forward(blk, a, task, shared.data());
-
-  Tensor states = empty({tasks, a.segment + 1, d.K, d.V}, dt), deltas = empty({tasks, a.segment, d.V}, dt);
-  Tensor dS = empty({tasks, d.K, d.V}, dt), dq = empty({d.B, d.T, d.HV, d.K}, dt), dk = empty({d.B, d.T, d.HV, d.K}, dt);
-  r.grad_q = empty(p.q.shape(), dt);
-  r.grad_k = empty(p.k.shape(), dt);
-  r.grad_v = empty(p.v.shape(), dt);
-  r.grad_h0 = empty(p.h0.shape(), dt);
-  a.grad_o = p.grad_o.data<T>();
-  a.grad_state = p.grad_state.data<T>();
-  a.states = states.data<T>();
-  a.deltas = deltas.data<T>();
-  a.dS = dS.data<T>();
-  a.dq = dq.data<T>();
-  a.dk = dk.data<T>();
-  a.grad_v = r.grad_v.data<T>();
-  if (delta_rule) {
-    r.grad_g = empty(p.g.shape(), dt);
-    r.grad_beta = empty(p.beta.shape(), dt);
-    a.grad_g = r.grad_g.data<T>();
-    a.grad_beta = r.grad_beta.data<T>();
-  }
-  a.grad_state0 = r.grad_h0.data<T>();
-  for (int64_t task = 0; task < tasks; ++task) simt::kda_simt_backward(blk, a, task, shared.data());
-  for (int64_t e = 0; e < p.q.numel(); ++e) {
-    simt::group_sum_element(r.grad_q.data<T>(), dq.data<T>(), e, d.HV / d.H, d.K);
-    simt::group_sum_element(r.grad_k.data<T>(), dk.data<T>(), e, d.HV / d.H, d.K);
-  }
+  run_backward_body<T>(r, p, d, scale, a.segment, threads);
   return r;
 }
 
-// The CPU kernels on the same problem.
+// The chunked forward bodies (chunks of C), then the backward body with the chunk
+// states as checkpoints, as kda_cuda.cu runs kda_chunked.
+template <class T>
+Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_t C, int threads) {
+  const DType dt = dtype_v<T>;
+  simt::KdaChunkArgs<T, T> a;
+  a.B = d.B;
+  a.Tn = d.T;
+  a.H = d.H;
+  a.HV = d.HV;
+  a.K = d.K;
+  a.V = d.V;
+  a.C = C;
+  a.scale = static_cast<T>(scale);
+  a.q = p.q.data<T>();
+  a.k = p.k.data<T>();
+  a.v = p.v.data<T>();
+  a.g = p.g.data<T>();
+  a.beta = p.beta.data<T>();
+  const int64_t tasks = d.B * d.HV, chunks = a.chunks();
+  Results r;
+  r.o = empty(p.v.shape(), dt);
+  r.state = p.h0.clone();
+  r.checkpoints = empty({d.B, d.HV, chunks, d.K, d.V}, dt);
+  Tensor work = empty({tasks, d.K, d.V}, dt), gamma = empty({tasks, chunks, C, d.K}, DType::f64);
+  Tensor Aqk = empty({tasks, chunks, C, C}, dt), N = empty({tasks, chunks, C, C}, dt);
+  Tensor W = empty({tasks, chunks, C, d.K}, dt), Qd = empty({tasks, chunks, C, d.K}, dt),
+         Kd = empty({tasks, chunks, C, d.K}, dt);
+  Tensor U = empty({tasks, chunks, C, d.V}, dt), Vnew = empty({tasks, chunks, C, d.V}, dt),
+         decay = empty({tasks, chunks, d.K}, dt);
+  a.o = r.o.data<T>();
+  a.state = r.state.data<T>();
+  a.work = work.data<T>();
+  a.states = r.checkpoints.data<T>();
+  a.gamma = gamma.data<double>();
+  a.Aqk = Aqk.data<T>();
+  a.N = N.data<T>();
+  a.W = W.data<T>();
+  a.Qd = Qd.data<T>();
+  a.Kd = Kd.data<T>();
+  a.U = U.data<T>();
+  a.Vnew = Vnew.data<T>();
+  a.decay = decay.data<T>();
+  const simt::HostBlock blk{threads};
+  std::vector<T> shared(static_cast<size_t>(simt::kda_chunk_shared_elements(C)));
+  for (int64_t task = 0; task < tasks; ++task)
+    for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_prepare(blk, a, task, n, shared.data());
+  for (int64_t task = 0; task < tasks; ++task)
+    for (int64_t column0 = 0; column0 < d.V; column0 += threads) simt::kda_chunk_scan(blk, a, task, column0);
+  for (int64_t task = 0; task < tasks; ++task)
+    for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_output(blk, a, task, n);
+  run_backward_body<T>(r, p, d, scale, C, threads);
+  return r;
+}
+
+// The CPU chunked kernels (chunks of C) on the same problem.
+Results run_cpu_chunked(const Problem& p, const Dims& d, double scale, int64_t C) {
+  Results r;
+  const DType dt = p.q.dtype();
+  r.o = empty(p.v.shape(), dt);
+  r.state = p.h0.clone();
+  r.checkpoints = empty({d.B, d.HV, cpu::kda_num_segments(d.T, C), d.K, d.V}, dt);
+  cpu::kda_chunked_forward(r.o, r.state, &r.checkpoints, p.q, p.k, p.v, p.g, p.beta, scale, C);
+  r.grad_q = empty(p.q.shape(), dt);
+  r.grad_k = empty(p.k.shape(), dt);
+  r.grad_v = empty(p.v.shape(), dt);
+  r.grad_g = empty(p.g.shape(), dt);
+  r.grad_beta = empty(p.beta.shape(), dt);
+  r.grad_h0 = empty(p.h0.shape(), dt);
+  cpu::kda_chunked_backward(r.grad_q, r.grad_k, r.grad_v, r.grad_g, r.grad_beta, r.grad_h0, p.grad_o, p.grad_state,
+                            p.q, p.k, p.v, p.g, p.beta, r.checkpoints, scale, C);
+  return r;
+}
+
+// The CPU recurrent kernels on the same problem.
 Results run_cpu(const Problem& p, const Dims& d, double scale) {
   Results r;
   const DType dt = p.q.dtype();
@@ -175,6 +267,27 @@ TEST_CASE("kda: the CUDA kernel bodies, run on the host, match the CPU recurrent
         compare(run_bodies<double>(p64, d, scale, threads), run_cpu(p64, d, scale), 1e-12);
         Problem p32 = make_problem(d, true, DType::f32, 11);
         compare(run_bodies<float>(p32, d, scale, threads), run_cpu(p32, d, scale), 2e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("kda: the CUDA chunked kernel bodies, run on the host, match the CPU chunked kernels",
+          "[ops][kda][simt]") {
+  for (const Dims& d : kShapes) {
+    for (int64_t C : {16, 64}) {
+      for (int threads : {1, 8, 32}) {
+        DYNAMIC_SECTION("B" << d.B << " T" << d.T << " H" << d.H << " HV" << d.HV << " K" << d.K << " V" << d.V
+                            << " chunk " << C << " threads " << threads) {
+          const double scale = 1.0 / std::sqrt(static_cast<double>(d.K));
+          Problem p64 = make_problem(d, true, DType::f64, 31);
+          compare(run_chunked_bodies<double>(p64, d, scale, C, threads), run_cpu_chunked(p64, d, scale, C), 1e-10);
+          // f32 against the f64 reference: both forms round differently in f32.
+          Problem p32 = make_problem(d, true, DType::f32, 31);
+          Results ref = run_cpu_chunked(p64, d, scale, C);
+          Results got = run_chunked_bodies<float>(p32, d, scale, C, threads);
+          compare(got, ref, 2e-4);
+        }
       }
     }
   }
