@@ -64,6 +64,95 @@ __global__ void group_sum_kernel(T* grad, const A* per_value_head, int64_t n, in
   MT_GRID_LOOP(e, n) simt::group_sum_element(grad, per_value_head, e, G, K);
 }
 
+template <class T, class A>
+__global__ void kda_chunk_backward_scan_kernel(simt::KdaChunkArgs<T, A> a) {
+  simt::kda_chunk_backward_scan(DeviceBlock{static_cast<int>(blockDim.x)}, a, blockIdx.x,
+                                static_cast<int64_t>(blockIdx.y) * blockDim.x);
+}
+
+template <class T, class A>
+__global__ void kda_chunk_grad_kernel(simt::KdaChunkArgs<T, A> a) {
+  const int64_t chunks = a.chunks(), block = blockIdx.x;
+  simt::kda_chunk_grad(DeviceBlock{static_cast<int>(blockDim.x)}, a, block / chunks, block % chunks);
+}
+
+// One chunked call's arguments and the scratch of kda_chunk_prepare (plus A^kk's
+// β-free part for a backward), [tasks, chunks, ...] in the arithmetic type.
+template <class T, class A>
+struct ChunkRun {
+  simt::KdaChunkArgs<T, A> a;
+  DType acc = dtype_of<A>::value;
+  Device device;
+  int64_t tasks, chunks;
+  int columns;  // threads of a scan block: columns of S
+  size_t shared;
+  Tensor gamma, Aqk, N, W, Qd, Kd, U, Vnew, decay, Ekk, work;
+
+  ChunkRun(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+           double scale, int64_t chunk_size, bool backward)
+      : device(q.device()) {
+    a.B = q.size(0);
+    a.Tn = q.size(1);
+    a.H = q.size(2);
+    a.K = q.size(3);
+    a.HV = v.size(2);
+    a.V = v.size(3);
+    a.C = chunk_size;
+    a.scale = static_cast<A>(scale);
+    a.q = ptr<T>(q);
+    a.k = ptr<T>(k);
+    a.v = ptr<T>(v);
+    a.g = ptr<T>(g);
+    a.beta = ptr<T>(beta);
+    tasks = a.tasks();
+    chunks = a.chunks();
+    const int64_t C = a.C, K = a.K, V = a.V;
+    shared = static_cast<size_t>(simt::kda_chunk_shared_elements(C)) * sizeof(A);
+    MT_CHECK(shared <= 48 * 1024,
+             "{}: chunk_size = {} needs {} bytes of shared memory per block; the CUDA kernel has 48 KiB (64 is the "
+             "usual choice)", op, C, shared);
+    MT_CHECK(tasks * chunks <= 0x7fffffff, "{}: {} (batch, head, chunk) blocks exceed the CUDA grid", op,
+             tasks * chunks);
+    columns = static_cast<int>(std::clamp<int64_t>((V + 31) / 32 * 32, 32, 64));
+    gamma = empty({tasks, chunks, C * K}, DType::f64, device);
+    Aqk = scratch(C * C);
+    N = scratch(C * C);
+    W = scratch(C * K);
+    Qd = scratch(C * K);
+    Kd = scratch(C * K);
+    U = scratch(C * V);
+    Vnew = scratch(C * V);
+    decay = scratch(K);
+    work = empty({tasks, K, V}, acc, device);
+    if (backward) Ekk = scratch(C * C);
+    a.gamma = ptr<double>(gamma);
+    a.Aqk = ptr<A>(Aqk);
+    a.N = ptr<A>(N);
+    a.W = ptr<A>(W);
+    a.Qd = ptr<A>(Qd);
+    a.Kd = ptr<A>(Kd);
+    a.U = ptr<A>(U);
+    a.Vnew = ptr<A>(Vnew);
+    a.decay = ptr<A>(decay);
+    a.work = ptr<A>(work);
+    a.Ekk = backward ? ptr<A>(Ekk) : nullptr;
+  }
+  // [tasks, chunks, per] of the arithmetic type.
+  Tensor scratch(int64_t per) const { return empty({tasks, chunks, per}, acc, device); }
+  Tensor check_states(const Tensor& states) const {
+    MT_CHECK(states.dtype() == acc && states.numel() == tasks * chunks * a.K * a.V,
+             "kda_chunked: chunk_states {} {}; expected {} with [B, HV, chunks, K, V] = {} elements", states.shape(),
+             states.dtype(), acc, tasks * chunks * a.K * a.V);
+    return states;
+  }
+  dim3 scan_grid() const {
+    return dim3(static_cast<unsigned>(tasks), static_cast<unsigned>((a.V + columns - 1) / columns));
+  }
+  void prepare(cudaStream_t s) const {
+    if (chunks > 0) kda_chunk_prepare_kernel<T, A><<<static_cast<unsigned>(tasks * chunks), kThreads, shared, s>>>(a);
+  }
+};
+
 // Threads per block: the larger of K and V in warps, at most 256 (the bodies stride over the rest).
 int block_threads(int64_t K, int64_t V) {
   int64_t m = (std::max(K, V) + 31) / 32 * 32;
@@ -184,63 +273,18 @@ void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const T
   dispatch_float_cuda(q.dtype(), "kda_chunked", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    const DType acc = dtype_of<A>::value;
-    simt::KdaChunkArgs<T, A> a;
-    a.B = q.size(0);
-    a.Tn = q.size(1);
-    a.H = q.size(2);
-    a.K = q.size(3);
-    a.HV = v.size(2);
-    a.V = v.size(3);
-    a.C = chunk_size;
-    a.scale = static_cast<A>(scale);
-    const int64_t tasks = a.tasks(), chunks = a.chunks(), C = a.C, K = a.K, V = a.V;
-    const size_t shared = static_cast<size_t>(simt::kda_chunk_shared_elements(C)) * sizeof(A);
-    MT_CHECK(shared <= 48 * 1024, "kda_chunked: chunk_size = {} needs {} bytes of shared memory per block; the CUDA "
-             "kernel has 48 KiB (64 is the usual choice)", C, shared);
-    MT_CHECK(tasks * chunks <= 0x7fffffff, "kda_chunked: {} (batch, head, chunk) blocks exceed the CUDA grid",
-             tasks * chunks);
-    Tensor states;
-    if (chunk_states) {
-      MT_CHECK(chunk_states->dtype() == acc && chunk_states->numel() == tasks * chunks * K * V,
-               "kda_chunked: chunk_states {} {}; expected {} with [B, HV, chunks, K, V] = {} elements",
-               chunk_states->shape(), chunk_states->dtype(), acc, tasks * chunks * K * V);
-      states = *chunk_states;
-    } else {
-      states = empty({tasks, chunks, K, V}, acc, q.device());
-    }
-    const Device dev = q.device();
-    Tensor work = empty({tasks, K, V}, acc, dev), gamma = empty({tasks, chunks, C, K}, DType::f64, dev);
-    Tensor Aqk = empty({tasks, chunks, C, C}, acc, dev), N = empty({tasks, chunks, C, C}, acc, dev);
-    Tensor W = empty({tasks, chunks, C, K}, acc, dev), Qd = empty({tasks, chunks, C, K}, acc, dev),
-           Kd = empty({tasks, chunks, C, K}, acc, dev), decay = empty({tasks, chunks, K}, acc, dev);
-    Tensor U = empty({tasks, chunks, C, V}, acc, dev), Vnew = empty({tasks, chunks, C, V}, acc, dev);
-    a.q = ptr<T>(q);
-    a.k = ptr<T>(k);
-    a.v = ptr<T>(v);
-    a.g = ptr<T>(g);
-    a.beta = ptr<T>(beta);
+    ChunkRun<T, A> run("kda_chunked", q, k, v, g, beta, scale, chunk_size, false);
+    simt::KdaChunkArgs<T, A>& a = run.a;
+    Tensor states = chunk_states ? run.check_states(*chunk_states) : run.scratch(a.K * a.V);
     a.o = ptr<T>(o);
     a.state = ptr<T>(state);
-    a.work = ptr<A>(work);
     a.states = ptr<A>(states);
-    a.gamma = ptr<double>(gamma);
-    a.Aqk = ptr<A>(Aqk);
-    a.N = ptr<A>(N);
-    a.W = ptr<A>(W);
-    a.Qd = ptr<A>(Qd);
-    a.Kd = ptr<A>(Kd);
-    a.U = ptr<A>(U);
-    a.Vnew = ptr<A>(Vnew);
-    a.decay = ptr<A>(decay);
-    if (tasks == 0) return;
+    if (a.tasks() == 0) return;
     cudaStream_t s = stream_of(q);
-    if (chunks > 0)
-      kda_chunk_prepare_kernel<T, A><<<static_cast<unsigned>(tasks * chunks), kThreads, shared, s>>>(a);
-    const int columns = static_cast<int>(std::clamp<int64_t>((V + 31) / 32 * 32, 32, 64));
-    dim3 scan_grid(static_cast<unsigned>(tasks), static_cast<unsigned>((V + columns - 1) / columns));
-    kda_chunk_scan_kernel<T, A><<<scan_grid, columns, 0, s>>>(a);
-    if (chunks > 0) kda_chunk_output_kernel<T, A><<<static_cast<unsigned>(tasks * chunks), kThreads, 0, s>>>(a);
+    run.prepare(s);
+    kda_chunk_scan_kernel<T, A><<<run.scan_grid(), run.columns, 0, s>>>(a);
+    if (run.chunks > 0)
+      kda_chunk_output_kernel<T, A><<<static_cast<unsigned>(run.tasks * run.chunks), kThreads, 0, s>>>(a);
     MT_CUDA_CHECK_LAUNCH("kda_chunked");
   });
 }
@@ -252,10 +296,52 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
   dispatch_float_cuda(q.dtype(), "kda_chunked_backward", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    KdaSimtArgs<T, A> a = args_of<T, A>("kda_chunked_backward", q, k, v, &g, &beta, scale);
-    a.segment = chunk_size;  // the chunk-entry states are the BPTT checkpoints
-    launch_backward("kda_chunked_backward", a, grad_q, grad_k, grad_v, &grad_g, &grad_beta, grad_h0, grad_o,
-                    grad_final_state, chunk_states, q);
+    ChunkRun<T, A> run("kda_chunked_backward", q, k, v, g, beta, scale, chunk_size, true);
+    simt::KdaChunkArgs<T, A>& a = run.a;
+    const int64_t C = a.C, K = a.K, V = a.V;
+    Tensor states = run.check_states(chunk_states);
+    Tensor grad_o_c = grad_o.contiguous(), grad_state_c = grad_final_state.contiguous();
+    Tensor dS = empty({run.tasks, K, V}, run.acc, q.device());
+    Tensor dS_exit = run.scratch(K * V), dVnew = run.scratch(C * V);
+    Tensor dW = run.scratch(C * K), dKd = run.scratch(C * K), dOS = run.scratch(C * K), dKe = run.scratch(C * K),
+           dgamma = run.scratch(C * K);
+    Tensor dAqk = run.scratch(C * C), dTm = run.scratch(C * C), Y = run.scratch(C * C),
+           dAkk = run.scratch(C * C), dbeta = run.scratch(2 * C);
+    Tensor dq = empty({a.B, a.Tn, a.HV, K}, run.acc, q.device()), dk = empty({a.B, a.Tn, a.HV, K}, run.acc, q.device());
+    a.states = ptr<A>(states);
+    a.grad_o = ptr<T>(grad_o_c);
+    a.grad_state = ptr<T>(grad_state_c);
+    a.dS = ptr<A>(dS);
+    a.dS_exit = ptr<A>(dS_exit);
+    a.dVnew = ptr<A>(dVnew);
+    a.dW = ptr<A>(dW);
+    a.dKd = ptr<A>(dKd);
+    a.dOS = ptr<A>(dOS);
+    a.dKe = ptr<A>(dKe);
+    a.dgamma = ptr<A>(dgamma);
+    a.dAqk = ptr<A>(dAqk);
+    a.dTm = ptr<A>(dTm);
+    a.Y = ptr<A>(Y);
+    a.dAkk = ptr<A>(dAkk);
+    a.dbeta = ptr<A>(dbeta);
+    a.dq = ptr<A>(dq);
+    a.dk = ptr<A>(dk);
+    a.grad_v = ptr<T>(grad_v);
+    a.grad_g = ptr<T>(grad_g);
+    a.grad_beta = ptr<T>(grad_beta);
+    a.grad_state0 = ptr<T>(grad_h0);
+    if (a.tasks() == 0) return;
+    cudaStream_t s = stream_of(q);
+    run.prepare(s);
+    kda_chunk_backward_scan_kernel<T, A><<<run.scan_grid(), run.columns, 0, s>>>(a);
+    if (run.chunks > 0)
+      kda_chunk_grad_kernel<T, A><<<static_cast<unsigned>(run.tasks * run.chunks), kThreads, 0, s>>>(a);
+    const int64_t n = a.B * a.Tn * a.H * K, G = a.HV / a.H;
+    if (n > 0) {
+      group_sum_kernel<T, A><<<blocks_for(n), kThreads, 0, s>>>(ptr<T>(grad_q), ptr<A>(dq), n, G, K);
+      group_sum_kernel<T, A><<<blocks_for(n), kThreads, 0, s>>>(ptr<T>(grad_k), ptr<A>(dk), n, G, K);
+    }
+    MT_CUDA_CHECK_LAUNCH("kda_chunked_backward");
   });
 }
 

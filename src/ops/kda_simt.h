@@ -282,8 +282,8 @@ MT_HOST_DEVICE void kda_simt_backward(const Block& blk, const KdaSimtArgs<T, A>&
 // saving every S_n; kda_chunk_output per (task, chunk): O = (Q̄ ⊙ e^γ) S_n + A^qk V^new.
 // Pairs use exp(γ_i - γ_j) with i >= j only (exponent <= 0, §6 stability rule); the
 // last chunk may be shorter (its rows past the end count as absent). The backward
-// is the recurrent BPTT (kda_simt_backward) with the chunk-entry states as its
-// checkpoints (segment = chunk size).
+// (§6.2) has the same shape: prepare again, a reverse scan over chunks per column
+// of dS (kda_chunk_backward_scan), then every chunk at once (kda_chunk_grad).
 template <class T, class A>
 struct KdaChunkArgs {
   int64_t B = 0, Tn = 0, H = 0, HV = 0, K = 0, V = 0, C = 64;
@@ -302,6 +302,18 @@ struct KdaChunkArgs {
   A* U = nullptr;          // [tasks, chunks, C, V]
   A* Vnew = nullptr;       // [tasks, chunks, C, V]
   A* decay = nullptr;      // [tasks, chunks, K]: e^{γ_C}
+  // backward (kda_chunk_backward_scan, kda_chunk_grad; prepare recomputes the above)
+  A* Ekk = nullptr;            // null, or [tasks, chunks, C, C]: A^kk without β (prepare writes it)
+  const T* grad_o = nullptr;   // [B, T, HV, V]
+  const T* grad_state = nullptr;  // [tasks, K, V]: dS_T
+  A* dS = nullptr;             // [tasks, K, V] while scanning back
+  A* dS_exit = nullptr;        // [tasks, chunks, K, V]: dS_{n+1}, the gradient of each chunk's exit state
+  A* dVnew = nullptr;          // [tasks, chunks, C, V]
+  A *dW = nullptr, *dKd = nullptr, *dOS = nullptr, *dKe = nullptr, *dgamma = nullptr;  // [tasks, chunks, C, K]
+  A *dAqk = nullptr, *dTm = nullptr, *Y = nullptr, *dAkk = nullptr;                  // [tasks, chunks, C, C]
+  A* dbeta = nullptr;          // [tasks, chunks, 2C]: β's gradient through Tm, then through A^kk
+  A *dq = nullptr, *dk = nullptr;  // [B, T, HV, K] per value head
+  T *grad_v = nullptr, *grad_g = nullptr, *grad_beta = nullptr, *grad_state0 = nullptr;
 
   MT_HOST_DEVICE int64_t tasks() const { return B * HV; }
   MT_HOST_DEVICE int64_t chunks() const { return (Tn + C - 1) / C; }
@@ -353,10 +365,10 @@ MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>
           kk += static_cast<A>(k[i * qk_stride + d]) * kj;
         }
         qk *= a.scale;
-        kk = j < i ? beta[i] * kk : A(0);
       }
       Aqk[e] = qk;
-      Akk[e] = kk;
+      if (a.Ekk) a.Ekk[a.at(task, n, C * C) + e] = j < i ? kk : A(0);
+      Akk[e] = j < i ? beta[i] * kk : A(0);
       N[e] = 0;
     }
   });
@@ -452,6 +464,221 @@ MT_HOST_DEVICE void kda_chunk_output(const Block& blk, const KdaChunkArgs<T, A>&
       for (int64_t m = 0; m <= i; ++m) acc += Aqk[i * C + m] * Vnew[m * V + c];
       a.o[((b * a.Tn + n * C + i) * a.HV + hv) * V + c] = T(acc);
     }
+  });
+}
+
+// Backward of the chunked form (MODEL_SPEC §6.2), after kda_chunk_prepare has run
+// again with Ekk set and the chunk states S_n are at hand. First the reverse scan
+// over chunks per (task, column j), the sequential part:
+//   dV^new = A^qk^T dO + (K ⊙ e^{γ_C-γ}) dS;  dS_n = Diag(e^{γ_C}) dS + (Q̄ ⊙ e^γ)^T dO - W^T dV^new,
+// saving every chunk's dS (of its exit state) and dV^new; dS_0 goes to grad_state0.
+MT_SIMT_BODY
+template <class Block, class T, class A>
+MT_HOST_DEVICE void kda_chunk_backward_scan(const Block& blk, const KdaChunkArgs<T, A>& a, int64_t task,
+                                            int64_t column0) {
+  const int64_t K = a.K, V = a.V, C = a.C, KV = K * V, b = task / a.HV, hv = task % a.HV;
+  A* dS = a.dS + task * KV;
+  blk.each([&](int tid) {
+    const int64_t j = column0 + tid;
+    if (j >= V) return;
+    for (int64_t d = 0; d < K; ++d) dS[d * V + j] = static_cast<A>(a.grad_state[task * KV + d * V + j]);
+    for (int64_t n = a.chunks() - 1; n >= 0; --n) {
+      const int64_t rows = a.rows(n);
+      const T* grad_o = a.grad_o + ((b * a.Tn + n * C) * a.HV + hv) * V + j;  // row i at grad_o[i * HV * V]
+      const int64_t o_stride = a.HV * V;
+      const A *Aqk = a.Aqk + a.at(task, n, C * C), *Kd = a.Kd + a.at(task, n, C * K);
+      const A *Qd = a.Qd + a.at(task, n, C * K), *W = a.W + a.at(task, n, C * K), *decay = a.decay + a.at(task, n, K);
+      A *dS_exit = a.dS_exit + a.at(task, n, KV), *dVnew = a.dVnew + a.at(task, n, C * V);
+      for (int64_t d = 0; d < K; ++d) dS_exit[d * V + j] = dS[d * V + j];
+      for (int64_t i = 0; i < rows; ++i) {
+        A acc = 0;
+        for (int64_t d = 0; d < K; ++d) acc += Kd[i * K + d] * dS[d * V + j];
+        for (int64_t m = i; m < rows; ++m) acc += Aqk[m * C + i] * static_cast<A>(grad_o[m * o_stride]);
+        dVnew[i * V + j] = acc;
+      }
+      for (int64_t d = 0; d < K; ++d) {
+        A acc = decay[d] * dS[d * V + j];
+        for (int64_t i = 0; i < rows; ++i)
+          acc += Qd[i * K + d] * static_cast<A>(grad_o[i * o_stride]) - W[i * K + d] * dVnew[i * V + j];
+        dS[d * V + j] = acc;
+      }
+    }
+    for (int64_t d = 0; d < K; ++d) a.grad_state0[task * KV + d * V + j] = T(dS[d * V + j]);
+  });
+}
+
+// The rest of the backward, per (task, chunk n), every chunk at once: dv, dβ, dg and
+// the per-value-head dq, dk of the chunk's rows (names as in MODEL_SPEC §6.2; M = I + N,
+// Tm = M Diag(β), dW = -dV^new S_n^T, dK̂ = V^new dS^T, dOS = dO S_n^T, dKe = d(K ⊙ e^γ)).
+MT_SIMT_BODY
+template <class Block, class T, class A>
+MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a, int64_t task, int64_t n) {
+  const int threads = blk.threads;
+  const int64_t K = a.K, V = a.V, C = a.C, KV = K * V, b = task / a.HV, hv = task % a.HV, rows = a.rows(n),
+                t0 = n * C;
+  const int64_t qk_stride = a.H * K, v_stride = a.HV * V;
+  const T* q = a.q + ((b * a.Tn + t0) * a.H + hv / (a.HV / a.H)) * K;
+  const T* k = a.k + ((b * a.Tn + t0) * a.H + hv / (a.HV / a.H)) * K;
+  const T* v = a.v + ((b * a.Tn + t0) * a.HV + hv) * V;
+  const T* grad_o = a.grad_o + ((b * a.Tn + t0) * a.HV + hv) * V;
+  const T* beta_in = a.beta + (b * a.Tn + t0) * a.HV + hv;  // row i at beta_in[i * HV]
+  const double* gamma = a.gamma + a.at(task, n, C * K);
+  const A *Sn = a.states + a.at(task, n, KV), *dSx = a.dS_exit + a.at(task, n, KV);
+  const A *N = a.N + a.at(task, n, C * C), *Ekk = a.Ekk + a.at(task, n, C * C), *Aqk = a.Aqk + a.at(task, n, C * C);
+  const A *W = a.W + a.at(task, n, C * K), *Kd = a.Kd + a.at(task, n, C * K), *U = a.U + a.at(task, n, C * V);
+  const A *dVnew = a.dVnew + a.at(task, n, C * V), *decay = a.decay + a.at(task, n, K);
+  A* Vnew = a.Vnew + a.at(task, n, C * V);
+  A *dW = a.dW + a.at(task, n, C * K), *dKd = a.dKd + a.at(task, n, C * K), *dOS = a.dOS + a.at(task, n, C * K);
+  A *dKe = a.dKe + a.at(task, n, C * K), *dgamma = a.dgamma + a.at(task, n, C * K);
+  A *dAqk = a.dAqk + a.at(task, n, C * C), *dTm = a.dTm + a.at(task, n, C * C), *Y = a.Y + a.at(task, n, C * C);
+  A *dAkk = a.dAkk + a.at(task, n, C * C), *dbeta = a.dbeta + a.at(task, n, 2 * C);
+  auto M = [&](int64_t i, int64_t j) { return i == j ? A(1) : N[i * C + j]; };
+  auto beta = [&](int64_t i) { return static_cast<A>(beta_in[i * a.HV]); };
+  auto dO = [&](int64_t i, int64_t c) { return static_cast<A>(grad_o[i * v_stride + c]); };
+  // V^new = U - W S_n.
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < rows * V; e += threads) {
+      const int64_t i = e / V, c = e % V;
+      A acc = U[e];
+      for (int64_t d = 0; d < K; ++d) acc -= W[i * K + d] * Sn[d * V + c];
+      Vnew[e] = acc;
+    }
+  });
+  // dW, dK̂, dO S_n^T.
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < rows * K; e += threads) {
+      const int64_t i = e / K, d = e % K;
+      A w = 0, kd = 0, os = 0;
+      for (int64_t c = 0; c < V; ++c) {
+        w -= dVnew[i * V + c] * Sn[d * V + c];
+        kd += Vnew[i * V + c] * dSx[d * V + c];
+        os += dO(i, c) * Sn[d * V + c];
+      }
+      dW[e] = w;
+      dKd[e] = kd;
+      dOS[e] = os;
+    }
+  });
+  // dA^qk = Tril(dO V^new^T); dTm = dU V^T + dW (K ⊙ e^γ)^T (lower incl. the diagonal).
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < C * C; e += threads) {
+      const int64_t i = e / C, j = e % C;
+      A qk = 0, tm = 0;
+      if (i < rows && j <= i) {
+        for (int64_t c = 0; c < V; ++c) {
+          qk += dO(i, c) * Vnew[j * V + c];
+          tm += dVnew[i * V + c] * static_cast<A>(v[j * v_stride + c]);
+        }
+        for (int64_t d = 0; d < K; ++d)
+          tm += dW[i * K + d] * static_cast<A>(k[j * qk_stride + d]) * exp_a(static_cast<A>(gamma[j * K + d]));
+      }
+      dAqk[e] = qk;
+      dTm[e] = tm;
+    }
+  });
+  // dV = Tm^T dU; dKe = Tm^T dW; dβ_j through Tm = Σ_i dTm[i,j] M[i,j].
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < rows * V; e += threads) {
+      const int64_t i = e / V, c = e % V;
+      A acc = 0;
+      for (int64_t l = i; l < rows; ++l) acc += M(l, i) * dVnew[l * V + c];
+      a.grad_v[((b * a.Tn + t0 + i) * a.HV + hv) * V + c] = T(beta(i) * acc);
+    }
+    for (int64_t e = tid; e < rows * K; e += threads) {
+      const int64_t i = e / K, d = e % K;
+      A acc = 0;
+      for (int64_t l = i; l < rows; ++l) acc += M(l, i) * dW[l * K + d];
+      dKe[e] = beta(i) * acc;
+    }
+    for (int64_t j = tid; j < rows; j += threads) {
+      A acc = 0;
+      for (int64_t i = j; i < rows; ++i) acc += dTm[i * C + j] * M(i, j);
+      dbeta[j] = acc;
+    }
+  });
+  // Y = M^T dM, dM = dTm Diag(β).
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < C * C; e += threads) {
+      const int64_t i = e / C, j = e % C;
+      A acc = 0;
+      if (i < rows && j < rows)
+        for (int64_t l = i > j ? i : j; l < rows; ++l) acc += M(l, i) * dTm[l * C + j] * beta(j);
+      Y[e] = acc;
+    }
+  });
+  // dA^kk = -StrictTril(Y M^T).
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < C * C; e += threads) {
+      const int64_t i = e / C, j = e % C;
+      A acc = 0;
+      if (i < rows && j < i)
+        for (int64_t l = 0; l <= j; ++l) acc += Y[i * C + l] * M(j, l);
+      dAkk[e] = -acc;
+    }
+  });
+  // dβ_i through A^kk; the pairwise and inter-chunk terms of dq̄, dk and dγ.
+  blk.each([&](int tid) {
+    for (int64_t i = tid; i < rows; i += threads) {
+      A acc = 0;
+      for (int64_t j = 0; j < i; ++j) acc += dAkk[i * C + j] * Ekk[i * C + j];
+      dbeta[C + i] = acc;
+    }
+    const double* gamma_C = gamma + (rows - 1) * K;
+    for (int64_t e = tid; e < rows * K; e += threads) {
+      const int64_t i = e / K, d = e % K;
+      const double gi = gamma[i * K + d];
+      const A qi = a.scale * static_cast<A>(q[i * qk_stride + d]), ki = static_cast<A>(k[i * qk_stride + d]);
+      A dq = 0, dk = 0, dg = 0;
+      for (int64_t m = 0; m <= i; ++m) {  // row i of A^qk and A^kk
+        const A decay_im = exp_a(static_cast<A>(gi - gamma[m * K + d])), km = static_cast<A>(k[m * qk_stride + d]);
+        const A tq = dAqk[i * C + m] * decay_im;
+        dq += tq * km;
+        dg += tq * qi * km;
+        if (m < i) {
+          const A tk = beta(i) * dAkk[i * C + m] * decay_im;
+          dk += tk * km;
+          dg += tk * ki * km;
+        }
+      }
+      for (int64_t m = i; m < rows; ++m) {  // column i
+        const A decay_mi = exp_a(static_cast<A>(gamma[m * K + d] - gi));
+        const A qm = a.scale * static_cast<A>(q[m * qk_stride + d]), km = static_cast<A>(k[m * qk_stride + d]);
+        const A tq = dAqk[m * C + i] * decay_mi;
+        dk += tq * qm;
+        dg -= tq * qm * ki;
+        if (m > i) {
+          const A tk = beta(m) * dAkk[m * C + i] * decay_mi;
+          dk += tk * km;
+          dg -= tk * km * ki;
+        }
+      }
+      const A ei = exp_a(static_cast<A>(gi)), fi = exp_a(static_cast<A>(gamma_C[d] - gi));
+      dq += dOS[e] * ei;
+      dg += dOS[e] * qi * ei;
+      dk += dKe[e] * ei;
+      dg += dKe[e] * ki * ei;
+      dk += dKd[e] * fi;
+      dg -= dKd[e] * ki * fi;
+      const int64_t row = ((b * a.Tn + t0 + i) * a.HV + hv) * K + d;
+      a.dq[row] = a.scale * dq;
+      a.dk[row] = dk;
+      dgamma[e] = dg;
+    }
+  });
+  // dγ_C, then dg = the reverse cumulative sum of dγ within the chunk; dβ.
+  blk.each([&](int tid) {
+    for (int64_t d = tid; d < K; d += threads) {
+      A acc = 0, sd = 0;
+      for (int64_t i = 0; i < rows; ++i) acc += dKd[i * K + d] * Kd[i * K + d];
+      for (int64_t c = 0; c < V; ++c) sd += dSx[d * V + c] * Sn[d * V + c];
+      acc += decay[d] * sd;
+      for (int64_t i = rows - 1; i >= 0; --i) {
+        acc += dgamma[i * K + d];
+        a.grad_g[((b * a.Tn + t0 + i) * a.HV + hv) * K + d] = T(acc);
+      }
+    }
+    for (int64_t i = tid; i < rows; i += threads)
+      a.grad_beta[(b * a.Tn + t0 + i) * a.HV + hv] = T(dbeta[i] + dbeta[C + i]);
   });
 }
 

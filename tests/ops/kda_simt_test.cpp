@@ -133,8 +133,7 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
   return r;
 }
 
-// The chunked forward bodies (chunks of C), then the backward body with the chunk
-// states as checkpoints, as kda_cuda.cu runs kda_chunked.
+// The chunked forward and backward bodies (chunks of C), as kda_cuda.cu runs kda_chunked.
 template <class T>
 Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_t C, int threads) {
   const DType dt = dtype_v<T>;
@@ -184,7 +183,54 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
     for (int64_t column0 = 0; column0 < d.V; column0 += threads) simt::kda_chunk_scan(blk, a, task, column0);
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_output(blk, a, task, n);
-  run_backward_body<T>(r, p, d, scale, C, threads);
+
+  // Backward: prepare again (with A^kk's β-free part), scan back, then every chunk.
+  auto chunk_tensor = [&](int64_t per) { return empty({tasks, chunks, per}, dt); };
+  Tensor Ekk = chunk_tensor(C * C), dS = empty({tasks, d.K, d.V}, dt), dS_exit = chunk_tensor(d.K * d.V),
+         dVnew = chunk_tensor(C * d.V);
+  Tensor dW = chunk_tensor(C * d.K), dKd = chunk_tensor(C * d.K), dOS = chunk_tensor(C * d.K),
+         dKe = chunk_tensor(C * d.K), dgamma = chunk_tensor(C * d.K);
+  Tensor dAqk = chunk_tensor(C * C), dTm = chunk_tensor(C * C), Y = chunk_tensor(C * C), dAkk = chunk_tensor(C * C),
+         dbeta = chunk_tensor(2 * C);
+  Tensor dq = empty({d.B, d.T, d.HV, d.K}, dt), dk = empty({d.B, d.T, d.HV, d.K}, dt);
+  r.grad_q = empty(p.q.shape(), dt);
+  r.grad_k = empty(p.k.shape(), dt);
+  r.grad_v = empty(p.v.shape(), dt);
+  r.grad_g = empty(p.g.shape(), dt);
+  r.grad_beta = empty(p.beta.shape(), dt);
+  r.grad_h0 = empty(p.h0.shape(), dt);
+  a.Ekk = Ekk.data<T>();
+  a.grad_o = p.grad_o.data<T>();
+  a.grad_state = p.grad_state.data<T>();
+  a.dS = dS.data<T>();
+  a.dS_exit = dS_exit.data<T>();
+  a.dVnew = dVnew.data<T>();
+  a.dW = dW.data<T>();
+  a.dKd = dKd.data<T>();
+  a.dOS = dOS.data<T>();
+  a.dKe = dKe.data<T>();
+  a.dgamma = dgamma.data<T>();
+  a.dAqk = dAqk.data<T>();
+  a.dTm = dTm.data<T>();
+  a.Y = Y.data<T>();
+  a.dAkk = dAkk.data<T>();
+  a.dbeta = dbeta.data<T>();
+  a.dq = dq.data<T>();
+  a.dk = dk.data<T>();
+  a.grad_v = r.grad_v.data<T>();
+  a.grad_g = r.grad_g.data<T>();
+  a.grad_beta = r.grad_beta.data<T>();
+  a.grad_state0 = r.grad_h0.data<T>();
+  for (int64_t task = 0; task < tasks; ++task)
+    for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_prepare(blk, a, task, n, shared.data());
+  for (int64_t task = 0; task < tasks; ++task)
+    for (int64_t column0 = 0; column0 < d.V; column0 += threads) simt::kda_chunk_backward_scan(blk, a, task, column0);
+  for (int64_t task = 0; task < tasks; ++task)
+    for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_grad(blk, a, task, n);
+  for (int64_t e = 0; e < p.q.numel(); ++e) {
+    simt::group_sum_element(r.grad_q.data<T>(), dq.data<T>(), e, d.HV / d.H, d.K);
+    simt::group_sum_element(r.grad_k.data<T>(), dk.data<T>(), e, d.HV / d.H, d.K);
+  }
   return r;
 }
 

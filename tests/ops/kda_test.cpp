@@ -385,17 +385,18 @@ TEST_CASE("kda: CUDA matches CPU, both modes, forward and every gradient", "[ops
   struct Case {
     int64_t B, T, H, HV, K, V;
   };
-  // Off the 64-step checkpoint segments and the 32-thread warps; grouped value heads;
-  // the K3 head size (128) with a block of 128 threads.
+  // Off the 64-step checkpoint segments, the chunks and the 32-thread warps; grouped
+  // value heads; the K3 head size (128) with a block of 128 threads.
   for (Case c : {Case{2, 70, 2, 4, 20, 12}, Case{1, 129, 1, 1, 7, 33}, Case{1, 100, 2, 2, 128, 128}}) {
     Inputs in = make_inputs(c.B, c.T, c.H, c.HV, c.K, c.V, Decay::lower_bound, true, 70);
     for (DType dtype : {DType::f32, DType::f64, DType::bf16})
-      for (KdaMode mode : {KdaMode::recurrent, KdaMode::chunked}) {
-        INFO(fmt::format("{} {} {}", in.v.shape(), dtype, kda_mode_name(mode)));
+      for (int64_t chunk : {int64_t{0}, int64_t{16}, int64_t{64}}) {  // 0: the recurrent form
+        const KdaMode mode = chunk == 0 ? KdaMode::recurrent : KdaMode::chunked;
+        INFO(fmt::format("{} {} {} chunk {}", in.v.shape(), dtype, kda_mode_name(mode), chunk));
         const double scale = 1.0 / std::sqrt(static_cast<double>(c.K));
         moetrain::testing::check_cuda_matches_cpu(
             [&](const Tensors& x) {
-              KdaResult r = kda(x[0], x[1], x[2], x[3], x[4], x[5], scale, mode, 16);
+              KdaResult r = kda(x[0], x[1], x[2], x[3], x[4], x[5], scale, mode, chunk);
               return Tensors{r.o, r.final_state};
             },
             in.list(), {true, true, true, true, true, true}, dtype, moetrain::testing::tolerance_for(dtype));
