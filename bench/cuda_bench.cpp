@@ -90,10 +90,12 @@ Row attention_row(int64_t T, int64_t H, int64_t D, int steps) {
   });
 }
 
-Row kda_row(int64_t T, int steps) {
+// The recurrent row counts the chunked form's FLOPs too, so the two rates compare times.
+Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked) {
   const int64_t H = 16, K = 128;
-  std::string shape = fmt::format("B1 T{} H{} K=V={} chunk 64", T, H, K);
-  return guarded("kda chunked fwd+bwd", shape, [&] {
+  const std::string name = fmt::format("kda {} fwd+bwd", kda_mode_name(mode));
+  std::string shape = fmt::format("B1 T{} H{} K=V={}{}", T, H, K, mode == KdaMode::chunked ? " chunk 64" : "");
+  return guarded(name, shape, [&] {
     auto leaf = [&](Shape s, uint64_t seed, double scale) {
       return mul_scalar(randn(s, DType::f32, seed), scale).to(kGpu).detach().set_requires_grad();
     };
@@ -101,9 +103,9 @@ Row kda_row(int64_t T, int steps) {
     Tensor g = leaf({1, T, H, K}, 4, 0.01), beta = leaf({1, T, H}, 5, 0.5);
     Tensor grad = randn({1, T, H, K}, DType::f32, 6).to(kGpu);
     // Chunked forward+backward FLOPs are dominated by the chunk GEMMs (MODEL_SPEC §6): ~ 6 * T * 64 * K * H * 4.
-    Row r{"kda chunked fwd+bwd", shape, 0, 6.0 * T * 64 * K * H * 4};
+    Row r{name, shape, 0, 6.0 * T * 64 * K * H * 4};
     r.ms = time_ms(steps, [&] {
-      KdaResult out = kda(q, k, v, g, beta, Tensor(), 1.0 / std::sqrt(static_cast<double>(K)), KdaMode::chunked, 64);
+      KdaResult out = kda(q, k, v, g, beta, Tensor(), 1.0 / std::sqrt(static_cast<double>(K)), mode, 64);
       autograd::backward({out.o}, {grad});
       for (Tensor* t : {&q, &k, &v, &g, &beta}) t->zero_grad();
     });
@@ -175,6 +177,7 @@ int main(int argc, char** argv) {
   rows.push_back(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps, true));
   for (int64_t T : {4096, 8192}) rows.push_back(attention_row(T, 16, 128, steps));
   for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps));
+  rows.push_back(kda_row(4096, steps, KdaMode::recurrent));
   {
     Gpt2Config c;  // GPT-2 small, 124M
     rows.push_back(train_row("gpt2-small", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps));
