@@ -62,7 +62,7 @@ Tensor short_conv(const Tensor& x, const Tensor& w, Tensor* state) {
   if (!state) return causal_conv1d(x, w);
   const int64_t B = x.size(0), T = x.size(1), P = x.size(2), Wm1 = w.size(1) - 1;
   if (Wm1 == 0) return causal_conv1d(x, w);
-  if (!state->defined()) *state = zeros({B, Wm1, P}, x.dtype());
+  if (!state->defined()) *state = zeros({B, Wm1, P}, x.dtype(), x.device());
   Tensor full_in = concat({*state, x}, 1);
   Tensor y = slice(causal_conv1d(full_in, w), 1, Wm1, Wm1 + T);
   *state = slice(full_in, 1, T, T + Wm1).detach().contiguous();
@@ -162,7 +162,7 @@ Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
   Tensor o;
   if (cache && T == 1 && !autograd::grad_enabled()) {
     // Decoding one token: the constant-size state is updated in place.
-    if (!cache->state.defined()) cache->state = zeros({B, HV, K, K}, x.dtype());
+    if (!cache->state.defined()) cache->state = zeros({B, HV, K, K}, x.dtype(), x.device());
     switch (c_.decay) {
       case DeltaDecay::per_channel: o = kda_decode_step(q, k, v, g, beta, cache->state, scale); break;
       case DeltaDecay::per_head: o = gated_delta_rule_decode_step(q, k, v, g, beta, cache->state, scale); break;

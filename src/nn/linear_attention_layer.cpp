@@ -30,10 +30,10 @@ Tensor LinearAttentionLayer::forward(const Tensor& x, LinearAttentionCache* cach
   const int64_t B = x.size(0), T = x.size(1), H = c_.n_head, K = c_.head_dim;
   Tensor q = elu_plus_one(reshape(linear(x, q_proj), {B, T, H, K}));
   Tensor k = elu_plus_one(reshape(linear(x, k_proj), {B, T, H, K}));
-  Tensor v = concat({reshape(linear(x, v_proj), {B, T, H, K}), ones({B, T, H, 1}, x.dtype())}, 3);  // [B,T,H,K+1]
+  Tensor v = concat({reshape(linear(x, v_proj), {B, T, H, K}), ones({B, T, H, 1}, x.dtype(), x.device())}, 3);  // [B,T,H,K+1]
   Tensor o;  // [B, T, H, K + 1]: numerator | normaliser
   if (cache && T == 1 && !autograd::grad_enabled()) {
-    if (!cache->state.defined()) cache->state = zeros({B, H, K, K + 1}, x.dtype());
+    if (!cache->state.defined()) cache->state = zeros({B, H, K, K + 1}, x.dtype(), x.device());
     o = linear_attention_decode_step(q, k, v, cache->state);
   } else {
     Tensor h0 = cache ? cache->state : Tensor();

@@ -44,7 +44,7 @@ Tensor rope(const Tensor& x, int64_t first, double theta) {
     }
   Tensors halves = split(x, {half, half}, -1);
   Tensor rotated = concat({neg(halves[1]), halves[0]}, -1);  // rotate_half([x1, x2]) = [-x2, x1]
-  return add(mul(x, cs.to(x.dtype())), mul(rotated, sn.to(x.dtype())));
+  return add(mul(x, cs.to(x.dtype()).to(x.device())), mul(rotated, sn.to(x.dtype()).to(x.device())));
 }
 
 Tensor MlaLayer::forward(const Tensor& x, MlaCache* cache) const {

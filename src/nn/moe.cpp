@@ -255,7 +255,7 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
   // Combine: back to (token, slot) order (dropped slots read a zero row), weight, sum over slots.
   std::vector<int64_t> slot_row(static_cast<size_t>(N * k), M);
   for (int64_t i = 0; i < M; ++i) slot_row[plan.order[i]] = i;
-  if (plan.dropped > 0) out = concat({out, zeros({1, W}, out.dtype())}, 0);
+  if (plan.dropped > 0) out = concat({out, zeros({1, W}, out.dtype(), out.device())}, 0);
   Tensor slots = reshape(index_select(out, 0, index_tensor(slot_row)), {N, k, W});
   Tensor y = sum(mul(slots, reshape(r.weights, {N, k, 1})), 1);  // [N, W]
   if (c_.latent_dim > 0) {
@@ -273,7 +273,7 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
     Tensor ft = empty({B, E}, DType::f64);
     std::copy(f.begin(), f.end(), ft.data<double>());
     Tensor P = mean(reshape(div(r.scores, sum(r.scores, -1, true)), {B, T, E}), 1);  // [B, E]
-    aux_loss_ = mul_scalar(sum(mul(P, ft.to(P.dtype()))), c_.aux_loss_weight / static_cast<double>(B));
+    aux_loss_ = mul_scalar(sum(mul(P, ft.to(P.dtype()).to(P.device()))), c_.aux_loss_weight / static_cast<double>(B));
   }
   if (training && c_.z_loss_weight > 0) {
     // z-loss: mean over tokens of logsumexp(logits)^2 (lse = x_0 − log_softmax(x)_0).

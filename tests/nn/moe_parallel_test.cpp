@@ -5,6 +5,8 @@
 // allows. Run by one process these cases check the EP = 1 path against itself.
 #include <catch2/catch.hpp>
 
+#include "backend/cpu/parallel.h"
+#include "backend/cuda/runtime.h"
 #include "comm/communicator.h"
 #include "comm/process_grid.h"
 #include "moetrain.h"
@@ -65,7 +67,8 @@ std::pair<double, std::string> grad_error(HybridModel& m, HybridModel& ref, cons
       want = slice(want, 0, d.grid.ep_index * experts_here, (d.grid.ep_index + 1) * experts_here).contiguous();
     REQUIRE(p.tensor.grad().defined());
     REQUIRE(p.tensor.grad().shape() == want.shape());
-    const double err = testing::max_abs_diff(p.tensor.grad(), want) / std::max(1e-3, abs_max(want));
+    const Tensor got = p.tensor.grad().to(kCpu);  // a CUDA model's gradients are compared on the host
+    const double err = testing::max_abs_diff(got, want) / std::max(1e-3, abs_max(want));
     if (err > worst) {
       worst = err;
       where = p.name;
@@ -113,6 +116,44 @@ TEST_CASE("moe parallel: loss and every gradient equal one process (EP 1, 2, 4; 
       for (double b : layer->bias.to_vector()) moved += std::abs(b);
       CHECK(moved > 0);
     }
+  }
+}
+
+TEST_CASE("moe parallel: on CUDA (NCCL), loss and every gradient equal one CPU process (EP 1, 2, 4)",
+          "[nn][moe][cuda][mpi]") {
+  // The case above with each rank's model on its GPU: KDA, attention, AttnRes and the
+  // latent MoE on CUDA, the expert dispatch and the gradient sums through NCCL; the
+  // reference stays on the CPU. One process checks the model on one GPU (EP 1).
+  if (!testing::gpu_available()) return;
+  comm::Communicator& world = comm::world();
+  const int W = world.size(), rank = world.rank();
+  const Device gpu{DeviceKind::cuda, cuda::select_device(cpu::launcher_local_rank())};
+  const int64_t rows = 2, T = 7;
+  Generator gen(1);
+  Tensor ids = randint({W * rows, T}, 19, DType::i32, gen), targets = randint({W * rows, T}, 19, DType::i32, gen);
+  HybridModel ref(moe_model(DType::f64), 5);
+  Tensor ref_loss = ref.loss(ids, targets);
+  ref_loss.backward();
+  Tensor my_ids = slice(ids, 0, rank * rows, (rank + 1) * rows).contiguous().to(gpu);
+  Tensor my_targets = slice(targets, 0, rank * rows, (rank + 1) * rows).contiguous().to(gpu);
+  for (int ep : {1, 2, 4}) {
+    if (W % ep != 0) continue;
+    INFO("world " << W << " ep " << ep << " rank " << rank);
+    Distributed d;
+    d.world = &world;
+    d.grid = comm::make_process_grid(world, ep);
+    HybridModel m(moe_model(DType::f64), 5, true, d.shard());
+    for (const NamedParameter& p : m.parameters()) move_to_device_(p.tensor, gpu);
+    if (ep > 1) m.set_expert_group(d.grid.ep_group.get());
+    Tensor loss = m.loss(my_ids, my_targets);
+    REQUIRE(loss.is_cuda());
+    loss.backward();
+    sync_gradients(d, m);
+    CHECK(std::abs(mean_over_world(d, loss.to(kCpu).item<double>()) - ref_loss.item<double>()) <
+          1e-10 * std::abs(ref_loss.item<double>()));
+    auto [worst, where] = grad_error(m, ref, d);
+    INFO("worst " << where);
+    CHECK(worst < 1e-9);
   }
 }
 
