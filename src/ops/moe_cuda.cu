@@ -1,8 +1,9 @@
-// CUDA twin of the grouped expert GEMMs (moe_cpu.cpp): one cuBLAS GEMM per
-// expert with rows, on the device's stream (counts are on the host). With many
-// small experts the launches dominate; cuBLAS's grouped-batched GEMM (one call
-// for all experts) is the next step.
+// CUDA twin of the grouped expert GEMMs (moe_cpu.cpp): every expert with rows in
+// one cuBLAS grouped-batched GEMM per product (cuda::gemm_grouped; f64 takes a
+// GEMM per expert), on the device's stream; the counts are on the host.
 #include "ops/moe_kernels.h"
+
+#include <vector>
 
 #include "backend/cuda/cublas.h"
 #include "backend/cuda/kernel_utils.cuh"
@@ -14,15 +15,16 @@ void grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const s
   const char* px = static_cast<const char*>(x.raw_data());
   const char* pw = static_cast<const char*>(w.raw_data());
   char* py = static_cast<char*>(y.raw_data());
-  int dev = x.device().index;
+  std::vector<GemmItem> items;
   int64_t row = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t m = counts[e];
-    if (m > 0)  // y_e [m, out] = x_e [m, in] w_e^T
-      gemm(x.dtype(), false, true, m, out, in, 1.0, px + row * in * es, in, 0,
-           pw + static_cast<int64_t>(e) * out * in * es, in, 0, 0.0, py + row * out * es, out, 0, 1, dev);
+    // y_e [m, out] = x_e [m, in] w_e^T
+    items.push_back({m, out, in, px + row * in * es, in, pw + static_cast<int64_t>(e) * out * in * es, in,
+                     py + row * out * es, out});
     row += m;
   }
+  gemm_grouped(x.dtype(), false, true, items, x.device().index);
 }
 
 void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
@@ -33,7 +35,8 @@ void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Ten
   const char* pdy = static_cast<const char*>(dy.raw_data());
   char* pdx = static_cast<char*>(dx.raw_data());
   char* pdw = static_cast<char*>(dw.raw_data());
-  int dev = x.device().index;
+  const int dev = x.device().index;
+  std::vector<GemmItem> data, weight;
   int64_t row = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t m = counts[e];
@@ -43,12 +46,13 @@ void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Ten
       continue;
     }
     // dx_e [m, in] = dy_e [m, out] w_e [out, in];  dw_e [out, in] = dy_e^T x_e
-    gemm(x.dtype(), false, false, m, in, out, 1.0, pdy + row * out * es, out, 0,
-         pw + static_cast<int64_t>(e) * out * in * es, in, 0, 0.0, pdx + row * in * es, in, 0, 1, dev);
-    gemm(x.dtype(), true, false, out, in, m, 1.0, pdy + row * out * es, out, 0, px + row * in * es, in, 0, 0.0, dw_e,
-         in, 0, 1, dev);
+    data.push_back({m, in, out, pdy + row * out * es, out, pw + static_cast<int64_t>(e) * out * in * es, in,
+                    pdx + row * in * es, in});
+    weight.push_back({out, in, m, pdy + row * out * es, out, px + row * in * es, in, dw_e, in});
     row += m;
   }
+  gemm_grouped(x.dtype(), false, false, data, dev);
+  gemm_grouped(x.dtype(), true, false, weight, dev);
 }
 
 }  // namespace moetrain::cuda

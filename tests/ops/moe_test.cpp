@@ -3,6 +3,7 @@
 
 #include "moetrain.h"
 #include "ops/moe.h"
+#include "backend/cuda/cublas.h"
 #include "cuda_vs_cpu.h"
 #include "testing.h"
 
@@ -55,6 +56,10 @@ TEST_CASE("grouped_linear: CUDA matches CPU, experts without rows included", "[o
   Tensor x = randn({56, 65}, DType::f32, 1).set_requires_grad();
   Tensor w = randn({6, 31, 65}, DType::f32, 2).set_requires_grad();
   auto fn = [counts](const Tensors& in) { return Tensors{grouped_linear(in[0], in[1], counts)}; };
-  for (DType dtype : {DType::f32, DType::bf16})
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16})  // f32, bf16: one grouped call; f64: a GEMM per expert
     moetrain::testing::check_cuda_matches_cpu(fn, {x, w}, {true, true}, dtype, moetrain::testing::tolerance_for(dtype));
+  // TF32 products (10-bit mantissas) through the grouped call, or its per-expert fallback.
+  cuda::set_allow_tf32(true);
+  moetrain::testing::check_cuda_matches_cpu(fn, {x, w}, {true, true}, DType::f32, {5e-3, 5e-3});
+  cuda::set_allow_tf32(false);
 }

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <vector>
 
 #include <cublas_v2.h>
 
@@ -46,6 +47,16 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+// The cuBLAS data and compute types of a GEMM in `dtype`.
+std::pair<cudaDataType_t, cublasComputeType_t> gemm_types(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return {CUDA_R_32F, g_allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F};
+    case DType::f64: return {CUDA_R_64F, CUBLAS_COMPUTE_64F};
+    case DType::bf16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F};
+    default: MT_THROW("cuBLAS GEMM: expected f32, f64 or bf16, got {}", dtype);
+  }
+}
+
 }  // namespace
 
 void set_allow_tf32(bool on) { g_allow_tf32 = on; }
@@ -55,17 +66,7 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
           int64_t ldc, int64_t stride_c, int64_t batch, int device) {
   if (m == 0 || n == 0 || batch == 0) return;
-  cudaDataType_t type;
-  cublasComputeType_t compute;
-  switch (dtype) {
-    case DType::f32:
-      type = CUDA_R_32F;
-      compute = allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-      break;
-    case DType::f64: type = CUDA_R_64F; compute = CUBLAS_COMPUTE_64F; break;
-    case DType::bf16: type = CUDA_R_16BF; compute = CUBLAS_COMPUTE_32F; break;
-    default: MT_THROW("cuBLAS GEMM: expected f32, f64 or bf16, got {}", dtype);
-  }
+  const auto [type, compute] = gemm_types(dtype);
   // alpha/beta in the compute type's scalar type.
   float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
   const void* pa = dtype == DType::f64 ? static_cast<const void*>(&alpha) : &alpha_f;
@@ -76,6 +77,58 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
       handle(device), op_b, op_a, to_int(n, "N"), to_int(m, "M"), to_int(k, "K"), pa, b, type, to_int(ldb, "ldb"),
       stride_b, a, type, to_int(lda, "lda"), stride_a, pb, c, type, to_int(ldc, "ldc"), stride_c,
       to_int(batch, "batch"), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_grouped(DType dtype, bool trans_a, bool trans_b, const std::vector<GemmItem>& items, int device) {
+  std::vector<GemmItem> live;
+  for (const GemmItem& it : items)
+    if (it.m > 0 && it.n > 0) live.push_back(it);
+  if (live.empty()) return;
+  if (dtype == DType::f64 || live.size() == 1) {  // the grouped call takes f32, f16 and bf16
+    for (const GemmItem& it : live)
+      gemm(dtype, trans_a, trans_b, it.m, it.n, it.k, 1.0, it.a, it.lda, 0, it.b, it.ldb, 0, 0.0, it.c, it.ldc, 0, 1,
+           device);
+    return;
+  }
+  const auto [type, compute] = gemm_types(dtype);
+  const int groups = to_int(static_cast<int64_t>(live.size()), "groups");
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // One problem per group, column-major as in gemm(): C^T = op(B)^T op(A)^T.
+  std::vector<cublasOperation_t> first(static_cast<size_t>(groups), op_b), second(static_cast<size_t>(groups), op_a);
+  std::vector<int> rows(live.size()), cols(live.size()), depth(live.size()), ld_first(live.size()),
+      ld_second(live.size()), ld_c(live.size()), group_size(live.size(), 1);
+  std::vector<float> alpha(live.size(), 1.0f), beta(live.size(), 0.0f);
+  std::vector<const void*> pointers(3 * live.size());  // the first operands, the second, the outputs
+  for (size_t i = 0; i < live.size(); ++i) {
+    const GemmItem& it = live[i];
+    rows[i] = to_int(it.n, "N");
+    cols[i] = to_int(it.m, "M");
+    depth[i] = to_int(it.k, "K");
+    ld_first[i] = to_int(it.ldb, "ldb");
+    ld_second[i] = to_int(it.lda, "lda");
+    ld_c[i] = to_int(it.ldc, "ldc");
+    pointers[i] = it.b;
+    pointers[live.size() + i] = it.a;
+    pointers[2 * live.size() + i] = it.c;
+  }
+  // cuBLAS reads the operand pointers from device memory; the sizes from the host.
+  const int64_t bytes = static_cast<int64_t>(pointers.size() * sizeof(void*));
+  void* on_device = device_malloc(bytes, device);
+  copy_host_to_device(on_device, pointers.data(), bytes, device);
+  const void* const* dev = static_cast<const void* const*>(on_device);
+  void* const* outputs = static_cast<void* const*>(on_device) + 2 * groups;
+  const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+      handle(device), first.data(), second.data(), rows.data(), cols.data(), depth.data(), alpha.data(), dev, type,
+      ld_first.data(), dev + groups, type, ld_second.data(), beta.data(), outputs, type, ld_c.data(), groups,
+      group_size.data(), compute);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // a type/compute pair this cuBLAS does not group: one GEMM each
+    for (const GemmItem& it : live)
+      gemm(dtype, trans_a, trans_b, it.m, it.n, it.k, 1.0, it.a, it.lda, 0, it.b, it.ldb, 0, 0.0, it.c, it.ldc, 0, 1,
+           device);
+  } else {
+    MT_CUBLAS_CHECK(st);
+  }
+  device_free(on_device, device);  // the stream orders any reuse after the GEMMs
 }
 
 }  // namespace moetrain::cuda
