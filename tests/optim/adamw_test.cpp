@@ -196,3 +196,30 @@ TEST_CASE("adamw: the fused CUDA update and gradient clipping match the CPU", "[
     CHECK(moetrain::testing::rel_error(gpu_opt.exp_avg_sq()[i].to(kCpu), cpu_opt.exp_avg_sq()[i]) < 1e-5);
   }
 }
+
+TEST_CASE("adamw: the CUDA mixed-precision update matches the CPU's", "[optim][cuda][bf16]") {
+  if (!moetrain::testing::gpu_available()) return;
+  Tensor p = randn({33, 65}, DType::f32, 3);
+  Tensor on_cpu = p.clone().set_requires_grad(), on_gpu = p.to(kCuda).set_requires_grad();
+  ParameterList cpu_params = {{"p", on_cpu, true, "x"}}, gpu_params = {{"p", on_gpu, true, "x"}};
+  AdamW cpu_opt(cpu_params, {}), gpu_opt(gpu_params, {});
+  cpu_opt.convert_to_bf16([](const NamedParameter&) { return true; });
+  gpu_opt.convert_to_bf16([](const NamedParameter&) { return true; });
+  REQUIRE(on_gpu.dtype() == DType::bf16);
+  REQUIRE(gpu_opt.master_weights()[0].is_cuda());
+  CHECK(moetrain::testing::bitwise_equal(on_gpu.detach().to(kCpu), on_cpu.detach()));  // the same rounding
+  for (int step = 0; step < 5; ++step) {
+    Tensor g = randn(p.shape(), DType::f32, 300 + step).to(DType::bf16);
+    on_cpu.set_grad(g);
+    on_gpu.set_grad(g.to(kCuda));
+    double n_cpu = clip_grad_norm(cpu_params, 1.0), n_gpu = clip_grad_norm(gpu_params, 1.0);
+    CHECK(n_gpu == Approx(n_cpu).epsilon(1e-12));
+    cpu_opt.step(1e-2);
+    gpu_opt.step(1e-2);
+  }
+  CHECK(moetrain::testing::rel_error(gpu_opt.master_weights()[0].to(kCpu), cpu_opt.master_weights()[0]) < 1e-5);
+  CHECK(moetrain::testing::rel_error(gpu_opt.exp_avg_sq()[0].to(kCpu), cpu_opt.exp_avg_sq()[0]) < 1e-5);
+  // The parameters: the masters rounded; a last-bit master difference may flip a rounding.
+  CHECK(moetrain::testing::rel_error(on_gpu.detach().to(kCpu).to(DType::f32), on_cpu.detach().to(DType::f32)) <=
+        1.0 / 128);
+}
