@@ -104,10 +104,13 @@ struct Slot {
 };
 
 // buffers: model.buffers(), kept alive by the caller while the slots are used.
+// Under mixed precision a bf16 parameter is saved and loaded as its f32 master
+// copy (so the file is an f32 checkpoint, whatever train.dtype wrote it).
 std::vector<Slot> slots(const LanguageModel& model, const ParameterList& buffers, const AdamW* opt) {
   std::vector<Slot> out;
   const ParameterList& params = model.parameters();
-  for (const NamedParameter& p : params) out.push_back({"params", &p, p.tensor});
+  for (size_t i = 0; i < params.size(); ++i)
+    out.push_back({"params", &params[i], opt ? opt->master_or_parameter(i) : params[i].tensor});
   for (const NamedParameter& b : buffers) out.push_back({"buffers", &b, b.tensor});
   if (opt) {
     for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg", &params[i], opt->exp_avg()[i]});
@@ -738,7 +741,10 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   p.consecutive_skips = attr("consecutive_skips");
   p.loader.epoch = static_cast<uint64_t>(attr("loader_epoch"));
   p.loader.position = attr("loader_position");
-  if (opt) opt->set_steps(attr("adam_step"));
+  if (opt) {
+    opt->set_steps(attr("adam_step"));
+    opt->round_parameters_from_master();  // mixed precision: bf16 parameters from the loaded masters
+  }
   default_generator() = Generator(static_cast<uint64_t>(attr("rng_seed")));
   default_generator().set_offset(static_cast<uint64_t>(attr("rng_offset")));
   return p;

@@ -169,6 +169,17 @@ void move_to_device_(const Tensor& t, Device device) {
   if (impl.grad) impl.grad.reset();  // a gradient on the old device would not match
 }
 
+void convert_dtype_(const Tensor& t, DType dtype) {
+  if (!t.defined() || t.dtype() == dtype) return;
+  TensorImpl& impl = t.impl();
+  MT_CHECK(t.is_leaf() && impl.offset == 0 && impl.storage->nbytes() == t.nbytes() && impl.storage.use_count() == 1,
+           "convert_dtype_: {} is a view or shares its storage; only whole leaves change dtype in place", describe(t));
+  Tensor converted = t.detach().to(dtype);
+  impl.storage = converted.impl().storage;
+  impl.dtype = dtype;
+  if (impl.grad) impl.grad.reset();  // a gradient of the old dtype would not match
+}
+
 std::string describe(const Tensor& t) {
   if (!t.defined()) return "undefined tensor";
   return fmt::format("{}{} {}", t.dtype(), t.shape(), t.device());

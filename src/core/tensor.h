@@ -134,5 +134,9 @@ std::string describe(const Tensor& t);  // "f32[3, 4] cpu"
 // model's member and its ParameterList entry) sees the new device. For whole
 // leaves (parameters, optimizer moments) that no view shares; checked.
 void move_to_device_(const Tensor& t, Device device);
+// Converts a leaf's elements to `dtype` in place (bf16 rounds to nearest even),
+// the same way: every handle sees the new dtype; a gradient is dropped. For whole
+// leaves (mixed precision turns parameters into bf16); checked.
+void convert_dtype_(const Tensor& t, DType dtype);
 
 }  // namespace moetrain

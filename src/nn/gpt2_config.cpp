@@ -16,6 +16,7 @@ Gpt2Config Gpt2Config::from(const Config& config) {
   c.layer_norm_eps = config.get_number("model.layer_norm_eps");
   c.dropout = config.get_number("model.dropout");
   c.init_std = config.get_number("model.init_std");
+  // bf16 (mixed precision) builds the model in f32; the trainer converts it (docs/cuda.md).
   c.dtype = config.get_string("train.dtype") == "f64" ? DType::f64 : DType::f32;
   c.activation_checkpointing = config.get_bool("train.activation_checkpointing");
   return c;

@@ -145,24 +145,28 @@ Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
   MT_CHECK(x.dim() == 3 && x.size(2) == c_.d_model, "kda layer: x is {} but must be [B, T, {}]", x.shape(),
            c_.d_model);
   const int64_t B = x.size(0), T = x.size(1), H = c_.n_head, HV = c_.value_heads(), K = c_.head_dim;
-  Tensor q = silu(short_conv(linear(x, q_proj), q_conv, cache ? &cache->conv_q : nullptr));
-  Tensor k = silu(short_conv(linear(x, k_proj), k_conv, cache ? &cache->conv_k : nullptr));
-  Tensor v = silu(short_conv(linear(x, v_proj), v_conv, cache ? &cache->conv_v : nullptr));
+  // Mixed precision (bf16 x): the projections run in bf16; from their outputs to
+  // o_proj's input the layer computes in f32 (short conv, gates, the recurrence and
+  // its state, the output norm), whose parameters stay f32 (§12 "Precision").
+  const DType cd = x.dtype() == DType::bf16 ? DType::f32 : x.dtype();
+  Tensor q = silu(short_conv(linear(x, q_proj).to(cd), q_conv, cache ? &cache->conv_q : nullptr));
+  Tensor k = silu(short_conv(linear(x, k_proj).to(cd), k_conv, cache ? &cache->conv_k : nullptr));
+  Tensor v = silu(short_conv(linear(x, v_proj).to(cd), v_conv, cache ? &cache->conv_v : nullptr));
   q = l2_norm(reshape(q, {B, T, H, K}), c_.l2norm_eps);
   k = l2_norm(reshape(k, {B, T, H, K}), c_.l2norm_eps);
   v = reshape(v, {B, T, HV, K});
   Tensor g;  // KDA: [B, T, HV, K]; Gated DeltaNet: [B, T, HV]; DeltaNet: none
   if (c_.decay == DeltaDecay::per_channel)
-    g = kda_gate(reshape(linear(linear(x, f_a_proj), f_b_proj), {B, T, HV, K}), A_log, dt_bias, c_.gate,
+    g = kda_gate(reshape(linear(linear(x, f_a_proj), f_b_proj).to(cd), {B, T, HV, K}), A_log, dt_bias, c_.gate,
                  c_.lower_bound);
   else if (c_.decay == DeltaDecay::per_head)
-    g = gated_deltanet_gate(linear(x, a_proj), A_log, dt_bias);
-  Tensor beta = sigmoid(linear(x, b_proj));  // [B, T, HV]
+    g = gated_deltanet_gate(linear(x, a_proj).to(cd), A_log, dt_bias);
+  Tensor beta = sigmoid(linear(x, b_proj).to(cd));  // [B, T, HV]
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
   Tensor o;
   if (cache && T == 1 && !autograd::grad_enabled()) {
     // Decoding one token: the constant-size state is updated in place.
-    if (!cache->state.defined()) cache->state = zeros({B, HV, K, K}, x.dtype(), x.device());
+    if (!cache->state.defined()) cache->state = zeros({B, HV, K, K}, cd, x.device());
     switch (c_.decay) {
       case DeltaDecay::per_channel: o = kda_decode_step(q, k, v, g, beta, cache->state, scale); break;
       case DeltaDecay::per_head: o = gated_delta_rule_decode_step(q, k, v, g, beta, cache->state, scale); break;
@@ -180,9 +184,9 @@ Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
     if (cache) cache->state = r.final_state.detach().clone();  // owned: decode steps update it in place
     o = r.o;
   }
-  Tensor z = c_.full_rank_output_gate ? linear(x, g_proj) : linear(linear(x, g_a_proj), g_b_proj);
+  Tensor z = (c_.full_rank_output_gate ? linear(x, g_proj) : linear(linear(x, g_a_proj), g_b_proj)).to(cd);
   o = mul(rms_norm(o, o_norm, c_.norm_eps), sigmoid(reshape(z, {B, T, HV, K})));
-  return linear(reshape(o, {B, T, HV * K}), o_proj);
+  return linear(reshape(o, {B, T, HV * K}).to(x.dtype()), o_proj);
 }
 
 }  // namespace moetrain

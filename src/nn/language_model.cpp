@@ -9,6 +9,9 @@ Tensor LanguageModel::loss(const Tensor& ids, const Tensor& targets, bool traini
   Tensor logits = forward(ids, training);
   profile::Region region("embedding/head");
   // Targets follow the logits (the trainer moves both; eval passes host batches).
+  // Mixed precision: bf16 logits are widened, so the loss and its gradient's
+  // softmax are f32 (the logged loss keeps more than bf16's 3 digits).
+  if (logits.dtype() == DType::bf16) logits = logits.to(DType::f32);
   return cross_entropy(logits, targets.to(logits.device()));
 }
 

@@ -92,7 +92,9 @@ Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, co
            "moe router: x {} must be [N, D] and gate.weight {} [E, D]", x.shape(), gate_weight.shape());
   const int64_t N = x.size(0), E = gate_weight.size(0), k = c.top_k;
   Routing r;
-  r.logits = linear(x, gate_weight);  // [N, E]
+  // Mixed precision: gate.weight stays f32 and x is widened to it, so logits,
+  // scores and top-k are f32 (§9.1); otherwise x already has the weight's dtype.
+  r.logits = linear(x.to(gate_weight.dtype()), gate_weight);  // [N, E]
   r.scores = c.score == RouterScore::sigmoid ? sigmoid(r.logits) : softmax(r.logits);
   {
     NoGradGuard no_grad;
@@ -257,7 +259,8 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
   for (int64_t i = 0; i < M; ++i) slot_row[plan.order[i]] = i;
   if (plan.dropped > 0) out = concat({out, zeros({1, W}, out.dtype(), out.device())}, 0);
   Tensor slots = reshape(index_select(out, 0, index_tensor(slot_row)), {N, k, W});
-  Tensor y = sum(mul(slots, reshape(r.weights, {N, k, 1})), 1);  // [N, W]
+  // The f32 routing weights meet bf16 expert outputs in their dtype (mixed precision).
+  Tensor y = sum(mul(slots, reshape(r.weights.to(slots.dtype()), {N, k, 1})), 1);  // [N, W]
   if (c_.latent_dim > 0) {
     if (latent_norm.defined()) y = rms_norm(y, latent_norm, c_.latent_norm_eps);
     y = linear(y, up_proj);

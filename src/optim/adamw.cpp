@@ -32,6 +32,17 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void adamw_update(
   }
 }
 
+// Mixed precision on the host, elements [lo, hi): the bf16 gradient widened to
+// f32 in `scratch`, the f32 update of the master (the loop above, so the master
+// follows an f32 parameter bit for bit), then the bf16 parameter rounded from it.
+void adamw_update_bf16_master(bf16* __restrict w, const bf16* __restrict g, float* __restrict master,
+                              float* __restrict m, float* __restrict v, float* __restrict scratch, int64_t lo,
+                              int64_t hi, const AdamWCoefficients& k) {
+  for (int64_t j = lo; j < hi; ++j) scratch[j] = g[j].to_float();
+  adamw_update<float>(master, scratch, m, v, lo, hi, k);
+  for (int64_t j = lo; j < hi; ++j) w[j] = bf16::from_float(master[j]);
+}
+
 }  // namespace
 
 AdamW::AdamW(const ParameterList& params, AdamWOptions options) : params_(params), options_(options) {
@@ -39,10 +50,33 @@ AdamW::AdamW(const ParameterList& params, AdamWOptions options) : params_(params
            "adamw: betas ({}, {}) must be in [0, 1)", options.beta1, options.beta2);
   MT_CHECK(options.eps > 0 && options.weight_decay >= 0, "adamw: eps = {} must be > 0 and weight_decay = {} >= 0",
            options.eps, options.weight_decay);
+  NoGradGuard no_grad;
   for (const NamedParameter& p : params_) {
-    m_.push_back(zeros_like(p.tensor));
-    v_.push_back(zeros_like(p.tensor));
+    // A parameter that is bf16 already gets its f32 master from its own values (exact).
+    const bool bf = p.tensor.dtype() == DType::bf16;
+    master_.push_back(bf ? p.tensor.detach().to(DType::f32) : Tensor());
+    m_.push_back(zeros_like(bf ? master_.back() : p.tensor));
+    v_.push_back(zeros_like(bf ? master_.back() : p.tensor));
   }
+}
+
+void AdamW::convert_to_bf16(const std::function<bool(const NamedParameter&)>& select) {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
+    if (master_[i].defined() || !select(p)) continue;
+    MT_CHECK(p.tensor.dtype() == DType::f32 && m_[i].dtype() == DType::f32 && v_[i].dtype() == DType::f32,
+             "adamw: mixed precision needs f32 parameters and moments; {} is {} (moments {})", p.name,
+             describe(p.tensor), describe(m_[i]));
+    master_[i] = p.tensor.detach().clone();
+    convert_dtype_(p.tensor, DType::bf16);
+  }
+}
+
+void AdamW::round_parameters_from_master() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (master_[i].defined()) copy_(params_[i].tensor, master_[i].to(DType::bf16));
 }
 
 void AdamW::step(double lr) {
@@ -56,6 +90,26 @@ void AdamW::step(double lr) {
     Tensor g = p.tensor.grad();
     if (!g.defined()) continue;
     const double decay = p.decay ? 1.0 - lr * options_.weight_decay : 1.0;
+    if (master_[i].defined()) {
+      MT_CHECK(g.dtype() == DType::bf16 && g.device() == p.tensor.device() && g.shape() == p.tensor.shape(),
+               "adamw: {} is {} but its gradient is {}; expected a bf16 gradient of the same shape and device",
+               p.name, describe(p.tensor), describe(g));
+      const AdamWCoefficients k{decay, b1, b2, step_size, bc2_sqrt, options_.eps};
+      Tensor w = p.tensor;
+      if (p.tensor.is_cuda()) {
+        cuda::adamw_update_bf16_master(w, g, master_[i], m_[i], v_[i], k);
+        continue;
+      }
+      Tensor scratch = empty(p.tensor.shape(), DType::f32);
+      bf16* pw = w.data<bf16>();
+      const bf16* pg = g.data<bf16>();
+      float *pm = master_[i].data<float>(), *m = m_[i].data<float>(), *v = v_[i].data<float>();
+      float* ps = scratch.data<float>();
+      cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        adamw_update_bf16_master(pw, pg, pm, m, v, ps, lo, hi, k);
+      });
+      continue;
+    }
     if (p.tensor.is_cuda()) {
       Tensor w = p.tensor;
       cuda::adamw_update(w, g, m_[i], v_[i], AdamWCoefficients{decay, b1, b2, step_size, bc2_sqrt, options_.eps});
@@ -91,6 +145,11 @@ double grad_squared_sum(const ParameterList& params) {
       cuda::add_squared_sum(device_total, g);
       continue;
     }
+    if (g.dtype() == DType::bf16) {  // mixed precision: bf16 grads widened, summed in double
+      const bf16* d = g.data<bf16>();
+      for (int64_t j = 0; j < g.numel(); ++j) total += static_cast<double>(d[j].to_float()) * d[j].to_float();
+      continue;
+    }
     dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {
       using T = decltype(tag);
       const T* d = g.data<T>();
@@ -107,6 +166,12 @@ void scale_grads(const ParameterList& params, double coef) {
     if (!g.defined()) continue;
     if (g.is_cuda()) {
       cuda::scale(g, coef);
+      continue;
+    }
+    if (g.dtype() == DType::bf16) {  // in f32, rounded back (as the CUDA kernel)
+      bf16* d = g.data<bf16>();
+      const float c = static_cast<float>(coef);
+      for (int64_t j = 0; j < g.numel(); ++j) d[j] = bf16::from_float(d[j].to_float() * c);
       continue;
     }
     dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {

@@ -3,8 +3,15 @@
 //   m = β1 m + (1-β1) g,  v = β2 v + (1-β2) g²,
 //   p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps).
 // Moments have the parameter's dtype (fp32 master weights in fp32 training).
+//
+// Mixed precision (train.dtype bf16, docs/cuda.md): convert_to_bf16 turns the
+// chosen parameters into bf16 and keeps their f32 values as master weights; for
+// those, a step converts the bf16 gradient to f32, updates master and f32 moments
+// exactly as an f32 parameter would be updated, and writes the master rounded to
+// nearest even into the bf16 parameter.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -36,10 +43,26 @@ class AdamW {
   const std::vector<Tensor>& exp_avg_sq() const { return v_; }
   void set_steps(int64_t steps) { step_ = steps; }
 
+  // Mixed precision: each f32 parameter that `select` picks becomes bf16 in place
+  // (every handle sees it; its gradient is dropped) and its f32 values become the
+  // master copy. Call once the parameters and moments are on their device and a
+  // resume has loaded them (the moments must be f32).
+  void convert_to_bf16(const std::function<bool(const NamedParameter&)>& select);
+  // The f32 master copy of each parameter, in parameter order; undefined for a
+  // parameter that is its own master (f32/f64 training, or kept f32 in bf16).
+  const std::vector<Tensor>& master_weights() const { return master_; }
+  // What a checkpoint saves as parameter i: its master copy, else the parameter.
+  Tensor master_or_parameter(size_t i) const {
+    return master_[i].defined() ? master_[i] : params_[i].tensor;
+  }
+  // After a checkpoint load wrote new master values: each bf16 parameter becomes
+  // its master rounded to nearest even.
+  void round_parameters_from_master();
+
  private:
   ParameterList params_;
   AdamWOptions options_;
-  std::vector<Tensor> m_, v_;
+  std::vector<Tensor> m_, v_, master_;
   int64_t step_ = 0;
 };
 

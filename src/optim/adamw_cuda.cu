@@ -22,6 +22,25 @@ __global__ void adamw_kernel(T* __restrict__ w, const T* __restrict__ g, T* __re
   }
 }
 
+// Mixed precision: the f32 kernel's arithmetic on the master copy; the bf16
+// parameter receives the master rounded to nearest even.
+__global__ void adamw_bf16_master_kernel(bf16_t* __restrict__ w, const bf16_t* __restrict__ g,
+                                         float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
+                                         int64_t n, AdamWCoefficients k) {
+  const float td = static_cast<float>(k.decay), tb1 = static_cast<float>(k.b1), tb2 = static_cast<float>(k.b2);
+  const float ss = static_cast<float>(k.step_size), bc = static_cast<float>(k.bc2_sqrt), eps = static_cast<float>(k.eps);
+  MT_GRID_LOOP(j, n) {
+    const float gj = load(g, j);
+    const float mj = m[j] * tb1 + gj * (1.0f - tb1);
+    const float vj = v[j] * tb2 + gj * gj * (1.0f - tb2);
+    m[j] = mj;
+    v[j] = vj;
+    const float wj = master[j] * td - ss * mj / (sqrt(vj) / bc + eps);
+    master[j] = wj;
+    store(w, j, wj);
+  }
+}
+
 // A fixed grid (kSumBlocks x kThreads): each block sums a fixed set of elements
 // into partial[block]; one block then adds the partials in order to acc.
 constexpr int kSumBlocks = 256;
@@ -61,6 +80,19 @@ void adamw_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamWC
       break;
     default: MT_THROW("adamw: parameters must be f32 or f64 (master weights), got {}", w.dtype());
   }
+  MT_CUDA_CHECK_LAUNCH("adamw");
+}
+
+void adamw_update_bf16_master(Tensor& w, const Tensor& g, Tensor& master, Tensor& m, Tensor& v,
+                              const AdamWCoefficients& k) {
+  int64_t n = w.numel();
+  if (n == 0) return;
+  MT_CHECK(w.dtype() == DType::bf16 && g.dtype() == DType::bf16 && master.dtype() == DType::f32 &&
+               m.dtype() == DType::f32 && v.dtype() == DType::f32,
+           "adamw (mixed precision): expected bf16 parameter and gradient, f32 master and moments; got {}, {}, {}, "
+           "{}, {}", describe(w), describe(g), describe(master), describe(m), describe(v));
+  adamw_bf16_master_kernel<<<blocks_for(n), kThreads, 0, stream_of(w)>>>(
+      ptr<bf16_t>(w), ptr<bf16_t>(g), ptr<float>(master), ptr<float>(m), ptr<float>(v), n, k);
   MT_CUDA_CHECK_LAUNCH("adamw");
 }
 

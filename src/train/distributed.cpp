@@ -117,13 +117,16 @@ double mean_over_world(Distributed& d, double value) {
   return t.data<double>()[0] / d.size();
 }
 
-ParameterList full_state(Distributed& d, const LanguageModel& model) {
+ParameterList full_state(Distributed& d, const LanguageModel& model, const AdamW* opt) {
   ParameterList out;
   NoGradGuard no_grad;
   comm::WatchdogLabel label("expert gather");
-  for (const NamedParameter& p : model.parameters()) {
+  const ParameterList& params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const NamedParameter& p = params[i];
     NamedParameter q = p;
-    if (sharded(d, p)) q.tensor = d.grid.ep_group->all_gather(p.tensor.detach());
+    if (opt) q.tensor = opt->master_or_parameter(i);
+    if (sharded(d, p)) q.tensor = d.grid.ep_group->all_gather(q.tensor.detach());
     out.push_back(q);
   }
   const ParameterList buffers = model.buffers();

@@ -20,6 +20,7 @@
 
 namespace moetrain {
 
+class AdamW;
 class HybridModel;
 
 struct Distributed {
@@ -54,7 +55,8 @@ void all_reduce_moe_stats(Distributed& d, LanguageModel& model);
 // Mean of a per-rank value over the world.
 double mean_over_world(Distributed& d, double value);
 // Parameters and buffers at full size (expert shards gathered over the ep group),
-// to save on the root. Collective.
-ParameterList full_state(Distributed& d, const LanguageModel& model);
+// to save on the root; with `opt`, a bf16 parameter's f32 master copy stands for
+// it (mixed precision). Collective.
+ParameterList full_state(Distributed& d, const LanguageModel& model, const AdamW* opt = nullptr);
 
 }  // namespace moetrain

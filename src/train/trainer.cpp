@@ -246,6 +246,12 @@ std::string sample_text(LanguageModel& model, const data::Tokenizer& tok, const 
 }  // namespace
 
 TrainSummary train(const Config& config) {
+  // Mixed precision computes bf16 on CUDA only (the CPU kernels are f32/f64).
+  const bool mixed_precision = config.get_string("train.dtype") == "bf16";
+  if (mixed_precision && config.get_string("train.device") != "cuda")
+    config.fail("train.dtype", fmt::format("is bf16 (mixed precision), which needs train.device: cuda, but "
+                                           "train.device is {}; set train.device: cuda or train.dtype: f32",
+                                           config.get_string("train.device")));
   Distributed dist = make_distributed(config);
   // Under mpirun only the root logs (warnings and errors come from every rank).
   if (!dist.root()) spdlog::set_level(spdlog::level::warn);
@@ -408,6 +414,16 @@ TrainSummary train(const Config& config) {
     for (const Tensor& t : opt.exp_avg_sq()) move_to_device_(t, device);
     spdlog::info("training on {} ({})", device, cuda::device_name(device.index));
   }
+  if (mixed_precision) {
+    // Parameters become bf16 on the device; AdamW keeps their f32 values as master
+    // weights (what checkpoints and the exported model hold).
+    opt.convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
+    int64_t kept = 0;
+    for (const NamedParameter& p : params) kept += p.tensor.dtype() == DType::f32 ? p.tensor.numel() : 0;
+    spdlog::info("mixed precision: bf16 parameters and activations, f32 master weights and AdamW moments; {} of {} "
+                 "parameters stay f32 (router, KDA gate, conv and output norm)", with_commas(kept),
+                 with_commas(count_parameters(params)));
+  }
   if (dist.root()) metrics = std::make_unique<MetricsWriter>((run_dir / "metrics.jsonl").string());
   StopSignalHandler stop_signal;
   bool stopped = false;
@@ -569,8 +585,9 @@ TrainSummary train(const Config& config) {
   if (sample_every > 0 || max_steps == 0) run_sample(summary.steps);
 
   std::filesystem::path model_dir = run_dir / "model";
-  if (dist.grid.ep > 1) {
-    const ParameterList state = full_state(dist, *model);  // collective: experts from the whole ep group
+  if (dist.grid.ep > 1 || mixed_precision) {
+    // Collective: experts from the whole ep group; under mixed precision the f32 master weights.
+    const ParameterList state = full_state(dist, *model, mixed_precision ? &opt : nullptr);
     if (dist.root()) export_model(*model, model_dir.string(), &state);
   } else if (dist.root()) {
     export_model(*model, model_dir.string());

@@ -221,3 +221,52 @@ TEST_CASE("checkpoint: loading into another shape lists every missing, unexpecte
   CHECK_THAT(e, Catch::Contains("missing in the checkpoint: params/model.layers.3."));
   CHECK_THAT(e, Catch::Contains("config.resolved.yaml"));
 }
+
+TEST_CASE("checkpoint: mixed precision saves the f32 master weights; f32 and bf16 runs load each other",
+          "[checkpoint][bf16]") {
+  // bf16 parameters are storage only on the CPU: the step here gets made-up bf16 grads.
+  Saved s;
+  s.opt.convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
+  const ParameterList& params = s.model->parameters();
+  int64_t bf16_params = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& t = params[i].tensor;
+    bf16_params += t.dtype() == DType::bf16;
+    Tensor g = randn(t.shape(), DType::f32, 500 + i);
+    t.set_grad(t.dtype() == DType::bf16 ? g.to(DType::bf16) : g);
+  }
+  REQUIRE(bf16_params > 0);
+  s.opt.step(1e-2);
+  const std::string dir = s.save(3);
+
+  // An f32 run resumes from it: its parameters are the masters, the moments f32.
+  Config other = tiny_config(s.tmp.path() + "/run", {"train.seed=99"});
+  std::unique_ptr<LanguageModel> f32_model = build_model(other);
+  AdamW f32_opt(f32_model->parameters(), {});
+  load_checkpoint(s.dist, dir, *f32_model, &f32_opt, other);
+  for (size_t i = 0; i < params.size(); ++i) {
+    INFO(params[i].name);
+    CHECK(f32_model->parameters()[i].tensor.dtype() == DType::f32);
+    CHECK(moetrain::testing::bitwise_equal(f32_model->parameters()[i].tensor, s.opt.master_or_parameter(i)));
+    CHECK(moetrain::testing::bitwise_equal(f32_opt.exp_avg_sq()[i], s.opt.exp_avg_sq()[i]));
+  }
+
+  // A bf16 run resumes as the trainer does: load into the f32 model, then convert.
+  std::unique_ptr<LanguageModel> model = build_model(other);
+  AdamW opt(model->parameters(), {});
+  load_checkpoint(s.dist, dir, *model, &opt, other);
+  opt.convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
+  // Or into a model converted already: the load writes the masters and re-rounds the parameters.
+  std::unique_ptr<LanguageModel> converted = build_model(other);
+  AdamW converted_opt(converted->parameters(), {});
+  converted_opt.convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
+  load_checkpoint(s.dist, dir, *converted, &converted_opt, other);
+  for (size_t i = 0; i < params.size(); ++i) {
+    INFO(params[i].name);
+    CHECK(moetrain::testing::bitwise_equal(model->parameters()[i].tensor, params[i].tensor));
+    CHECK(moetrain::testing::bitwise_equal(opt.master_or_parameter(i), s.opt.master_or_parameter(i)));
+    CHECK(moetrain::testing::bitwise_equal(converted->parameters()[i].tensor, params[i].tensor));
+    CHECK(moetrain::testing::bitwise_equal(converted_opt.master_or_parameter(i), s.opt.master_or_parameter(i)));
+    CHECK(moetrain::testing::bitwise_equal(opt.exp_avg()[i], s.opt.exp_avg()[i]));
+  }
+}

@@ -364,6 +364,50 @@ TEST_CASE("cli: train.device = cuda without a usable GPU exits 2 naming the key"
                            (Catch::Contains("no CUDA device is visible") || Catch::Contains("built without CUDA")));
 }
 
+TEST_CASE("cli: train.dtype = bf16 without train.device = cuda exits 2 naming both keys", "[cli][errors]") {
+  Workspace w;  // the check comes before any data is read
+  Result r = run("train -c " + w.config() + " --set train.dtype=bf16 --set train.max_steps=1");
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("train.dtype") && Catch::Contains("train.device is cpu") &&
+                           Catch::Contains("set train.device: cuda"));
+  CHECK(!fs::exists(w.dir + "/run/metrics.jsonl"));
+}
+
+TEST_CASE("cli: a tiny GPT-2 trains in bf16 mixed precision on CUDA near the CPU f32 losses; its checkpoint resumes "
+          "an f32 run", "[cli][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  Workspace w;
+  w.prepare();
+  string cfg = w.config();
+  Result cpu = run("train -c " + cfg);
+  INFO(cpu.output);
+  REQUIRE(cpu.code == 0);
+  Result gpu = run("train -c " + cfg + " --set train.device=cuda --set train.dtype=bf16 --set ckpt.every=3 "
+                   "--set run.dir=" + w.dir + "/run_bf16");
+  INFO(gpu.output);
+  REQUIRE(gpu.code == 0);
+  CHECK_THAT(gpu.output, Catch::Contains("training on cuda:") && Catch::Contains("mixed precision: bf16 parameters"));
+  std::vector<double> a = moetrain::testing::metrics_losses(w.dir + "/run"),
+                      b = moetrain::testing::metrics_losses(w.dir + "/run_bf16");
+  REQUIRE(a.size() == b.size());
+  REQUIRE(a.size() >= 6);
+  // bf16 weights and activations (8-bit mantissas, relative rounding 2^-9 per value)
+  // against f32: the losses (~5.5 nats at the start) agree to about 1%.
+  for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == Approx(a[i]).epsilon(2e-2));
+  // The checkpoint and the exported model hold the f32 master weights.
+  const string ckpt = w.dir + "/run_bf16/checkpoints/step_00000003";
+  CHECK_THAT(moetrain::testing::read_bytes(ckpt + "/manifest.json"), Catch::Contains("\"dtype\": \"f32\""));
+  // An f32 CPU run resumes from the bf16 run's step 3 and ends near the f32 run.
+  Result resumed = run("train -c " + cfg + " --set run.dir=" + w.dir + "/run_bf16 --set ckpt.resume=step_00000003");
+  INFO(resumed.output);
+  REQUIRE(resumed.code == 0);
+  CHECK_THAT(resumed.output, Catch::Contains("resumed from"));
+  std::vector<double> c = moetrain::testing::metrics_losses(w.dir + "/run_bf16");
+  REQUIRE(c.size() == a.size());
+  for (size_t i = 3; i < a.size(); ++i) CHECK(c[i] == Approx(a[i]).epsilon(2e-2));
+}
+
 TEST_CASE("cli: a tiny GPT-2 trains on CUDA with the CPU run's losses", "[cli][cuda]") {
   if (!moetrain::testing::gpu_available()) return;
   Workspace w;

@@ -173,8 +173,8 @@ TEST_CASE("config: set() validates like an override and records its origin", "[c
             "attn_every, attn_offset, attn_last, layer_mixers, ffn, situ_beta, situ_linear_beta, "
             "situ_learnable_beta, attn_res, attn_res_block_size, tie_embeddings, rms_norm_eps, embed_init_std, "
             "kda, mla, moe");
-  CHECK(config_error([&] { c.set("train.dtype", "bf16", "checkpoint"); }) ==
-        "checkpoint: train.dtype: expected one of f32, f64, got 'bf16'");
+  CHECK(config_error([&] { c.set("train.dtype", "int8", "checkpoint"); }) ==
+        "checkpoint: train.dtype: expected one of f32, f64, bf16, got 'int8'");
 }
 
 TEST_CASE("config: unknown keys suggest the nearest key, also across sections", "[config][errors]") {

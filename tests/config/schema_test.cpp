@@ -106,7 +106,7 @@ TEST_CASE("schema: defaults, types and ranges of the GPT-2 and training keys", "
       {"train.sample_top_k", {T::integer, "40", ">= 0"}},
       {"train.log_every", {T::integer, "1", ">= 1"}},
       {"train.threads", {T::integer, "0", ">= 0"}},
-      {"train.dtype", {T::choice, "f32", "one of f32, f64"}},
+      {"train.dtype", {T::choice, "f32", "one of f32, f64, bf16"}},
       {"train.activation_checkpointing", {T::boolean, "false", ""}},
       {"train.profile", {T::boolean, "false", ""}},
       {"run.dir", {T::string, "runs/default", ""}},

@@ -331,3 +331,25 @@ TEST_CASE("hybrid: decode_cache_bytes is what the cache holds", "[nn][hybrid][ev
     }
   }
 }
+
+TEST_CASE("hybrid: under mixed precision the routers and KDA's A_log, dt_bias, convs and output norm stay f32",
+          "[nn][hybrid][bf16]") {
+  HybridModel model(tiny(DType::f32), 1);
+  std::map<std::string, bool> stays;
+  for (const NamedParameter& p : model.parameters()) stays[p.name] = stays_f32_in_mixed_precision(p);
+  for (const char* name : {"model.layers.0.self_attn.A_log", "model.layers.0.self_attn.dt_bias",
+                           "model.layers.0.self_attn.q_conv1d.weight", "model.layers.0.self_attn.v_conv1d.weight",
+                           "model.layers.4.self_attn.o_norm.weight", "model.layers.2.mlp.gate.weight"}) {
+    INFO(name);
+    REQUIRE(stays.count(name) == 1);
+    CHECK(stays[name]);
+  }
+  for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+                           "model.layers.0.input_layernorm.weight", "model.embed_tokens.weight"}) {
+    INFO(name);
+    REQUIRE(stays.count(name) == 1);
+    CHECK(!stays[name]);
+  }
+  // Three KDA layers with 6 such parameters each (A_log, dt_bias, 3 convs, o_norm), three routers.
+  CHECK(std::count_if(stays.begin(), stays.end(), [](const auto& e) { return e.second; }) == 3 * 6 + 3);
+}
