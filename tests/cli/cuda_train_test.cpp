@@ -10,7 +10,7 @@
 using std::string;
 using Result = moetrain::testing::CommandOutput;
 
-TEST_CASE("cli: k3-tiny trains on CUDA with the CPU run's first 20 losses", "[cli][cuda]") {
+TEST_CASE("cli: k3-tiny trains on CUDA, f32 and bf16, with the CPU run's first 20 losses", "[cli][cuda]") {
   if (!moetrain::testing::gpu_available()) return;
   moetrain::testing::TempDir tmp;
   const string dir = tmp.path();
@@ -37,4 +37,13 @@ TEST_CASE("cli: k3-tiny trains on CUDA with the CPU run's first 20 losses", "[cl
   // f32 on both, other summation orders; a router tie broken the other way moves
   // one token's experts, which the tolerance leaves room for.
   for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == Approx(a[i]).epsilon(2e-3));
+
+  // Mixed precision (bf16 compute, f32 masters): within bf16's rounding of the f32 run.
+  Result bf16 = moetrain::testing::run_moetrain(args + " --set train.device=cuda --set train.dtype=bf16 --set run.dir=" +
+                                                dir + "/bf16");
+  INFO(bf16.output);
+  REQUIRE(bf16.code == 0);
+  std::vector<double> c = moetrain::testing::metrics_losses(dir + "/bf16");
+  REQUIRE(c.size() == a.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(c[i] == Approx(a[i]).epsilon(3e-2));
 }
