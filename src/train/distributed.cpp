@@ -40,6 +40,7 @@ Distributed make_distributed(const Config& config) {
   if (timeout_s > 0 && d.world->size() > 1)
     d.watchdog = std::make_unique<comm::Watchdog>(comm::WatchdogOptions{
         .timeout_s = timeout_s, .rank = d.rank(), .size = d.size(), .host = d.world->host(), .on_timeout = {}});
+  d.overlap_grad_sync = config.get_bool("train.overlap_grad_sync");
   comm::WatchdogLabel label("process grid");
   d.grid = comm::make_process_grid(*d.world, static_cast<int>(ep), "train.ep");
   return d;
@@ -68,6 +69,11 @@ void log_rank_table(Distributed& d, int threads) {
 
 void sync_gradients(Distributed& d, const LanguageModel& model) {
   if (d.size() == 1) return;
+  if (d.reducer && d.reducer->in_step()) {
+    comm::WatchdogLabel label("gradient sync (overlapped)");
+    d.reducer->finish();
+    return;
+  }
   ParameterList replicated, shards;
   split(d, model.parameters(), replicated, shards);
   comm::WatchdogLabel label("gradient sync");
@@ -75,6 +81,25 @@ void sync_gradients(Distributed& d, const LanguageModel& model) {
   o.scale = 1.0 / d.size();
   comm::all_reduce_grads(*d.world, replicated, o);
   if (!shards.empty()) comm::all_reduce_grads(*d.grid.dp_group, shards, o);
+}
+
+std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distributed& d, const LanguageModel& model) {
+  if (d.size() == 1 || !d.overlap_grad_sync) return nullptr;
+  if (!d.reducer) {
+    // The same groups and scale as sync_gradients' blocking sums.
+    std::vector<comm::ReducedParameter> params;
+    for (const NamedParameter& p : model.parameters())
+      params.push_back({p, sharded(d, p) ? d.grid.dp_group.get() : d.world});
+    comm::GradSyncOptions o;
+    o.scale = 1.0 / d.size();
+    d.reducer = std::make_unique<comm::GradReducer>(std::move(params), o);
+  }
+  d.reducer->begin();
+  comm::GradReducer* reducer = d.reducer.get();
+  return std::make_unique<autograd::GradReadyHookGuard>([reducer](const Tensor& leaf) {
+    comm::WatchdogLabel label("gradient sync (during backward)");
+    reducer->grad_ready(leaf);
+  });
 }
 
 double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm) {
