@@ -110,7 +110,7 @@ void check_parameter(const char* op, const NamedParameter& p, const NamedParamet
   bucket_dtype(p);
 }
 
-void check_grad(const char* op, const NamedParameter& p) {
+void check_param_grad(const char* op, const NamedParameter& p) {
   Tensor g = p.tensor.grad();
   MT_CHECK(!g.defined() || (g.device() == p.tensor.device() && g.dtype() == p.tensor.dtype() &&
                             g.shape() == p.tensor.shape()),
@@ -126,7 +126,7 @@ GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, 
   std::unordered_set<const TensorImpl*> seen;  // a tensor listed twice would be summed twice
   for (const NamedParameter& p : params) {
     check_parameter("all_reduce_grads", p, params.front(), seen);
-    check_grad("all_reduce_grads", p);
+    check_param_grad("all_reduce_grads", p);
   }
 
   // Which parameters have a grad on some rank.
@@ -283,7 +283,7 @@ void GradReducer::start(Bucket& b) {
   b.flags = empty(Shape{static_cast<int64_t>(b.members.size())}, DType::i32);
   for (size_t k = 0; k < b.members.size(); ++k) {
     const NamedParameter& p = params_[b.members[k]].param;
-    check_grad("GradReducer", p);
+    check_param_grad("GradReducer", p);
     b.flags.data<int32_t>()[k] = p.tensor.grad().defined() ? 1 : 0;
   }
   if (device.is_cuda()) {
