@@ -30,7 +30,9 @@ struct Distributed {
   // dist.timeout_s > 0 with several ranks: a collective that waits longer ends the job (exit 42).
   std::unique_ptr<comm::Watchdog> watchdog;
   bool overlap_grad_sync = false;              // train.overlap_grad_sync
+  int64_t grad_bucket_bytes = int64_t{32} << 20;  // train.grad_bucket_mb
   std::unique_ptr<comm::GradReducer> reducer;  // made at the first overlapped step
+  bool overlap_logged = false;                 // the first overlapped step's line is printed
 
   int rank() const { return world->rank(); }
   int size() const { return world->size(); }
