@@ -252,6 +252,22 @@ void GradReducer::begin() {
   }
   std::fill(ready_.begin(), ready_.end(), false);
   next_to_start_ = 0;
+  if (!groups_ready_ && !params_.empty() && params_.front().param.tensor.is_cuda()) {
+    // A group's NCCL communicator is made by its first CUDA collective, which
+    // blocks until every rank of the group makes it: here, where every rank
+    // is, not in backward, where a rank could wait in it for a peer that waits
+    // in an expert all-to-all for this rank. Groups in bucket order, the same
+    // on every rank.
+    NoGradGuard no_grad;
+    std::vector<Communicator*> done;
+    for (const auto& b : buckets_) {
+      if (std::find(done.begin(), done.end(), b->comm) != done.end()) continue;
+      done.push_back(b->comm);
+      Tensor one = zeros(Shape{1}, DType::f32, params_.front().param.tensor.device());
+      b->comm->all_reduce_sum(one);
+    }
+  }
+  groups_ready_ = true;
   in_step_ = true;
 }
 

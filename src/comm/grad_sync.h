@@ -94,6 +94,7 @@ class GradReducer {
   std::vector<bool> ready_;
   size_t next_to_start_ = 0;
   bool in_step_ = false;
+  bool groups_ready_ = false;  // the groups' NCCL communicators exist (CUDA)
 };
 
 }  // namespace moetrain::comm
