@@ -1,6 +1,7 @@
 #include "autograd/engine.h"
 
 #include <chrono>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <vector>
@@ -65,13 +66,94 @@ struct LaterFirst {
   bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
 };
 
+// The installed grad-ready hook, how deep in nested passes this thread is, and
+// where nested passes record the leaves they added to (the outermost pass's list).
+thread_local const GradReadyHook* t_hook = nullptr;
+thread_local int t_depth = 0;
+thread_local std::vector<std::shared_ptr<TensorImpl>>* t_nested_leaves = nullptr;
+
+struct DepthGuard {
+  DepthGuard() { ++t_depth; }
+  ~DepthGuard() { --t_depth; }
+};
+
+// Grad-ready bookkeeping of an outermost pass with a hook (engine.h).
+class ReadyTracker {
+ public:
+  explicit ReadyTracker(const GradReadyHook& hook) : hook_(hook) { t_nested_leaves = &nested_; }
+  ~ReadyTracker() { t_nested_leaves = nullptr; }
+  ReadyTracker(const ReadyTracker&) = delete;
+  ReadyTracker& operator=(const ReadyTracker&) = delete;
+
+  // While walking the graph: one more edge into `leaf`.
+  void count_edge(const std::shared_ptr<TensorImpl>& leaf) { ++uses_[leaf.get()]; }
+  // A root that is itself a leaf got its gradient.
+  void root_leaf(const std::shared_ptr<TensorImpl>& leaf) { roots_.push_back(leaf); }
+  // An edge into `leaf` was processed (with or without a gradient).
+  void edge_done(const std::shared_ptr<TensorImpl>& leaf) {
+    if (--uses_[leaf.get()] == 0) fire(leaf);
+  }
+  // After a node ran: the leaves its nested passes (checkpoint) added to.
+  void node_done() {
+    std::vector<std::shared_ptr<TensorImpl>> leaves;
+    leaves.swap(nested_);
+    for (const auto& leaf : leaves) {
+      MT_CHECK(!fired(leaf.get()),
+               "backward: a recomputed block (checkpoint) added to the gradient of a leaf {} after the leaf was "
+               "reported final to the grad-ready hook (its uses outside recomputed blocks had finished); a "
+               "parameter used both inside a checkpointed block and elsewhere needs train.overlap_grad_sync: false",
+               describe(Tensor(leaf)));
+      auto it = uses_.find(leaf.get());
+      if (it == uses_.end() || it->second == 0) fire(leaf);
+    }
+  }
+  // At the end of the pass: what is left (roots that are leaves).
+  void pass_done() {
+    node_done();
+    for (const auto& leaf : roots_)
+      if (!uses_.contains(leaf.get())) fire(leaf);
+  }
+
+ private:
+  // Keyed by address; a leaf freed during the pass (checkpoint's detached inputs)
+  // may leave its address to a new one, hence the weak_ptr.
+  bool fired(TensorImpl* leaf) const {
+    auto it = fired_.find(leaf);
+    return it != fired_.end() && !it->second.expired();
+  }
+  void fire(const std::shared_ptr<TensorImpl>& leaf) {
+    if (fired(leaf.get())) return;
+    fired_[leaf.get()] = leaf;
+    hook_(Tensor(leaf));
+  }
+
+  const GradReadyHook& hook_;
+  std::unordered_map<TensorImpl*, int> uses_;  // edges of the outer graph into each leaf, not yet processed
+  std::unordered_map<TensorImpl*, std::weak_ptr<TensorImpl>> fired_;
+  std::vector<std::shared_ptr<TensorImpl>> roots_;
+  std::vector<std::shared_ptr<TensorImpl>> nested_;  // filled by nested passes
+};
+
 }  // namespace
+
+GradReadyHookGuard::GradReadyHookGuard(GradReadyHook hook) : hook_(std::move(hook)) {
+  MT_CHECK(t_hook == nullptr, "GradReadyHookGuard: a grad-ready hook is already installed on this thread");
+  MT_CHECK(t_depth == 0, "GradReadyHookGuard: installed inside a backward pass");
+  t_hook = &hook_;
+}
+
+GradReadyHookGuard::~GradReadyHookGuard() { t_hook = nullptr; }
 
 void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   MT_CHECK(roots.size() == grads.size(), "backward: {} roots but {} gradients", roots.size(), grads.size());
   NoGradGuard no_grad;
   profile::BackwardPass profiled;
   const bool profiling = profile::enabled();
+  // Grad-ready hooks: the outermost pass tracks leaves; nested ones report theirs to it.
+  std::optional<ReadyTracker> ready_leaves;
+  if (t_hook && t_depth == 0) ready_leaves.emplace(*t_hook);
+  std::vector<std::shared_ptr<TensorImpl>>* nested = t_depth > 0 ? t_nested_leaves : nullptr;
+  DepthGuard depth;
 
   // Seed gradients.
   std::unordered_map<Node*, Pending> pending;
@@ -90,6 +172,8 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
     Node* node = root.impl().grad_fn.get();
     if (!node) {
       accumulate_leaf(root.impl(), g);
+      if (ready_leaves) ready_leaves->root_leaf(root.impl_ptr());
+      if (nested) nested->push_back(root.impl_ptr());
       continue;
     }
     Pending& p = pending[node];
@@ -106,6 +190,7 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
     Node* node = stack.back();
     stack.pop_back();
     for (const Edge& e : node->next) {
+      if (e.leaf && ready_leaves) ready_leaves->count_edge(e.leaf);
       if (!e.node) continue;
       auto [it, inserted] = pending.try_emplace(e.node.get());
       if (inserted) {
@@ -150,14 +235,18 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
         Pending& q = pending[e.node.get()];
         if (g) accumulate(q.grads[e.output_nr], *g);
         if (--q.dependencies == 0) ready.push(e.node.get());
-      } else if (e.leaf && g) {
-        accumulate_leaf(*e.leaf, *g);
+      } else if (e.leaf) {
+        if (g) accumulate_leaf(*e.leaf, *g);
+        if (g && nested) nested->push_back(e.leaf);
+        if (ready_leaves) ready_leaves->edge_done(e.leaf);
       }
     }
+    if (ready_leaves) ready_leaves->node_done();
     if (profiling)
       profile::add_backward(node->region,
                             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
+  if (ready_leaves) ready_leaves->pass_done();
 }
 
 }  // namespace moetrain::autograd

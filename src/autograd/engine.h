@@ -14,6 +14,31 @@ namespace moetrain::autograd {
 // for a one-element root (the usual loss.backward()).
 void backward(const Tensors& roots, const Tensors& grads, bool retain_graph = false);
 
+// Grad-ready hooks, for reducing gradients while backward still runs (comm/
+// grad_sync.h, GradReducer). While a GradReadyHookGuard lives, every outermost
+// backward pass on this thread calls the hook once for each leaf it reaches,
+// as soon as that leaf's gradient is final for the pass: after the last edge
+// into the leaf delivered its gradient (the engine counts them when it walks
+// the graph). The grad may still be undefined when every backward on the way
+// returned none for it. Leaves reached only inside the nested passes of
+// activation recomputation (checkpoint) are reported after the node that ran
+// the nested pass, once no edge of the outer graph leads to them any more.
+// A nested pass that adds to a leaf already reported is an error (a parameter
+// used inside a recomputed block and also elsewhere, with the outer uses
+// finished first); reported then, rather than silently reducing a partial sum.
+using GradReadyHook = std::function<void(const Tensor& leaf)>;
+
+class GradReadyHookGuard {
+ public:
+  explicit GradReadyHookGuard(GradReadyHook hook);  // one at a time per thread (checked)
+  ~GradReadyHookGuard();
+  GradReadyHookGuard(const GradReadyHookGuard&) = delete;
+  GradReadyHookGuard& operator=(const GradReadyHookGuard&) = delete;
+
+ private:
+  GradReadyHook hook_;
+};
+
 }  // namespace moetrain::autograd
 
 namespace moetrain {

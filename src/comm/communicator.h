@@ -10,7 +10,7 @@
 //   collective); the one-process communicator copies on the tensor's device.
 //   Every rank of a group passes its tensors on the same kind of device.
 //   all_to_all_counts and barrier always run on the host.
-// - CPU collectives are blocking. CUDA collectives are queued on the device's
+// - CPU collectives are blocking (but start_all_reduce_sum). CUDA collectives are queued on the device's
 //   stream (cuda::stream) behind the kernels that produced their inputs and
 //   return at once; whatever reads the result on that stream, or copies it to
 //   the host, runs after them.
@@ -39,6 +39,21 @@
 
 namespace moetrain::comm {
 
+// A collective started by start_all_reduce_sum and not yet waited for. wait()
+// ends it: on the CPU it blocks until the result is in the tensor; on CUDA it
+// orders the device's stream after the collective and returns at once (as the
+// blocking CUDA collectives do). Destroying a handle that was not waited for
+// waits (errors there are logged, not thrown).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+  // Without blocking: lets the library progress the collective (MPI_Testall;
+  // MPI moves a started collective on only inside MPI calls) and returns
+  // whether it is done. wait() is still needed to end it.
+  virtual bool test() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -56,6 +71,13 @@ class Communicator {
   // t = sum of t over the group, in place; f32, f64, i32 or i64, and bf16 on
   // CUDA (NCCL sums bf16 in bf16; on the CPU convert to f32 first).
   virtual void all_reduce_sum(Tensor& t) = 0;
+  // all_reduce_sum started without waiting for it, to overlap it with other
+  // work: t holds the sum after the handle's wait(). Until then t must not be
+  // read or written (the handle keeps its storage alive). CPU: MPI_Iallreduce;
+  // CUDA: NCCL on the device's communication stream, after the work queued so
+  // far on the compute stream (comm/nccl.h). Collectives started this way count
+  // in the order they are started, like blocking ones.
+  virtual std::unique_ptr<PendingCollective> start_all_reduce_sum(Tensor& t) = 0;
   // t [size * n, ...] (the same shape on every rank) -> [n, ...]: row block
   // `rank` of the sum of t over the group, i.e. all_reduce_sum followed by
   // taking this rank's n rows, without forming the whole sum. Dtypes as

@@ -62,30 +62,60 @@ void unpack(const T* src, const NamedParameter& p, double scale) {
   }
 }
 
-// A bucket of device gradients: pack (converting bf16 to the bucket's f32),
-// all-reduce, scale and write back, all on the device.
-void device_bucket(Communicator& comm, Tensor& view, const ParameterList& params, const std::vector<size_t>& members,
-                   double scale) {
+// Device buckets: pack (converting bf16 to the bucket's f32) into view, and
+// write scale * view back into the grads, all on the device.
+void device_pack(Tensor& view, const NamedParameter* const* members, size_t count) {
   int64_t at = 0;
-  for (size_t i : members) {
-    const Tensor& w = params[i].tensor;
+  for (size_t k = 0; k < count; ++k) {
+    const Tensor& w = members[k]->tensor;
     Tensor slot = alias(view, w.shape(), at);
     Tensor g = w.grad();
     if (!g.defined()) fill_(slot, 0.0);
     else copy_(slot, g.dtype() == view.dtype() ? g : g.to(view.dtype()));
     at += w.numel();
   }
+}
+
+void device_unpack(const Tensor& view, const NamedParameter& p, int64_t at, double scale) {
+  const Tensor& w = p.tensor;
+  Tensor summed = mul_scalar(alias(view, w.shape(), at), scale);
+  if (summed.dtype() != w.dtype()) summed = summed.to(w.dtype());
+  Tensor g = w.grad();
+  if (g.defined()) copy_(g, summed);
+  else w.set_grad(summed);
+}
+
+void device_bucket(Communicator& comm, Tensor& view, const ParameterList& params, const std::vector<size_t>& members,
+                   double scale) {
+  std::vector<const NamedParameter*> list;
+  for (size_t i : members) list.push_back(&params[i]);
+  device_pack(view, list.data(), list.size());
   comm.all_reduce_sum(view);
-  at = 0;
+  int64_t at = 0;
   for (size_t i : members) {
-    const Tensor& w = params[i].tensor;
-    Tensor summed = mul_scalar(alias(view, w.shape(), at), scale);
-    if (summed.dtype() != w.dtype()) summed = summed.to(w.dtype());
-    Tensor g = w.grad();
-    if (g.defined()) copy_(g, summed);
-    else w.set_grad(summed);
-    at += w.numel();
+    device_unpack(view, params[i], at, scale);
+    at += params[i].tensor.numel();
   }
+}
+
+// The checks of both entry points, before any communication.
+void check_parameter(const char* op, const NamedParameter& p, const NamedParameter& first,
+                     std::unordered_set<const TensorImpl*>& seen) {
+  MT_CHECK(p.tensor.defined(), "{}: parameter '{}' is undefined", op, p.name);
+  MT_CHECK(seen.insert(&p.tensor.impl()).second,
+           "{}: parameter '{}' is listed twice (tied weights belong in the list once)", op, p.name);
+  MT_CHECK(p.tensor.device() == first.tensor.device(),
+           "{}: parameter '{}' is on {} but '{}' on {}; one device per process", op, p.name, p.tensor.device(),
+           first.name, first.tensor.device());
+  bucket_dtype(p);
+}
+
+void check_param_grad(const char* op, const NamedParameter& p) {
+  Tensor g = p.tensor.grad();
+  MT_CHECK(!g.defined() || (g.device() == p.tensor.device() && g.dtype() == p.tensor.dtype() &&
+                            g.shape() == p.tensor.shape()),
+           "{}: the grad of '{}' is {} but the parameter is {}; expected a grad of the same shape, dtype and device",
+           op, p.name, describe(g), describe(p.tensor));
 }
 
 }  // namespace
@@ -95,19 +125,8 @@ GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, 
   NoGradGuard no_grad;
   std::unordered_set<const TensorImpl*> seen;  // a tensor listed twice would be summed twice
   for (const NamedParameter& p : params) {
-    MT_CHECK(p.tensor.defined(), "all_reduce_grads: parameter '{}' is undefined", p.name);
-    MT_CHECK(seen.insert(&p.tensor.impl()).second,
-             "all_reduce_grads: parameter '{}' is listed twice (tied weights belong in the list once)", p.name);
-    Tensor g = p.tensor.grad();
-    MT_CHECK(p.tensor.device() == params.front().tensor.device(),
-             "all_reduce_grads: parameter '{}' is on {} but '{}' on {}; one device per process",
-             p.name, p.tensor.device(), params.front().name, params.front().tensor.device());
-    MT_CHECK(!g.defined() || (g.device() == p.tensor.device() && g.dtype() == p.tensor.dtype() &&
-                              g.shape() == p.tensor.shape()),
-             "all_reduce_grads: the grad of '{}' is {} but the parameter is {}; expected a grad of the same "
-             "shape, dtype and device",
-             p.name, describe(g), describe(p.tensor));
-    bucket_dtype(p);  // checks the dtype before any communication
+    check_parameter("all_reduce_grads", p, params.front(), seen);
+    check_param_grad("all_reduce_grads", p);
   }
 
   // Which parameters have a grad on some rank.
@@ -162,6 +181,178 @@ GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, 
       }
       flush();
     });
+  }
+  return stats;
+}
+
+struct GradReducer::Bucket {
+  Communicator* comm = nullptr;
+  DType dtype = DType::f32;     // of the sums: f32 (f32 and bf16 grads) or f64
+  std::vector<size_t> members;  // indices into params_, in reverse list order
+  int64_t numel = 0;
+  size_t num_ready = 0;
+  Tensor buffer;  // [numel] on the parameters' device, kept between steps
+  Tensor flags;   // [members] i32 on the CPU: 1 where this rank has a grad
+  std::unique_ptr<PendingCollective> sum, flag_sum;
+  bool done = false;  // both sums tested done (wait() still ends them)
+};
+
+GradReducer::GradReducer(std::vector<ReducedParameter> params, const GradSyncOptions& options)
+    : params_(std::move(params)), options_(options) {
+  MT_CHECK(options.bucket_bytes > 0, "GradReducer: bucket_bytes must be positive, got {}", options.bucket_bytes);
+  std::unordered_set<const TensorImpl*> seen;
+  for (const ReducedParameter& r : params_) {
+    MT_CHECK(r.comm != nullptr, "GradReducer: parameter '{}' has no communicator", r.param.name);
+    check_parameter("GradReducer", r.param, params_.front().param, seen);
+  }
+  bucket_of_.resize(params_.size());
+  ready_.resize(params_.size());
+  std::vector<Bucket*> open;  // at most one per (communicator, dtype)
+  for (size_t i = params_.size(); i-- > 0;) {
+    const ReducedParameter& r = params_[i];
+    index_[&r.param.tensor.impl()] = i;
+    const DType dtype = bucket_dtype(r.param);
+    const int64_t capacity = std::max<int64_t>(1, options.bucket_bytes / dtype_size(dtype));
+    const int64_t n = r.param.tensor.numel();
+    auto it = std::find_if(open.begin(), open.end(), [&](Bucket* b) { return b->comm == r.comm && b->dtype == dtype; });
+    if (it != open.end() && (*it)->numel + n > capacity) {
+      open.erase(it);
+      it = open.end();
+    }
+    if (it == open.end()) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      buckets_.back()->comm = r.comm;
+      buckets_.back()->dtype = dtype;
+      open.push_back(buckets_.back().get());
+      it = open.end() - 1;
+    }
+    (*it)->members.push_back(i);
+    (*it)->numel += n;
+    bucket_of_[i] = static_cast<size_t>(std::find_if(buckets_.begin(), buckets_.end(),
+                                                     [&](const auto& b) { return b.get() == *it; }) -
+                                        buckets_.begin());
+  }
+}
+
+GradReducer::~GradReducer() = default;
+
+std::vector<std::vector<size_t>> GradReducer::bucket_members() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : buckets_) out.push_back(b->members);
+  return out;
+}
+
+void GradReducer::begin() {
+  MT_CHECK(!in_step_, "GradReducer::begin: the previous step was not finished (call finish())");
+  for (auto& b : buckets_) {
+    b->num_ready = 0;
+    b->done = false;
+    b->sum.reset();
+    b->flag_sum.reset();
+  }
+  std::fill(ready_.begin(), ready_.end(), false);
+  next_to_start_ = 0;
+  if (!groups_ready_ && !params_.empty() && params_.front().param.tensor.is_cuda()) {
+    // A group's NCCL communicator is made by its first CUDA collective, which
+    // blocks until every rank of the group makes it: here, where every rank
+    // is, not in backward, where a rank could wait in it for a peer that waits
+    // in an expert all-to-all for this rank. Groups in bucket order, the same
+    // on every rank.
+    NoGradGuard no_grad;
+    std::vector<Communicator*> done;
+    for (const auto& b : buckets_) {
+      if (std::find(done.begin(), done.end(), b->comm) != done.end()) continue;
+      done.push_back(b->comm);
+      Tensor one = zeros(Shape{1}, DType::f32, params_.front().param.tensor.device());
+      b->comm->all_reduce_sum(one);
+    }
+  }
+  groups_ready_ = true;
+  in_step_ = true;
+}
+
+void GradReducer::grad_ready(const Tensor& leaf) {
+  if (!in_step_) return;
+  auto it = index_.find(&leaf.impl());
+  if (it == index_.end() || ready_[it->second]) return;
+  ready_[it->second] = true;
+  Bucket& b = *buckets_[bucket_of_[it->second]];
+  if (++b.num_ready == b.members.size()) start_ready_buckets();
+  // MPI progresses started sums only inside MPI calls: give it one per grad.
+  for (size_t k = 0; k < next_to_start_; ++k) {
+    Bucket& started = *buckets_[k];
+    if (started.sum && !started.done) started.done = started.sum->test() && started.flag_sum->test();
+  }
+}
+
+void GradReducer::start_ready_buckets() {
+  while (next_to_start_ < buckets_.size() &&
+         buckets_[next_to_start_]->num_ready == buckets_[next_to_start_]->members.size())
+    start(*buckets_[next_to_start_++]);
+}
+
+// Packs the bucket's grads (zeros where none) and starts both sums.
+void GradReducer::start(Bucket& b) {
+  NoGradGuard no_grad;
+  const Device device = params_.front().param.tensor.device();
+  if (!b.buffer.defined()) b.buffer = empty(Shape{b.numel}, b.dtype, device);
+  b.flags = empty(Shape{static_cast<int64_t>(b.members.size())}, DType::i32);
+  for (size_t k = 0; k < b.members.size(); ++k) {
+    const NamedParameter& p = params_[b.members[k]].param;
+    check_param_grad("GradReducer", p);
+    b.flags.data<int32_t>()[k] = p.tensor.grad().defined() ? 1 : 0;
+  }
+  if (device.is_cuda()) {
+    std::vector<const NamedParameter*> list;
+    for (size_t i : b.members) list.push_back(&params_[i].param);
+    device_pack(b.buffer, list.data(), list.size());
+  } else {
+    dispatch_float(b.dtype, "GradReducer", [&](auto tag) {
+      using T = decltype(tag);
+      T* data = b.buffer.data<T>();
+      for (size_t i : b.members) {
+        pack(data, params_[i].param);
+        data += params_[i].param.tensor.numel();
+      }
+    });
+  }
+  b.sum = b.comm->start_all_reduce_sum(b.buffer);
+  b.flag_sum = b.comm->start_all_reduce_sum(b.flags);
+}
+
+GradSyncStats GradReducer::finish() {
+  MT_CHECK(in_step_, "GradReducer::finish: no step in progress (call begin() before backward)");
+  in_step_ = false;
+  NoGradGuard no_grad;
+  GradSyncStats stats;
+  stats.num_started_early = static_cast<int>(next_to_start_);
+  // What backward did not complete here, in the same order as every rank.
+  for (; next_to_start_ < buckets_.size(); ++next_to_start_) start(*buckets_[next_to_start_]);
+  for (auto& bp : buckets_) {
+    Bucket& b = *bp;
+    b.sum->wait();
+    b.flag_sum->wait();
+    b.sum.reset();
+    b.flag_sum.reset();
+    const bool cuda = b.buffer.is_cuda();
+    int64_t at = 0;
+    for (size_t k = 0; k < b.members.size(); ++k) {
+      const NamedParameter& p = params_[b.members[k]].param;
+      const int64_t n = p.tensor.numel();
+      if (b.flags.data<int32_t>()[k] > 0) {  // some rank has a grad
+        if (cuda) {
+          device_unpack(b.buffer, p, at, options_.scale);
+        } else {
+          dispatch_float(b.dtype, "GradReducer", [&](auto tag) {
+            using T = decltype(tag);
+            unpack(b.buffer.data<T>() + at, p, options_.scale);
+          });
+        }
+      }
+      at += n;
+    }
+    ++stats.num_buckets;
+    stats.bytes += b.numel * dtype_size(b.dtype);
   }
   return stats;
 }

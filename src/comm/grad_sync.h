@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "nn/parameters.h"
@@ -18,6 +21,7 @@ struct GradSyncOptions {
 struct GradSyncStats {
   int num_buckets = 0;  // all_reduce calls on gradient buckets
   int64_t bytes = 0;    // bytes reduced (buffer bytes, summed over buckets)
+  int num_started_early = 0;  // GradReducer: buckets whose sum started during backward, before finish()
 };
 
 // grad = scale * (sum over the group of grad) for every parameter, on every rank
@@ -30,7 +34,67 @@ struct GradSyncStats {
 // grads in list order are copied into a buffer until the next would exceed
 // bucket_bytes; one all_reduce_sum per buffer. bf16 grads are summed in f32
 // buckets and rounded back once. Grads have the parameter's dtype and device; CUDA
-// grads are packed on the device and summed through NCCL (no overlap with backward yet).
+// grads are packed on the device and summed through NCCL. GradReducer below does
+// the same sums while backward runs.
 GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, const GradSyncOptions& options = {});
+
+// The same sums, overlapped with backward (train.overlap_grad_sync), in the
+// manner of DDP's gradient buckets. Buckets are made once, walking the
+// parameters in reverse list order (the order backward finishes them): one
+// open bucket per (communicator, bucket dtype), closed when the next grad would
+// exceed bucket_bytes. Each step:
+//   begin();  install grad_ready as the autograd grad-ready hook
+//   (autograd/engine.h) for the last backward;  finish().
+// A bucket whose grads are all ready is packed and its sum started
+// (Communicator::start_all_reduce_sum), but only after every earlier bucket
+// started: every rank starts them in the same order, whatever order its own
+// grads become ready in. finish() starts the rest (a parameter not reached by
+// this rank's backward counts as zeros, as above), waits for every sum, and
+// writes scale * sum into the grads. With each bucket a CPU i32 flag per member
+// (1 where the rank has a grad) is summed too, so a parameter without a grad on
+// every rank stays without, as with all_reduce_grads, at no extra round trip.
+// A parameter this rank's backward does not reach holds back its bucket and all
+// later ones until finish(): keep such parameters (if known) early in the list.
+// The sums equal all_reduce_grads' bit for bit wherever MPI's summation order
+// over ranks does not depend on the message size (always with two ranks).
+struct ReducedParameter {
+  NamedParameter param;
+  Communicator* comm = nullptr;  // the group its grad is summed over
+};
+
+class GradReducer {
+ public:
+  // Checks the list as all_reduce_grads does (defined, listed once, one device,
+  // f32/bf16/f64) and lays out the buckets.
+  explicit GradReducer(std::vector<ReducedParameter> params, const GradSyncOptions& options = {});
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Starts a step (the grads of the coming backward are to be summed).
+  void begin();
+  // A leaf's grad is final: the grad-ready hook. Leaves that are not in the list are ignored.
+  void grad_ready(const Tensor& leaf);
+  // Starts what backward left, waits for all sums and writes the grads; ends the step.
+  GradSyncStats finish();
+  bool in_step() const { return in_step_; }
+  // Buckets in start order: the indices into the constructor's list of their members.
+  std::vector<std::vector<size_t>> bucket_members() const;
+
+ private:
+  struct Bucket;
+  void start_ready_buckets();
+  void start(Bucket& b);
+
+  std::vector<ReducedParameter> params_;
+  GradSyncOptions options_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<size_t> bucket_of_;  // per parameter
+  std::unordered_map<const TensorImpl*, size_t> index_;
+  std::vector<bool> ready_;
+  size_t next_to_start_ = 0;
+  bool in_step_ = false;
+  bool groups_ready_ = false;  // the groups' NCCL communicators exist (CUDA)
+};
 
 }  // namespace moetrain::comm

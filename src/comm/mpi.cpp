@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -85,6 +86,25 @@ MPI_Datatype sum_type(DType t) {
   }
 }
 
+class MpiCommunicator;
+
+// start_all_reduce_sum on the CPU: the MPI_Iallreduce requests of t's chunks.
+class MpiPendingSum final : public PendingCollective {
+ public:
+  MpiPendingSum(const MpiCommunicator& comm, Tensor t) : comm_(comm), t_(std::move(t)) {}
+  ~MpiPendingSum() override;
+  MpiPendingSum(const MpiPendingSum&) = delete;
+  MpiPendingSum& operator=(const MpiPendingSum&) = delete;
+  void wait() override;
+  bool test() override;
+  std::vector<MPI_Request>& requests() { return requests_; }
+
+ private:
+  const MpiCommunicator& comm_;
+  Tensor t_;  // keeps the buffer alive while MPI writes it
+  std::vector<MPI_Request> requests_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed in the destructor).
@@ -134,6 +154,25 @@ class MpiCommunicator final : public Communicator {
             fmt::format("{}, elements [{}, {})", describe(t), at, at + count));
       at += count;
     } while (at < n);
+  }
+
+  std::unique_ptr<PendingCollective> start_all_reduce_sum(Tensor& t) override {
+    detail::check_sum_dtype("start_all_reduce_sum", t);
+    if (t.is_cuda()) return nccl_.start_all_reduce_sum(t);
+    auto pending = std::make_unique<MpiPendingSum>(*this, t);
+    MPI_Datatype type = sum_type(t.dtype());
+    char* p = static_cast<char*>(t.raw_data());
+    const int64_t n = t.numel(), esize = dtype_size(t.dtype());
+    int64_t at = 0;
+    do {  // the chunks of all_reduce_sum
+      int count = static_cast<int>(std::min(kChunk, n - at));
+      MPI_Request request = MPI_REQUEST_NULL;
+      check(MPI_Iallreduce(MPI_IN_PLACE, p + at * esize, count, type, MPI_SUM, comm_, &request), "MPI_Iallreduce",
+            fmt::format("{}, elements [{}, {})", describe(t), at, at + count));
+      pending->requests().push_back(request);
+      at += count;
+    } while (at < n);
+    return pending;
   }
 
   Tensor reduce_scatter_sum(const Tensor& t) override {
@@ -281,6 +320,34 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   NcclGroup nccl_;  // CUDA tensors' collectives; its NCCL communicator is made on first use
 };
+
+void MpiPendingSum::wait() {
+  if (requests_.empty()) return;
+  WatchdogWait wait("all_reduce_sum (started earlier)");
+  std::vector<MPI_Status> statuses(requests_.size());
+  const int code = MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data());
+  requests_.clear();
+  comm_.check(code, "MPI_Waitall", fmt::format("MPI_Iallreduce of {}", describe(t_)));
+}
+
+bool MpiPendingSum::test() {
+  if (requests_.empty()) return true;
+  int done = 0;
+  std::vector<MPI_Status> statuses(requests_.size());
+  comm_.check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, statuses.data()),
+              "MPI_Testall", fmt::format("MPI_Iallreduce of {}", describe(t_)));
+  if (done) requests_.clear();  // MPI freed them
+  return done != 0;
+}
+
+MpiPendingSum::~MpiPendingSum() {
+  if (requests_.empty() || !initialized_and_not_finalized()) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moetrain: an all_reduce_sum never waited for failed: %s\n", e.what());
+  }
+}
 
 }  // namespace
 

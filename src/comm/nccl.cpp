@@ -18,11 +18,13 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
 
+#include "backend/cuda/check.h"
 #include "backend/cuda/runtime.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
@@ -51,6 +53,68 @@ ncclDataType_t nccl_sum_type(DType d) {
 }
 
 size_t nccl_count(int64_t n) { return static_cast<size_t>(n); }
+
+// The communication stream of each device (start_all_reduce_sum), made on first
+// use and never destroyed (like the compute streams).
+cudaStream_t comm_stream(int device) {
+  static std::mutex mutex;
+  static cudaStream_t streams[cuda::kMaxDevices] = {};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (streams[device] == nullptr) MT_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
+  return streams[device];
+}
+
+// An event without timing, destroyed with its owner.
+class Event {
+ public:
+  Event() { MT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() {
+    if (event_ && !g_exiting) cudaEventDestroy(event_);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// start_all_reduce_sum on a GPU: `done` is recorded on the communication
+// stream after the sum.
+class NcclPendingSum final : public PendingCollective {
+ public:
+  NcclPendingSum(Tensor t, int device) : t_(std::move(t)), device_(device) {}
+  ~NcclPendingSum() override {
+    if (waited_ || g_exiting) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "moetrain: an NCCL all_reduce_sum never waited for failed: %s\n", e.what());
+    }
+  }
+  NcclPendingSum(const NcclPendingSum&) = delete;
+  NcclPendingSum& operator=(const NcclPendingSum&) = delete;
+
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    cuda::set_device(device_);
+    MT_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(device_), done_.get(), 0));
+  }
+  bool test() override {
+    const cudaError_t status = cudaEventQuery(done_.get());
+    if (status == cudaErrorNotReady) return false;
+    MT_CUDA_CHECK(status);
+    return true;
+  }
+  const Event& done() const { return done_; }
+
+ private:
+  Tensor t_;  // the buffer stays allocated until the compute stream waits for the sum
+  int device_;
+  Event done_;
+  bool waited_ = false;
+};
 
 }  // namespace
 
@@ -164,6 +228,21 @@ NcclGroup::Impl& NcclGroup::impl_for(const char* op, const Tensor& t) {
   }
   cuda::set_device(impl_->device);
   return *impl_;
+}
+
+std::unique_ptr<PendingCollective> NcclGroup::start_all_reduce_sum(Tensor& t) {
+  detail::check_sum_dtype("start_all_reduce_sum", t);
+  Impl& g = impl_for("start_all_reduce_sum", t);
+  auto pending = std::make_unique<NcclPendingSum>(t, g.device);
+  if (t.numel() == 0) return pending;  // skipped on every rank alike
+  const cudaStream_t comm = comm_stream(g.device);
+  Event inputs_ready;
+  MT_CUDA_CHECK(cudaEventRecord(inputs_ready.get(), g.stream()));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(comm, inputs_ready.get(), 0));
+  MT_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), nccl_count(t.numel()), nccl_sum_type(t.dtype()), ncclSum,
+                              g.comm, comm));
+  MT_CUDA_CHECK(cudaEventRecord(pending->done().get(), comm));
+  return pending;
 }
 
 void NcclGroup::all_reduce_sum(Tensor& t) {

@@ -17,6 +17,14 @@
 // - Every NCCL call runs on cuda::stream(device), the stream of every kernel
 //   and copy: collectives are ordered with the kernels around them without
 //   events, and return once queued (a later copy to the host waits for them).
+// - start_all_reduce_sum is the exception: it records an event on the compute
+//   stream, makes the device's communication stream (one per device, shared by
+//   every group, so started collectives keep their start order on the GPU too)
+//   wait for it, queues the sum there and records a second event; wait() makes
+//   the compute stream wait for that one. Kernels queued in between overlap
+//   with the sum. The tensor is kept alive by the handle, and the caching
+//   allocator can only hand its block out again after wait() (its next users
+//   queue on the compute stream, behind the event).
 // - Argument checks that need no peers happen before any NCCL call; all_gather
 //   checks that the ranks' shapes agree with one small exchange on the host
 //   communicator, as the MPI implementation does.
@@ -33,6 +41,7 @@
 namespace moetrain::comm {
 
 class Communicator;
+class PendingCollective;
 
 class NcclGroup {
  public:
@@ -47,6 +56,9 @@ class NcclGroup {
   // all_reduce_sum and reduce_scatter_sum take f32, f64, bf16, i32 or i64 (bf16
   // is summed by NCCL in bf16); the others move bytes of any dtype.
   void all_reduce_sum(Tensor& t);
+  // all_reduce_sum on the device's communication stream (see below); the
+  // handle's wait() makes the compute stream wait for it.
+  std::unique_ptr<PendingCollective> start_all_reduce_sum(Tensor& t);
   Tensor all_gather(const Tensor& t);
   void broadcast(Tensor& t, int root);
   Tensor all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows);

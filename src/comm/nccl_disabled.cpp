@@ -4,6 +4,7 @@
 #include "comm/nccl.h"
 
 #include "backend/cuda/runtime.h"
+#include "comm/communicator.h"
 
 namespace moetrain::comm {
 
@@ -17,6 +18,9 @@ NcclGroup::Impl& NcclGroup::impl_for(const char* op, const Tensor&) { cuda::no_c
 void NcclGroup::fail_nccl(int, const char* call) const { cuda::no_cuda(call); }
 
 void NcclGroup::all_reduce_sum(Tensor&) { cuda::no_cuda("NCCL all_reduce_sum"); }
+std::unique_ptr<PendingCollective> NcclGroup::start_all_reduce_sum(Tensor&) {
+  cuda::no_cuda("NCCL start_all_reduce_sum");
+}
 Tensor NcclGroup::all_gather(const Tensor&) { cuda::no_cuda("NCCL all_gather"); }
 void NcclGroup::broadcast(Tensor&, int) { cuda::no_cuda("NCCL broadcast"); }
 Tensor NcclGroup::all_to_all_v(const Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&) {

@@ -166,6 +166,8 @@ std::vector<KeySpec> make_schema() {
     choice ("train.nan_policy",     "skip", {"skip", "abort"}, "non-finite loss or gradient norm: skip the step on every rank (no update; counted in metrics) or abort (exit 3)"),
     integer("train.max_consecutive_skips", "5", at_least(0), "train.nan_policy skip: abort (exit 3) after this many skipped steps in a row"),
     integer("train.ep",             "1",     at_least(1),  "expert-parallel ranks: experts sharded over groups of ep ranks (world = dp x ep under mpirun)"),
+    number ("train.grad_bucket_mb", "32",    above(0),     "several ranks: the most MiB of gradients one bucket all-reduce carries (a larger grad goes alone); smaller buckets start earlier with train.overlap_grad_sync"),
+    boolean("train.overlap_grad_sync", "false",           "several ranks: sum gradient buckets while backward runs (of the last micro-batch) instead of after it; same sums"),
     choice ("train.dtype",          "f32",   {"f32", "f64", "bf16"}, "dtype of parameters and activations; f64 for exact checks; bf16 (train.device cuda): mixed precision, bf16 weights and activations with f32 master weights, AdamW moments, router, norm statistics and KDA state (docs/cuda.md)"),
     choice ("train.device",         "cpu",   {"cpu", "cuda"}, "where the model trains: cpu, or cuda (the GPU local_rank % GPUs of the node; needs a CUDA build and the model's ops on CUDA)"),
     boolean("train.tf32",           "false", "cuda: f32 matrix products may use TF32 tensor cores (10-bit mantissa products)"),

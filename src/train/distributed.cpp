@@ -40,6 +40,9 @@ Distributed make_distributed(const Config& config) {
   if (timeout_s > 0 && d.world->size() > 1)
     d.watchdog = std::make_unique<comm::Watchdog>(comm::WatchdogOptions{
         .timeout_s = timeout_s, .rank = d.rank(), .size = d.size(), .host = d.world->host(), .on_timeout = {}});
+  d.overlap_grad_sync = config.get_bool("train.overlap_grad_sync");
+  const double bucket_mb = config.get_number("train.grad_bucket_mb");
+  d.grad_bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20)));
   comm::WatchdogLabel label("process grid");
   d.grid = comm::make_process_grid(*d.world, static_cast<int>(ep), "train.ep");
   return d;
@@ -68,13 +71,43 @@ void log_rank_table(Distributed& d, int threads) {
 
 void sync_gradients(Distributed& d, const LanguageModel& model) {
   if (d.size() == 1) return;
+  if (d.reducer && d.reducer->in_step()) {
+    comm::WatchdogLabel label("gradient sync (overlapped)");
+    const comm::GradSyncStats stats = d.reducer->finish();
+    if (d.root() && !d.overlap_logged)
+      spdlog::info("overlapped gradient sync: {} buckets ({:.1f} MiB), {} started during backward on rank 0",
+                   stats.num_buckets, static_cast<double>(stats.bytes) / (1 << 20), stats.num_started_early);
+    d.overlap_logged = true;
+    return;
+  }
   ParameterList replicated, shards;
   split(d, model.parameters(), replicated, shards);
   comm::WatchdogLabel label("gradient sync");
   comm::GradSyncOptions o;
   o.scale = 1.0 / d.size();
+  o.bucket_bytes = d.grad_bucket_bytes;
   comm::all_reduce_grads(*d.world, replicated, o);
   if (!shards.empty()) comm::all_reduce_grads(*d.grid.dp_group, shards, o);
+}
+
+std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distributed& d, const LanguageModel& model) {
+  if (d.size() == 1 || !d.overlap_grad_sync) return nullptr;
+  if (!d.reducer) {
+    // The same groups and scale as sync_gradients' blocking sums.
+    std::vector<comm::ReducedParameter> params;
+    for (const NamedParameter& p : model.parameters())
+      params.push_back({p, sharded(d, p) ? d.grid.dp_group.get() : d.world});
+    comm::GradSyncOptions o;
+    o.scale = 1.0 / d.size();
+    o.bucket_bytes = d.grad_bucket_bytes;
+    d.reducer = std::make_unique<comm::GradReducer>(std::move(params), o);
+  }
+  d.reducer->begin();
+  comm::GradReducer* reducer = d.reducer.get();
+  return std::make_unique<autograd::GradReadyHookGuard>([reducer](const Tensor& leaf) {
+    comm::WatchdogLabel label("gradient sync (during backward)");
+    reducer->grad_ready(leaf);
+  });
 }
 
 double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm) {

@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "autograd/engine.h"
+#include "comm/grad_sync.h"
 #include "comm/process_grid.h"
 #include "comm/watchdog.h"
 #include "config/config.h"
@@ -28,6 +30,10 @@ struct Distributed {
   comm::ProcessGrid grid;
   // dist.timeout_s > 0 with several ranks: a collective that waits longer ends the job (exit 42).
   std::unique_ptr<comm::Watchdog> watchdog;
+  bool overlap_grad_sync = false;              // train.overlap_grad_sync
+  int64_t grad_bucket_bytes = int64_t{32} << 20;  // train.grad_bucket_mb
+  std::unique_ptr<comm::GradReducer> reducer;  // made at the first overlapped step
+  bool overlap_logged = false;                 // the first overlapped step's line is printed
 
   int rank() const { return world->rank(); }
   int size() const { return world->size(); }
@@ -44,8 +50,15 @@ Distributed make_distributed(const Config& config);
 // Prints (root) one line per rank: rank, host, dp/ep index, threads. Collective.
 void log_rank_table(Distributed& d, int threads);
 
-// Gradient sums as described above (bucketed all-reduces).
+// Gradient sums as described above (bucketed all-reduces). After
+// begin_overlapped_grad_sync it finishes the sums started during backward.
 void sync_gradients(Distributed& d, const LanguageModel& model);
+// train.overlap_grad_sync with several ranks: call before the backward of the
+// step's last micro-batch and keep the returned guard alive through it, so the
+// buckets of grads backward has finished are summed while it goes on
+// (comm::GradReducer). Null (nothing to do) with one rank or the key off. Every
+// rank must take the same decision.
+std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distributed& d, const LanguageModel& model);
 // The global gradient norm (expert shards summed over their ep group); clips every
 // rank's grads by the same factor. Returns the norm before clipping.
 double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm);

@@ -484,6 +484,12 @@ TrainSummary train(const Config& config) {
       }
       Tensor loss = model->loss(batch.inputs.to(device), batch.targets.to(device), true);
       loss_sum += loss.item<double>();
+      // The last micro-batch's backward sums finished gradient buckets as it goes
+      // (train.overlap_grad_sync); not on a fault-injection step, whose NaN is
+      // written after backward (every rank knows the step, so all agree).
+      std::unique_ptr<autograd::GradReadyHookGuard> overlapped;
+      if (micro == accum - 1 && !(inject && fault_step == step + 1))
+        overlapped = begin_overlapped_grad_sync(dist, *model);
       (accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(accum)) : loss).backward();
     }
     if (inject && fault_step == step + 1 && fault_rank == dist.rank()) inject_nan_grad(params);

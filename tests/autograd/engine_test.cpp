@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -428,4 +429,110 @@ TEST_CASE("engine: checkpoint gradients match finite differences", "[autograd][e
                           {in[0], in[1]});
       },
       {randn({3, 7}, DType::f64, 33), randn({3, 7}, DType::f64, 34)});
+}
+
+namespace {
+
+// What the grad-ready hook saw: each leaf (by name) with a copy of its grad then
+// and the backward nodes run before it.
+struct ReadyEvent {
+  std::string name;
+  Tensor grad;
+  size_t nodes_run = 0;
+};
+
+autograd::GradReadyHook record_ready(const std::vector<std::pair<std::string, Tensor>>& named,
+                                     std::vector<ReadyEvent>& events, const std::vector<std::string>& log) {
+  return [named, &events, &log](const Tensor& t) {
+    std::string name = "?";
+    for (const auto& [n, leaf] : named)
+      if (&leaf.impl() == &t.impl()) name = n;
+    events.push_back({name, t.grad().defined() ? t.grad().clone() : Tensor(), log.size()});
+  };
+}
+
+}  // namespace
+
+TEST_CASE("engine: the grad-ready hook fires once per leaf, after its last gradient", "[autograd][engine][grad_ready]") {
+  std::vector<std::string> log;
+  Tensor a = leaf({3}, 50), b = leaf({3}, 51), c = leaf({3}, 52), unused = leaf({3}, 53);
+  // Backward runs third, second, first: c is final after second, a only after first.
+  Tensor y = traced("third", {traced("second", {traced("first", {a, b}, log), c}, log), a}, log);
+  std::vector<ReadyEvent> events;
+  {
+    autograd::GradReadyHookGuard guard(record_ready({{"a", a}, {"b", b}, {"c", c}, {"unused", unused}}, events, log));
+    sum(y).backward();
+  }
+  REQUIRE(log == std::vector<std::string>{"third", "second", "first"});
+  REQUIRE(events.size() == 3);  // `unused` is not reached
+  CHECK(events[0].name == "c");
+  CHECK(events[0].nodes_run == 2);
+  CHECK(events[1].name == "a");  // then b, the next input of first
+  CHECK(events[1].nodes_run == 3);
+  CHECK(events[2].name == "b");
+  // The grad seen is the final one (a got two contributions).
+  CHECK(bitwise_equal(events[0].grad, c.grad()));
+  CHECK(bitwise_equal(events[1].grad, a.grad()));
+  CHECK(bitwise_equal(events[2].grad, b.grad()));
+  CHECK(a.grad().to_vector() == std::vector<double>{2, 2, 2});
+  // Without the guard, nothing is reported.
+  events.clear();
+  sum(mul_scalar(a, 2.0)).backward();
+  CHECK(events.empty());
+}
+
+TEST_CASE("engine: the grad-ready hook sees grads accumulated over earlier passes", "[autograd][engine][grad_ready]") {
+  std::vector<std::string> log;
+  Tensor w = leaf({4}, 54);
+  sum(mul_scalar(w, 2.0)).backward();  // an earlier micro-batch
+  std::vector<ReadyEvent> events;
+  {
+    autograd::GradReadyHookGuard guard(record_ready({{"w", w}}, events, log));
+    sum(mul_scalar(w, 3.0)).backward();
+  }
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].grad.to_vector() == std::vector<double>{5, 5, 5, 5});
+  CHECK_THAT(moetrain::testing::error_of([&] {
+               autograd::GradReadyHookGuard outer([](const Tensor&) {});
+               autograd::GradReadyHookGuard inner([](const Tensor&) {});
+             }),
+             Catch::Contains("already installed"));
+}
+
+TEST_CASE("engine: the grad-ready hook reports leaves of recomputed blocks once, after the block",
+          "[autograd][engine][grad_ready][recompute]") {
+  std::vector<std::string> log;
+  Tensor x = leaf({2, 5}, 55), w = leaf({5, 5}, 56), v = leaf({5, 5}, 57);
+  auto block = [w](const Tensors& in) { return Tensors{tanh(matmul(in[0], w))}; };
+  // x and v are used before the block: their grads are final only after it.
+  auto run = [&](bool with_hook, std::vector<ReadyEvent>& events) {
+    for (Tensor* t : {&x, &w, &v}) t->zero_grad();
+    Tensor h = matmul(x, v);
+    Tensor out = traced("after", {checkpoint(block, {h})[0]}, log);
+    Tensor loss = sum(mul(out, out));
+    std::optional<autograd::GradReadyHookGuard> guard;
+    if (with_hook) guard.emplace(record_ready({{"x", x}, {"w", w}, {"v", v}}, events, log));
+    loss.backward();
+    return Tensors{x.grad().clone(), w.grad().clone(), v.grad().clone()};
+  };
+  std::vector<ReadyEvent> events, none;
+  Tensors plain = run(false, none), hooked = run(true, events);
+  for (size_t i = 0; i < 3; ++i) CHECK(bitwise_equal(plain[i], hooked[i]));
+  std::vector<std::string> order;
+  for (const ReadyEvent& e : events)
+    if (e.name != "?") order.push_back(e.name);  // "?": checkpoint's own detached inputs
+  CHECK(order == std::vector<std::string>{"w", "x", "v"});
+  for (const ReadyEvent& e : events) {
+    if (e.name == "w") CHECK(bitwise_equal(e.grad, w.grad()));
+    if (e.name == "v") CHECK(bitwise_equal(e.grad, v.grad()));
+  }
+
+  // A parameter used inside the block and again after it: its outer use finishes
+  // first, so the block's later addition is refused rather than reported twice.
+  auto reused = [w](const Tensors& in) { return Tensors{tanh(matmul(in[0], w))}; };
+  Tensor h = checkpoint(reused, {x})[0];
+  Tensor loss = sum(matmul(h, w));
+  autograd::GradReadyHookGuard guard([](const Tensor&) {});
+  CHECK_THAT(moetrain::testing::error_of([&] { loss.backward(); }),
+             Catch::Contains("recomputed block") && Catch::Contains("train.overlap_grad_sync: false"));
 }

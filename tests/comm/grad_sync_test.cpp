@@ -1,7 +1,9 @@
 // all_reduce_grads: bucketed sums equal per-parameter all-reduces and the sums
 // each rank computes itself; missing grads count as zeros; scale applies.
 // Values are small integers times powers of two, so every sum is exact whatever
-// order MPI adds in.
+// order MPI adds in. GradReducer (overlapped with backward) gives the blocking
+// sums bit for bit: fed by hand in any order, and fed by a real backward through
+// the grad-ready hook with two groups and a parameter unused on some ranks.
 #include <catch2/catch.hpp>
 
 #include "comm/grad_sync.h"
@@ -133,6 +135,158 @@ TEST_CASE("comm: all_reduce_grads refuses what it cannot sum", "[comm]") {
              Catch::Contains("'w' is listed twice"));
 }
 
+namespace {
+
+// GradReducer over `comm`, fed each rank's grads in its own order (rank r starts
+// at a different parameter and skips those it has no grad for, as backward
+// would), equals all_reduce_grads on the same grads.
+void check_reducer_fed_by_hand(Communicator& comm) {
+  const int r = comm.rank();
+  for (int64_t bucket_bytes : {int64_t{64}, int64_t{32} << 20}) {
+    DYNAMIC_SECTION("bucket_bytes " << bucket_bytes) {
+      const GradSyncOptions options{.scale = 0.5, .bucket_bytes = bucket_bytes};
+      ParameterList want = make_params(r), got = make_params(r);
+      all_reduce_grads(comm, want, options);
+      std::vector<ReducedParameter> list;
+      for (const NamedParameter& p : got) list.push_back({p, &comm});
+      GradReducer reducer(list, options);
+      if (bucket_bytes == 64) {
+        // Reverse list order, one open bucket per dtype (16 f32 or 8 f64 elements):
+        // g + f + e (13) until unused (4) would overflow it; d alone in f64 until b;
+        // unused, c (40) and a (35) each alone.
+        CHECK(reducer.bucket_members() == std::vector<std::vector<size_t>>{{7, 6, 5}, {4}, {3}, {2}, {1}, {0}});
+      } else {
+        CHECK(reducer.bucket_members() == std::vector<std::vector<size_t>>{{7, 6, 5, 3, 2, 0}, {4, 1}});
+      }
+      for (int round = 0; round < 2; ++round) {  // twice: buffers are reused
+        for (NamedParameter& p : got) p.tensor.zero_grad();
+        ParameterList fresh = make_params(r);
+        for (size_t i = 0; i < got.size(); ++i)
+          if (fresh[i].tensor.grad().defined()) got[i].tensor.set_grad(fresh[i].tensor.grad());
+        reducer.begin();
+        const size_t n = got.size();
+        for (size_t k = 0; k < n; ++k) {
+          const size_t i = (k + static_cast<size_t>(r) * 3) % n;
+          if (got[i].tensor.grad().defined()) reducer.grad_ready(got[i].tensor);
+        }
+        reducer.grad_ready(zeros(Shape{2}, DType::f32));  // not in the list: ignored
+        GradSyncStats stats = reducer.finish();
+        CHECK(stats.bytes == (35 + 40 + 4 + 8 + 2 + 3) * 4 + (3 + 6) * 8);  // `unused` is summed too
+        for (size_t i = 0; i < n; ++i) {
+          INFO("parameter " << specs()[i].name << ", round " << round);
+          Tensor a = want[i].tensor.grad(), b = got[i].tensor.grad();
+          REQUIRE(a.defined() == b.defined());
+          if (a.defined()) CHECK(moetrain::testing::bitwise_equal(a, b));
+        }
+      }
+    }
+  }
+}
+
+// A small model with a real backward: parameters summed over the world, and
+// "expert" ones over a split group (the expert layer recomputed: checkpoint);
+// `rare` gets a grad on rank 0 only, `never` on no rank. Losses and grads differ per rank (the data depends on the rank).
+struct TinyModel {
+  ParameterList params;
+  explicit TinyModel(DType dtype) {
+    auto add = [&](const char* name, Shape shape, uint64_t seed, const char* group) {
+      Tensor t = mul_scalar(randn(shape, dtype, seed), 0.3);
+      t.set_requires_grad(true);
+      params.push_back({name, t, true, group});
+    };
+    add("never", Shape{3}, 6, "dense");  // first: its bucket is the last to start
+    add("embed", Shape{7, 6}, 1, "dense");
+    add("w1", Shape{6, 9}, 2, "dense");
+    add("expert", Shape{9, 9}, 3, "experts");
+    add("rare", Shape{9, 9}, 4, "experts");
+    add("w2", Shape{9, 5}, 5, "dense");
+  }
+  void backward(int rank) {
+    Tensor x = randn(Shape{4, 7}, params[1].tensor.dtype(), 100 + static_cast<uint64_t>(rank));
+    Tensor h = tanh(matmul(matmul(x, params[1].tensor), params[2].tensor));
+    // The expert layer recomputed in backward: its parameter is reported after the nested pass.
+    h = checkpoint([w = params[3].tensor](const Tensors& in) { return Tensors{tanh(matmul(in[0], w))}; }, {h})[0];
+    if (rank == 0) h = add(h, tanh(matmul(h, params[4].tensor)));
+    sum(mul(matmul(h, params[5].tensor), matmul(h, params[5].tensor))).backward();
+  }
+};
+
+void check_reducer_in_backward(Communicator& world_comm) {
+  const int r = world_comm.rank();
+  std::unique_ptr<Communicator> group = world_comm.split(r % 2, r);
+  for (DType dtype : {DType::f32, DType::f64}) {
+    DYNAMIC_SECTION("dtype " << (dtype == DType::f32 ? "f32" : "f64")) {
+      const GradSyncOptions options{.scale = 1.0 / world_comm.size(), .bucket_bytes = 128};  // a bucket per parameter
+      TinyModel want(dtype), got(dtype);
+      want.backward(r);
+      ParameterList dense, experts;
+      for (const NamedParameter& p : want.params) (p.group == "experts" ? experts : dense).push_back(p);
+      all_reduce_grads(world_comm, dense, options);
+      all_reduce_grads(*group, experts, options);
+
+      std::vector<ReducedParameter> list;
+      for (const NamedParameter& p : got.params) list.push_back({p, p.group == "experts" ? group.get() : &world_comm});
+      GradReducer reducer(list, options);
+      reducer.begin();
+      {
+        autograd::GradReadyHookGuard guard([&](const Tensor& leaf) { reducer.grad_ready(leaf); });
+        got.backward(r);
+      }
+      const GradSyncStats stats = reducer.finish();
+      // Buckets in start order: w2, rare, expert, w1, embed, never. w2 starts during
+      // backward everywhere; on rank 0, which has a grad for `rare`, all but `never`.
+      CHECK(stats.num_buckets == 6);
+      CHECK(stats.num_started_early == (r == 0 ? 5 : 1));
+      for (size_t i = 0; i < got.params.size(); ++i) {
+        INFO("parameter " << got.params[i].name);
+        Tensor a = want.params[i].tensor.grad(), b = got.params[i].tensor.grad();
+        REQUIRE(a.defined() == b.defined());
+        if (!a.defined()) continue;
+        if (world_comm.size() <= 2) CHECK(moetrain::testing::bitwise_equal(a, b));
+        else CHECK(moetrain::testing::max_abs_diff(a, b) <= (dtype == DType::f32 ? 1e-5 : 1e-12));
+      }
+      CHECK_FALSE(got.params[0].tensor.grad().defined());  // `never`: no rank has a grad
+      CHECK(got.params[4].tensor.grad().defined() == (r % 2 == 0));  // `rare`: in rank 0's group only
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("comm: GradReducer equals all_reduce_grads, grads ready in any order (one process)", "[comm]") {
+  std::unique_ptr<Communicator> one = single_process();
+  check_reducer_fed_by_hand(*one);
+}
+
+TEST_CASE("comm: GradReducer equals all_reduce_grads, grads ready in any order", "[comm][mpi]") {
+  check_reducer_fed_by_hand(world());
+}
+
+TEST_CASE("comm: GradReducer during backward equals the blocking sums (one process)", "[comm]") {
+  std::unique_ptr<Communicator> one = single_process();
+  check_reducer_in_backward(*one);
+}
+
+TEST_CASE("comm: GradReducer during backward equals the blocking sums, two groups, grads missing on some ranks",
+          "[comm][mpi]") {
+  check_reducer_in_backward(world());
+}
+
+TEST_CASE("comm: GradReducer refuses what it cannot sum and misuse", "[comm]") {
+  std::unique_ptr<Communicator> one = single_process();
+  Tensor ids = zeros(Shape{3}, DType::i64);
+  CHECK_THAT(error_of([&] { GradReducer({{{"ids", ids, true, "test"}, one.get()}}); }),
+             Catch::Contains("'ids'") && Catch::Contains("f32, bf16 and f64"));
+  Tensor w = zeros(Shape{3}, DType::f32);
+  w.set_requires_grad(true);
+  GradReducer reducer({{{"w", w, true, "test"}, one.get()}});
+  CHECK_THAT(error_of([&] { reducer.finish(); }), Catch::Contains("begin()"));
+  reducer.begin();
+  CHECK_THAT(error_of([&] { reducer.begin(); }), Catch::Contains("not finished"));
+  w.set_grad(zeros(Shape{4}, DType::f32));
+  CHECK_THAT(error_of([&] { reducer.grad_ready(w); }), Catch::Contains("grad of 'w'") && Catch::Contains("f32[4]"));
+}
+
 TEST_CASE("all_reduce_grads: CUDA gradients are packed and scaled on the device as on the CPU", "[comm][cuda]") {
   if (!moetrain::testing::gpu_available()) return;
   auto comm = single_process();
@@ -156,5 +310,41 @@ TEST_CASE("all_reduce_grads: CUDA gradients are packed and scaled on the device 
     REQUIRE(gpu[i].tensor.grad().defined() == cpu[i].tensor.grad().defined());
     if (cpu[i].tensor.grad().defined())
       CHECK(moetrain::testing::bitwise_equal(gpu[i].tensor.grad().to(kCpu), cpu[i].tensor.grad()));
+  }
+}
+
+TEST_CASE("comm: GradReducer on CUDA gradients equals the CPU one", "[comm][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  auto comm = single_process();
+  const Device gpu = kCuda;
+  // Grads ready in a shuffled order, one missing (zeros, stays undefined), bf16 included.
+  for (int64_t bucket_bytes : {int64_t{64}, int64_t{32} << 20}) {
+    ParameterList cpu = make_params(0), cuda_params;
+    for (const NamedParameter& p : cpu) {
+      Tensor t = p.tensor.detach().to(gpu);
+      t.set_requires_grad(true);
+      if (p.tensor.grad().defined()) t.set_grad(p.tensor.grad().to(gpu));
+      cuda_params.push_back({p.name, t, true, "test"});
+    }
+    const GradSyncOptions options{.scale = 0.25, .bucket_bytes = bucket_bytes};
+    std::vector<ReducedParameter> cpu_list, cuda_list;
+    for (const NamedParameter& p : cpu) cpu_list.push_back({p, comm.get()});
+    for (const NamedParameter& p : cuda_params) cuda_list.push_back({p, comm.get()});
+    GradReducer on_cpu(cpu_list, options), on_cuda(cuda_list, options);
+    for (GradReducer* reducer : {&on_cpu, &on_cuda}) {
+      ParameterList& ps = reducer == &on_cpu ? cpu : cuda_params;
+      reducer->begin();
+      for (size_t k = 0; k < ps.size(); ++k) {
+        const size_t i = (k * 5 + 2) % ps.size();
+        if (ps[i].tensor.grad().defined()) reducer->grad_ready(ps[i].tensor);
+      }
+      reducer->finish();
+    }
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      INFO("parameter " << cpu[i].name << ", bucket_bytes " << bucket_bytes);
+      Tensor a = cpu[i].tensor.grad(), b = cuda_params[i].tensor.grad();
+      REQUIRE(a.defined() == b.defined());
+      if (a.defined()) CHECK(moetrain::testing::bitwise_equal(a, b.to(kCpu)));
+    }
   }
 }
