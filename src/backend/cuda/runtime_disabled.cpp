@@ -1,5 +1,6 @@
 // The CUDA runtime entry points of a build without the CUDA backend
 // (MOETRAIN_CUDA=OFF or no nvcc found): asking for a GPU is a user error.
+#include "backend/cuda/cublas.h"
 #include "backend/cuda/runtime.h"
 
 #include "core/error.h"
@@ -28,6 +29,10 @@ void copy_device_to_device(void*, const void*, int64_t, int) { no_cuda("copy on 
 void memset_zero(void*, int64_t, int) { no_cuda("memset on cuda"); }
 void fill(void*, DType, int64_t, double, int) { no_cuda("fill on cuda"); }
 void convert(void*, DType, const void*, DType, int64_t, int) { no_cuda("dtype conversion on cuda"); }
+// cuBLAS settings: nothing to set without cuBLAS (GEMM calls never get here: no
+// cuda tensors exist).
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
 EventTimer::EventTimer(int device) : device_(device) { no_cuda("EventTimer"); }
 EventTimer::~EventTimer() = default;
 void EventTimer::start() { no_cuda("EventTimer"); }
