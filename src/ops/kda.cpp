@@ -98,8 +98,7 @@ KdaResult kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const
   return {out[0], out[1]};
 }
 
-// Forward per §6.1; backward per §6.2 from the saved chunk-entry states (on CUDA:
-// the recurrent BPTT from them, kda_cuda.cu).
+// Forward per §6.1; backward per §6.2 from the saved chunk-entry states.
 KdaResult kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       const Tensor& h0, double scale, int64_t chunk_size) {
   check_kda("kda_chunked", q, k, v, g, beta, h0, "h0");

@@ -11,8 +11,7 @@
 // and beta belong to the value heads as in fla's KDA (g [B,T,HV,K], beta [B,T,HV]).
 // q and k are used as given (the layer L2-normalises them); scale multiplies q
 // (the layer passes K^-1/2). All inputs share one dtype: f32 or f64, or bf16 on CUDA
-// (the state and the checkpoints are then f32). On CUDA the chunked form's backward
-// is the recurrent BPTT from the chunk states (kda_cuda.cu).
+// (the state and the checkpoints are then f32); the CUDA kernels are kda_cuda.cu.
 #pragma once
 
 #include <cstdint>

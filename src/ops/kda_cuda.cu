@@ -2,9 +2,10 @@
 // code the host tests run against the CPU kernels). Recurrent form: one thread
 // block per (batch element, value head), steps in order; the backward's
 // per-value-head dq/dk are then summed over each group of value heads in a fixed
-// order. Chunked forward: a block per (task, chunk) prepares every chunk at once,
-// a block per (task, 32..64 columns of S) scans the chunks, a block per (task,
-// chunk) writes O; its backward is the recurrent BPTT from the chunk states.
+// order. Chunked form: a block per (task, chunk) prepares every chunk at once, a
+// block per (task, 32..64 columns of S) scans the chunks (forward) or scans them
+// back (backward), a block per (task, chunk) writes O (forward) or the chunk's
+// gradients (backward).
 #include <algorithm>
 
 #include "backend/cuda/kernel_utils.cuh"

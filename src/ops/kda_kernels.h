@@ -46,8 +46,7 @@ void kda_chunked_force_portable(bool portable);
 // The CUDA twins (kda_cuda.cu): same contracts, except that the checkpoints and
 // chunk states are f32 for bf16 inputs (the state's arithmetic type), K and V are
 // bounded by 48 KiB of shared memory per block (4K + 2V + 1 values) and the chunk
-// size by C² + C values in it. kda_chunked_backward runs the recurrent BPTT with the
-// chunk states as checkpoints.
+// size by C² + C values in it.
 namespace moetrain::cuda {
 MT_CUDA_KERNEL(void kda_recurrent_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q,
                                           const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
