@@ -213,7 +213,8 @@ TEST_CASE("cli: ledger reproduces the parameter counts of MODEL_SPEC §13.3", "[
   CHECK(bad.output.find("model.moe.num_experts") != string::npos);
 }
 
-TEST_CASE("cli: k3-tiny (with its MoE) trains on bytes and decodes with constant KDA state", "[cli]") {
+// [slow]: not rerun under the sanitizers (launch/test.sh); the k3 paths run there in smaller tests.
+TEST_CASE("cli: k3-tiny (with its MoE) trains on bytes and decodes with constant KDA state", "[cli][slow]") {
   Workspace w;
   w.prepare();
   string args = "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + w.dir +

@@ -20,8 +20,9 @@ const string kSource = MOETRAIN_SOURCE_DIR;
 
 }  // namespace
 
+// [slow]: seven training runs; not rerun under the sanitizers (launch/test.sh).
 TEST_CASE("cli: launch/evolution.sh runs all seven rungs at a tiny budget and writes the report",
-          "[cli][evolution]") {
+          "[cli][evolution][slow]") {
   TempDir tmp;
   const string dir = tmp.path();
   // 2 LM steps and 2 steps per memory task; 1 evaluation batch of 2 rows; one thread.

@@ -25,7 +25,8 @@ Tensor random_ids(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
 }
 }  // namespace
 
-TEST_CASE("gpt2: gpt2-small has exactly 124,439,808 parameters", "[nn][gpt2]") {
+// [slow]: 124M parameters allocated; not rerun under the sanitizers (launch/test.sh).
+TEST_CASE("gpt2: gpt2-small has exactly 124,439,808 parameters", "[nn][gpt2][slow]") {
   Gpt2Config c;  // defaults are GPT-2 small
   c.n_layer = 12;
   Gpt2 model(c, 1);
