@@ -23,7 +23,8 @@ BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo launch/build.sh \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g0" -DMOETRAIN_SANITIZE=ON -DMOETRAIN_CUDA=OFF -DMOETRAIN_BENCH=OFF \
   -DMOETRAIN_UNITY=ON >/dev/null
 # Leak checking is off: OpenBLAS and libgomp keep thread pools alive at exit.
+# [reference] (PyTorch comparisons: their time is the Python side's) ran above.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  build-asan/moetrain_tests "~[slow]" "~[mpi]" "~[cuda]"
+  build-asan/moetrain_tests "~[slow]" "~[mpi]" "~[cuda]" "~[reference]"
 
 echo "== all tests passed in $(( $(date +%s) - start )) s =="
