@@ -77,6 +77,24 @@ __global__ void kda_chunk_grad_kernel(simt::KdaChunkArgs<T, A> a) {
   simt::kda_chunk_grad(DeviceBlock{static_cast<int>(blockDim.x)}, a, block / chunks, block % chunks);
 }
 
+// Shapes, scale and input pointers of either body's arguments (g, beta may be null).
+template <class T, class A>
+void set_inputs(simt::KdaInputs<T, A>& a, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* g,
+                const Tensor* beta, double scale) {
+  a.B = q.size(0);
+  a.Tn = q.size(1);
+  a.H = q.size(2);
+  a.K = q.size(3);
+  a.HV = v.size(2);
+  a.V = v.size(3);
+  a.scale = static_cast<A>(scale);
+  a.q = ptr<T>(q);
+  a.k = ptr<T>(k);
+  a.v = ptr<T>(v);
+  a.g = g ? ptr<T>(*g) : nullptr;
+  a.beta = beta ? ptr<T>(*beta) : nullptr;
+}
+
 // One chunked call's arguments and the scratch of kda_chunk_prepare (plus A^kk's
 // β-free part for a backward), [tasks, chunks, ...] in the arithmetic type.
 template <class T, class A>
@@ -92,19 +110,8 @@ struct ChunkRun {
   ChunkRun(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
            double scale, int64_t chunk_size, bool backward)
       : device(q.device()) {
-    a.B = q.size(0);
-    a.Tn = q.size(1);
-    a.H = q.size(2);
-    a.K = q.size(3);
-    a.HV = v.size(2);
-    a.V = v.size(3);
+    set_inputs(a, q, k, v, &g, &beta, scale);
     a.C = chunk_size;
-    a.scale = static_cast<A>(scale);
-    a.q = ptr<T>(q);
-    a.k = ptr<T>(k);
-    a.v = ptr<T>(v);
-    a.g = ptr<T>(g);
-    a.beta = ptr<T>(beta);
     tasks = a.tasks();
     chunks = a.chunks();
     const int64_t C = a.C, K = a.K, V = a.V;
@@ -164,20 +171,9 @@ template <class T, class A>
 KdaSimtArgs<T, A> args_of(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* g,
                           const Tensor* beta, double scale) {
   KdaSimtArgs<T, A> a;
-  a.B = q.size(0);
-  a.Tn = q.size(1);
-  a.H = q.size(2);
-  a.K = q.size(3);
-  a.HV = v.size(2);
-  a.V = v.size(3);
+  set_inputs(a, q, k, v, g, beta, scale);
   a.segment = cpu::kKdaRecurrentSegment;
-  a.scale = static_cast<A>(scale);
   a.delta_rule = g != nullptr;
-  a.q = ptr<T>(q);
-  a.k = ptr<T>(k);
-  a.v = ptr<T>(v);
-  a.g = g ? ptr<T>(*g) : nullptr;
-  a.beta = beta ? ptr<T>(*beta) : nullptr;
   size_t shared = static_cast<size_t>(simt::kda_simt_shared_elements(a.K, a.V)) * sizeof(A);
   MT_CHECK(shared <= 48 * 1024, "{}: K = {}, V = {} need {} bytes of shared memory per block; the CUDA kernel has 48 KiB",
            op, a.K, a.V, shared);

@@ -64,13 +64,26 @@ MT_HOST_DEVICE inline double exp_a(double x) {
 // T: storage type of the tensors; A: arithmetic type of the state and scratch.
 // Shapes as in ops/kda.h (linear attention: HV = H, g and beta unused). Tasks are
 // b·HV + hv; the scratch and state arrays are task-major.
+// What the recurrent and the chunked bodies both read: shapes, scale, inputs.
 template <class T, class A>
-struct KdaSimtArgs {
+struct KdaInputs {
   int64_t B = 0, Tn = 0, H = 0, HV = 0, K = 0, V = 0;
-  int64_t segment = 64;   // steps between checkpoints
   A scale = 1;
-  bool delta_rule = true;  // false: linear attention
   const T *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
+
+  MT_HOST_DEVICE int64_t tasks() const { return B * HV; }
+};
+
+template <class T, class A>
+struct KdaSimtArgs : KdaInputs<T, A> {
+  using KdaInputs<T, A>::B;
+  using KdaInputs<T, A>::Tn;
+  using KdaInputs<T, A>::H;
+  using KdaInputs<T, A>::HV;
+  using KdaInputs<T, A>::K;
+  using KdaInputs<T, A>::V;
+  int64_t segment = 64;   // steps between checkpoints
+  bool delta_rule = true;  // false: linear attention
   // forward
   T* o = nullptr;            // [B, T, HV, V]
   T* state = nullptr;        // [tasks, K, V]: S_0 in, S_T out
@@ -89,7 +102,6 @@ struct KdaSimtArgs {
   T* grad_beta = nullptr;         // [B, T, HV] (delta rule only)
   T* grad_state0 = nullptr;       // [tasks, K, V]: dS_0
 
-  MT_HOST_DEVICE int64_t tasks() const { return B * HV; }
   MT_HOST_DEVICE int64_t segments() const { return (Tn + segment - 1) / segment; }
   MT_HOST_DEVICE int64_t qk_row(int64_t b, int64_t t, int64_t hv) const { return ((b * Tn + t) * H + hv / (HV / H)) * K; }
   MT_HOST_DEVICE int64_t gk_row(int64_t b, int64_t t, int64_t hv) const { return ((b * Tn + t) * HV + hv) * K; }
@@ -285,10 +297,10 @@ MT_HOST_DEVICE void kda_simt_backward(const Block& blk, const KdaSimtArgs<T, A>&
 // (§6.2) has the same shape: prepare again, a reverse scan over chunks per column
 // of dS (kda_chunk_backward_scan), then every chunk at once (kda_chunk_grad).
 template <class T, class A>
-struct KdaChunkArgs {
-  int64_t B = 0, Tn = 0, H = 0, HV = 0, K = 0, V = 0, C = 64;
-  A scale = 1;
-  const T *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
+struct KdaChunkArgs : KdaInputs<T, A> {
+  using KdaInputs<T, A>::HV;
+  using KdaInputs<T, A>::Tn;
+  int64_t C = 64;
   T* o = nullptr;          // [B, T, HV, V]
   T* state = nullptr;      // [tasks, K, V]: S_0 in, S_T out
   A* work = nullptr;       // [tasks, K, V]: S while scanning
@@ -315,7 +327,6 @@ struct KdaChunkArgs {
   A *dq = nullptr, *dk = nullptr;  // [B, T, HV, K] per value head
   T *grad_v = nullptr, *grad_g = nullptr, *grad_beta = nullptr, *grad_state0 = nullptr;
 
-  MT_HOST_DEVICE int64_t tasks() const { return B * HV; }
   MT_HOST_DEVICE int64_t chunks() const { return (Tn + C - 1) / C; }
   MT_HOST_DEVICE int64_t rows(int64_t n) const { return Tn - n * C < C ? Tn - n * C : C; }
   // Offset of (task, chunk n) in an array of `per` elements per chunk.

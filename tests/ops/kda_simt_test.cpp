@@ -52,24 +52,30 @@ struct Results {
   Tensor o, state, checkpoints, grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0;
 };
 
+// Shapes, scale and inputs of either body's arguments.
 template <class T>
-simt::KdaSimtArgs<T, T> recurrent_args(const Problem& p, const Dims& d, double scale, int64_t segment) {
-  const bool delta_rule = p.g.defined();
-  simt::KdaSimtArgs<T, T> a;
+void set_inputs(simt::KdaInputs<T, T>& a, const Problem& p, const Dims& d, double scale) {
   a.B = d.B;
   a.Tn = d.T;
   a.H = d.H;
   a.HV = d.HV;
   a.K = d.K;
   a.V = d.V;
-  a.segment = segment;
   a.scale = static_cast<T>(scale);
-  a.delta_rule = delta_rule;
   a.q = p.q.data<T>();
   a.k = p.k.data<T>();
   a.v = p.v.data<T>();
-  a.g = delta_rule ? p.g.data<T>() : nullptr;
-  a.beta = delta_rule ? p.beta.data<T>() : nullptr;
+  a.g = p.g.defined() ? p.g.data<T>() : nullptr;
+  a.beta = p.beta.defined() ? p.beta.data<T>() : nullptr;
+}
+
+template <class T>
+simt::KdaSimtArgs<T, T> recurrent_args(const Problem& p, const Dims& d, double scale, int64_t segment) {
+  const bool delta_rule = p.g.defined();
+  simt::KdaSimtArgs<T, T> a;
+  set_inputs<T>(a, p, d, scale);
+  a.segment = segment;
+  a.delta_rule = delta_rule;
   return a;
 }
 
@@ -138,19 +144,8 @@ template <class T>
 Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_t C, int threads) {
   const DType dt = dtype_v<T>;
   simt::KdaChunkArgs<T, T> a;
-  a.B = d.B;
-  a.Tn = d.T;
-  a.H = d.H;
-  a.HV = d.HV;
-  a.K = d.K;
-  a.V = d.V;
+  set_inputs<T>(a, p, d, scale);
   a.C = C;
-  a.scale = static_cast<T>(scale);
-  a.q = p.q.data<T>();
-  a.k = p.k.data<T>();
-  a.v = p.v.data<T>();
-  a.g = p.g.data<T>();
-  a.beta = p.beta.data<T>();
   const int64_t tasks = d.B * d.HV, chunks = a.chunks();
   Results r;
   r.o = empty(p.v.shape(), dt);
