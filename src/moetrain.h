@@ -10,6 +10,7 @@
 #include "ops/attention.h"
 #include "ops/attnres.h"
 #include "ops/conv.h"
+#include "ops/decay_gate.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"

@@ -6,6 +6,7 @@
 
 #include "autograd/grad_mode.h"
 #include "ops/conv.h"
+#include "ops/decay_gate.h"
 #include "ops/elementwise.h"
 #include "ops/kda.h"
 #include "ops/linalg.h"
@@ -123,22 +124,13 @@ KdaLayer::KdaLayer(const KdaLayerConfig& c, ParamFactory& f, const std::string& 
 }
 
 Tensor kda_gate(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias, KdaGate gate, double lower_bound) {
-  const int64_t HV = f.size(-2), K = f.size(-1);
-  MT_CHECK(A_log.shape() == Shape{HV} && dt_bias.shape() == Shape{HV * K},
-           "kda_gate: A_log {} and dt_bias {} must be [{}] and [{}] for f {}", A_log.shape(), dt_bias.shape(), HV,
-           HV * K, f.shape());
-  Tensor a = exp(reshape(A_log, {HV, 1}));        // e^{A_log[h]}, broadcast over K
-  Tensor fb = add(f, reshape(dt_bias, {HV, K}));  // f + dt_bias[h, :]
-  if (gate == KdaGate::softplus) return neg(mul(a, softplus(fb)));
-  return mul_scalar(sigmoid(mul(a, fb)), lower_bound);
+  return decay_gate(f, A_log, dt_bias, gate == KdaGate::softplus ? std::nullopt : std::optional<double>(lower_bound));
 }
 
 Tensor gated_deltanet_gate(const Tensor& a, const Tensor& A_log, const Tensor& dt_bias) {
-  const int64_t HV = a.size(-1);
-  MT_CHECK(A_log.shape() == Shape{HV} && dt_bias.shape() == Shape{HV},
-           "gated_deltanet_gate: A_log {} and dt_bias {} must be [{}] for a {}", A_log.shape(), dt_bias.shape(), HV,
-           a.shape());
-  return neg(mul(exp(A_log), softplus(add(a, dt_bias))));
+  // The per-head gate is the decay gate with K = 1.
+  Shape s = a.shape();
+  return reshape(decay_gate(reshape(a, s.appended(1)), A_log, dt_bias, std::nullopt), s);
 }
 
 Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
@@ -185,7 +177,7 @@ Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
     o = r.o;
   }
   Tensor z = (c_.full_rank_output_gate ? linear(x, g_proj) : linear(linear(x, g_a_proj), g_b_proj)).to(cd);
-  o = mul(rms_norm(o, o_norm, c_.norm_eps), sigmoid(reshape(z, {B, T, HV, K})));
+  o = gated_rms_norm(o, o_norm, reshape(z, {B, T, HV, K}), c_.norm_eps);  // RMSNorm(o) ⊙ σ(z), fused
   return linear(reshape(o, {B, T, HV * K}).to(x.dtype()), o_proj);
 }
 

@@ -535,7 +535,7 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
   const T* beta_in = a.beta + (b * a.Tn + t0) * a.HV + hv;  // row i at beta_in[i * HV]
   const double* gamma = a.gamma + a.at(task, n, C * K);
   const A *Sn = a.states + a.at(task, n, KV), *dSx = a.dS_exit + a.at(task, n, KV);
-  const A *N = a.N + a.at(task, n, C * C), *Ekk = a.Ekk + a.at(task, n, C * C), *Aqk = a.Aqk + a.at(task, n, C * C);
+  const A *N = a.N + a.at(task, n, C * C), *Ekk = a.Ekk + a.at(task, n, C * C);
   const A *W = a.W + a.at(task, n, C * K), *Kd = a.Kd + a.at(task, n, C * K), *U = a.U + a.at(task, n, C * V);
   const A *dVnew = a.dVnew + a.at(task, n, C * V), *decay = a.decay + a.at(task, n, K);
   A* Vnew = a.Vnew + a.at(task, n, C * V);

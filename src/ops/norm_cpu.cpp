@@ -6,6 +6,7 @@
 
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "ops/math.h"
 #include "ops/norm_kernels.h"
 
 namespace moetrain::cpu {
@@ -100,12 +101,14 @@ void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const T
   });
 }
 
-void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double scale, double eps) {
+void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& z, double scale,
+                         double eps) {
   dispatch_float(x.dtype(), "norm", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
     const T* px = x.data<T>();
     const T* pw = w.defined() ? w.data<T>() : nullptr;
+    const T* pz = z.defined() ? z.data<T>() : nullptr;
     T* py = y.data<T>();
     T* pr = rstd.data<T>();
     parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
@@ -116,40 +119,50 @@ void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor&
         double rs = 1.0 / std::sqrt(ss * scale + eps);
         pr[r] = static_cast<T>(rs);
         T* yr = py + r * n;
-        for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<T>(xr[j] * rs * (pw ? pw[j] : T(1)));
+        for (int64_t j = 0; j < n; ++j) {
+          double h = xr[j] * rs * (pw ? pw[j] : T(1));
+          yr[j] = static_cast<T>(pz ? h * sigmoid_of(static_cast<double>(pz[r * n + j])) : h);
+        }
       }
     });
   });
 }
 
-// With x̂ = x r and g = dy ⊙ w: dx = r (g - x̂ · scale · Σ_j g_j x̂_j), the RMSNorm
-// formula for scale = 1/n and the L2 formula for scale = 1 (there x̂ = y, w = 1).
-void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_y, const Tensor& x, const Tensor& w,
-                          const Tensor& rstd, double scale) {
+// With x̂ = x r, g = dy' ⊙ w and dy' = dy σ(z) (dy without a gate):
+// dx = r (g - x̂ · scale · Σ_j g_j x̂_j), the RMSNorm formula for scale = 1/n and the
+// L2 formula for scale = 1 (there x̂ = y, w = 1); dz = dy x̂ w σ(z)(1 - σ(z)).
+void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const Tensor& grad_y, const Tensor& x,
+                          const Tensor& w, const Tensor& z, const Tensor& rstd, double scale) {
   dispatch_float(x.dtype(), "norm_backward", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
     const T* px = x.data<T>();
     const T* pw = w.defined() ? w.data<T>() : nullptr;
+    const T* pz = z.defined() ? z.data<T>() : nullptr;
     const T* dy = grad_y.data<T>();
     const T* pr = rstd.data<T>();
     T* dx = grad_x.data<T>();
+    T* dz = grad_z ? grad_z->data<T>() : nullptr;
+    auto gate = [&](int64_t i) { return pz ? sigmoid_of(static_cast<double>(pz[i])) : 1.0; };
     parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const T* xr = px + r * n;
         const T* gr = dy + r * n;
         double rs = pr[r], dot = 0;
-        for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(gr[j]) * (pw ? pw[j] : T(1)) * xr[j] * rs;
+        for (int64_t j = 0; j < n; ++j)
+          dot += static_cast<double>(gr[j]) * gate(r * n + j) * (pw ? pw[j] : T(1)) * xr[j] * rs;
         T* dr = dx + r * n;
         for (int64_t j = 0; j < n; ++j) {
-          double g = static_cast<double>(gr[j]) * (pw ? pw[j] : T(1));
+          double s = gate(r * n + j), wj = pw ? pw[j] : T(1), g = static_cast<double>(gr[j]) * s * wj;
           dr[j] = static_cast<T>(rs * (g - xr[j] * rs * scale * dot));
+          if (dz) dz[r * n + j] = static_cast<T>(gr[j] * (xr[j] * rs * wj) * s * (1.0 - s));
         }
       }
     });
     if (grad_w)
-      param_grads<T>(grad_w->data<T>(), static_cast<T*>(nullptr), dy, rows, n,
-                     [&](int64_t r, int64_t j) { return static_cast<double>(px[r * n + j]) * pr[r]; });
+      param_grads<T>(grad_w->data<T>(), static_cast<T*>(nullptr), dy, rows, n, [&](int64_t r, int64_t j) {
+        return static_cast<double>(px[r * n + j]) * pr[r] * gate(r * n + j);
+      });
   });
 }
 

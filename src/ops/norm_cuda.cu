@@ -72,12 +72,14 @@ __global__ void layer_norm_grad_x_kernel(T* dx, const T* dy, const T* x, const T
 }
 
 // Partial sums over the rows of chunk blockIdx.y: pw[c, j] = Σ_r dy[r, j] x̂(r, j),
-// pb[c, j] = Σ_r dy[r, j], with x̂ = (x - mean) rstd (mean null: x̂ = x rstd).
+// pb[c, j] = Σ_r dy[r, j], with x̂ = (x - mean) rstd (mean null: x̂ = x rstd),
+// times σ(z[r, j]) where a gate z is given.
 // Block (32, 8): thread (tx, ty) adds rows ty, ty + 8, ... of the chunk for column
 // blockIdx.x * 32 + tx; the 8 row lanes are then added in order.
 template <class T>
-__global__ void norm_param_partials_kernel(double* pw, double* pb, const T* dy, const T* x, const acc_t<T>* mean,
-                                           const acc_t<T>* rstd, int64_t rows, int64_t n, int64_t chunk_rows) {
+__global__ void norm_param_partials_kernel(double* pw, double* pb, const T* dy, const T* x, const T* z,
+                                           const acc_t<T>* mean, const acc_t<T>* rstd, int64_t rows, int64_t n,
+                                           int64_t chunk_rows) {
   using A = acc_t<T>;
   __shared__ double part_w[kRowLanes][kColTile + 1], part_b[kRowLanes][kColTile + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -88,6 +90,7 @@ __global__ void norm_param_partials_kernel(double* pw, double* pb, const T* dy, 
     for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
       A g = load(dy, r * n + j);
       A xh = (load(x, r * n + j) - (mean ? mean[r] : A(0))) * rstd[r];
+      if (z) xh *= sigmoid_a(load(z, r * n + j));
       aw += static_cast<double>(g * xh);
       ab += static_cast<double>(g);
     }
@@ -123,15 +126,15 @@ __global__ void norm_param_finish_kernel(T* dw, T* db, const double* pw, const d
 // when rows == 0): row chunks of kChunkRows (at most kMaxChunks of them) summed
 // in parallel, then the chunks in order.
 template <class T>
-void norm_param_grads(T* dw, T* db, const T* dy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
-                      int64_t rows, int64_t n, Device device, cudaStream_t s) {
+void norm_param_grads(T* dw, T* db, const T* dy, const T* x, const T* z, const acc_t<T>* mean,
+                      const acc_t<T>* rstd, int64_t rows, int64_t n, Device device, cudaStream_t s) {
   int64_t chunk_rows = std::max(kChunkRows, (rows + kMaxChunks - 1) / kMaxChunks);
   int64_t chunks = std::max<int64_t>(1, (rows + chunk_rows - 1) / chunk_rows);
   Tensor partial = empty({2, chunks, n}, DType::f64, device);
   double* pw = ptr<double>(partial);
   double* pb = pw + chunks * n;
   dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
-  norm_param_partials_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, s>>>(pw, pb, dy, x, mean, rstd, rows, n,
+  norm_param_partials_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, s>>>(pw, pb, dy, x, z, mean, rstd, rows, n,
                                                                           chunk_rows);
   MT_CUDA_CHECK_LAUNCH("norm_param_partials_kernel");
   norm_param_finish_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(dw, db, pw, pb, n, chunks);
@@ -139,8 +142,8 @@ void norm_param_grads(T* dw, T* db, const T* dy, const T* x, const acc_t<T>* mea
 }
 
 template <class T>
-__global__ void scaled_norm_forward_kernel(T* y, acc_t<T>* rstd, const T* x, const T* w, int64_t rows, int64_t n,
-                                           double scale, double eps) {
+__global__ void scaled_norm_forward_kernel(T* y, acc_t<T>* rstd, const T* x, const T* w, const T* z, int64_t rows,
+                                           int64_t n, double scale, double eps) {
   using A = acc_t<T>;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * n;
@@ -152,26 +155,32 @@ __global__ void scaled_norm_forward_kernel(T* y, acc_t<T>* rstd, const T* x, con
     A rs = A(1) / sqrt(block_sum(ss) * static_cast<A>(scale) + static_cast<A>(eps));
     if (threadIdx.x == 0) rstd[r] = rs;
     T* yr = y + r * n;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) store(yr, j, load(xr, j) * rs * (w ? load(w, j) : A(1)));
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      A h = load(xr, j) * rs * (w ? load(w, j) : A(1));
+      store(yr, j, z ? h * sigmoid_a(load(z, r * n + j)) : h);
+    }
   }
 }
 
-// dx = r (g - x r scale Σ_j g_j x_j r), g = dy ⊙ w (see norm_cpu.cpp).
+// dx = r (g - x r scale Σ_j g_j x_j r), g = dy σ(z) ⊙ w (σ(z) = 1 without a gate);
+// dz = dy x r w σ(z)(1 - σ(z)) (see norm_cpu.cpp).
 template <class T>
-__global__ void scaled_norm_grad_x_kernel(T* dx, const T* dy, const T* x, const T* w, const acc_t<T>* rstd,
-                                          int64_t rows, int64_t n, double scale) {
+__global__ void scaled_norm_grad_x_kernel(T* dx, T* dz, const T* dy, const T* x, const T* w, const T* z,
+                                          const acc_t<T>* rstd, int64_t rows, int64_t n, double scale) {
   using A = acc_t<T>;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * n;
     const T* gr = dy + r * n;
+    const T* zr = z ? z + r * n : nullptr;
     A rs = rstd[r], dot = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-      dot += load(gr, j) * (w ? load(w, j) : A(1)) * load(xr, j) * rs;
+      dot += load(gr, j) * (zr ? sigmoid_a(load(zr, j)) : A(1)) * (w ? load(w, j) : A(1)) * load(xr, j) * rs;
     dot = block_sum(dot);
     T* dr = dx + r * n;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      A g = load(gr, j) * (w ? load(w, j) : A(1));
+      A sg = zr ? sigmoid_a(load(zr, j)) : A(1), wj = w ? load(w, j) : A(1), g = load(gr, j) * sg * wj;
       store(dr, j, rs * (g - load(xr, j) * rs * static_cast<A>(scale) * dot));
+      if (dz) store(dz, r * n + j, load(gr, j) * (load(xr, j) * rs * wj) * sg * (A(1) - sg));
     }
   }
 }
@@ -217,23 +226,25 @@ void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const T
     }
     if (grad_w || grad_b)
       norm_param_grads<T>(ptr_or_null<T>(grad_w), ptr_or_null<T>(grad_b), ptr<T>(grad_y), ptr<T>(x),
-                          ptr<acc_t<T>>(mean), ptr<acc_t<T>>(rstd), rows, n, x.device(), s);
+                          static_cast<const T*>(nullptr), ptr<acc_t<T>>(mean), ptr<acc_t<T>>(rstd), rows, n,
+                          x.device(), s);
   });
 }
 
-void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double scale, double eps) {
+void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& z, double scale,
+                         double eps) {
   auto [rows, n] = rows_cols(x);
   if (rows == 0 || n == 0) return;
   dispatch_float_cuda(x.dtype(), "norm", [&](auto tag) {
     using T = decltype(tag);
     scaled_norm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(
-        ptr<T>(y), ptr<acc_t<T>>(rstd), ptr<T>(x), ptr_or_null<T>(w), rows, n, scale, eps);
+        ptr<T>(y), ptr<acc_t<T>>(rstd), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(z), rows, n, scale, eps);
     MT_CUDA_CHECK_LAUNCH("scaled_norm_forward_kernel");
   });
 }
 
-void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_y, const Tensor& x, const Tensor& w,
-                          const Tensor& rstd, double scale) {
+void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const Tensor& grad_y, const Tensor& x,
+                          const Tensor& w, const Tensor& z, const Tensor& rstd, double scale) {
   auto [rows, n] = rows_cols(x);
   if (n == 0) return;
   dispatch_float_cuda(x.dtype(), "norm_backward", [&](auto tag) {
@@ -241,11 +252,12 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_y, 
     cudaStream_t s = stream_of(x);
     if (rows > 0) {
       scaled_norm_grad_x_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(
-          ptr<T>(grad_x), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(w), ptr<acc_t<T>>(rstd), rows, n, scale);
+          ptr<T>(grad_x), ptr_or_null<T>(grad_z), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(z),
+          ptr<acc_t<T>>(rstd), rows, n, scale);
       MT_CUDA_CHECK_LAUNCH("scaled_norm_grad_x_kernel");
     }
     if (grad_w)
-      norm_param_grads<T>(ptr<T>(*grad_w), static_cast<T*>(nullptr), ptr<T>(grad_y), ptr<T>(x),
+      norm_param_grads<T>(ptr<T>(*grad_w), static_cast<T*>(nullptr), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(z),
                           static_cast<const acc_t<T>*>(nullptr), ptr<acc_t<T>>(rstd), rows, n, x.device(), s);
   });
 }

@@ -13,10 +13,12 @@ void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, 
 void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const Tensor& grad_y, const Tensor& x,
                          const Tensor& w, const Tensor& mean, const Tensor& rstd);
 // RMSNorm and L2 norm share a kernel: rstd = 1/sqrt(sum(x^2) * scale + eps)
-// with scale = 1/n (RMSNorm) or 1 (L2 norm); w may be undefined.
-void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double scale, double eps);
-void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_y, const Tensor& x, const Tensor& w,
-                          const Tensor& rstd, double scale);
+// with scale = 1/n (RMSNorm) or 1 (L2 norm); w may be undefined. With a gate z
+// (x's shape; undefined: none) y = x rstd w σ(z), and backward writes grad_z.
+void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& z, double scale,
+                         double eps);
+void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const Tensor& grad_y, const Tensor& x,
+                          const Tensor& w, const Tensor& z, const Tensor& rstd, double scale);
 
 }  // namespace moetrain::cpu
 
@@ -26,9 +28,10 @@ MT_CUDA_KERNEL(void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, co
                                        const Tensor& b, double eps));
 MT_CUDA_KERNEL(void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const Tensor& grad_y,
                                         const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd));
-MT_CUDA_KERNEL(void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double scale,
-                                        double eps));
-MT_CUDA_KERNEL(void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_y, const Tensor& x,
-                                         const Tensor& w, const Tensor& rstd, double scale));
+MT_CUDA_KERNEL(void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& z,
+                                        double scale, double eps));
+MT_CUDA_KERNEL(void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const Tensor& grad_y,
+                                         const Tensor& x, const Tensor& w, const Tensor& z, const Tensor& rstd,
+                                         double scale));
 
 }  // namespace moetrain::cuda

@@ -38,12 +38,31 @@ TEST_CASE("rms_norm and l2_norm: forward matches a plain loop", "[ops][norm]") {
   }
 }
 
+TEST_CASE("gated_rms_norm: forward matches rms_norm times sigmoid, and a plain loop", "[ops][norm]") {
+  Tensor x = randn({2, 3, 17}, DType::f64, 21), w = randn({17}, DType::f64, 22), z = randn({2, 3, 17}, DType::f64, 23);
+  z = mul_scalar(z, 4.0);  // gates near 0 and 1
+  std::vector<double> vx = x.to_vector(), vw = w.to_vector(), vz = z.to_vector();
+  std::vector<double> y = gated_rms_norm(x, w, z, 1e-5).to_vector();
+  for (int r = 0; r < 6; ++r) {
+    double ss = 0;
+    for (int j = 0; j < 17; ++j) ss += vx[r * 17 + j] * vx[r * 17 + j];
+    for (int j = 0; j < 17; ++j) {
+      double gate = 1.0 / (1.0 + std::exp(-vz[r * 17 + j]));
+      REQUIRE(y[r * 17 + j] == Approx(vw[j] * vx[r * 17 + j] / std::sqrt(ss / 17 + 1e-5) * gate).epsilon(1e-12));
+    }
+  }
+  CHECK(moetrain::testing::max_abs_diff(gated_rms_norm(x, w, z), mul(rms_norm(x, w), sigmoid(z))) < 1e-14);
+}
+
 TEST_CASE("norms: gradients match finite differences", "[ops][norm]") {
   Tensor x = randn({2, 3, 33}, DType::f64, 7), w = randn({33}, DType::f64, 8), b = randn({33}, DType::f64, 9);
   check_gradients([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b});
   check_gradients([](const Tensors& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w});
   check_gradients([](const Tensors& in) { return rms_norm(in[0], Tensor(), 1e-5); }, {x});
   check_gradients([](const Tensors& in) { return l2_norm(in[0], 1e-6); }, {x});
+  Tensor z = mul_scalar(randn({2, 3, 33}, DType::f64, 10), 2.0);
+  check_gradients([](const Tensors& in) { return gated_rms_norm(in[0], in[1], in[2], 1e-5); }, {x, w, z});
+  check_gradients([](const Tensors& in) { return gated_rms_norm(in[0], Tensor(), in[1], 1e-5); }, {x, z});
 }
 
 TEST_CASE("norms: weight gradient does not depend on the thread count", "[ops][norm]") {
@@ -65,6 +84,8 @@ TEST_CASE("norms: bad weight shape names the op and shapes", "[ops][norm][errors
   Tensor x = randn({3, 8}, DType::f32, 1), w = randn({7}, DType::f32, 2);
   CHECK_THROWS_WITH(rms_norm(x, w), Catch::Contains("rms_norm") && Catch::Contains("[7]") && Catch::Contains("[3, 8]"));
   CHECK_THROWS_WITH(layer_norm(x, w, Tensor()), Catch::Contains("layer_norm"));
+  CHECK_THROWS_WITH(gated_rms_norm(x, Tensor(), randn({3, 7}, DType::f32, 3)),
+                    Catch::Contains("gated_rms_norm") && Catch::Contains("[3, 7]") && Catch::Contains("[3, 8]"));
 }
 
 // CUDA twins: forward and every gradient against the CPU kernels, widths off the
@@ -87,6 +108,9 @@ TEST_CASE("norms: CUDA matches CPU", "[ops][norm][cuda]") {
                                dt, tol);
         check_cuda_matches_cpu([](const Tensors& in) { return rms_norm(in[0], Tensor(), 1e-5); }, {x}, {true}, dt, tol);
         check_cuda_matches_cpu([](const Tensors& in) { return l2_norm(in[0], 1e-6); }, {x}, {true}, dt, tol);
+        Tensor z = mul_scalar(randn({7, cols}, DType::f64, 4), 2.0);
+        check_cuda_matches_cpu([](const Tensors& in) { return gated_rms_norm(in[0], in[1], in[2], 1e-5); },
+                               {x, w, z}, {true, true, true}, dt, tol);
       }
     }
 }
@@ -100,6 +124,9 @@ TEST_CASE("norms: CUDA handles 3-d inputs, many rows and a weight without grad",
                          {true, false, true}, DType::f32, tol);
   check_cuda_matches_cpu([](const Tensors& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w}, {false, true},
                          DType::f32, tol);
+  Tensor z = randn({3, 700, 65}, DType::f64, 17);
+  check_cuda_matches_cpu([](const Tensors& in) { return gated_rms_norm(in[0], in[1], in[2], 1e-5); }, {x, w, z},
+                         {true, false, true}, DType::f32, tol);
   // Enough rows for the most row chunks of the weight gradient (1024 chunks of 293 rows).
   Tensor xl = randn({300001, 5}, DType::f64, 14), wl = randn({5}, DType::f64, 15), bl = randn({5}, DType::f64, 16);
   check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {xl, wl, bl},
