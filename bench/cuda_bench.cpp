@@ -5,8 +5,8 @@
 // on the device's stream, after a warm-up.
 //   build/moetrain_bench_cuda [--steps N] [--out FILE.md]
 // Cases: GEMMs (peak, GPT-2 small's shapes, f32 with and without TF32), causal
-// attention forward+backward at T = 4096 / 8192, chunked KDA forward+backward
-// (reported as not available while it has no CUDA kernel), and GPT-2 small /
+// attention forward+backward at T = 4096 / 8192 (tensor cores; and the scalar
+// kernels at 4096), chunked and recurrent KDA forward+backward, and GPT-2 small /
 // k3-small training steps (forward, backward, AdamW) with tokens/s and MFU.
 // A case whose op has no CUDA kernel yet prints the error instead of a number.
 #include <cstdio>
@@ -22,6 +22,7 @@
 #include "config/config.h"
 #include "moetrain.h"
 #include "nn/gpt2.h"
+#include "ops/attention_kernels.h"
 #include "optim/adamw.h"
 #include "train/model_source.h"
 
@@ -72,8 +73,13 @@ Row guarded(const std::string& name, const std::string& shape, const std::functi
 
 // Causal attention forward + backward, B = 1, H heads of D: FLOPs of the causal
 // half: forward 2 * 2 * T^2/2 * D * H, backward 2.5x forward (recomputes scores).
-Row attention_row(int64_t T, int64_t H, int64_t D, int steps) {
-  std::string shape = fmt::format("B1 T{} H{} D{} bf16", T, H, D);
+// tensor_cores false: the scalar kernels (the baseline of the tensor-core rows).
+Row attention_row(int64_t T, int64_t H, int64_t D, int steps, bool tensor_cores = true) {
+  std::string shape = fmt::format("B1 T{} H{} D{} bf16{}", T, H, D, tensor_cores ? "" : " (scalar kernels)");
+  cuda::set_attention_tensor_cores(tensor_cores);
+  struct Restore {
+    ~Restore() { cuda::set_attention_tensor_cores(true); }
+  } restore;
   return guarded("attention fwd+bwd", shape, [&] {
     Tensor q = randn({1, T, H, D}, DType::f32, 1).to(kGpu).to(DType::bf16).detach().set_requires_grad();
     Tensor k = randn({1, T, H, D}, DType::f32, 2).to(kGpu).to(DType::bf16).detach().set_requires_grad();
@@ -176,6 +182,7 @@ int main(int argc, char** argv) {
   rows.push_back(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps));
   rows.push_back(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps, true));
   for (int64_t T : {4096, 8192}) rows.push_back(attention_row(T, 16, 128, steps));
+  rows.push_back(attention_row(4096, 16, 128, steps, false));
   for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps));
   rows.push_back(kda_row(4096, steps, KdaMode::recurrent));
   {

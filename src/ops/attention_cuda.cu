@@ -18,7 +18,8 @@
 //   dQ       (query tile):  as the forward
 // dQ and dK/dV are separate kernels (P and dP are recomputed in each) so that no
 // gradient needs atomics: every result is written once, deterministically.
-// Backward overwrites grad_q, grad_k and grad_v.
+// Backward overwrites grad_q, grad_k and grad_v. bf16 with head dims that are
+// multiples of 16 goes to the tensor-core kernels instead (attention_tc_cuda.cu).
 #include <algorithm>
 
 #include "ops/attention_kernels.h"
@@ -324,19 +325,11 @@ template <class F> void dispatch_dim32(int64_t dim, F&& f) {
   else f(std::integral_constant<int, 8>{});
 }
 
-// Launches kernel with `bytes` of dynamic shared memory, opting in above 48 KiB.
+// The scalar kernels' launch: kWarps warps, `bytes` of shared memory.
 template <class Kernel, class... Args>
 void launch(Kernel kernel, dim3 grid, size_t bytes, cudaStream_t stream, const char* name, Args... args) {
-  int device = 0, max_bytes = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&device));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  MT_CHECK(bytes <= static_cast<size_t>(max_bytes),
-           "causal_attention (CUDA): {} needs {} bytes of shared memory, the GPU offers {}; use f32 or smaller heads",
-           name, bytes, max_bytes);
-  if (bytes > 48 * 1024)
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  kernel<<<grid, kWarps * 32, bytes, stream>>>(args...);
-  MT_CUDA_CHECK_LAUNCH(name);
+  launch_with_shared(kernel, grid, kWarps * 32, bytes, stream, name, "causal_attention (CUDA): use f32 or smaller heads",
+                     args...);
 }
 
 unsigned tiles(int64_t n, int tile) { return static_cast<unsigned>((n + tile - 1) / tile); }
@@ -347,6 +340,7 @@ void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Ten
                               double scale) {
   Dims d = dims_of(q, k, v);
   if (d.B * d.T * d.H == 0) return;
+  if (attention_tensor_cores_apply(q, d.Dk, d.Dv)) return attention_tc_forward(o, lse, q, k, v, scale);
   dispatch_float_cuda(q.dtype(), "causal_attention", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -379,6 +373,8 @@ void causal_attention_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, c
     attention_delta_kernel<T><<<blocks_for(rows * 32), kThreads, 0, s>>>(ptr<A>(delta), ptr<T>(grad_o), ptr<T>(o),
                                                                          d);
     MT_CUDA_CHECK_LAUNCH("attention_delta_kernel");
+    if (attention_tensor_cores_apply(q, d.Dk, d.Dv))
+      return attention_tc_backward(grad_q, grad_k, grad_v, grad_o, q, k, v, lse, delta, scale);
     const T* cq = ptr<T>(q);
     const T* ck = ptr<T>(k);
     const T* cv = ptr<T>(v);

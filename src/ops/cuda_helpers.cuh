@@ -63,4 +63,27 @@ template <class A> __device__ Ranked<A> block_first(Ranked<A> r) {
   return warp_first(w);
 }
 
+// The opt-in shared memory per block of the current device, in bytes.
+inline int max_shared_bytes() {
+  int device = 0, max_bytes = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return max_bytes;
+}
+
+// Launches kernel<<<grid, threads, bytes, stream>>>(args...) with `bytes` of
+// dynamic shared memory, opting in above 48 KiB; a clear error (naming the
+// kernel, `what` the caller can change) when the GPU offers less.
+template <class Kernel, class... Args>
+void launch_with_shared(Kernel kernel, dim3 grid, int threads, size_t bytes, cudaStream_t stream, const char* name,
+                        const char* what, Args... args) {
+  const int max_bytes = max_shared_bytes();
+  MT_CHECK(bytes <= static_cast<size_t>(max_bytes), "{} needs {} bytes of shared memory, the GPU offers {}; {}", name,
+           bytes, max_bytes, what);
+  if (bytes > 48 * 1024)
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  kernel<<<grid, threads, bytes, stream>>>(args...);
+  MT_CUDA_CHECK_LAUNCH(name);
+}
+
 }  // namespace moetrain::cuda

@@ -19,14 +19,7 @@ namespace {
 
 using simt::KdaSimtArgs;
 
-struct DeviceBlock {
-  int threads;
-  template <class F>
-  __device__ void each(F&& f) const {
-    f(static_cast<int>(threadIdx.x));
-    __syncthreads();
-  }
-};
+using simt::DeviceBlock;
 
 template <class T, class A>
 __global__ void kda_forward_kernel(KdaSimtArgs<T, A> a) {

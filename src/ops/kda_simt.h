@@ -7,9 +7,7 @@
 // very bodies on the CPU against the CPU kernels (kda_cpu.cpp,
 // linear_attention_cpu.cpp): indexing, recurrences, checkpoints and the
 // BPTT backward are tested on machines without a GPU; only the launch is not.
-// The rule that makes the host loop faithful to the GPU: within one phase a
-// thread writes only what it owns and reads nothing that another thread writes
-// in the same phase.
+// The blocks and the phase rule: ops/simt.h.
 //
 // Math (ops/kda.h, MODEL_SPEC §5): S' = Diag(α) S, α = e^g; δ = v - S'^T k;
 // S = S' + β k δ^T; o = S^T (scale q). Linear attention (ops/linear_attention.h)
@@ -26,40 +24,9 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MT_HOST_DEVICE __host__ __device__
-// Before a body template: its host instantiation may call the device's each().
-#define MT_SIMT_BODY _Pragma("nv_exec_check_disable")
-#else
-#define MT_HOST_DEVICE
-#define MT_SIMT_BODY
-#endif
+#include "ops/simt.h"
 
 namespace moetrain::simt {
-
-// The host's block: each(f) runs f(0), ..., f(threads - 1) in turn.
-struct HostBlock {
-  int threads;
-  template <class F>
-  void each(F&& f) const {
-    for (int tid = 0; tid < threads; ++tid) f(tid);
-  }
-};
-
-MT_HOST_DEVICE inline float exp_a(float x) {
-#if defined(__CUDA_ARCH__)
-  return expf(x);
-#else
-  return std::exp(x);
-#endif
-}
-MT_HOST_DEVICE inline double exp_a(double x) {
-#if defined(__CUDA_ARCH__)
-  return ::exp(x);
-#else
-  return std::exp(x);
-#endif
-}
 
 // T: storage type of the tensors; A: arithmetic type of the state and scratch.
 // Shapes as in ops/kda.h (linear attention: HV = H, g and beta unused). Tasks are

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "moetrain.h"
+#include "ops/attention_kernels.h"
 #include "testing.h"
 #include "cuda_vs_cpu.h"
 
@@ -105,17 +106,30 @@ TEST_CASE("causal_attention: CUDA matches CPU", "[ops][attention][cuda]") {
   cases.push_back({17, 50, 64, 64});    // 33 cached keys before the queries
   cases.push_back({1, 129, 128, 128});  // one decoding step
   cases.push_back({40, 40, 192, 128});  // MLA-like Dk > Dv
-  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+  // bf16 runs twice: on the tensor cores (every case here has head dims that are
+  // multiples of 16) and on the scalar kernels.
+  struct Variant {
+    DType dt;
+    bool tensor_cores;
+  };
+  for (Variant var : {Variant{DType::f32, false}, Variant{DType::bf16, true}, Variant{DType::bf16, false},
+                      Variant{DType::f64, false}})
     for (const Case& c : cases) {
-      DYNAMIC_SECTION(fmt::format("{} T={} Tk={} Dk={} Dv={}", dt, c.T, c.Tk, c.Dk, c.Dv)) {
+      const DType dt = var.dt;
+      DYNAMIC_SECTION(fmt::format("{}{} T={} Tk={} Dk={} Dv={}", dt, var.tensor_cores ? " (tensor cores)" : "", c.T,
+                                  c.Tk, c.Dk, c.Dv)) {
+        cuda::set_attention_tensor_cores(var.tensor_cores);
         const int64_t B = 2, H = 3;
         Tensor q = randn({B, c.T, H, c.Dk}, DType::f64, 1), k = randn({B, c.Tk, H, c.Dk}, DType::f64, 2),
                v = randn({B, c.Tk, H, c.Dv}, DType::f64, 3);
         double scale = 1.5 / std::sqrt(static_cast<double>(c.Dk));  // peaked rows as well as flat ones
         CudaCompare tol = tolerance_for(dt);
         if (dt == DType::bf16) tol.backward_tol = 3e-2;  // dS = P (dP - rowsum(dO O)) with O stored in bf16
+        const Tensor probe = randn({1, 1, 1, c.Dk}, DType::f64, 5).to(DType::bf16).to(kCuda);
+        CHECK(cuda::attention_tensor_cores_apply(probe, c.Dk, c.Dv) == var.tensor_cores);
         check_cuda_matches_cpu([scale](const Tensors& in) { return causal_attention(in[0], in[1], in[2], scale); },
                                {q, k, v}, {true, true, true}, dt, tol);
+        cuda::set_attention_tensor_cores(true);
       }
     }
 }
