@@ -12,16 +12,33 @@ launch/setup.sh
 # stays in build/'s cache, `launch/build.sh -DMOETRAIN_UNITY=OFF` for quick incremental builds).
 launch/build.sh -DMOETRAIN_BENCH=OFF -DMOETRAIN_UNITY=ON
 
+# The sanitizer build (ASan + UBSan, CUDA off) compiles while ctest runs: the
+# tests leave about a third of the cores idle (serial and MPI-waiting stretches),
+# and at the lowest priority the build takes only those cycles. -O1 without debug
+# info, library sources compiled in batches (MOETRAIN_UNITY); reports still name
+# the functions (symbol table), rebuild with -g for line numbers.
+asan_log=$(mktemp)
+trap 'rm -f "$asan_log"' EXIT
+set -m  # the build runs in a process group of its own: one kill stops cmake and its compilers
+nice -n 19 env BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo launch/build.sh \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g0" -DMOETRAIN_SANITIZE=ON -DMOETRAIN_CUDA=OFF -DMOETRAIN_BENCH=OFF \
+  -DMOETRAIN_UNITY=ON >"$asan_log" 2>&1 &
+asan_build=$!
+set +m
+
 echo "== tests (build/) =="
-ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 900
+if ! ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 900; then
+  kill -- -"$asan_build" 2>/dev/null || true
+  wait "$asan_build" 2>/dev/null || true
+  exit 1
+fi
 
 echo "== sanitizer tests (build-asan/: ASan + UBSan, CUDA off) =="
-# -O1 without debug info, library sources compiled in batches (MOETRAIN_UNITY):
-# the sanitizer build is the longest step of CI (9 -> 5 min on 2 cores); reports
-# still name the functions (symbol table), rebuild with -g for line numbers.
-BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo launch/build.sh \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g0" -DMOETRAIN_SANITIZE=ON -DMOETRAIN_CUDA=OFF -DMOETRAIN_BENCH=OFF \
-  -DMOETRAIN_UNITY=ON >/dev/null
+if ! wait "$asan_build"; then
+  tail -n 60 "$asan_log" >&2
+  echo "test: the sanitizer build failed (its log's end above)" >&2
+  exit 1
+fi
 # Leak checking is off: OpenBLAS and libgomp keep thread pools alive at exit.
 # [reference] (PyTorch comparisons: their time is the Python side's) ran above.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
