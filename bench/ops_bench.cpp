@@ -1,6 +1,7 @@
 // Core-op benchmarks, as ratios to same-run baselines:
 //   matmul (GPT-2-small shapes)      vs raw cblas_sgemm on the same buffers
 //   elementwise / norm / softmax     vs memcpy of the same bytes (GB/s)
+//   fused KDA gates (fwd + bwd)      vs the unfused ops they replace
 // Run: build/moetrain_bench_ops [--benchmark_filter=...]; the ratio table is printed last.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -102,6 +103,41 @@ void BM_softmax(benchmark::State& st) {
   bandwidth(st, 2, [&] { return softmax(a); });
 }
 
+// Forward + backward of op over leaves that require grad; the rate counts the
+// [kRows, kCols] input once, so a fused op and its unfused twin compare as times.
+template <class F>
+void forward_backward(benchmark::State& st, const Tensors& leaves, F&& op) {
+  for (auto _ : st) {
+    sum(op()).backward();
+    for (Tensor t : leaves) t.zero_grad();
+  }
+  set_bytes(st, kRows * kCols * 4);
+}
+Tensor leaf(Shape s, uint64_t seed, double scale = 1.0) {
+  return mul_scalar(randn(s, DType::f32, seed), scale).detach().set_requires_grad();
+}
+// KDA's decay gate on [tokens, heads, K] = [1024, 6, 128] (K3's lower-bound form).
+constexpr int64_t kHeads = 6, kHeadDim = kCols / kHeads;
+void BM_fused_decay_gate(benchmark::State& st) {
+  Tensor f = leaf({kRows, kHeads, kHeadDim}, 1), A = leaf({kHeads}, 2, 0.5), b = leaf({kHeads * kHeadDim}, 3);
+  forward_backward(st, {f, A, b}, [&] { return decay_gate(f, A, b, -5.0); });
+}
+void BM_unfused_decay_gate(benchmark::State& st) {
+  Tensor f = leaf({kRows, kHeads, kHeadDim}, 1), A = leaf({kHeads}, 2, 0.5), b = leaf({kHeads * kHeadDim}, 3);
+  forward_backward(st, {f, A, b}, [&] {
+    return mul_scalar(sigmoid(mul(exp(reshape(A, {kHeads, 1})), add(f, reshape(b, {kHeads, kHeadDim})))), -5.0);
+  });
+}
+// KDA's output: RMSNorm(o) ⊙ σ(z) per head.
+void BM_fused_gated_rms_norm(benchmark::State& st) {
+  Tensor x = leaf({kRows, kHeads, kHeadDim}, 1), z = leaf({kRows, kHeads, kHeadDim}, 2), w = leaf({kHeadDim}, 3);
+  forward_backward(st, {x, z, w}, [&] { return gated_rms_norm(x, w, z); });
+}
+void BM_unfused_gated_rms_norm(benchmark::State& st) {
+  Tensor x = leaf({kRows, kHeads, kHeadDim}, 1), z = leaf({kRows, kHeads, kHeadDim}, 2), w = leaf({kHeadDim}, 3);
+  forward_backward(st, {x, z, w}, [&] { return mul(rms_norm(x, w), sigmoid(z)); });
+}
+
 void gemm_args(benchmark::internal::Benchmark* b) {
   for (const auto& s : kGemmShapes) b->Args(s);
   b->Unit(benchmark::kMillisecond)->UseRealTime()->MinWarmUpTime(0.5);
@@ -117,6 +153,10 @@ BENCHMARK(BM_gelu_tanh)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_layer_norm)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_softmax)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_unfused_decay_gate)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_fused_decay_gate)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_unfused_gated_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_fused_gated_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
 
 // Console output plus a record of each run's counters, for the ratio table.
 class RatioReporter : public benchmark::ConsoleReporter {
@@ -146,6 +186,8 @@ int main(int argc, char** argv) {
     std::string base;
     if (name.rfind("BM_matmul/", 0) == 0) base = "BM_sgemm_openblas/" + name.substr(10);
     else if (name.rfind("BM_linear/", 0) == 0) base = "BM_sgemm_openblas/" + name.substr(10);
+    else if (name.rfind("BM_fused_", 0) == 0) base = "BM_unfused_" + name.substr(9);
+    else if (name.rfind("BM_unfused_", 0) == 0) continue;  // the fused rows' baselines
     else if (name.rfind("BM_sgemm", 0) != 0 && name.rfind("BM_memcpy", 0) != 0) base = "BM_memcpy";
     if (base.empty()) continue;
     // The run's full name carries its options (BM_memcpy/min_warmup_time:0.200/real_time): match the prefix.

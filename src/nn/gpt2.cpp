@@ -141,10 +141,13 @@ int64_t Gpt2::decode_cache_bytes(int64_t length) const {
   return 2 * config_.n_layer * length * config_.d_model * dtype_size(config_.dtype);  // K and V per layer
 }
 
-double Gpt2::activation_bytes_per_token() const {
+double Gpt2::activation_bytes_per_token(bool mixed_precision) const {
   const Gpt2Config& c = config_;
-  return (static_cast<double>(c.n_layer) * (13.0 * static_cast<double>(c.d_model) + 2.0 * static_cast<double>(c.d_ff)) +
-          2.0 * static_cast<double>(c.vocab_size)) * static_cast<double>(dtype_size(c.dtype));
+  const double size = static_cast<double>(dtype_size(c.dtype));
+  const double blocks = static_cast<double>(c.n_layer) *
+                        (13.0 * static_cast<double>(c.d_model) + 2.0 * static_cast<double>(c.d_ff));
+  const double logits = 2.0 * static_cast<double>(c.vocab_size);  // and their gradient; f32 in bf16 runs
+  return mixed_precision ? blocks * 2.0 + logits * 4.0 : (blocks + logits) * size;
 }
 
 Tensor Gpt2::forward_cached(const Tensor& ids, Gpt2Cache& cache) {

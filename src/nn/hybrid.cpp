@@ -386,13 +386,15 @@ int64_t HybridModel::decode_cache_bytes(int64_t length) const {
   return n;
 }
 
-double HybridModel::activation_bytes_per_token() const {
+double HybridModel::activation_bytes_per_token(bool mixed_precision) const {
   // Rough: ~16 D-wide tensors per sublayer pair, the FFN hidden (3 F), KDA/MLA
   // intermediates (~12 P), AttnRes sources are shared; plus logits and their gradient.
+  // In bf16 runs (mixed_precision) the wide tensors are bf16; the KDA layer's
+  // internals, the router's scores and the logits stay f32 (§12).
   const double D = static_cast<double>(c_.d_model), F = static_cast<double>(c_.ffn.d_ff);
   const double P = static_cast<double>(c_.kda.value_heads() * c_.kda.head_dim);
-  double per_layer = 16.0 * D + 3.0 * F + 12.0 * P;
-  double total = static_cast<double>(c_.n_layer()) * per_layer + 2.0 * static_cast<double>(c_.vocab_size);
+  const double L = static_cast<double>(c_.n_layer());
+  double wide = L * (16.0 * D + 3.0 * F), kept_f32 = L * 12.0 * P + 2.0 * static_cast<double>(c_.vocab_size);
   // MoE layers replace the dense FFN hidden by what their backward keeps per token:
   // the router's scores over all E (the sigmoid keeps its output; this term
   // dominates at many experts and small widths), per routed slot the dispatched
@@ -406,11 +408,13 @@ double HybridModel::activation_bytes_per_token() const {
     const double E = static_cast<double>(m.num_experts), k = static_cast<double>(m.top_k);
     const double Fe = static_cast<double>(m.expert_d_ff);
     const double W = static_cast<double>(m.latent_dim > 0 ? m.latent_dim : c_.d_model);
-    const double per_moe = E + k * (5.0 * W + 3.0 * Fe) + 4.0 * W + D +
-                           3.0 * Fe * static_cast<double>(m.num_shared_experts) - 3.0 * F;
-    total += static_cast<double>(moe_layers) * per_moe;
+    const double n = static_cast<double>(moe_layers);
+    wide += n * (k * (5.0 * W + 3.0 * Fe) + 4.0 * W + D + 3.0 * Fe * static_cast<double>(m.num_shared_experts) -
+                 3.0 * F);
+    kept_f32 += n * E;
   }
-  return total * static_cast<double>(dtype_size(c_.dtype));
+  if (mixed_precision) return wide * 2.0 + kept_f32 * 4.0;
+  return (wide + kept_f32) * static_cast<double>(dtype_size(c_.dtype));
 }
 
 }  // namespace moetrain

@@ -46,7 +46,9 @@ class LanguageModel {
   // Training FLOPs per token (forward + backward) at sequence length seq_len.
   virtual double flops_per_token(int64_t seq_len) const = 0;
   // Saved activations per token of a training micro-batch (an estimate, bytes).
-  virtual double activation_bytes_per_token() const = 0;
+  // mixed_precision (train.dtype bf16): the model's wide activations are bf16,
+  // what §12 keeps in f32 (KDA internals, router scores, logits) stays 4 bytes.
+  virtual double activation_bytes_per_token(bool mixed_precision = false) const = 0;
   // Bytes of the decoding cache of one sequence after `length` tokens (what
   // new_cache() holds then, from the shapes alone): linear in the length for
   // attention, constant for recurrent mixers.

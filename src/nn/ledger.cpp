@@ -48,8 +48,12 @@ Ledger make_ledger(const Config& config, LedgerLayout layout) {
   l.active = l.total - (experts > 0 ? expert_params / experts * (experts - top_k) : 0) - (tied ? 0 : embedding_table);
   l.flops_per_token = model->flops_per_token(l.seq_len);
   l.params_per_rank = l.total - expert_params + expert_params / layout.ep;
-  l.state_bytes_per_rank = 16.0 * static_cast<double>(l.params_per_rank);  // f32 weights, grads, 2 moments
-  l.activation_bytes_per_rank = static_cast<double>(l.batch_size * l.seq_len) * model->activation_bytes_per_token();
+  // f32: weights, grads, 2 moments; bf16 (mixed precision) the same 16 bytes: bf16
+  // weight and grad, f32 master and 2 moments (the f32-kept weights have no master).
+  l.state_bytes_per_rank = 16.0 * static_cast<double>(l.params_per_rank);
+  const bool mixed_precision = config.get_string("train.dtype") == "bf16";
+  l.activation_bytes_per_rank =
+      static_cast<double>(l.batch_size * l.seq_len) * model->activation_bytes_per_token(mixed_precision);
   for (int64_t length : {1024, 8192, 65536}) l.decode_cache_bytes[length] = model->decode_cache_bytes(length);
   return l;
 }

@@ -15,6 +15,14 @@ namespace {
 constexpr int64_t kRowGrain = 8;
 constexpr int64_t kColGrain = 32;
 
+// s[j] = σ(z[j]) for a row, as the sigmoid op computes it; an AVX2 + FMA copy is
+// picked by CPUID at load time (target_clones), so exp_approx runs vectorised.
+template <class T>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void sigmoid_row(T* __restrict s, const T* __restrict z,
+                                                                             int64_t n) {
+  for (int64_t j = 0; j < n; ++j) s[j] = sigmoid_of(z[j]);
+}
+
 // dw[j] = sum_r dy[r, j] * xhat(r, j), db[j] = sum_r dy[r, j] (column-owned).
 template <class T, class XHat>
 void param_grads(T* dw, T* db, const T* dy, int64_t rows, int64_t n, XHat xhat) {
@@ -112,6 +120,7 @@ void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor&
     T* py = y.data<T>();
     T* pr = rstd.data<T>();
     parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+      std::vector<T> gate(pz ? static_cast<size_t>(n) : 0);
       for (int64_t r = lo; r < hi; ++r) {
         const T* xr = px + r * n;
         double ss = 0;
@@ -119,9 +128,11 @@ void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor&
         double rs = 1.0 / std::sqrt(ss * scale + eps);
         pr[r] = static_cast<T>(rs);
         T* yr = py + r * n;
-        for (int64_t j = 0; j < n; ++j) {
-          double h = xr[j] * rs * (pw ? pw[j] : T(1));
-          yr[j] = static_cast<T>(pz ? h * sigmoid_of(static_cast<double>(pz[r * n + j])) : h);
+        if (pz) {
+          sigmoid_row(gate.data(), pz + r * n, n);
+          for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<T>(xr[j] * rs * (pw ? pw[j] : T(1))) * gate[j];
+        } else {
+          for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<T>(xr[j] * rs * (pw ? pw[j] : T(1)));
         }
       }
     });
@@ -143,26 +154,36 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const 
     const T* pr = rstd.data<T>();
     T* dx = grad_x.data<T>();
     T* dz = grad_z ? grad_z->data<T>() : nullptr;
-    auto gate = [&](int64_t i) { return pz ? sigmoid_of(static_cast<double>(pz[i])) : 1.0; };
+    // With a gate, dy' = dy σ(z) is kept for the weight gradient.
+    Tensor gated = pz ? empty({rows, n}, x.dtype()) : Tensor();  // uninitialised: each row thread writes its own
+    const T* dyg = pz ? gated.data<T>() : dy;
     parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+      std::vector<T> sig(pz ? static_cast<size_t>(n) : 0);
       for (int64_t r = lo; r < hi; ++r) {
         const T* xr = px + r * n;
-        const T* gr = dy + r * n;
+        if (pz) {
+          sigmoid_row(sig.data(), pz + r * n, n);
+          T* gr = gated.data<T>() + r * n;
+          for (int64_t j = 0; j < n; ++j) gr[j] = dy[r * n + j] * sig[static_cast<size_t>(j)];
+        }
+        const T* gr = dyg + r * n;
         double rs = pr[r], dot = 0;
-        for (int64_t j = 0; j < n; ++j)
-          dot += static_cast<double>(gr[j]) * gate(r * n + j) * (pw ? pw[j] : T(1)) * xr[j] * rs;
+        for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(gr[j]) * (pw ? pw[j] : T(1)) * xr[j] * rs;
         T* dr = dx + r * n;
         for (int64_t j = 0; j < n; ++j) {
-          double s = gate(r * n + j), wj = pw ? pw[j] : T(1), g = static_cast<double>(gr[j]) * s * wj;
+          double g = static_cast<double>(gr[j]) * (pw ? pw[j] : T(1));
           dr[j] = static_cast<T>(rs * (g - xr[j] * rs * scale * dot));
-          if (dz) dz[r * n + j] = static_cast<T>(gr[j] * (xr[j] * rs * wj) * s * (1.0 - s));
         }
+        if (dz)
+          for (int64_t j = 0; j < n; ++j) {
+            const T s = sig[static_cast<size_t>(j)], h = static_cast<T>(xr[j] * rs) * (pw ? pw[j] : T(1));
+            dz[r * n + j] = dy[r * n + j] * h * s * (T(1) - s);
+          }
       }
     });
     if (grad_w)
-      param_grads<T>(grad_w->data<T>(), static_cast<T*>(nullptr), dy, rows, n, [&](int64_t r, int64_t j) {
-        return static_cast<double>(px[r * n + j]) * pr[r] * gate(r * n + j);
-      });
+      param_grads<T>(grad_w->data<T>(), static_cast<T*>(nullptr), dyg, rows, n,
+                     [&](int64_t r, int64_t j) { return static_cast<double>(px[r * n + j]) * pr[r]; });
   });
 }
 

@@ -213,6 +213,27 @@ TEST_CASE("cli: ledger reproduces the parameter counts of MODEL_SPEC §13.3", "[
   CHECK(bad.output.find("model.moe.num_experts") != string::npos);
 }
 
+TEST_CASE("cli: ledger counts bf16 runs' activations at 2 bytes where they are bf16", "[cli]") {
+  auto number = [](const string& output, const string& key) {
+    size_t at = output.find("\"" + key + "\": ");
+    REQUIRE(at != string::npos);
+    return std::stod(output.substr(at + key.size() + 4));
+  };
+  for (const char* config : {"gpt2-small", "k3-tiny"}) {
+    INFO(config);
+    const string path = string(MOETRAIN_SOURCE_DIR) + "/configs/" + config + ".yaml";
+    Result f32 = run("ledger --json -c " + path, false), bf16 = run("ledger --json --set train.dtype=bf16 -c " + path, false);
+    REQUIRE(f32.code == 0);
+    REQUIRE(bf16.code == 0);
+    const double a32 = number(f32.output, "activation_bytes_per_rank"), a16 = number(bf16.output, "activation_bytes_per_rank");
+    // The wide tensors halve; the logits (and KDA internals, router scores) stay f32.
+    CHECK(a16 < a32);
+    CHECK(a16 > a32 / 2);
+    // Weights + grads in bf16 and an f32 master: the same 16 bytes per parameter.
+    CHECK(number(bf16.output, "state_bytes_per_rank") == number(f32.output, "state_bytes_per_rank"));
+  }
+}
+
 // [slow]: not rerun under the sanitizers (launch/test.sh); the k3 paths run there in smaller tests.
 TEST_CASE("cli: k3-tiny (with its MoE) trains on bytes and decodes with constant KDA state", "[cli][slow]") {
   Workspace w;

@@ -1,6 +1,7 @@
 // Tensor handles, factories, element access, aliases and the in-place helpers.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -245,6 +246,18 @@ TEST_CASE("tensor: CUDA storage, fill, dtype conversion and the caching allocato
   // A request beyond the device names the request and the device.
   CHECK_THROWS_WITH(empty({int64_t{1} << 42}, DType::f32, kCuda),
                     Catch::Contains("CUDA out of memory on cuda:0") && Catch::Contains("bytes"));
+}
+
+TEST_CASE("tensor: write_pointers puts a host array of pointers in device memory", "[core][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  // 300 values: two full batches of 128 kernel arguments and a partial one.
+  std::vector<const void*> values(300);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = reinterpret_cast<const void*>(0x1000 + 16 * i);
+  Tensor out = zeros({static_cast<int64_t>(values.size())}, DType::i64, kCuda);
+  cuda::write_pointers(static_cast<void* const*>(out.raw_data()), values.data(), static_cast<int64_t>(values.size()), 0);
+  std::fill(values.begin(), values.end(), nullptr);  // the host array may change at once
+  std::vector<double> got = out.to(kCpu).to_vector();
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == static_cast<double>(0x1000 + 16 * i));
 }
 
 TEST_CASE("tensor: asking for a CUDA tensor without a GPU is a clear error", "[core]") {

@@ -49,7 +49,7 @@ class OracleModel : public LanguageModel {
   Tensor forward_cached(const Tensor& ids, DecodeCache&) override { return forward(ids, false); }
   ParameterList& parameters() override { return params_; }
   double flops_per_token(int64_t) const override { return 0; }
-  double activation_bytes_per_token() const override { return 0; }
+  double activation_bytes_per_token(bool) const override { return 0; }
   int64_t decode_cache_bytes(int64_t) const override { return 0; }
 
  private:

@@ -111,10 +111,11 @@ void gemm_grouped(DType dtype, bool trans_a, bool trans_b, const std::vector<Gem
     pointers[live.size() + i] = it.a;
     pointers[2 * live.size() + i] = it.c;
   }
-  // cuBLAS reads the operand pointers from device memory; the sizes from the host.
+  // cuBLAS reads the operand pointers from device memory (written on the stream
+  // from kernel arguments: no wait for the GPU); the sizes from the host.
   const int64_t bytes = static_cast<int64_t>(pointers.size() * sizeof(void*));
   void* on_device = device_malloc(bytes, device);
-  copy_host_to_device(on_device, pointers.data(), bytes, device);
+  write_pointers(static_cast<void* const*>(on_device), pointers.data(), static_cast<int64_t>(pointers.size()), device);
   const void* const* dev = static_cast<const void* const*>(on_device);
   void* const* outputs = static_cast<void* const*>(on_device) + 2 * groups;
   const cublasStatus_t st = cublasGemmGroupedBatchedEx(

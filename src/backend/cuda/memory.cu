@@ -1,6 +1,8 @@
 // Fill and dtype conversion on a device (what tensor.cpp and convert.cpp need
 // for CUDA tensors). Conversions follow the CPU's: to bf16 rounds to nearest
 // even through f32; floats to integers truncate (static_cast).
+#include <algorithm>
+
 #include "backend/cuda/kernel_utils.cuh"
 
 namespace moetrain::cuda {
@@ -15,6 +17,16 @@ template <> __device__ __forceinline__ bf16_t from_double_d<bf16_t>(double v) {
 }
 
 template <class T> __global__ void fill_kernel(T* p, T v, int64_t n) { MT_GRID_LOOP(i, n) p[i] = v; }
+
+// Up to kPointerBatch pointers per launch, by value in the kernel's arguments (1 KiB).
+constexpr int kPointerBatch = 128;
+struct PointerBatch {
+  const void* values[kPointerBatch];
+  int count;
+};
+__global__ void write_pointers_kernel(const void** dst, PointerBatch batch) {
+  if (static_cast<int>(threadIdx.x) < batch.count) dst[threadIdx.x] = batch.values[threadIdx.x];
+}
 
 template <class In, class Out> __global__ void convert_kernel(Out* dst, const In* src, int64_t n) {
   MT_GRID_LOOP(i, n) dst[i] = from_double_d<Out>(as_double(src[i]));
@@ -59,6 +71,17 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
     });
   });
   MT_CUDA_CHECK_LAUNCH("convert");
+}
+
+void write_pointers(void* const* dst, const void* const* values, int64_t count, int device) {
+  cudaStream_t s = stream(device);
+  for (int64_t first = 0; first < count; first += kPointerBatch) {
+    PointerBatch batch{};
+    batch.count = static_cast<int>(std::min<int64_t>(kPointerBatch, count - first));
+    for (int i = 0; i < batch.count; ++i) batch.values[i] = values[first + i];
+    write_pointers_kernel<<<1, kPointerBatch, 0, s>>>(const_cast<const void**>(dst) + first, batch);
+    MT_CUDA_CHECK_LAUNCH("write_pointers_kernel");
+  }
 }
 
 }  // namespace moetrain::cuda

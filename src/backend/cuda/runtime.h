@@ -57,6 +57,11 @@ void memset_zero(void* dst, int64_t nbytes, int device);
 void fill(void* dst, DType dtype, int64_t n, double value, int device);
 // n elements converted from src_type to dst_type, as the CPU converts (memory.cu).
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int device);
+// dst[0..count) = values[0..count) (device memory), queued on the device's
+// stream without waiting: the values travel as kernel arguments, copied at the
+// launch, so the host array may change as soon as this returns (memory.cu).
+// For small arrays, e.g. the operand pointers of a grouped GEMM.
+void write_pointers(void* const* dst, const void* const* values, int64_t count, int device);
 
 // Time of work on a device's stream, measured with CUDA events:
 //   EventTimer t(0); t.start(); ...queue kernels...; double ms = t.stop_ms();

@@ -28,6 +28,7 @@ void copy_device_to_host(void*, const void*, int64_t, int) { no_cuda("copy from 
 void copy_device_to_device(void*, const void*, int64_t, int) { no_cuda("copy on cuda"); }
 void memset_zero(void*, int64_t, int) { no_cuda("memset on cuda"); }
 void fill(void*, DType, int64_t, double, int) { no_cuda("fill on cuda"); }
+void write_pointers(void* const*, const void* const*, int64_t, int) { no_cuda("write_pointers on cuda"); }
 void convert(void*, DType, const void*, DType, int64_t, int) { no_cuda("dtype conversion on cuda"); }
 // cuBLAS settings: nothing to set without cuBLAS (GEMM calls never get here: no
 // cuda tensors exist).
