@@ -124,13 +124,6 @@ __device__ inline float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ inline void narrow(__nv_bfloat16& dst, float f) { dst = __float2bfloat16_rn(f); }
 #endif
 
-MT_HOST_DEVICE inline float log_f(float x) {
-#if defined(__CUDA_ARCH__)
-  return logf(x);
-#else
-  return std::log(x);
-#endif
-}
 MT_HOST_DEVICE inline int64_t min_i(int64_t a, int64_t b) { return a < b ? a : b; }
 MT_HOST_DEVICE inline int64_t max_i(int64_t a, int64_t b) { return a > b ? a : b; }
 
@@ -311,7 +304,7 @@ MT_HOST_DEVICE void tc_attention_forward(const Blk& blk, const TcAttention<T>& a
       const int64_t t = r0 + i;
       if (t < a.Tq) narrow(a.o[(q0 + t * a.H) * Dv + d], s.O[e] / s.l[i]);
     }
-    if (tid < kTcTile && r0 + tid < a.Tq) a.lse[bh * a.Tq + r0 + tid] = s.m[tid] + log_f(s.l[tid]);
+    if (tid < kTcTile && r0 + tid < a.Tq) a.lse[bh * a.Tq + r0 + tid] = s.m[tid] + log_a(s.l[tid]);
   });
 }
 

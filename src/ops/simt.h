@@ -68,5 +68,12 @@ MT_HOST_DEVICE inline double exp_a(double x) {
   return std::exp(x);
 #endif
 }
+MT_HOST_DEVICE inline float log_a(float x) {
+#if defined(__CUDA_ARCH__)
+  return logf(x);
+#else
+  return std::log(x);
+#endif
+}
 
 }  // namespace moetrain::simt
