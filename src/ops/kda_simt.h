@@ -300,6 +300,9 @@ struct KdaChunkArgs : KdaInputs<T, A> {
   MT_HOST_DEVICE int64_t at(int64_t task, int64_t n, int64_t per) const { return (task * chunks() + n) * per; }
 };
 
+// Rows per sub-chunk of kda_chunk_prepare's A^qk / A^kk factorisation.
+inline constexpr int64_t kKdaSubChunk = 16;
+
 // Elements of `sh` for kda_chunk_prepare: A^kk (C x C) and β (C).
 inline int64_t kda_chunk_shared_elements(int64_t C) { return C * C + C; }
 
@@ -330,25 +333,64 @@ MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>
     for (int64_t i = tid; i < C; i += threads)
       beta[i] = i < rows ? static_cast<A>(a.beta[(b * a.Tn + t0 + i) * a.HV + hv]) : A(0);
   });
-  // A^qk (i >= j) and A^kk (i > j), pair by pair; N = 0.
+  // A^qk (i >= j) and A^kk (i > j) by sub-chunks of kKdaSubChunk rows (fla's
+  // factorisation, MODEL_SPEC §6): for j in an earlier sub-chunk than i,
+  //   e^{γ_i - γ_j} = e^{γ_i - γ_r} · e^{γ_r - γ_e} · e^{γ_e - γ_j},
+  // r the first row of i's sub-chunk, e the first row after j's (j < e <= r <= i):
+  // three factors <= 1 (the §6 stability rule holds), the outer two one exp per row
+  // and channel, the middle one per pair of sub-chunks; pairs inside one sub-chunk
+  // take exp(γ_i - γ_j) directly. The factored rows live in W, Qd and Kd (written
+  // for good in the last phase), the middle factors in N (zeroed after).
+  // (Mid needs subs² K <= C² elements: K <= 256 for C a multiple of 16; otherwise
+  // every pair is computed directly.)
+  const int64_t subs = (rows + kKdaSubChunk - 1) / kKdaSubChunk;
+  const bool factored = subs > 1 && subs * subs * K <= C * C;
+  A *Qr = W, *Kr = Qd, *Ke = Kd, *Mid = N;  // Mid[(a, b), d]: e^{γ_{16a} - γ_{16b}}, b <= a
+  if (factored) blk.each([&](int tid) {
+    for (int64_t e = tid; e < rows * K; e += threads) {
+      const int64_t i = e / K, d = e % K, r = i / kKdaSubChunk * kKdaSubChunk, next = r + kKdaSubChunk;
+      const A to_start = exp_a(static_cast<A>(gamma[i * K + d] - gamma[r * K + d]));
+      Qr[e] = static_cast<A>(q[i * qk_stride + d]) * to_start;
+      Kr[e] = static_cast<A>(k[i * qk_stride + d]) * to_start;
+      Ke[e] = next < rows ? static_cast<A>(k[i * qk_stride + d]) *
+                                exp_a(static_cast<A>(gamma[next * K + d] - gamma[i * K + d]))
+                          : A(0);
+    }
+    for (int64_t e = tid; e < subs * subs * K; e += threads) {
+      const int64_t sa = e / (subs * K), sb = e / K % subs, d = e % K;
+      if (sb >= 1 && sb <= sa)
+        Mid[e] = exp_a(static_cast<A>(gamma[sa * kKdaSubChunk * K + d] - gamma[sb * kKdaSubChunk * K + d]));
+    }
+  });
   blk.each([&](int tid) {
     for (int64_t e = tid; e < C * C; e += threads) {
-      const int64_t i = e / C, j = e % C;
+      const int64_t i = e / C, j = e % C, si = i / kKdaSubChunk, sj = j / kKdaSubChunk;
       A qk = 0, kk = 0;
       if (i < rows && j <= i) {
-        for (int64_t d = 0; d < K; ++d) {
-          const A decay_ij = exp_a(static_cast<A>(gamma[i * K + d] - gamma[j * K + d]));
-          const A kj = static_cast<A>(k[j * qk_stride + d]) * decay_ij;
-          qk += static_cast<A>(q[i * qk_stride + d]) * kj;
-          kk += static_cast<A>(k[i * qk_stride + d]) * kj;
+        if (!factored || si == sj) {
+          for (int64_t d = 0; d < K; ++d) {
+            const A decay_ij = exp_a(static_cast<A>(gamma[i * K + d] - gamma[j * K + d]));
+            const A kj = static_cast<A>(k[j * qk_stride + d]) * decay_ij;
+            qk += static_cast<A>(q[i * qk_stride + d]) * kj;
+            kk += static_cast<A>(k[i * qk_stride + d]) * kj;
+          }
+        } else {
+          const A* mid = Mid + (si * subs + sj + 1) * K;
+          for (int64_t d = 0; d < K; ++d) {
+            const A kj = mid[d] * Ke[j * K + d];
+            qk += Qr[i * K + d] * kj;
+            kk += Kr[i * K + d] * kj;
+          }
         }
         qk *= a.scale;
       }
       Aqk[e] = qk;
       if (a.Ekk) a.Ekk[a.at(task, n, C * C) + e] = j < i ? kk : A(0);
       Akk[e] = j < i ? beta[i] * kk : A(0);
-      N[e] = 0;
     }
+  });
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < C * C; e += threads) N[e] = 0;
   });
   // N = (I + A^kk)^{-1} - I, row i from the rows above it:
   // N[i,j] = -A^kk[i,j] - Σ_{j<m<i} A^kk[i,m] N[m,j].
