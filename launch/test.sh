@@ -16,7 +16,9 @@ launch/build.sh -DMOETRAIN_BENCH=OFF -DMOETRAIN_UNITY=ON
 # tests leave about a third of the cores idle (serial and MPI-waiting stretches),
 # and at the lowest priority the build takes only those cycles. -O1 without debug
 # info, library sources compiled in batches (MOETRAIN_UNITY); reports still name
-# the functions (symbol table), rebuild with -g for line numbers.
+# the functions (symbol table), rebuild with -g for line numbers. The library and
+# the CLI are instrumented, the test drivers only linked with the runtimes
+# (CMakeLists.txt, moetrain_sanitize: instrumenting them tripled their build).
 asan_log=$(mktemp)
 trap 'rm -f "$asan_log"' EXIT
 set -m  # the build runs in a process group of its own: one kill stops cmake and its compilers
