@@ -84,7 +84,7 @@ class Gpt2 : public LanguageModel {
   double flops_per_token(int64_t seq_len) const override;
   // LN inputs/outputs, qkv and its split, attention output, MLP hidden before and
   // after GELU (~13 D + 2 F per layer), plus logits and their gradient (2 V).
-  double activation_bytes_per_token(bool mixed_precision = false) const override;
+  double activation_bytes_per_token(bool mixed_precision) const override;
   int64_t decode_cache_bytes(int64_t length) const override;
 
  private:

@@ -92,7 +92,7 @@ class HybridModel : public LanguageModel {
   void set_expert_group(comm::Communicator* group);
   const std::vector<ParamSpec>& param_specs() const { return factory_.specs(); }
   double flops_per_token(int64_t seq_len) const override;
-  double activation_bytes_per_token(bool mixed_precision = false) const override;
+  double activation_bytes_per_token(bool mixed_precision) const override;
   int64_t decode_cache_bytes(int64_t length) const override;
   const HybridConfig& config() const { return c_; }
 

@@ -48,7 +48,7 @@ class LanguageModel {
   // Saved activations per token of a training micro-batch (an estimate, bytes).
   // mixed_precision (train.dtype bf16): the model's wide activations are bf16,
   // what §12 keeps in f32 (KDA internals, router scores, logits) stays 4 bytes.
-  virtual double activation_bytes_per_token(bool mixed_precision = false) const = 0;
+  virtual double activation_bytes_per_token(bool mixed_precision) const = 0;
   // Bytes of the decoding cache of one sequence after `length` tokens (what
   // new_cache() holds then, from the shapes alone): linear in the length for
   // attention, constant for recurrent mixers.

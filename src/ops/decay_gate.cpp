@@ -30,12 +30,13 @@ Tensor decay_gate(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias, s
   Tensor g = empty_like(f);
   if (f.is_cuda()) cuda::decay_gate_forward(g, f, A_log, dt_bias, lb);
   else             cpu::decay_gate_forward(g, f, A_log, dt_bias, lb);
-  return record("decay_gate", g, {f, A_log, dt_bias}, [f, A_log, dt_bias, lb, H, K](const Tensor& grad_g) {
+  const Tensor g_saved = g.detach();  // the softplus gate's ∂g/∂A_log (no reference cycle)
+  return record("decay_gate", g, {f, A_log, dt_bias}, [f, A_log, dt_bias, g_saved, lb, H, K](const Tensor& grad_g) {
     Tensor grad_f = empty_like(f), grad_a;
     if (A_log.requires_grad()) grad_a = empty_like(f);
     Tensor* ga = grad_a.defined() ? &grad_a : nullptr;
-    if (f.is_cuda()) cuda::decay_gate_backward(grad_f, ga, grad_g, f, A_log, dt_bias, lb);
-    else             cpu::decay_gate_backward(grad_f, ga, grad_g, f, A_log, dt_bias, lb);
+    if (f.is_cuda()) cuda::decay_gate_backward(grad_f, ga, grad_g, g_saved, f, A_log, dt_bias, lb);
+    else             cpu::decay_gate_backward(grad_f, ga, grad_g, g_saved, f, A_log, dt_bias, lb);
     const int64_t rows = f.numel() / std::max<int64_t>(H * K, 1);
     Tensor grad_A_log, grad_dt_bias;
     if (ga) grad_A_log = sum(sum(reshape(grad_a, {rows, H, K}), 2), 0);

@@ -79,11 +79,12 @@ void decay_gate_forward(Tensor& g, const Tensor& f, const Tensor& A_log, const T
   });
 }
 
-void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, const Tensor& f, const Tensor& A_log,
-                         const Tensor& dt_bias, double lower_bound) {
+void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, const Tensor& g, const Tensor& f,
+                         const Tensor& A_log, const Tensor& dt_bias, double lower_bound) {
   dispatch_float(f.dtype(), "decay_gate_backward", [&](auto tag) {
     using T = decltype(tag);
     const T* dg = grad_g.data<T>();
+    const T* pg = g.data<T>();
     T* df = grad_f.data<T>();
     T* da = grad_a ? grad_a->data<T>() : nullptr;
     const T lb = static_cast<T>(lower_bound);
@@ -97,7 +98,7 @@ void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, c
       for_each_head_run<T>(f, A_log, dt_bias, [&](int64_t p, T a, const T* u, int64_t n) {
         for (int64_t d = 0; d < n; ++d) df[p + d] = -dg[p + d] * a * sigmoid_of(u[d]);
         if (da)
-          for (int64_t d = 0; d < n; ++d) da[p + d] = -dg[p + d] * a * softplus_t(u[d]);
+          for (int64_t d = 0; d < n; ++d) da[p + d] = dg[p + d] * pg[p + d];
       });
   });
 }

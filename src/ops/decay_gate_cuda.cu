@@ -23,8 +23,8 @@ __global__ void decay_gate_forward_kernel(T* g, const T* f, const T* A_log, cons
 }
 
 template <class T>
-__global__ void decay_gate_backward_kernel(T* df, T* da, const T* dg, const T* f, const T* A_log, const T* dt_bias,
-                                           int64_t n, int64_t K, int64_t HK, double lower_bound) {
+__global__ void decay_gate_backward_kernel(T* df, T* da, const T* dg, const T* g, const T* f, const T* A_log,
+                                           const T* dt_bias, int64_t n, int64_t K, int64_t HK, double lower_bound) {
   using A = acc_t<T>;
   const A lb = static_cast<A>(lower_bound);
   MT_GRID_LOOP(i, n) {
@@ -36,7 +36,7 @@ __global__ void decay_gate_backward_kernel(T* df, T* da, const T* dg, const T* f
       if (da) store(da, i, dfi * u);
     } else {
       store(df, i, -d * a * sigmoid_a(u));
-      if (da) store(da, i, -d * a * softplus_a(u));
+      if (da) store(da, i, d * load(g, i));  // ∂g/∂A_log = g
     }
   }
 }
@@ -54,14 +54,14 @@ void decay_gate_forward(Tensor& g, const Tensor& f, const Tensor& A_log, const T
   });
 }
 
-void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, const Tensor& f, const Tensor& A_log,
-                         const Tensor& dt_bias, double lower_bound) {
+void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, const Tensor& g, const Tensor& f,
+                         const Tensor& A_log, const Tensor& dt_bias, double lower_bound) {
   const int64_t n = f.numel();
   if (n == 0) return;
   dispatch_float_cuda(f.dtype(), "decay_gate_backward", [&](auto tag) {
     using T = decltype(tag);
     decay_gate_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(f)>>>(
-        ptr<T>(grad_f), grad_a ? ptr<T>(*grad_a) : nullptr, ptr<T>(grad_g), ptr<T>(f), ptr<T>(A_log),
+        ptr<T>(grad_f), grad_a ? ptr<T>(*grad_a) : nullptr, ptr<T>(grad_g), ptr<T>(g), ptr<T>(f), ptr<T>(A_log),
         ptr<T>(dt_bias), n, f.size(-1), dt_bias.numel(), lower_bound);
     MT_CUDA_CHECK_LAUNCH("decay_gate_backward_kernel");
   });

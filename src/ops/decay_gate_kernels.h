@@ -1,6 +1,7 @@
 // Kernels of the decay gate (ops/decay_gate.h); lower_bound == 0: the softplus
 // gate. Backward overwrites grad_f = dg ∂g/∂f and, where given, grad_a = dg ∂g/∂A_log
-// per element (f's shape; the op sums it over all but the head).
+// per element (f's shape; the op sums it over all but the head); g is the
+// forward's output (the softplus gate's ∂g/∂A_log is g itself).
 #pragma once
 
 #include "backend/cuda/runtime.h"
@@ -9,8 +10,8 @@
 namespace moetrain::cpu {
 
 void decay_gate_forward(Tensor& g, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias, double lower_bound);
-void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, const Tensor& f, const Tensor& A_log,
-                         const Tensor& dt_bias, double lower_bound);
+void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, const Tensor& g, const Tensor& f,
+                         const Tensor& A_log, const Tensor& dt_bias, double lower_bound);
 
 }  // namespace moetrain::cpu
 
@@ -18,7 +19,8 @@ namespace moetrain::cuda {
 
 MT_CUDA_KERNEL(void decay_gate_forward(Tensor& g, const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
                                        double lower_bound));
-MT_CUDA_KERNEL(void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, const Tensor& f,
-                                        const Tensor& A_log, const Tensor& dt_bias, double lower_bound));
+MT_CUDA_KERNEL(void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, const Tensor& g,
+                                        const Tensor& f, const Tensor& A_log, const Tensor& dt_bias,
+                                        double lower_bound));
 
 }  // namespace moetrain::cuda
