@@ -306,6 +306,18 @@ inline constexpr int64_t kKdaSubChunk = 16;
 // Elements of `sh` for kda_chunk_prepare: A^kk (C x C) and β (C).
 inline int64_t kda_chunk_shared_elements(int64_t C) { return C * C + C; }
 
+// The sub-chunks of a chunk of `rows` rows, and whether its pairwise decays
+// e^{γ_i - γ_j} go through the sub-chunk factorisation (kda_chunk_prepare): more
+// than one sub-chunk, and the middle factors (count² K) fit a C x C array.
+struct SubChunks {
+  int64_t count;
+  bool factored;
+};
+MT_HOST_DEVICE inline SubChunks sub_chunks(int64_t rows, int64_t K, int64_t C) {
+  const int64_t count = (rows + kKdaSubChunk - 1) / kKdaSubChunk;
+  return {count, count > 1 && count * count * K <= C * C};
+}
+
 MT_SIMT_BODY
 template <class Block, class T, class A>
 MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>& a, int64_t task, int64_t n, A* sh) {
@@ -340,11 +352,12 @@ MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>
   // three factors <= 1 (the §6 stability rule holds), the outer two one exp per row
   // and channel, the middle one per pair of sub-chunks; pairs inside one sub-chunk
   // take exp(γ_i - γ_j) directly. The factored rows live in W, Qd and Kd (written
-  // for good in the last phase), the middle factors in N (zeroed after).
+  // for good in the last phases), the middle factors in N (zeroed after).
   // (Mid needs subs² K <= C² elements: K <= 256 for C a multiple of 16; otherwise
   // every pair is computed directly.)
-  const int64_t subs = (rows + kKdaSubChunk - 1) / kKdaSubChunk;
-  const bool factored = subs > 1 && subs * subs * K <= C * C;
+  const SubChunks split = sub_chunks(rows, K, C);
+  const int64_t subs = split.count;
+  const bool factored = split.factored;
   A *Qr = W, *Kr = Qd, *Ke = Kd, *Mid = N;  // Mid[(a, b), d]: e^{γ_{16a} - γ_{16b}}, b <= a
   if (factored) blk.each([&](int tid) {
     for (int64_t e = tid; e < rows * K; e += threads) {
@@ -389,8 +402,14 @@ MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>
       Akk[e] = j < i ? beta[i] * kk : A(0);
     }
   });
+  // N is zeroed; Kd holds Diag(β) (K ⊙ e^γ) until the last phase (one exp per row and
+  // channel, not one per pair in W's sum).
   blk.each([&](int tid) {
     for (int64_t e = tid; e < C * C; e += threads) N[e] = 0;
+    for (int64_t e = tid; e < rows * K; e += threads) {
+      const int64_t i = e / K, d = e % K;
+      Kd[e] = beta[i] * static_cast<A>(k[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[e]));
+    }
   });
   // N = (I + A^kk)^{-1} - I, row i from the rows above it:
   // N[i,j] = -A^kk[i,j] - Σ_{j<m<i} A^kk[i,m] N[m,j].
@@ -402,24 +421,18 @@ MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>
         N[i * C + j] = -acc;
       }
     });
-  // W = M Diag(β) (K ⊙ e^γ), U = M Diag(β) V, Q̄ ⊙ e^γ, K ⊙ e^{γ_C - γ}, e^{γ_C}.
+  // W = M Diag(β) (K ⊙ e^γ), U = M Diag(β) V, Q̄ ⊙ e^γ, e^{γ_C}.
+  const double* gamma_C = gamma + (rows - 1) * K;
   blk.each([&](int tid) {
-    const double* gamma_C = gamma + (rows - 1) * K;
     for (int64_t e = tid; e < C * K; e += threads) {
       const int64_t i = e / K, d = e % K;
-      A w = 0, qd = 0, kd = 0;
+      A w = 0, qd = 0;
       if (i < rows) {
-        for (int64_t j = 0; j <= i; ++j) {
-          const A m = j == i ? A(1) : N[i * C + j];
-          w += m * beta[j] * static_cast<A>(k[j * qk_stride + d]) * exp_a(static_cast<A>(gamma[j * K + d]));
-        }
-        const A ki = static_cast<A>(k[i * qk_stride + d]);
+        for (int64_t j = 0; j <= i; ++j) w += (j == i ? A(1) : N[i * C + j]) * Kd[j * K + d];
         qd = a.scale * static_cast<A>(q[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[i * K + d]));
-        kd = ki * exp_a(static_cast<A>(gamma_C[d] - gamma[i * K + d]));
       }
       W[e] = w;
       Qd[e] = qd;
-      Kd[e] = kd;
     }
     for (int64_t e = tid; e < C * V; e += threads) {
       const int64_t i = e / V, c = e % V;
@@ -432,6 +445,13 @@ MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>
       U[e] = u;
     }
     for (int64_t d = tid; d < K; d += threads) decay[d] = exp_a(static_cast<A>(gamma_C[d]));
+  });
+  // K ⊙ e^{γ_C - γ}.
+  blk.each([&](int tid) {
+    for (int64_t e = tid; e < C * K; e += threads) {
+      const int64_t i = e / K, d = e % K;
+      Kd[e] = i < rows ? static_cast<A>(k[i * qk_stride + d]) * exp_a(static_cast<A>(gamma_C[d] - gamma[e])) : A(0);
+    }
   });
 }
 
@@ -545,7 +565,8 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
   const double* gamma = a.gamma + a.at(task, n, C * K);
   const A *Sn = a.states + a.at(task, n, KV), *dSx = a.dS_exit + a.at(task, n, KV);
   const A *N = a.N + a.at(task, n, C * C), *Ekk = a.Ekk + a.at(task, n, C * C);
-  const A *W = a.W + a.at(task, n, C * K), *Kd = a.Kd + a.at(task, n, C * K), *U = a.U + a.at(task, n, C * V);
+  const A *Kd = a.Kd + a.at(task, n, C * K), *U = a.U + a.at(task, n, C * V);
+  A* W = a.W + a.at(task, n, C * K);  // read in the first phase, scratch after it
   const A *dVnew = a.dVnew + a.at(task, n, C * V), *decay = a.decay + a.at(task, n, K);
   A* Vnew = a.Vnew + a.at(task, n, C * V);
   A *dW = a.dW + a.at(task, n, C * K), *dKd = a.dKd + a.at(task, n, C * K), *dOS = a.dOS + a.at(task, n, C * K);
@@ -564,10 +585,11 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
       Vnew[e] = acc;
     }
   });
-  // dW, dK̂, dO S_n^T.
+  // dW, dK̂, dO S_n^T; W (read in the phase before) holds K ⊙ e^γ from here on.
   blk.each([&](int tid) {
     for (int64_t e = tid; e < rows * K; e += threads) {
       const int64_t i = e / K, d = e % K;
+      W[e] = static_cast<A>(k[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[e]));
       A w = 0, kd = 0, os = 0;
       for (int64_t c = 0; c < V; ++c) {
         w -= dVnew[i * V + c] * Sn[d * V + c];
@@ -589,8 +611,7 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
           qk += dO(i, c) * Vnew[j * V + c];
           tm += dVnew[i * V + c] * static_cast<A>(v[j * v_stride + c]);
         }
-        for (int64_t d = 0; d < K; ++d)
-          tm += dW[i * K + d] * static_cast<A>(k[j * qk_stride + d]) * exp_a(static_cast<A>(gamma[j * K + d]));
+        for (int64_t d = 0; d < K; ++d) tm += dW[i * K + d] * W[j * K + d];
       }
       dAqk[e] = qk;
       dTm[e] = tm;
@@ -626,7 +647,15 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
       Y[e] = acc;
     }
   });
-  // dA^kk = -StrictTril(Y M^T).
+  // dA^kk = -StrictTril(Y M^T). Beside it, the factors of the pairwise decays for the
+  // next phase, as kda_chunk_prepare factors them (r the first row of i's sub-chunk,
+  // e the first row after it): e^{γ_i - γ_r} in dW, e^{γ_e - γ_i} in W (0 in the last
+  // sub-chunk), the middle factors in dTm (dW, W and dTm are read for the last time
+  // by the phases above).
+  const SubChunks split = sub_chunks(rows, K, C);
+  const int64_t subs = split.count;
+  const bool factored = split.factored;
+  A *to_start = dW, *to_next = W, *Mid = dTm;  // Mid[(a, b), d]: e^{γ_{16a} - γ_{16b}}, 1 <= b <= a
   blk.each([&](int tid) {
     for (int64_t e = tid; e < C * C; e += threads) {
       const int64_t i = e / C, j = e % C;
@@ -635,8 +664,22 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
         for (int64_t l = 0; l <= j; ++l) acc += Y[i * C + l] * M(j, l);
       dAkk[e] = -acc;
     }
+    if (!factored) return;
+    for (int64_t e = tid; e < rows * K; e += threads) {
+      const int64_t i = e / K, d = e % K, r = i / kKdaSubChunk * kKdaSubChunk, next = r + kKdaSubChunk;
+      to_start[e] = exp_a(static_cast<A>(gamma[e] - gamma[r * K + d]));
+      to_next[e] = next < rows ? exp_a(static_cast<A>(gamma[next * K + d] - gamma[e])) : A(0);
+    }
+    for (int64_t e = tid; e < subs * subs * K; e += threads) {
+      const int64_t sa = e / (subs * K), sb = e / K % subs, d = e % K;
+      if (sb >= 1 && sb <= sa)
+        Mid[e] = exp_a(static_cast<A>(gamma[sa * kKdaSubChunk * K + d] - gamma[sb * kKdaSubChunk * K + d]));
+    }
   });
-  // dβ_i through A^kk; the pairwise and inter-chunk terms of dq̄, dk and dγ.
+  // dβ_i through A^kk; the pairwise and inter-chunk terms of dq̄, dk and dγ. A pair
+  // (i, m) inside one sub-chunk takes its decay directly; with m in an earlier
+  // sub-chunk sm, the decay is e^{γ_i - γ_r} Mid[si, sm + 1] e^{γ_e - γ_m}, so the
+  // sub-chunk's terms are summed first and scaled once (likewise for the column).
   blk.each([&](int tid) {
     for (int64_t i = tid; i < rows; i += threads) {
       A acc = 0;
@@ -645,11 +688,13 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
     }
     const double* gamma_C = gamma + (rows - 1) * K;
     for (int64_t e = tid; e < rows * K; e += threads) {
-      const int64_t i = e / K, d = e % K;
+      const int64_t i = e / K, d = e % K, si = i / kKdaSubChunk;
+      const int64_t first = factored ? si * kKdaSubChunk : 0;
+      const int64_t end = factored && (si + 1) * kKdaSubChunk < rows ? (si + 1) * kKdaSubChunk : rows;
       const double gi = gamma[i * K + d];
       const A qi = a.scale * static_cast<A>(q[i * qk_stride + d]), ki = static_cast<A>(k[i * qk_stride + d]);
       A dq = 0, dk = 0, dg = 0;
-      for (int64_t m = 0; m <= i; ++m) {  // row i of A^qk and A^kk
+      for (int64_t m = first; m <= i; ++m) {  // row i of A^qk and A^kk
         const A decay_im = exp_a(static_cast<A>(gi - gamma[m * K + d])), km = static_cast<A>(k[m * qk_stride + d]);
         const A tq = dAqk[i * C + m] * decay_im;
         dq += tq * km;
@@ -660,7 +705,7 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
           dg += tk * ki * km;
         }
       }
-      for (int64_t m = i; m < rows; ++m) {  // column i
+      for (int64_t m = i; m < end; ++m) {  // column i
         const A decay_mi = exp_a(static_cast<A>(gamma[m * K + d] - gi));
         const A qm = a.scale * static_cast<A>(q[m * qk_stride + d]), km = static_cast<A>(k[m * qk_stride + d]);
         const A tq = dAqk[m * C + i] * decay_mi;
@@ -670,6 +715,31 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
           const A tk = beta(m) * dAkk[m * C + i] * decay_mi;
           dk += tk * km;
           dg -= tk * km * ki;
+        }
+      }
+      if (factored) {
+        for (int64_t sm = 0; sm < si; ++sm) {  // row i, earlier sub-chunks (full ones)
+          A pq = 0, pk = 0;
+          for (int64_t m = sm * kKdaSubChunk; m < (sm + 1) * kKdaSubChunk; ++m) {
+            const A km = static_cast<A>(k[m * qk_stride + d]) * to_next[m * K + d];
+            pq += dAqk[i * C + m] * km;
+            pk += dAkk[i * C + m] * km;
+          }
+          const A f = to_start[e] * Mid[(si * subs + sm + 1) * K + d];
+          dq += f * pq;
+          dk += f * beta(i) * pk;
+          dg += f * (qi * pq + beta(i) * ki * pk);
+        }
+        for (int64_t sm = si + 1; sm < subs; ++sm) {  // column i, later sub-chunks
+          A p = 0;
+          const int64_t m_end = (sm + 1) * kKdaSubChunk < rows ? (sm + 1) * kKdaSubChunk : rows;
+          for (int64_t m = sm * kKdaSubChunk; m < m_end; ++m)
+            p += (dAqk[m * C + i] * a.scale * static_cast<A>(q[m * qk_stride + d]) +
+                  beta(m) * dAkk[m * C + i] * static_cast<A>(k[m * qk_stride + d])) *
+                 to_start[m * K + d];
+          const A f = to_next[e] * Mid[(sm * subs + si + 1) * K + d];
+          dk += f * p;
+          dg -= f * ki * p;
         }
       }
       const A ei = exp_a(static_cast<A>(gi)), fi = exp_a(static_cast<A>(gamma_C[d] - gi));

@@ -50,6 +50,7 @@ Problem make_problem(const Dims& d, bool delta_rule, DType dtype, uint64_t seed)
 
 struct Results {
   Tensor o, state, checkpoints, grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0;
+  long long forward_exps = 0, backward_exps = 0;  // run_chunked_bodies: the bodies' exp_a calls
 };
 
 // Shapes, scale and inputs of either body's arguments.
@@ -172,12 +173,14 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   a.decay = decay.data<T>();
   const simt::HostBlock blk{threads};
   std::vector<T> shared(static_cast<size_t>(simt::kda_chunk_shared_elements(C)));
+  const long long exps0 = simt::host_exp_calls;
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_prepare(blk, a, task, n, shared.data());
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t column0 = 0; column0 < d.V; column0 += threads) simt::kda_chunk_scan(blk, a, task, column0);
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_output(blk, a, task, n);
+  r.forward_exps = simt::host_exp_calls - exps0;
 
   // Backward: prepare again (with A^kk's β-free part), scan back, then every chunk.
   auto chunk_tensor = [&](int64_t per) { return empty({tasks, chunks, per}, dt); };
@@ -216,12 +219,14 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   a.grad_g = r.grad_g.data<T>();
   a.grad_beta = r.grad_beta.data<T>();
   a.grad_state0 = r.grad_h0.data<T>();
+  const long long exps1 = simt::host_exp_calls;
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_prepare(blk, a, task, n, shared.data());
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t column0 = 0; column0 < d.V; column0 += threads) simt::kda_chunk_backward_scan(blk, a, task, column0);
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_grad(blk, a, task, n);
+  r.backward_exps = simt::host_exp_calls - exps1;
   for (int64_t e = 0; e < p.q.numel(); ++e) {
     simt::group_sum_element(r.grad_q.data<T>(), dq.data<T>(), e, d.HV / d.H, d.K);
     simt::group_sum_element(r.grad_k.data<T>(), dk.data<T>(), e, d.HV / d.H, d.K);
@@ -348,4 +353,27 @@ TEST_CASE("linear_attention: the CUDA kernel bodies, run on the host, match the 
       }
     }
   }
+}
+
+TEST_CASE("kda: the CUDA chunked bodies take exps per row and channel, not per pair and channel",
+          "[ops][kda][simt]") {
+  // Two full chunks of C = 64 (four sub-chunks of S = 16). Per chunk and channel the
+  // bodies may take: pairs inside a sub-chunk directly, subs·S(S+1)/2 (forward: A^qk/A^kk;
+  // backward: their rows and columns again, twice that); the middle factors, one per
+  // pair of sub-chunks; and at most five exps per row in each direction (forward: the
+  // two factored rows, K ⊙ e^γ, Q̄ ⊙ e^γ, K ⊙ e^{γ_C - γ}; backward: K ⊙ e^γ, the two
+  // factored rows, e^γ, e^{γ_C - γ}), plus e^{γ_C}. The backward runs prepare again.
+  // One exp per pair and channel would be C(C+1)/2 = 2080 for A^qk alone.
+  const Dims d{1, 128, 1, 1, 32, 16};
+  const int64_t C = 64, S = simt::kKdaSubChunk, subs = C / S, chunks = 2;
+  const int64_t inside = subs * S * (S + 1) / 2, middle = subs * (subs - 1) / 2;
+  const int64_t forward = inside + middle + 5 * C + 1, backward = forward + 2 * inside + middle + 5 * C;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d.K));
+  Problem p = make_problem(d, true, DType::f32, 41);
+  Results r = run_chunked_bodies<float>(p, d, scale, C, 32);
+  INFO("forward " << r.forward_exps << " backward " << r.backward_exps << " exps");
+  CHECK(r.forward_exps <= forward * d.K * chunks);
+  CHECK(r.backward_exps <= backward * d.K * chunks);
+  // Still right: the CPU chunked kernels in f64.
+  compare(r, run_cpu_chunked(make_problem(d, true, DType::f64, 41), d, scale, C), 2e-4);
 }
