@@ -7,7 +7,8 @@
 // Cases: GEMMs (peak, GPT-2 small's shapes, f32 with and without TF32), causal
 // attention forward+backward at T = 4096 / 8192 (tensor cores; and the scalar
 // kernels at 4096), chunked and recurrent KDA forward+backward, and GPT-2 small /
-// k3-small training steps (forward, backward, AdamW) with tokens/s and MFU.
+// k3-small training steps (forward, backward, AdamW) with tokens/s and MFU, and
+// the router's expert selection on the GPU against the host path it replaced.
 // A case whose op has no CUDA kernel yet prints the error instead of a number.
 #include <cstdio>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "config/config.h"
 #include "moetrain.h"
 #include "nn/gpt2.h"
+#include "nn/moe.h"
 #include "ops/attention_kernels.h"
 #include "optim/adamw.h"
 #include "train/model_source.h"
@@ -141,6 +143,24 @@ Row train_row(const std::string& name, std::unique_ptr<LanguageModel> model, int
   });
 }
 
+// The router's expert selection for N tokens, E experts, top-k (f32 scores, a
+// bias): on the GPU (select_experts on CUDA scores: the ids come back), and the
+// host path it replaced (the scores copied back and ranked on the CPU), timed alike.
+Row router_row(int64_t N, int64_t E, int64_t k, int steps, bool on_gpu) {
+  const std::string shape = fmt::format("N{} E{} k{} f32 ({})", N, E, k, on_gpu ? "GPU" : "host, the old path");
+  return guarded("router selection", shape, [&] {
+    Tensor scores = sigmoid(randn({N, E}, DType::f32, 3)).to(kGpu), bias = zeros({E}, DType::f32).to(kGpu);
+    Row r{"router selection", shape, 0, 0, static_cast<double>(N)};
+    r.ms = time_ms(steps, [&] {
+      if (on_gpu)
+        select_experts(scores, bias, k);
+      else
+        select_experts(scores.to(kCpu), bias.to(kCpu), k);
+    });
+    return r;
+  });
+}
+
 // Dense bf16 tensor-core peak of known GPUs (datasheet, without sparsity).
 double datasheet_bf16_tflops(const std::string& name) {
   if (name.find("H200") != std::string::npos || name.find("H100") != std::string::npos) return 989.4;
@@ -185,6 +205,7 @@ int main(int argc, char** argv) {
   rows.push_back(attention_row(4096, 16, 128, steps, false));
   for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps));
   rows.push_back(kda_row(4096, steps, KdaMode::recurrent));
+  for (bool on_gpu : {true, false}) rows.push_back(router_row(8192, 896, 16, steps, on_gpu));  // K3's router
   {
     Gpt2Config c;  // GPT-2 small, 124M
     rows.push_back(train_row("gpt2-small", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps));
@@ -203,6 +224,10 @@ int main(int argc, char** argv) {
   for (const Row& r : rows) {
     if (r.ms < 0) {
       table += fmt::format("| {} | {} | n/a | | | | {} |\n", r.name, r.shape, r.note);
+      continue;
+    }
+    if (r.flops == 0) {  // bookkeeping, not FLOPs: the time and the rate only
+      table += fmt::format("| {} | {} | {:.3f} | | | {:.0f} | |\n", r.name, r.shape, r.ms, r.tokens / (r.ms * 1e-3));
       continue;
     }
     double tf = r.flops / (r.ms * 1e-3) / 1e12;

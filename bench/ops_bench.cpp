@@ -12,6 +12,7 @@
 
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
+#include "nn/moe.h"
 
 using namespace moetrain;
 
@@ -138,6 +139,14 @@ void BM_unfused_gated_rms_norm(benchmark::State& st) {
   forward_backward(st, {x, z, w}, [&] { return mul(rms_norm(x, w), sigmoid(z)); });
 }
 
+// The router's top-16 of 896 experts for 8192 tokens on the CPU (K3's router):
+// what a CUDA step paid on the host per MoE layer before the selection moved to
+// the GPU (moetrain_bench_cuda times both there).
+void BM_select_experts(benchmark::State& st) {
+  Tensor scores = sigmoid(randn({8192, 896}, DType::f32, 3)), bias = zeros({896}, DType::f32);
+  for (auto _ : st) benchmark::DoNotOptimize(select_experts(scores, bias, 16));
+}
+
 void gemm_args(benchmark::internal::Benchmark* b) {
   for (const auto& s : kGemmShapes) b->Args(s);
   b->Unit(benchmark::kMillisecond)->UseRealTime()->MinWarmUpTime(0.5);
@@ -153,6 +162,7 @@ BENCHMARK(BM_gelu_tanh)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_layer_norm)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_softmax)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_select_experts)->Unit(benchmark::kMillisecond)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_unfused_decay_gate)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_fused_decay_gate)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_unfused_gated_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);

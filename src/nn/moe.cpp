@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "autograd/grad_mode.h"
+#include "backend/cpu/parallel.h"
 #include "comm/collectives.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
@@ -17,6 +18,8 @@
 #include "ops/linalg.h"
 #include "ops/moe.h"
 #include "ops/norm.h"
+#include "ops/router_kernels.h"
+#include "ops/router_simt.h"
 #include "ops/reduce.h"
 #include "ops/situ.h"
 #include "ops/softmax.h"
@@ -45,45 +48,49 @@ std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, in
            "select_experts: {} experts in {} groups, {} groups kept, top_k {}: groups must divide the experts and the "
            "kept groups hold at least top_k experts",
            E, n_group, topk_group, k);
-  const std::vector<double> s = scores.to(DType::f64).to_vector();
-  const std::vector<double> b = bias.to(DType::f64).to_vector();
+  if (scores.is_cuda()) {  // selected on the GPU (ops/router_simt.h, the same picks); N·k ids come back
+    Tensor experts = empty({N, k}, DType::i64, scores.device());
+    cuda::select_experts(experts, scores, bias, k, n_group, topk_group);
+    const Tensor host = experts.to(kCpu);
+    return std::vector<int64_t>(host.data<int64_t>(), host.data<int64_t>() + N * k);
+  }
+  const Tensor s64 = scores.to(DType::f64).contiguous(), b64 = bias.to(DType::f64).contiguous();
+  const double *s = s64.data<double>(), *b = b64.data<double>();
   const int64_t G = E / n_group;
   std::vector<int64_t> out(static_cast<size_t>(N * k));
-  std::vector<double> c(static_cast<size_t>(E));
-  std::vector<int64_t> idx(static_cast<size_t>(E));
-  std::vector<int64_t> groups(static_cast<size_t>(n_group));
-  std::vector<double> group_score(static_cast<size_t>(n_group));
-  // a before b: larger value, then lower index; NaN ranks first (never silently skipped).
-  auto before = [&](int64_t i, int64_t j) {
-    const double x = c[i], y = c[j];
-    if (std::isnan(x) || std::isnan(y)) return std::isnan(x) && (!std::isnan(y) || i < j);
-    return x > y || (x == y && i < j);
-  };
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t e = 0; e < E; ++e) c[e] = s[n * E + e] + b[e];
-    std::iota(idx.begin(), idx.end(), 0);
-    if (n_group > 1) {
-      for (int64_t g = 0; g < n_group; ++g) {  // sum of the two largest biased scores of the group
-        auto first = idx.begin() + g * G, last = first + G;
-        const int64_t top = std::min<int64_t>(2, G);
-        std::partial_sort(first, first + top, last, before);
-        group_score[g] = 0;
-        for (int64_t i = 0; i < top; ++i) group_score[g] += c[first[i]];
+  // Rows are independent: chunks of rows in parallel, each with its own buffers.
+  cpu::parallel_for(N, 64, [&](int64_t lo, int64_t hi) {
+    std::vector<double> c(static_cast<size_t>(E));
+    std::vector<int64_t> idx(static_cast<size_t>(E)), groups(static_cast<size_t>(n_group)), kept;
+    std::vector<double> group_score(static_cast<size_t>(n_group));
+    // a before b: larger value, then lower index; NaN ranks first (never silently skipped).
+    auto before = [&](int64_t i, int64_t j) { return simt::ranks_first(c[i], i, c[j], j); };
+    for (int64_t n = lo; n < hi; ++n) {
+      for (int64_t e = 0; e < E; ++e) c[e] = s[n * E + e] + b[e];
+      std::iota(idx.begin(), idx.end(), 0);
+      if (n_group > 1) {
+        for (int64_t g = 0; g < n_group; ++g) {  // sum of the two first biased scores of the group
+          auto first = idx.begin() + g * G, last = first + G;
+          const int64_t top = std::min<int64_t>(2, G);
+          std::partial_sort(first, first + top, last, before);
+          group_score[g] = 0;
+          for (int64_t i = 0; i < top; ++i) group_score[g] += c[first[i]];
+        }
+        std::iota(groups.begin(), groups.end(), 0);
+        std::partial_sort(groups.begin(), groups.begin() + topk_group, groups.end(), [&](int64_t x, int64_t y) {
+          return simt::ranks_first(group_score[x], x, group_score[y], y);
+        });
+        kept.clear();
+        for (int64_t i = 0; i < topk_group; ++i)
+          for (int64_t e = groups[i] * G; e < (groups[i] + 1) * G; ++e) kept.push_back(e);
+        std::partial_sort(kept.begin(), kept.begin() + k, kept.end(), before);
+        std::copy(kept.begin(), kept.begin() + k, out.begin() + n * k);
+      } else {
+        std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
+        std::copy(idx.begin(), idx.begin() + k, out.begin() + n * k);
       }
-      std::iota(groups.begin(), groups.end(), 0);
-      std::partial_sort(groups.begin(), groups.begin() + topk_group, groups.end(), [&](int64_t x, int64_t y) {
-        return group_score[x] > group_score[y] || (group_score[x] == group_score[y] && x < y);
-      });
-      std::vector<int64_t> kept;
-      for (int64_t i = 0; i < topk_group; ++i)
-        for (int64_t e = groups[i] * G; e < (groups[i] + 1) * G; ++e) kept.push_back(e);
-      std::partial_sort(kept.begin(), kept.begin() + k, kept.end(), before);
-      std::copy(kept.begin(), kept.begin() + k, out.begin() + n * k);
-    } else {
-      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
-      std::copy(idx.begin(), idx.begin() + k, out.begin() + n * k);
     }
-  }
+  });
   return out;
 }
 

@@ -52,9 +52,11 @@ struct MoeConfig {
 };
 
 // Top-k selection (no gradient): for each of the N rows of scores + bias [N, E],
-// the k largest (ties: lower index first), group-limited when n_group > 1 (groups
-// ranked by the sum of their two largest biased scores, the best topk_group kept).
-// Returns N·k expert ids, row-major (token, slot), each row in descending order.
+// in double, the k first in the order NaN, then larger, then the lower index;
+// group-limited when n_group > 1 (groups ranked in the same order by the sum of
+// their two first biased scores, the first topk_group kept). Returns N·k expert
+// ids, row-major (token, slot), each row in that order. CUDA scores are ranked
+// on the GPU (ops/router_kernels.h, the same picks) and only the ids come back.
 std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, int64_t k, int64_t n_group = 1,
                                     int64_t topk_group = 1);
 
