@@ -6,7 +6,8 @@
 //   build/moetrain_bench_cuda [--steps N] [--out FILE.md]
 // Cases: GEMMs (peak, GPT-2 small's shapes, f32 with and without TF32), causal
 // attention forward+backward at T = 4096 / 8192 (tensor cores; and the scalar
-// kernels at 4096), chunked and recurrent KDA forward+backward, and GPT-2 small /
+// kernels at 4096), chunked KDA forward+backward (scalar and TF32 tensor-core
+// state products) and the recurrent form, and GPT-2 small /
 // k3-small training steps (forward, backward, AdamW) with tokens/s and MFU, and
 // the router's expert selection on the GPU against the host path it replaced.
 // A case whose op has no CUDA kernel yet prints the error instead of a number.
@@ -25,6 +26,7 @@
 #include "nn/gpt2.h"
 #include "nn/moe.h"
 #include "ops/attention_kernels.h"
+#include "ops/kda_kernels.h"
 #include "optim/adamw.h"
 #include "train/model_source.h"
 
@@ -99,10 +101,16 @@ Row attention_row(int64_t T, int64_t H, int64_t D, int steps, bool tensor_cores 
 }
 
 // The recurrent row counts the chunked form's FLOPs too, so the two rates compare times.
-Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked) {
+// tensor_cores: the chunked form's state products on TF32 tensor cores (ops/kda_tc.h).
+Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_cores = false) {
   const int64_t H = 16, K = 128;
   const std::string name = fmt::format("kda {} fwd+bwd", kda_mode_name(mode));
-  std::string shape = fmt::format("B1 T{} H{} K=V={}{}", T, H, K, mode == KdaMode::chunked ? " chunk 64" : "");
+  std::string shape = fmt::format("B1 T{} H{} K=V={}{}{}", T, H, K, mode == KdaMode::chunked ? " chunk 64" : "",
+                                  tensor_cores ? " tf32 tensor cores" : "");
+  cuda::set_kda_tensor_cores(tensor_cores);
+  struct Restore {
+    ~Restore() { cuda::set_kda_tensor_cores(false); }
+  } restore;
   return guarded(name, shape, [&] {
     auto leaf = [&](Shape s, uint64_t seed, double scale) {
       return mul_scalar(randn(s, DType::f32, seed), scale).to(kGpu).detach().set_requires_grad();
@@ -123,9 +131,10 @@ Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked) {
 
 Row train_row(const std::string& name, std::unique_ptr<LanguageModel> model, int64_t vocab, int64_t B, int64_t T,
               int steps) {
-  std::string shape = fmt::format("B{} T{} f32 (tf32 GEMMs)", B, T);
+  std::string shape = fmt::format("B{} T{} f32 (tf32 GEMMs and KDA products)", B, T);
   return guarded(name + " train step", shape, [&] {
-    cuda::set_allow_tf32(true);
+    cuda::set_allow_tf32(true);  // what train.tf32 sets
+    cuda::set_kda_tensor_cores(true);
     AdamW opt(model->parameters(), {});
     for (const NamedParameter& p : model->parameters()) move_to_device_(p.tensor, kGpu);
     for (const Tensor& t : opt.exp_avg()) move_to_device_(t, kGpu);
@@ -139,6 +148,7 @@ Row train_row(const std::string& name, std::unique_ptr<LanguageModel> model, int
       opt.step(1e-4);
     });
     cuda::set_allow_tf32(false);
+    cuda::set_kda_tensor_cores(false);
     return r;
   });
 }
@@ -204,6 +214,7 @@ int main(int argc, char** argv) {
   for (int64_t T : {4096, 8192}) rows.push_back(attention_row(T, 16, 128, steps));
   rows.push_back(attention_row(4096, 16, 128, steps, false));
   for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps));
+  for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps, KdaMode::chunked, true));
   rows.push_back(kda_row(4096, steps, KdaMode::recurrent));
   for (bool on_gpu : {true, false}) rows.push_back(router_row(8192, 896, 16, steps, on_gpu));  // K3's router
   {

@@ -170,7 +170,7 @@ std::vector<KeySpec> make_schema() {
     boolean("train.overlap_grad_sync", "false",           "several ranks: sum gradient buckets while backward runs (of the last micro-batch) instead of after it; same sums"),
     choice ("train.dtype",          "f32",   {"f32", "f64", "bf16"}, "dtype of parameters and activations; f64 for exact checks; bf16 (train.device cuda): mixed precision, bf16 weights and activations with f32 master weights, AdamW moments, router, norm statistics and KDA state (docs/cuda.md)"),
     choice ("train.device",         "cpu",   {"cpu", "cuda"}, "where the model trains: cpu, or cuda (the GPU local_rank % GPUs of the node; needs a CUDA build and the model's ops on CUDA)"),
-    boolean("train.tf32",           "false", "cuda: f32 matrix products may use TF32 tensor cores (10-bit mantissa products)"),
+    boolean("train.tf32",           "false", "cuda: f32 matrix products may use TF32 tensor cores (10-bit mantissa products), the chunked KDA's state products included (those also in bf16 runs)"),
     boolean("train.activation_checkpointing", "false",     "recompute each block's activations in backward instead of storing them"),
     boolean("train.profile",        "false", "time each component (mixers, MoE, AttnRes, embedding/head, optimizer, ...) from the second step on and print a table per step at the end"),
 

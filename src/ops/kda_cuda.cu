@@ -7,10 +7,14 @@
 // back (backward), a block per (task, chunk) writes O (forward) or the chunk's
 // gradients (backward).
 #include <algorithm>
+#include <atomic>
+#include <type_traits>
 
 #include "backend/cuda/kernel_utils.cuh"
+#include "ops/cuda_helpers.cuh"
 #include "ops/kda_kernels.h"
 #include "ops/kda_simt.h"
+#include "ops/kda_tc.h"
 #include "ops/linear_attention_kernels.h"
 
 namespace moetrain::cuda {
@@ -68,6 +72,50 @@ template <class T, class A>
 __global__ void kda_chunk_grad_kernel(simt::KdaChunkArgs<T, A> a) {
   const int64_t chunks = a.chunks(), block = blockIdx.x;
   simt::kda_chunk_grad(DeviceBlock{static_cast<int>(blockDim.x)}, a, block / chunks, block % chunks);
+}
+
+// The tensor-core bodies (ops/kda_tc.h): f32 arithmetic only (f32 and bf16 inputs).
+template <class T>
+__global__ void __launch_bounds__(simt::kKdaTcThreads) kda_chunk_scan_tc_kernel(simt::KdaChunkArgs<T, float> a,
+                                                                                int64_t BV) {
+  extern __shared__ __align__(128) unsigned char kda_tc_shared[];
+  simt::kda_chunk_scan_tc<simt::DeviceTf32>(DeviceBlock{simt::kKdaTcThreads}, a, blockIdx.x,
+                                            static_cast<int64_t>(blockIdx.y) * BV, BV,
+                                            reinterpret_cast<float*>(kda_tc_shared));
+}
+
+template <class T>
+__global__ void __launch_bounds__(simt::kKdaTcThreads) kda_chunk_output_tc_kernel(simt::KdaChunkArgs<T, float> a) {
+  extern __shared__ __align__(128) unsigned char kda_tc_shared[];
+  const int64_t chunks = a.chunks(), block = blockIdx.x;
+  simt::kda_chunk_output_tc<simt::DeviceTf32>(DeviceBlock{simt::kKdaTcThreads}, a, block / chunks, block % chunks,
+                                              reinterpret_cast<float*>(kda_tc_shared));
+}
+
+template <class T>
+__global__ void __launch_bounds__(simt::kKdaTcThreads)
+    kda_chunk_backward_scan_tc_kernel(simt::KdaChunkArgs<T, float> a, int64_t BV) {
+  extern __shared__ __align__(128) unsigned char kda_tc_shared[];
+  simt::kda_chunk_backward_scan_tc<simt::DeviceTf32>(DeviceBlock{simt::kKdaTcThreads}, a, blockIdx.x,
+                                                     static_cast<int64_t>(blockIdx.y) * BV, BV,
+                                                     reinterpret_cast<float*>(kda_tc_shared));
+}
+
+std::atomic<bool> g_kda_tensor_cores{false};
+
+// Whether a chunked call of arithmetic type A takes the tensor-core bodies.
+template <class A>
+bool use_tensor_cores(int64_t K, int64_t V, int64_t C) {
+  if (!std::is_same_v<A, float> || !g_kda_tensor_cores.load() || !simt::kda_tc_shape_ok(K, V, C)) return false;
+  int device = 0, major = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const int64_t BV = simt::kda_tc_tile_columns(V);
+  const int64_t need = std::max({simt::kda_tc_scan_shared_elements(K, C, BV),
+                                 simt::kda_tc_backward_scan_shared_elements(K, C, BV),
+                                 simt::kda_tc_output_shared_elements(C, V)}) *
+                       static_cast<int64_t>(sizeof(float));
+  return major >= 8 && need <= max_shared_bytes();
 }
 
 // Shapes, scale and input pointers of either body's arguments (g, beta may be null).
@@ -149,6 +197,7 @@ struct ChunkRun {
   dim3 scan_grid() const {
     return dim3(static_cast<unsigned>(tasks), static_cast<unsigned>((a.V + columns - 1) / columns));
   }
+  dim3 tc_scan_grid(int64_t BV) const { return dim3(static_cast<unsigned>(tasks), static_cast<unsigned>(a.V / BV)); }
   void prepare(cudaStream_t s) const {
     if (chunks > 0) kda_chunk_prepare_kernel<T, A><<<static_cast<unsigned>(tasks * chunks), kThreads, shared, s>>>(a);
   }
@@ -272,6 +321,19 @@ void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const T
     if (a.tasks() == 0) return;
     cudaStream_t s = stream_of(q);
     run.prepare(s);
+    if constexpr (std::is_same_v<A, float>) {
+      if (use_tensor_cores<A>(a.K, a.V, a.C)) {
+        const int64_t BV = simt::kda_tc_tile_columns(a.V);
+        launch_with_shared(kda_chunk_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
+                           simt::kda_tc_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
+                           "kda_chunked (tensor cores)", "a smaller K", a, BV);
+        if (run.chunks > 0)
+          launch_with_shared(kda_chunk_output_tc_kernel<T>, dim3(static_cast<unsigned>(run.tasks * run.chunks)),
+                             simt::kKdaTcThreads, simt::kda_tc_output_shared_elements(a.C, a.V) * sizeof(float), s,
+                             "kda_chunked (tensor cores)", "a smaller V", a);
+        return;
+      }
+    }
     kda_chunk_scan_kernel<T, A><<<run.scan_grid(), run.columns, 0, s>>>(a);
     if (run.chunks > 0)
       kda_chunk_output_kernel<T, A><<<static_cast<unsigned>(run.tasks * run.chunks), kThreads, 0, s>>>(a);
@@ -323,7 +385,17 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
     if (a.tasks() == 0) return;
     cudaStream_t s = stream_of(q);
     run.prepare(s);
-    kda_chunk_backward_scan_kernel<T, A><<<run.scan_grid(), run.columns, 0, s>>>(a);
+    bool tensor_cores = false;
+    if constexpr (std::is_same_v<A, float>) {
+      if (use_tensor_cores<A>(a.K, a.V, a.C)) {
+        const int64_t BV = simt::kda_tc_tile_columns(a.V);
+        launch_with_shared(kda_chunk_backward_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
+                           simt::kda_tc_backward_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
+                           "kda_chunked_backward (tensor cores)", "a smaller K", a, BV);
+        tensor_cores = true;
+      }
+    }
+    if (!tensor_cores) kda_chunk_backward_scan_kernel<T, A><<<run.scan_grid(), run.columns, 0, s>>>(a);
     if (run.chunks > 0)
       kda_chunk_grad_kernel<T, A><<<static_cast<unsigned>(run.tasks * run.chunks), kThreads, 0, s>>>(a);
     const int64_t n = a.B * a.Tn * a.H * K, G = a.HV / a.H;
@@ -334,6 +406,9 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
     MT_CUDA_CHECK_LAUNCH("kda_chunked_backward");
   });
 }
+
+void set_kda_tensor_cores(bool enabled) { g_kda_tensor_cores.store(enabled); }
+bool kda_tensor_cores() { return g_kda_tensor_cores.load(); }
 
 void linear_attention_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q, const Tensor& k,
                               const Tensor& v) {

@@ -64,4 +64,10 @@ MT_CUDA_KERNEL(void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor&
                                          const Tensor& grad_final_state, const Tensor& q, const Tensor& k,
                                          const Tensor& v, const Tensor& g, const Tensor& beta,
                                          const Tensor& chunk_states, double scale, int64_t chunk_size));
+// The chunked form's state products (the scans and the output, ops/kda_tc.h) on
+// TF32 tensor cores for f32 and bf16 inputs: off by default (f32 products, as
+// the CPU); the trainer turns it on for bf16 runs and train.tf32. Applies where
+// K, V and C are multiples of 16 on sm_80 and later; elsewhere the scalar bodies run.
+MT_CUDA_KERNEL(void set_kda_tensor_cores(bool enabled));
+MT_CUDA_KERNEL(bool kda_tensor_cores());
 }  // namespace moetrain::cuda

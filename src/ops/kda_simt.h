@@ -478,6 +478,7 @@ MT_HOST_DEVICE void kda_chunk_scan(const Block& blk, const KdaChunkArgs<T, A>& a
         for (int64_t d = 0; d < K; ++d) acc -= W[i * K + d] * S[d * V + j];
         Vnew[i * V + j] = acc;
       }
+      for (int64_t i = rows; i < C; ++i) Vnew[i * V + j] = 0;  // as the tensor-core scan writes them
       for (int64_t d = 0; d < K; ++d) {
         A acc = decay[d] * S[d * V + j];
         for (int64_t i = 0; i < rows; ++i) acc += Kd[i * K + d] * Vnew[i * V + j];

@@ -29,6 +29,7 @@
 #include "nn/hybrid.h"
 #include "nn/ledger.h"
 #include "ops/elementwise.h"
+#include "ops/kda_kernels.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "train/distributed.h"
@@ -409,6 +410,10 @@ TrainSummary train(const Config& config) {
                                   "or set train.device: cpu");
     device = Device{DeviceKind::cuda, cuda::select_device(cpu::launcher_local_rank())};
     cuda::set_allow_tf32(config.get_bool("train.tf32"));
+    // The chunked KDA's state products on TF32 tensor cores (ops/kda_tc.h): with
+    // train.tf32, and in bf16 runs, whose KDA gets f32 inputs (the layer computes
+    // its gates and state in f32) and whose other products are bf16 already.
+    cuda::set_kda_tensor_cores(config.get_bool("train.tf32") || mixed_precision);
     for (const NamedParameter& p : params) move_to_device_(p.tensor, device);
     for (const Tensor& t : opt.exp_avg()) move_to_device_(t, device);
     for (const Tensor& t : opt.exp_avg_sq()) move_to_device_(t, device);

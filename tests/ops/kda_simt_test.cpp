@@ -4,12 +4,15 @@
 // kda_cuda.cu adds is the launch and the hardware's rounding, checked by the
 // [cuda] cases in kda_test.cpp and linear_attention_test.cpp.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "moetrain.h"
 #include "ops/kda_kernels.h"
 #include "ops/kda_simt.h"
+#include "ops/kda_tc.h"
 #include "ops/linear_attention_kernels.h"
 #include "testing.h"
 
@@ -140,9 +143,12 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
   return r;
 }
 
-// The chunked forward and backward bodies (chunks of C), as kda_cuda.cu runs kda_chunked.
+// The chunked forward and backward bodies (chunks of C), as kda_cuda.cu runs kda_chunked;
+// tensor_cores (T = float): the scans and the output by the bodies of ops/kda_tc.h
+// (HostTf32, blocks of 4 warps), as with cuda::set_kda_tensor_cores(true).
 template <class T>
-Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_t C, int threads) {
+Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_t C, int threads,
+                           bool tensor_cores = false) {
   const DType dt = dtype_v<T>;
   simt::KdaChunkArgs<T, T> a;
   set_inputs<T>(a, p, d, scale);
@@ -176,10 +182,27 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   const long long exps0 = simt::host_exp_calls;
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_prepare(blk, a, task, n, shared.data());
-  for (int64_t task = 0; task < tasks; ++task)
-    for (int64_t column0 = 0; column0 < d.V; column0 += threads) simt::kda_chunk_scan(blk, a, task, column0);
-  for (int64_t task = 0; task < tasks; ++task)
-    for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_output(blk, a, task, n);
+  const simt::HostBlock tc_blk{simt::kKdaTcThreads};
+  const int64_t BV = simt::kda_tc_tile_columns(d.V);
+  std::vector<float> tc_shared;
+  if constexpr (std::is_same_v<T, float>) {
+    if (tensor_cores) {
+      tc_shared.resize(static_cast<size_t>(std::max({simt::kda_tc_scan_shared_elements(d.K, C, BV),
+                                                     simt::kda_tc_backward_scan_shared_elements(d.K, C, BV),
+                                                     simt::kda_tc_output_shared_elements(C, d.V)})));
+      for (int64_t task = 0; task < tasks; ++task)
+        for (int64_t column0 = 0; column0 < d.V; column0 += BV)
+          simt::kda_chunk_scan_tc<simt::HostTf32>(tc_blk, a, task, column0, BV, tc_shared.data());
+      for (int64_t task = 0; task < tasks; ++task)
+        for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_output_tc<simt::HostTf32>(tc_blk, a, task, n, tc_shared.data());
+    }
+  }
+  if (!tensor_cores) {
+    for (int64_t task = 0; task < tasks; ++task)
+      for (int64_t column0 = 0; column0 < d.V; column0 += threads) simt::kda_chunk_scan(blk, a, task, column0);
+    for (int64_t task = 0; task < tasks; ++task)
+      for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_output(blk, a, task, n);
+  }
   r.forward_exps = simt::host_exp_calls - exps0;
 
   // Backward: prepare again (with A^kk's β-free part), scan back, then every chunk.
@@ -222,8 +245,16 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   const long long exps1 = simt::host_exp_calls;
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_prepare(blk, a, task, n, shared.data());
-  for (int64_t task = 0; task < tasks; ++task)
-    for (int64_t column0 = 0; column0 < d.V; column0 += threads) simt::kda_chunk_backward_scan(blk, a, task, column0);
+  if constexpr (std::is_same_v<T, float>) {
+    if (tensor_cores)
+      for (int64_t task = 0; task < tasks; ++task)
+        for (int64_t column0 = 0; column0 < d.V; column0 += BV)
+          simt::kda_chunk_backward_scan_tc<simt::HostTf32>(tc_blk, a, task, column0, BV, tc_shared.data());
+  }
+  if (!tensor_cores)
+    for (int64_t task = 0; task < tasks; ++task)
+      for (int64_t column0 = 0; column0 < d.V; column0 += threads)
+        simt::kda_chunk_backward_scan(blk, a, task, column0);
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_grad(blk, a, task, n);
   r.backward_exps = simt::host_exp_calls - exps1;
@@ -376,4 +407,35 @@ TEST_CASE("kda: the CUDA chunked bodies take exps per row and channel, not per p
   CHECK(r.backward_exps <= backward * d.K * chunks);
   // Still right: the CPU chunked kernels in f64.
   compare(r, run_cpu_chunked(make_problem(d, true, DType::f64, 41), d, scale, C), 2e-4);
+}
+
+TEST_CASE("kda: the tensor-core chunked bodies (TF32), run on the host, match the CPU chunked kernels",
+          "[ops][kda][simt]") {
+  // K, V and C multiples of 16 (the tensor-core shapes): short last chunks, grouped
+  // value heads, V a multiple of 32 (tiles of 32 columns) or only of 16.
+  const Dims shapes[] = {{2, 70, 2, 4, 32, 16}, {1, 129, 1, 1, 16, 48}, {1, 150, 1, 2, 64, 32}};
+  for (const Dims& d : shapes)
+    for (int64_t C : {16, 64})
+      DYNAMIC_SECTION("B" << d.B << " T" << d.T << " H" << d.H << " HV" << d.HV << " K" << d.K << " V" << d.V
+                          << " chunk " << C) {
+        REQUIRE(simt::kda_tc_shape_ok(d.K, d.V, C));
+        const double scale = 1.0 / std::sqrt(static_cast<double>(d.K));
+        Problem p32 = make_problem(d, true, DType::f32, 51);
+        const Results ref = run_cpu_chunked(make_problem(d, true, DType::f64, 51), d, scale, C);
+        const Results scalar = run_chunked_bodies<float>(p32, d, scale, C, 32);
+        const Results tc = run_chunked_bodies<float>(p32, d, scale, C, 32, true);
+        // TF32 operands (11 significant bits) against f32 ones: ~1e-3 relative.
+        compare(scalar, ref, 2e-4);
+        compare(tc, ref, 5e-3);
+        CHECK(rel_error(tc.o, ref.o) > 1e-6);  // the TF32 path ran: it rounds differently
+      }
+}
+
+TEST_CASE("kda: TF32 rounding of the host tensor core", "[ops][kda][simt]") {
+  // 1 + 2^-11 is a tie between 1 and 1 + 2^-10: away from zero; 1 + 2^-12 rounds to 1.
+  CHECK(simt::HostTf32::round(1.0f + 0x1p-11f) == 1.0f + 0x1p-10f);
+  CHECK(simt::HostTf32::round(-(1.0f + 0x1p-11f)) == -(1.0f + 0x1p-10f));
+  CHECK(simt::HostTf32::round(1.0f + 0x1p-12f) == 1.0f);
+  CHECK(simt::HostTf32::round(1.0f + 0x1p-10f) == 1.0f + 0x1p-10f);
+  CHECK(std::isinf(simt::HostTf32::round(INFINITY)));
 }

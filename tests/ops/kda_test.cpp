@@ -402,6 +402,27 @@ TEST_CASE("kda: CUDA matches CPU, both modes, forward and every gradient", "[ops
             in.list(), {true, true, true, true, true, true}, dtype, moetrain::testing::tolerance_for(dtype));
       }
   }
+  // The chunked form on tensor cores (TF32 products, ops/kda_tc.h) for f32 and bf16:
+  // shapes with K, V multiples of 16 (V = 48: tiles of 16 columns).
+  cuda::set_kda_tensor_cores(true);
+  struct Restore {
+    ~Restore() { cuda::set_kda_tensor_cores(false); }
+  } restore;
+  for (Case c : {Case{2, 70, 2, 4, 32, 16}, Case{1, 100, 2, 2, 128, 128}, Case{1, 129, 1, 1, 16, 48}}) {
+    Inputs tc = make_inputs(c.B, c.T, c.H, c.HV, c.K, c.V, Decay::lower_bound, true, 72);
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (int64_t chunk : {int64_t{16}, int64_t{64}}) {
+        INFO(fmt::format("tensor cores {} {} chunk {}", tc.v.shape(), dtype, chunk));
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.K));
+        moetrain::testing::check_cuda_matches_cpu(
+            [&](const Tensors& x) {
+              KdaResult r = kda(x[0], x[1], x[2], x[3], x[4], x[5], scale, KdaMode::chunked, chunk);
+              return Tensors{r.o, r.final_state};
+            },
+            tc.list(), {true, true, true, true, true, true}, dtype,
+            dtype == DType::f32 ? moetrain::testing::CudaCompare{5e-3, 1e-2} : moetrain::testing::tolerance_for(dtype));
+      }
+  }
   // The decode step on CUDA updates the state as on the CPU.
   Inputs in = make_inputs(2, 1, 2, 4, 8, 6, Decay::lower_bound, true, 71);
   Tensor state = in.h0.clone(), state_gpu = in.h0.to(kCuda);
