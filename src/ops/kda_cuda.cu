@@ -101,6 +101,12 @@ __global__ void __launch_bounds__(simt::kKdaTcThreads)
                                                      reinterpret_cast<float*>(kda_tc_shared));
 }
 
+template <class T>
+__global__ void __launch_bounds__(kThreads) kda_chunk_grad_tc_kernel(simt::KdaChunkArgs<T, float> a) {
+  const int64_t chunks = a.chunks(), block = blockIdx.x;
+  simt::kda_chunk_grad<simt::DeviceTf32>(DeviceBlock{kThreads}, a, block / chunks, block % chunks);
+}
+
 std::atomic<bool> g_kda_tensor_cores{false};
 
 // Whether a chunked call of arithmetic type A takes the tensor-core bodies.
@@ -396,8 +402,13 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
       }
     }
     if (!tensor_cores) kda_chunk_backward_scan_kernel<T, A><<<run.scan_grid(), run.columns, 0, s>>>(a);
-    if (run.chunks > 0)
-      kda_chunk_grad_kernel<T, A><<<static_cast<unsigned>(run.tasks * run.chunks), kThreads, 0, s>>>(a);
+    if (run.chunks > 0) {
+      const unsigned blocks = static_cast<unsigned>(run.tasks * run.chunks);
+      if constexpr (std::is_same_v<A, float>) {
+        if (tensor_cores) kda_chunk_grad_tc_kernel<T><<<blocks, kThreads, 0, s>>>(a);
+      }
+      if (!tensor_cores) kda_chunk_grad_kernel<T, A><<<blocks, kThreads, 0, s>>>(a);
+    }
     const int64_t n = a.B * a.Tn * a.H * K, G = a.HV / a.H;
     if (n > 0) {
       group_sum_kernel<T, A><<<blocks_for(n), kThreads, 0, s>>>(ptr<T>(grad_q), ptr<A>(dq), n, G, K);

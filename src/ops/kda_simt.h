@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/simt.h"
 
@@ -537,6 +538,7 @@ MT_HOST_DEVICE void kda_chunk_backward_scan(const Block& blk, const KdaChunkArgs
         for (int64_t m = i; m < rows; ++m) acc += Aqk[m * C + i] * static_cast<A>(grad_o[m * o_stride]);
         dVnew[i * V + j] = acc;
       }
+      for (int64_t i = rows; i < C; ++i) dVnew[i * V + j] = 0;  // as the tensor-core scan writes them
       for (int64_t d = 0; d < K; ++d) {
         A acc = decay[d] * dS[d * V + j];
         for (int64_t i = 0; i < rows; ++i)
@@ -552,7 +554,12 @@ MT_HOST_DEVICE void kda_chunk_backward_scan(const Block& blk, const KdaChunkArgs
 // the per-value-head dq, dk of the chunk's rows (names as in MODEL_SPEC §6.2; M = I + N,
 // Tm = M Diag(β), dW = -dV^new S_n^T, dK̂ = V^new dS^T, dOS = dO S_n^T, dKe = d(K ⊙ e^γ)).
 MT_SIMT_BODY
-template <class Block, class T, class A>
+//
+// Mma: void, or a TF32 tile policy of ops/kda_tc.h (A = float; K, V, C multiples of
+// 16): then the phases up to dO S_nᵀ, five products of C x K x V (two thirds of
+// the body's FLOPs at K = V = 128, C = 64), run as tile products on the warps
+// (V^new's rows past a short chunk 0), with dO staged as f32 in U.
+template <class Mma = void, class Block, class T, class A>
 MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a, int64_t task, int64_t n) {
   const int threads = blk.threads;
   const int64_t K = a.K, V = a.V, C = a.C, KV = K * V, b = task / a.HV, hv = task % a.HV, rows = a.rows(n),
@@ -566,8 +573,8 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
   const double* gamma = a.gamma + a.at(task, n, C * K);
   const A *Sn = a.states + a.at(task, n, KV), *dSx = a.dS_exit + a.at(task, n, KV);
   const A *N = a.N + a.at(task, n, C * C), *Ekk = a.Ekk + a.at(task, n, C * C);
-  const A *Kd = a.Kd + a.at(task, n, C * K), *U = a.U + a.at(task, n, C * V);
-  A* W = a.W + a.at(task, n, C * K);  // read in the first phase, scratch after it
+  const A* Kd = a.Kd + a.at(task, n, C * K);
+  A *W = a.W + a.at(task, n, C * K), *U = a.U + a.at(task, n, C * V);  // read in the first phase, scratch after it
   const A *dVnew = a.dVnew + a.at(task, n, C * V), *decay = a.decay + a.at(task, n, K);
   A* Vnew = a.Vnew + a.at(task, n, C * V);
   A *dW = a.dW + a.at(task, n, C * K), *dKd = a.dKd + a.at(task, n, C * K), *dOS = a.dOS + a.at(task, n, C * K);
@@ -577,31 +584,79 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
   auto M = [&](int64_t i, int64_t j) { return i == j ? A(1) : N[i * C + j]; };
   auto beta = [&](int64_t i) { return static_cast<A>(beta_in[i * a.HV]); };
   auto dO = [&](int64_t i, int64_t c) { return static_cast<A>(grad_o[i * v_stride + c]); };
-  // V^new = U - W S_n.
-  blk.each([&](int tid) {
-    for (int64_t e = tid; e < rows * V; e += threads) {
-      const int64_t i = e / V, c = e % V;
-      A acc = U[e];
-      for (int64_t d = 0; d < K; ++d) acc -= W[i * K + d] * Sn[d * V + c];
-      Vnew[e] = acc;
-    }
-  });
-  // dW, dK̂, dO S_n^T; W (read in the phase before) holds K ⊙ e^γ from here on.
-  blk.each([&](int tid) {
-    for (int64_t e = tid; e < rows * K; e += threads) {
-      const int64_t i = e / K, d = e % K;
-      W[e] = static_cast<A>(k[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[e]));
-      A w = 0, kd = 0, os = 0;
-      for (int64_t c = 0; c < V; ++c) {
-        w -= dVnew[i * V + c] * Sn[d * V + c];
-        kd += Vnew[i * V + c] * dSx[d * V + c];
-        os += dO(i, c) * Sn[d * V + c];
+  if constexpr (!std::is_void_v<Mma>) {
+    const int warps = threads / 32;
+    // V^new = U - W S_n.
+    blk.each_warp([&](int w) {
+      for (int64_t t = w; t < (C / 16) * (V / 16); t += warps) {
+        const int64_t r = t / (V / 16) * 16, c = t % (V / 16) * 16;
+        typename Mma::Acc acc;
+        Mma::load_acc(acc, U + r * V + c, V);
+        for (int64_t kk = 0; kk < K; kk += 8) {
+          typename Mma::TileA x;
+          typename Mma::TileB y;
+          Mma::load_a(x, W + r * K + kk, K);
+          Mma::negate(x);
+          Mma::load_b(y, Sn + kk * V + c, V);
+          Mma::mma(acc, x, y);
+        }
+        Mma::store_acc(Vnew + r * V + c, acc, V);
       }
-      dW[e] = w;
-      dKd[e] = kd;
-      dOS[e] = os;
-    }
-  });
+    });
+    // dO as f32 operands in U; W (read in the phase before) holds K ⊙ e^γ from here on.
+    A* dOf = U;
+    blk.each([&](int tid) {
+      for (int64_t e = tid; e < C * V; e += threads) dOf[e] = e / V < rows ? dO(e / V, e % V) : A(0);
+      for (int64_t e = tid; e < rows * K; e += threads)
+        W[e] = static_cast<A>(k[e / K * qk_stride + e % K]) * exp_a(static_cast<A>(gamma[e]));
+    });
+    // dW = -dV^new S_nᵀ, dK̂ = V^new dSᵀ, dO S_nᵀ: [C, K] tiles over V.
+    blk.each_warp([&](int w) {
+      const int64_t tiles = (C / 16) * (K / 16);
+      for (int64_t t = w; t < 3 * tiles; t += warps) {
+        const int64_t which = t / tiles, r = t % tiles / (K / 16) * 16, c = t % (K / 16) * 16;
+        const A* X = which == 0 ? dVnew : which == 1 ? Vnew : dOf;
+        const A* Y = which == 1 ? dSx : Sn;
+        typename Mma::Acc acc;
+        Mma::zero(acc);
+        for (int64_t kk = 0; kk < V; kk += 8) {
+          typename Mma::TileA x;
+          typename Mma::TileBt y;
+          Mma::load_a(x, X + r * V + kk, V);
+          if (which == 0) Mma::negate(x);
+          Mma::load_bt(y, Y + c * V + kk, V);
+          Mma::mma(acc, x, y);
+        }
+        Mma::store_acc((which == 0 ? dW : which == 1 ? dKd : dOS) + r * K + c, acc, K);
+      }
+    });
+  } else {
+    // V^new = U - W S_n.
+    blk.each([&](int tid) {
+      for (int64_t e = tid; e < rows * V; e += threads) {
+        const int64_t i = e / V, c = e % V;
+        A acc = U[e];
+        for (int64_t d = 0; d < K; ++d) acc -= W[i * K + d] * Sn[d * V + c];
+        Vnew[e] = acc;
+      }
+    });
+    // dW, dK̂, dO S_n^T; W (read in the phase before) holds K ⊙ e^γ from here on.
+    blk.each([&](int tid) {
+      for (int64_t e = tid; e < rows * K; e += threads) {
+        const int64_t i = e / K, d = e % K;
+        W[e] = static_cast<A>(k[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[e]));
+        A w = 0, kd = 0, os = 0;
+        for (int64_t c = 0; c < V; ++c) {
+          w -= dVnew[i * V + c] * Sn[d * V + c];
+          kd += Vnew[i * V + c] * dSx[d * V + c];
+          os += dO(i, c) * Sn[d * V + c];
+        }
+        dW[e] = w;
+        dKd[e] = kd;
+        dOS[e] = os;
+      }
+    });
+  }
   // dA^qk = Tril(dO V^new^T); dTm = dU V^T + dW (K ⊙ e^γ)^T (lower incl. the diagonal).
   blk.each([&](int tid) {
     for (int64_t e = tid; e < C * C; e += threads) {

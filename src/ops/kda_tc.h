@@ -13,7 +13,8 @@
 // V^new = U - W S_n and S_{n+1} = Diag(e^{γ_C}) S_n + (K ⊙ e^{γ_C-γ})^T V^new in
 // the scan, O = (Q̄ ⊙ e^γ) S_n + A^qk V^new, and the backward scan's
 // dV^new = A^qkᵀ dO + (K ⊙ e^{γ_C-γ}) dS, dS_n = Diag(e^{γ_C}) dS + (Q̄ ⊙ e^γ)ᵀ dO
-// - Wᵀ dV^new). The scans keep a [K, BV] tile of S (of dS) in f32 shared memory
+// - Wᵀ dV^new); kda_chunk_grad (kda_simt.h) takes a policy of this file for its
+// five C x K x V products (V^new, dW, dK̂, dO S_nᵀ). The scans keep a [K, BV] tile of S (of dS) in f32 shared memory
 // through all chunks: the state accumulates in f32 (MODEL_SPEC §12); only the
 // operands of each product are rounded to TF32 (fla rounds them to bf16).
 // A block is 4 warps; warp w takes the 16x16 output tiles w, w + 4, ... of a
@@ -58,6 +59,7 @@ struct HostTf32 {
   struct TileB {
     float x[8][16];
   };
+  using TileBt = TileB;
   struct Acc {
     float x[16][16];
   };
@@ -89,6 +91,11 @@ struct HostTf32 {
     for (int k = 0; k < 8; ++k)
       for (int j = 0; j < 16; ++j) t.x[k][j] = round(p[k * ld + j]);
   }
+  // B given as Bᵀ row-major (column-major B): (k, j) at p[j * ld + k].
+  static void load_bt(TileBt& t, const float* p, int64_t ld) {
+    for (int k = 0; k < 8; ++k)
+      for (int j = 0; j < 16; ++j) t.x[k][j] = round(p[j * ld + k]);
+  }
   static void zero(Acc& t) {
     for (auto& row : t.x)
       for (float& v : row) v = 0.0f;
@@ -119,6 +126,7 @@ struct DeviceTf32 {
   using TileA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, P, nvcuda::wmma::row_major>;
   using TileAt = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, P, nvcuda::wmma::col_major>;
   using TileB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, P, nvcuda::wmma::row_major>;
+  using TileBt = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, P, nvcuda::wmma::col_major>;
   using Acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
 
   template <class F>
@@ -141,6 +149,10 @@ struct DeviceTf32 {
     nvcuda::wmma::load_matrix_sync(t, p, static_cast<unsigned>(ld));
     to_tf32(t);
   }
+  __device__ static void load_bt(TileBt& t, const float* p, int64_t ld) {
+    nvcuda::wmma::load_matrix_sync(t, p, static_cast<unsigned>(ld));
+    to_tf32(t);
+  }
   __device__ static void zero(Acc& t) { nvcuda::wmma::fill_fragment(t, 0.0f); }
   __device__ static void load_acc(Acc& t, const float* p, int64_t ld) {
     nvcuda::wmma::load_matrix_sync(t, p, static_cast<unsigned>(ld), nvcuda::wmma::mem_row_major);
@@ -148,8 +160,8 @@ struct DeviceTf32 {
   __device__ static void store_acc(float* p, const Acc& t, int64_t ld) {
     nvcuda::wmma::store_matrix_sync(p, t, static_cast<unsigned>(ld), nvcuda::wmma::mem_row_major);
   }
-  template <class TA>
-  __device__ static void mma(Acc& d, const TA& a, const TileB& b) {
+  template <class TA, class TB>
+  __device__ static void mma(Acc& d, const TA& a, const TB& b) {
     nvcuda::wmma::mma_sync(d, a, b, d);
   }
 };

@@ -145,7 +145,8 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
 
 // The chunked forward and backward bodies (chunks of C), as kda_cuda.cu runs kda_chunked;
 // tensor_cores (T = float): the scans and the output by the bodies of ops/kda_tc.h
-// (HostTf32, blocks of 4 warps), as with cuda::set_kda_tensor_cores(true).
+// and kda_chunk_grad with its tile products (HostTf32, blocks of 4 warps), as with
+// cuda::set_kda_tensor_cores(true).
 template <class T>
 Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_t C, int threads,
                            bool tensor_cores = false) {
@@ -256,7 +257,15 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
       for (int64_t column0 = 0; column0 < d.V; column0 += threads)
         simt::kda_chunk_backward_scan(blk, a, task, column0);
   for (int64_t task = 0; task < tasks; ++task)
-    for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_grad(blk, a, task, n);
+    for (int64_t n = 0; n < chunks; ++n) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (tensor_cores) {
+          simt::kda_chunk_grad<simt::HostTf32>(tc_blk, a, task, n);
+          continue;
+        }
+      }
+      simt::kda_chunk_grad(blk, a, task, n);
+    }
   r.backward_exps = simt::host_exp_calls - exps1;
   for (int64_t e = 0; e < p.q.numel(); ++e) {
     simt::group_sum_element(r.grad_q.data<T>(), dq.data<T>(), e, d.HV / d.H, d.K);
