@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "ops/simt.h"
+#include "ops/tf32_tiles.h"
 
 namespace moetrain::simt {
 
@@ -555,7 +556,7 @@ MT_HOST_DEVICE void kda_chunk_backward_scan(const Block& blk, const KdaChunkArgs
 // Tm = M Diag(β), dW = -dV^new S_n^T, dK̂ = V^new dS^T, dOS = dO S_n^T, dKe = d(K ⊙ e^γ)).
 MT_SIMT_BODY
 //
-// Mma: void, or a TF32 tile policy of ops/kda_tc.h (A = float; K, V, C multiples of
+// Mma: void, or a TF32 tile policy of ops/tf32_tiles.h (A = float; K, V, C multiples of
 // 16): then the phases up to dO S_nᵀ, five products of C x K x V (two thirds of
 // the body's FLOPs at K = V = 128, C = 64), run as tile products on the warps
 // (V^new's rows past a short chunk 0), with dO staged as f32 in U.
@@ -592,14 +593,7 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
         const int64_t r = t / (V / 16) * 16, c = t % (V / 16) * 16;
         typename Mma::Acc acc;
         Mma::load_acc(acc, U + r * V + c, V);
-        for (int64_t kk = 0; kk < K; kk += 8) {
-          typename Mma::TileA x;
-          typename Mma::TileB y;
-          Mma::load_a(x, W + r * K + kk, K);
-          Mma::negate(x);
-          Mma::load_b(y, Sn + kk * V + c, V);
-          Mma::mma(acc, x, y);
-        }
+        tile_mma<Mma>(acc, W + r * K, K, Sn + c, V, 0, K, true);
         Mma::store_acc(Vnew + r * V + c, acc, V);
       }
     });
@@ -619,14 +613,7 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
         const A* Y = which == 1 ? dSx : Sn;
         typename Mma::Acc acc;
         Mma::zero(acc);
-        for (int64_t kk = 0; kk < V; kk += 8) {
-          typename Mma::TileA x;
-          typename Mma::TileBt y;
-          Mma::load_a(x, X + r * V + kk, V);
-          if (which == 0) Mma::negate(x);
-          Mma::load_bt(y, Y + c * V + kk, V);
-          Mma::mma(acc, x, y);
-        }
+        tile_mma<Mma, false, true>(acc, X + r * V, V, Y + c * V, V, 0, V, which == 0);
         Mma::store_acc((which == 0 ? dW : which == 1 ? dKd : dOS) + r * K + c, acc, K);
       }
     });

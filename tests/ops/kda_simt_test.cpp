@@ -421,8 +421,9 @@ TEST_CASE("kda: the CUDA chunked bodies take exps per row and channel, not per p
 TEST_CASE("kda: the tensor-core chunked bodies (TF32), run on the host, match the CPU chunked kernels",
           "[ops][kda][simt]") {
   // K, V and C multiples of 16 (the tensor-core shapes): short last chunks, grouped
-  // value heads, V a multiple of 32 (tiles of 32 columns) or only of 16.
-  const Dims shapes[] = {{2, 70, 2, 4, 32, 16}, {1, 129, 1, 1, 16, 48}, {1, 150, 1, 2, 64, 32}};
+  // value heads, V a multiple of 32 (tiles of 32 columns, one or two) or only of 16.
+  const Dims shapes[] = {
+      {2, 70, 2, 4, 32, 16}, {1, 129, 1, 1, 16, 48}, {1, 150, 1, 2, 64, 32}, {1, 80, 1, 1, 16, 64}};
   for (const Dims& d : shapes)
     for (int64_t C : {16, 64})
       DYNAMIC_SECTION("B" << d.B << " T" << d.T << " H" << d.H << " HV" << d.HV << " K" << d.K << " V" << d.V
