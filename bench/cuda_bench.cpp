@@ -157,7 +157,7 @@ Row train_row(const std::string& name, std::unique_ptr<LanguageModel> model, int
 // bias): on the GPU (select_experts on CUDA scores: the ids come back), and the
 // host path it replaced (the scores copied back and ranked on the CPU), timed alike.
 Row router_row(int64_t N, int64_t E, int64_t k, int steps, bool on_gpu) {
-  const std::string shape = fmt::format("N{} E{} k{} f32 ({})", N, E, k, on_gpu ? "GPU" : "host, the old path");
+  const std::string shape = fmt::format("N{} E{} k{} f32 ({})", N, E, k, on_gpu ? "GPU" : "host: scores copied back, ranked on the CPU");
   return guarded("router selection", shape, [&] {
     Tensor scores = sigmoid(randn({N, E}, DType::f32, 3)).to(kGpu), bias = zeros({E}, DType::f32).to(kGpu);
     Row r{"router selection", shape, 0, 0, static_cast<double>(N)};

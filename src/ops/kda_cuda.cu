@@ -109,10 +109,9 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grad_tc_kernel(simt::KdaCh
 
 std::atomic<bool> g_kda_tensor_cores{false};
 
-// Whether a chunked call of arithmetic type A takes the tensor-core bodies.
-template <class A>
+// Whether a chunked call (f32 arithmetic) takes the tensor-core bodies.
 bool use_tensor_cores(int64_t K, int64_t V, int64_t C) {
-  if (!std::is_same_v<A, float> || !g_kda_tensor_cores.load() || !simt::kda_tc_shape_ok(K, V, C)) return false;
+  if (!g_kda_tensor_cores.load() || !simt::kda_tc_shape_ok(K, V, C)) return false;
   int device = 0, major = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -328,7 +327,7 @@ void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const T
     cudaStream_t s = stream_of(q);
     run.prepare(s);
     if constexpr (std::is_same_v<A, float>) {
-      if (use_tensor_cores<A>(a.K, a.V, a.C)) {
+      if (use_tensor_cores(a.K, a.V, a.C)) {
         const int64_t BV = simt::kda_tc_tile_columns(a.V);
         launch_with_shared(kda_chunk_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
                            simt::kda_tc_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
@@ -393,7 +392,7 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
     run.prepare(s);
     bool tensor_cores = false;
     if constexpr (std::is_same_v<A, float>) {
-      if (use_tensor_cores<A>(a.K, a.V, a.C)) {
+      if (use_tensor_cores(a.K, a.V, a.C)) {
         const int64_t BV = simt::kda_tc_tile_columns(a.V);
         launch_with_shared(kda_chunk_backward_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
                            simt::kda_tc_backward_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
@@ -419,7 +418,6 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
 }
 
 void set_kda_tensor_cores(bool enabled) { g_kda_tensor_cores.store(enabled); }
-bool kda_tensor_cores() { return g_kda_tensor_cores.load(); }
 
 void linear_attention_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q, const Tensor& k,
                               const Tensor& v) {

@@ -69,5 +69,4 @@ MT_CUDA_KERNEL(void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor&
 // the CPU); the trainer turns it on for bf16 runs and train.tf32. Applies where
 // K, V and C are multiples of 16 on sm_80 and later; elsewhere the scalar bodies run.
 MT_CUDA_KERNEL(void set_kda_tensor_cores(bool enabled));
-MT_CUDA_KERNEL(bool kda_tensor_cores());
 }  // namespace moetrain::cuda
