@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -37,8 +38,10 @@ namespace {
 const Device kGpu{DeviceKind::cuda, 0};
 
 struct Row {
+  Row(std::string name_, std::string shape_, double ms_ = -1, double flops_ = 0, double tokens_ = 0)
+      : name(std::move(name_)), shape(std::move(shape_)), ms(ms_), flops(flops_), tokens(tokens_) {}
   std::string name, shape;
-  double ms = -1, flops = 0, tokens = 0;
+  double ms, flops, tokens;
   std::string note;
 };
 
