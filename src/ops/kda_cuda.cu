@@ -102,6 +102,14 @@ __global__ void __launch_bounds__(simt::kKdaTcThreads)
 }
 
 template <class T>
+__global__ void __launch_bounds__(kThreads) kda_chunk_prepare_tc_kernel(simt::KdaChunkArgs<T, float> a) {
+  extern __shared__ __align__(16) unsigned char kda_shared[];
+  const int64_t chunks = a.chunks(), block = blockIdx.x;
+  simt::kda_chunk_prepare<simt::DeviceTf32>(DeviceBlock{kThreads}, a, block / chunks, block % chunks,
+                                            reinterpret_cast<float*>(kda_shared));
+}
+
+template <class T>
 __global__ void __launch_bounds__(kThreads) kda_chunk_grad_tc_kernel(simt::KdaChunkArgs<T, float> a) {
   const int64_t chunks = a.chunks(), block = blockIdx.x;
   simt::kda_chunk_grad<simt::DeviceTf32>(DeviceBlock{kThreads}, a, block / chunks, block % chunks);
@@ -203,8 +211,17 @@ struct ChunkRun {
     return dim3(static_cast<unsigned>(tasks), static_cast<unsigned>((a.V + columns - 1) / columns));
   }
   dim3 tc_scan_grid(int64_t BV) const { return dim3(static_cast<unsigned>(tasks), static_cast<unsigned>(a.V / BV)); }
-  void prepare(cudaStream_t s) const {
-    if (chunks > 0) kda_chunk_prepare_kernel<T, A><<<static_cast<unsigned>(tasks * chunks), kThreads, shared, s>>>(a);
+  // tensor_cores: W and U as TF32 tile products (f32 arithmetic only).
+  void prepare(cudaStream_t s, bool tensor_cores) const {
+    if (chunks == 0) return;
+    const unsigned blocks = static_cast<unsigned>(tasks * chunks);
+    if constexpr (std::is_same_v<A, float>) {
+      if (tensor_cores) {
+        kda_chunk_prepare_tc_kernel<T><<<blocks, kThreads, shared, s>>>(a);
+        return;
+      }
+    }
+    kda_chunk_prepare_kernel<T, A><<<blocks, kThreads, shared, s>>>(a);
   }
 };
 
@@ -325,9 +342,10 @@ void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const T
     a.states = ptr<A>(states);
     if (a.tasks() == 0) return;
     cudaStream_t s = stream_of(q);
-    run.prepare(s);
+    const bool tensor_cores = std::is_same_v<A, float> && use_tensor_cores(a.K, a.V, a.C);
+    run.prepare(s, tensor_cores);
     if constexpr (std::is_same_v<A, float>) {
-      if (use_tensor_cores(a.K, a.V, a.C)) {
+      if (tensor_cores) {
         const int64_t BV = simt::kda_tc_tile_columns(a.V);
         launch_with_shared(kda_chunk_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
                            simt::kda_tc_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
@@ -389,15 +407,14 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
     a.grad_state0 = ptr<T>(grad_h0);
     if (a.tasks() == 0) return;
     cudaStream_t s = stream_of(q);
-    run.prepare(s);
-    bool tensor_cores = false;
+    const bool tensor_cores = std::is_same_v<A, float> && use_tensor_cores(a.K, a.V, a.C);
+    run.prepare(s, tensor_cores);
     if constexpr (std::is_same_v<A, float>) {
-      if (use_tensor_cores(a.K, a.V, a.C)) {
+      if (tensor_cores) {
         const int64_t BV = simt::kda_tc_tile_columns(a.V);
         launch_with_shared(kda_chunk_backward_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
                            simt::kda_tc_backward_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
                            "kda_chunked_backward (tensor cores)", "a smaller K", a, BV);
-        tensor_cores = true;
       }
     }
     if (!tensor_cores) kda_chunk_backward_scan_kernel<T, A><<<run.scan_grid(), run.columns, 0, s>>>(a);

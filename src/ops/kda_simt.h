@@ -320,8 +320,11 @@ MT_HOST_DEVICE inline SubChunks sub_chunks(int64_t rows, int64_t K, int64_t C) {
   return {count, count > 1 && count * count * K <= C * C};
 }
 
+// Mma: void, or a TF32 tile policy of ops/tf32_tiles.h (A = float; K, V, C
+// multiples of 16): then W = M Diag(β)(K ⊙ e^γ) and U = M Diag(β) V run as tile
+// products on the warps, with Diag(β) V staged as f32 in V^new (written by the scan after).
 MT_SIMT_BODY
-template <class Block, class T, class A>
+template <class Mma = void, class Block, class T, class A>
 MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>& a, int64_t task, int64_t n, A* sh) {
   const int threads = blk.threads;
   const int64_t K = a.K, V = a.V, C = a.C, b = task / a.HV, hv = task % a.HV, rows = a.rows(n), t0 = n * C;
@@ -405,13 +408,17 @@ MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>
     }
   });
   // N is zeroed; Kd holds Diag(β) (K ⊙ e^γ) until the last phase (one exp per row and
-  // channel, not one per pair in W's sum).
+  // channel, not one per pair in W's sum; rows past a short chunk 0).
+  A* Vb = a.Vnew + a.at(task, n, C * V);  // Mma: Diag(β) V
   blk.each([&](int tid) {
     for (int64_t e = tid; e < C * C; e += threads) N[e] = 0;
-    for (int64_t e = tid; e < rows * K; e += threads) {
+    for (int64_t e = tid; e < C * K; e += threads) {
       const int64_t i = e / K, d = e % K;
-      Kd[e] = beta[i] * static_cast<A>(k[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[e]));
+      Kd[e] = i < rows ? beta[i] * static_cast<A>(k[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[e])) : A(0);
     }
+    if constexpr (!std::is_void_v<Mma>)
+      for (int64_t e = tid; e < C * V; e += threads)
+        Vb[e] = e / V < rows ? beta[e / V] * static_cast<A>(v[e / V * v_stride + e % V]) : A(0);
   });
   // N = (I + A^kk)^{-1} - I, row i from the rows above it:
   // N[i,j] = -A^kk[i,j] - Σ_{j<m<i} A^kk[i,m] N[m,j].
@@ -425,27 +432,45 @@ MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>
     });
   // W = M Diag(β) (K ⊙ e^γ), U = M Diag(β) V, Q̄ ⊙ e^γ, e^{γ_C}.
   const double* gamma_C = gamma + (rows - 1) * K;
+  if constexpr (!std::is_void_v<Mma>) {
+    // Row tile r: (I + N) X = X + N X, N strictly lower (columns < r + 16).
+    const int warps = threads / 32;
+    const int64_t w_tiles = (C / 16) * (K / 16), tiles = w_tiles + (C / 16) * (V / 16);
+    blk.each_warp([&](int w) {
+      for (int64_t t = w; t < tiles; t += warps) {
+        const bool is_w = t < w_tiles;
+        const int64_t D = is_w ? K : V, u = is_w ? t : t - w_tiles, r = u / (D / 16) * 16, c = u % (D / 16) * 16;
+        const A* X = is_w ? Kd : Vb;
+        typename Mma::Acc acc;
+        Mma::load_acc(acc, X + r * D + c, D);
+        tile_mma<Mma>(acc, N + r * C, C, X + c, D, 0, r + 16);
+        Mma::store_acc((is_w ? W : U) + r * D + c, acc, D);
+      }
+    });
+  }
   blk.each([&](int tid) {
     for (int64_t e = tid; e < C * K; e += threads) {
       const int64_t i = e / K, d = e % K;
       A w = 0, qd = 0;
       if (i < rows) {
-        for (int64_t j = 0; j <= i; ++j) w += (j == i ? A(1) : N[i * C + j]) * Kd[j * K + d];
+        if constexpr (std::is_void_v<Mma>)
+          for (int64_t j = 0; j <= i; ++j) w += (j == i ? A(1) : N[i * C + j]) * Kd[j * K + d];
         qd = a.scale * static_cast<A>(q[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[i * K + d]));
       }
-      W[e] = w;
+      if constexpr (std::is_void_v<Mma>) W[e] = w;
       Qd[e] = qd;
     }
-    for (int64_t e = tid; e < C * V; e += threads) {
-      const int64_t i = e / V, c = e % V;
-      A u = 0;
-      if (i < rows)
-        for (int64_t j = 0; j <= i; ++j) {
-          const A m = j == i ? A(1) : N[i * C + j];
-          u += m * beta[j] * static_cast<A>(v[j * v_stride + c]);
-        }
-      U[e] = u;
-    }
+    if constexpr (std::is_void_v<Mma>)
+      for (int64_t e = tid; e < C * V; e += threads) {
+        const int64_t i = e / V, c = e % V;
+        A u = 0;
+        if (i < rows)
+          for (int64_t j = 0; j <= i; ++j) {
+            const A m = j == i ? A(1) : N[i * C + j];
+            u += m * beta[j] * static_cast<A>(v[j * v_stride + c]);
+          }
+        U[e] = u;
+      }
     for (int64_t d = tid; d < K; d += threads) decay[d] = exp_a(static_cast<A>(gamma_C[d]));
   });
   // K ⊙ e^{γ_C - γ}.

@@ -144,9 +144,9 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
 }
 
 // The chunked forward and backward bodies (chunks of C), as kda_cuda.cu runs kda_chunked;
-// tensor_cores (T = float): the scans and the output by the bodies of ops/kda_tc.h
-// and kda_chunk_grad with its tile products (HostTf32, blocks of 4 warps), as with
-// cuda::set_kda_tensor_cores(true).
+// tensor_cores (T = float): the scans and the output by the bodies of ops/kda_tc.h,
+// kda_chunk_prepare and kda_chunk_grad with their tile products (HostTf32, blocks
+// of 4 warps), as with cuda::set_kda_tensor_cores(true).
 template <class T>
 Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_t C, int threads,
                            bool tensor_cores = false) {
@@ -179,11 +179,17 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   a.Vnew = Vnew.data<T>();
   a.decay = decay.data<T>();
   const simt::HostBlock blk{threads};
+  const simt::HostBlock tc_blk{simt::kKdaTcThreads};
   std::vector<T> shared(static_cast<size_t>(simt::kda_chunk_shared_elements(C)));
+  auto prepare = [&](int64_t task, int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tensor_cores) return simt::kda_chunk_prepare<simt::HostTf32>(tc_blk, a, task, n, shared.data());
+    }
+    simt::kda_chunk_prepare(blk, a, task, n, shared.data());
+  };
   const long long exps0 = simt::host_exp_calls;
   for (int64_t task = 0; task < tasks; ++task)
-    for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_prepare(blk, a, task, n, shared.data());
-  const simt::HostBlock tc_blk{simt::kKdaTcThreads};
+    for (int64_t n = 0; n < chunks; ++n) prepare(task, n);
   const int64_t BV = simt::kda_tc_tile_columns(d.V);
   std::vector<float> tc_shared;
   if constexpr (std::is_same_v<T, float>) {
@@ -245,7 +251,7 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   a.grad_state0 = r.grad_h0.data<T>();
   const long long exps1 = simt::host_exp_calls;
   for (int64_t task = 0; task < tasks; ++task)
-    for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_prepare(blk, a, task, n, shared.data());
+    for (int64_t n = 0; n < chunks; ++n) prepare(task, n);
   if constexpr (std::is_same_v<T, float>) {
     if (tensor_cores)
       for (int64_t task = 0; task < tasks; ++task)
