@@ -63,9 +63,11 @@ fi
 step "sm_90 code of the kernels ($out/sass.txt)"
 if command -v cuobjdump >/dev/null; then
   cuobjdump --list-elf "$bin/moetrain" >"$out/sass.txt" 2>&1
-  cuobjdump -sass "$bin/moetrain" 2>/dev/null | grep -E "Function : .*(attention|kda|adamw|index_add)" \
-    | head -40 >>"$out/sass.txt"
+  cuobjdump -sass "$bin/moetrain" 2>/dev/null | grep -E "Function : .*(attention|kda|adamw|index_add|select_experts)" \
+    | head -80 >>"$out/sass.txt"
   grep -c "sm_90" "$out/sass.txt" | xargs echo "sm_90 ELF entries:"
+  # Tensor-core instructions (the bf16 attention and the TF32 KDA kernels).
+  cuobjdump -sass "$bin/moetrain" 2>/dev/null | grep -c "HMMA" | xargs echo "HMMA instructions:" | tee -a "$out/sass.txt"
 else
   echo "cuobjdump not found; skipped" | tee "$out/sass.txt"
 fi
