@@ -582,9 +582,10 @@ MT_HOST_DEVICE void kda_chunk_backward_scan(const Block& blk, const KdaChunkArgs
 MT_SIMT_BODY
 //
 // Mma: void, or a TF32 tile policy of ops/tf32_tiles.h (A = float; K, V, C multiples of
-// 16): then the phases up to dO S_nᵀ, five products of C x K x V (two thirds of
-// the body's FLOPs at K = V = 128, C = 64), run as tile products on the warps
-// (V^new's rows past a short chunk 0), with dO staged as f32 in U.
+// 16): then the phases up to dV and dKe, the body's products of C x K x V and
+// C x C x V/K (all its matrix products but Y and dA^kk's C x C x C), run as tile
+// products on the warps (V^new's rows past a short chunk 0), with dO and then dV
+// staged as f32 in U and V as f32 in V^new.
 template <class Mma = void, class Block, class T, class A>
 MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a, int64_t task, int64_t n) {
   const int threads = blk.threads;
@@ -669,42 +670,102 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
       }
     });
   }
-  // dA^qk = Tril(dO V^new^T); dTm = dU V^T + dW (K ⊙ e^γ)^T (lower incl. the diagonal).
-  blk.each([&](int tid) {
-    for (int64_t e = tid; e < C * C; e += threads) {
-      const int64_t i = e / C, j = e % C;
-      A qk = 0, tm = 0;
-      if (i < rows && j <= i) {
-        for (int64_t c = 0; c < V; ++c) {
-          qk += dO(i, c) * Vnew[j * V + c];
-          tm += dVnew[i * V + c] * static_cast<A>(v[j * v_stride + c]);
-        }
-        for (int64_t d = 0; d < K; ++d) tm += dW[i * K + d] * W[j * K + d];
+  if constexpr (!std::is_void_v<Mma>) {
+    const int warps = threads / 32;
+    const int64_t ct = C / 16;
+    // dA^qk = dO V^newᵀ and dTm = dW (K ⊙ e^γ)ᵀ on the lower block triangle (dO in U);
+    // what lies above the diagonal or past the chunk's rows is never read, left as is.
+    blk.each_warp([&](int w) {
+      for (int64_t t = w; t < 2 * ct * ct; t += warps) {
+        const bool qk = t < ct * ct;
+        const int64_t u = qk ? t : t - ct * ct, r = u / ct * 16, c = u % ct * 16;
+        if (c > r) continue;
+        typename Mma::Acc acc;
+        Mma::zero(acc);
+        if (qk)
+          tile_mma<Mma, false, true>(acc, U + r * V, V, Vnew + c * V, V, 0, V);
+        else
+          tile_mma<Mma, false, true>(acc, dW + r * K, K, W + c * K, K, 0, K);
+        Mma::store_acc((qk ? dAqk : dTm) + r * C + c, acc, C);
       }
-      dAqk[e] = qk;
-      dTm[e] = tm;
-    }
-  });
-  // dV = Tm^T dU; dKe = Tm^T dW; dβ_j through Tm = Σ_i dTm[i,j] M[i,j].
-  blk.each([&](int tid) {
-    for (int64_t e = tid; e < rows * V; e += threads) {
-      const int64_t i = e / V, c = e % V;
-      A acc = 0;
-      for (int64_t l = i; l < rows; ++l) acc += M(l, i) * dVnew[l * V + c];
-      a.grad_v[((b * a.Tn + t0 + i) * a.HV + hv) * V + c] = T(beta(i) * acc);
-    }
-    for (int64_t e = tid; e < rows * K; e += threads) {
-      const int64_t i = e / K, d = e % K;
-      A acc = 0;
-      for (int64_t l = i; l < rows; ++l) acc += M(l, i) * dW[l * K + d];
-      dKe[e] = beta(i) * acc;
-    }
-    for (int64_t j = tid; j < rows; j += threads) {
-      A acc = 0;
-      for (int64_t i = j; i < rows; ++i) acc += dTm[i * C + j] * M(i, j);
-      dbeta[j] = acc;
-    }
-  });
+    });
+    // V as f32 operands in V^new (read for the last time above).
+    blk.each([&](int tid) {
+      for (int64_t e = tid; e < C * V; e += threads)
+        Vnew[e] = e / V < rows ? static_cast<A>(v[e / V * v_stride + e % V]) : A(0);
+    });
+    // dTm += dU Vᵀ; (I + N)ᵀ dU into U (dO read for the last time above) and (I + N)ᵀ dW
+    // into dKe (N[l, i] != 0 for l > i only); Diag(β) after.
+    blk.each_warp([&](int w) {
+      const int64_t v_tiles = ct * (V / 16), tiles = ct * ct + v_tiles + ct * (K / 16);
+      for (int64_t t = w; t < tiles; t += warps) {
+        typename Mma::Acc acc;
+        if (t < ct * ct) {
+          const int64_t r = t / ct * 16, c = t % ct * 16;
+          if (c > r) continue;
+          Mma::load_acc(acc, dTm + r * C + c, C);
+          tile_mma<Mma, false, true>(acc, dVnew + r * V, V, Vnew + c * V, V, 0, V);
+          Mma::store_acc(dTm + r * C + c, acc, C);
+          continue;
+        }
+        const bool is_v = t < ct * ct + v_tiles;
+        const int64_t D = is_v ? V : K, u = t - ct * ct - (is_v ? 0 : v_tiles), r = u / (D / 16) * 16,
+                      c = u % (D / 16) * 16;
+        const A* X = is_v ? dVnew : dW;
+        Mma::load_acc(acc, X + r * D + c, D);
+        tile_mma<Mma, true>(acc, N + r, C, X + c, D, r, C);
+        Mma::store_acc((is_v ? U : dKe) + r * D + c, acc, D);
+      }
+    });
+    // dβ_j through Tm = Σ_i dTm[i,j] M[i,j].
+    blk.each([&](int tid) {
+      for (int64_t e = tid; e < rows * V; e += threads)
+        a.grad_v[((b * a.Tn + t0 + e / V) * a.HV + hv) * V + e % V] = T(beta(e / V) * U[e]);
+      for (int64_t e = tid; e < rows * K; e += threads) dKe[e] *= beta(e / K);
+      for (int64_t j = tid; j < rows; j += threads) {
+        A acc = 0;
+        for (int64_t i = j; i < rows; ++i) acc += dTm[i * C + j] * M(i, j);
+        dbeta[j] = acc;
+      }
+    });
+  } else {
+    // dA^qk = Tril(dO V^new^T); dTm = dU V^T + dW (K ⊙ e^γ)^T (lower incl. the diagonal).
+    blk.each([&](int tid) {
+      for (int64_t e = tid; e < C * C; e += threads) {
+        const int64_t i = e / C, j = e % C;
+        A qk = 0, tm = 0;
+        if (i < rows && j <= i) {
+          for (int64_t c = 0; c < V; ++c) {
+            qk += dO(i, c) * Vnew[j * V + c];
+            tm += dVnew[i * V + c] * static_cast<A>(v[j * v_stride + c]);
+          }
+          for (int64_t d = 0; d < K; ++d) tm += dW[i * K + d] * W[j * K + d];
+        }
+        dAqk[e] = qk;
+        dTm[e] = tm;
+      }
+    });
+    // dV = Tm^T dU; dKe = Tm^T dW; dβ_j through Tm = Σ_i dTm[i,j] M[i,j].
+    blk.each([&](int tid) {
+      for (int64_t e = tid; e < rows * V; e += threads) {
+        const int64_t i = e / V, c = e % V;
+        A acc = 0;
+        for (int64_t l = i; l < rows; ++l) acc += M(l, i) * dVnew[l * V + c];
+        a.grad_v[((b * a.Tn + t0 + i) * a.HV + hv) * V + c] = T(beta(i) * acc);
+      }
+      for (int64_t e = tid; e < rows * K; e += threads) {
+        const int64_t i = e / K, d = e % K;
+        A acc = 0;
+        for (int64_t l = i; l < rows; ++l) acc += M(l, i) * dW[l * K + d];
+        dKe[e] = beta(i) * acc;
+      }
+      for (int64_t j = tid; j < rows; j += threads) {
+        A acc = 0;
+        for (int64_t i = j; i < rows; ++i) acc += dTm[i * C + j] * M(i, j);
+        dbeta[j] = acc;
+      }
+    });
+  }
   // Y = M^T dM, dM = dTm Diag(β).
   blk.each([&](int tid) {
     for (int64_t e = tid; e < C * C; e += threads) {
