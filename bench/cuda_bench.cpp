@@ -104,15 +104,23 @@ Row attention_row(int64_t T, int64_t H, int64_t D, int steps, bool tensor_cores 
 }
 
 // The recurrent row counts the chunked form's FLOPs too, so the two rates compare times.
-// tensor_cores: the chunked form's state products on TF32 tensor cores (ops/kda_tc.h).
-Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_cores = false) {
+// tensor_cores: the chunked form's products on TF32 tensor cores (ops/kda_tc.h),
+// their scans on column tiles of `columns` (0: the default, 32 here).
+Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_cores = false, int columns = 0) {
   const int64_t H = 16, K = 128;
   const std::string name = fmt::format("kda {} fwd+bwd", kda_mode_name(mode));
   std::string shape = fmt::format("B1 T{} H{} K=V={}{}{}", T, H, K, mode == KdaMode::chunked ? " chunk 64" : "",
-                                  tensor_cores ? " tf32 tensor cores" : "");
+                                  tensor_cores ? fmt::format(" tf32 tensor cores{}", columns > 0
+                                                                 ? fmt::format(", {} columns", columns)
+                                                                 : std::string())
+                                               : std::string());
   cuda::set_kda_tensor_cores(tensor_cores);
+  cuda::set_kda_tensor_core_columns(columns);
   struct Restore {
-    ~Restore() { cuda::set_kda_tensor_cores(false); }
+    ~Restore() {
+      cuda::set_kda_tensor_cores(false);
+      cuda::set_kda_tensor_core_columns(0);
+    }
   } restore;
   return guarded(name, shape, [&] {
     auto leaf = [&](Shape s, uint64_t seed, double scale) {
@@ -218,6 +226,7 @@ int main(int argc, char** argv) {
   rows.push_back(attention_row(4096, 16, 128, steps, false));
   for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps));
   for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps, KdaMode::chunked, true));
+  rows.push_back(kda_row(8192, steps, KdaMode::chunked, true, 16));  // twice the scan blocks
   rows.push_back(kda_row(4096, steps, KdaMode::recurrent));
   for (bool on_gpu : {true, false}) rows.push_back(router_row(8192, 896, 16, steps, on_gpu));  // K3's router
   {

@@ -116,6 +116,9 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grad_tc_kernel(simt::KdaCh
 }
 
 std::atomic<bool> g_kda_tensor_cores{false};
+std::atomic<int> g_kda_tile_columns{0};  // 0: kda_tc_tile_columns' choice
+
+int64_t tile_columns(int64_t V) { return simt::kda_tc_tile_columns(V, g_kda_tile_columns.load()); }
 
 // Whether a chunked call (f32 arithmetic) takes the tensor-core bodies.
 bool use_tensor_cores(int64_t K, int64_t V, int64_t C) {
@@ -123,7 +126,7 @@ bool use_tensor_cores(int64_t K, int64_t V, int64_t C) {
   int device = 0, major = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const int64_t BV = simt::kda_tc_tile_columns(V);
+  const int64_t BV = tile_columns(V);
   const int64_t need = std::max({simt::kda_tc_scan_shared_elements(K, C, BV),
                                  simt::kda_tc_backward_scan_shared_elements(K, C, BV),
                                  simt::kda_tc_output_shared_elements(C, V)}) *
@@ -346,7 +349,7 @@ void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const T
     run.prepare(s, tensor_cores);
     if constexpr (std::is_same_v<A, float>) {
       if (tensor_cores) {
-        const int64_t BV = simt::kda_tc_tile_columns(a.V);
+        const int64_t BV = tile_columns(a.V);
         launch_with_shared(kda_chunk_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
                            simt::kda_tc_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
                            "kda_chunked (tensor cores)", "a smaller K", a, BV);
@@ -411,7 +414,7 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
     run.prepare(s, tensor_cores);
     if constexpr (std::is_same_v<A, float>) {
       if (tensor_cores) {
-        const int64_t BV = simt::kda_tc_tile_columns(a.V);
+        const int64_t BV = tile_columns(a.V);
         launch_with_shared(kda_chunk_backward_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
                            simt::kda_tc_backward_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
                            "kda_chunked_backward (tensor cores)", "a smaller K", a, BV);
@@ -435,6 +438,12 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
 }
 
 void set_kda_tensor_cores(bool enabled) { g_kda_tensor_cores.store(enabled); }
+
+void set_kda_tensor_core_columns(int columns) {
+  MT_CHECK(columns == 0 || columns == 16 || columns == 32,
+           "set_kda_tensor_core_columns: {} columns; expected 16, 32 or 0 (the default choice)", columns);
+  g_kda_tile_columns.store(columns);
+}
 
 void linear_attention_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q, const Tensor& k,
                               const Tensor& v) {

@@ -69,4 +69,7 @@ MT_CUDA_KERNEL(void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor&
 // the CPU); the trainer turns it on for bf16 runs and train.tf32. Applies where
 // K, V and C are multiples of 16 on sm_80 and later; elsewhere the scalar bodies run.
 MT_CUDA_KERNEL(void set_kda_tensor_cores(bool enabled));
+// Columns of S per tensor-core scan block: 16 or 32 (where it divides V), or 0 for
+// the default (32, else 16). For benchmarks: fewer columns make more blocks.
+MT_CUDA_KERNEL(void set_kda_tensor_core_columns(int columns));
 }  // namespace moetrain::cuda

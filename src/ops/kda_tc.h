@@ -36,9 +36,13 @@ inline constexpr int kKdaTcThreads = 32 * kKdaTcWarps;
 
 // Whether the tensor-core bodies take a shape: K, V and C multiples of 16.
 inline bool kda_tc_shape_ok(int64_t K, int64_t V, int64_t C) { return K % 16 == 0 && V % 16 == 0 && C % 16 == 0; }
-// Columns of S per scan block: 32 (more blocks for the few tasks of a long
-// sequence), 16 when V is not a multiple of 32.
-inline int64_t kda_tc_tile_columns(int64_t V) { return V % 32 == 0 ? 32 : 16; }
+// Columns of S per scan block: `wanted` (16 or 32) when it divides V, else 32
+// (more blocks for the few tasks of a long sequence than 64), 16 when V is not a
+// multiple of 32.
+inline int64_t kda_tc_tile_columns(int64_t V, int64_t wanted = 0) {
+  if (wanted > 0 && V % wanted == 0) return wanted;
+  return V % 32 == 0 ? 32 : 16;
+}
 
 // f32 elements of `sh` for the bodies below.
 inline int64_t kda_tc_scan_shared_elements(int64_t K, int64_t C, int64_t BV) { return (K + C) * BV; }

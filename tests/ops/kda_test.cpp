@@ -404,15 +404,21 @@ TEST_CASE("kda: CUDA matches CPU, both modes, forward and every gradient", "[ops
   }
   // The chunked form on tensor cores (TF32 products, ops/kda_tc.h) for f32 and bf16:
   // shapes with K, V multiples of 16 (V = 48: tiles of 16 columns).
+  // Column tiles of 32 and 16 (set_kda_tensor_core_columns) where V allows.
   cuda::set_kda_tensor_cores(true);
   struct Restore {
-    ~Restore() { cuda::set_kda_tensor_cores(false); }
+    ~Restore() {
+      cuda::set_kda_tensor_cores(false);
+      cuda::set_kda_tensor_core_columns(0);
+    }
   } restore;
   for (Case c : {Case{2, 70, 2, 4, 32, 16}, Case{1, 100, 2, 2, 128, 128}, Case{1, 129, 1, 1, 16, 48}}) {
     Inputs tc = make_inputs(c.B, c.T, c.H, c.HV, c.K, c.V, Decay::lower_bound, true, 72);
     for (DType dtype : {DType::f32, DType::bf16})
       for (int64_t chunk : {int64_t{16}, int64_t{64}}) {
-        INFO(fmt::format("tensor cores {} {} chunk {}", tc.v.shape(), dtype, chunk));
+        const int columns = chunk == 16 ? 16 : 0;
+        cuda::set_kda_tensor_core_columns(columns);
+        INFO(fmt::format("tensor cores {} {} chunk {} columns {}", tc.v.shape(), dtype, chunk, columns));
         const double scale = 1.0 / std::sqrt(static_cast<double>(c.K));
         moetrain::testing::check_cuda_matches_cpu(
             [&](const Tensors& x) {
