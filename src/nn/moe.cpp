@@ -11,6 +11,7 @@
 
 #include "autograd/grad_mode.h"
 #include "backend/cpu/parallel.h"
+#include "core/dispatch.h"
 #include "comm/collectives.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
@@ -54,42 +55,48 @@ std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, in
     const Tensor host = experts.to(kCpu);
     return std::vector<int64_t>(host.data<int64_t>(), host.data<int64_t>() + N * k);
   }
-  const Tensor s64 = scores.to(DType::f64).contiguous(), b64 = bias.to(DType::f64).contiguous();
-  const double *s = s64.data<double>(), *b = b64.data<double>();
+  // f32/f64 scores are read in place (widened per element), others (bf16) widened first.
+  const bool native = scores.dtype() == DType::f32 || scores.dtype() == DType::f64;
+  const Tensor sc = native ? scores.contiguous() : scores.to(DType::f64), b64 = bias.to(DType::f64).contiguous();
+  const double* b = b64.data<double>();
   const int64_t G = E / n_group;
   std::vector<int64_t> out(static_cast<size_t>(N * k));
   // Rows are independent: chunks of rows in parallel, each with its own buffers.
-  cpu::parallel_for(N, 64, [&](int64_t lo, int64_t hi) {
-    std::vector<double> c(static_cast<size_t>(E));
-    std::vector<int64_t> idx(static_cast<size_t>(E)), groups(static_cast<size_t>(n_group)), kept;
-    std::vector<double> group_score(static_cast<size_t>(n_group));
-    // a before b: larger value, then lower index; NaN ranks first (never silently skipped).
-    auto before = [&](int64_t i, int64_t j) { return simt::ranks_first(c[i], i, c[j], j); };
-    for (int64_t n = lo; n < hi; ++n) {
-      for (int64_t e = 0; e < E; ++e) c[e] = s[n * E + e] + b[e];
-      std::iota(idx.begin(), idx.end(), 0);
-      if (n_group > 1) {
-        for (int64_t g = 0; g < n_group; ++g) {  // sum of the two first biased scores of the group
-          auto first = idx.begin() + g * G, last = first + G;
-          const int64_t top = std::min<int64_t>(2, G);
-          std::partial_sort(first, first + top, last, before);
-          group_score[g] = 0;
-          for (int64_t i = 0; i < top; ++i) group_score[g] += c[first[i]];
+  dispatch_float(sc.dtype(), "select_experts", [&](auto tag) {
+    using S = decltype(tag);
+    const S* s = sc.data<S>();
+    cpu::parallel_for(N, 64, [&](int64_t lo, int64_t hi) {
+      std::vector<double> c(static_cast<size_t>(E));
+      std::vector<int64_t> idx(static_cast<size_t>(E)), groups(static_cast<size_t>(n_group)), kept;
+      std::vector<double> group_score(static_cast<size_t>(n_group));
+      // a before b: larger value, then lower index; NaN ranks first (never silently skipped).
+      auto before = [&](int64_t i, int64_t j) { return simt::ranks_first(c[i], i, c[j], j); };
+      for (int64_t n = lo; n < hi; ++n) {
+        for (int64_t e = 0; e < E; ++e) c[e] = static_cast<double>(s[n * E + e]) + b[e];
+        std::iota(idx.begin(), idx.end(), 0);
+        if (n_group > 1) {
+          for (int64_t g = 0; g < n_group; ++g) {  // sum of the two first biased scores of the group
+            auto first = idx.begin() + g * G, last = first + G;
+            const int64_t top = std::min<int64_t>(2, G);
+            std::partial_sort(first, first + top, last, before);
+            group_score[g] = 0;
+            for (int64_t i = 0; i < top; ++i) group_score[g] += c[first[i]];
+          }
+          std::iota(groups.begin(), groups.end(), 0);
+          std::partial_sort(groups.begin(), groups.begin() + topk_group, groups.end(), [&](int64_t x, int64_t y) {
+            return simt::ranks_first(group_score[x], x, group_score[y], y);
+          });
+          kept.clear();
+          for (int64_t i = 0; i < topk_group; ++i)
+            for (int64_t e = groups[i] * G; e < (groups[i] + 1) * G; ++e) kept.push_back(e);
+          std::partial_sort(kept.begin(), kept.begin() + k, kept.end(), before);
+          std::copy(kept.begin(), kept.begin() + k, out.begin() + n * k);
+        } else {
+          std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
+          std::copy(idx.begin(), idx.begin() + k, out.begin() + n * k);
         }
-        std::iota(groups.begin(), groups.end(), 0);
-        std::partial_sort(groups.begin(), groups.begin() + topk_group, groups.end(), [&](int64_t x, int64_t y) {
-          return simt::ranks_first(group_score[x], x, group_score[y], y);
-        });
-        kept.clear();
-        for (int64_t i = 0; i < topk_group; ++i)
-          for (int64_t e = groups[i] * G; e < (groups[i] + 1) * G; ++e) kept.push_back(e);
-        std::partial_sort(kept.begin(), kept.begin() + k, kept.end(), before);
-        std::copy(kept.begin(), kept.begin() + k, out.begin() + n * k);
-      } else {
-        std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
-        std::copy(idx.begin(), idx.begin() + k, out.begin() + n * k);
       }
-    }
+    });
   });
   return out;
 }
