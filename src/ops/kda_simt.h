@@ -434,43 +434,41 @@ MT_HOST_DEVICE void kda_chunk_prepare(const Block& blk, const KdaChunkArgs<T, A>
   const double* gamma_C = gamma + (rows - 1) * K;
   if constexpr (!std::is_void_v<Mma>) {
     // Row tile r: (I + N) X = X + N X, N strictly lower (columns < r + 16).
-    const int warps = threads / 32;
-    const int64_t w_tiles = (C / 16) * (K / 16), tiles = w_tiles + (C / 16) * (V / 16);
     blk.each_warp([&](int w) {
-      for (int64_t t = w; t < tiles; t += warps) {
-        const bool is_w = t < w_tiles;
-        const int64_t D = is_w ? K : V, u = is_w ? t : t - w_tiles, r = u / (D / 16) * 16, c = u % (D / 16) * 16;
-        const A* X = is_w ? Kd : Vb;
-        typename Mma::Acc acc;
-        Mma::load_acc(acc, X + r * D + c, D);
-        tile_mma<Mma>(acc, N + r * C, C, X + c, D, 0, r + 16);
-        Mma::store_acc((is_w ? W : U) + r * D + c, acc, D);
-      }
+      auto times_m = [&](const A* X, int64_t D, A* out) {
+        return [=](int64_t r, int64_t c) {
+          typename Mma::Acc acc;
+          Mma::load_acc(acc, X + r * D + c, D);
+          tile_mma<Mma>(acc, N + r * C, C, X + c, D, 0, r + 16);
+          Mma::store_acc(out + r * D + c, acc, D);
+        };
+      };
+      const int64_t next = warp_tiles(w, threads / 32, C, K, times_m(Kd, K, W));
+      warp_tiles(w, threads / 32, C, V, times_m(Vb, V, U), next);
     });
   }
   blk.each([&](int tid) {
     for (int64_t e = tid; e < C * K; e += threads) {
       const int64_t i = e / K, d = e % K;
-      A w = 0, qd = 0;
-      if (i < rows) {
-        if constexpr (std::is_void_v<Mma>)
-          for (int64_t j = 0; j <= i; ++j) w += (j == i ? A(1) : N[i * C + j]) * Kd[j * K + d];
-        qd = a.scale * static_cast<A>(q[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[i * K + d]));
-      }
-      if constexpr (std::is_void_v<Mma>) W[e] = w;
-      Qd[e] = qd;
+      Qd[e] = i < rows ? a.scale * static_cast<A>(q[i * qk_stride + d]) * exp_a(static_cast<A>(gamma[e])) : A(0);
     }
-    if constexpr (std::is_void_v<Mma>)
+    if constexpr (std::is_void_v<Mma>) {
+      for (int64_t e = tid; e < C * K; e += threads) {
+        const int64_t i = e / K, d = e % K;
+        A w = 0;
+        if (i < rows)
+          for (int64_t j = 0; j <= i; ++j) w += (j == i ? A(1) : N[i * C + j]) * Kd[j * K + d];
+        W[e] = w;
+      }
       for (int64_t e = tid; e < C * V; e += threads) {
         const int64_t i = e / V, c = e % V;
         A u = 0;
         if (i < rows)
-          for (int64_t j = 0; j <= i; ++j) {
-            const A m = j == i ? A(1) : N[i * C + j];
-            u += m * beta[j] * static_cast<A>(v[j * v_stride + c]);
-          }
+          for (int64_t j = 0; j <= i; ++j)
+            u += (j == i ? A(1) : N[i * C + j]) * beta[j] * static_cast<A>(v[j * v_stride + c]);
         U[e] = u;
       }
+    }
     for (int64_t d = tid; d < K; d += threads) decay[d] = exp_a(static_cast<A>(gamma_C[d]));
   });
   // K ⊙ e^{γ_C - γ}.
@@ -615,13 +613,12 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
     const int warps = threads / 32;
     // V^new = U - W S_n.
     blk.each_warp([&](int w) {
-      for (int64_t t = w; t < (C / 16) * (V / 16); t += warps) {
-        const int64_t r = t / (V / 16) * 16, c = t % (V / 16) * 16;
+      warp_tiles(w, warps, C, V, [&](int64_t r, int64_t c) {
         typename Mma::Acc acc;
         Mma::load_acc(acc, U + r * V + c, V);
         tile_mma<Mma>(acc, W + r * K, K, Sn + c, V, 0, K, true);
         Mma::store_acc(Vnew + r * V + c, acc, V);
-      }
+      });
     });
     // dO as f32 operands in U; W (read in the phase before) holds K ⊙ e^γ from here on.
     A* dOf = U;
@@ -632,15 +629,68 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
     });
     // dW = -dV^new S_nᵀ, dK̂ = V^new dSᵀ, dO S_nᵀ: [C, K] tiles over V.
     blk.each_warp([&](int w) {
-      const int64_t tiles = (C / 16) * (K / 16);
-      for (int64_t t = w; t < 3 * tiles; t += warps) {
-        const int64_t which = t / tiles, r = t % tiles / (K / 16) * 16, c = t % (K / 16) * 16;
-        const A* X = which == 0 ? dVnew : which == 1 ? Vnew : dOf;
-        const A* Y = which == 1 ? dSx : Sn;
+      auto times_t = [&](const A* X, const A* Y, A* out, bool negate) {
+        return [=](int64_t r, int64_t c) {
+          typename Mma::Acc acc;
+          Mma::zero(acc);
+          tile_mma<Mma, false, true>(acc, X + r * V, V, Y + c * V, V, 0, V, negate);
+          Mma::store_acc(out + r * K + c, acc, K);
+        };
+      };
+      int64_t next = warp_tiles(w, warps, C, K, times_t(dVnew, Sn, dW, true));
+      next = warp_tiles(w, warps, C, K, times_t(Vnew, dSx, dKd, false), next);
+      warp_tiles(w, warps, C, K, times_t(dOf, Sn, dOS, false), next);
+    });
+    // dA^qk = dO V^newᵀ and dTm = dW (K ⊙ e^γ)ᵀ on the lower block triangle (dO in U);
+    // what lies above the diagonal or past the chunk's rows is never read, left as is.
+    blk.each_warp([&](int w) {
+      auto lower = [&](const A* X, const A* Y, int64_t D, A* out) {
+        return [=](int64_t r, int64_t c) {
+          if (c > r) return;
+          typename Mma::Acc acc;
+          Mma::zero(acc);
+          tile_mma<Mma, false, true>(acc, X + r * D, D, Y + c * D, D, 0, D);
+          Mma::store_acc(out + r * C + c, acc, C);
+        };
+      };
+      const int64_t next = warp_tiles(w, warps, C, C, lower(U, Vnew, V, dAqk));
+      warp_tiles(w, warps, C, C, lower(dW, W, K, dTm), next);
+    });
+    // V as f32 operands in V^new (read for the last time above).
+    blk.each([&](int tid) {
+      for (int64_t e = tid; e < C * V; e += threads)
+        Vnew[e] = e / V < rows ? static_cast<A>(v[e / V * v_stride + e % V]) : A(0);
+    });
+    // dTm += dU Vᵀ; (I + N)ᵀ dU into U (dO read for the last time above) and (I + N)ᵀ dW
+    // into dKe (N[l, i] != 0 for l > i only); Diag(β) after.
+    blk.each_warp([&](int w) {
+      auto times_mt = [&](const A* X, int64_t D, A* out) {
+        return [=](int64_t r, int64_t c) {
+          typename Mma::Acc acc;
+          Mma::load_acc(acc, X + r * D + c, D);
+          tile_mma<Mma, true>(acc, N + r, C, X + c, D, r, C);
+          Mma::store_acc(out + r * D + c, acc, D);
+        };
+      };
+      int64_t next = warp_tiles(w, warps, C, C, [&](int64_t r, int64_t c) {
+        if (c > r) return;
         typename Mma::Acc acc;
-        Mma::zero(acc);
-        tile_mma<Mma, false, true>(acc, X + r * V, V, Y + c * V, V, 0, V, which == 0);
-        Mma::store_acc((which == 0 ? dW : which == 1 ? dKd : dOS) + r * K + c, acc, K);
+        Mma::load_acc(acc, dTm + r * C + c, C);
+        tile_mma<Mma, false, true>(acc, dVnew + r * V, V, Vnew + c * V, V, 0, V);
+        Mma::store_acc(dTm + r * C + c, acc, C);
+      });
+      next = warp_tiles(w, warps, C, V, times_mt(dVnew, V, U), next);
+      warp_tiles(w, warps, C, K, times_mt(dW, K, dKe), next);
+    });
+    // dβ_j through Tm = Σ_i dTm[i,j] M[i,j].
+    blk.each([&](int tid) {
+      for (int64_t e = tid; e < rows * V; e += threads)
+        a.grad_v[((b * a.Tn + t0 + e / V) * a.HV + hv) * V + e % V] = T(beta(e / V) * U[e]);
+      for (int64_t e = tid; e < rows * K; e += threads) dKe[e] *= beta(e / K);
+      for (int64_t j = tid; j < rows; j += threads) {
+        A acc = 0;
+        for (int64_t i = j; i < rows; ++i) acc += dTm[i * C + j] * M(i, j);
+        dbeta[j] = acc;
       }
     });
   } else {
@@ -669,66 +719,6 @@ MT_HOST_DEVICE void kda_chunk_grad(const Block& blk, const KdaChunkArgs<T, A>& a
         dOS[e] = os;
       }
     });
-  }
-  if constexpr (!std::is_void_v<Mma>) {
-    const int warps = threads / 32;
-    const int64_t ct = C / 16;
-    // dA^qk = dO V^newᵀ and dTm = dW (K ⊙ e^γ)ᵀ on the lower block triangle (dO in U);
-    // what lies above the diagonal or past the chunk's rows is never read, left as is.
-    blk.each_warp([&](int w) {
-      for (int64_t t = w; t < 2 * ct * ct; t += warps) {
-        const bool qk = t < ct * ct;
-        const int64_t u = qk ? t : t - ct * ct, r = u / ct * 16, c = u % ct * 16;
-        if (c > r) continue;
-        typename Mma::Acc acc;
-        Mma::zero(acc);
-        if (qk)
-          tile_mma<Mma, false, true>(acc, U + r * V, V, Vnew + c * V, V, 0, V);
-        else
-          tile_mma<Mma, false, true>(acc, dW + r * K, K, W + c * K, K, 0, K);
-        Mma::store_acc((qk ? dAqk : dTm) + r * C + c, acc, C);
-      }
-    });
-    // V as f32 operands in V^new (read for the last time above).
-    blk.each([&](int tid) {
-      for (int64_t e = tid; e < C * V; e += threads)
-        Vnew[e] = e / V < rows ? static_cast<A>(v[e / V * v_stride + e % V]) : A(0);
-    });
-    // dTm += dU Vᵀ; (I + N)ᵀ dU into U (dO read for the last time above) and (I + N)ᵀ dW
-    // into dKe (N[l, i] != 0 for l > i only); Diag(β) after.
-    blk.each_warp([&](int w) {
-      const int64_t v_tiles = ct * (V / 16), tiles = ct * ct + v_tiles + ct * (K / 16);
-      for (int64_t t = w; t < tiles; t += warps) {
-        typename Mma::Acc acc;
-        if (t < ct * ct) {
-          const int64_t r = t / ct * 16, c = t % ct * 16;
-          if (c > r) continue;
-          Mma::load_acc(acc, dTm + r * C + c, C);
-          tile_mma<Mma, false, true>(acc, dVnew + r * V, V, Vnew + c * V, V, 0, V);
-          Mma::store_acc(dTm + r * C + c, acc, C);
-          continue;
-        }
-        const bool is_v = t < ct * ct + v_tiles;
-        const int64_t D = is_v ? V : K, u = t - ct * ct - (is_v ? 0 : v_tiles), r = u / (D / 16) * 16,
-                      c = u % (D / 16) * 16;
-        const A* X = is_v ? dVnew : dW;
-        Mma::load_acc(acc, X + r * D + c, D);
-        tile_mma<Mma, true>(acc, N + r, C, X + c, D, r, C);
-        Mma::store_acc((is_v ? U : dKe) + r * D + c, acc, D);
-      }
-    });
-    // dβ_j through Tm = Σ_i dTm[i,j] M[i,j].
-    blk.each([&](int tid) {
-      for (int64_t e = tid; e < rows * V; e += threads)
-        a.grad_v[((b * a.Tn + t0 + e / V) * a.HV + hv) * V + e % V] = T(beta(e / V) * U[e]);
-      for (int64_t e = tid; e < rows * K; e += threads) dKe[e] *= beta(e / K);
-      for (int64_t j = tid; j < rows; j += threads) {
-        A acc = 0;
-        for (int64_t i = j; i < rows; ++i) acc += dTm[i * C + j] * M(i, j);
-        dbeta[j] = acc;
-      }
-    });
-  } else {
     // dA^qk = Tril(dO V^new^T); dTm = dU V^T + dW (K ⊙ e^γ)^T (lower incl. the diagonal).
     blk.each([&](int tid) {
       for (int64_t e = tid; e < C * C; e += threads) {

@@ -72,13 +72,12 @@ MT_HOST_DEVICE void kda_chunk_scan_tc(const Block& blk, const KdaChunkArgs<T, fl
     });
     // V^new = U - W S_n.
     blk.each_warp([&](int w) {
-      for (int64_t t = w; t < (C / 16) * (BV / 16); t += kKdaTcWarps) {
-        const int64_t r = t / (BV / 16) * 16, c = t % (BV / 16) * 16;
+      warp_tiles(w, kKdaTcWarps, C, BV, [&](int64_t r, int64_t c) {
         typename M::Acc acc;
         M::load_acc(acc, U + r * V + c, V);
         tile_mma<M>(acc, W + r * K, K, S + c, BV, 0, K, true);
         M::store_acc(Vn + r * BV + c, acc, BV);
-      }
+      });
     });
     blk.each([&](int tid) {
       for (int64_t e = tid; e < C * BV; e += threads) Vnew[e / BV * V + e % BV] = Vn[e];
@@ -86,13 +85,12 @@ MT_HOST_DEVICE void kda_chunk_scan_tc(const Block& blk, const KdaChunkArgs<T, fl
     });
     // S_{n+1} = Diag(e^{γ_C}) S_n + (K ⊙ e^{γ_C-γ})ᵀ V^new.
     blk.each_warp([&](int w) {
-      for (int64_t t = w; t < (K / 16) * (BV / 16); t += kKdaTcWarps) {
-        const int64_t r = t / (BV / 16) * 16, c = t % (BV / 16) * 16;
+      warp_tiles(w, kKdaTcWarps, K, BV, [&](int64_t r, int64_t c) {
         typename M::Acc acc;
         M::load_acc(acc, S + r * BV + c, BV);
         tile_mma<M, true>(acc, Kd + r, K, Vn + c, BV, 0, C);
         M::store_acc(S + r * BV + c, acc, BV);
-      }
+      });
     });
   }
   blk.each([&](int tid) {
@@ -112,14 +110,13 @@ MT_HOST_DEVICE void kda_chunk_output_tc(const Block& blk, const KdaChunkArgs<T, 
   const float *Aqk = a.Aqk + a.at(task, n, C * C), *Vnew = a.Vnew + a.at(task, n, C * V);
   float* O = sh;  // [C][V]
   blk.each_warp([&](int w) {
-    for (int64_t t = w; t < (C / 16) * (V / 16); t += kKdaTcWarps) {
-      const int64_t r = t / (V / 16) * 16, c = t % (V / 16) * 16;
+    warp_tiles(w, kKdaTcWarps, C, V, [&](int64_t r, int64_t c) {
       typename M::Acc acc;
       M::zero(acc);
       tile_mma<M>(acc, Qd + r * K, K, Sn + c, V, 0, K);
       tile_mma<M>(acc, Aqk + r * C, C, Vnew + c, V, 0, r + 16);
       M::store_acc(O + r * V + c, acc, V);
-    }
+    });
   });
   blk.each([&](int tid) {
     for (int64_t e = tid; e < rows * V; e += threads)
@@ -156,14 +153,13 @@ MT_HOST_DEVICE void kda_chunk_backward_scan_tc(const Block& blk, const KdaChunkA
     });
     // dV^new = A^qkᵀ dO + (K ⊙ e^{γ_C-γ}) dS (A^qkᵀ upper triangular: row tile r needs dO rows >= r).
     blk.each_warp([&](int w) {
-      for (int64_t t = w; t < (C / 16) * (BV / 16); t += kKdaTcWarps) {
-        const int64_t r = t / (BV / 16) * 16, c = t % (BV / 16) * 16;
+      warp_tiles(w, kKdaTcWarps, C, BV, [&](int64_t r, int64_t c) {
         typename M::Acc acc;
         M::zero(acc);
         tile_mma<M, true>(acc, Aqk + r, C, dO + c, BV, r, C);
         tile_mma<M>(acc, Kd + r * K, K, dS + c, BV, 0, K);
         M::store_acc(dV + r * BV + c, acc, BV);
-      }
+      });
     });
     blk.each([&](int tid) {
       for (int64_t e = tid; e < C * BV; e += threads) {
@@ -174,14 +170,13 @@ MT_HOST_DEVICE void kda_chunk_backward_scan_tc(const Block& blk, const KdaChunkA
     });
     // dS_n = Diag(e^{γ_C}) dS + (Q̄ ⊙ e^γ)ᵀ dO - Wᵀ dV^new.
     blk.each_warp([&](int w) {
-      for (int64_t t = w; t < (K / 16) * (BV / 16); t += kKdaTcWarps) {
-        const int64_t r = t / (BV / 16) * 16, c = t % (BV / 16) * 16;
+      warp_tiles(w, kKdaTcWarps, K, BV, [&](int64_t r, int64_t c) {
         typename M::Acc acc;
         M::load_acc(acc, dS + r * BV + c, BV);
         tile_mma<M, true>(acc, Qd + r, K, dO + c, BV, 0, C);
         tile_mma<M, true>(acc, W + r, K, dV + c, BV, 0, C);
         M::store_acc(dS + r * BV + c, acc, BV);
-      }
+      });
     });
   }
   blk.each([&](int tid) {

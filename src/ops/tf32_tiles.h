@@ -2,7 +2,8 @@
 // for the GPU and the host (ops/simt.h): DeviceTf32 is wmma (sm_80 and later),
 // HostTf32 the same products on the host, operands rounded to TF32 as the GPU's
 // conversion rounds them, so host tests see the GPU's operand rounding (not its
-// order of summation inside a tile). tile_mma runs one tile's sum over k.
+// order of summation inside a tile). tile_mma runs one tile's sum over k,
+// warp_tiles deals a product's tiles out to the warps.
 // Used by the chunked KDA bodies (kda_tc.h, kda_simt.h's kda_chunk_grad).
 #pragma once
 
@@ -159,6 +160,17 @@ MT_HOST_DEVICE void tile_mma(typename M::Acc& acc, const float* x, int64_t ldx, 
       M::load_b(b, y + kk * ldy, ldy);
     M::mma(acc, a, b);
   }
+}
+
+// f(r, c) for the 16x16 tiles (first row r, first column c) of a rows x cols
+// output that warp w of `warps` owns: round robin over the tiles in row-major
+// order, continued from `first`, so several products of one phase share it out
+// as one list. Returns first + the tile count (the next product's first).
+template <class F>
+MT_HOST_DEVICE int64_t warp_tiles(int w, int warps, int64_t rows, int64_t cols, F&& f, int64_t first = 0) {
+  const int64_t ct = cols / 16, count = rows / 16 * ct;
+  for (int64_t u = ((w - first) % warps + warps) % warps; u < count; u += warps) f(u / ct * 16, u % ct * 16);
+  return first + count;
 }
 
 }  // namespace moetrain::simt
