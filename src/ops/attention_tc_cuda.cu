@@ -68,12 +68,9 @@ void set_attention_tensor_cores(bool enabled) { g_tensor_cores.store(enabled); }
 bool attention_tensor_cores_apply(const Tensor& q, int64_t Dk, int64_t Dv) {
   if (!g_tensor_cores.load() || q.dtype() != DType::bf16) return false;
   if (Dk % 16 != 0 || Dv % 16 != 0 || Dk > simt::kTcMaxDim || Dv > simt::kTcMaxDim) return false;
-  int device = 0, major = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&device));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   const size_t need = std::max(backward_bytes(static_cast<int>(Dk), static_cast<int>(Dv), true),
                                forward_bytes(static_cast<int>(Dk), static_cast<int>(Dv)));
-  return major >= 8 && need <= static_cast<size_t>(max_shared_bytes());
+  return has_tensor_cores() && need <= static_cast<size_t>(max_shared_bytes());
 }
 
 void attention_tc_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, double scale) {

@@ -63,13 +63,19 @@ template <class A> __device__ Ranked<A> block_first(Ranked<A> r) {
   return warp_first(w);
 }
 
-// The opt-in shared memory per block of the current device, in bytes.
-inline int max_shared_bytes() {
-  int device = 0, max_bytes = 0;
+// An attribute of the current device.
+inline int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return max_bytes;
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
 }
+
+// The opt-in shared memory per block of the current device, in bytes.
+inline int max_shared_bytes() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
+
+// Whether the current device has the tensor cores of wmma's bf16 and TF32 tiles (sm_80+).
+inline bool has_tensor_cores() { return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 8; }
 
 // Launches kernel<<<grid, threads, bytes, stream>>>(args...) with `bytes` of
 // dynamic shared memory, opting in above 48 KiB; a clear error (naming the

@@ -123,15 +123,12 @@ int64_t tile_columns(int64_t V) { return simt::kda_tc_tile_columns(V, g_kda_tile
 // Whether a chunked call (f32 arithmetic) takes the tensor-core bodies.
 bool use_tensor_cores(int64_t K, int64_t V, int64_t C) {
   if (!g_kda_tensor_cores.load() || !simt::kda_tc_shape_ok(K, V, C)) return false;
-  int device = 0, major = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&device));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   const int64_t BV = tile_columns(V);
   const int64_t need = std::max({simt::kda_tc_scan_shared_elements(K, C, BV),
                                  simt::kda_tc_backward_scan_shared_elements(K, C, BV),
                                  simt::kda_tc_output_shared_elements(C, V)}) *
                        static_cast<int64_t>(sizeof(float));
-  return major >= 8 && need <= max_shared_bytes();
+  return has_tensor_cores() && need <= max_shared_bytes();
 }
 
 // Shapes, scale and input pointers of either body's arguments (g, beta may be null).
