@@ -2,12 +2,27 @@
 
 #include <string_view>
 
+#include <fmt/format.h>
+
+#include "ops/reduce.h"
+
 namespace moetrain {
 
 int64_t count_parameters(const ParameterList& params) {
   int64_t n = 0;
   for (const NamedParameter& p : params) n += p.tensor.numel();
   return n;
+}
+
+std::optional<NonFiniteTensor> find_non_finite(const ParameterList& params) {
+  for (const NamedParameter& p : params)
+    if (p.tensor.defined())
+      if (const int64_t bad = count_non_finite(p.tensor); bad > 0) return NonFiniteTensor{p.name, p.tensor.shape(), bad};
+  return std::nullopt;
+}
+
+std::string describe(const NonFiniteTensor& t) {
+  return fmt::format("{} {}: {} of {} values are NaN or infinite", t.name, t.shape, t.count, t.shape.numel());
 }
 
 bool stays_f32_in_mixed_precision(const NamedParameter& p) {

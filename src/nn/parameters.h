@@ -1,6 +1,7 @@
 // Named parameters: what optimizers, checkpoints and exporters iterate over.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,16 @@ struct NamedParameter {
 using ParameterList = std::vector<NamedParameter>;
 
 int64_t count_parameters(const ParameterList& params);
+
+// The first tensor of `params` (in order) holding a NaN or an infinity.
+struct NonFiniteTensor {
+  std::string name;
+  Shape shape;
+  int64_t count = 0;  // non-finite elements of that tensor
+};
+std::optional<NonFiniteTensor> find_non_finite(const ParameterList& params);
+// "model.layers.0.mlp.w1.weight [64, 32]: 3 of 2048 values are NaN or infinite"
+std::string describe(const NonFiniteTensor& t);
 
 // Mixed precision (train.dtype bf16): the parameters that stay f32 while the rest
 // become bf16 (MODEL_SPEC §12 "Precision"): the MoE router weight (logits, scores

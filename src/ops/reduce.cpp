@@ -96,4 +96,10 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   return max_impl(x, dim, keepdim, s).second;
 }
 
+int64_t count_non_finite(const Tensor& x) {
+  if (x.dtype() != DType::f32 && x.dtype() != DType::f64 && x.dtype() != DType::bf16) return 0;
+  if (x.is_cuda()) return cpu::count_non_finite(x.to(kCpu));
+  return cpu::count_non_finite(x);
+}
+
 }  // namespace moetrain

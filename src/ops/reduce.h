@@ -14,5 +14,8 @@ Tensor mean(const Tensor& x);
 Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);
 // Index (i64) of the first maximal element over dim; no gradient.
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+// Elements that are NaN or +-infinity (0 for integer tensors); no gradient. CUDA
+// tensors are counted on a host copy (for exports and loads, not the step).
+int64_t count_non_finite(const Tensor& x);
 
 }  // namespace moetrain

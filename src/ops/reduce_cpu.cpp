@@ -1,3 +1,4 @@
+#include <cmath>
 #include <vector>
 
 #include "backend/cpu/parallel.h"
@@ -100,6 +101,28 @@ void max_dim_backward(Tensor& grad_x, const Tensor& grad, const Tensor& indices,
       }
     });
   });
+}
+
+int64_t count_non_finite(const Tensor& x) {
+  auto count = [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    constexpr int64_t kBlock = 1 << 16;
+    const int64_t n = x.numel(), blocks = (n + kBlock - 1) / kBlock;
+    std::vector<int64_t> partial(static_cast<size_t>(blocks), 0);
+    parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b) {
+        int64_t bad = 0;
+        for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) bad += !std::isfinite(to_double(px[i]));
+        partial[static_cast<size_t>(b)] = bad;
+      }
+    });
+    int64_t total = 0;
+    for (int64_t p : partial) total += p;
+    return total;
+  };
+  if (x.dtype() == DType::bf16) return count(bf16{});
+  return dispatch_float(x.dtype(), "count_non_finite", count);
 }
 
 }  // namespace moetrain::cpu

@@ -12,6 +12,8 @@ void max_dim(Tensor& values, Tensor& indices, const Tensor& x, int64_t outer, in
 // grad_x[o, indices[o, j], j] = grad[o, j]; grad_x must be zero on entry.
 void max_dim_backward(Tensor& grad_x, const Tensor& grad, const Tensor& indices, int64_t outer, int64_t n,
                       int64_t inner);
+// NaN and +-inf elements of a floating tensor (f32, f64, bf16).
+int64_t count_non_finite(const Tensor& x);
 
 }  // namespace moetrain::cpu
 

@@ -302,3 +302,31 @@ TEST_CASE("max and argmax: CUDA matches CPU, ties and NaN included", "[ops][redu
       }
     }
 }
+
+TEST_CASE("count_non_finite counts NaN and both infinities in every float dtype, across blocks", "[ops][reduce]") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const int64_t n = (1 << 16) * 3 + 17;  // several of the CPU kernel's blocks, the last one short
+  const std::vector<int64_t> where = {0, (1 << 16) - 1, 1 << 16, n / 2, n - 1};
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    DYNAMIC_SECTION(fmt::format("{}", dt)) {
+      std::vector<double> v(static_cast<size_t>(n), 1.5);
+      CHECK(count_non_finite(from_vector(v, {n}, DType::f64).to(dt)) == 0);
+      for (size_t i = 0; i < where.size(); ++i) v[static_cast<size_t>(where[i])] = i % 3 == 0 ? nan : i % 3 == 1 ? inf : -inf;
+      v[7] = 3e38;  // large but finite in f32 and bf16
+      CHECK(count_non_finite(from_vector(v, {n}, DType::f64).to(dt)) == static_cast<int64_t>(where.size()));
+    }
+  }
+  CHECK(count_non_finite(full({4}, 3, DType::i64)) == 0);  // integers are always finite
+}
+
+TEST_CASE("find_non_finite names the first parameter with a NaN or an infinity", "[ops][reduce]") {
+  ParameterList params = {{"a", full({2, 3}, 1.0, DType::f32)}, {"b", full({4}, 2.0, DType::f32)},
+                          {"c", full({5}, 3.0, DType::f32)}};
+  CHECK(!find_non_finite(params).has_value());
+  params[2].tensor.data<float>()[1] = std::numeric_limits<float>::infinity();
+  params[1].tensor.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  params[1].tensor.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  const std::optional<NonFiniteTensor> bad = find_non_finite(params);
+  REQUIRE(bad.has_value());
+  CHECK(describe(*bad) == "b [4]: 2 of 4 values are NaN or infinite");
+}
