@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "moetrain.h"
@@ -207,7 +208,9 @@ std::string read_bytes(const std::string& path) {
 std::string metrics_history(const std::string& run_dir) {
   std::stringstream in(read_bytes(run_dir + "/metrics.jsonl"));
   std::ostringstream out;
+  static const std::regex run_id(R"(,"run":"[^"]*")");  // which run wrote a record: not the computation
   for (std::string line; std::getline(in, line);) {
+    line = std::regex_replace(line, run_id, "");
     auto cut = line.find(",\"tok_per_s\"");
     out << (cut == std::string::npos ? line : line.substr(0, cut)) << "\n";
   }

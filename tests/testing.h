@@ -93,7 +93,7 @@ inline constexpr const char* kLocalMpirun =
     "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
     "--mca btl_vader_single_copy_mechanism none -x OMP_NUM_THREADS=1 ";
 // A run's metrics.jsonl without its timing fields (everything from "tok_per_s"
-// on): what two runs of the same computation must agree on to the bit.
+// on) and run ids: what two runs of the same computation must agree on to the bit.
 std::string metrics_history(const std::string& run_dir);
 // The "loss" of every record of a run's metrics.jsonl that has one.
 std::vector<double> metrics_losses(const std::string& run_dir);

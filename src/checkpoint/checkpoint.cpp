@@ -26,10 +26,12 @@
 #include "comm/watchdog.h"
 #include "core/format.h"
 #include "core/rng.h"
+#include "core/signals.h"
 #include "data/progress.h"
 #include "io/durable.h"
 #include "io/hdf5.h"
 #include "nn/language_model.h"
+#include "ops/reduce.h"
 #include "optim/adamw.h"
 #include "train/distributed.h"
 
@@ -135,6 +137,7 @@ struct FileInfo {
 struct Manifest {
   int64_t version = 0, step = 0, world = 0, dp = 0, ep = 0, num_experts = 0;
   std::string config_sha256;
+  std::string run_id, lineage;  // "" in checkpoints written before lineages
   std::vector<FileInfo> files;
   FileInfo config;  // config.resolved.yaml
 };
@@ -157,6 +160,8 @@ Manifest read_manifest(const fs::path& dir) {
     m.ep = j.at("ep").get<int64_t>();
     m.num_experts = j.at("num_experts").get<int64_t>();
     m.config_sha256 = j.at("config_sha256").get<std::string>();
+    m.run_id = j.value("run_id", std::string());
+    m.lineage = j.value("lineage", std::string());
     auto file = [](const json& f) {
       FileInfo i;
       i.name = f.at("name").get<std::string>();
@@ -259,6 +264,16 @@ std::vector<std::pair<int64_t, fs::path>> committed(const fs::path& root, bool l
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// The lineage a checkpoint's manifest names ("" when it has none or cannot be read).
+std::pair<std::string, std::string> run_and_lineage(const fs::path& dir) {
+  try {
+    const json j = json::parse(read_text(dir / kManifest));
+    return {j.value("run_id", std::string()), j.value("lineage", std::string())};
+  } catch (const std::exception&) {
+    return {};
+  }
 }
 
 void remove_all_logged(const fs::path& p, const char* why) {
@@ -421,6 +436,15 @@ void write_rank_file(PendingSave& p, const RankFileContent& c, CheckpointKillPoi
   if (kill_at == CheckpointKillPoint::before_commit) kill_self("after writing its rank file, before COMMIT");
 }
 
+// Nothing non-finite is ever saved: the first such tensor is named before a byte is written.
+void check_finite(const RankFileContent& c, const std::string& name) {
+  for (const auto& [group, tensor_name, tensor] : c.datasets)
+    if (const int64_t bad = count_non_finite(tensor); bad > 0)
+      throw NumericalError(fmt::format("checkpoint {}: refusing to save {}/{} {}: {} of {} values are NaN or "
+                                       "infinite; the committed checkpoints are untouched", name, group, tensor_name,
+                                       tensor.shape(), bad, tensor.numel()));
+}
+
 // Collective: the file descriptions go to rank 0, which writes the manifest and
 // COMMIT and renames the directory into place; then a barrier.
 SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& config, const SaveOptions& options) {
@@ -472,6 +496,8 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
                            {"num_experts", p.experts},
                            {"dtype", p.dtype},
                            {"config_sha256", p.config_sha256},
+                           {"run_id", options.run_id},
+                           {"lineage", options.lineage},
                            {"files", files_json},
                            {"config", file_json(cfg, false)}};
     write_file_atomically(p.tmp / kManifest, manifest.dump(2) + "\n", false);
@@ -482,7 +508,7 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
     fs::path old;
     if (fs::exists(final_dir)) {  // resumed from an older step: this save replaces the later one
       old = p.root / fmt::format("{}.old.{:x}", p.name, p.nonce);
-      spdlog::warn("replacing checkpoint {} (this run resumed from an earlier step)", final_dir.string());
+      spdlog::warn("replacing checkpoint {} (saved again at the same step)", final_dir.string());
       fs::rename(final_dir, old, ec);
       if (ec) throw IoError(fmt::format("moving {} aside failed: {}", final_dir.string(), ec.message()));
     }
@@ -504,14 +530,19 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
 
 SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const AdamW& opt,
                            const TrainProgress& progress, const Config& config, const SaveOptions& options) {
+  signals::SaveGuard saving;  // stop signals wait for the save to finish
   PendingSave p = begin_save(d, run_dir, model, progress, config);
-  write_rank_file(p, rank_file_content(d, model, opt, progress, config, p, false), options.kill_at, d.root());
+  const RankFileContent content = rank_file_content(d, model, opt, progress, config, p, false);
+  check_finite(content, p.name);
+  write_rank_file(p, content, options.kill_at, d.root());
+  if (options.after_rank_file) options.after_rank_file();
   return commit_save(d, p, config, options);
 }
 
 // ---------------------------------------------------------------- CheckpointSaver
 
 struct CheckpointSaver::Job {
+  signals::SaveGuard saving;  // from the copy to the commit
   PendingSave pending;
   SaveOptions options;
   std::thread thread;
@@ -535,10 +566,12 @@ std::optional<SaveResult> CheckpointSaver::save(const LanguageModel& model, cons
   job_->options = options;
   auto content = std::make_shared<RankFileContent>(
       rank_file_content(d_, model, opt, progress, config_, job_->pending, true));
+  check_finite(*content, job_->pending.name);
   Job* job = job_.get();
   job->thread = std::thread([job, content] {
     try {
       write_rank_file(job->pending, *content, job->options.kill_at, /*report=*/false);  // beside training: quiet
+      if (job->options.after_rank_file) job->options.after_rank_file();
     } catch (...) {
       job->error = std::current_exception();
     }
@@ -568,31 +601,17 @@ std::optional<SaveResult> CheckpointSaver::finish() {
   return commit_save(d_, job->pending, config_, job->options);
 }
 
-std::string find_checkpoint(const std::string& run_dir, const Config& config, bool log) {
-  const std::string resume = config.get_string("ckpt.resume");
-  if (resume == "none" || resume.empty()) return "";
-  const fs::path root = checkpoints_dir(run_dir);
-  if (resume == "auto") {
-    auto all = committed(root, log);
-    if (all.empty()) {
-      if (log) spdlog::info("ckpt.resume = auto: no complete checkpoint in {}; starting from step 0", root.string());
-      return "";
-    }
-    return all.back().second.string();
+std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& run_dir, bool log) {
+  std::vector<CommittedCheckpoint> out;
+  for (const auto& [step, dir] : committed(checkpoints_dir(run_dir), log)) {
+    CommittedCheckpoint c;
+    c.step = step;
+    c.name = dir.filename().string();
+    c.dir = dir.string();
+    std::tie(c.run_id, c.lineage) = run_and_lineage(dir);
+    out.push_back(std::move(c));
   }
-  if (step_of(resume) < 0)
-    config.fail("ckpt.resume", "must be none, auto or a checkpoint name such as step_00000030");
-  const fs::path dir = root / resume;
-  if (!fs::is_directory(dir)) {
-    std::vector<std::string> names;
-    for (const auto& [step, p] : committed(root, false)) names.push_back(p.filename().string());
-    config.fail("ckpt.resume", fmt::format("{} does not exist (complete checkpoints: {})", dir.string(),
-                                           names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
-  }
-  if (!fs::exists(dir / kCommit))
-    config.fail("ckpt.resume", fmt::format("{} has no COMMIT: that save did not finish; choose another checkpoint",
-                                           dir.string()));
-  return dir.string();
+  return out;
 }
 
 TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, LanguageModel& model, AdamW* opt,
@@ -721,6 +740,11 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     loading.update(s.tensor.nbytes());
   }
   loading.finish();
+  for (const Slot& s : all)
+    if (const int64_t bad = count_non_finite(s.tensor); bad > 0)
+      MT_THROW("checkpoint {}: {}/{} {} holds {} NaN or infinite values of {}; it cannot be trained from: resume "
+               "from an earlier checkpoint (ckpt.resume: step_...)", dir.string(), s.group, s.param->name,
+               s.tensor.shape(), bad, s.tensor.numel());
   if (experts > 0) {  // every row of this rank's experts came from some file
     int64_t covered = 0;
     for (const FileInfo* f : expert_files) covered += std::min(hi, f->expert_end) - std::max(lo, f->expert_begin);

@@ -29,9 +29,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "data/loader.h"
@@ -60,7 +62,9 @@ enum class CheckpointKillPoint { none, before_commit, before_rename, before_late
 
 struct SaveOptions {
   int64_t keep_last = 3;
+  std::string run_id, lineage;  // written to the manifest (docs/checkpoints.md, "Lineage")
   CheckpointKillPoint kill_at = CheckpointKillPoint::none;
+  std::function<void()> after_rank_file;  // a testing aid: runs once this rank's file is written
 };
 
 struct SaveResult {
@@ -107,21 +111,28 @@ std::string checkpoints_dir(const std::string& run_dir);
 
 // Saves model, optimizer and progress as described above. Collective over d.world.
 // Throws IoError when writing fails (the .tmp directory is left for the next save
-// to delete; nothing committed is touched).
+// to delete; nothing committed is touched), and NumericalError (exit 3) naming the
+// tensor before writing anything when a tensor it would write is not finite.
 SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const AdamW& opt,
                            const TrainProgress& progress, const Config& config, const SaveOptions& options);
 
-// The checkpoint directory ckpt.resume asks for, or "" to start from scratch:
-// "none" -> ""; "auto" -> the newest step directory with COMMIT ("" when there is
-// none; .tmp directories are ignored with a log line); "step_00000030" -> that one
-// (an error when it is missing or has no COMMIT). Log lines from rank 0 only.
-std::string find_checkpoint(const std::string& run_dir, const Config& config, bool log = true);
+// A committed checkpoint of a run directory, with the lineage its manifest names
+// ("" for checkpoints written before lineages, or an unreadable manifest).
+struct CommittedCheckpoint {
+  int64_t step = 0;
+  std::string name;  // step_00000030
+  std::string dir;   // <run>/checkpoints/step_00000030
+  std::string run_id, lineage;
+};
+// The step directories of <run>/checkpoints that have COMMIT, oldest first; with
+// `log`, one line per incomplete one (.tmp directories of saves that died).
+std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& run_dir, bool log);
 
 // Loads a committed checkpoint into model and optimizer (built for this run's
 // layout) and returns the progress to continue from. Every rank reads what it
 // needs; no collective. Throws Error (exit 2) naming the file and dataset when a
-// file is corrupt or truncated, or listing every tensor whose name or shape does
-// not match the model. opt may be null (export: weights and buffers only; the
+// file is corrupt or truncated, listing every tensor whose name or shape does
+// not match the model, or naming a tensor that holds NaN or infinite values. opt may be null (export: weights and buffers only; the
 // moments in the files are then not compared).
 TrainProgress load_checkpoint(Distributed& d, const std::string& dir, LanguageModel& model, AdamW* opt,
                               const Config& config);

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/cpu/parallel.h"
+#include "core/signals.h"
 
 namespace moetrain::cli {
 
@@ -26,6 +27,9 @@ int run(int argc, char** argv) {
   add_schema_command(app, commands);
 
   CLI11_PARSE(app, argc, argv);
+  // Only training has something to save when a stop signal comes; the other
+  // commands end as any program would (a signal noted while parsing included).
+  if (!app.got_subcommand("train")) signals::restore_default_actions();
   cpu::init_threads();
   if (threads > 0) cpu::set_num_threads(threads);
   for (const Command& c : commands)

@@ -1,4 +1,6 @@
-// `moetrain train -c CONFIG [--set key=value ...] [--print-config]`
+// `moetrain train -c CONFIG [--set key=value ...] [--print-config]`. Exit code 0
+// when the run finished or SIGUSR1 stopped it with a checkpoint, kExitPreempted
+// (75) when SIGTERM/SIGINT/SIGHUP/SIGUSR2 did (core/signals.h).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -17,8 +19,8 @@ void add_train_command(CLI::App& app, Commands& commands) {
       fmt::print("{}", config.to_yaml());
       return 0;
     }
-    train(config);
-    return 0;
+    signals::throw_if_requested("while the config was read");
+    return train(config).exit_code;
   }});
 }
 

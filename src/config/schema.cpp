@@ -175,22 +175,26 @@ std::vector<KeySpec> make_schema() {
     boolean("train.profile",        "false", "time each component (mixers, MoE, AttnRes, embedding/head, optimizer, ...) from the second step on and print a table per step at the end"),
 
     // run: where a run's outputs go.
-    string ("run.dir",              "runs/default",        "directory of checkpoints, metrics.jsonl and config.resolved.yaml"),
+    string ("run.dir",              "runs/default",        "directory of checkpoints, metrics.jsonl and config.resolved.yaml; one run at a time holds it (a lock)"),
+    boolean("run.overwrite",        "false",               "with ckpt.resume none: start over in a run.dir that already holds checkpoints or metrics, deleting them (without it that is an error)"),
 
     // ckpt: checkpoints of the whole training state (docs/checkpoints.md).
     integer("ckpt.every",           "0",     at_least(0),  "save a checkpoint to <run.dir>/checkpoints every N steps (and at the last step); 0 = never"),
     integer("ckpt.keep_last",       "3",     at_least(1),  "committed checkpoints kept; older ones are deleted after a save (never the newest)"),
     boolean("ckpt.async",           "false",               "write checkpoints in a background thread (state copied first); training goes on, exit waits for it"),
-    string ("ckpt.resume",          "none",                "none | auto (the newest complete checkpoint of run.dir, if any) | step_00000030 (that one; error if it is not complete)"),
+    string ("ckpt.resume",          "none",                "none (a fresh run; run.dir must hold no earlier run unless run.overwrite) | auto (the newest complete checkpoint of this run's lineage in run.dir, if any) | step_00000030 (that one; error if it is not complete; an older one than the newest starts a new lineage)"),
 
     // dist: distributed runs.
     number ("dist.timeout_s",       "600",   at_least(0),  "watchdog: a collective or checkpoint barrier that waits longer ends the job (exit 42) naming rank, step and operation; 0 = off"),
 
     // fault: injected faults, a testing aid for the fault-handling tests (off by default).
-    choice ("fault.kind",           "none", {"none", "nan_grad", "kill", "stop", "kill_during_ckpt"}, "TESTING AID: inject a fault on rank fault.rank at step fault.step: nan_grad (NaN in one gradient), kill (SIGKILL itself), stop (SIGSTOP itself, a hang), kill_during_ckpt (SIGKILL during the checkpoint save of that step, at fault.phase)"),
+    choice ("fault.kind",           "none", {"none", "nan_grad", "kill", "stop", "kill_during_ckpt", "signal"}, "TESTING AID: inject a fault on rank fault.rank at step fault.step: nan_grad (NaN in one gradient), kill (SIGKILL itself), stop (SIGSTOP itself, a hang), kill_during_ckpt (SIGKILL during the checkpoint save of that step, at fault.phase), signal (fault.signal to itself at fault.signal_at)"),
     choice ("fault.phase",          "before_commit", {"before_commit", "before_rename", "before_latest"}, "TESTING AID: where kill_during_ckpt strikes: before COMMIT is written, between the barrier and the rename, after the rename before `latest`"),
     integer("fault.rank",           "0",     at_least(0),  "TESTING AID: the rank that gets the fault"),
     integer("fault.step",           "0",     at_least(0),  "TESTING AID: the step (1-based) at which the fault happens; 0 = never"),
+    choice ("fault.signal",         "TERM", {"TERM", "INT", "HUP", "USR1", "USR2"}, "TESTING AID: the signal of fault.kind signal"),
+    choice ("fault.signal_at",      "step", {"startup", "step", "save"}, "TESTING AID: when fault.kind signal strikes: during start-up (before step 1), at the start of step fault.step, or inside the checkpoint save of step fault.step once this rank's file is written"),
+    integer("fault.signal_count",   "1",     in(1, 10),    "TESTING AID: how many times fault.kind signal sends the signal at that point"),
   };
   // clang-format on
 }

@@ -1,12 +1,18 @@
 #include "train/metrics.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 #include "io/durable.h"
@@ -14,6 +20,7 @@
 namespace moetrain {
 
 namespace {
+
 std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
@@ -30,35 +37,92 @@ std::string json_string(const std::string& s) {
   }
   return out + "\"";
 }
-}  // namespace
 
-int64_t truncate_metrics_after(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return 0;
-  std::string kept, line;
-  int64_t dropped = 0;
-  while (std::getline(in, line)) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-        j["step"].get<int64_t>() > step) {
-      ++dropped;
-      continue;
-    }
-    kept += line + "\n";
-  }
-  in.close();
-  if (dropped == 0) return 0;
-  write_file_atomically(path, kept);
-  return dropped;
+// The "step" of a record line, or -1 (no step, or not JSON).
+int64_t step_of(const std::string& line) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) return -1;
+  return j["step"].get<int64_t>();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "a");
-  MT_CHECK(file_ != nullptr, "{}: cannot open the metrics file for appending: {}", path, std::strerror(errno));
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// One write(2) of the whole text at the end of fd; a short write is cut back off.
+void append_whole(int fd, const std::string& text, const std::string& path) {
+  struct stat st {};
+  const off_t before = ::fstat(fd, &st) == 0 ? st.st_size : -1;
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  if (n == static_cast<ssize_t>(text.size())) return;
+  const int err = n < 0 ? errno : ENOSPC;  // a short write: the disk filled up
+  if (n > 0 && before >= 0 && ::ftruncate(fd, before) != 0)
+    throw IoError(fmt::format("{}: writing a record failed ({}) and cutting off its part failed too ({})", path,
+                              std::strerror(err), std::strerror(errno)));
+  throw IoError(fmt::format("{}: writing a record failed: {} (the file ends with the last complete record)", path,
+                            std::strerror(err)));
+}
+
+}  // namespace
+
+MetricsRepair repair_metrics(const std::string& path, int64_t step, const std::string& aside_path) {
+  MetricsRepair r;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return r;
+  const std::string text = read_all(path);
+  std::string kept, dropped;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = text.find('\n', begin);
+    if (end == std::string::npos) {  // no newline: the write of this line did not finish
+      r.torn_line = true;
+      break;
+    }
+    const std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    const int64_t s = step_of(line);
+    if (s > step) {
+      ++r.dropped;
+      dropped += line + "\n";
+      continue;
+    }
+    if (s >= 0) ++r.records;
+    kept += line + "\n";
+  }
+  if (r.torn_line)
+    spdlog::warn("{}: dropped an incomplete last line ({} bytes, a write cut short by a crash)", path,
+                 text.size() - begin);
+  if (r.dropped == 0 && !r.torn_line) return r;
+  if (!dropped.empty() && !aside_path.empty()) {
+    const int fd = ::open(aside_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw IoError(fmt::format("{}: cannot open for appending: {}", aside_path, std::strerror(errno)));
+    try {
+      append_whole(fd, dropped, aside_path);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+  }
+  write_file_atomically(path, kept);
+  return r;
+}
+
+int64_t count_metrics_records(const std::string& path) {
+  std::ifstream in(path);
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) n += step_of(line) >= 0;
+  return n;
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, std::string run_id) : path_(path), run_id_(std::move(run_id)) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError(fmt::format("{}: cannot open the metrics file for appending: {}", path, std::strerror(errno)));
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (file_) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string MetricsWriter::to_json(const std::vector<std::pair<std::string, Value>>& fields) {
@@ -75,10 +139,9 @@ std::string MetricsWriter::to_json(const std::vector<std::pair<std::string, Valu
   return line + "}";
 }
 
-void MetricsWriter::write(const std::vector<std::pair<std::string, Value>>& fields) {
-  std::string line = to_json(fields) + "\n";
-  MT_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
-           "{}: writing metrics failed: {}", path_, std::strerror(errno));
+void MetricsWriter::write(std::vector<std::pair<std::string, Value>> fields) {
+  if (!run_id_.empty()) fields.emplace_back("run", run_id_);
+  append_whole(fd_, to_json(fields) + "\n", path_);
 }
 
 }  // namespace moetrain

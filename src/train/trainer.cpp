@@ -1,49 +1,34 @@
 #include "train/trainer.h"
 
 #include <sys/resource.h>
-
-#include <chrono>
-#include <cmath>
-#include <csignal>
-#include <cstdio>
 #include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
-#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "autograd/grad_mode.h"
 #include "autograd/profile.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cuda/cublas.h"
 #include "backend/cuda/runtime.h"
-#include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
 #include "core/format.h"
-#include "data/loader.h"
 #include "data/synthetic.h"
-#include "data/tokenizer.h"
 #include "nn/hybrid.h"
-#include "nn/ledger.h"
 #include "ops/elementwise.h"
 #include "ops/kda_kernels.h"
-#include "optim/adamw.h"
-#include "optim/schedule.h"
-#include "train/distributed.h"
 #include "train/eval.h"
-#include "train/fault.h"
-#include "train/metrics.h"
 #include "train/model_source.h"
 #include "train/sampling.h"
 
 namespace moetrain {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 double peak_rss_bytes() {
   rusage r{};
@@ -86,7 +71,7 @@ void report_memory(Distributed& dist, const Ledger& ledger, double baseline_rss)
 }
 
 // Parameters by component, FLOPs per token and the ledger's memory estimate per rank, before step 1.
-void report(const LanguageModel& model, const Config& config, const Ledger& ledger, int64_t tokens_per_step) {
+void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& ledger, int64_t tokens_per_step) {
   std::map<std::string, int64_t> groups;
   for (const NamedParameter& p : model.parameters()) groups[p.group] += p.tensor.numel();
   int64_t total = count_parameters(model.parameters());
@@ -95,20 +80,10 @@ void report(const LanguageModel& model, const Config& config, const Ledger& ledg
     spdlog::info("  {:<10} {:>14} parameters ({:5.1f}%)", group, with_commas(n), 100.0 * n / total);
   spdlog::info("  {:<10} {:>14} parameters{}", "total", with_commas(total),
                model.arch() == "gpt2" ? " (LM head tied to wte)" : "");
-  int64_t T = config.get_int("train.seq_len");
-  spdlog::info("  FLOPs/token {:.3g}, {:.3g} per optimizer step of {} tokens", model.flops_per_token(T),
-               model.flops_per_token(T) * tokens_per_step, with_commas(tokens_per_step));
+  spdlog::info("  FLOPs/token {:.3g}, {:.3g} per optimizer step of {} tokens", model.flops_per_token(seq_len),
+               model.flops_per_token(seq_len) * tokens_per_step, with_commas(tokens_per_step));
   spdlog::info("  memory estimate per rank (ledger): {} weights+grads+AdamW, ~{} activations per micro-batch",
                human_bytes(ledger.state_bytes_per_rank), human_bytes(ledger.activation_bytes_per_rank));
-}
-
-// fault.kind = nan_grad (a testing aid): a NaN in the first gradient of this rank.
-void inject_nan_grad(const ParameterList& params) {
-  for (const NamedParameter& p : params)
-    if (p.tensor.grad().defined()) {
-      fill_(p.tensor.grad(), std::nan(""));
-      return;
-    }
 }
 
 // A skipped step's MoE assignments do not move the router biases.
@@ -120,11 +95,6 @@ void reset_moe_stats(LanguageModel& model) {
 // Once per optimizer step, for MoE models: the aux-loss-free bias update (§9.2)
 // from this step's assignments (all micro-batches), then the load metrics per
 // layer (max/mean tokens per expert, dead experts); the statistics restart.
-struct MoeStepSummary {
-  std::vector<std::pair<std::string, MetricsWriter::Value>> fields;
-  double worst_max_over_mean = 0;
-  int64_t dead = 0, dropped = 0;
-};
 MoeStepSummary moe_step(LanguageModel& model) {
   MoeStepSummary out;
   auto* hybrid = dynamic_cast<HybridModel*>(&model);
@@ -149,83 +119,18 @@ MoeStepSummary moe_step(LanguageModel& model) {
   return out;
 }
 
-// SIGUSR1: save a checkpoint and exit cleanly at the end of the current step.
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int) { g_stop_signal = 1; }
-
-struct StopSignalHandler {
-  struct sigaction previous {};
-  StopSignalHandler() {
-    g_stop_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR1, &sa, &previous);
-  }
-  ~StopSignalHandler() { sigaction(SIGUSR1, &previous, nullptr); }
-};
-
-// Whether any rank got SIGUSR1 (mpirun forwards it to every rank, but not
-// necessarily within the same step): every rank takes the same decision.
-bool stop_requested(Distributed& dist) {
-  if (dist.size() == 1) return g_stop_signal != 0;
-  Tensor flag = full({1}, g_stop_signal != 0 ? 1 : 0, DType::i32);
-  dist.world->all_reduce_sum(flag);
-  return flag.data<int32_t>()[0] > 0;
-}
-
-CheckpointKillPoint kill_point(const std::string& phase) {
-  if (phase == "before_commit") return CheckpointKillPoint::before_commit;
-  if (phase == "before_rename") return CheckpointKillPoint::before_rename;
-  return CheckpointKillPoint::before_latest;
-}
-
-std::unique_ptr<data::DataLoader> open_loader(const Config& config, const std::string& key, data::LoaderOrder order,
-                                              int32_t vocab) {
-  std::string pattern = config.get_string(key);
-  if (pattern.empty()) return nullptr;
-  data::DataLoaderOptions o;
-  o.batch_size = config.get_int("train.batch_size");
-  o.seq_len = config.get_int("train.seq_len");
-  o.vocab_size = vocab;
-  o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
-  o.order = order;
-  try {
-    return std::make_unique<data::DataLoader>(pattern, o);
-  } catch (const Error& e) {
-    throw ConfigError(fmt::format("{}: {} = '{}': {}", config.where(key), key, pattern, e.what()));
-  }
-}
-
-// The synthetic memory task of data.synthetic (errors name the key).
-data::SyntheticOptions synthetic_options(const Config& config) {
-  data::SyntheticOptions o;
-  try {
-    o.task = data::parse_synthetic_task(config.get_string("data.synthetic"));
-  } catch (const Error& e) {
-    config.fail("data.synthetic", e.what());
-  }
-  o.num_keys = config.get_int("data.synthetic_num_keys");
-  o.num_values = config.get_int("data.synthetic_num_values");
-  o.num_pairs = config.get_int("data.synthetic_num_pairs");
-  o.num_queries = config.get_int("data.synthetic_num_queries");
-  o.num_rebinds = config.get_int("data.synthetic_num_rebinds");
-  try {
-    o.validate();
-  } catch (const ConfigError&) {
-    throw;
-  } catch (const Error& e) {
-    config.fail("data.synthetic", e.what());
-  }
-  return o;
-}
-
 // Held-out rows of a synthetic task come from Generator(train.seed + kHeldOutSeed),
 // a stream independent of the training rows' Generator(train.seed).
 constexpr uint64_t kHeldOutSeed = 1000003;
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 // Training batches from token shards or from a synthetic task.
-struct TrainStream {
+struct Trainer::Stream {
   std::unique_ptr<data::DataLoader> loader;
   std::unique_ptr<data::SyntheticStream> synthetic;
   data::Batch next() { return loader ? loader->next() : static_cast<data::Batch>(synthetic->next()); }
@@ -233,380 +138,438 @@ struct TrainStream {
   void set_state(const data::LoaderState& s) { loader ? loader->set_state(s) : synthetic->set_state(s); }
 };
 
-std::string sample_text(LanguageModel& model, const data::Tokenizer& tok, const Config& config, uint64_t seed) {
-  SamplingOptions o;
-  o.max_new_tokens = config.get_int("train.sample_tokens");
-  o.temperature = config.get_number("train.sample_temperature");
-  o.top_k = config.get_int("train.sample_top_k");
-  o.seed = seed;
-  std::vector<int32_t> prompt = tok.encode(config.get_string("train.sample_prompt"));
-  if (prompt.empty()) prompt.push_back(tok.eot_token().value_or(0));
-  return tok.decode(generate(model, prompt, o));
+Trainer::Trainer(const Config& config)
+    : config_(config),
+      train_(TrainOptions::from(config)),
+      data_(DataOptions::from(config, train_)),
+      ckpt_(CheckpointOptions::from(config)),
+      dist_(make_distributed(config)),
+      faults_(FaultPlan::from(config, dist_.rank(), dist_.size())) {
+  // Under mpirun only the root logs (warnings and errors come from every rank).
+  if (!dist_.root()) spdlog::set_level(spdlog::level::warn);
+  if (train_.cuda && !cuda::built_with_cuda())
+    config.fail("train.device", "is cuda but this moetrain was built without CUDA; rebuild with the CUDA toolkit "
+                                "(cmake -DMOETRAIN_CUDA=ON) or set train.device: cpu");
+  if (dist_.root()) run_ = std::make_unique<RunDirectory>(ckpt_.run_dir);
+  // 0: the CLI's default, cores / ranks on this node (backend/cpu/parallel.h).
+  if (train_.threads > 0) cpu::set_num_threads(static_cast<int>(train_.threads));
+  log_rank_table(dist_, cpu::num_threads());
+  faults_.at_startup();
+  signals::throw_if_requested("while the run was being set up");
+  open_data();
+  build();
+  signals::throw_if_requested("while the model was being built");
 }
 
-}  // namespace
+Trainer::~Trainer() = default;
 
-TrainSummary train(const Config& config) {
-  // Mixed precision computes bf16 on CUDA only (the CPU kernels are f32/f64).
-  const bool mixed_precision = config.get_string("train.dtype") == "bf16";
-  if (mixed_precision && config.get_string("train.device") != "cuda")
-    config.fail("train.dtype", fmt::format("is bf16 (mixed precision), which needs train.device: cuda, but "
-                                           "train.device is {}; set train.device: cuda or train.dtype: f32",
-                                           config.get_string("train.device")));
-  Distributed dist = make_distributed(config);
-  // Under mpirun only the root logs (warnings and errors come from every rank).
-  if (!dist.root()) spdlog::set_level(spdlog::level::warn);
-  const std::filesystem::path run_dir = config.get_string("run.dir");
-  if (dist.root()) {
-    std::filesystem::create_directories(run_dir);
-    config.save((run_dir / "config.resolved.yaml").string());
+void Trainer::open_data() {
+  stream_ = std::make_unique<Stream>();
+  if (data_.synthetic) {
+    stream_->synthetic = std::make_unique<data::SyntheticStream>(data_.task, train_.batch_size, train_.seed);
+    return;
   }
-  // 0: the CLI's default, cores / ranks on this node (backend/cpu/parallel.h).
-  if (int64_t threads = config.get_int("train.threads"); threads > 0) cpu::set_num_threads(static_cast<int>(threads));
-  log_rank_table(dist, cpu::num_threads());
+  tokenizer_ = data::make_tokenizer(data_.tokenizer, data_.tokenizer_dir);
+  if (data_.vocab_size < tokenizer_->vocab_size())
+    config_.fail("model.vocab_size", fmt::format("is below the {} tokenizer's {} ids; use at least {}",
+                                                 tokenizer_->name(), tokenizer_->vocab_size(), tokenizer_->vocab_size()));
+  auto open = [&](const char* key, const std::string& pattern, data::LoaderOrder order) {
+    std::unique_ptr<data::DataLoader> loader;
+    if (pattern.empty()) return loader;
+    data::DataLoaderOptions o;
+    o.batch_size = train_.batch_size;
+    o.seq_len = train_.seq_len;
+    o.vocab_size = static_cast<int32_t>(data_.vocab_size);
+    o.seed = train_.seed;
+    o.order = order;
+    try {
+      loader = std::make_unique<data::DataLoader>(pattern, o);
+    } catch (const Error& e) {
+      throw ConfigError(fmt::format("{}: {} = '{}': {}", config_.where(key), key, pattern, e.what()));
+    }
+    return loader;
+  };
+  stream_->loader = open("data.train", data_.train, data::LoaderOrder::shuffled);
+  val_loader_ = open("data.val", data_.val, data::LoaderOrder::sequential);
+}
 
-  const int64_t B = config.get_int("train.batch_size"), T = config.get_int("train.seq_len");
-  const int64_t accum = config.get_int("train.grad_accum"), max_steps = config.get_int("train.max_steps");
-  const bool synthetic = config.get_string("data.synthetic") != "none";
-  std::unique_ptr<data::Tokenizer> tokenizer;  // none for a synthetic task: its ids are not text (no samples)
-  const int64_t vocab = config.get_int("model.vocab_size");
-  if (!synthetic) {
-    tokenizer = data::make_tokenizer(config.get_string("data.tokenizer"), config.get_string("data.tokenizer_dir"));
-    if (vocab < tokenizer->vocab_size())
-      config.fail("model.vocab_size", fmt::format("is below the {} tokenizer's {} ids; use at least {}",
-                                                  tokenizer->name(), tokenizer->vocab_size(), tokenizer->vocab_size()));
-  }
-  TrainStream train_loader;
-  std::unique_ptr<data::DataLoader> val_loader;
-  data::SyntheticOptions task;
-  if (synthetic) {
-    task = synthetic_options(config);
-    if (vocab < task.vocab_size())
-      config.fail("model.vocab_size", fmt::format("is below the {} ids of data.synthetic {} (2 + keys + values); use "
-                                                  "at least {}", task.vocab_size(), synthetic_task_name(task.task),
-                                                  task.vocab_size()));
-    if (T != task.seq_len())
-      config.fail("train.seq_len", fmt::format("must be {}, the row length of data.synthetic {} with {} pairs and {} "
-                                               "queries", task.seq_len(), synthetic_task_name(task.task),
-                                               task.num_pairs, task.num_queries));
-    train_loader.synthetic =
-        std::make_unique<data::SyntheticStream>(task, B, static_cast<uint64_t>(config.get_int("train.seed")));
-  } else {
-    MT_CHECK(!config.get_string("data.train").empty(), "{}: data.train is empty; set it to the training shards, e.g. "
-             "data/shakespeare/train_*.bin (made by `moetrain prepare`)", config.where("data.train"));
-    train_loader.loader = open_loader(config, "data.train", data::LoaderOrder::shuffled, static_cast<int32_t>(vocab));
-    val_loader = open_loader(config, "data.val", data::LoaderOrder::sequential, static_cast<int32_t>(vocab));
-  }
-
-  const double baseline_rss = current_rss_bytes();
-  const Ledger ledger = make_ledger(config, {dist.grid.dp, dist.grid.ep});
-  std::unique_ptr<LanguageModel> model = build_model(config, dist.shard());
-  if (dist.grid.ep > 1) dynamic_cast<HybridModel&>(*model).set_expert_group(dist.grid.ep_group.get());
-  ParameterList& params = model->parameters();
-  if (config.get_bool("train.decay_embeddings"))
+void Trainer::build() {
+  baseline_rss_ = current_rss_bytes();
+  ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep});
+  model_ = build_model(config_, dist_.shard());
+  if (dist_.grid.ep > 1) dynamic_cast<HybridModel&>(*model_).set_expert_group(dist_.grid.ep_group.get());
+  ParameterList& params = model_->parameters();
+  if (train_.decay_embeddings)
     for (NamedParameter& p : params)
       if (p.group == "embedding") p.decay = true;
-  AdamW opt(params, {config.get_number("train.beta1"), config.get_number("train.beta2"),
-                     config.get_number("train.eps"), config.get_number("train.weight_decay")});
-  LrSchedule schedule{parse_schedule(config.get_string("train.schedule")), config.get_number("train.lr"),
-                      config.get_number("train.min_lr"), config.get_int("train.warmup_steps"), max_steps,
-                      config.get_number("train.wsd_decay_frac")};
-  const double clip = config.get_number("train.grad_clip");
-  const int64_t eval_every = config.get_int("train.eval_every"), sample_every = config.get_int("train.sample_every");
-  const int64_t log_every = config.get_int("train.log_every"), eval_batches = config.get_int("train.eval_batches");
+  opt_ = std::make_unique<AdamW>(params, train_.adamw);
+  saver_ = std::make_unique<CheckpointSaver>(dist_, ckpt_.run_dir, config_, ckpt_.async);
+  save_options_.keep_last = ckpt_.keep_last;
+  if (train_.profile) profile::reset();
+  report_start();
+}
 
-  if (synthetic)
+void Trainer::report_start() const {
+  const data::SyntheticOptions& t = data_.task;
+  if (data_.synthetic)
     spdlog::info("run {} | {} threads | synthetic {}: {} pairs, {} queries, {} keys, {} values, rows of {} tokens",
-                 run_dir.string(), cpu::num_threads(), synthetic_task_name(task.task), task.num_pairs,
-                 task.num_queries, task.num_keys, task.num_values, T + 1);
+                 ckpt_.run_dir, cpu::num_threads(), synthetic_task_name(t.task), t.num_pairs, t.num_queries,
+                 t.num_keys, t.num_values, train_.seq_len + 1);
   else
-    spdlog::info("run {} | {} threads | train data {} windows of {} tokens{}", run_dir.string(), cpu::num_threads(),
-                 train_loader.loader->num_windows(), T + 1,
-                 val_loader ? fmt::format(" | val {} windows", val_loader->num_windows()) : std::string());
-  if (dist.root()) report(*model, config, ledger, B * T * accum * dist.size());
-  std::unique_ptr<MetricsWriter> metrics;  // opened after a resume has trimmed the file
+    spdlog::info("run {} | {} threads | train data {} windows of {} tokens{}", ckpt_.run_dir, cpu::num_threads(),
+                 stream_->loader->num_windows(), train_.seq_len + 1,
+                 val_loader_ ? fmt::format(" | val {} windows", val_loader_->num_windows()) : std::string());
+  if (dist_.root()) report_model(*model_, train_.seq_len, *ledger_, train_.tokens_per_step(dist_.size()));
+}
 
-  double last_val_acc = -1;
-  auto run_eval = [&](int64_t step) {
-    if (synthetic) {  // every rank, the same held-out rows
-      const AnswerScore a = evaluate_answers(*model, task, B, eval_batches,
-                                             static_cast<uint64_t>(config.get_int("train.seed")) + kHeldOutSeed);
-      spdlog::info("step {}/{} | val loss {:.4f} | val acc {:.4f} ({} answers)", step, max_steps, a.loss, a.accuracy,
-                   a.answers);
-      if (metrics) metrics->write({{"step", step}, {"val_loss", a.loss}, {"val_acc", a.accuracy}});
-      last_val_acc = a.accuracy;
-      return a.loss;
-    }
-    if (!val_loader) return -1.0;
-    val_loader->set_state({});  // always the same windows, from the start of the data
-    double v = evaluate(*model, *val_loader, eval_batches);  // every rank, the same windows
-    spdlog::info("step {}/{} | val loss {:.4f}", step, max_steps, v);
-    if (metrics) metrics->write({{"step", step}, {"val_loss", v}});
-    return v;
-  };
-  auto run_sample = [&](int64_t step) {
-    if (!tokenizer) return;
-    std::string text = sample_text(*model, *tokenizer, config, static_cast<uint64_t>(config.get_int("train.seed")));
-    spdlog::info("sample at step {}:\n{}{}", step, config.get_string("train.sample_prompt"), text);
-  };
-
-  const bool nan_policy_abort = config.get_string("train.nan_policy") == "abort";
-  // train.profile: components timed from the second step of this run on (the first
-  // allocates its buffers); eval, samples and checkpoints are not counted.
-  const bool profiling = config.get_bool("train.profile");
-  int64_t profiled_steps = 0;
-  if (profiling) profile::reset();
-  const int64_t max_consecutive_skips = config.get_int("train.max_consecutive_skips");
-  const std::string fault_kind = config.get_string("fault.kind");
-  const bool inject = fault_kind == "nan_grad";
-  const int64_t fault_step = config.get_int("fault.step"), fault_rank = config.get_int("fault.rank");
-  if (inject) spdlog::warn("fault injection (a testing aid): NaN gradient on rank {} at step {}", fault_rank, fault_step);
-  const SignalFault signal_fault(config, dist.rank(), dist.size());  // fault.kind = kill | stop
-  const bool kill_in_save = fault_kind == "kill_during_ckpt";
-  if (kill_in_save && config.get_string("fault.phase") != "before_commit" && fault_rank != 0)
-    config.fail("fault.rank", fmt::format("fault.phase {} happens on rank 0 only; set fault.rank: 0",
-                                          config.get_string("fault.phase")));
-  if (kill_in_save)
-    spdlog::warn("fault injection (a testing aid): SIGKILL on rank {} while saving the checkpoint of step {} ({})",
-                 fault_rank, fault_step, config.get_string("fault.phase"));
-
-  // Checkpoints: resume (rank 0 chooses, every rank loads what it needs).
-  const int64_t ckpt_every = config.get_int("ckpt.every");
-  SaveOptions save_options;
-  save_options.keep_last = config.get_int("ckpt.keep_last");
-  TrainProgress progress;
-  {
-    Tensor chosen = full({1}, -1, DType::i64);
-    if (dist.root()) {
-      const std::string dir = find_checkpoint(run_dir.string(), config);
-      if (!dir.empty()) chosen.data<int64_t>()[0] = std::stoll(std::filesystem::path(dir).filename().string().substr(5));
-    }
-    if (dist.size() > 1) dist.world->broadcast(chosen, 0);
-    if (const int64_t step = chosen.data<int64_t>()[0]; step >= 0) {
-      const std::string dir = (std::filesystem::path(checkpoints_dir(run_dir.string())) / checkpoint_name(step)).string();
-      const auto t0 = Clock::now();
-      progress = load_checkpoint(dist, dir, *model, &opt, config);
-      train_loader.set_state(progress.loader);
-      spdlog::info("resumed from {} (step {}, {} tokens seen, {} skipped steps) in {:.2f} s", dir, progress.step,
-                   with_commas(progress.tokens), progress.skipped,
-                   std::chrono::duration<double>(Clock::now() - t0).count());
-      if (dist.root()) {
-        const int64_t dropped = truncate_metrics_after((run_dir / "metrics.jsonl").string(), progress.step);
-        if (dropped > 0)
-          spdlog::info("  metrics.jsonl: dropped {} records after step {} (the run that stopped wrote them)", dropped,
-                       progress.step);
-      }
-    }
+void Trainer::resume() {
+  // The root decides from the run directory; every rank loads what it needs of that checkpoint.
+  StartPlan plan;
+  Tensor chosen = full({1}, -1, DType::i64);
+  if (dist_.root()) {
+    plan = run_->plan(ckpt_, config_);
+    if (plan.from) chosen.data<int64_t>()[0] = plan.from->step;
   }
-  // train.device = cuda: parameters and moments move to the GPU after a resume
-  // has loaded them on the host; batches follow them each step.
-  Device device = kCpu;
-  if (config.get_string("train.device") == "cuda") {
-    if (!cuda::built_with_cuda())
-      config.fail("train.device", "is cuda but this moetrain was built without CUDA; rebuild with the CUDA toolkit "
-                                  "(cmake -DMOETRAIN_CUDA=ON) or set train.device: cpu");
+  if (dist_.size() > 1) dist_.world->broadcast(chosen, 0);
+  if (const int64_t step = chosen.data<int64_t>()[0]; step >= 0) {
+    const std::string dir = (std::filesystem::path(checkpoints_dir(ckpt_.run_dir)) / checkpoint_name(step)).string();
+    const auto t0 = Clock::now();
+    progress_ = load_checkpoint(dist_, dir, *model_, opt_.get(), config_);
+    stream_->set_state(progress_.loader);
+    spdlog::info("resumed from {} (step {}, {} tokens seen, {} skipped steps) in {:.2f} s", dir, progress_.step,
+                 with_commas(progress_.tokens), progress_.skipped, seconds_since(t0));
+  }
+  place_on_device();
+  // The last safe point before anything is written: every rank agrees (a signal may have reached one).
+  if (const signals::Stop stop = stop_requested(); stop != signals::Stop::none) {
+    signals::throw_if_requested("before training started");
+    throw Interrupted(fmt::format("interrupted by a stop signal on another rank before training started; nothing "
+                                  "was written (exit code {})", signals::exit_code(stop)), signals::exit_code(stop));
+  }
+  begin_run(plan);
+}
+
+// train.device = cuda: parameters and moments move to the GPU after a resume has
+// loaded them on the host; batches follow them each step.
+void Trainer::place_on_device() {
+  ParameterList& params = model_->parameters();
+  if (train_.cuda) {
     if (cuda::device_count() == 0)
-      config.fail("train.device", "is cuda but no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES), "
-                                  "or set train.device: cpu");
-    device = Device{DeviceKind::cuda, cuda::select_device(cpu::launcher_local_rank())};
-    cuda::set_allow_tf32(config.get_bool("train.tf32"));
+      config_.fail("train.device", "is cuda but no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES), "
+                                   "or set train.device: cpu");
+    device_ = Device{DeviceKind::cuda, cuda::select_device(cpu::launcher_local_rank())};
+    cuda::set_allow_tf32(train_.tf32);
     // The chunked KDA's state products on TF32 tensor cores (ops/kda_tc.h): with
     // train.tf32, and in bf16 runs, whose KDA gets f32 inputs (the layer computes
     // its gates and state in f32) and whose other products are bf16 already.
-    cuda::set_kda_tensor_cores(config.get_bool("train.tf32") || mixed_precision);
-    for (const NamedParameter& p : params) move_to_device_(p.tensor, device);
-    for (const Tensor& t : opt.exp_avg()) move_to_device_(t, device);
-    for (const Tensor& t : opt.exp_avg_sq()) move_to_device_(t, device);
-    spdlog::info("training on {} ({})", device, cuda::device_name(device.index));
+    cuda::set_kda_tensor_cores(train_.tf32 || train_.mixed_precision);
+    for (const NamedParameter& p : params) move_to_device_(p.tensor, device_);
+    for (const Tensor& t : opt_->exp_avg()) move_to_device_(t, device_);
+    for (const Tensor& t : opt_->exp_avg_sq()) move_to_device_(t, device_);
+    spdlog::info("training on {} ({})", device_, cuda::device_name(device_.index));
   }
-  if (mixed_precision) {
-    // Parameters become bf16 on the device; AdamW keeps their f32 values as master
-    // weights (what checkpoints and the exported model hold).
-    opt.convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
-    int64_t kept = 0;
-    for (const NamedParameter& p : params) kept += p.tensor.dtype() == DType::f32 ? p.tensor.numel() : 0;
-    spdlog::info("mixed precision: bf16 parameters and activations, f32 master weights and AdamW moments; {} of {} "
-                 "parameters stay f32 (router, KDA gate, conv and output norm)", with_commas(kept),
-                 with_commas(count_parameters(params)));
-  }
-  if (dist.root()) metrics = std::make_unique<MetricsWriter>((run_dir / "metrics.jsonl").string());
-  StopSignalHandler stop_signal;
-  bool stopped = false;
-  CheckpointSaver saver(dist, run_dir.string(), config, config.get_bool("ckpt.async"));
-  auto log_saved = [&](const std::optional<SaveResult>& saved) {
-    if (saved && saver.async())
-      spdlog::info("checkpoint {} committed {:.2f} s after it began (written in the background; {} in this rank's "
-                   "file)", saved->dir, saved->seconds, human_bytes(static_cast<double>(saved->bytes)));
-    else if (saved)
-      spdlog::info("checkpoint {} saved in {:.2f} s ({} in this rank's file, {:.0f} MB/s)", saved->dir,
-                   saved->seconds, human_bytes(static_cast<double>(saved->bytes)),
-                   saved->bytes / 1e6 / std::max(saved->seconds, 1e-9));
-  };
-  // End of a step (taken or skipped): a checkpoint every ckpt.every steps, at the
-  // last step and when SIGUSR1 asks to stop. Returns true to stop.
-  auto end_of_step = [&](int64_t done) {
-    const bool stop = stop_requested(dist);
-    if (saver.async()) log_saved(saver.poll());  // commits a background save once every rank wrote its file
-    if (stop) spdlog::warn("SIGUSR1: saving a checkpoint at step {} and exiting", done);
-    if (stop || (ckpt_every > 0 && (done % ckpt_every == 0 || done == max_steps))) {
-      progress.step = done;
-      progress.loader = train_loader.state();
-      SaveOptions o = save_options;
-      if (kill_in_save && done == fault_step && dist.rank() == fault_rank)
-        o.kill_at = kill_point(config.get_string("fault.phase"));
-      log_saved(saver.save(*model, opt, progress, o));
-    }
-    if (stop) log_saved(saver.finish());
-    return stop && done < max_steps;  // at the last step the run simply ends
-  };
+  if (!train_.mixed_precision) return;
+  // Parameters become bf16 on the device; AdamW keeps their f32 values as master
+  // weights (what checkpoints and the exported model hold).
+  opt_->convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
+  int64_t kept = 0;
+  for (const NamedParameter& p : params) kept += p.tensor.dtype() == DType::f32 ? p.tensor.numel() : 0;
+  spdlog::info("mixed precision: bf16 parameters and activations, f32 master weights and AdamW moments; {} of {} "
+               "parameters stay f32 (router, KDA gate, conv and output norm)", with_commas(kept),
+               with_commas(count_parameters(params)));
+}
 
-  TrainSummary summary;
-  summary.steps = progress.step;
-  auto run_start = Clock::now();
-  int64_t& tokens_seen = progress.tokens;
-  int64_t& skipped = progress.skipped;
-  int64_t& consecutive_skips = progress.consecutive_skips;
-  const int64_t tokens_at_start = progress.tokens;
-  for (int64_t step = progress.step; step < max_steps; ++step) {
-    auto t0 = Clock::now();
-    if (profiling && step > progress.step) profile::set_enabled(true);
-    comm::set_watchdog_step(step + 1);
-    signal_fault.at_step_start(step + 1);
-    double lr = schedule.at(step);
-    {
-      profile::Region region("optimizer");
-      opt.zero_grad();
-    }
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      data::Batch batch;  // this rank's share of the stream: batches rank, rank + world, ...
-      {
-        profile::Region region("data");
-        for (int r = 0; r < dist.size(); ++r) {
-          data::Batch b = train_loader.next();
-          if (r == dist.rank()) batch = std::move(b);
-        }
-      }
-      Tensor loss = model->loss(batch.inputs.to(device), batch.targets.to(device), true);
-      loss_sum += loss.item<double>();
-      // The last micro-batch's backward sums finished gradient buckets as it goes
-      // (train.overlap_grad_sync); not on a fault-injection step, whose NaN is
-      // written after backward (every rank knows the step, so all agree).
-      std::unique_ptr<autograd::GradReadyHookGuard> overlapped;
-      if (micro == accum - 1 && !(inject && fault_step == step + 1))
-        overlapped = begin_overlapped_grad_sync(dist, *model);
-      (accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(accum)) : loss).backward();
-    }
-    if (inject && fault_step == step + 1 && fault_rank == dist.rank()) inject_nan_grad(params);
-    std::optional<profile::Region> sync_region(std::in_place, "grad sync+clip");
-    double loss = mean_over_world(dist, loss_sum / static_cast<double>(accum));
-    sync_gradients(dist, *model);
-    double gnorm = clip_grad_norm(dist, *model, clip);
-    sync_region.reset();
-    // Non-finite values reach every rank through the loss mean and the gradient
-    // sums (the norm of expert shards is summed over the ep group), so every rank
-    // takes the same decision here without another collective.
-    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
-      ++skipped;
-      ++consecutive_skips;
-      const std::string what = fmt::format("step {}: loss {}, gradient norm {}", step + 1, loss, gnorm);
-      if (nan_policy_abort)
-        throw NumericalError(fmt::format("{} (train.nan_policy = abort); lower train.lr (now {}) or check the data",
-                                         what, schedule.lr));
-      if (consecutive_skips > max_consecutive_skips)
-        throw NumericalError(fmt::format("{}: {} steps in a row were not finite (train.max_consecutive_skips = {}); "
-                                         "lower train.lr (now {}) or check the data", what, consecutive_skips,
-                                         max_consecutive_skips, schedule.lr));
-      spdlog::warn("{}: step skipped on every rank (train.nan_policy = skip; {} skipped so far)", what, skipped);
-      profile::set_enabled(false);
-      opt.zero_grad();
-      reset_moe_stats(*model);
-      if (metrics) metrics->write({{"step", step + 1}, {"skipped", true}, {"skipped_steps", skipped}});
-      if (end_of_step(step + 1)) {
-        stopped = true;
-        break;
-      }
-      continue;
-    }
-    consecutive_skips = 0;
-    all_reduce_moe_stats(dist, *model);
-    const MoeStepSummary moe = moe_step(*model);
-    {
-      profile::Region region("optimizer");
-      opt.step(lr);
-    }
-    if (profile::enabled()) {
-      profile::set_enabled(false);  // what follows (logging, eval, checkpoints) is not a step's work
-      ++profiled_steps;
-    }
-    double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    tokens_seen += B * T * accum * dist.size();
-    double tok_s = static_cast<double>(B * T * accum * dist.size()) / sec;
-    summary = {step + 1, loss, summary.last_val_loss, summary.last_val_acc, tok_s};
-    if ((step + 1) % log_every == 0 || step == 0 || step + 1 == max_steps)
-      spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms{}", step + 1, max_steps,
-                   loss, lr, gnorm, with_commas(std::llround(tok_s)), sec * 1e3,
-                   moe.fields.empty() ? std::string()
-                                      : fmt::format(" | moe max/mean {:.2f}, {} dead{}", moe.worst_max_over_mean,
-                                                    moe.dead, moe.dropped ? fmt::format(", {} dropped", moe.dropped)
-                                                                          : std::string()));
-    std::vector<std::pair<std::string, MetricsWriter::Value>> record{
-        {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}, {"tok_per_s", tok_s},
-        {"step_ms", sec * 1e3}, {"tokens", tokens_seen}};
-    if (skipped > 0) record.emplace_back("skipped_steps", skipped);
-    if (device.is_cuda())  // the caching allocator's peak: what the GPU had to hold
-      record.emplace_back("gpu_peak_reserved_bytes", cuda::memory_stats(device.index).peak_reserved_bytes);
-    record.insert(record.end(), moe.fields.begin(), moe.fields.end());
-    if (metrics) metrics->write(record);
-    if (step == 0) spdlog::info("  peak memory after the first step: {}", human_bytes(peak_rss_bytes()));
-    if (step == 0 && device.is_cuda()) {
-      const cuda::MemoryStats m = cuda::memory_stats(device.index);
-      spdlog::info("  {} memory after the first step: {} peak in tensors, {} peak reserved", device,
-                   human_bytes(static_cast<double>(m.peak_allocated_bytes)),
-                   human_bytes(static_cast<double>(m.peak_reserved_bytes)));
-    }
-    bool last = step + 1 == max_steps;
-    if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) {
-      summary.last_val_loss = run_eval(step + 1);
-      summary.last_val_acc = last_val_acc;
-    }
-    if (sample_every > 0 && (step + 1) % sample_every == 0 && !last) run_sample(step + 1);
-    if (end_of_step(step + 1)) {
-      stopped = true;
-      break;
-    }
+// The root makes the start durable (run directory, resolved config) and opens the metrics.
+void Trainer::begin_run(const StartPlan& plan) {
+  if (dist_.root()) {
+    run_->begin(plan);
+    config_.save((std::filesystem::path(ckpt_.run_dir) / "config.resolved.yaml").string());
+    metrics_ = std::make_unique<MetricsWriter>(run_->metrics_path(), run_->run_id());
+    save_options_.run_id = run_->run_id();
+    save_options_.lineage = plan.lineage;
+    spdlog::info("run id {} (lineage {}{})", run_->run_id(), plan.lineage,
+                 plan.from ? ", from " + plan.from->name : std::string(", from step 0"));
   }
-  log_saved(saver.finish());  // a background save still in flight
-  double total_sec = std::chrono::duration<double>(Clock::now() - run_start).count();
-  if (max_steps > 0 && total_sec > 0)
-    summary.tokens_per_second = static_cast<double>(tokens_seen - tokens_at_start) / total_sec;
-  if (tokens_seen > tokens_at_start) report_memory(dist, ledger, baseline_rss);  // steps ran here
-  if (profiling) {
-    profile::set_enabled(false);
-    if (profiled_steps > 0)
-      spdlog::info("time per step by component (train.profile; this rank, mean of {} steps after the first):\n{}",
-                   profiled_steps, profile::format_table(profile::entries(), profiled_steps));
-    else
-      spdlog::info("train.profile: no step after the first ran here, nothing to report");
-  }
-  if (stopped) {
-    spdlog::info("stopped by SIGUSR1 after step {}; continue with ckpt.resume: auto", progress.step);
-    return summary;
-  }
-  if (sample_every > 0 || max_steps == 0) run_sample(summary.steps);
+  start_step_ = progress_.step;
+  start_tokens_ = progress_.tokens;
+  last_.step = progress_.step;
+  run_start_ = Clock::now();
+  if (progress_.step > 0 && done())
+    spdlog::info("the checkpoint is at step {}, train.max_steps: nothing left to train; the model is written from it",
+                 progress_.step);
+}
 
-  std::filesystem::path model_dir = run_dir / "model";
-  if (dist.grid.ep > 1 || mixed_precision) {
+StepResult Trainer::train_step() {
+  const auto t0 = Clock::now();
+  StepResult r;
+  r.step = progress_.step + 1;
+  // train.profile: components timed from the second step of this run on (the first
+  // allocates its buffers); eval, samples and checkpoints are not counted.
+  if (train_.profile && progress_.step > start_step_) profile::set_enabled(true);
+  comm::set_watchdog_step(r.step);
+  faults_.at_step_start(r.step);
+  r.lr = train_.schedule.at(progress_.step);
+  {
+    profile::Region region("optimizer");
+    opt_->zero_grad();
+  }
+  const double local_loss = forward_backward(r.step);
+  {
+    profile::Region region("grad sync+clip");
+    r.loss = mean_over_world(dist_, local_loss);
+    r.grad_norm = reduce_gradients();
+  }
+  // Non-finite values reach every rank through the loss mean and the gradient
+  // sums (the norm of expert shards is summed over the ep group), so every rank
+  // takes the same decision here without another collective.
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+    return skip(std::move(r), fmt::format("loss {}, gradient norm {}", r.loss, r.grad_norm));
+  progress_.consecutive_skips = 0;
+  r.moe = update(r.lr);
+  end_step(r, t0);
+  return r;
+}
+
+// Gradients summed over the ranks that share each parameter, then clipped by the
+// global norm (returned, before clipping).
+double Trainer::reduce_gradients() {
+  sync_gradients(dist_, *model_);
+  return clip_grad_norm(dist_, *model_, train_.grad_clip);
+}
+
+// The micro-batches of one step (gradient accumulation): this rank's share of the
+// stream is batches rank, rank + world, ... Returns this rank's mean loss.
+double Trainer::forward_backward(int64_t step) {
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < train_.grad_accum; ++micro) {
+    data::Batch batch;
+    {
+      profile::Region region("data");
+      for (int r = 0; r < dist_.size(); ++r) {
+        data::Batch b = stream_->next();
+        if (r == dist_.rank()) batch = std::move(b);
+      }
+    }
+    Tensor loss = model_->loss(batch.inputs.to(device_), batch.targets.to(device_), true);
+    loss_sum += loss.item<double>();
+    // The last micro-batch's backward sums finished gradient buckets as it goes
+    // (train.overlap_grad_sync); not on a fault-injection step, whose NaN is
+    // written after backward (every rank knows the step, so all agree).
+    std::unique_ptr<autograd::GradReadyHookGuard> overlapped;
+    if (micro == train_.grad_accum - 1 && !faults_.corrupts_gradients(step))
+      overlapped = begin_overlapped_grad_sync(dist_, *model_);
+    (train_.grad_accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(train_.grad_accum)) : loss).backward();
+  }
+  faults_.after_backward(step, model_->parameters());
+  return loss_sum / static_cast<double>(train_.grad_accum);
+}
+
+// train.nan_policy: a step that would not be finite changes nothing (no update, no
+// router-bias move) and is counted; a run of them, or any with abort, ends the job.
+StepResult Trainer::skip(StepResult r, std::string why) {
+  ++progress_.skipped;
+  ++progress_.consecutive_skips;
+  const std::string what = fmt::format("step {}: {}", r.step, why);
+  if (train_.abort_on_nan)
+    throw NumericalError(fmt::format("{} (train.nan_policy = abort); lower train.lr (now {}) or check the data", what,
+                                     train_.schedule.lr));
+  if (progress_.consecutive_skips > train_.max_consecutive_skips)
+    throw NumericalError(fmt::format("{}: {} steps in a row were not finite (train.max_consecutive_skips = {}); "
+                                     "lower train.lr (now {}) or check the data", what, progress_.consecutive_skips,
+                                     train_.max_consecutive_skips, train_.schedule.lr));
+  spdlog::warn("{}: step skipped on every rank (train.nan_policy = skip; {} skipped so far)", what, progress_.skipped);
+  profile::set_enabled(false);
+  opt_->zero_grad();
+  reset_moe_stats(*model_);
+  r.skipped = true;
+  r.skip_reason = std::move(why);
+  progress_.step = r.step;
+  return r;
+}
+
+// The router biases from this step's assignments (summed over the ranks), then AdamW.
+MoeStepSummary Trainer::update(double lr) {
+  all_reduce_moe_stats(dist_, *model_);
+  MoeStepSummary moe = moe_step(*model_);
+  profile::Region region("optimizer");
+  opt_->step(lr);
+  return moe;
+}
+
+void Trainer::end_step(StepResult& r, Clock::time_point t0) {
+  if (profile::enabled()) {
+    profile::set_enabled(false);  // what follows (logging, eval, checkpoints) is not a step's work
+    ++profiled_steps_;
+  }
+  r.seconds = seconds_since(t0);
+  r.tokens = train_.tokens_per_step(dist_.size());
+  progress_.tokens += r.tokens;
+  progress_.step = r.step;
+  last_ = r;
+}
+
+void Trainer::record(const StepResult& r) {
+  if (r.skipped) {
+    if (metrics_) metrics_->write({{"step", r.step}, {"skipped", true}, {"skipped_steps", progress_.skipped}});
+    return;
+  }
+  const double tok_s = static_cast<double>(r.tokens) / r.seconds;
+  if (r.step % train_.log_every == 0 || r.step == 1 || r.step == train_.max_steps)
+    spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms{}", r.step,
+                 train_.max_steps, r.loss, r.lr, r.grad_norm, with_commas(std::llround(tok_s)), r.seconds * 1e3,
+                 r.moe.fields.empty()
+                     ? std::string()
+                     : fmt::format(" | moe max/mean {:.2f}, {} dead{}", r.moe.worst_max_over_mean, r.moe.dead,
+                                   r.moe.dropped ? fmt::format(", {} dropped", r.moe.dropped) : std::string()));
+  std::vector<std::pair<std::string, MetricsWriter::Value>> record{
+      {"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"tok_per_s", tok_s},
+      {"step_ms", r.seconds * 1e3}, {"tokens", progress_.tokens}};
+  if (progress_.skipped > 0) record.emplace_back("skipped_steps", progress_.skipped);
+  if (device_.is_cuda())  // the caching allocator's peak: what the GPU had to hold
+    record.emplace_back("gpu_peak_reserved_bytes", cuda::memory_stats(device_.index).peak_reserved_bytes);
+  record.insert(record.end(), r.moe.fields.begin(), r.moe.fields.end());
+  if (metrics_) metrics_->write(record);
+  if (r.step != 1) return;
+  spdlog::info("  peak memory after the first step: {}", human_bytes(peak_rss_bytes()));
+  if (device_.is_cuda()) {
+    const cuda::MemoryStats m = cuda::memory_stats(device_.index);
+    spdlog::info("  {} memory after the first step: {} peak in tensors, {} peak reserved", device_,
+                 human_bytes(static_cast<double>(m.peak_allocated_bytes)),
+                 human_bytes(static_cast<double>(m.peak_reserved_bytes)));
+  }
+}
+
+EvalResult Trainer::evaluate() {
+  EvalResult e;
+  const int64_t step = progress_.step;
+  if (data_.synthetic) {  // every rank, the same held-out rows
+    const AnswerScore a = evaluate_answers(*model_, data_.task, train_.batch_size, train_.eval_batches,
+                                           train_.seed + kHeldOutSeed);
+    spdlog::info("step {}/{} | val loss {:.4f} | val acc {:.4f} ({} answers)", step, train_.max_steps, a.loss,
+                 a.accuracy, a.answers);
+    if (metrics_) metrics_->write({{"step", step}, {"val_loss", a.loss}, {"val_acc", a.accuracy}});
+    e = {a.loss, a.accuracy, a.answers};
+  } else if (val_loader_) {
+    val_loader_->set_state({});  // always the same windows, from the start of the data
+    e.loss = moetrain::evaluate(*model_, *val_loader_, train_.eval_batches);  // every rank, the same windows
+    spdlog::info("step {}/{} | val loss {:.4f}", step, train_.max_steps, e.loss);
+    if (metrics_) metrics_->write({{"step", step}, {"val_loss", e.loss}});
+  }
+  last_eval_ = e;
+  return e;
+}
+
+void Trainer::sample() {
+  if (!tokenizer_) return;
+  std::vector<int32_t> prompt = tokenizer_->encode(train_.sample_prompt);
+  if (prompt.empty()) prompt.push_back(tokenizer_->eot_token().value_or(0));
+  const std::string text = tokenizer_->decode(generate(*model_, prompt, train_.sample));
+  spdlog::info("sample at step {}:\n{}{}", progress_.step, train_.sample_prompt, text);
+}
+
+void Trainer::save() {
+  progress_.loader = stream_->state();
+  log_saved(saver_->save(*model_, *opt_, progress_, faults_.save_options(progress_.step, save_options_)));
+  last_saved_step_ = progress_.step;
+}
+
+void Trainer::poll_saves() {
+  if (saver_->async()) log_saved(saver_->poll());  // commits a background save once every rank wrote its file
+}
+
+void Trainer::log_saved(const std::optional<SaveResult>& saved) {
+  if (saved && saver_->async())
+    spdlog::info("checkpoint {} committed {:.2f} s after it began (written in the background; {} in this rank's "
+                 "file)", saved->dir, saved->seconds, human_bytes(static_cast<double>(saved->bytes)));
+  else if (saved)
+    spdlog::info("checkpoint {} saved in {:.2f} s ({} in this rank's file, {:.0f} MB/s)", saved->dir, saved->seconds,
+                 human_bytes(static_cast<double>(saved->bytes)), saved->bytes / 1e6 / std::max(saved->seconds, 1e-9));
+}
+
+// Which ranks were asked to stop (a signal may reach only some, or reach them in
+// different steps): every rank takes the same decision.
+signals::Stop Trainer::stop_requested() {
+  const signals::Stop mine = signals::requested();
+  if (dist_.size() == 1) return mine;
+  Tensor asked = zeros({2}, DType::i32);  // ranks asked to save and exit, ranks preempted
+  if (mine != signals::Stop::none) asked.data<int32_t>()[mine == signals::Stop::preempted ? 1 : 0] = 1;
+  dist_.world->all_reduce_sum(asked);
+  return asked.data<int32_t>()[1] > 0   ? signals::Stop::preempted
+         : asked.data<int32_t>()[0] > 0 ? signals::Stop::save_and_exit
+                                        : signals::Stop::none;
+}
+
+TrainSummary Trainer::stop(signals::Stop stop) {
+  const std::string by = signals::first_signal() ? signals::name(signals::first_signal())
+                         : stop == signals::Stop::preempted ? "a stop signal on another rank"
+                                                            : "SIGUSR1 on another rank";
+  spdlog::warn("{}: saving a checkpoint at step {} and exiting", by, progress_.step);
+  if (last_saved_step_ != progress_.step) save();
+  report_end();  // commits an asynchronous save
+  TrainSummary s = summary();
+  s.exit_code = signals::exit_code(stop);
+  spdlog::info("stopped by {} after step {}; the checkpoint is committed; continue with ckpt.resume: auto (exit code "
+               "{})", by, progress_.step, s.exit_code);
+  return s;
+}
+
+void Trainer::report_end() {
+  log_saved(saver_->finish());  // a background save still in flight
+  if (progress_.tokens > start_tokens_) report_memory(dist_, *ledger_, baseline_rss_);  // steps ran here
+  if (!train_.profile) return;
+  profile::set_enabled(false);
+  if (profiled_steps_ > 0)
+    spdlog::info("time per step by component (train.profile; this rank, mean of {} steps after the first):\n{}",
+                 profiled_steps_, profile::format_table(profile::entries(), profiled_steps_));
+  else
+    spdlog::info("train.profile: no step after the first ran here, nothing to report");
+}
+
+TrainSummary Trainer::summary() const {
+  TrainSummary s;
+  s.steps = progress_.step;
+  s.last_train_loss = last_.loss;
+  s.last_val_loss = last_eval_.loss;
+  s.last_val_acc = last_eval_.accuracy;
+  const double seconds = seconds_since(run_start_);
+  if (progress_.tokens > start_tokens_ && seconds > 0)
+    s.tokens_per_second = static_cast<double>(progress_.tokens - start_tokens_) / seconds;
+  return s;
+}
+
+TrainSummary Trainer::finish() {
+  report_end();
+  if (train_.sample_every > 0 || train_.max_steps == 0) sample();
+  const std::filesystem::path model_dir = std::filesystem::path(ckpt_.run_dir) / "model";
+  if (dist_.grid.ep > 1 || train_.mixed_precision) {
     // Collective: experts from the whole ep group; under mixed precision the f32 master weights.
-    const ParameterList state = full_state(dist, *model, mixed_precision ? &opt : nullptr);
-    if (dist.root()) export_model(*model, model_dir.string(), &state);
-  } else if (dist.root()) {
-    export_model(*model, model_dir.string());
+    const ParameterList state = full_state(dist_, *model_, train_.mixed_precision ? opt_.get() : nullptr);
+    if (dist_.root()) export_model(*model_, model_dir.string(), &state);
+  } else if (dist_.root()) {
+    export_model(*model_, model_dir.string());
   }
-  if (dist.root()) config.save((model_dir / "config.resolved.yaml").string());
-  spdlog::info("done: {} steps in {:.1f} s ({} tok/s); model written to {}", summary.steps, total_sec,
-               with_commas(std::llround(summary.tokens_per_second)), model_dir.string());
-  return summary;
+  if (dist_.root()) config_.save((model_dir / "config.resolved.yaml").string());
+  const TrainSummary s = summary();
+  spdlog::info("done: {} steps ({} in this run, {:.1f} s, {} tok/s); model written to {}", s.steps,
+               s.steps - start_step_, seconds_since(run_start_), with_commas(std::llround(s.tokens_per_second)),
+               model_dir.string());
+  return s;
+}
+
+TrainSummary train(const Config& config) {
+  Trainer trainer(config);
+  trainer.resume();
+  while (!trainer.done()) {
+    const StepResult r = trainer.train_step();
+    trainer.record(r);
+    if (!r.skipped && trainer.eval_due()) trainer.evaluate();
+    if (!r.skipped && trainer.sample_due()) trainer.sample();
+    trainer.poll_saves();
+    if (trainer.checkpoint_due()) trainer.save();
+    const signals::Stop stop = trainer.stop_requested();
+    if (stop != signals::Stop::none && !trainer.done()) return trainer.stop(stop);
+  }
+  return trainer.finish();
 }
 
 }  // namespace moetrain

@@ -17,6 +17,7 @@
 #include "ops/view.h"
 #include "optim/adamw.h"
 #include "testing.h"
+#include "train/run_dir.h"
 #include "train/distributed.h"
 #include "train/model_source.h"
 
@@ -141,6 +142,13 @@ TEST_CASE("checkpoint: a save writes the documented layout and a load restores e
   const ParameterList buffers = model->buffers();
   REQUIRE(!buffers.empty());
   CHECK(moetrain::testing::max_abs_diff(buffers[0].tensor, zeros_like(buffers[0].tensor)) > 0);
+}
+
+// The checkpoint directory a run with `config` starts from ("" for step 0).
+std::string find_checkpoint(const std::string& run, const Config& config, bool = true) {
+  RunDirectory dir(run);
+  const StartPlan plan = dir.plan(CheckpointOptions::from(config), config);
+  return plan.from ? plan.from->dir : "";
 }
 
 TEST_CASE("checkpoint: resume auto picks the newest committed step and ignores unfinished saves", "[checkpoint]") {

@@ -320,8 +320,9 @@ TEST_CASE("count_non_finite counts NaN and both infinities in every float dtype,
 }
 
 TEST_CASE("find_non_finite names the first parameter with a NaN or an infinity", "[ops][reduce]") {
-  ParameterList params = {{"a", full({2, 3}, 1.0, DType::f32)}, {"b", full({4}, 2.0, DType::f32)},
-                          {"c", full({5}, 3.0, DType::f32)}};
+  ParameterList params = {{"a", full({2, 3}, 1.0, DType::f32), true, "mlp"},
+                          {"b", full({4}, 2.0, DType::f32), true, "mlp"},
+                          {"c", full({5}, 3.0, DType::f32), true, "mlp"}};
   CHECK(!find_non_finite(params).has_value());
   params[2].tensor.data<float>()[1] = std::numeric_limits<float>::infinity();
   params[1].tensor.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
