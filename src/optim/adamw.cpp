@@ -1,6 +1,8 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <optional>
+#include <type_traits>
 
 #include "autograd/grad_mode.h"
 #include "backend/cpu/parallel.h"
@@ -11,36 +13,52 @@ namespace moetrain {
 
 namespace {
 
-// One pass over [lo, hi): decoupled decay, both moments, the update. The pointers
-// do not alias (restrict), so the loop vectorises; target_clones compiles it for
+// A gradient element in the update's arithmetic type: a bf16 gradient widened
+// to f32 (exact), else as it is.
+template <class T> inline T widen(T g) { return g; }
+inline float widen(bf16 g) { return g.to_float(); }
+
+// One pass over [lo, hi) of one parameter: adamw_element (adamw_kernels.h) for
+// each element, stored. w is the parameter (T = its dtype, G = T) or, in mixed
+// precision, its f32 master (T = float, G = bf16), whose rounding to nearest
+// even goes to the bf16 parameter w16 (unused otherwise). The pointers do not
+// alias (restrict), so the loop vectorises; target_clones compiles it for
 // AVX2 + FMA as well and picks the version by CPUID at load time. The AVX2 clone
 // contracts multiply-adds into FMAs, so results differ in the last bits between
-// CPUs with and without it (the same CPU always gives the same bits).
-template <class T>
+// CPUs with and without it (the same CPU always gives the same bits). A bf16
+// parameter's master follows an f32 parameter bit for bit: the same loop body
+// on the same (widened) gradient values.
+template <class T, class G>
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void adamw_update(
-    T* __restrict w, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t lo, int64_t hi,
-    const AdamWCoefficients& k) {
-  const T td = static_cast<T>(k.decay), tb1 = static_cast<T>(k.b1), tb2 = static_cast<T>(k.b2);
-  const T ss = static_cast<T>(k.step_size), bc = static_cast<T>(k.bc2_sqrt), eps = static_cast<T>(k.eps);
+    T* __restrict w, bf16* __restrict w16, const G* __restrict g, T* __restrict m, T* __restrict v, int64_t lo,
+    int64_t hi, const AdamWCoefficients& k) {
+  const AdamWScalars<T> c(k);
   for (int64_t j = lo; j < hi; ++j) {
-    const T gj = g[j];
-    const T mj = m[j] * tb1 + gj * (T(1) - tb1);
-    const T vj = v[j] * tb2 + gj * gj * (T(1) - tb2);
-    m[j] = mj;
-    v[j] = vj;
-    w[j] = w[j] * td - ss * mj / (std::sqrt(vj) / bc + eps);
+    const AdamWElement<T> u = adamw_element<T>(w[j], widen(g[j]), m[j], v[j], c);
+    m[j] = u.m;
+    v[j] = u.v;
+    w[j] = u.w;
+    if constexpr (std::is_same_v<G, bf16>) w16[j] = bf16::from_float(u.w);
   }
 }
 
-// Mixed precision on the host, elements [lo, hi): the bf16 gradient widened to
-// f32 in `scratch`, the f32 update of the master (the loop above, so the master
-// follows an f32 parameter bit for bit), then the bf16 parameter rounded from it.
-void adamw_update_bf16_master(bf16* __restrict w, const bf16* __restrict g, float* __restrict master,
-                              float* __restrict m, float* __restrict v, float* __restrict scratch, int64_t lo,
-                              int64_t hi, const AdamWCoefficients& k) {
-  for (int64_t j = lo; j < hi; ++j) scratch[j] = g[j].to_float();
-  adamw_update<float>(master, scratch, m, v, lo, hi, k);
-  for (int64_t j = lo; j < hi; ++j) w[j] = bf16::from_float(master[j]);
+// What step t (1-based) with learning rate lr uses for parameter p: nullopt when
+// p has no gradient (skipped), else its gradient in `grad` and the coefficients.
+// A parameter with a master (`mixed`) must have a bf16 gradient of its shape on
+// its device. step() starts here.
+std::optional<AdamWCoefficients> prepare(const NamedParameter& p, bool mixed, const AdamWOptions& o, double lr,
+                                         int64_t t, Tensor& grad) {
+  grad = p.tensor.grad();
+  if (!grad.defined()) return std::nullopt;
+  if (mixed)
+    MT_CHECK(grad.dtype() == DType::bf16 && grad.device() == p.tensor.device() && grad.shape() == p.tensor.shape(),
+             "adamw: {} is {} but its gradient is {}; expected a bf16 gradient of the same shape and device", p.name,
+             describe(p.tensor), describe(grad));
+  const double b1 = o.beta1, b2 = o.beta2;
+  const double step_size = lr / (1.0 - std::pow(b1, static_cast<double>(t)));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(t)));
+  const double decay = p.decay ? 1.0 - lr * o.weight_decay : 1.0;
+  return AdamWCoefficients{decay, b1, b2, step_size, bc2_sqrt, o.eps};
 }
 
 }  // namespace
@@ -82,48 +100,36 @@ void AdamW::round_parameters_from_master() {
 void AdamW::step(double lr) {
   NoGradGuard no_grad;
   ++step_;
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  const double step_size = lr / (1.0 - std::pow(b1, static_cast<double>(step_)));
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
   for (size_t i = 0; i < params_.size(); ++i) {
     const NamedParameter& p = params_[i];
-    Tensor g = p.tensor.grad();
-    if (!g.defined()) continue;
-    const double decay = p.decay ? 1.0 - lr * options_.weight_decay : 1.0;
+    Tensor g;
+    const std::optional<AdamWCoefficients> k = prepare(p, master_[i].defined(), options_, lr, step_, g);
+    if (!k) continue;
+    Tensor w = p.tensor;
     if (master_[i].defined()) {
-      MT_CHECK(g.dtype() == DType::bf16 && g.device() == p.tensor.device() && g.shape() == p.tensor.shape(),
-               "adamw: {} is {} but its gradient is {}; expected a bf16 gradient of the same shape and device",
-               p.name, describe(p.tensor), describe(g));
-      const AdamWCoefficients k{decay, b1, b2, step_size, bc2_sqrt, options_.eps};
-      Tensor w = p.tensor;
-      if (p.tensor.is_cuda()) {
-        cuda::adamw_update_bf16_master(w, g, master_[i], m_[i], v_[i], k);
+      if (w.is_cuda()) {
+        cuda::adamw_update_bf16_master(w, g, master_[i], m_[i], v_[i], *k);
         continue;
       }
-      Tensor scratch = empty(p.tensor.shape(), DType::f32);
       bf16* pw = w.data<bf16>();
       const bf16* pg = g.data<bf16>();
       float *pm = master_[i].data<float>(), *m = m_[i].data<float>(), *v = v_[i].data<float>();
-      float* ps = scratch.data<float>();
-      cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
-        adamw_update_bf16_master(pw, pg, pm, m, v, ps, lo, hi, k);
+      cpu::parallel_for(w.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        adamw_update<float, bf16>(pm, pw, pg, m, v, lo, hi, *k);
       });
       continue;
     }
-    if (p.tensor.is_cuda()) {
-      Tensor w = p.tensor;
-      cuda::adamw_update(w, g, m_[i], v_[i], AdamWCoefficients{decay, b1, b2, step_size, bc2_sqrt, options_.eps});
+    if (w.is_cuda()) {
+      cuda::adamw_update(w, g, m_[i], v_[i], *k);
       continue;
     }
-    dispatch_float(p.tensor.dtype(), "adamw", [&](auto tag) {
+    dispatch_float(w.dtype(), "adamw", [&](auto tag) {
       using T = decltype(tag);
-      T* w = p.tensor.data<T>();
-      const T* gr = g.data<T>();
-      T* m = m_[i].data<T>();
-      T* v = v_[i].data<T>();
-      const AdamWCoefficients k{decay, b1, b2, step_size, bc2_sqrt, options_.eps};
-      cpu::parallel_for(p.tensor.numel(), 1 << 14,
-                        [&](int64_t lo, int64_t hi) { adamw_update<T>(w, gr, m, v, lo, hi, k); });
+      T* pw = w.data<T>();
+      const T* pg = g.data<T>();
+      T *m = m_[i].data<T>(), *v = v_[i].data<T>();
+      cpu::parallel_for(w.numel(), 1 << 14,
+                        [&](int64_t lo, int64_t hi) { adamw_update<T, T>(pw, nullptr, pg, m, v, lo, hi, *k); });
     });
   }
 }

@@ -6,19 +6,16 @@ namespace moetrain::cuda {
 
 namespace {
 
-// The same order of operations as adamw.cpp's loop.
+// adamw_element (adamw_kernels.h), as adamw.cpp's loop computes it.
 template <class T>
 __global__ void adamw_kernel(T* __restrict__ w, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
                              int64_t n, AdamWCoefficients k) {
-  const T td = static_cast<T>(k.decay), tb1 = static_cast<T>(k.b1), tb2 = static_cast<T>(k.b2);
-  const T ss = static_cast<T>(k.step_size), bc = static_cast<T>(k.bc2_sqrt), eps = static_cast<T>(k.eps);
+  const AdamWScalars<T> c(k);
   MT_GRID_LOOP(j, n) {
-    const T gj = g[j];
-    const T mj = m[j] * tb1 + gj * (T(1) - tb1);
-    const T vj = v[j] * tb2 + gj * gj * (T(1) - tb2);
-    m[j] = mj;
-    v[j] = vj;
-    w[j] = w[j] * td - ss * mj / (sqrt(vj) / bc + eps);
+    const AdamWElement<T> u = adamw_element<T>(w[j], g[j], m[j], v[j], c);
+    m[j] = u.m;
+    v[j] = u.v;
+    w[j] = u.w;
   }
 }
 
@@ -27,17 +24,13 @@ __global__ void adamw_kernel(T* __restrict__ w, const T* __restrict__ g, T* __re
 __global__ void adamw_bf16_master_kernel(bf16_t* __restrict__ w, const bf16_t* __restrict__ g,
                                          float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
                                          int64_t n, AdamWCoefficients k) {
-  const float td = static_cast<float>(k.decay), tb1 = static_cast<float>(k.b1), tb2 = static_cast<float>(k.b2);
-  const float ss = static_cast<float>(k.step_size), bc = static_cast<float>(k.bc2_sqrt), eps = static_cast<float>(k.eps);
+  const AdamWScalars<float> c(k);
   MT_GRID_LOOP(j, n) {
-    const float gj = load(g, j);
-    const float mj = m[j] * tb1 + gj * (1.0f - tb1);
-    const float vj = v[j] * tb2 + gj * gj * (1.0f - tb2);
-    m[j] = mj;
-    v[j] = vj;
-    const float wj = master[j] * td - ss * mj / (sqrt(vj) / bc + eps);
-    master[j] = wj;
-    store(w, j, wj);
+    const AdamWElement<float> u = adamw_element<float>(master[j], load(g, j), m[j], v[j], c);
+    m[j] = u.m;
+    v[j] = u.v;
+    master[j] = u.w;
+    store(w, j, u.w);
   }
 }
 

@@ -1,16 +1,55 @@
 // The CUDA twins of AdamW's loops (adamw_cuda.cu): the fused update (decay,
 // both moments and the step in one pass over each parameter) and the pieces of
 // gradient clipping. The CPU versions are the loops in adamw.cpp.
+// adamw_element below is the arithmetic of one element, written once for both
+// backends.
 #pragma once
+
+#include <cmath>
 
 #include "backend/cuda/runtime.h"
 #include "core/tensor.h"
+#include "ops/simt.h"  // MT_HOST_DEVICE
 
 namespace moetrain {
 
 struct AdamWCoefficients {
   double decay, b1, b2, step_size, bc2_sqrt, eps;
 };
+
+// The coefficients in the arithmetic type T (the parameter's dtype; f32 for a
+// bf16 parameter's master), converted once per loop.
+template <class T> struct AdamWScalars {
+  T decay, b1, b2, step_size, bc2_sqrt, eps;
+  MT_HOST_DEVICE explicit AdamWScalars(const AdamWCoefficients& k)
+      : decay(static_cast<T>(k.decay)), b1(static_cast<T>(k.b1)), b2(static_cast<T>(k.b2)),
+        step_size(static_cast<T>(k.step_size)), bc2_sqrt(static_cast<T>(k.bc2_sqrt)), eps(static_cast<T>(k.eps)) {}
+};
+
+#if defined(__CUDACC__)
+#define MT_ADAMW_INLINE __forceinline__
+#else
+#define MT_ADAMW_INLINE inline __attribute__((always_inline))
+#endif
+
+template <class T> struct AdamWElement {
+  T w, m, v;  // the new parameter (or master), first and second moment
+};
+
+// One element: decoupled decay, both moments, the step, in PyTorch's order
+// (adamw.h). Inlined into every loop that calls it, so each compiles it alike
+// (on the CPU: the same target clone, the same multiply-add contraction).
+template <class T>
+MT_HOST_DEVICE MT_ADAMW_INLINE AdamWElement<T> adamw_element(T w, T g, T m, T v, const AdamWScalars<T>& k) {
+  const T mj = m * k.b1 + g * (T(1) - k.b1);
+  const T vj = v * k.b2 + g * g * (T(1) - k.b2);
+#if defined(__CUDA_ARCH__)
+  const T root = sqrt(vj);
+#else
+  const T root = std::sqrt(vj);
+#endif
+  return {w * k.decay - k.step_size * mj / (root / k.bc2_sqrt + k.eps), mj, vj};
+}
 
 namespace cuda {
 // w, g, m, v of one parameter (same dtype: f32 or f64).
