@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <atomic>
 #include <cmath>
 #include <optional>
 #include <type_traits>
@@ -17,6 +18,7 @@ namespace {
 // to f32 (exact), else as it is.
 template <class T> inline T widen(T g) { return g; }
 inline float widen(bf16 g) { return g.to_float(); }
+
 
 // One pass over [lo, hi) of one parameter: adamw_element (adamw_kernels.h) for
 // each element, stored. w is the parameter (T = its dtype, G = T) or, in mixed
@@ -42,10 +44,29 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void adamw_update(
   }
 }
 
+// non_finite_update's pass over [lo, hi): the loop above with the stores
+// replaced by a count of the elements whose new w, m or v (or bf16 rounding of
+// the master) would be NaN or infinite. Same clones, same inlined element code,
+// so the count is of the values adamw_update would store.
+template <class T, class G>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) int64_t adamw_count_non_finite(
+    const T* __restrict w, const G* __restrict g, const T* __restrict m, const T* __restrict v, int64_t lo,
+    int64_t hi, const AdamWCoefficients& k) {
+  const AdamWScalars<T> c(k);
+  int64_t bad = 0;
+  for (int64_t j = lo; j < hi; ++j) {
+    const AdamWElement<T> u = adamw_element<T>(w[j], widen(g[j]), m[j], v[j], c);
+    bool finite = std::isfinite(u.w) & std::isfinite(u.m) & std::isfinite(u.v);
+    if constexpr (std::is_same_v<G, bf16>) finite &= std::isfinite(bf16::from_float(u.w).to_float());
+    bad += !finite;
+  }
+  return bad;
+}
+
 // What step t (1-based) with learning rate lr uses for parameter p: nullopt when
 // p has no gradient (skipped), else its gradient in `grad` and the coefficients.
 // A parameter with a master (`mixed`) must have a bf16 gradient of its shape on
-// its device. step() starts here.
+// its device. step() and non_finite_update() both start here.
 std::optional<AdamWCoefficients> prepare(const NamedParameter& p, bool mixed, const AdamWOptions& o, double lr,
                                          int64_t t, Tensor& grad) {
   grad = p.tensor.grad();
@@ -132,6 +153,58 @@ void AdamW::step(double lr) {
                         [&](int64_t lo, int64_t hi) { adamw_update<T, T>(pw, nullptr, pg, m, v, lo, hi, *k); });
     });
   }
+}
+
+std::optional<NonFiniteTensor> AdamW::non_finite_update(double lr) const {
+  NoGradGuard no_grad;
+  const int64_t t = step_ + 1;  // what step() will count this update as
+  std::vector<int64_t> counts(params_.size(), 0);
+  Tensor device_counts;  // [params] i64 on the CUDA device, read once at the end
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
+    Tensor g;
+    const std::optional<AdamWCoefficients> k = prepare(p, master_[i].defined(), options_, lr, t, g);
+    if (!k) continue;
+    if (p.tensor.is_cuda()) {
+      if (!device_counts.defined())
+        device_counts = zeros({static_cast<int64_t>(params_.size())}, DType::i64, p.tensor.device());
+      MT_CHECK(device_counts.device() == p.tensor.device(),
+               "adamw: parameters on {} and {}; one device per process", device_counts.device(), p.tensor.device());
+      if (master_[i].defined())
+        cuda::adamw_count_non_finite_bf16_master(device_counts, static_cast<int64_t>(i), g, master_[i], m_[i], v_[i],
+                                                 *k);
+      else
+        cuda::adamw_count_non_finite(device_counts, static_cast<int64_t>(i), p.tensor, g, m_[i], v_[i], *k);
+      continue;
+    }
+    std::atomic<int64_t> bad{0};
+    if (master_[i].defined()) {
+      const bf16* pg = g.data<bf16>();
+      const float *pm = master_[i].data<float>(), *m = m_[i].data<float>(), *v = v_[i].data<float>();
+      cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        bad += adamw_count_non_finite<float, bf16>(pm, pg, m, v, lo, hi, *k);
+      });
+    } else {
+      dispatch_float(p.tensor.dtype(), "adamw", [&](auto tag) {
+        using T = decltype(tag);
+        const T *pw = p.tensor.data<T>(), *pg = g.data<T>(), *m = m_[i].data<T>(), *v = v_[i].data<T>();
+        cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+          bad += adamw_count_non_finite<T, T>(pw, pg, m, v, lo, hi, *k);
+        });
+      });
+    }
+    counts[i] = bad.load();
+    // No CUDA parameter before this one: it is the first with a non-finite update.
+    if (counts[i] > 0 && !device_counts.defined()) return NonFiniteTensor{p.name, p.tensor.shape(), counts[i]};
+  }
+  if (device_counts.defined()) {
+    const Tensor on_host = device_counts.to(kCpu);  // the one wait for the device
+    const int64_t* c = on_host.data<int64_t>();
+    for (size_t i = 0; i < params_.size(); ++i) counts[i] += c[i];
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (counts[i] > 0) return NonFiniteTensor{params_[i].name, params_[i].tensor.shape(), counts[i]};
+  return std::nullopt;
 }
 
 void AdamW::zero_grad() {

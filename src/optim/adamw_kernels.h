@@ -1,8 +1,9 @@
 // The CUDA twins of AdamW's loops (adamw_cuda.cu): the fused update (decay,
-// both moments and the step in one pass over each parameter) and the pieces of
-// gradient clipping. The CPU versions are the loops in adamw.cpp.
-// adamw_element below is the arithmetic of one element, written once for both
-// backends.
+// both moments and the step in one pass over each parameter), its read-only
+// check (non_finite_update) and the pieces of gradient clipping. The CPU
+// versions are the loops in adamw.cpp. adamw_element below is the arithmetic of
+// one element, written once for both backends and both passes: the check
+// computes the very expressions the update stores.
 #pragma once
 
 #include <cmath>
@@ -59,6 +60,17 @@ MT_CUDA_KERNEL(void adamw_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& 
 // rounded to nearest even.
 MT_CUDA_KERNEL(void adamw_update_bf16_master(Tensor& w, const Tensor& g, Tensor& master, Tensor& m, Tensor& v,
                                              const AdamWCoefficients& k));
+// The checks of non_finite_update, writing nothing but counts: counts[index] +=
+// the elements whose update (as adamw_update would compute it) leaves the new
+// w, m or v NaN or infinite. counts: i64 on the parameter's device, so a step's
+// checks end in one device-to-host read.
+MT_CUDA_KERNEL(void adamw_count_non_finite(Tensor& counts, int64_t index, const Tensor& w, const Tensor& g,
+                                           const Tensor& m, const Tensor& v, const AdamWCoefficients& k));
+// Mixed precision (as adamw_update_bf16_master): also counts a finite master
+// whose bf16 rounding is infinite.
+MT_CUDA_KERNEL(void adamw_count_non_finite_bf16_master(Tensor& counts, int64_t index, const Tensor& g,
+                                                       const Tensor& master, const Tensor& m, const Tensor& v,
+                                                       const AdamWCoefficients& k));
 // acc[0] += sum of g^2 (acc: an f64 tensor of one element on g's device),
 // accumulated in double in a fixed order (same bits every run).
 MT_CUDA_KERNEL(void add_squared_sum(Tensor& acc, const Tensor& g));
