@@ -1,8 +1,9 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <optional>
+#include <limits>
 #include <type_traits>
 
 #include "autograd/grad_mode.h"
@@ -19,6 +20,9 @@ namespace {
 template <class T> inline T widen(T g) { return g; }
 inline float widen(bf16 g) { return g.to_float(); }
 
+// The smallest f32 whose bf16 rounding (to nearest even) is infinite: halfway
+// between bf16's largest value (2^127 * 1.9921875) and 2^128.
+const double kBf16Infinite = std::ldexp(1.99609375, 127);
 
 // One pass over [lo, hi) of one parameter: adamw_element (adamw_kernels.h) for
 // each element, stored. w is the parameter (T = its dtype, G = T) or, in mixed
@@ -59,6 +63,74 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) int64_t adamw_count_
     bool finite = std::isfinite(u.w) & std::isfinite(u.m) & std::isfinite(u.v);
     if constexpr (std::is_same_v<G, bf16>) finite &= std::isfinite(bf16::from_float(u.w).to_float());
     bad += !finite;
+  }
+  return bad;
+}
+
+// Input bounds within which an element's update is finite however it rounds,
+// so that non_finite_update can skip the exact arithmetic where every input of
+// a chunk is inside them (everywhere, in a healthy run): the two divisions and
+// the square root per element are what limits the step's speed on the CPU (a
+// check doing them all costs as much as the step). With L the dtype's largest
+// value, Lw the largest new w allowed (L, or for a bf16 master the smallest f32
+// whose bf16 rounding is infinite), u the unit roundoff, and coefficients as
+// the loops convert them to T:
+//   |w| <= Lw / (4 |decay|), |m| <= Lw eps / (4 |step_size|), |g| <= that and
+//   <= sqrt(L / 4), 0 <= v <= L / 4
+// give |m'| <= max(|m|, |g|)(1 + 3u) and v' <= max(v, g^2)(1 + 3u), both well
+// below L; the denominator sqrt(v') / bc2 + eps is >= eps (rounding is monotonic),
+// so |step| <= Lw / 4 (1 + 7u) and |w decay| <= Lw / 4 (1 + 2u), and |w'| <= Lw / 2
+// (1 + 8u) < Lw, with or without fused multiply-adds. Every limit is at most
+// L / 4, so an infinite or NaN input is never inside. `on` is false (all exact)
+// when a coefficient is not finite.
+template <class T> struct SafeInputs {
+  T w, m, g, v;
+  bool on;
+};
+template <class T> SafeInputs<T> safe_inputs(const AdamWCoefficients& k, double largest_w) {
+  const AdamWScalars<T> c(k);
+  const double quarter = static_cast<double>(std::numeric_limits<T>::max()) / 4;
+  const double decay = std::fabs(static_cast<double>(c.decay)), step = std::fabs(static_cast<double>(c.step_size));
+  const double eps = c.eps, bc = c.bc2_sqrt, b1 = c.b1, b2 = c.b2;
+  SafeInputs<T> s{};
+  s.on = std::isfinite(decay) && std::isfinite(step) && std::isfinite(b1) && std::isfinite(b2) && std::isfinite(bc) &&
+         bc > 0 && std::isfinite(eps) && eps > 0;
+  if (!s.on) return s;
+  // x / 0 is infinite, then the quarter bounds it.
+  s.w = static_cast<T>(std::min(largest_w / 4 / decay, quarter));
+  s.m = static_cast<T>(std::min(largest_w / 4 * eps / step, quarter));
+  s.g = static_cast<T>(std::min(static_cast<double>(s.m), std::sqrt(quarter)));
+  s.v = static_cast<T>(quarter);
+  return s;
+}
+
+// Whether any element of [lo, hi) has an input outside `s` (NaN included).
+template <class T, class G>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) bool any_outside(
+    const T* __restrict w, const G* __restrict g, const T* __restrict m, const T* __restrict v, int64_t lo,
+    int64_t hi, const SafeInputs<T>& s) {
+  const T sw = s.w, sm = s.m, sg = s.g, sv = s.v;
+  int outside = 0;
+  for (int64_t j = lo; j < hi; ++j) {
+    const T gj = widen(g[j]);
+    const bool inside = (std::fabs(w[j]) <= sw) & (std::fabs(m[j]) <= sm) & (std::fabs(gj) <= sg) & (v[j] >= T(0)) &
+                        (v[j] <= sv);
+    outside |= !inside;
+  }
+  return outside != 0;
+}
+
+// non_finite_update's count over [lo, hi), chunk by chunk: a chunk whose inputs
+// are all inside the safe bounds has none; any other is counted exactly.
+template <class T, class G>
+int64_t count_non_finite_updates(const T* w, const G* g, const T* m, const T* v, int64_t lo, int64_t hi,
+                                 const AdamWCoefficients& k, const SafeInputs<T>& s) {
+  constexpr int64_t kChunk = 4096;  // its inputs stay in L2 for the exact pass
+  int64_t bad = 0;
+  for (int64_t c = lo; c < hi; c += kChunk) {
+    const int64_t e = std::min(hi, c + kChunk);
+    if (s.on && !any_outside<T, G>(w, g, m, v, c, e, s)) continue;
+    bad += adamw_count_non_finite<T, G>(w, g, m, v, c, e, k);
   }
   return bad;
 }
@@ -181,15 +253,17 @@ std::optional<NonFiniteTensor> AdamW::non_finite_update(double lr) const {
     if (master_[i].defined()) {
       const bf16* pg = g.data<bf16>();
       const float *pm = master_[i].data<float>(), *m = m_[i].data<float>(), *v = v_[i].data<float>();
+      const SafeInputs<float> safe = safe_inputs<float>(*k, kBf16Infinite);
       cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
-        bad += adamw_count_non_finite<float, bf16>(pm, pg, m, v, lo, hi, *k);
+        bad += count_non_finite_updates<float, bf16>(pm, pg, m, v, lo, hi, *k, safe);
       });
     } else {
       dispatch_float(p.tensor.dtype(), "adamw", [&](auto tag) {
         using T = decltype(tag);
         const T *pw = p.tensor.data<T>(), *pg = g.data<T>(), *m = m_[i].data<T>(), *v = v_[i].data<T>();
+        const SafeInputs<T> safe = safe_inputs<T>(*k, static_cast<double>(std::numeric_limits<T>::max()));
         cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
-          bad += adamw_count_non_finite<T, T>(pw, pg, m, v, lo, hi, *k);
+          bad += count_non_finite_updates<T, T>(pw, pg, m, v, lo, hi, *k, safe);
         });
       });
     }

@@ -40,9 +40,11 @@ class AdamW {
   // writes nothing. Returns the first parameter, in order, with a new value that
   // would be NaN or infinite, and how many of its elements would be; nullopt when
   // all stay finite. Parameters without a gradient are skipped, as step() skips
-  // them. Cost: one read-only pass over parameters, gradients and moments
-  // (bench/ops_bench.cpp BM_adamw_*); on CUDA one count kernel per parameter and
-  // one device-to-host read per call.
+  // them. Cost (bench/ops_bench.cpp BM_adamw_*): one read-only pass over
+  // parameters, gradients and moments; on the CPU a chunk whose inputs are all
+  // inside bounds that make the update finite skips the arithmetic (adamw.cpp,
+  // SafeInputs), so the pass is bound by memory reads; on CUDA one count kernel
+  // per parameter and one device-to-host read per call.
   //
   // The caller's contract (the trainer): call it after the gradient checks and
   // clipping, with the lr it will pass to step(); all-reduce the verdict across
