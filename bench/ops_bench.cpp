@@ -2,17 +2,22 @@
 //   matmul (GPT-2-small shapes)      vs raw cblas_sgemm on the same buffers
 //   elementwise / norm / softmax     vs memcpy of the same bytes (GB/s)
 //   fused KDA gates (fwd + bwd)      vs the unfused ops they replace
+//   AdamW::non_finite_update         vs AdamW::step on GPT-2 small's 124M parameters
 // Run: build/moetrain_bench_ops [--benchmark_filter=...]; the ratio table is printed last.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
+#include "nn/gpt2.h"
 #include "nn/moe.h"
+#include "optim/adamw.h"
 
 using namespace moetrain;
 
@@ -147,6 +152,62 @@ void BM_select_experts(benchmark::State& st) {
   for (auto _ : st) benchmark::DoNotOptimize(select_experts(scores, bias, 16));
 }
 
+// AdamW over GPT-2 small's parameters (124M; f32, or bf16 with f32 masters,
+// arg 1), gradients N(0, 0.01): a step, the check before a step
+// (non_finite_update: a read-only pass over parameters, gradients and moments)
+// and both. Bytes per element: the f32 step reads w, g, m, v and writes w, m, v
+// (28), the check only reads (16); with bf16 masters the gradient is bf16 and the
+// step also writes the bf16 parameter (28 again), the check reads 14. One model
+// at a time (2 GB of state), kept across the cases of its dtype.
+struct AdamWCase {
+  bool mixed = false;
+  std::unique_ptr<Gpt2> model;
+  std::unique_ptr<AdamW> opt;
+};
+AdamW& adamw_case(bool mixed) {
+  static AdamWCase c;
+  if (c.opt && c.mixed == mixed) return *c.opt;
+  c.opt.reset();
+  c.model.reset();
+  c.mixed = mixed;
+  c.model = std::make_unique<Gpt2>(Gpt2Config{}, 1);
+  c.opt = std::make_unique<AdamW>(c.model->parameters(), AdamWOptions{});
+  if (mixed) c.opt->convert_to_bf16([](const NamedParameter&) { return true; });
+  uint64_t seed = 100;
+  for (const NamedParameter& p : c.model->parameters())
+    p.tensor.set_grad(mul_scalar(randn(p.tensor.shape(), DType::f32, seed++), 0.01).to(p.tensor.dtype()));
+  c.opt->step(1e-4);  // moments no longer zero
+  return *c.opt;
+}
+constexpr double kAdamWLr = 1e-4;
+void BM_adamw_step(benchmark::State& st) {
+  AdamW& opt = adamw_case(st.range(0) == 1);
+  for (auto _ : st) opt.step(kAdamWLr);
+}
+void BM_adamw_check(benchmark::State& st) {
+  AdamW& opt = adamw_case(st.range(0) == 1);
+  for (auto _ : st) benchmark::DoNotOptimize(opt.non_finite_update(kAdamWLr));
+}
+// Also times its two halves, so that check / step comes from the same
+// iterations (steadier than two cases when other work shares the cores).
+void BM_adamw_check_then_step(benchmark::State& st) {
+  using Clock = std::chrono::steady_clock;
+  AdamW& opt = adamw_case(st.range(0) == 1);
+  double check_s = 0, step_s = 0;
+  for (auto _ : st) {
+    const auto t0 = Clock::now();
+    const bool finite = !opt.non_finite_update(kAdamWLr);
+    const auto t1 = Clock::now();
+    if (finite) opt.step(kAdamWLr);
+    check_s += std::chrono::duration<double>(t1 - t0).count();
+    step_s += std::chrono::duration<double>(Clock::now() - t1).count();
+  }
+  st.counters["check/step"] = check_s / step_s;
+}
+void adamw_args(benchmark::internal::Benchmark* b) {
+  b->ArgName("bf16")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+}
+
 void gemm_args(benchmark::internal::Benchmark* b) {
   for (const auto& s : kGemmShapes) b->Args(s);
   b->Unit(benchmark::kMillisecond)->UseRealTime()->MinWarmUpTime(0.5);
@@ -168,14 +229,26 @@ BENCHMARK(BM_fused_decay_gate)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_unfused_gated_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_fused_gated_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
 
+// Grouped by dtype, so each model is built once.
+BENCHMARK(BM_adamw_step)->Arg(0)->Apply(adamw_args);
+BENCHMARK(BM_adamw_check)->Arg(0)->Apply(adamw_args);
+BENCHMARK(BM_adamw_check_then_step)->Arg(0)->Apply(adamw_args);
+BENCHMARK(BM_adamw_step)->Arg(1)->Apply(adamw_args);
+BENCHMARK(BM_adamw_check)->Arg(1)->Apply(adamw_args);
+BENCHMARK(BM_adamw_check_then_step)->Arg(1)->Apply(adamw_args);
+
 // Console output plus a record of each run's counters, for the ratio table.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
   std::map<std::string, double> rate;  // name -> GFLOP/s or GB/s
+  std::map<std::string, double> time;  // name -> real time per iteration, in the case's unit
+  std::map<std::string, double> interleaved;  // BM_adamw_check_then_step: its halves' check / step
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
       if (r.run_type != Run::RT_Iteration) continue;
+      time[r.benchmark_name()] = r.GetAdjustedRealTime();
+      if (auto it = r.counters.find("check/step"); it != r.counters.end()) interleaved[r.benchmark_name()] = it->second;
       for (const char* key : {"GFLOP/s", "GB/s"}) {
         auto it = r.counters.find(key);
         if (it != r.counters.end()) rate[r.benchmark_name()] = it->second.value;
@@ -206,6 +279,23 @@ int main(int argc, char** argv) {
     base = it->first;
     fmt::print("  {:<36} {:8.1f} vs {:8.1f} G/s  = {:.2f}x of {}\n", name, value / 1e9, it->second / 1e9,
                value / it->second, base);
+  }
+  // The check's cost as a fraction of the step it guards, per dtype.
+  for (const char* arg : {"bf16:0", "bf16:1"}) {
+    auto find = [&](const std::string& bench) {
+      auto it = reporter.time.lower_bound(bench + "/" + arg);
+      return it != reporter.time.end() && it->first.rfind(bench + "/" + arg, 0) == 0 ? it->second : -1.0;
+    };
+    const double step = find("BM_adamw_step"), check = find("BM_adamw_check"),
+                 both = find("BM_adamw_check_then_step");
+    double halves = -1;
+    for (const auto& [name, ratio] : reporter.interleaved)
+      if (name.rfind(std::string("BM_adamw_check_then_step/") + arg, 0) == 0) halves = ratio;
+    if (step <= 0 || check <= 0) continue;
+    fmt::print("  adamw ({}) ms per call: step {:.1f}, check {:.1f}, check + step {:.1f}: check / step = {:.2f} "
+               "(within check + step: {:.2f}), (check + step) / step = {:.2f}\n",
+               arg[5] == '1' ? "bf16 + f32 masters" : "f32", step, check, both, check / step, halves,
+               both > 0 ? both / step : 0.0);
   }
   return 0;
 }

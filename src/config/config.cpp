@@ -176,10 +176,13 @@ std::optional<int64_t> parse_int(std::string_view t, bool* overflow) {
   return v;
 }
 
-std::optional<double> parse_double(std::string_view t) {
+// A number; nullopt when t is not one, or (*out_of_range set) when it is one
+// beyond what a double holds (1e400, 1e-400).
+std::optional<double> parse_double(std::string_view t, bool* out_of_range) {
   if (!t.empty() && t[0] == '+') t.remove_prefix(1);
   double v = 0;
   auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  *out_of_range = !t.empty() && ec == std::errc::result_out_of_range && end == t.data() + t.size();
   if (t.empty() || ec != std::errc() || end != t.data() + t.size()) return std::nullopt;
   return v;
 }
@@ -253,6 +256,23 @@ std::optional<std::string> range_error(const KeySpec& spec, double v) {
   return (spec.min && spec.max ? "must be in " : "must be ") + allowed_values_text(spec);
 }
 
+// Number keys reach f32 code (learning rates, epsilons, init scales): a value
+// f32 cannot hold would become infinite or, below the smallest normal f32
+// (FLT_MIN), lose its precision on the way to zero, so either is an error. The
+// test is on the value rounded to f32 (to nearest, as a cast rounds), so the
+// limits as printed (3.4028235e38 for FLT_MAX, 1.1754944e-38 for FLT_MIN) pass:
+// |v| below 2^128 - 2^103 (halfway to 2^128) and, unless 0, from halfway
+// between FLT_MIN and the largest subnormal up. 0 is f32's too; whether a key
+// allows it is its range's business.
+bool f32_holds(double v) {
+  const double a = std::fabs(v);
+  const double overflow = std::ldexp(2.0 - std::ldexp(1.0, -24), 127);  // rounds to infinity from here
+  const double normal = std::ldexp(1.0 - std::ldexp(1.0, -24), -126);   // rounds to FLT_MIN from here
+  return a == 0 || (a >= normal && a < overflow);
+}
+constexpr const char* kF32Range =
+    "outside what f32 can hold; must be 0 or of magnitude in [1.1754944e-38, 3.4028235e38]";
+
 // Parses and validates one value for `spec`. On error returns the message
 // after the location: "model.n_layer: expected an integer, got 'twelve'" or
 // "model.n_layer = 0: must be in [1, 4096]".
@@ -280,10 +300,13 @@ std::optional<std::string> parse_value(const KeySpec& spec, const Scalar& s, Con
       return std::nullopt;
     }
     case ConfigType::number: {
-      std::optional<double> v = parse_double(s.text);
+      bool out_of_range = false;
+      std::optional<double> v = parse_double(s.text, &out_of_range);
+      if (out_of_range) return fmt::format("{} = {}: {}", key, s.text, kF32Range);
       if (!v) return fmt::format("{}: expected a number, got '{}'", key, s.text);
       if (!std::isfinite(*v)) return fmt::format("{}: expected a finite number, got '{}'", key, s.text);
       if (auto e = range_error(spec, *v)) return fmt::format("{} = {}: {}", key, s.text, *e);
+      if (!f32_holds(*v)) return fmt::format("{} = {}: {}", key, s.text, kF32Range);
       out = *v;
       return std::nullopt;
     }

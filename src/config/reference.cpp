@@ -49,7 +49,9 @@ std::string config_reference_markdown() {
       "top level (`model.n_layer: 4`) or overridden on the command line (`--set model.n_layer=4`). "
       "`include: base.yaml` loads other files first (later files win key by key). Precedence, lowest first: "
       "these defaults < included files < the file < `--set`. Every run writes the resolved config to "
-      "`<run.dir>/config.resolved.yaml`. A wrong value is an error naming the file, line and key (exit 2).\n";
+      "`<run.dir>/config.resolved.yaml`. A wrong value is an error naming the file, line and key (exit 2). "
+      "Besides its range, a number must be one f32 can hold: 0 or a magnitude in [1.1754944e-38, 3.4028235e38] "
+      "(so no NaN, infinity, 1e39 or 1e-39).\n";
   std::string section;
   for (const KeySpec& spec : config_schema()) {
     const std::string sec = spec.key.substr(0, spec.key.rfind('.'));

@@ -1,6 +1,10 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include "autograd/grad_mode.h"
 #include "backend/cpu/parallel.h"
@@ -11,36 +15,143 @@ namespace moetrain {
 
 namespace {
 
-// One pass over [lo, hi): decoupled decay, both moments, the update. The pointers
-// do not alias (restrict), so the loop vectorises; target_clones compiles it for
+// A gradient element in the update's arithmetic type: a bf16 gradient widened
+// to f32 (exact), else as it is.
+template <class T> inline T widen(T g) { return g; }
+inline float widen(bf16 g) { return g.to_float(); }
+
+// The smallest f32 whose bf16 rounding (to nearest even) is infinite: halfway
+// between bf16's largest value (2^127 * 1.9921875) and 2^128.
+const double kBf16Infinite = std::ldexp(1.99609375, 127);
+
+// One pass over [lo, hi) of one parameter: adamw_element (adamw_kernels.h) for
+// each element, stored. w is the parameter (T = its dtype, G = T) or, in mixed
+// precision, its f32 master (T = float, G = bf16), whose rounding to nearest
+// even goes to the bf16 parameter w16 (unused otherwise). The pointers do not
+// alias (restrict), so the loop vectorises; target_clones compiles it for
 // AVX2 + FMA as well and picks the version by CPUID at load time. The AVX2 clone
 // contracts multiply-adds into FMAs, so results differ in the last bits between
-// CPUs with and without it (the same CPU always gives the same bits).
-template <class T>
+// CPUs with and without it (the same CPU always gives the same bits). A bf16
+// parameter's master follows an f32 parameter bit for bit: the same loop body
+// on the same (widened) gradient values.
+template <class T, class G>
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void adamw_update(
-    T* __restrict w, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t lo, int64_t hi,
-    const AdamWCoefficients& k) {
-  const T td = static_cast<T>(k.decay), tb1 = static_cast<T>(k.b1), tb2 = static_cast<T>(k.b2);
-  const T ss = static_cast<T>(k.step_size), bc = static_cast<T>(k.bc2_sqrt), eps = static_cast<T>(k.eps);
+    T* __restrict w, bf16* __restrict w16, const G* __restrict g, T* __restrict m, T* __restrict v, int64_t lo,
+    int64_t hi, const AdamWCoefficients& k) {
+  const AdamWScalars<T> c(k);
   for (int64_t j = lo; j < hi; ++j) {
-    const T gj = g[j];
-    const T mj = m[j] * tb1 + gj * (T(1) - tb1);
-    const T vj = v[j] * tb2 + gj * gj * (T(1) - tb2);
-    m[j] = mj;
-    v[j] = vj;
-    w[j] = w[j] * td - ss * mj / (std::sqrt(vj) / bc + eps);
+    const AdamWElement<T> u = adamw_element<T>(w[j], widen(g[j]), m[j], v[j], c);
+    m[j] = u.m;
+    v[j] = u.v;
+    w[j] = u.w;
+    if constexpr (std::is_same_v<G, bf16>) w16[j] = bf16::from_float(u.w);
   }
 }
 
-// Mixed precision on the host, elements [lo, hi): the bf16 gradient widened to
-// f32 in `scratch`, the f32 update of the master (the loop above, so the master
-// follows an f32 parameter bit for bit), then the bf16 parameter rounded from it.
-void adamw_update_bf16_master(bf16* __restrict w, const bf16* __restrict g, float* __restrict master,
-                              float* __restrict m, float* __restrict v, float* __restrict scratch, int64_t lo,
-                              int64_t hi, const AdamWCoefficients& k) {
-  for (int64_t j = lo; j < hi; ++j) scratch[j] = g[j].to_float();
-  adamw_update<float>(master, scratch, m, v, lo, hi, k);
-  for (int64_t j = lo; j < hi; ++j) w[j] = bf16::from_float(master[j]);
+// non_finite_update's pass over [lo, hi): the loop above with the stores
+// replaced by a count of the elements whose new w, m or v (or bf16 rounding of
+// the master) would be NaN or infinite. Same clones, same inlined element code,
+// so the count is of the values adamw_update would store.
+template <class T, class G>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) int64_t adamw_count_non_finite(
+    const T* __restrict w, const G* __restrict g, const T* __restrict m, const T* __restrict v, int64_t lo,
+    int64_t hi, const AdamWCoefficients& k) {
+  const AdamWScalars<T> c(k);
+  int64_t bad = 0;
+  for (int64_t j = lo; j < hi; ++j) {
+    const AdamWElement<T> u = adamw_element<T>(w[j], widen(g[j]), m[j], v[j], c);
+    bool finite = std::isfinite(u.w) & std::isfinite(u.m) & std::isfinite(u.v);
+    if constexpr (std::is_same_v<G, bf16>) finite &= std::isfinite(bf16::from_float(u.w).to_float());
+    bad += !finite;
+  }
+  return bad;
+}
+
+// Input bounds within which an element's update is finite however it rounds,
+// so that non_finite_update can skip the exact arithmetic where every input of
+// a chunk is inside them (everywhere, in a healthy run): the two divisions and
+// the square root per element are what limits the step's speed on the CPU (a
+// check doing them all costs as much as the step). With L the dtype's largest
+// value, Lw the largest new w allowed (L, or for a bf16 master the smallest f32
+// whose bf16 rounding is infinite), u the unit roundoff, and coefficients as
+// the loops convert them to T:
+//   |w| <= Lw / (4 |decay|), |m| <= Lw eps / (4 |step_size|), |g| <= that and
+//   <= sqrt(L / 4), 0 <= v <= L / 4
+// give |m'| <= max(|m|, |g|)(1 + 3u) and v' <= max(v, g^2)(1 + 3u), both well
+// below L; the denominator sqrt(v') / bc2 + eps is >= eps (rounding is monotonic),
+// so |step| <= Lw / 4 (1 + 7u) and |w decay| <= Lw / 4 (1 + 2u), and |w'| <= Lw / 2
+// (1 + 8u) < Lw, with or without fused multiply-adds. Every limit is at most
+// L / 4, so an infinite or NaN input is never inside. `on` is false (all exact)
+// when a coefficient is not finite.
+template <class T> struct SafeInputs {
+  T w, m, g, v;
+  bool on;
+};
+template <class T> SafeInputs<T> safe_inputs(const AdamWCoefficients& k, double largest_w) {
+  const AdamWScalars<T> c(k);
+  const double quarter = static_cast<double>(std::numeric_limits<T>::max()) / 4;
+  const double decay = std::fabs(static_cast<double>(c.decay)), step = std::fabs(static_cast<double>(c.step_size));
+  const double eps = c.eps, bc = c.bc2_sqrt, b1 = c.b1, b2 = c.b2;
+  SafeInputs<T> s{};
+  s.on = std::isfinite(decay) && std::isfinite(step) && std::isfinite(b1) && std::isfinite(b2) && std::isfinite(bc) &&
+         bc > 0 && std::isfinite(eps) && eps > 0;
+  if (!s.on) return s;
+  // x / 0 is infinite, then the quarter bounds it.
+  s.w = static_cast<T>(std::min(largest_w / 4 / decay, quarter));
+  s.m = static_cast<T>(std::min(largest_w / 4 * eps / step, quarter));
+  s.g = static_cast<T>(std::min(static_cast<double>(s.m), std::sqrt(quarter)));
+  s.v = static_cast<T>(quarter);
+  return s;
+}
+
+// Whether any element of [lo, hi) has an input outside `s` (NaN included).
+template <class T, class G>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) bool any_outside(
+    const T* __restrict w, const G* __restrict g, const T* __restrict m, const T* __restrict v, int64_t lo,
+    int64_t hi, const SafeInputs<T>& s) {
+  const T sw = s.w, sm = s.m, sg = s.g, sv = s.v;
+  int outside = 0;
+  for (int64_t j = lo; j < hi; ++j) {
+    const T gj = widen(g[j]);
+    const bool inside = (std::fabs(w[j]) <= sw) & (std::fabs(m[j]) <= sm) & (std::fabs(gj) <= sg) & (v[j] >= T(0)) &
+                        (v[j] <= sv);
+    outside |= !inside;
+  }
+  return outside != 0;
+}
+
+// non_finite_update's count over [lo, hi), chunk by chunk: a chunk whose inputs
+// are all inside the safe bounds has none; any other is counted exactly.
+template <class T, class G>
+int64_t count_non_finite_updates(const T* w, const G* g, const T* m, const T* v, int64_t lo, int64_t hi,
+                                 const AdamWCoefficients& k, const SafeInputs<T>& s) {
+  constexpr int64_t kChunk = 4096;  // its inputs stay in L2 for the exact pass
+  int64_t bad = 0;
+  for (int64_t c = lo; c < hi; c += kChunk) {
+    const int64_t e = std::min(hi, c + kChunk);
+    if (s.on && !any_outside<T, G>(w, g, m, v, c, e, s)) continue;
+    bad += adamw_count_non_finite<T, G>(w, g, m, v, c, e, k);
+  }
+  return bad;
+}
+
+// What step t (1-based) with learning rate lr uses for parameter p: nullopt when
+// p has no gradient (skipped), else its gradient in `grad` and the coefficients.
+// A parameter with a master (`mixed`) must have a bf16 gradient of its shape on
+// its device. step() and non_finite_update() both start here.
+std::optional<AdamWCoefficients> prepare(const NamedParameter& p, bool mixed, const AdamWOptions& o, double lr,
+                                         int64_t t, Tensor& grad) {
+  grad = p.tensor.grad();
+  if (!grad.defined()) return std::nullopt;
+  if (mixed)
+    MT_CHECK(grad.dtype() == DType::bf16 && grad.device() == p.tensor.device() && grad.shape() == p.tensor.shape(),
+             "adamw: {} is {} but its gradient is {}; expected a bf16 gradient of the same shape and device", p.name,
+             describe(p.tensor), describe(grad));
+  const double b1 = o.beta1, b2 = o.beta2;
+  const double step_size = lr / (1.0 - std::pow(b1, static_cast<double>(t)));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(t)));
+  const double decay = p.decay ? 1.0 - lr * o.weight_decay : 1.0;
+  return AdamWCoefficients{decay, b1, b2, step_size, bc2_sqrt, o.eps};
 }
 
 }  // namespace
@@ -82,50 +193,92 @@ void AdamW::round_parameters_from_master() {
 void AdamW::step(double lr) {
   NoGradGuard no_grad;
   ++step_;
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  const double step_size = lr / (1.0 - std::pow(b1, static_cast<double>(step_)));
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
   for (size_t i = 0; i < params_.size(); ++i) {
     const NamedParameter& p = params_[i];
-    Tensor g = p.tensor.grad();
-    if (!g.defined()) continue;
-    const double decay = p.decay ? 1.0 - lr * options_.weight_decay : 1.0;
+    Tensor g;
+    const std::optional<AdamWCoefficients> k = prepare(p, master_[i].defined(), options_, lr, step_, g);
+    if (!k) continue;
+    Tensor w = p.tensor;
     if (master_[i].defined()) {
-      MT_CHECK(g.dtype() == DType::bf16 && g.device() == p.tensor.device() && g.shape() == p.tensor.shape(),
-               "adamw: {} is {} but its gradient is {}; expected a bf16 gradient of the same shape and device",
-               p.name, describe(p.tensor), describe(g));
-      const AdamWCoefficients k{decay, b1, b2, step_size, bc2_sqrt, options_.eps};
-      Tensor w = p.tensor;
-      if (p.tensor.is_cuda()) {
-        cuda::adamw_update_bf16_master(w, g, master_[i], m_[i], v_[i], k);
+      if (w.is_cuda()) {
+        cuda::adamw_update_bf16_master(w, g, master_[i], m_[i], v_[i], *k);
         continue;
       }
-      Tensor scratch = empty(p.tensor.shape(), DType::f32);
       bf16* pw = w.data<bf16>();
       const bf16* pg = g.data<bf16>();
       float *pm = master_[i].data<float>(), *m = m_[i].data<float>(), *v = v_[i].data<float>();
-      float* ps = scratch.data<float>();
-      cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
-        adamw_update_bf16_master(pw, pg, pm, m, v, ps, lo, hi, k);
+      cpu::parallel_for(w.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        adamw_update<float, bf16>(pm, pw, pg, m, v, lo, hi, *k);
       });
       continue;
     }
-    if (p.tensor.is_cuda()) {
-      Tensor w = p.tensor;
-      cuda::adamw_update(w, g, m_[i], v_[i], AdamWCoefficients{decay, b1, b2, step_size, bc2_sqrt, options_.eps});
+    if (w.is_cuda()) {
+      cuda::adamw_update(w, g, m_[i], v_[i], *k);
       continue;
     }
-    dispatch_float(p.tensor.dtype(), "adamw", [&](auto tag) {
+    dispatch_float(w.dtype(), "adamw", [&](auto tag) {
       using T = decltype(tag);
-      T* w = p.tensor.data<T>();
-      const T* gr = g.data<T>();
-      T* m = m_[i].data<T>();
-      T* v = v_[i].data<T>();
-      const AdamWCoefficients k{decay, b1, b2, step_size, bc2_sqrt, options_.eps};
-      cpu::parallel_for(p.tensor.numel(), 1 << 14,
-                        [&](int64_t lo, int64_t hi) { adamw_update<T>(w, gr, m, v, lo, hi, k); });
+      T* pw = w.data<T>();
+      const T* pg = g.data<T>();
+      T *m = m_[i].data<T>(), *v = v_[i].data<T>();
+      cpu::parallel_for(w.numel(), 1 << 14,
+                        [&](int64_t lo, int64_t hi) { adamw_update<T, T>(pw, nullptr, pg, m, v, lo, hi, *k); });
     });
   }
+}
+
+std::optional<NonFiniteTensor> AdamW::non_finite_update(double lr) const {
+  NoGradGuard no_grad;
+  const int64_t t = step_ + 1;  // what step() will count this update as
+  std::vector<int64_t> counts(params_.size(), 0);
+  Tensor device_counts;  // [params] i64 on the CUDA device, read once at the end
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
+    Tensor g;
+    const std::optional<AdamWCoefficients> k = prepare(p, master_[i].defined(), options_, lr, t, g);
+    if (!k) continue;
+    if (p.tensor.is_cuda()) {
+      if (!device_counts.defined())
+        device_counts = zeros({static_cast<int64_t>(params_.size())}, DType::i64, p.tensor.device());
+      MT_CHECK(device_counts.device() == p.tensor.device(),
+               "adamw: parameters on {} and {}; one device per process", device_counts.device(), p.tensor.device());
+      if (master_[i].defined())
+        cuda::adamw_count_non_finite_bf16_master(device_counts, static_cast<int64_t>(i), g, master_[i], m_[i], v_[i],
+                                                 *k);
+      else
+        cuda::adamw_count_non_finite(device_counts, static_cast<int64_t>(i), p.tensor, g, m_[i], v_[i], *k);
+      continue;
+    }
+    std::atomic<int64_t> bad{0};
+    if (master_[i].defined()) {
+      const bf16* pg = g.data<bf16>();
+      const float *pm = master_[i].data<float>(), *m = m_[i].data<float>(), *v = v_[i].data<float>();
+      const SafeInputs<float> safe = safe_inputs<float>(*k, kBf16Infinite);
+      cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        bad += count_non_finite_updates<float, bf16>(pm, pg, m, v, lo, hi, *k, safe);
+      });
+    } else {
+      dispatch_float(p.tensor.dtype(), "adamw", [&](auto tag) {
+        using T = decltype(tag);
+        const T *pw = p.tensor.data<T>(), *pg = g.data<T>(), *m = m_[i].data<T>(), *v = v_[i].data<T>();
+        const SafeInputs<T> safe = safe_inputs<T>(*k, static_cast<double>(std::numeric_limits<T>::max()));
+        cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+          bad += count_non_finite_updates<T, T>(pw, pg, m, v, lo, hi, *k, safe);
+        });
+      });
+    }
+    counts[i] = bad.load();
+    // No CUDA parameter before this one: it is the first with a non-finite update.
+    if (counts[i] > 0 && !device_counts.defined()) return NonFiniteTensor{p.name, p.tensor.shape(), counts[i]};
+  }
+  if (device_counts.defined()) {
+    const Tensor on_host = device_counts.to(kCpu);  // the one wait for the device
+    const int64_t* c = on_host.data<int64_t>();
+    for (size_t i = 0; i < params_.size(); ++i) counts[i] += c[i];
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (counts[i] > 0) return NonFiniteTensor{params_[i].name, params_[i].tensor.shape(), counts[i]};
+  return std::nullopt;
 }
 
 void AdamW::zero_grad() {

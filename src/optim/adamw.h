@@ -12,6 +12,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -31,6 +32,28 @@ class AdamW {
   // One update with learning rate lr, using each parameter's grad()
   // (parameters without a gradient are skipped, their moments untouched).
   void step(double lr);
+  // Whether the next step(lr) would keep every value finite, without taking it:
+  // computes what step(lr) would (step t = steps() + 1, the same coefficients and
+  // the same per-element code, CPU clone and multiply-add contraction, so the
+  // verdict matches the update bit for bit) for each parameter's new value (in
+  // mixed precision its f32 master and the master's bf16 rounding), m and v, and
+  // writes nothing. Returns the first parameter, in order, with a new value that
+  // would be NaN or infinite, and how many of its elements would be; nullopt when
+  // all stay finite. Parameters without a gradient are skipped, as step() skips
+  // them. Cost (bench/ops_bench.cpp BM_adamw_*): one read-only pass over
+  // parameters, gradients and moments; on the CPU a chunk whose inputs are all
+  // inside bounds that make the update finite skips the arithmetic (adamw.cpp,
+  // SafeInputs), so the pass is bound by memory reads; on CUDA one count kernel
+  // per parameter and one device-to-host read per call.
+  //
+  // The caller's contract (the trainer): call it after the gradient checks and
+  // clipping, with the lr it will pass to step(); all-reduce the verdict across
+  // ranks (ranks may hold different parameters, e.g. experts); then every rank
+  // either calls step(lr) or, when any rank found a non-finite update, skips the
+  // step (no step(), so steps() and the moments stay as they were) and counts it
+  // as it counts a non-finite gradient. Gradients, parameters, moments and
+  // steps() must not change between this call and step(lr).
+  std::optional<NonFiniteTensor> non_finite_update(double lr) const;
   // Drops all gradients (the next backward starts from zero).
   void zero_grad();
 

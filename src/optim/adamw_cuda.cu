@@ -1,24 +1,23 @@
 #include "optim/adamw_kernels.h"
 
+#include <type_traits>
+
 #include "backend/cuda/kernel_utils.cuh"
 
 namespace moetrain::cuda {
 
 namespace {
 
-// The same order of operations as adamw.cpp's loop.
+// adamw_element (adamw_kernels.h), as adamw.cpp's loop computes it.
 template <class T>
 __global__ void adamw_kernel(T* __restrict__ w, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
                              int64_t n, AdamWCoefficients k) {
-  const T td = static_cast<T>(k.decay), tb1 = static_cast<T>(k.b1), tb2 = static_cast<T>(k.b2);
-  const T ss = static_cast<T>(k.step_size), bc = static_cast<T>(k.bc2_sqrt), eps = static_cast<T>(k.eps);
+  const AdamWScalars<T> c(k);
   MT_GRID_LOOP(j, n) {
-    const T gj = g[j];
-    const T mj = m[j] * tb1 + gj * (T(1) - tb1);
-    const T vj = v[j] * tb2 + gj * gj * (T(1) - tb2);
-    m[j] = mj;
-    v[j] = vj;
-    w[j] = w[j] * td - ss * mj / (sqrt(vj) / bc + eps);
+    const AdamWElement<T> u = adamw_element<T>(w[j], g[j], m[j], v[j], c);
+    m[j] = u.m;
+    v[j] = u.v;
+    w[j] = u.w;
   }
 }
 
@@ -27,18 +26,33 @@ __global__ void adamw_kernel(T* __restrict__ w, const T* __restrict__ g, T* __re
 __global__ void adamw_bf16_master_kernel(bf16_t* __restrict__ w, const bf16_t* __restrict__ g,
                                          float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
                                          int64_t n, AdamWCoefficients k) {
-  const float td = static_cast<float>(k.decay), tb1 = static_cast<float>(k.b1), tb2 = static_cast<float>(k.b2);
-  const float ss = static_cast<float>(k.step_size), bc = static_cast<float>(k.bc2_sqrt), eps = static_cast<float>(k.eps);
+  const AdamWScalars<float> c(k);
   MT_GRID_LOOP(j, n) {
-    const float gj = load(g, j);
-    const float mj = m[j] * tb1 + gj * (1.0f - tb1);
-    const float vj = v[j] * tb2 + gj * gj * (1.0f - tb2);
-    m[j] = mj;
-    v[j] = vj;
-    const float wj = master[j] * td - ss * mj / (sqrt(vj) / bc + eps);
-    master[j] = wj;
-    store(w, j, wj);
+    const AdamWElement<float> u = adamw_element<float>(master[j], load(g, j), m[j], v[j], c);
+    m[j] = u.m;
+    v[j] = u.v;
+    master[j] = u.w;
+    store(w, j, u.w);
   }
+}
+
+// The kernels above with the stores replaced by a count: each block adds the
+// elements whose new w, m or v (in mixed precision also bf16(master)) would be
+// NaN or infinite to *count, one integer atomic per block that found any
+// (integer sums: the same total in any order).
+template <class T, class G>
+__global__ void adamw_count_kernel(unsigned long long* count, const T* __restrict__ w, const G* __restrict__ g,
+                                   const T* __restrict__ m, const T* __restrict__ v, int64_t n, AdamWCoefficients k) {
+  const AdamWScalars<T> c(k);
+  unsigned long long bad = 0;
+  MT_GRID_LOOP(j, n) {
+    const AdamWElement<T> u = adamw_element<T>(w[j], load(g, j), m[j], v[j], c);
+    bool finite = isfinite(u.w) && isfinite(u.m) && isfinite(u.v);
+    if constexpr (std::is_same_v<G, bf16_t>) finite = finite && isfinite(__bfloat162float(__float2bfloat16_rn(u.w)));
+    bad += !finite;
+  }
+  bad = block_sum(bad);
+  if (threadIdx.x == 0 && bad > 0) atomicAdd(count, bad);
 }
 
 // A fixed grid (kSumBlocks x kThreads): each block sums a fixed set of elements
@@ -94,6 +108,39 @@ void adamw_update_bf16_master(Tensor& w, const Tensor& g, Tensor& master, Tensor
   adamw_bf16_master_kernel<<<blocks_for(n), kThreads, 0, stream_of(w)>>>(
       ptr<bf16_t>(w), ptr<bf16_t>(g), ptr<float>(master), ptr<float>(m), ptr<float>(v), n, k);
   MT_CUDA_CHECK_LAUNCH("adamw");
+}
+
+void adamw_count_non_finite(Tensor& counts, int64_t index, const Tensor& w, const Tensor& g, const Tensor& m,
+                            const Tensor& v, const AdamWCoefficients& k) {
+  int64_t n = w.numel();
+  if (n == 0) return;
+  unsigned long long* count = reinterpret_cast<unsigned long long*>(ptr<int64_t>(counts) + index);
+  switch (w.dtype()) {
+    case DType::f32:
+      adamw_count_kernel<float, float><<<blocks_for(n), kThreads, 0, stream_of(w)>>>(
+          count, ptr<float>(w), ptr<float>(g), ptr<float>(m), ptr<float>(v), n, k);
+      break;
+    case DType::f64:
+      adamw_count_kernel<double, double><<<blocks_for(n), kThreads, 0, stream_of(w)>>>(
+          count, ptr<double>(w), ptr<double>(g), ptr<double>(m), ptr<double>(v), n, k);
+      break;
+    default: MT_THROW("adamw: parameters must be f32 or f64 (master weights), got {}", w.dtype());
+  }
+  MT_CUDA_CHECK_LAUNCH("adamw_count_non_finite");
+}
+
+void adamw_count_non_finite_bf16_master(Tensor& counts, int64_t index, const Tensor& g, const Tensor& master,
+                                        const Tensor& m, const Tensor& v, const AdamWCoefficients& k) {
+  int64_t n = master.numel();
+  if (n == 0) return;
+  MT_CHECK(g.dtype() == DType::bf16 && master.dtype() == DType::f32 && m.dtype() == DType::f32 &&
+               v.dtype() == DType::f32,
+           "adamw (mixed precision): expected a bf16 gradient, f32 master and moments; got {}, {}, {}, {}",
+           describe(g), describe(master), describe(m), describe(v));
+  unsigned long long* count = reinterpret_cast<unsigned long long*>(ptr<int64_t>(counts) + index);
+  adamw_count_kernel<float, bf16_t><<<blocks_for(n), kThreads, 0, stream_of(master)>>>(
+      count, ptr<float>(master), ptr<bf16_t>(g), ptr<float>(m), ptr<float>(v), n, k);
+  MT_CUDA_CHECK_LAUNCH("adamw_count_non_finite");
 }
 
 void add_squared_sum(Tensor& acc, const Tensor& g) {

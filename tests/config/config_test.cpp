@@ -382,7 +382,7 @@ TEST_CASE("config: to_yaml is nested, in schema order, and loads back to the sam
          {"model.init_from", "'-leading dash'"},
          {"run.dir", "runs/x-1/y.z"},
          {"model.init_std", "0.30000000000000004"},
-         {"model.layer_norm_eps", "1e-300"},
+         {"model.layer_norm_eps", "1e-30"},  // (1e-300: beyond f32, refused)
          {"train.lr", "123456789.123456789"},
          {"train.seed", "9223372036854775807"},
          {"train.decay_embeddings", "true"}},
@@ -391,7 +391,7 @@ TEST_CASE("config: to_yaml is nested, in schema order, and loads back to the sam
   CHECK(yaml.starts_with("model:\n  arch: gpt2\n  vocab_size: 50257\n  n_layer: 12\n"));
   CHECK(yaml.find("\n\ndata:\n  train: \"123\"\n  val: \"true\"\n") != std::string::npos);
   CHECK(yaml.find("  init_from: \"-leading dash\"\n") != std::string::npos);
-  CHECK(yaml.find("  layer_norm_eps: 1.0e-300\n") != std::string::npos);
+  CHECK(yaml.find("  layer_norm_eps: 1.0e-30\n") != std::string::npos);
   CHECK(yaml.find("  init_std: 0.30000000000000004\n") != std::string::npos);
   CHECK(yaml.find("  seed: 9223372036854775807\n") != std::string::npos);
   CHECK(yaml.find("\n\nrun:\n  dir: runs/x-1/y.z\n") != std::string::npos);
@@ -411,7 +411,7 @@ TEST_CASE("config: to_yaml is nested, in schema order, and loads back to the sam
   }
   CHECK(back.get_string("train.sample_prompt") == "a \"quoted\" line: # not a comment\n\tand a tab, a backslash \\, \x01 and é");
   CHECK(back.get_number("model.init_std") == 0.30000000000000004);
-  CHECK(back.get_number("model.layer_norm_eps") == 1e-300);
+  CHECK(back.get_number("model.layer_norm_eps") == 1e-30);
   CHECK(back.get_number("train.lr") == 123456789.123456789);
   CHECK(back.get_int("train.seed") == 9223372036854775807);
   CHECK(back.get_string("data.train") == "123");
@@ -511,4 +511,42 @@ TEST_CASE("config: the shipped configs load; gpt2-small is GPT-2 124M", "[config
   CHECK(shakespeare.where("data.train").starts_with(dir + "/gpt2-small.yaml:"));
   CHECK(shakespeare.where("model.n_layer").starts_with(dir + "/gpt2-shakespeare.yaml:"));
   CHECK(shakespeare.get_int("train.sample_every") > 0);
+}
+
+TEST_CASE("config: numbers outside what f32 can hold are refused, naming the key", "[config][errors]") {
+  TempDir dir;
+  std::string path = dir.write("ok.yaml", "model: {n_layer: 2}\n");
+  auto override_error = [&](const std::string& o) { return config_error([&] { Config::load(path, {o}); }); };
+  const std::string f32 = "outside what f32 can hold; must be 0 or of magnitude in [1.1754944e-38, 3.4028235e38]";
+  CHECK(override_error("train.lr=1e39") == "--set train.lr=1e39: train.lr = 1e39: " + f32);
+  CHECK(override_error("train.lr=1e-39") == "--set train.lr=1e-39: train.lr = 1e-39: " + f32);
+  CHECK(override_error("train.grad_clip=-1e39") == "--set train.grad_clip=-1e39: train.grad_clip = -1e39: must be >= 0");
+  CHECK(override_error("train.grad_clip=1e-39") == "--set train.grad_clip=1e-39: train.grad_clip = 1e-39: " + f32);
+  CHECK(override_error("model.kda.lower_bound=-1e-40") ==
+        "--set model.kda.lower_bound=-1e-40: model.kda.lower_bound = -1e-40: must be in [-1000000000, -1e-09]");
+  // Beyond a double as well, and just past the f32 limits as they round.
+  CHECK(override_error("train.lr=1e400") == "--set train.lr=1e400: train.lr = 1e400: " + f32);
+  CHECK(override_error("train.lr=1e-400") == "--set train.lr=1e-400: train.lr = 1e-400: " + f32);
+  CHECK(override_error("train.lr=3.4028236e38") == "--set train.lr=3.4028236e38: train.lr = 3.4028236e38: " + f32);
+  CHECK(override_error("train.lr=1.1754942e-38") ==
+        "--set train.lr=1.1754942e-38: train.lr = 1.1754942e-38: " + f32);
+  // YAML's NaN and infinities are not numbers here.
+  CHECK(override_error("train.lr=.nan") == "--set train.lr=.nan: train.lr: expected a number, got '.nan'");
+  CHECK(override_error("train.lr=-.inf") == "--set train.lr=-.inf: train.lr: expected a number, got '-.inf'");
+  CHECK(override_error("train.lr=inf") == "--set train.lr=inf: train.lr: expected a finite number, got 'inf'");
+
+  // In a file: file:line:column of the key.
+  std::string bad = dir.path() + "/bad.yaml";
+  CHECK(load_error(dir, "train:\n  lr: 1e39\n") == bad + ":2:3: train.lr = 1e39: " + f32);
+  CHECK(load_error(dir, "model:\n  init_std: 0.02\ntrain: {eps: 1e-39}\n") == bad + ":3:9: train.eps = 1e-39: " + f32);
+
+  // What f32 holds passes, the printed limits included.
+  Config c = Config::load(path, {"train.lr=3e38", "train.eps=1e-30", "train.grad_clip=0", "model.init_std=3.4028235e38",
+                                 "model.layer_norm_eps=1.1754944e-38", "model.kda.lower_bound=-1e-9"});
+  CHECK(c.get_number("train.lr") == 3e38);
+  CHECK(c.get_number("train.eps") == 1e-30);
+  CHECK(c.get_number("train.grad_clip") == 0);
+  CHECK(c.get_number("model.init_std") == 3.4028235e38);
+  CHECK(c.get_number("model.layer_norm_eps") == 1.1754944e-38);
+  CHECK(c.where("train.lr") == "--set train.lr=3e38");
 }
