@@ -164,6 +164,7 @@ std::vector<KeySpec> make_schema() {
     integer("train.log_every",      "1",     at_least(1),  "print a step line every N steps"),
     integer("train.threads",        "0",     at_least(0),  "CPU threads per rank; 0 = automatic (cores / ranks on the node)"),
     choice ("train.nan_policy",     "skip", {"skip", "abort"}, "non-finite loss or gradient norm: skip the step on every rank (no update; counted in metrics) or abort (exit 3)"),
+    boolean("train.check_update",   "true",                "before each AdamW update, check that it keeps every weight and moment finite (a read pass over weights, gradients and moments, about one update's time: bench/ops_bench.cpp BM_adamw_*); a step that would not is skipped like a non-finite gradient (train.nan_policy)"),
     integer("train.max_consecutive_skips", "5", at_least(0), "train.nan_policy skip: abort (exit 3) after this many skipped steps in a row"),
     integer("train.ep",             "1",     at_least(1),  "expert-parallel ranks: experts sharded over groups of ep ranks (world = dp x ep under mpirun)"),
     number ("train.grad_bucket_mb", "32",    above(0),     "several ranks: the most MiB of gradients one bucket all-reduce carries (a larger grad goes alone); smaller buckets start earlier with train.overlap_grad_sync"),

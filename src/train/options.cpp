@@ -22,6 +22,7 @@ TrainOptions TrainOptions::from(const Config& config) {
   o.grad_clip = config.get_number("train.grad_clip");
   o.decay_embeddings = config.get_bool("train.decay_embeddings");
   o.abort_on_nan = config.get_string("train.nan_policy") == "abort";
+  o.check_update = config.get_bool("train.check_update");
   o.max_consecutive_skips = config.get_int("train.max_consecutive_skips");
   o.eval_every = config.get_int("train.eval_every");
   o.eval_batches = config.get_int("train.eval_batches");

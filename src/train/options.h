@@ -25,6 +25,7 @@ struct TrainOptions {
   double grad_clip = 0;            // 0: no clipping
   bool decay_embeddings = false;
   bool abort_on_nan = false;       // train.nan_policy abort (else skip)
+  bool check_update = true;        // skip a step whose update would not be finite
   int64_t max_consecutive_skips = 0;
   int64_t eval_every = 0, eval_batches = 0, sample_every = 0, log_every = 1;
   SamplingOptions sample;          // train.sample_tokens, _temperature, _top_k; seed = train.seed

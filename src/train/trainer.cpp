@@ -324,6 +324,7 @@ StepResult Trainer::train_step() {
   // takes the same decision here without another collective.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
     return skip(std::move(r), fmt::format("loss {}, gradient norm {}", r.loss, r.grad_norm));
+  if (std::optional<std::string> problem = update_problem(r.lr)) return skip(std::move(r), *problem);
   progress_.consecutive_skips = 0;
   r.moe = update(r.lr);
   end_step(r, t0);
@@ -385,6 +386,27 @@ StepResult Trainer::skip(StepResult r, std::string why) {
   r.skip_reason = std::move(why);
   progress_.step = r.step;
   return r;
+}
+
+// train.check_update: what would not stay finite if AdamW updated now, on any rank
+// (expert shards differ between ranks: one tiny all-reduce agrees), or nullopt.
+std::optional<std::string> Trainer::update_problem(double lr) {
+  if (!train_.check_update) return std::nullopt;
+  std::optional<NonFiniteTensor> bad;
+  {
+    profile::Region region("update check");
+    bad = opt_->non_finite_update(lr);
+  }
+  int ranks_with_problem = bad ? 1 : 0;
+  if (dist_.size() > 1) {
+    Tensor flag = full({1}, ranks_with_problem, DType::i32);
+    dist_.world->all_reduce_sum(flag);
+    ranks_with_problem = flag.data<int32_t>()[0];
+  }
+  if (ranks_with_problem == 0) return std::nullopt;
+  return bad ? fmt::format("the update (lr {:.3g}) would make {}", lr, describe(*bad))
+             : fmt::format("the update (lr {:.3g}) would make values non-finite on {} other rank{}", lr,
+                           ranks_with_problem, ranks_with_problem == 1 ? "" : "s");
 }
 
 // The router biases from this step's assignments (summed over the ranks), then AdamW.

@@ -118,6 +118,7 @@ class Trainer {
   double forward_backward(int64_t step);
   double reduce_gradients();
   StepResult skip(StepResult r, std::string why);
+  std::optional<std::string> update_problem(double lr);
   MoeStepSummary update(double lr);
   void end_step(StepResult& r, Clock::time_point t0);
   void log_saved(const std::optional<SaveResult>& saved);
