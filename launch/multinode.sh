@@ -53,4 +53,6 @@ if [[ -n $iface ]]; then
 fi
 # shellcheck disable=SC2206  # word splitting of the extra arguments is wanted
 extra=(${MOETRAIN_MPIRUN_ARGS:-})
-exec mpirun -np "$ranks" "${mpi_flags[@]}" "${extra[@]}" "$bin" train -c "$config" "$@"
+# launch/mpirun.sh: SIGTERM, SIGINT and SIGHUP reach the ranks as a stop with a
+# checkpoint (exit 75) instead of mpirun's teardown (docs/checkpoints.md, "Signals").
+exec launch/mpirun.sh -np "$ranks" "${mpi_flags[@]}" "${extra[@]}" "$bin" train -c "$config" "$@"

@@ -9,7 +9,10 @@
 #               threads per rank = cores / N unless train.threads is set). With an
 #               MoE config, --set train.ep=E shards the experts over E ranks.
 #   e.g. launch/train.sh -n 4 configs/k3-tiny.yaml --set train.ep=4
-# Several nodes: launch/multinode.sh; Slurm: launch/slurm.sbatch.
+# The run continues from its newest checkpoint when there is one (ckpt.resume
+# auto, unless --set ckpt.resume=... says otherwise): after a crash or a stop
+# signal (Ctrl-C, SIGTERM: a checkpoint at the end of the step, exit 75), run the
+# same command again. Several nodes: launch/multinode.sh; Slurm: launch/slurm.sbatch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +31,7 @@ fi
 
 launch/setup.sh
 launch/build.sh
+set -- --set ckpt.resume=auto "$@"
 
 # Tokenize the shipped corpus for the config's tokenizer when its shards are missing.
 resolved=$(build/moetrain train -c "$config" "$@" --print-config)
@@ -41,7 +45,8 @@ fi
 if [[ "$ranks" -gt 1 ]]; then
   mpi_flags=(--oversubscribe --bind-to none)
   [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
-  mpirun -np "$ranks" "${mpi_flags[@]}" build/moetrain train -c "$config" "$@"
+  # launch/mpirun.sh: Ctrl-C and SIGTERM reach the ranks as a stop (a checkpoint), not as mpirun's teardown.
+  launch/mpirun.sh -np "$ranks" "${mpi_flags[@]}" build/moetrain train -c "$config" "$@"
 else
   build/moetrain train -c "$config" "$@"
 fi

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -277,4 +278,42 @@ TEST_CASE("checkpoint: mixed precision saves the f32 master weights; f32 and bf1
     CHECK(moetrain::testing::bitwise_equal(converted_opt.master_or_parameter(i), s.opt.master_or_parameter(i)));
     CHECK(moetrain::testing::bitwise_equal(opt.exp_avg()[i], s.opt.exp_avg()[i]));
   }
+}
+
+TEST_CASE("checkpoint: a tensor with NaN or infinity is never saved, and a checkpoint holding one is never loaded",
+          "[checkpoint]") {
+  Saved s;
+  const std::string good = s.save(2);
+  NamedParameter& p = s.model->parameters()[3];
+  const Tensor kept = p.tensor.detach().clone();
+  p.tensor.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+  const std::string refused = moetrain::testing::error_of<NumericalError>([&] { s.save(3); });
+  CHECK_THAT(refused, Catch::Contains("checkpoint step_00000003: refusing to save params/" + p.name) &&
+                          Catch::Contains("1 of " + std::to_string(p.tensor.numel()) + " values are NaN or infinite"));
+  CHECK(!fs::exists(checkpoints_dir(s.config.get_string("run.dir")) + "/step_00000003"));
+  {
+    NoGradGuard no_grad;
+    copy_(p.tensor, kept);
+  }
+
+  // A checkpoint that holds one anyway (an older build, an edited file): the
+  // dataset rewritten with h5py and the manifest's size and SHA-256 made to match.
+  const std::string file = good + "/rank_00000.h5", name = "params/" + p.name;
+  const std::string script =
+      "import h5py, hashlib, json, os, sys\n"
+      "d, f, name = sys.argv[1], sys.argv[2], sys.argv[3]\n"
+      "with h5py.File(f, 'r+') as h:\n"
+      "    x = h[name][...]; x.flat[0] = float('inf'); h[name][...] = x\n"
+      "m = json.load(open(d + '/manifest.json'))\n"
+      "data = open(f, 'rb').read()\n"
+      "m['files'][0]['bytes'] = len(data); m['files'][0]['sha256'] = hashlib.sha256(data).hexdigest()\n"
+      "json.dump(m, open(d + '/manifest.json', 'w'))\n";
+  moetrain::testing::write_bytes(s.tmp / "poison.py", script);
+  REQUIRE(moetrain::testing::run_command("/usr/bin/python3 " + s.tmp / "poison.py" + " " + good + " " + file + " " +
+                                         name) == 0);
+  std::unique_ptr<LanguageModel> model = build_model(s.config);
+  AdamW opt(model->parameters(), {});
+  const std::string e = moetrain::testing::error_of([&] { load_checkpoint(s.dist, good, *model, &opt, s.config); });
+  CHECK_THAT(e, Catch::Contains("checkpoint " + good + ": " + name) &&
+                    Catch::Contains("holds 1 NaN or infinite values") && Catch::Contains("resume from an earlier"));
 }

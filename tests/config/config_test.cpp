@@ -395,8 +395,9 @@ TEST_CASE("config: to_yaml is nested, in schema order, and loads back to the sam
   CHECK(yaml.find("  init_std: 0.30000000000000004\n") != std::string::npos);
   CHECK(yaml.find("  seed: 9223372036854775807\n") != std::string::npos);
   CHECK(yaml.find("\n\nrun:\n  dir: runs/x-1/y.z\n") != std::string::npos);
-  CHECK(yaml.find("  dir: runs/x-1/y.z\n\nckpt:\n  every: 0\n") != std::string::npos);
-  CHECK(yaml.ends_with("\n\nfault:\n  kind: none\n  phase: before_commit\n  rank: 0\n  step: 0\n"));
+  CHECK(yaml.find("  dir: runs/x-1/y.z\n  overwrite: false\n\nckpt:\n  every: 0\n") != std::string::npos);
+  CHECK(yaml.ends_with("\n\nfault:\n  kind: none\n  phase: before_commit\n  rank: 0\n  step: 0\n  signal: TERM\n"
+                       "  signal_at: step\n  signal_count: 1\n"));
 
   TempDir dir;
   std::string path = dir.path() + "/resolved.yaml";

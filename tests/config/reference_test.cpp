@@ -40,6 +40,6 @@ TEST_CASE("config reference: every key appears once, in a table row with its typ
   }
   CHECK(doc.find("| `n_layer` | integer | `12` | [1, 4096] | number of transformer blocks |") != std::string::npos);
   CHECK(doc.find("| `resume` | string | `none` |") != std::string::npos);
-  CHECK(doc.find("| `kind` | choice | `none` | one of none, nan_grad, kill, stop, kill_during_ckpt |") !=
+  CHECK(doc.find("| `kind` | choice | `none` | one of none, nan_grad, kill, stop, kill_during_ckpt, signal |") !=
         std::string::npos);
 }
