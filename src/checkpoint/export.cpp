@@ -2,6 +2,7 @@
 // docs/export.md).
 #include "checkpoint/export.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -342,17 +343,12 @@ void write_hdf5(const fs::path& dir, const std::vector<std::pair<std::string, Te
   w.commit();
 }
 
-}  // namespace
-
-namespace {
-
 void export_model_dir_unchecked(const LanguageModel& model, const ParameterList& state, const std::string& dir,
                                 const ExportOptions& o, const Config* config) {
   MT_CHECK(o.max_shard_bytes > 0, "export: max shard size must be > 0 bytes, got {}", o.max_shard_bytes);
   fs::path out = fs::path(dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "DIR/"
-  const bool exists = fs::exists(out);
-  if (exists) {
+  if (fs::exists(out)) {
     MT_CHECK(fs::is_directory(out), "export: {} exists and is not a directory", dir);
     MT_CHECK(o.replace || fs::is_empty(out),
              "export: {} exists and is not empty; choose another --out or pass --force to replace it", dir);
@@ -362,10 +358,12 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   for (const auto& kv : tensors) total += kv.second.nbytes();
 
   fs::path parent = out.parent_path();
-  if (!parent.empty()) fs::create_directories(parent);
-  TempDirGuard tmp{fs::path(fmt::format("{}.tmp.{}", out.string(), ::getpid()))};
-  fs::remove_all(tmp.path);
-  fs::create_directory(tmp.path);
+  if (!parent.empty()) moetrain::create_directories(parent);
+  TempDirGuard tmp{temp_directory_for(out)};
+  std::error_code ec;
+  fs::remove_all(tmp.path, ec);  // a leftover of an earlier process with our pid
+  if (::mkdir(tmp.path.c_str(), 0755) != 0)
+    throw IoError(fmt::format("cannot create directory {}: {}", tmp.path.string(), std::strerror(errno)));
 
   data::Progress progress(fmt::format("export {}", out.filename().string()), total,
                           data::ProgressOptions::bytes(o.progress));
@@ -377,33 +375,24 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   fsync_path(tmp.path, true);
   progress.finish();
 
-  // Commit: DIR appears complete or not at all. A replaced DIR is moved aside first and
-  // removed after (between the two renames DIR is briefly absent, never half-written).
-  fs::path old;
-  if (fs::exists(out)) {
-    old = fs::path(fmt::format("{}.old.{}", out.string(), ::getpid()));
-    fs::remove_all(old);
-    fs::rename(out, old);
-  }
-  try {
-    fs::rename(tmp.path, out);
-  } catch (...) {
-    if (!old.empty()) fs::rename(old, out);
-    throw;
-  }
+  // Commit: DIR appears complete or not at all.
+  replace_directory(tmp.path, out);
   tmp.keep = true;
-  fsync_path(parent.empty() ? fs::path(".") : parent, true);
-  if (!old.empty()) fs::remove_all(old);
 }
 
 }  // namespace
 
 void export_model_dir(const LanguageModel& model, const ParameterList& state, const std::string& dir,
                       const ExportOptions& options, const Config* config) {
+  // A failed write names the file and the system's message; the temp directory is
+  // gone and DIR is as it was, which the message says.
   try {
     export_model_dir_unchecked(model, state, dir, options, config);
+  } catch (const IoError& e) {
+    throw IoError(fmt::format("export to {} failed: {}; {} was left as it was", dir, e.what(), dir));
   } catch (const fs::filesystem_error& e) {
-    throw IoError(fmt::format("export to {}: {}", dir, e.what()));
+    throw IoError(fmt::format("export to {} failed: {}: {}; {} was left as it was", dir, e.path1().string(),
+                              e.code().message(), dir));
   }
 }
 

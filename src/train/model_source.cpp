@@ -94,10 +94,11 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
   return model;
 }
 
-void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* full) {
+void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* full,
+                  const Config* config) {
   ExportOptions options;
   options.replace = true;  // a run's model directory is rewritten at the end of each run
-  export_model_dir(model, full ? *full : ParameterList{}, dir, options);
+  export_model_dir(model, full ? *full : ParameterList{}, dir, options, config);
 }
 
 }  // namespace moetrain

@@ -35,9 +35,13 @@ Config resolve_config(const ModelSource& source);
 std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard = {});
 
 // Writes DIR (replacing it) with export_model_dir's defaults: f32 model.safetensors
-// under Hugging Face names plus config.json (checkpoint/export.h, docs/export.md).
+// under Hugging Face names plus config.json (checkpoint/export.h, docs/export.md),
+// and config.resolved.yaml when `config` is given (inside the same temp directory,
+// so DIR appears complete with it or not at all).
 // state: the model's parameters and buffers at full size when they differ from the
 // model's own (expert shards gathered from other ranks).
-void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* state = nullptr);
+// Throws IoError naming the file and strerror when a write fails.
+void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* state = nullptr,
+                  const Config* config = nullptr);
 
 }  // namespace moetrain
