@@ -27,6 +27,7 @@
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
 #include "nn/hybrid.h"
+#include "ops/reduce.h"
 #include "ops/view.h"
 
 namespace moetrain {
@@ -343,6 +344,23 @@ void write_hdf5(const fs::path& dir, const std::vector<std::pair<std::string, Te
   w.commit();
 }
 
+// An export never holds NaN or infinities: neither from the model (a diverged run)
+// nor from the conversion (f32 values beyond bf16's largest, 3.39e38, round to inf;
+// f64 beyond f32's to inf). Checked before anything is written.
+void check_finite(const ParameterList& state, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                  const std::string& dir, DType dtype) {
+  if (const std::optional<NonFiniteTensor> bad = find_non_finite(state))
+    throw NumericalError(fmt::format("export to {}: the model's tensor {}; refusing to write a model with non-finite "
+                                     "weights (nothing was written; export an earlier checkpoint)", dir,
+                                     describe(*bad)));
+  for (const auto& [name, t] : tensors)
+    if (const int64_t n = count_non_finite(t); n > 0)
+      throw NumericalError(fmt::format(
+          "export to {}: rounded to {}, tensor {} (the model's values there are beyond {}'s range); refusing to "
+          "write them (nothing was written{})", dir, dtype_name(t.dtype()), describe(NonFiniteTensor{name, t.shape(), n}),
+          dtype_name(t.dtype()), dtype == DType::bf16 ? "; export with --dtype f32" : ""));
+}
+
 void export_model_dir_unchecked(const LanguageModel& model, const ParameterList& state, const std::string& dir,
                                 const ExportOptions& o, const Config* config) {
   MT_CHECK(o.max_shard_bytes > 0, "export: max shard size must be > 0 bytes, got {}", o.max_shard_bytes);
@@ -354,6 +372,7 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
              "export: {} exists and is not empty; choose another --out or pass --force to replace it", dir);
   }
   const std::vector<std::pair<std::string, Tensor>> tensors = hf_export_tensors(model, state, o.dtype);
+  check_finite(state.empty() ? own_state(model) : state, tensors, dir, o.dtype);
   int64_t total = 0;
   for (const auto& kv : tensors) total += kv.second.nbytes();
 

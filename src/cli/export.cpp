@@ -5,7 +5,8 @@
 // --out must not exist or be empty, unless --force (then it is replaced once the new
 // directory is complete); --out may not be --checkpoint itself. Bad input exits 2 with a
 // message naming the path; a failed write exits 5 naming the file and the system's
-// message (--out is then as it was).
+// message (--out is then as it was); a tensor with NaN or infinities in the model, or
+// after rounding to --dtype, exits 3 naming it before anything is written.
 #include <filesystem>
 
 #include <CLI/CLI.hpp>

@@ -30,7 +30,9 @@ Config resolve_config(const ModelSource& source);
 
 // A model built from a resolved config (model.arch): random init, or the weights
 // of model.init_from (GPT-2: a Hugging Face directory or file; hybrid: a
-// model.safetensors written by moetrain, or its directory).
+// model.safetensors written by moetrain, or its directory). Weights holding NaN or
+// infinities are refused: Error naming model.init_from's origin, the path and the
+// tensor (train, eval, generate, export all load through here).
 // shard: this rank's experts under expert parallelism (hybrid models with MoE).
 std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard = {});
 
@@ -40,7 +42,8 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
 // so DIR appears complete with it or not at all).
 // state: the model's parameters and buffers at full size when they differ from the
 // model's own (expert shards gathered from other ranks).
-// Throws IoError naming the file and strerror when a write fails.
+// Throws NumericalError naming the tensor before writing anything when a tensor is
+// not finite; IoError naming the file and strerror when a write fails.
 void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* state = nullptr,
                   const Config* config = nullptr);
 
