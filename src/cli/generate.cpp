@@ -26,14 +26,14 @@ void add_generate_command(CLI::App& app, Commands& commands) {
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--prompt", o->prompt, "text to continue (default: a newline)");
-  cmd->add_option("--max-new-tokens", o->sampling.max_new_tokens, "tokens to generate")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-new-tokens", o->sampling.max_new_tokens, "tokens to generate")->check(positive());
   cmd->add_option("--temperature", o->sampling.temperature, "0 = greedy (bit-reproducible)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--top-k", o->sampling.top_k, "sample among the k most likely tokens; 0 = all")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--seed", o->sampling.seed, "random seed of the sampler");
   cmd->add_option("--num-samples", o->num_samples, "independent samples (seeds seed, seed+1, ...)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_flag("--stats", o->stats, "print the decoding-cache memory per generated length (stderr)");
   commands.push_back({cmd, [source, o] {
     check_model_source(*source);

@@ -177,6 +177,38 @@ TEST_CASE("cli: bad input exits with code 2 and one line naming the file", "[cli
   }
 }
 
+TEST_CASE("cli: command-line mistakes exit 2 with one line naming the mistake and the --help to run",
+          "[cli][errors]") {
+  struct Case {
+    string args, mistake, hint;
+  };
+  const Case cases[] = {
+      {"frobnicate", "unknown command 'frobnicate'", "run 'moetrain --help'"},
+      {"", "A subcommand is required", "run 'moetrain --help'"},
+      {"train --bogus", "--bogus", "run 'moetrain train --help' for the options"},
+      {"generate --max-new-tokens 0", "--max-new-tokens", "run 'moetrain generate --help' for the options"},
+      {"generate --temperature warm", "warm", "run 'moetrain generate --help' for the options"},
+      {"eval --checkpoint x", "--data is required", "run 'moetrain eval --help' for the options"},
+      {"--threads 0 info", "--threads", "run 'moetrain --help'"},
+  };
+  for (const Case& c : cases) {
+    Result r = run(c.args);
+    INFO("moetrain " << c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);  // one line
+    CHECK(r.output.find(c.mistake) != string::npos);
+    CHECK(r.output.find(c.hint) != string::npos);
+  }
+  // Asking for help or the version is no mistake.
+  Result help = run("--help", false), train_help = run("train --help", false), version = run("--version", false);
+  CHECK(help.code == 0);
+  CHECK(help.output.find("Subcommands:") != string::npos);
+  CHECK(train_help.code == 0);
+  CHECK(train_help.output.find("--print-config") != string::npos);
+  CHECK(version.code == 0);
+  CHECK(version.output.rfind("moetrain ", 0) == 0);
+}
+
 TEST_CASE("cli: ledger reproduces the parameter counts of MODEL_SPEC §13.3", "[cli]") {
   struct Row {
     const char* config;
