@@ -20,7 +20,8 @@ void create_directories(const fs::path& dir) {
   if (fs::is_directory(dir, ec)) return;
   fs::create_directories(dir, ec);
   if (!ec) return;
-  if (fs::exists(dir) && !fs::is_directory(dir))
+  std::error_code probe;
+  if (fs::exists(dir, probe) && !fs::is_directory(dir, probe))
     throw Error(fmt::format("cannot create directory {}: it exists and is not a directory; remove it or choose "
                             "another path", dir.string()));
   throw IoError(fmt::format("cannot create directory {}: {}", dir.string(), ec.message()));
