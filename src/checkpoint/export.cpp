@@ -2,6 +2,7 @@
 // docs/export.md).
 #include "checkpoint/export.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
 #include "nn/hybrid.h"
+#include "ops/reduce.h"
 #include "ops/view.h"
 
 namespace moetrain {
@@ -342,30 +344,45 @@ void write_hdf5(const fs::path& dir, const std::vector<std::pair<std::string, Te
   w.commit();
 }
 
-}  // namespace
-
-namespace {
+// An export never holds NaN or infinities: neither from the model (a diverged run)
+// nor from the conversion (f32 values beyond bf16's largest, 3.39e38, round to inf;
+// f64 beyond f32's to inf). Checked before anything is written.
+void check_finite(const ParameterList& state, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                  const std::string& dir, DType dtype) {
+  if (const std::optional<NonFiniteTensor> bad = find_non_finite(state))
+    throw NumericalError(fmt::format("export to {}: the model's tensor {}; refusing to write a model with non-finite "
+                                     "weights (nothing was written; export an earlier checkpoint)", dir,
+                                     describe(*bad)));
+  for (const auto& [name, t] : tensors)
+    if (const int64_t n = count_non_finite(t); n > 0)
+      throw NumericalError(fmt::format(
+          "export to {}: rounded to {}, tensor {} (the model's values there are beyond {}'s range); refusing to "
+          "write them (nothing was written{})", dir, dtype_name(t.dtype()), describe(NonFiniteTensor{name, t.shape(), n}),
+          dtype_name(t.dtype()), dtype == DType::bf16 ? "; export with --dtype f32" : ""));
+}
 
 void export_model_dir_unchecked(const LanguageModel& model, const ParameterList& state, const std::string& dir,
                                 const ExportOptions& o, const Config* config) {
   MT_CHECK(o.max_shard_bytes > 0, "export: max shard size must be > 0 bytes, got {}", o.max_shard_bytes);
   fs::path out = fs::path(dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "DIR/"
-  const bool exists = fs::exists(out);
-  if (exists) {
+  if (fs::exists(out)) {
     MT_CHECK(fs::is_directory(out), "export: {} exists and is not a directory", dir);
     MT_CHECK(o.replace || fs::is_empty(out),
              "export: {} exists and is not empty; choose another --out or pass --force to replace it", dir);
   }
   const std::vector<std::pair<std::string, Tensor>> tensors = hf_export_tensors(model, state, o.dtype);
+  check_finite(state.empty() ? own_state(model) : state, tensors, dir, o.dtype);
   int64_t total = 0;
   for (const auto& kv : tensors) total += kv.second.nbytes();
 
   fs::path parent = out.parent_path();
-  if (!parent.empty()) fs::create_directories(parent);
-  TempDirGuard tmp{fs::path(fmt::format("{}.tmp.{}", out.string(), ::getpid()))};
-  fs::remove_all(tmp.path);
-  fs::create_directory(tmp.path);
+  if (!parent.empty()) moetrain::create_directories(parent);
+  TempDirGuard tmp{temp_directory_for(out)};
+  std::error_code ec;
+  fs::remove_all(tmp.path, ec);  // a leftover of an earlier process with our pid
+  if (::mkdir(tmp.path.c_str(), 0755) != 0)
+    throw IoError(fmt::format("cannot create directory {}: {}", tmp.path.string(), std::strerror(errno)));
 
   data::Progress progress(fmt::format("export {}", out.filename().string()), total,
                           data::ProgressOptions::bytes(o.progress));
@@ -377,33 +394,24 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   fsync_path(tmp.path, true);
   progress.finish();
 
-  // Commit: DIR appears complete or not at all. A replaced DIR is moved aside first and
-  // removed after (between the two renames DIR is briefly absent, never half-written).
-  fs::path old;
-  if (fs::exists(out)) {
-    old = fs::path(fmt::format("{}.old.{}", out.string(), ::getpid()));
-    fs::remove_all(old);
-    fs::rename(out, old);
-  }
-  try {
-    fs::rename(tmp.path, out);
-  } catch (...) {
-    if (!old.empty()) fs::rename(old, out);
-    throw;
-  }
+  // Commit: DIR appears complete or not at all.
+  replace_directory(tmp.path, out);
   tmp.keep = true;
-  fsync_path(parent.empty() ? fs::path(".") : parent, true);
-  if (!old.empty()) fs::remove_all(old);
 }
 
 }  // namespace
 
 void export_model_dir(const LanguageModel& model, const ParameterList& state, const std::string& dir,
                       const ExportOptions& options, const Config* config) {
+  // A failed write names the file and the system's message; the temp directory is
+  // gone and DIR is as it was, which the message says.
   try {
     export_model_dir_unchecked(model, state, dir, options, config);
+  } catch (const IoError& e) {
+    throw IoError(fmt::format("export to {} failed: {}; {} was left as it was", dir, e.what(), dir));
   } catch (const fs::filesystem_error& e) {
-    throw IoError(fmt::format("export to {}: {}", dir, e.what()));
+    throw IoError(fmt::format("export to {} failed: {}: {}; {} was left as it was", dir, e.path1().string(),
+                              e.code().message(), dir));
   }
 }
 

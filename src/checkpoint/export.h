@@ -75,7 +75,10 @@ std::string hf_config_json(const LanguageModel& model, DType dtype);
 // Writes the directory `dir` (see above): weights, config.json, and config.resolved.yaml
 // when `config` is given (so `--checkpoint DIR` works). state: parameters and buffers at
 // full size (empty: the model's own). Throws naming the path when `dir` exists, is not
-// empty and options.replace is false.
+// empty and options.replace is false; NumericalError naming the tensor, before anything
+// is written, when a tensor holds NaN or infinities (in the model, or after rounding to
+// options.dtype); IoError naming the file and the system's message when a write fails
+// (`dir` is then as it was and no temp directory is left).
 void export_model_dir(const LanguageModel& model, const ParameterList& state, const std::string& dir,
                       const ExportOptions& options, const Config* config = nullptr);
 

@@ -380,6 +380,12 @@ template <class... Args>
   throw Error(fmt::format("writing safetensors file {}: {}", path, fmt::format(format, std::forward<Args>(args)...)));
 }
 
+// A failure of the system (disk full, read-only, permission, quota): IoError, exit 5.
+template <class... Args>
+[[noreturn]] void fail_io(const std::string& path, fmt::format_string<Args...> format, Args&&... args) {
+  throw IoError(fmt::format("writing safetensors file {}: {}", path, fmt::format(format, std::forward<Args>(args)...)));
+}
+
 // The temp file until it is renamed: closed and removed on every early exit.
 struct TempFile {
   std::string path;
@@ -396,7 +402,7 @@ void write_all(const TempFile& tmp, const void* src, uint64_t n, const std::stri
   while (n > 0) {
     ssize_t put = ::write(tmp.fd, p, static_cast<size_t>(std::min<uint64_t>(n, 1u << 30)));
     if (put < 0 && errno == EINTR) continue;
-    if (put < 0) fail_write(path, "writing {} failed: {}", tmp.path, errno_text());
+    if (put < 0) fail_io(path, "writing {} failed: {}", tmp.path, errno_text());
     p += put;
     n -= static_cast<uint64_t>(put);
   }
@@ -454,7 +460,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 
   TempFile tmp{fmt::format("{}.tmp.{}", path, ::getpid())};
   tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (tmp.fd < 0) fail_write(path, "cannot create {}: {}", tmp.path, errno_text());
+  if (tmp.fd < 0) fail_io(path, "cannot create {}: {}", tmp.path, errno_text());
   tmp.remove = true;
   uint64_t n = text.size();  // little-endian in memory, as the file wants it
   write_all(tmp, &n, 8, path);
@@ -463,24 +469,24 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     write_all(tmp, h.raw_data(), static_cast<uint64_t>(h.nbytes()), path);
     if (on_written) on_written(h.nbytes());
   }
-  if (::fsync(tmp.fd) != 0) fail_write(path, "fsync of {} failed: {}", tmp.path, errno_text());
+  if (::fsync(tmp.fd) != 0) fail_io(path, "fsync of {} failed: {}", tmp.path, errno_text());
   int fd = tmp.fd;
   tmp.fd = -1;
-  if (::close(fd) != 0) fail_write(path, "closing {} failed: {}", tmp.path, errno_text());
+  if (::close(fd) != 0) fail_io(path, "closing {} failed: {}", tmp.path, errno_text());
   if (::rename(tmp.path.c_str(), path.c_str()) != 0)
-    fail_write(path, "renaming {} over it failed: {}", tmp.path, errno_text());
+    fail_io(path, "renaming {} over it failed: {}", tmp.path, errno_text());
   tmp.remove = false;
 
   // Make the rename itself durable. The file at `path` is complete either way.
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (dir.empty()) dir = ".";
   int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) fail_write(path, "written, but opening directory {} to fsync it failed: {}", dir.string(), errno_text());
+  if (dir_fd < 0) fail_io(path, "written, but opening directory {} to fsync it failed: {}", dir.string(), errno_text());
   int rc = ::fsync(dir_fd);
   int fsync_errno = errno;
   ::close(dir_fd);
   if (rc != 0 && fsync_errno != EINVAL)  // EINVAL: the file system cannot sync directories
-    fail_write(path, "written, but fsync of directory {} failed: {}", dir.string(), std::strerror(fsync_errno));
+    fail_io(path, "written, but fsync of directory {} failed: {}", dir.string(), std::strerror(fsync_errno));
 }
 
 }  // namespace moetrain

@@ -84,7 +84,9 @@ class SafetensorsFile {
 //
 // The file is written to `path + ".tmp.<pid>"`, fsync'd, renamed over `path`, and the
 // directory fsync'd, so `path` never holds a half-written file. On any error before
-// the rename the temp file is removed and `path` is left as it was.
+// the rename the temp file is removed and `path` is left as it was. Bad arguments throw
+// Error; a failure of the system (disk full, read-only, permission) IoError with its
+// strerror.
 // on_written(bytes), when given, is called after each tensor's data is written (progress).
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {},

@@ -8,6 +8,7 @@
 
 namespace CLI {
 class App;
+class Validator;
 }
 
 namespace moetrain::cli {
@@ -18,8 +19,16 @@ struct Command {
 };
 using Commands = std::vector<Command>;
 
-// Parses argv, runs the chosen subcommand and returns the process exit code.
+// Parses argv, runs the chosen subcommand and returns the process exit code. A
+// command-line mistake throws moetrain::Error (exit 2): one line saying what was
+// wrong and which `--help` to run; --help and --version print and return 0.
 int run(int argc, char** argv);
+
+// Option checks with one-line messages ("--top-k: must be >= 0, got -1"), instead
+// of CLI::PositiveNumber's "not in range 0.000000 to 1797693134862315708...".
+CLI::Validator at_least(double min);
+CLI::Validator positive();      // at_least(1)
+CLI::Validator non_negative();  // at_least(0)
 
 void add_info_command(CLI::App& app, Commands& commands);
 void add_prepare_command(CLI::App& app, Commands& commands);

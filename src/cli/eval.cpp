@@ -23,10 +23,10 @@ void add_eval_command(CLI::App& app, Commands& commands) {
   auto o = std::make_shared<Options>();
   cmd->add_option("--data", o->data, "token shard(s): a file or a glob like data/x/val_*.bin")->required();
   cmd->add_option("--seq-len", o->seq_len, "window length T (default: train.seq_len of the config)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--batch-size", o->batch_size, "windows per forward pass")->check(CLI::PositiveNumber);
+      ->check(positive());
+  cmd->add_option("--batch-size", o->batch_size, "windows per forward pass")->check(positive());
   cmd->add_option("--batches", o->batches, "batches to average (default: all complete batches)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_flag("--json", o->json, "print {\"loss\": ..., \"tokens\": ...} instead of a line");
   commands.push_back({cmd, [source, o] {
     check_model_source(*source);

@@ -4,7 +4,9 @@
 //
 // --out must not exist or be empty, unless --force (then it is replaced once the new
 // directory is complete); --out may not be --checkpoint itself. Bad input exits 2 with a
-// message naming the path.
+// message naming the path; a failed write exits 5 naming the file and the system's
+// message (--out is then as it was); a tensor with NaN or infinities in the model, or
+// after rounding to --dtype, exits 3 naming it before anything is written.
 #include <filesystem>
 
 #include <CLI/CLI.hpp>
@@ -66,15 +68,37 @@ LoadedModel load_model_for_export(const std::string& path) {
   return m;
 }
 
+struct ExportCommandOptions {
+  std::string checkpoint, out, format = "safetensors", dtype = "f32", max_shard_size = "5GB";
+  bool force = false, no_progress = false;
+};
+
+int run_export(const ExportCommandOptions& o) {
+  namespace fs = std::filesystem;
+  ExportOptions options;
+  options.format = parse_export_format(o.format);
+  options.dtype = parse_export_dtype(o.dtype);
+  options.max_shard_bytes = parse_byte_size(o.max_shard_size);
+  options.replace = o.force;
+  options.progress = !o.no_progress;
+  std::error_code ec;
+  MT_CHECK(!(fs::exists(o.out) && fs::exists(o.checkpoint) && fs::equivalent(o.out, o.checkpoint, ec)),
+           "--out {} is the --checkpoint directory; write the export elsewhere", o.out);
+  if (fs::exists(o.out))
+    MT_CHECK(fs::is_directory(o.out) && (o.force || fs::is_empty(o.out)),
+             "--out {} exists and is not an empty directory; choose another or pass --force to replace it", o.out);
+  LoadedModel m = load_model_for_export(o.checkpoint);
+  spdlog::info("export: {} ({}) -> {} ({}, {})", o.checkpoint, m.model->describe(), o.out, o.format, o.dtype);
+  export_model_dir(*m.model, m.state, o.out, options, &m.config);
+  spdlog::info("export: wrote {}", o.out);
+  return 0;
+}
+
 }  // namespace
 
 void add_export_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand("export", "Write one model directory with Hugging Face names and config.json");
-  struct Options {
-    std::string checkpoint, out, format = "safetensors", dtype = "f32", max_shard_size = "5GB";
-    bool force = false, no_progress = false;
-  };
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<ExportCommandOptions>();
   cmd->add_option("--checkpoint", o->checkpoint,
                   "a training checkpoint (<run>/checkpoints/step_N) or a model directory (<run>/model, an export)")
       ->required();
@@ -86,24 +110,11 @@ void add_export_command(CLI::App& app, Commands& commands) {
   cmd->add_flag("--force", o->force, "replace --out if it exists and is not empty");
   cmd->add_flag("--no-progress", o->no_progress, "no progress bar or lines");
   commands.push_back({cmd, [o] {
-    namespace fs = std::filesystem;
-    ExportOptions options;
-    options.format = parse_export_format(o->format);
-    options.dtype = parse_export_dtype(o->dtype);
-    options.max_shard_bytes = parse_byte_size(o->max_shard_size);
-    options.replace = o->force;
-    options.progress = !o->no_progress;
-    std::error_code ec;
-    MT_CHECK(!(fs::exists(o->out) && fs::exists(o->checkpoint) && fs::equivalent(o->out, o->checkpoint, ec)),
-             "--out {} is the --checkpoint directory; write the export elsewhere", o->out);
-    if (fs::exists(o->out))
-      MT_CHECK(fs::is_directory(o->out) && (o->force || fs::is_empty(o->out)),
-               "--out {} exists and is not an empty directory; choose another or pass --force to replace it", o->out);
-    LoadedModel m = load_model_for_export(o->checkpoint);
-    spdlog::info("export: {} ({}) -> {} ({}, {})", o->checkpoint, m.model->describe(), o->out, o->format, o->dtype);
-    export_model_dir(*m.model, m.state, o->out, options, &m.config);
-    spdlog::info("export: wrote {}", o->out);
-    return 0;
+    try {
+      return run_export(*o);
+    } catch (const std::filesystem::filesystem_error& e) {  // a stat or listing the system refused (EACCES, EIO)
+      throw IoError(fmt::format("export: {}: {}", e.path1().string(), e.code().message()));
+    }
   }});
 }
 

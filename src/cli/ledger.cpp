@@ -21,8 +21,8 @@ void add_ledger_command(CLI::App& app, Commands& commands) {
   auto o = std::make_shared<Options>();
   cmd->add_option("-c,--config", o->config, "experiment YAML")->required();
   cmd->add_option("--set", o->overrides, "override a key: --set model.n_layer=24");
-  cmd->add_option("--dp", o->layout.dp, "data-parallel replicas (memory per rank)")->check(CLI::PositiveNumber);
-  cmd->add_option("--ep", o->layout.ep, "expert-parallel ranks (experts sharded over them)")->check(CLI::PositiveNumber);
+  cmd->add_option("--dp", o->layout.dp, "data-parallel replicas (memory per rank)")->check(positive());
+  cmd->add_option("--ep", o->layout.ep, "expert-parallel ranks (experts sharded over them)")->check(positive());
   cmd->add_flag("--json", o->json, "machine-readable output");
   commands.push_back({cmd, [o] {
     Config config = Config::load(o->config, o->overrides);

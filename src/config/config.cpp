@@ -700,11 +700,13 @@ void Config::save(const std::string& path) const {
   static std::atomic<unsigned> counter{0};
   fs::path tmp = dir / fmt::format(".{}.tmp.{}.{}", target.filename().string(), ::getpid(), counter++);
 
+  // Every failure here is the system's (disk full, read-only, permission, no such
+  // directory): IoError, exit 5, naming the path, the step and strerror.
   auto failure = [&](const std::string& step) {
     int err = errno;
     ::unlink(tmp.c_str());
-    return Error(fmt::format("cannot save the config to '{}': {} the temp file '{}': {}{}", path, step,
-                             tmp.string(), std::strerror(err), err == ENOENT ? " (create the directory first)" : ""));
+    return IoError(fmt::format("cannot save the config to '{}': {} the temp file '{}': {}{}", path, step,
+                               tmp.string(), std::strerror(err), err == ENOENT ? " (create the directory first)" : ""));
   };
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) throw failure("cannot create");
@@ -712,25 +714,28 @@ void Config::save(const std::string& path) const {
     ssize_t n = ::write(fd, yaml.data() + done, yaml.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      Error e = failure("cannot write");
+      IoError e = failure("cannot write");
       ::close(fd);
       throw e;
     }
     done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0) {
-    Error e = failure("cannot flush");
+    IoError e = failure("cannot flush");
     ::close(fd);
     throw e;
   }
   if (::close(fd) != 0) throw failure("cannot close");
   if (::rename(tmp.c_str(), target.c_str()) != 0) throw failure("cannot rename into place");
-  // Make the rename itself durable; a failure here loses nothing already written.
+  // Make the rename itself durable (EINVAL: the file system cannot sync directories).
   int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
+  if (dir_fd < 0 || (::fsync(dir_fd) != 0 && errno != EINVAL)) {
+    const int err = errno;
+    if (dir_fd >= 0) ::close(dir_fd);
+    throw IoError(fmt::format("saved the config to '{}', but syncing its directory '{}' failed: {}", path,
+                              dir.string(), std::strerror(err)));
   }
+  ::close(dir_fd);
 }
 
 }  // namespace moetrain

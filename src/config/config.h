@@ -88,8 +88,9 @@ class Config {
   // in checkpoints).
   std::string sha256() const;
   // Writes to_yaml() to `path` atomically: a temp file in the same directory,
-  // flushed to disk, then renamed over `path`. Throws Error when the directory
-  // does not exist or cannot be written; never leaves a partial file at `path`.
+  // flushed to disk, then renamed over `path`. Throws IoError (exit code 5) naming
+  // `path` and the system's message when the directory does not exist or a create,
+  // write, sync or rename fails; never leaves a partial file at `path`.
   void save(const std::string& path) const;
 
   using Value = std::variant<int64_t, double, bool, std::string>;

@@ -19,6 +19,7 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
+#include "io/durable.h"
 
 namespace moetrain::data {
 
@@ -199,8 +200,7 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
     for (const std::string& input : o.inputs) check_utf8_file(input, o.chunk_bytes);
 
   std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  MT_CHECK(!ec, "{}: cannot create the output directory: {}", o.out_dir, ec.message());
+  moetrain::create_directories(o.out_dir);  // IoError naming it
   const std::vector<std::string> stale = existing_shards(o.out_dir, o.name);
   MT_CHECK(stale.empty() || o.overwrite,
            "{}: already holds {} shard(s) named {}* ({}{}); pass --overwrite to replace them, or choose another --out "
@@ -211,8 +211,8 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
   // Staging directory: removed on every exit, renamed-from on success.
   const std::string staging = fmt::format("{}/.prepare.tmp.{}", o.out_dir, ::getpid());
   fs::remove_all(staging, ec);
-  fs::create_directory(staging, ec);
-  MT_CHECK(!ec, "{}: cannot create the staging directory: {}", staging, ec.message());
+  if (::mkdir(staging.c_str(), 0777) != 0)
+    throw IoError(fmt::format("{}: cannot create the staging directory: {}", staging, std::strerror(errno)));
   struct RemoveStaging {
     std::string dir;
     ~RemoveStaging() {
@@ -222,7 +222,7 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
   } remove_staging{staging};
 
   ShardSink sink(staging, o.name, o.val_tokens, o.shard_tokens);
-  {
+  try {
     ProgressOptions popt = o.progress;
     popt.unit = std::string("B");  // not = "B": GCC 12 -Wrestrict false positive (PR 105329)
     popt.scale = true;
@@ -259,6 +259,9 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
     }
     sink.finish();
     progress.finish();
+  } catch (const IoError& e) {
+    // The shard was being written in the staging directory, which is gone now.
+    throw IoError(fmt::format("prepare --out {}: {}; nothing was written to {}", o.out_dir, e.what(), o.out_dir));
   }
 
   // Publish: remove stale shards of this prefix, then move the new ones in.
@@ -266,13 +269,13 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
     const std::string name = fs::path(old).filename().string();
     const auto& w = sink.written();
     if (std::none_of(w.begin(), w.end(), [&](const PreparedShard& s) { return s.path == name; }))
-      MT_CHECK(::unlink(old.c_str()) == 0 || errno == ENOENT, "{}: cannot remove the stale shard: {}", old,
-               std::strerror(errno));
+      if (::unlink(old.c_str()) != 0 && errno != ENOENT)
+        throw IoError(fmt::format("{}: cannot remove the stale shard: {}", old, std::strerror(errno)));
   }
   for (const PreparedShard& s : sink.written()) {
     const std::string from = staging + "/" + s.path, to = o.out_dir + "/" + s.path;
-    MT_CHECK(::rename(from.c_str(), to.c_str()) == 0, "{}: cannot move the shard into place: {}", to,
-             std::strerror(errno));
+    if (::rename(from.c_str(), to.c_str()) != 0)
+      throw IoError(fmt::format("{}: cannot move the shard into place: {}", to, std::strerror(errno)));
     summary.shards.push_back({to, s.num_tokens});
   }
   summary.num_tokens = sink.num_tokens();

@@ -61,7 +61,8 @@ void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
   const std::string tmp = fmt::format("{}.{}.tmp.{}.{}", dir, base, ::getpid(), counter++);
 
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) MT_THROW("{}: cannot create token shard (temporary {}): {}", path, tmp, std::strerror(errno));
+  if (fd < 0)
+    throw IoError(fmt::format("{}: cannot create token shard (temporary {}): {}", path, tmp, std::strerror(errno)));
   unsigned char header[kShardHeaderBytes] = {};
   store_le32(header + 0, kShardMagic);
   store_le32(header + 4, kShardVersion);
@@ -79,7 +80,7 @@ void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
   }
   if (!ok) {
     ::unlink(tmp.c_str());
-    MT_THROW("{}: cannot write token shard: {}", path, std::strerror(saved_errno));
+    throw IoError(fmt::format("{}: cannot write token shard: {}", path, std::strerror(saved_errno)));
   }
 }
 

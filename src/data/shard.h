@@ -26,7 +26,8 @@ inline constexpr int64_t kShardMaxTokens = 2147483647;  // the header's int32 co
 
 // Writes a shard atomically: to a temporary name in the same directory, then
 // fsync and rename, so `path` is either absent/old or complete, never partial.
-// Throws moetrain::Error naming `path`.
+// Throws moetrain::Error naming `path` for too many tokens; IoError (exit code 5) with
+// the system's message when creating, writing, syncing or renaming fails.
 void write_shard(const std::string& path, std::span<const uint16_t> tokens);
 
 // A shard mapped read-only into memory (mmap), checked at open: the file

@@ -448,7 +448,8 @@ Writer::Writer(const std::string& path) : path_(path), tmp_(fmt::format("{}.tmp.
   file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (file_ < 0) {
     std::string why = library_error();
-    MT_THROW("HDF5 file {}: cannot create {}{} (does the directory exist and is it writable?)", path_, tmp_, why);
+    throw IoError(fmt::format("HDF5 file {}: cannot create {}{} (does the directory exist and is it writable?)", path_,
+                              tmp_, why));
   }
 }
 

@@ -1,6 +1,7 @@
 #include "train/model_source.h"
 
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -33,6 +34,18 @@ void adopt_hf_architecture(Config& config, const std::string& dir) {
   if (!config.is_set_explicitly("train.seq_len") && config.get_int("train.seq_len") > hf.n_ctx)
     values.emplace_back("train.seq_len", std::to_string(hf.n_ctx));
   config.set(values, json);
+}
+
+// A weight file with NaN or infinities would give `loss nan`, garbage samples or a run
+// that skips every step: refused at load (bad input, exit 2), naming file and tensor.
+void check_loaded_weights(const Config& config, const LanguageModel& model) {
+  ParameterList state = model.parameters();
+  const ParameterList buffers = model.buffers();
+  state.insert(state.end(), buffers.begin(), buffers.end());
+  if (const std::optional<NonFiniteTensor> bad = find_non_finite(state))
+    throw Error(fmt::format("{}: the weights in {} hold non-finite values: tensor {}; the file is damaged or comes "
+                            "from a diverged run; use an earlier checkpoint or export instead", config.where("model.init_from"),
+                            config.get_string("model.init_from"), describe(*bad)));
 }
 
 }  // namespace
@@ -77,6 +90,7 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
       const ParameterList buffers = model->buffers();
       state.insert(state.end(), buffers.begin(), buffers.end());
       load_hybrid_hf_weights(state, HfWeights::open(init), shard);  // this rank's experts only
+      check_loaded_weights(config, *model);
     }
     return model;
   }
@@ -90,14 +104,16 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
     MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
              config.where("model.init_from"), init);
     load_gpt2_hf_weights(*model, init);
+    check_loaded_weights(config, *model);
   }
   return model;
 }
 
-void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* full) {
+void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* full,
+                  const Config* config) {
   ExportOptions options;
   options.replace = true;  // a run's model directory is rewritten at the end of each run
-  export_model_dir(model, full ? *full : ParameterList{}, dir, options);
+  export_model_dir(model, full ? *full : ParameterList{}, dir, options, config);
 }
 
 }  // namespace moetrain

@@ -30,14 +30,21 @@ Config resolve_config(const ModelSource& source);
 
 // A model built from a resolved config (model.arch): random init, or the weights
 // of model.init_from (GPT-2: a Hugging Face directory or file; hybrid: a
-// model.safetensors written by moetrain, or its directory).
+// model.safetensors written by moetrain, or its directory). Weights holding NaN or
+// infinities are refused: Error naming model.init_from's origin, the path and the
+// tensor (train, eval, generate, export all load through here).
 // shard: this rank's experts under expert parallelism (hybrid models with MoE).
 std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard = {});
 
 // Writes DIR (replacing it) with export_model_dir's defaults: f32 model.safetensors
-// under Hugging Face names plus config.json (checkpoint/export.h, docs/export.md).
+// under Hugging Face names plus config.json (checkpoint/export.h, docs/export.md),
+// and config.resolved.yaml when `config` is given (inside the same temp directory,
+// so DIR appears complete with it or not at all).
 // state: the model's parameters and buffers at full size when they differ from the
 // model's own (expert shards gathered from other ranks).
-void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* state = nullptr);
+// Throws NumericalError naming the tensor before writing anything when a tensor is
+// not finite; IoError naming the file and strerror when a write fails.
+void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* state = nullptr,
+                  const Config* config = nullptr);
 
 }  // namespace moetrain

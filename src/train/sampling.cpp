@@ -31,6 +31,10 @@ int64_t sample_token(const Tensor& logits, const SamplingOptions& options, uint6
   return ids[k - 1];
 }
 
+int64_t max_new_tokens_in_context(int64_t n_ctx, int64_t prompt_tokens) {
+  return prompt_tokens >= 1 && prompt_tokens < n_ctx ? n_ctx - prompt_tokens + 1 : 0;
+}
+
 std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
                               GenerateStats* stats) {
   MT_CHECK(!prompt.empty(), "generate: the prompt is empty; give at least one token (e.g. a newline)");
@@ -49,6 +53,9 @@ std::vector<int32_t> generate(LanguageModel& model, const std::vector<int32_t>& 
     ids = from_span<int32_t>(std::span<const int32_t>(&next, 1), {1, 1});
     if (stats) stats->cache_bytes.emplace_back(cache->length(), cache->bytes());
   }
+  if (stats)
+    stats->stopped_at_context = static_cast<int64_t>(out.size()) < options.max_new_tokens &&
+                                (out.empty() || out.back() != options.stop_token) && cache->length() >= n_ctx;
   return out;
 }
 

@@ -479,6 +479,47 @@ TEST_CASE("export: refuses a non-empty --out unless replacing; sizes, formats an
   CHECK(testing::error_of([&] { HfWeights::open(tmp / "empty"); }).find("no weights") != std::string::npos);
 }
 
+TEST_CASE("export: refuses NaN and infinities (NumericalError naming the tensor) before writing anything",
+          "[checkpoint][export][errors]") {
+  TempDir tmp;
+  HybridModel a(tiny(DType::f32), 1);
+  const ParameterList state = state_of(a);
+  const NamedParameter& victim = state[5];
+  const int64_t numel = victim.tensor.numel();
+  victim.tensor.data<float>()[numel - 1] = std::nanf("");
+  std::string err = testing::error_of<NumericalError>([&] { export_model_dir(a, {}, tmp / "out", ExportOptions{}); });
+  CHECK(err.find(tmp / "out") != std::string::npos);
+  CHECK(err.find(victim.name + " " + fmt::format("{}", victim.tensor.shape()) + ": 1 of " + std::to_string(numel) +
+                 " values are NaN or infinite") != std::string::npos);
+  CHECK(tmp.listing().empty());  // no out, no out.tmp.<pid>
+
+  // Replacing an existing export: the old one stays.
+  victim.tensor.data<float>()[numel - 1] = 0.5f;
+  ExportOptions replace;
+  replace.replace = true;
+  export_model_dir(a, {}, tmp / "out", replace);
+  const std::string before = testing::read_bytes(tmp / "out/model.safetensors");
+  const ParameterList buffers = a.buffers();  // the routers' expert biases
+  REQUIRE(!buffers.empty());
+  const NamedParameter* bias = &buffers.back();
+  bias->tensor.data<float>()[0] = -INFINITY;
+  err = testing::error_of<NumericalError>([&] { export_model_dir(a, {}, tmp / "out", replace); });
+  CHECK(err.find(bias->name) != std::string::npos);
+  CHECK(testing::read_bytes(tmp / "out/model.safetensors") == before);
+  CHECK(tmp.listing() == std::vector<std::string>{"out"});
+  bias->tensor.data<float>()[0] = 0.0f;
+
+  // Finite in the model, infinite once rounded: f64 beyond f32's range.
+  HybridModel b(tiny(DType::f64), 1);
+  const ParameterList wide = state_of(b);
+  REQUIRE(wide[0].tensor.dtype() == DType::f64);
+  wide[0].tensor.data<double>()[0] = 1e300;
+  err = testing::error_of<NumericalError>([&] { export_model_dir(b, {}, tmp / "wide", ExportOptions{}); });
+  CHECK(err.find("rounded to f32") != std::string::npos);
+  CHECK(err.find(": 1 of ") != std::string::npos);
+  CHECK(!fs::exists(tmp / "wide"));
+}
+
 TEST_CASE("export: an independent PyTorch reader of the exported files reproduces the logits",
           "[checkpoint][export][reference]") {
   if (testing::run_command("/usr/bin/python3 -c 'import torch, numpy, h5py' >/dev/null 2>&1") != 0) {

@@ -177,6 +177,63 @@ TEST_CASE("cli: bad input exits with code 2 and one line naming the file", "[cli
   }
 }
 
+TEST_CASE("cli: command-line mistakes exit 2 with one line naming the mistake and the --help to run",
+          "[cli][errors]") {
+  struct Case {
+    string args, mistake, hint;
+  };
+  const Case cases[] = {
+      {"frobnicate", "unknown command 'frobnicate'", "run 'moetrain --help'"},
+      {"", "A subcommand is required", "run 'moetrain --help'"},
+      {"train --bogus", "--bogus", "run 'moetrain train --help' for the options"},
+      {"generate --max-new-tokens 0", "--max-new-tokens", "run 'moetrain generate --help' for the options"},
+      {"generate --temperature warm", "warm", "run 'moetrain generate --help' for the options"},
+      {"eval --checkpoint x", "--data is required", "run 'moetrain eval --help' for the options"},
+      {"--threads 0 info", "--threads", "run 'moetrain --help'"},
+  };
+  for (const Case& c : cases) {
+    Result r = run(c.args);
+    INFO("moetrain " << c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);  // one line
+    CHECK(r.output.find(c.mistake) != string::npos);
+    CHECK(r.output.find(c.hint) != string::npos);
+  }
+  // Asking for help or the version is no mistake.
+  Result help = run("--help", false), train_help = run("train --help", false), version = run("--version", false);
+  CHECK(help.code == 0);
+  CHECK(help.output.find("Subcommands:") != string::npos);
+  CHECK(train_help.code == 0);
+  CHECK(train_help.output.find("--print-config") != string::npos);
+  CHECK(version.code == 0);
+  CHECK(version.output.rfind("moetrain ", 0) == 0);
+}
+
+TEST_CASE("cli: generate refuses --max-new-tokens beyond the model's context up front, naming the largest that fits",
+          "[cli][errors]") {
+  Workspace w;  // n_ctx 64, byte tokenizer: the prompt 'ab' is 2 tokens, so 64 - 2 + 1 = 63 new tokens fit
+  const string gen = "generate -c " + w.config() + " --prompt ab --temperature 0";
+  Result over = run(gen + " --max-new-tokens 64");
+  INFO(over.output);
+  CHECK(over.code == 2);
+  CHECK(std::count(over.output.begin(), over.output.end(), '\n') == 1);
+  CHECK(over.output.find("--max-new-tokens 64 does not fit") != string::npos);
+  CHECK(over.output.find("context of 64 positions") != string::npos);
+  CHECK(over.output.find("pass --max-new-tokens 63 or less") != string::npos);
+  Result fits = run(gen + " --max-new-tokens 63", false);
+  CHECK(fits.code == 0);
+  CHECK(fits.output.size() == 2 + 63 + 1);  // the prompt, 63 bytes, a newline (bytes have no stop token)
+  // Without --max-new-tokens the default (128) is lowered to what fits, and the log says so.
+  Result defaulted = run(gen);
+  INFO(defaulted.output);
+  CHECK(defaulted.code == 0);
+  CHECK(defaulted.output.find("63 new tokens") != string::npos);
+  CHECK(run(gen, false).output == fits.output);
+  Result long_prompt = run("generate -c " + w.config() + " --prompt " + string(64, 'x'));
+  CHECK(long_prompt.code == 2);
+  CHECK(long_prompt.output.find("the prompt is 64 tokens") != string::npos);
+}
+
 TEST_CASE("cli: ledger reproduces the parameter counts of MODEL_SPEC §13.3", "[cli]") {
   struct Row {
     const char* config;

@@ -14,6 +14,8 @@
 using namespace moetrain;
 using moetrain::testing::config_error;
 using moetrain::testing::TempDir;
+using moetrain::testing::error_of;
+using moetrain::testing::run_command;
 
 namespace {
 
@@ -550,4 +552,38 @@ TEST_CASE("config: numbers outside what f32 can hold are refused, naming the key
   CHECK(c.get_number("model.init_std") == 3.4028235e38);
   CHECK(c.get_number("model.layer_norm_eps") == 1.1754944e-38);
   CHECK(c.where("train.lr") == "--set train.lr=3e38");
+}
+
+TEST_CASE("config: save onto a full or read-only file system throws IoError naming the path and the system's message",
+          "[config][errors]") {
+  TempDir dir;
+  const Config c = Config::defaults();
+  for (const char* options : {"size=1m", "ro,size=1m"}) {
+    DYNAMIC_SECTION(options) {
+      const std::string mnt = dir.path() + "/mnt";
+      std::filesystem::create_directories(mnt);
+      if (run_command(std::string("mount -t tmpfs -o ") + options + " tmpfs " + mnt + " 2>/dev/null") != 0) {
+        WARN("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+      }
+      struct Unmount {
+        std::string path;
+        ~Unmount() { run_command("umount " + path); }
+      } unmount{mnt};
+      const bool full = std::string(options) == "size=1m";
+      if (full) {  // fill it up
+        std::ofstream filler(mnt + "/filler", std::ios::binary);
+        const std::string block(4096, 'x');
+        while (filler.write(block.data(), static_cast<std::streamsize>(block.size())) && filler.flush()) {
+        }
+      }
+      const std::string path = mnt + "/config.resolved.yaml";
+      const std::string err = error_of<IoError>([&] { c.save(path); });
+      CHECK(err.find("cannot save the config to '" + path + "'") != std::string::npos);
+      CHECK(err.find(full ? "No space left on device" : "Read-only file system") != std::string::npos);
+      std::vector<std::string> names;
+      for (const auto& e : std::filesystem::directory_iterator(mnt)) names.push_back(e.path().filename().string());
+      CHECK(names == (full ? std::vector<std::string>{"filler"} : std::vector<std::string>{}));
+    }
+  }
 }

@@ -70,3 +70,27 @@ TEST_CASE("sampling: generation stops at the context length and at the stop toke
   CHECK(stopped.size() <= 3);
   CHECK_THROWS_WITH(generate(model, {}, o), Catch::Contains("prompt is empty"));
 }
+
+TEST_CASE("sampling: GenerateStats says when the context, not max_new_tokens, ended the text", "[train][sampling]") {
+  Gpt2 model = tiny_model();  // n_ctx 32
+  // The room after a prompt: 32 - 3 + 1 = 30 with 3 prompt tokens; 1 prompt token: 32.
+  CHECK(max_new_tokens_in_context(32, 3) == 30);
+  CHECK(max_new_tokens_in_context(32, 1) == 32);
+  CHECK(max_new_tokens_in_context(32, 31) == 2);
+  CHECK(max_new_tokens_in_context(32, 32) == 0);  // generate() refuses a prompt that fills the context
+  CHECK(max_new_tokens_in_context(32, 0) == 0);
+  SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 31;
+  GenerateStats cut;
+  CHECK(generate(model, {1, 2, 3}, o, &cut).size() == 30);
+  CHECK(cut.stopped_at_context);
+  o.max_new_tokens = 30;  // exactly what fits: ended by max_new_tokens
+  GenerateStats fits;
+  CHECK(generate(model, {1, 2, 3}, o, &fits).size() == 30);
+  CHECK_FALSE(fits.stopped_at_context);
+  o.max_new_tokens = 5;
+  GenerateStats short_run;
+  CHECK(generate(model, {1, 2, 3}, o, &short_run).size() == 5);
+  CHECK_FALSE(short_run.stopped_at_context);
+}
