@@ -2,6 +2,8 @@
 //  [--seq-len T] [--batch-size B] [--batches N] [--json]`: mean next-token
 // cross-entropy over consecutive non-overlapping windows of T tokens from the
 // start of the shard(s).
+#include <cmath>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -42,6 +44,10 @@ void add_eval_command(CLI::App& app, Commands& commands) {
     int64_t batches = o->batches > 0 ? std::min(o->batches, per_epoch) : per_epoch;
     double loss = evaluate(*model, loader, batches);
     int64_t tokens = batches * lo.batch_size * lo.seq_len;
+    if (!std::isfinite(loss))  // never a silent NaN: the weights load (they are finite) but overflow in use
+      throw NumericalError(fmt::format("eval: the mean loss over {} tokens of {} is {}: the model's outputs are not "
+                                       "finite (weights too large to compute with in {}?)", tokens, o->data, loss,
+                                       model->dtype()));
     if (o->json) fmt::print("{{\"loss\": {:.9g}, \"tokens\": {}, \"seq_len\": {}}}\n", loss, tokens, lo.seq_len);
     else fmt::print("loss {:.9g}\n", loss);
     return 0;

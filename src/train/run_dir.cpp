@@ -78,16 +78,10 @@ std::string names(const std::vector<CommittedCheckpoint>& cs) {
   return out.empty() ? "none" : out;
 }
 
-void make_directory(const fs::path& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw IoError(fmt::format("cannot create directory {}: {}", dir.string(), ec.message()));
-}
-
 }  // namespace
 
 RunDirectory::RunDirectory(std::string dir) : dir_(std::move(dir)), run_id_(new_run_id()) {
-  make_directory(dir_);
+  moetrain::create_directories(dir_);
   const std::string lock = (fs::path(dir_) / kLock).string();
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) throw IoError(fmt::format("{}: cannot open the run's lock file: {}", lock, std::strerror(errno)));
@@ -196,7 +190,7 @@ void RunDirectory::begin(const StartPlan& plan) {
                        {"started", now_text("%Y-%m-%dT%H:%M:%S%z")}};
   write_file_atomically(d / kRecord, record.dump(2) + "\n");
   const fs::path aside = fs::path(checkpoints_dir(dir_)) / "abandoned" / run_id_;
-  if (!plan.abandoned.empty() || plan.rollback) make_directory(aside);
+  if (!plan.abandoned.empty() || plan.rollback) moetrain::create_directories(aside);
   for (const CommittedCheckpoint& c : plan.abandoned) {
     std::error_code ec;
     fs::rename(c.dir, aside / c.name, ec);

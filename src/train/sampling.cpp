@@ -13,6 +13,10 @@ int64_t sample_token(const Tensor& logits, const SamplingOptions& options, uint6
   std::vector<double> z = logits.to_vector();
   const int64_t V = static_cast<int64_t>(z.size());
   MT_CHECK(V > 0, "sample_token: empty logits");
+  const int64_t bad = std::count_if(z.begin(), z.end(), [](double x) { return !std::isfinite(x); });
+  if (bad > 0)  // never text sampled from NaN: the weights overflow in use
+    throw NumericalError(fmt::format("generate: {} of the model's {} logits for the next token are NaN or infinite: "
+                                     "its weights are too large to compute with in {}", bad, V, logits.dtype()));
   if (options.temperature <= 0.0) return std::max_element(z.begin(), z.end()) - z.begin();
   // Candidates: the top-k ids (ties: lower id first), in descending order.
   std::vector<int64_t> ids(static_cast<size_t>(V));

@@ -485,8 +485,13 @@ void Trainer::sample() {
   if (!tokenizer_) return;
   std::vector<int32_t> prompt = tokenizer_->encode(train_.sample_prompt);
   if (prompt.empty()) prompt.push_back(tokenizer_->eot_token().value_or(0));
-  const std::string text = tokenizer_->decode(generate(*model_, prompt, train_.sample));
+  GenerateStats stats;
+  const std::string text = tokenizer_->decode(generate(*model_, prompt, train_.sample, &stats));
   spdlog::info("sample at step {}:\n{}{}", progress_.step, train_.sample_prompt, text);
+  if (stats.stopped_at_context)
+    spdlog::warn("the sample stopped at the model's context ({} positions) before train.sample_tokens = {}; lower "
+                 "train.sample_tokens to {} or less", model_->max_positions(), train_.sample.max_new_tokens,
+                 max_new_tokens_in_context(model_->max_positions(), static_cast<int64_t>(prompt.size())));
 }
 
 void Trainer::save() {
@@ -563,14 +568,14 @@ TrainSummary Trainer::finish() {
   report_end();
   if (train_.sample_every > 0 || train_.max_steps == 0) sample();
   const std::filesystem::path model_dir = std::filesystem::path(ckpt_.run_dir) / "model";
+  // The model directory is built aside and renamed into place, its config.resolved.yaml included.
   if (dist_.grid.ep > 1 || train_.mixed_precision) {
     // Collective: experts from the whole ep group; under mixed precision the f32 master weights.
     const ParameterList state = full_state(dist_, *model_, train_.mixed_precision ? opt_.get() : nullptr);
-    if (dist_.root()) export_model(*model_, model_dir.string(), &state);
+    if (dist_.root()) export_model(*model_, model_dir.string(), &state, &config_);
   } else if (dist_.root()) {
-    export_model(*model_, model_dir.string());
+    export_model(*model_, model_dir.string(), nullptr, &config_);
   }
-  if (dist_.root()) config_.save((model_dir / "config.resolved.yaml").string());
   const TrainSummary s = summary();
   spdlog::info("done: {} steps ({} in this run, {:.1f} s, {} tok/s); model written to {}", s.steps,
                s.steps - start_step_, seconds_since(run_start_), with_commas(std::llround(s.tokens_per_second)),

@@ -179,6 +179,21 @@ TEST_CASE("cli: a learning rate whose update overflows f32 skips those steps, th
   CHECK(r.output.find("6 steps in a row were not finite (train.max_consecutive_skips = 5)") != string::npos);
   CHECK(!fs::exists(job.path("huge_lr", "model")));
   CHECK(!fs::exists(job.path("huge_lr", "checkpoints")));
+  // One step at lr 1e30: finite but enormous weights, which are written (they are
+  // finite); eval and generate then refuse to print a NaN loss or text sampled from NaN.
+  Result enormous = job.train("enormous", 1, "--set train.lr=1e30 --set train.min_lr=0 --set train.warmup_steps=0");
+  INFO(enormous.output);
+  REQUIRE(enormous.code == 0);
+  Result eval = moetrain::testing::run_moetrain("eval --checkpoint " + job.path("enormous", "model") + " --data '" +
+                                                job.dir + "/data/val_*.bin' --batches 2");
+  INFO(eval.output);
+  CHECK(eval.code == 3);
+  CHECK(eval.output.find("eval: the mean loss over 64 tokens of ") != string::npos);
+  Result gen = moetrain::testing::run_moetrain("generate --checkpoint " + job.path("enormous", "model") +
+                                               " --max-new-tokens 8");
+  INFO(gen.output);
+  CHECK(gen.code == 3);
+  CHECK(gen.output.find("logits for the next token are NaN or infinite") != string::npos);
   Result beyond = job.train("beyond_f32", 20, "--set train.lr=1e39");
   INFO(beyond.output);
   CHECK(beyond.code == 2);
