@@ -131,7 +131,7 @@ TEST_CASE("cli: a stop signal mid-run saves a checkpoint at the step boundary an
 }
 
 TEST_CASE("cli: signals during a checkpoint save: the save finishes, then the run exits; a third signal outside a "
-          "save ends the process at once", "[cli][signals]") {
+          "save ends the process at once", "[cli][signals][slow]") {
   Job job;
   Result ref = job.train("ref", 20);
   REQUIRE(ref.code == 0);
@@ -179,7 +179,7 @@ TEST_CASE("cli: signals during a checkpoint save: the save finishes, then the ru
 }
 
 TEST_CASE("cli: under mpirun -np 2 a signal to one rank, SIGUSR2 to mpirun or SIGTERM to launch/mpirun.sh stops "
-          "every rank with a checkpoint, exit 75, and the rerun continues bit for bit", "[cli][signals]") {
+          "every rank with a checkpoint, exit 75, and the rerun continues bit for bit", "[cli][signals][slow]") {
   Job job;
   Result ref = job.mpirun("ref", 20);
   INFO(ref.output);
@@ -224,7 +224,7 @@ TEST_CASE("cli: under mpirun -np 2 a signal to one rank, SIGUSR2 to mpirun or SI
 }
 
 TEST_CASE("cli: SIGTERM or SIGINT to a training process mid-run, as kill, Slurm or a terminal sends it: exit 75, "
-          "and the rerun continues bit for bit", "[cli][signals]") {
+          "and the rerun continues bit for bit", "[cli][signals][slow]") {
   Job job;
   Result ref = job.train("ref", 2000);
   REQUIRE(ref.code == 0);
