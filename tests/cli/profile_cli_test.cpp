@@ -24,7 +24,7 @@ TEST_CASE("cli: train.profile prints the time per step of each component", "[cli
         string::npos);
   // Every component of a K3 layer stack appears with a time, and the shares add up.
   double share_sum = 0;
-  for (const char* component : {"kda", "mla", "moe", "ffn", "attnres", "embedding/head", "optimizer", "data",
+  for (const char* component : {"kda", "mla", "moe", "ffn", "attnres", "embedding/head", "optimizer", "update check", "data",
                                 "grad sync\\+clip", "autograd", "other"}) {
     std::smatch m;
     const std::regex row(string("\\n.*  ") + component + " +([0-9.]+) +([0-9.]+) +([0-9.]+) +([0-9.]+)%");

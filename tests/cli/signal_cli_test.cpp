@@ -195,6 +195,19 @@ TEST_CASE("cli: under mpirun -np 2 a signal to one rank, SIGUSR2 to mpirun or SI
   REQUIRE(resumed.code == 0);
   CHECK(metrics_history(job.dir + "/one_rank") == metrics_history(job.dir + "/ref"));
 
+  // Two signals inside rank 1's part of the step-10 save: every rank finishes it, and stops there.
+  Result in_save = job.mpirun("in_save", 20, "--set ckpt.every=10 --set fault.kind=signal --set fault.rank=1 "
+                                             "--set fault.signal_at=save --set fault.step=10 --set fault.signal_count=2");
+  INFO(in_save.output);
+  CHECK(in_save.code == 75);
+  CHECK(in_save.output.find("saving a checkpoint at step 10 and exiting") != string::npos);
+  CHECK(job.has("in_save", "checkpoints/step_00000010/COMMIT"));
+  CHECK(!job.has("in_save", "checkpoints/step_00000011"));
+  Result in_save_resumed = job.mpirun("in_save", 20, "--set ckpt.every=10 --set ckpt.resume=auto");
+  INFO(in_save_resumed.output);
+  REQUIRE(in_save_resumed.code == 0);
+  CHECK(metrics_history(job.dir + "/in_save") == metrics_history(job.dir + "/ref"));
+
   // Real signals from outside, once a few steps are logged, on runs long enough to be hit mid-run.
   Result long_ref = job.mpirun("long_ref", 2000);
   REQUIRE(long_ref.code == 0);
