@@ -217,6 +217,23 @@ std::string metrics_history(const std::string& run_dir) {
   return std::move(out).str();
 }
 
+void prepare_byte_shards(const std::string& dir) {
+  const CommandOutput r = run_moetrain("prepare " + std::string(MOETRAIN_SOURCE_DIR) +
+                                       "/data/tinyshakespeare.txt --out " + dir + "/data --tokenizer byte "
+                                       "--val-tokens 8192");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+}
+
+std::string tiny_gpt2_train_args(const std::string& dir, const std::string& run_dir, int steps) {
+  return "train -c " + std::string(MOETRAIN_SOURCE_DIR) + "/configs/gpt2-shakespeare.yaml --set model.vocab_size=256 "
+         "--set model.n_layer=2 --set model.n_head=2 --set model.d_model=32 --set model.n_ctx=64 "
+         "--set data.tokenizer=byte --set data.train=" + dir + "/data/train_*.bin --set data.val= "
+         "--set train.batch_size=4 --set train.seq_len=32 --set train.max_steps=" + std::to_string(steps) +
+         " --set train.warmup_steps=2 --set train.eval_every=0 --set train.sample_every=0 --set train.threads=1 "
+         "--set train.log_every=1000 --set run.dir=" + run_dir;
+}
+
 std::vector<double> metrics_losses(const std::string& run_dir) {
   std::stringstream in(read_bytes(run_dir + "/metrics.jsonl"));
   std::vector<double> out;

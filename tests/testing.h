@@ -98,6 +98,14 @@ std::string metrics_history(const std::string& run_dir);
 // The "loss" of every record of a run's metrics.jsonl that has one.
 std::vector<double> metrics_losses(const std::string& run_dir);
 
+// Byte-level tinyshakespeare shards in <dir>/data (8192 validation tokens), made
+// by `moetrain prepare`; REQUIREs that it worked.
+void prepare_byte_shards(const std::string& dir);
+// `moetrain train` arguments of a tiny byte-level GPT-2 (2 layers, d_model 32) on
+// the shards of prepare_byte_shards(dir): batches of 4 x 32 tokens, one thread,
+// no validation or samples, a log line every 1000 steps.
+std::string tiny_gpt2_train_args(const std::string& dir, const std::string& run_dir, int steps);
+
 // The what() of the exception of type E that fn throws; fails the test otherwise.
 template <class E = Error, class F>
 std::string error_of(F&& fn) {

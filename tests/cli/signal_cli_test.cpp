@@ -30,20 +30,9 @@ struct Job {
   TempDir tmp;
   string dir = tmp.path();
 
-  Job() {
-    Result r = moetrain::testing::run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) +
-                                               "/data/tinyshakespeare.txt --out " + dir +
-                                               "/data --tokenizer byte --val-tokens 8192");
-    INFO(r.output);
-    REQUIRE(r.code == 0);
-  }
+  Job() { moetrain::testing::prepare_byte_shards(dir); }
   string train_args(const string& run, int steps) const {
-    return "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/gpt2-shakespeare.yaml --set model.vocab_size=256 "
-           "--set model.n_layer=2 --set model.n_head=2 --set model.d_model=32 --set model.n_ctx=64 "
-           "--set data.tokenizer=byte --set data.train=" + dir + "/data/train_*.bin --set data.val= "
-           "--set train.batch_size=4 --set train.seq_len=32 --set train.max_steps=" + std::to_string(steps) +
-           " --set train.warmup_steps=2 --set train.eval_every=0 --set train.sample_every=0 --set train.threads=1 "
-           "--set train.log_every=1000 --set run.dir=" + dir + "/" + run;
+    return moetrain::testing::tiny_gpt2_train_args(dir, dir + "/" + run, steps);
   }
   string moetrain() const { return string(MOETRAIN_BINARY_DIR) + "/moetrain "; }
   Result train(const string& run, int steps, const string& extra = "") const {

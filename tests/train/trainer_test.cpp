@@ -25,13 +25,7 @@ namespace {
 struct Workspace {
   TempDir tmp;
   string dir = tmp.path();
-  Workspace() {
-    const auto r = moetrain::testing::run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) +
-                                                   "/data/tinyshakespeare.txt --out " + dir +
-                                                   "/data --tokenizer byte --val-tokens 8192");
-    INFO(r.output);
-    REQUIRE(r.code == 0);
-  }
+  Workspace() { moetrain::testing::prepare_byte_shards(dir); }
   string yaml(const string& run) const {
     return "model:\n  vocab_size: 256\n  n_layer: 2\n  n_head: 2\n  d_model: 32\n  n_ctx: 64\n"
            "data:\n  train: " + dir + "/data/train_*.bin\n  val: ''\n  tokenizer: byte\n"
