@@ -207,7 +207,7 @@ void RunDirectory::begin(const StartPlan& plan) {
   if (r.dropped > 0)
     spdlog::info("  metrics.jsonl: {} {} records after step {} ({})", plan.rollback ? "moved aside" : "dropped",
                  r.dropped, plan.step(),
-                 plan.rollback ? "the abandoned branch's" : "written by a run that stopped after its last checkpoint");
+                 plan.rollback ? "the abandoned branch's" : "an earlier run's, past the step this one starts from");
 }
 
 }  // namespace moetrain
