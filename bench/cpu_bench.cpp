@@ -33,7 +33,7 @@
 #include "nn/gpt2.h"
 #include "nn/hybrid.h"
 #include "nn/moe.h"
-#include "ops/kda.h"
+#include "ops/kda/kda.h"
 #include "optim/adamw.h"
 #include "train/model_source.h"
 

@@ -26,8 +26,8 @@
 #include "moetrain.h"
 #include "nn/gpt2.h"
 #include "nn/moe.h"
-#include "ops/attention_kernels.h"
-#include "ops/kda_kernels.h"
+#include "ops/attention/attention_kernels.h"
+#include "ops/kda/kda_kernels.h"
 #include "optim/adamw.h"
 #include "train/model_source.h"
 
@@ -104,7 +104,7 @@ Row attention_row(int64_t T, int64_t H, int64_t D, int steps, bool tensor_cores 
 }
 
 // The recurrent row counts the chunked form's FLOPs too, so the two rates compare times.
-// tensor_cores: the chunked form's products on TF32 tensor cores (ops/kda_tc.h),
+// tensor_cores: the chunked form's products on TF32 tensor cores (ops/kda/kda_tc.h),
 // their scans on column tiles of `columns` (0: the default, 32 here).
 Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_cores = false, int columns = 0) {
   const int64_t H = 16, K = 128;
@@ -129,7 +129,8 @@ Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_c
     Tensor q = leaf({1, T, H, K}, 1, 0.1), k = leaf({1, T, H, K}, 2, 0.1), v = leaf({1, T, H, K}, 3, 1.0);
     Tensor g = leaf({1, T, H, K}, 4, 0.01), beta = leaf({1, T, H}, 5, 0.5);
     Tensor grad = randn({1, T, H, K}, DType::f32, 6).to(kGpu);
-    // Chunked forward+backward FLOPs are dominated by the chunk GEMMs (MODEL_SPEC §6): ~ 6 * T * 64 * K * H * 4.
+    // Chunked forward+backward FLOPs are dominated by the chunk GEMMs (docs/model.md#kda-chunked-form):
+    // ~ 6 * T * 64 * K * H * 4.
     Row r{name, shape, 0, 6.0 * T * 64 * K * H * 4};
     r.ms = time_ms(steps, [&] {
       KdaResult out = kda(q, k, v, g, beta, Tensor(), 1.0 / std::sqrt(static_cast<double>(K)), mode, 64);

@@ -22,7 +22,7 @@
 #include "bench/harness.h"
 #include "bench/kda_case.h"
 #include "moetrain.h"
-#include "ops/kda.h"
+#include "ops/kda/kda.h"
 
 using namespace moetrain;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# Plain-PyTorch baseline for bench/kda_bench.cpp: the chunked KDA form of MODEL_SPEC §6
+# Plain-PyTorch baseline for bench/kda_bench.cpp: the chunked KDA form of docs/model.md#kda-chunked-form
 # (the algorithm of fla's naive_chunk_kda, vectorised over all chunks and heads), forward
 # in PyTorch ops, backward by autograd, as a PyTorch user would write it.
 #
@@ -7,7 +7,7 @@
 #     prints one line: torch_ms_per_step <ms>   (warm-up step, then the mean of --steps
 #     forward+backward steps on the inputs of kda_bench.cpp's make_inputs, f32)
 #   /usr/bin/python3 bench/kda_torch.py --check
-#     checks the chunked form against a naive token-by-token loop (§5) in f64, outputs and
+#     checks the chunked form against a naive token-by-token loop (docs/model.md#kda-recurrent-form) in f64, outputs and
 #     every gradient, and exits non-zero on a mismatch.
 #
 # Per chunk of C tokens (all chunks at once): γ = in-chunk cumsum of g; A^kk, A^qk from the
@@ -70,7 +70,7 @@ def kda_chunked(q, k, v, g, beta, scale, chunk, h0=None):
 
 
 def kda_recurrent(q, k, v, g, beta, scale, h0=None):
-    """§5 token by token, the reference for --check."""
+    """docs/model.md#kda-recurrent-form token by token, the reference for --check."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     S = q.new_zeros(B, H, K, V) if h0 is None else h0

@@ -24,7 +24,7 @@
 #include "comm/communicator.h"
 #include "moetrain.h"
 #include "nn/moe.h"
-#include "ops/moe.h"
+#include "ops/moe/moe.h"
 
 using namespace moetrain;
 using Clock = std::chrono::steady_clock;

@@ -41,15 +41,15 @@ for dense rungs, active for the MoE rungs), and on two synthetic memory tasks.
 | 02 | `linear_attention` | φ = elu + 1, additive state S += φ(k) vᵀ, normaliser z += φ(k); o = Sᵀφ(q) / (zᵀφ(q) + ε) |
 | 03 | `deltanet` | delta rule S += β k (v − Sᵀk)ᵀ, L2-normalised q/k, β = σ: writes replace what a key held |
 | 04 | `gated_deltanet` | + one decay per head and step (Mamba-2 gate): α = exp(−e^A_log · softplus(x W_a + dt_bias)) |
-| 05 | `kda` | + one decay per key channel (KDA, Kimi-Linear's softplus gate, MODEL_SPEC §4) |
+| 05 | `kda` | + one decay per key channel (KDA, Kimi-Linear's softplus gate, docs/model.md#decay-gate) |
 | 06 | `kda,kda,kda,mla` | Kimi-Linear: + MLA every fourth layer, low-rank output gate, MoE (8 experts, top 2, 1 shared) |
 | 07 | K3 | + lower-bound gate, full-rank output gate, latent MoE, SiTU-GLU, Block AttnRes |
 
 Rungs 02-05 share everything but the mixer (pre-norm residual stream, SwiGLU,
 4 heads of 16). DeltaNet and Gated DeltaNet are KDA's own kernels with the decay
-set to zero or broadcast from one value per head (`ops/kda.h`: `delta_rule`,
+set to zero or broadcast from one value per head (`ops/kda/kda.h`: `delta_rule`,
 `gated_delta_rule`), so their recurrent, chunked and decode forms are KDA's;
-linear attention has its own op (`ops/linear_attention.h`) whose normaliser is the
+linear attention has its own op (`ops/linear_attention/linear_attention.h`) whose normaliser is the
 last column of a state computed on [v, 1].
 
 Memory tasks (`data.synthetic`, data/synthetic.h): rows of 24 key-value pairs out

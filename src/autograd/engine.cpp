@@ -10,7 +10,7 @@
 #include "autograd/node.h"
 #include "autograd/profile.h"
 #include "core/rng.h"
-#include "ops/elementwise.h"
+#include "ops/elementwise/elementwise.h"
 
 namespace moetrain::autograd {
 

@@ -31,7 +31,7 @@
 #include "io/durable.h"
 #include "io/hdf5.h"
 #include "nn/language_model.h"
-#include "ops/reduce.h"
+#include "ops/reduce/reduce.h"
 #include "optim/adamw.h"
 #include "train/distributed.h"
 

@@ -27,8 +27,8 @@
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
 #include "nn/hybrid.h"
-#include "ops/reduce.h"
-#include "ops/view.h"
+#include "ops/reduce/reduce.h"
+#include "ops/view/view.h"
 
 namespace moetrain {
 
@@ -549,7 +549,7 @@ void load_hybrid_hf_weights(ParameterList& state, const HfWeights& weights, Expe
   }
   for (const HfWeights::Entry& e : weights.entries()) {
     std::string rest;
-    // K3 allocates layer 0's attention AttnRes pair but never uses it (MODEL_SPEC §14.9): skipped.
+    // K3 allocates layer 0's attention AttnRes pair but never uses it (docs/model.md#layer-0-attention-read-parameters): skipped.
     if (layer_of(e.name, &rest) == 0 && (rest == "self_attention_res_proj.weight" || rest == "self_attention_res_norm.weight"))
       continue;
     MT_CHECK(used.count(e.name), "{}: unexpected tensor {} {} (not part of this model)", e.file, e.name, e.shape);

@@ -5,7 +5,7 @@
 // tests/reference/k3_reference.py).
 //
 // Conventions (docs/op.md has the table):
-//   - inputs are datasets of the group named as the op's arguments in MODEL_SPEC
+//   - inputs are datasets of the group named as the op's arguments in docs/model.md
 //     (kda: q k v g beta [h0]); layer weights sit in the subgroup params/ under their
 //     Hugging Face names; hyper-parameters are attributes of the group;
 //   - the upstream gradient of output X is dataset dX of the group; an absent one
@@ -35,14 +35,14 @@
 #include "nn/kda_layer.h"
 #include "nn/mla.h"
 #include "nn/moe.h"
-#include "ops/attention.h"
-#include "ops/attnres.h"
-#include "ops/elementwise.h"
-#include "ops/kda.h"
-#include "ops/linalg.h"
-#include "ops/norm.h"
-#include "ops/situ.h"
-#include "ops/view.h"
+#include "ops/attention/attention.h"
+#include "ops/attnres/attnres.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/kda/kda.h"
+#include "ops/linalg/linalg.h"
+#include "ops/norm/norm.h"
+#include "ops/situ/situ.h"
+#include "ops/view/view.h"
 
 namespace moetrain::cli {
 
@@ -245,7 +245,7 @@ void run_kda(OpRun& r) {
   r.output("ht", out.final_state);
 }
 
-// kda_fused: the pre-processing of §4 around the KDA core: l2norm(q_raw), l2norm(k_raw),
+// kda_fused: the pre-processing of docs/model.md#kda-layer around the KDA core: l2norm(q_raw), l2norm(k_raw),
 // g = gate(f_raw; A_log, dt_bias), beta = σ(beta_raw).
 void run_kda_fused(OpRun& r) {
   Tensor q_raw = r.input("q_raw", 4), k_raw = r.input("k_raw", 4), v = r.input("v", 4), f_raw = r.input("f_raw", 4);
@@ -306,7 +306,7 @@ void run_situ_glu(OpRun& r) {
   }
 }
 
-// kda_layer: x [B,T,D] and the KimiDeltaAttention weights (MODEL_SPEC §4) under params/.
+// kda_layer: x [B,T,D] and the KimiDeltaAttention weights (docs/model.md#kda-layer) under params/.
 void run_kda_layer(OpRun& r) {
   Tensor x = r.input("x", 3);
   const int64_t D = x.size(2);
@@ -387,7 +387,7 @@ void run_kda_layer(OpRun& r) {
   r.output("y", layer.forward(x));
 }
 
-// gpt2_block: one HF GPT2Block (MODEL_SPEC §2) on x [B,T,D], Conv1D weights [in, out].
+// gpt2_block: one HF GPT2Block (docs/model.md#gpt-2-block) on x [B,T,D], Conv1D weights [in, out].
 // The model's own block function (nn/gpt2.h), dropout 0.
 void run_gpt2_block(OpRun& r) {
   Tensor x = r.input("x", 3);
@@ -420,7 +420,7 @@ void run_gpt2_block(OpRun& r) {
   r.output("y", gpt2_block(w, x, H, eps, 0.0));
 }
 
-// mla: x [B,T,D] and the KimiMLAAttention weights (MODEL_SPEC §7) under params/; attribute H.
+// mla: x [B,T,D] and the KimiMLAAttention weights (docs/model.md#gated-mla) under params/; attribute H.
 void run_mla(OpRun& r) {
   Tensor x = r.input("x", 3);
   const int64_t D = x.size(2);
@@ -488,8 +488,8 @@ void run_mla(OpRun& r) {
   r.output("y", layer.forward(x));
 }
 
-// latent_moe: x [N, D] or [B, T, D] through the model's own MoeLayer (MODEL_SPEC §9.1
-// router, §9.3 latent routed experts + shared experts), weights under HF names. The
+// latent_moe: x [N, D] or [B, T, D] through the model's own MoeLayer (docs/model.md#moe-router
+// router, docs/model.md#moe-experts latent routed experts + shared experts), weights under HF names. The
 // per-expert weights experts.{j}.w1/w3/w2.weight are stacked into the layer's
 // [E, F, W] tensors by a differentiable concat, so each gets its own gradient; the
 // router bias is a buffer (selection only, no gradient). Without the three latent

@@ -10,8 +10,8 @@
 
 #include "autograd/grad_mode.h"
 #include "core/dispatch.h"
-#include "ops/elementwise.h"
-#include "ops/view.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/view/view.h"
 
 namespace moetrain::comm {
 

@@ -59,7 +59,7 @@ std::vector<KeySpec> make_schema() {
   // clang-format off
   return {
     // model: the network. Defaults are GPT-2 small (124M).
-    choice ("model.arch",           "gpt2",  {"gpt2", "hybrid"}, "gpt2 = GPT-2 (MODEL_SPEC §2); hybrid = the K3-style decoder of KDA / MLA / attention mixers (§10-§11)"),
+    choice ("model.arch",           "gpt2",  {"gpt2", "hybrid"}, "gpt2 = GPT-2 (docs/model.md#gpt-2-block); hybrid = the K3-style decoder of KDA / MLA / attention mixers (docs/model.md#block-attnres to #full-decoder)"),
     integer("model.vocab_size",     "50257", at_least(1),  "rows of the token embedding; must cover every id the tokenizer produces"),
     integer("model.n_layer",        "12",    in(1, 4096),  "number of transformer blocks"),
     integer("model.n_head",         "12",    at_least(1),  "attention heads per block; must divide model.d_model"),
@@ -71,7 +71,7 @@ std::vector<KeySpec> make_schema() {
     number ("model.init_std",       "0.02",  above(0),     "standard deviation of the normal weight initialization"),
     string ("model.init_from",      "''",                  "weights to start from: a Hugging Face GPT-2 directory, a model directory of moetrain export or <run>/model (any train.ep), or a .safetensors file; empty = random init"),
 
-    // model, hybrid architecture only (model.arch: hybrid; MODEL_SPEC §4-§13).
+    // model, hybrid architecture only (model.arch: hybrid; docs/model.md#kda-layer to #configs-and-parameter-counts).
     choice ("model.mixer",          "kda",   {"kda", "mla", "attention", "linear_attention", "deltanet", "gated_deltanet"}, "hybrid: token mixer of the layers not picked for model.attn_mixer; linear_attention, deltanet and gated_deltanet are the lower rungs of the evolution ladder (docs/evolution.md) and use the model.kda.* heads, head dim and kernels"),
     choice ("model.attn_mixer",     "mla",   {"mla", "attention", "kda", "linear_attention", "deltanet", "gated_deltanet"}, "hybrid: mixer of the layers l with l % model.attn_every == model.attn_offset (and the last, with model.attn_last)"),
     integer("model.attn_every",     "4",     at_least(0),  "hybrid: period of the model.attn_mixer layers; 0 = none by period"),

@@ -121,7 +121,7 @@ template <class T> Tensor from_span(std::span<const T> values, const Shape& shap
 }
 
 // View of a tensor as another shape over the same storage (no autograd; the
-// op `reshape` in src/ops/view.h is the differentiable form).
+// op `reshape` in src/ops/view/view.h is the differentiable form).
 Tensor alias(const Tensor& t, const Shape& shape, int64_t extra_offset = 0);
 
 // In-place helpers for optimizer state and gradient buffers. They refuse tensors

@@ -2,9 +2,9 @@
 
 #include <optional>
 
-#include "ops/elementwise.h"
-#include "ops/linalg.h"
-#include "ops/situ.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linalg/linalg.h"
+#include "ops/situ/situ.h"
 
 namespace moetrain {
 

@@ -1,5 +1,5 @@
 // Dense feed-forward sublayers of the hybrid model (no biases, HF names):
-//   situ_glu: y = SiTU(x Wgate^T, x Wup^T; β, λ) Wdown^T      MODEL_SPEC §8 (K3)
+//   situ_glu: y = SiTU(x Wgate^T, x Wup^T; β, λ) Wdown^T      docs/model.md#situ-glu (K3)
 //   swiglu:   y = (silu(x Wgate^T) ⊙ x Wup^T) Wdown^T          Kimi-Linear
 //   gelu:     y = gelu_tanh(x Wup^T) Wdown^T                    GPT-2-style MLP without biases
 // gate_proj/up_proj [F, D], down_proj [D, F].

@@ -1,4 +1,4 @@
-// GPT-2 forward (MODEL_SPEC §2). Shapes: ids [B, T]; x [B, T, D]; per head
+// GPT-2 forward (docs/model.md#gpt-2-block). Shapes: ids [B, T]; x [B, T, D]; per head
 // [B, T, H, D/H]. Everything is built from differentiable ops, so backward is
 // the ops' backward (each gradient-checked in tests/ops).
 #include "nn/gpt2.h"
@@ -12,14 +12,14 @@
 #include "autograd/grad_mode.h"
 #include "autograd/profile.h"
 #include "core/rng.h"
-#include "ops/attention.h"
-#include "ops/dropout.h"
-#include "ops/elementwise.h"
-#include "ops/embedding.h"
-#include "ops/linalg.h"
-#include "ops/norm.h"
-#include "ops/softmax.h"
-#include "ops/view.h"
+#include "ops/attention/attention.h"
+#include "ops/dropout/dropout.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/embedding/embedding.h"
+#include "ops/linalg/linalg.h"
+#include "ops/norm/norm.h"
+#include "ops/softmax/softmax.h"
+#include "ops/view/view.h"
 
 namespace moetrain {
 

@@ -1,4 +1,4 @@
-// GPT-2 exactly as MODEL_SPEC §2 (OpenAI GPT-2 / HF GPT2LMHeadModel): learned
+// GPT-2 exactly as docs/model.md#gpt-2-block (OpenAI GPT-2 / HF GPT2LMHeadModel): learned
 // positions, pre-LayerNorm blocks, fused qkv projection, causal attention,
 // GELU-tanh MLP, biases everywhere, final LayerNorm, LM head tied to wte.
 // Weights are stored in nn.Linear layout [out, in]; Hugging Face's Conv1D
@@ -40,7 +40,7 @@ struct Gpt2BlockWeights {
   Tensor ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w, mlp_proj_b;
 };
 
-// One GPT-2 block (MODEL_SPEC §2) on x [B, T, D] with n_head heads:
+// One GPT-2 block (docs/model.md#gpt-2-block) on x [B, T, D] with n_head heads:
 //   h = x + dropout(attn(LN_1(x)) W_proj^T + b),  y = h + dropout(gelu(LN_2(h) W_fc^T + b_fc) W_proj^T + b_proj).
 // With caches: keys and values are appended to *k_cache / *v_cache ([B, length, H, hd],
 // undefined at first) and attention runs over all of them.

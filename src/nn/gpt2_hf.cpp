@@ -9,7 +9,7 @@
 
 #include "autograd/grad_mode.h"
 #include "checkpoint/export.h"
-#include "ops/view.h"
+#include "ops/view/view.h"
 
 namespace moetrain {
 

@@ -1,5 +1,5 @@
-// Hybrid decoder forward (MODEL_SPEC §10.2, §11). Built from gradient-checked
-// ops and layers; the AttnRes bookkeeping follows §10.2 line by line.
+// Hybrid decoder forward (docs/model.md#attnres-schedule, docs/model.md#full-decoder). Built from gradient-checked
+// ops and layers; the AttnRes bookkeeping follows docs/model.md#attnres-schedule line by line.
 #include "nn/hybrid.h"
 
 #include <cmath>
@@ -9,13 +9,13 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/profile.h"
-#include "ops/attention.h"
-#include "ops/attnres.h"
-#include "ops/elementwise.h"
-#include "ops/embedding.h"
-#include "ops/linalg.h"
-#include "ops/norm.h"
-#include "ops/view.h"
+#include "ops/attention/attention.h"
+#include "ops/attnres/attnres.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/embedding/embedding.h"
+#include "ops/linalg/linalg.h"
+#include "ops/norm/norm.h"
+#include "ops/view/view.h"
 
 namespace moetrain {
 
@@ -172,7 +172,7 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
       L.ffn = std::make_unique<DenseFfn>(fc, f, p + "mlp.");
     }
     if (c.attn_res) {
-      // Pseudo-queries start at zero (uniform read, §12); key norms at one. Layer 0's
+      // Pseudo-queries start at zero (uniform read, docs/model.md#initialisation); key norms at one. Layer 0's
       // attention read never happens (nothing but the embedding exists), so it has none.
       if (l > 0) {
         L.attn_res_proj = f.make(p + "attn_res_proj.weight", {D}, Init::zeros(), "attn_res", false);
@@ -285,7 +285,7 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
       hidden = add(hidden, ffn(l, hidden));
     }
   } else {
-    // Block AttnRes (§10.2): `blocks` holds the embedding and the completed block
+    // Block AttnRes (docs/model.md#attnres-schedule): `blocks` holds the embedding and the completed block
     // sums; `prefix` the running sum of sublayer outputs of the open block.
     Tensors blocks;
     const auto S = static_cast<size_t>(c_.attn_res_block_size);
@@ -390,7 +390,7 @@ double HybridModel::activation_bytes_per_token(bool mixed_precision) const {
   // Rough: ~16 D-wide tensors per sublayer pair, the FFN hidden (3 F), KDA/MLA
   // intermediates (~12 P), AttnRes sources are shared; plus logits and their gradient.
   // In bf16 runs (mixed_precision) the wide tensors are bf16; the KDA layer's
-  // internals, the router's scores and the logits stay f32 (§12).
+  // internals, the router's scores and the logits stay f32 (docs/model.md#mixed-precision).
   const double D = static_cast<double>(c_.d_model), F = static_cast<double>(c_.ffn.d_ff);
   const double P = static_cast<double>(c_.kda.value_heads() * c_.kda.head_dim);
   const double L = static_cast<double>(c_.n_layer());

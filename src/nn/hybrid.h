@@ -1,8 +1,8 @@
-// The K3-style hybrid decoder (MODEL_SPEC §10-§11): token embedding, a
-// per-layer schedule of token mixers (KDA §4, gated MLA §7, or plain causal
+// The K3-style hybrid decoder (docs/model.md#block-attnres to #full-decoder): token embedding, a
+// per-layer schedule of token mixers (KDA docs/model.md#kda-layer, gated MLA docs/model.md#gated-mla, or plain causal
 // attention) each followed by an FFN (dense SiTU-GLU / SwiGLU / GELU; MoE layers
 // plug in with the MoE issue), RMSNorm pre-norms, and either Block Attention
-// Residuals (§10.2: every sublayer input is a softmax-over-depth read of block
+// Residuals (docs/model.md#attnres-schedule: every sublayer input is a softmax-over-depth read of block
 // sums) or the standard residual stream (Kimi-Linear), final RMSNorm, LM head
 // (untied by default). Parameter names follow Hugging Face Kimi:
 //   model.embed_tokens.weight, model.layers.{l}.{input_layernorm,post_attention_layernorm}.weight,

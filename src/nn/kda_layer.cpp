@@ -1,23 +1,23 @@
-// KDA layer forward (MODEL_SPEC §4). Built from gradient-checked ops; the
-// recurrence itself is the KDA op (src/ops/kda.h).
+// KDA layer forward (docs/model.md#kda-layer). Built from gradient-checked ops; the
+// recurrence itself is the KDA op (src/ops/kda/kda.h).
 #include "nn/kda_layer.h"
 
 #include <cmath>
 
 #include "autograd/grad_mode.h"
-#include "ops/conv.h"
-#include "ops/decay_gate.h"
-#include "ops/elementwise.h"
-#include "ops/kda.h"
-#include "ops/linalg.h"
-#include "ops/norm.h"
-#include "ops/view.h"
+#include "ops/conv/conv.h"
+#include "ops/kda/decay_gate.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/kda/kda.h"
+#include "ops/linalg/linalg.h"
+#include "ops/norm/norm.h"
+#include "ops/view/view.h"
 
 namespace moetrain {
 
 namespace {
 
-// log U(1, 16) (A_log, §12).
+// log U(1, 16) (A_log, docs/model.md#initialisation).
 Tensor log_uniform_1_16(const Shape& s, DType dt, Generator& gen) {
   return log(rand(s, dt, gen, 1.0, 16.0));
 }
@@ -139,7 +139,7 @@ Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
   const int64_t B = x.size(0), T = x.size(1), H = c_.n_head, HV = c_.value_heads(), K = c_.head_dim;
   // Mixed precision (bf16 x): the projections run in bf16; from their outputs to
   // o_proj's input the layer computes in f32 (short conv, gates, the recurrence and
-  // its state, the output norm), whose parameters stay f32 (§12 "Precision").
+  // its state, the output norm), whose parameters stay f32 (docs/model.md#mixed-precision).
   const DType cd = x.dtype() == DType::bf16 ? DType::f32 : x.dtype();
   Tensor q = silu(short_conv(linear(x, q_proj).to(cd), q_conv, cache ? &cache->conv_q : nullptr));
   Tensor k = silu(short_conv(linear(x, k_proj).to(cd), k_conv, cache ? &cache->conv_k : nullptr));

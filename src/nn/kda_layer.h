@@ -1,9 +1,9 @@
-// KDA token mixer (MODEL_SPEC §4), Hugging Face / fla parameter names:
+// KDA token mixer (docs/model.md#kda-layer), Hugging Face / fla parameter names:
 //   q,k,v = silu(short_conv(x W{q,k,v}^T))            W [P, D]; conv [P, W] depthwise causal
 //   g     = gate(x Wfa^T Wfb^T)                        softplus: −e^{A_log}·softplus(f + dt_bias)
 //                                                      lower bound: lb·σ(e^{A_log}(f + dt_bias))
 //   β     = σ(x Wb^T)
-//   o, S  = KDA(l2norm(q), l2norm(k), v, g, β; K^{-1/2}, S_0)      §5/§6
+//   o, S  = KDA(l2norm(q), l2norm(k), v, g, β; K^{-1/2}, S_0)      docs/model.md#kda-recurrent-form
 //   y     = (RMSNorm_V(o; w_o) ⊙ σ(z)) Wo^T,  z = x Wg^T (full rank) or x Wga^T Wgb^T
 // The same layer builds the two rungs below KDA on the evolution ladder
 // (docs/evolution.md), which differ from it in the decay only (`decay`):
@@ -25,7 +25,7 @@ namespace moetrain {
 
 enum class KdaGate { softplus, lower_bound };
 
-// Initial decays of the lower-bound gate (MODEL_SPEC §12, §14.5); the softplus
+// Initial decays of the lower-bound gate (docs/model.md#initialisation, docs/model.md#initial-decays-of-the-lower-bound-gate); the softplus
 // gate always uses fla's init (dt ~ log U(1e-3, 1e-1) through softplus^{-1}).
 //   spread: dt_bias[h, d] = logit(dt / |lb|) / e^{A_log[h]}, dt ~ log U(1e-3, 1e-1),
 //           so that g = −dt at f = 0: every channel starts with a long memory, spread
@@ -88,7 +88,7 @@ class KdaLayer {
 // g = −e^{A_log}·softplus(a + dt_bias), [..., HV].
 Tensor gated_deltanet_gate(const Tensor& a, const Tensor& A_log, const Tensor& dt_bias);
 
-// The decay gate of §4 on f [..., HV, K] with A_log [HV], dt_bias [HV·K]: g [..., HV, K].
+// The decay gate of docs/model.md#decay-gate on f [..., HV, K] with A_log [HV], dt_bias [HV·K]: g [..., HV, K].
 Tensor kda_gate(const Tensor& f, const Tensor& A_log, const Tensor& dt_bias, KdaGate gate, double lower_bound);
 
 }  // namespace moetrain

@@ -1,7 +1,7 @@
 #include "nn/language_model.h"
 
 #include "autograd/profile.h"
-#include "ops/softmax.h"
+#include "ops/softmax/softmax.h"
 
 namespace moetrain {
 

@@ -47,7 +47,7 @@ class LanguageModel {
   virtual double flops_per_token(int64_t seq_len) const = 0;
   // Saved activations per token of a training micro-batch (an estimate, bytes).
   // mixed_precision (train.dtype bf16): the model's wide activations are bf16,
-  // what §12 keeps in f32 (KDA internals, router scores, logits) stays 4 bytes.
+  // what docs/model.md#mixed-precision keeps in f32 (KDA internals, router scores, logits) stays 4 bytes.
   virtual double activation_bytes_per_token(bool mixed_precision) const = 0;
   // Bytes of the decoding cache of one sequence after `length` tokens (what
   // new_cache() holds then, from the shapes alone): linear in the length for

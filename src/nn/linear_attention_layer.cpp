@@ -3,10 +3,10 @@
 #include "nn/linear_attention_layer.h"
 
 #include "autograd/grad_mode.h"
-#include "ops/elementwise.h"
-#include "ops/linalg.h"
-#include "ops/linear_attention.h"
-#include "ops/view.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linalg/linalg.h"
+#include "ops/linear_attention/linear_attention.h"
+#include "ops/view/view.h"
 
 namespace moetrain {
 

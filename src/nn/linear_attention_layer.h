@@ -5,7 +5,7 @@
 //   S_t     = S_{t-1} + φ(k_t) v_t^T,  z_t = z_{t-1} + φ(k_t)      additive state, no decay
 //   o_t     = S_t^T φ(q_t) / (z_t^T φ(q_t) + eps)
 //   y       = o.reshape(B, T, H·K) Wo^T        Wo [D, H·K]
-// S and z run through one linear_attention op (ops/linear_attention.h) on v with
+// S and z run through one linear_attention op (ops/linear_attention/linear_attention.h) on v with
 // a column of ones appended: its last output column is the normaliser, the last
 // state column is z. Value head dim = K.
 #pragma once

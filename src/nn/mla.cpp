@@ -1,13 +1,13 @@
-// Gated MLA forward (MODEL_SPEC §7), from gradient-checked ops.
+// Gated MLA forward (docs/model.md#gated-mla), from gradient-checked ops.
 #include "nn/mla.h"
 
 #include <cmath>
 
-#include "ops/attention.h"
-#include "ops/elementwise.h"
-#include "ops/linalg.h"
-#include "ops/norm.h"
-#include "ops/view.h"
+#include "ops/attention/attention.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linalg/linalg.h"
+#include "ops/norm/norm.h"
+#include "ops/view/view.h"
 
 namespace moetrain {
 

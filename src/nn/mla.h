@@ -1,4 +1,4 @@
-// Gated multi-head latent attention (MODEL_SPEC §7, K3 `KimiMLAAttention`),
+// Gated multi-head latent attention (docs/model.md#gated-mla, K3 `KimiMLAAttention`),
 // Hugging Face parameter names:
 //   cq      = RMSNorm(x Wqa^T)                 q_a_proj [r_q, D], q_a_layernorm   (no LoRA: q_proj [H(dn+dr), D])
 //   q       = cq Wqb^T -> [B,T,H, dn+dr]        q_b_proj; per head [q_nope | q_rot]
@@ -7,7 +7,7 @@
 //   k       = [k_nope | kr shared by all heads]
 //   o       = causal softmax(q k^T (dn+dr)^{-1/2}) v
 //   y       = (o ⊙ σ(x Wg^T)) Wo^T              g_proj [H dv, D] (output gate), o_proj [D, H dv]
-// NoPE by default; optional RoPE (rotate-half, §3) on q_rot and kr.
+// NoPE by default; optional RoPE (rotate-half, docs/model.md#rope) on q_rot and kr.
 // The decoding cache holds the normed latent c and kr: (r_kv + dr) per token.
 #pragma once
 
@@ -53,7 +53,7 @@ class MlaLayer {
   MlaConfig c_;
 };
 
-// Rotate-half RoPE (§3) of x [B, T, N, r] at positions first..first+T−1.
+// Rotate-half RoPE (docs/model.md#rope) of x [B, T, N, r] at positions first..first+T−1.
 Tensor rope(const Tensor& x, int64_t first_position, double theta);
 
 }  // namespace moetrain

@@ -1,4 +1,4 @@
-// MoE layer (MODEL_SPEC §9). Differentiable parts are compositions of
+// MoE layer (docs/model.md#moe). Differentiable parts are compositions of
 // gradient-checked ops (linear, sigmoid/softmax, index_select, grouped_linear,
 // situ_glu, rms_norm); selection and the expert plan are integer bookkeeping.
 #include "nn/moe.h"
@@ -15,16 +15,16 @@
 #include "comm/collectives.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
-#include "ops/elementwise.h"
-#include "ops/linalg.h"
-#include "ops/moe.h"
-#include "ops/norm.h"
-#include "ops/router_kernels.h"
-#include "ops/router_simt.h"
-#include "ops/reduce.h"
-#include "ops/situ.h"
-#include "ops/softmax.h"
-#include "ops/view.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linalg/linalg.h"
+#include "ops/moe/moe.h"
+#include "ops/norm/norm.h"
+#include "ops/router/router_kernels.h"
+#include "ops/router/router_simt.h"
+#include "ops/reduce/reduce.h"
+#include "ops/situ/situ.h"
+#include "ops/softmax/softmax.h"
+#include "ops/view/view.h"
 
 namespace moetrain {
 
@@ -49,7 +49,7 @@ std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, in
            "select_experts: {} experts in {} groups, {} groups kept, top_k {}: groups must divide the experts and the "
            "kept groups hold at least top_k experts",
            E, n_group, topk_group, k);
-  if (scores.is_cuda()) {  // selected on the GPU (ops/router_simt.h, the same picks); N·k ids come back
+  if (scores.is_cuda()) {  // selected on the GPU (ops/router/router_simt.h, the same picks); N·k ids come back
     Tensor experts = empty({N, k}, DType::i64, scores.device());
     cuda::select_experts(experts, scores, bias, k, n_group, topk_group);
     const Tensor host = experts.to(kCpu);
@@ -107,7 +107,7 @@ Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, co
   const int64_t N = x.size(0), E = gate_weight.size(0), k = c.top_k;
   Routing r;
   // Mixed precision: gate.weight stays f32 and x is widened to it, so logits,
-  // scores and top-k are f32 (§9.1); otherwise x already has the weight's dtype.
+  // scores and top-k are f32 (docs/model.md#moe-router); otherwise x already has the weight's dtype.
   r.logits = linear(x.to(gate_weight.dtype()), gate_weight);  // [N, E]
   r.scores = c.score == RouterScore::sigmoid ? sigmoid(r.logits) : softmax(r.logits);
   {
@@ -283,7 +283,7 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
 
   aux_loss_ = Tensor();
   if (training && c_.aux_loss_weight > 0) {
-    // Sequence-wise balance loss (§9.2): α Σ_i f_i P_i per sequence, mean over the B sequences.
+    // Sequence-wise balance loss (docs/model.md#moe-auxiliary-losses): α Σ_i f_i P_i per sequence, mean over the B sequences.
     std::vector<double> f(static_cast<size_t>(B * E), 0.0);
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < k; ++j) f[(n / T) * E + r.experts[n * k + j]] += static_cast<double>(E) / (k * T);

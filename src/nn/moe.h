@@ -1,4 +1,4 @@
-// Mixture-of-Experts FFN (MODEL_SPEC §9), HF Kimi names:
+// Mixture-of-Experts FFN (docs/model.md#moe), HF Kimi names:
 //   router  logits = x Wr^T (gate.weight [E, D]), s = σ(logits) or softmax(logits)
 //           I = top-k of s + b (b = gate.e_score_correction_bias: selection only, a
 //           buffer moved by the aux-loss-free update, never by the optimizer)
@@ -10,7 +10,7 @@
 //   latent  y = RMSNorm(y_lat; routed_expert_norm) Wup^T (routed_expert_up_proj [D, L])
 //   shared  y += Shared(x) (shared_experts.{gate,up,down}_proj: one MLP of width F·n_shared)
 // Expert compute is grouped: the (token, slot) assignments are sorted by expert and
-// each expert's rows run as one GEMM (ops/moe.h).
+// each expert's rows run as one GEMM (ops/moe/moe.h).
 #pragma once
 
 #include <algorithm>
@@ -39,7 +39,7 @@ struct MoeConfig {
   int64_t expert_d_ff = 0;  // F, per expert (and per shared expert)
   int64_t latent_dim = 0;   // L; 0: plain MoE on the full width
   bool latent_norm = true;
-  double latent_norm_eps = 1e-5;  // routed_expert_norm (MODEL_SPEC §1: rms_norm_eps)
+  double latent_norm_eps = 1e-5;  // routed_expert_norm (docs/model.md#rmsnorm: rms_norm_eps)
   int64_t first_dense_layers = 1;
   RouterScore score = RouterScore::sigmoid;
   bool renormalize = true;
@@ -56,7 +56,7 @@ struct MoeConfig {
 // group-limited when n_group > 1 (groups ranked in the same order by the sum of
 // their two first biased scores, the first topk_group kept). Returns N·k expert
 // ids, row-major (token, slot), each row in that order. CUDA scores are ranked
-// on the GPU (ops/router_kernels.h, the same picks) and only the ids come back.
+// on the GPU (ops/router/router_kernels.h, the same picks) and only the ids come back.
 std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, int64_t k, int64_t n_group = 1,
                                     int64_t topk_group = 1);
 
@@ -67,7 +67,7 @@ struct Routing {
   Tensor weights;                // [N, k] w (differentiable through the selected s)
 };
 
-// The router of §9.1 on x [N, D] with gate.weight [E, D] and the bias [E].
+// The router of docs/model.md#moe-router on x [N, D] with gate.weight [E, D] and the bias [E].
 Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c);
 
 // The (token, slot) assignments sorted by expert (stable: token order within an
@@ -137,7 +137,7 @@ class MoeLayer {
   const MoeConfig& config() const { return c_; }
   MoeStats& stats() { return stats_; }
   const Tensor& aux_loss() const { return aux_loss_; }
-  // The aux-loss-free update (§9.2) from `counts` (assignments per expert, summed
+  // The aux-loss-free update (docs/model.md#aux-loss-free-bias-update) from `counts` (assignments per expert, summed
   // over all ranks and micro-batches): b += Δ − mean(Δ), Δ = γ sign(mean − counts).
   void update_bias(const std::vector<double>& counts);
 

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "ops/view.h"
+#include "ops/view/view.h"
 
 
 namespace moetrain {

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "ops/reduce.h"
+#include "ops/reduce/reduce.h"
 
 namespace moetrain {
 

@@ -30,7 +30,7 @@ std::optional<NonFiniteTensor> find_non_finite(const ParameterList& params);
 std::string describe(const NonFiniteTensor& t);
 
 // Mixed precision (train.dtype bf16): the parameters that stay f32 while the rest
-// become bf16 (MODEL_SPEC §12 "Precision"): the MoE router weight (logits, scores
+// become bf16 (docs/model.md#mixed-precision): the MoE router weight (logits, scores
 // and top-k in f32) and the KDA layer's A_log, dt_bias, short-conv weights and
 // output norm weight (the layer computes between its projections in f32).
 bool stays_f32_in_mixed_precision(const NamedParameter& p);

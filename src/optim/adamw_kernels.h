@@ -10,7 +10,7 @@
 
 #include "backend/cuda/runtime.h"
 #include "core/tensor.h"
-#include "ops/simt.h"  // MT_HOST_DEVICE
+#include "ops/common/simt.h"  // MT_HOST_DEVICE
 
 namespace moetrain {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "autograd/grad_mode.h"
-#include "ops/softmax.h"
+#include "ops/softmax/softmax.h"
 
 namespace moetrain {
 

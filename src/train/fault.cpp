@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/signals.h"
-#include "ops/elementwise.h"
+#include "ops/elementwise/elementwise.h"
 
 namespace moetrain {
 

@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "core/rng.h"
-#include "ops/view.h"
+#include "ops/view/view.h"
 
 namespace moetrain {
 

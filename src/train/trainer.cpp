@@ -20,8 +20,8 @@
 #include "core/format.h"
 #include "data/synthetic.h"
 #include "nn/hybrid.h"
-#include "ops/elementwise.h"
-#include "ops/kda_kernels.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/kda/kda_kernels.h"
 #include "train/eval.h"
 #include "train/model_source.h"
 #include "train/sampling.h"
@@ -92,7 +92,7 @@ void reset_moe_stats(LanguageModel& model) {
     for (MoeLayer* m : hybrid->moe_layers()) m->stats().reset();
 }
 
-// Once per optimizer step, for MoE models: the aux-loss-free bias update (§9.2)
+// Once per optimizer step, for MoE models: the aux-loss-free bias update (docs/model.md#aux-loss-free-bias-update)
 // from this step's assignments (all micro-batches), then the load metrics per
 // layer (max/mean tokens per expert, dead experts); the statistics restart.
 MoeStepSummary moe_step(LanguageModel& model) {
@@ -259,7 +259,7 @@ void Trainer::place_on_device() {
                                    "or set train.device: cpu");
     device_ = Device{DeviceKind::cuda, cuda::select_device(cpu::launcher_local_rank())};
     cuda::set_allow_tf32(train_.tf32);
-    // The chunked KDA's state products on TF32 tensor cores (ops/kda_tc.h): with
+    // The chunked KDA's state products on TF32 tensor cores (ops/kda/kda_tc.h): with
     // train.tf32, and in bf16 runs, whose KDA gets f32 inputs (the layer computes
     // its gates and state in f32) and whose other products are bf16 already.
     cuda::set_kda_tensor_cores(train_.tf32 || train_.mixed_precision);

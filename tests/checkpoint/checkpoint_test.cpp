@@ -15,7 +15,7 @@
 #include "config/config.h"
 #include "core/rng.h"
 #include "nn/hybrid.h"
-#include "ops/view.h"
+#include "ops/view/view.h"
 #include "optim/adamw.h"
 #include "testing.h"
 #include "train/run_dir.h"

@@ -17,7 +17,7 @@
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
 #include "nn/hybrid.h"
-#include "ops/view.h"
+#include "ops/view/view.h"
 #include "testing.h"
 
 using namespace moetrain;

@@ -234,12 +234,12 @@ TEST_CASE("cli: generate refuses --max-new-tokens beyond the model's context up 
   CHECK(long_prompt.output.find("the prompt is 64 tokens") != string::npos);
 }
 
-TEST_CASE("cli: ledger reproduces the parameter counts of MODEL_SPEC §13.3", "[cli]") {
+TEST_CASE("cli: ledger reproduces the parameter counts of docs/model.md#shipped-configs", "[cli]") {
   struct Row {
     const char* config;
     int64_t total, active;
   };
-  // §13.3 (k3-* rows, gpt2-small) and §13.2 (Kimi-K3: "2.8T total / 104B activated").
+  // docs/model.md#shipped-configs (k3-* rows, gpt2-small) and docs/model.md#published-configs (Kimi-K3: "2.8T total / 104B activated").
   for (const Row& row : {Row{"gpt2-small", 124439808, 124439808}, Row{"k3-tiny", 820940, 509644},
                          Row{"k3-small", 67105636, 25326436}, Row{"k3-scaled", 14488248212, 534781844},
                          Row{"k3-scaled-lite", 3648149258, 153343754}}) {

@@ -1,5 +1,5 @@
 // PyTorch parity of `moetrain op`: tests/reference/k3_reference.py (an independent
-// plain-PyTorch transcription of MODEL_SPEC) writes random f64 inputs and upstream
+// plain-PyTorch transcription of docs/model.md) writes random f64 inputs and upstream
 // gradients to inputs.h5 and the outputs and autograd gradients to expected.h5, one
 // group per case; the binary runs each case (the KDA ops in both modes, chunked with
 // C = 16 on T = 37, which leaves a tail of 5) and every output and gradient must
@@ -123,7 +123,7 @@ void check_cases(const string& dir, const string& inputs, const string& tag, dou
 
 }  // namespace
 
-TEST_CASE("op: every op and layer matches the PyTorch transcription of MODEL_SPEC", "[cli][op][reference]") {
+TEST_CASE("op: every op and layer matches the PyTorch transcription of docs/model.md", "[cli][op][reference]") {
   if (run_quiet("/usr/bin/python3 -c 'import torch, h5py'") != 0) {
     WARN("skipped: /usr/bin/python3 cannot import torch and h5py (Debian python3-torch, python3-h5py)");
     return;

@@ -15,7 +15,7 @@
 #include "io/hdf5.h"
 #include "moetrain.h"
 #include "nn/moe.h"
-#include "ops/kda.h"
+#include "ops/kda/kda.h"
 #include "testing.h"
 
 using namespace moetrain;

@@ -161,8 +161,8 @@ TEST_CASE("hybrid: weights round-trip through safetensors", "[nn][hybrid]") {
                     Catch::Contains("model.layers.0.mlp.gate_proj.weight") && Catch::Contains("[10, 12]"));
 }
 
-TEST_CASE("hybrid: the §13.3 family counts come from the construction code (shapes only)", "[nn][hybrid]") {
-  // k3-tiny and k3-small of MODEL_SPEC §13.3 (total parameters, router bias not counted).
+TEST_CASE("hybrid: the docs/model.md#shipped-configs family counts come from the construction code (shapes only)", "[nn][hybrid]") {
+  // k3-tiny and k3-small of docs/model.md#shipped-configs (total parameters, router bias not counted).
   auto family = [](int64_t V, int64_t D, int64_t L, int64_t kh, int64_t kd, int64_t mh, int64_t rq, int64_t rkv,
                    int64_t dn, int64_t dr, int64_t dv, int64_t F, int64_t E, int64_t k, int64_t lat, int64_t ef,
                    int64_t S) {

@@ -1,4 +1,4 @@
-// MoE layer (MODEL_SPEC §9): selection, routing weights and their gradient, the
+// MoE layer (docs/model.md#moe): selection, routing weights and their gradient, the
 // expert plan (dispatch order, capacity), the layer against a per-token loop,
 // finite differences of every parameter, and the aux-loss-free balancing.
 #include <algorithm>
@@ -86,7 +86,7 @@ TEST_CASE("moe: routing weights are the renormalised selected scores times the s
 
 TEST_CASE("moe: the router gradient matches finite differences through the selection", "[nn][moe]") {
   // A margin between the k-th and (k+1)-th biased score keeps the set fixed under
-  // the finite-difference steps, so the check sees the smooth part (§9.1).
+  // the finite-difference steps, so the check sees the smooth part (docs/model.md#moe-router).
   const int64_t N = 6, D = 5, E = 6;
   Tensor x = randn({N, D}, DType::f64, 11), wr = randn({E, D}, DType::f64, 12);
   Tensor bias = mul_scalar(randn({E}, DType::f32, 13), 0.1);

@@ -1,4 +1,4 @@
-// Seed tasks of the KDA hybrid model (MODEL_SPEC §4-§6, §10-§11): a small
+// Seed tasks of the KDA hybrid model (docs/model.md#kda-layer to #kda-chunked-form, docs/model.md#block-attnres to #full-decoder): a small
 // all-KDA HybridModel, trained right here (no CLI) on the synthetic tasks of
 // data/synthetic.h, learns associative recall and repeated-key replacement to
 // > 95% held-out accuracy and, trained with context switches, forgets the
@@ -40,10 +40,10 @@
 #include "moetrain.h"
 #include "nn/hybrid.h"
 #include "nn/kda_layer.h"
-#include "ops/elementwise.h"
-#include "ops/linalg.h"
-#include "ops/norm.h"
-#include "ops/view.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linalg/linalg.h"
+#include "ops/norm/norm.h"
+#include "ops/view/view.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "testing.h"
@@ -188,7 +188,7 @@ Tensor decode_token_by_token(HybridModel& model, const Tensor& ids) {
 //   f64: the two paths differ by rounding only: 1e-10 relative to max |logit|.
 //   f32: both paths round at 6e-8 per operation; the difference is that of two
 //   summation orders through 2 layers (the KDA kernels agree to ~1e-6 relative,
-//   tests/ops/kda_test.cpp), RMSNorm and the LM head, without compounding (every
+//   tests/ops/kda/kda_test.cpp), RMSNorm and the LM head, without compounding (every
 //   KDA step is non-expansive). Measured 0.8e-6 (random weights) and 1.1e-6
 //   (trained); 1e-5 relative to max |logit| leaves ~10x and is far below what a
 //   wrong term would give. The argmax must also agree at every answer position.
@@ -350,7 +350,7 @@ TEST_CASE("seed tasks: the model in f32 at T = 65536 stays close to f64", "[nn][
   // long-memory gate, so states build up over hundreds of tokens; f32 against an
   // f64 copy of the same weights on one row of 65,536 random tokens.
   // Tolerance: the KDA op alone keeps f32 within ~3e-7 of f64 at this length
-  // (tests/ops/kda_long_test.cpp); through 2 layers, norms and the LM head the
+  // (tests/ops/kda/kda_long_test.cpp); through 2 layers, norms and the LM head the
   // logits measured 1.2e-6 relative to max |logit|; 1e-5 leaves ~8x while a drift
   // with T, a NaN or a lost chunk state would not pass. The error over the last
   // 4,096 tokens must also stay within 10x that of the first 4,096.

@@ -75,7 +75,7 @@ def sub(p, prefix):
 
 
 def hybrid_logits(p, cfg, ids):
-    """MODEL_SPEC §10.2 orchestration (or the plain residual stream) over the layers of
+    """docs/model.md#attnres-schedule orchestration (or the plain residual stream) over the layers of
     config.json, each piece from k3_reference.py, weights by their Hugging Face names."""
     ext = cfg["moetrain"]
     lin = cfg["linear_attn_config"]

@@ -1,14 +1,14 @@
 #!/usr/bin/python3
-"""Independent plain-PyTorch transcription of MODEL_SPEC (Debian python3-torch,
+"""Independent plain-PyTorch transcription of docs/model.md (Debian python3-torch,
 python3-h5py), the reference for `moetrain op` (tests/cli/op_reference_test.cpp,
 docs/op.md). Shares no code with moetrain: every formula below is written from
-shared/MODEL_SPEC.md, gradients come from torch.autograd.
+docs/model.md, gradients come from torch.autograd.
 
   k3_reference.py OUT_DIR [--list]
 
 Writes OUT_DIR/inputs.h5 and OUT_DIR/expected.h5, float64 throughout. Each case is
 one group of the same name in both files:
-  inputs.h5:/CASE    the op's input datasets (names as in MODEL_SPEC), layer weights
+  inputs.h5:/CASE    the op's input datasets (names as in docs/model.md), layer weights
                      under params/ (Hugging Face names), hyper-parameters as
                      attributes, and random upstream gradients dX for outputs X
                      (some cases leave some or all of them out: zeros / outputs only)
@@ -20,7 +20,7 @@ h0; without h0 and with dht absent; outputs only; strong decay down to -12 per s
 with some channels exactly 0 and beta near 0 or 1; one partial chunk of 64 > T), kda_fused (softplus and
 lowerbound gates), kda_layer (softplus gate + low-rank output gate, lowerbound gate
 + full-rank output gate; GVA), attention, attnres, situ_glu (constant beta with
-linear_beta; learnable beta without), gpt2_block, mla, latent_moe (§9: K3 latent MoE with
+linear_beta; learnable beta without), gpt2_block, mla, latent_moe (docs/model.md#moe: K3 latent MoE with
 shared experts and a router bias that changes the selection; plain MoE with SwiGLU and no
 shared experts; top_k = 1 on [B, T, D] with a softmax router; an expert that no token
 chooses; the experts run densely, a combine matrix masks what the router did not choose).
@@ -40,7 +40,7 @@ import torch
 DT = torch.float64
 
 
-# ---------------------------------------------------------------- MODEL_SPEC §1 norms
+# ---------------------------------------------------------------- docs/model.md#norms norms
 
 def rms_norm(x, w, eps):
     """y = w * x / sqrt(mean(x^2) + eps), over the last dim."""
@@ -72,10 +72,10 @@ def silu(x):
     return x * sigmoid(x)
 
 
-# ---------------------------------------------------------------- §5 KDA recurrence
+# ---------------------------------------------------------------- docs/model.md#kda-recurrent-form KDA recurrence
 
 def kda_recurrent(q, k, v, g, beta, scale, h0):
-    """Naive loop of §5. q, k [B,T,H,K]; v [B,T,HV,V]; g [B,T,HV,K]; beta [B,T,HV]; h0 [B,HV,K,V] or None.
+    """Naive loop of docs/model.md#kda-recurrent-form. q, k [B,T,H,K]; v [B,T,HV,V]; g [B,T,HV,K]; beta [B,T,HV]; h0 [B,HV,K,V] or None.
     GVA: q/k head h serves value heads hG..hG+G-1 (repeat_interleave)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -93,7 +93,7 @@ def kda_recurrent(q, k, v, g, beta, scale, h0):
     return torch.stack(outs, 1), S
 
 
-# ---------------------------------------------------------------- §4 KDA layer pieces
+# ---------------------------------------------------------------- docs/model.md#kda-layer KDA layer pieces
 
 def kda_gate(f, A_log, dt_bias, mode, lower_bound):
     """f [..., HV, K], A_log [HV], dt_bias [HV*K] (index h*K + d)."""
@@ -133,7 +133,7 @@ def kda_layer(x, p, H, K, HV, gate_mode, lower_bound, l2eps, norm_eps):
     return o.reshape(B, T, HV * K) @ p["o_proj.weight"].T
 
 
-# ---------------------------------------------------------------- §2, §7, §8, §10.1
+# ---------------------------------------------------------------- docs/model.md#gpt-2-block, docs/model.md#gated-mla, docs/model.md#situ-glu, docs/model.md#attnres-read
 
 def causal_attention(q, k, v, scale):
     """q, k [B,T,H,Dk], v [B,T,H,Dv] -> [B,T,H,Dv]; softmax(scale q k^T + causal mask) v per head."""
@@ -188,17 +188,17 @@ def mla(x, p, H, dn, dr, dv, eps):
     return o @ p["o_proj.weight"].T
 
 
-# ---------------------------------------------------------------- §9 MoE
+# ---------------------------------------------------------------- docs/model.md#moe MoE
 
 def glu_mlp(x, w_gate, w_up, w_down, activation, beta, linear_beta):
-    """§8 SiTU-GLU (K3) or SwiGLU (Kimi-Linear): act(x Wg^T, x Wu^T) Wd^T."""
+    """docs/model.md#situ-glu SiTU-GLU (K3) or SwiGLU (Kimi-Linear): act(x Wg^T, x Wu^T) Wd^T."""
     g, u = x @ w_gate.T, x @ w_up.T
     h = situ_glu(g, u, beta, linear_beta) if activation == "situ_glu" else silu(g) * u
     return h @ w_down.T
 
 
 def moe_route(x, gate_w, bias, top_k, score, renormalize, scale):
-    """§9.1, one token at a time. x [N, D] -> (I [N][k] expert lists in descending biased score, ties lower
+    """docs/model.md#moe-router, one token at a time. x [N, D] -> (I [N][k] expert lists in descending biased score, ties lower
     index first; combine [N, E]: w_e at the selected experts, 0 elsewhere, differentiable through s)."""
     logits = x @ gate_w.T
     s = sigmoid(logits) if score == "sigmoid" else torch.softmax(logits, dim=-1)
@@ -228,7 +228,7 @@ def moe_margin(x, gate_w, bias, top_k, score):
 
 def latent_moe(x, p, top_k, score="sigmoid", renormalize=True, scale=1.0, activation="situ_glu", beta=4.0,
                linear_beta=None, eps=1e-5):
-    """§9.3 in a dense masked form: every expert runs on every token and the combine matrix (zero for the
+    """docs/model.md#moe-experts in a dense masked form: every expert runs on every token and the combine matrix (zero for the
     experts a token did not choose) weights the results. x [N, D] or [B, T, D]; p: HF names.
     Returns y (x's shape), topk_idx [N, k] (int64), topk_weight [N, k]."""
     shape = x.shape
@@ -450,7 +450,7 @@ def make_cases():
     c.attrs = {"H": Hm, "eps": 1e-6}
     run_case(c, lambda i, p: {"y": mla(i["x"], p, Hm, dn, dr, dv, 1e-6)}, ["y"])
     cases.append(c)
-    # --- latent_moe (§9): K3 latent MoE + shared experts, the bias changing the selection; a plain
+    # --- latent_moe (docs/model.md#moe): K3 latent MoE + shared experts, the bias changing the selection; a plain
     # Kimi-Linear-style MoE (SwiGLU, no latent, no shared); top_k = 1 on [B, T, D]; an expert no token
     # chooses (its bias puts it last for every token). Inputs are redrawn per token until the top_k + 1
     # biased scores are 2e-3 apart, so the selection and its order are the same in f32.

@@ -1,4 +1,4 @@
-// What the CUDA kernels of src/ops/*_cuda.cu share: dtype dispatch (f32, f64,
+// What the CUDA kernels of src/ops/*/*_cuda.cu share: dtype dispatch (f32, f64,
 // bf16 storage with f32 arithmetic), element loads and stores in the compute
 // type, launch shapes, the tensor's stream, and warp/block reductions.
 // Conventions: tensors are contiguous (the ops guarantee it); every kernel runs

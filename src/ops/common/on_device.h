@@ -1,0 +1,12 @@
+// The kernel of an op on the device of its tensors: an op calls
+//
+//   MT_ON_DEVICE(x, rms_norm_forward, y, rstd, x, w, eps);
+//
+// for `if (x.is_cuda()) cuda::rms_norm_forward(y, ...); else cpu::rms_norm_forward(y, ...);`,
+// the CPU and CUDA kernels being declared alike in the family's <op>_kernels.h
+// (cuda:: ones fail clearly in a build without CUDA: backend/cuda/runtime.h).
+// Its value is the kernel's (both return the same type).
+#pragma once
+
+#define MT_ON_DEVICE(t, kernel, ...) \
+  ((t).is_cuda() ? ::moetrain::cuda::kernel(__VA_ARGS__) : ::moetrain::cpu::kernel(__VA_ARGS__))

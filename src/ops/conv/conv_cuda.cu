@@ -1,0 +1,111 @@
+// CUDA twins of the depthwise causal conv kernels (conv_cpu.cpp): the forward
+// and dx give a thread each (row, channel) and add the taps in the CPU's order;
+// dw sums dy x over all (b, t) rows: chunks of rows in parallel (f64 partials
+// per chunk, a thread per channel), then the chunks in order, so every run
+// gives the same bits. Kernels up to kMaxTaps taps.
+#include <algorithm>
+
+#include "backend/cuda/kernel_utils.cuh"
+#include "ops/conv/conv_kernels.h"
+
+namespace moetrain::cuda {
+
+namespace {
+
+constexpr int kMaxTaps = 16;
+constexpr int64_t kRowsPerChunk = 128;
+
+template <class T>
+__global__ void conv_forward_kernel(T* y, const T* x, const T* w, int64_t B, int64_t Tn, int64_t C, int64_t W) {
+  using A = acc_t<T>;
+  MT_GRID_LOOP(e, B * Tn * C) {
+    int64_t c = e % C, bt = e / C, b = bt / Tn, t = bt % Tn;
+    A acc = 0;
+    for (int64_t i = 0; i < W; ++i) {
+      int64_t s = t - (W - 1) + i;
+      if (s >= 0) acc += load(w, c * W + i) * load(x, (b * Tn + s) * C + c);
+    }
+    store(y, e, acc);
+  }
+}
+
+template <class T>
+__global__ void conv_grad_x_kernel(T* dx, const T* dy, const T* w, int64_t B, int64_t Tn, int64_t C, int64_t W) {
+  using A = acc_t<T>;
+  MT_GRID_LOOP(e, B * Tn * C) {
+    int64_t c = e % C, bs = e / C, b = bs / Tn, s = bs % Tn;
+    A acc = 0;
+    for (int64_t i = 0; i < W; ++i) {
+      int64_t t = s + W - 1 - i;
+      if (t < Tn) acc += load(w, c * W + i) * load(dy, (b * Tn + t) * C + c);
+    }
+    store(dx, e, acc);
+  }
+}
+
+// partial[chunk, c, i] = Σ over rows r of the chunk of dy[r, c] x[r - W + 1 + i, c] (same sequence).
+template <class T>
+__global__ void conv_grad_w_partial_kernel(double* partial, const T* dy, const T* x, int64_t B, int64_t Tn, int64_t C,
+                                           int64_t W) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+  if (c >= C) return;
+  double acc[kMaxTaps] = {};
+  const int64_t r0 = chunk * kRowsPerChunk, r1 = min(B * Tn, r0 + kRowsPerChunk);
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t b = r / Tn, t = r % Tn;
+    double g = static_cast<double>(load(dy, r * C + c));
+    for (int64_t i = 0; i < W; ++i) {
+      int64_t s = t - W + 1 + i;
+      if (s >= 0) acc[i] += g * static_cast<double>(load(x, (b * Tn + s) * C + c));
+    }
+  }
+  for (int64_t i = 0; i < W; ++i) partial[(chunk * C + c) * W + i] = acc[i];
+}
+
+template <class T> __global__ void conv_grad_w_finish_kernel(T* dw, const double* partial, int64_t chunks, int64_t CW) {
+  MT_GRID_LOOP(e, CW) {
+    double s = 0;
+    for (int64_t k = 0; k < chunks; ++k) s += partial[k * CW + e];
+    store(dw, e, static_cast<acc_t<T>>(s));
+  }
+}
+
+}  // namespace
+
+void causal_conv1d_forward(Tensor& y, const Tensor& x, const Tensor& w) {
+  int64_t B = x.size(0), Tn = x.size(1), C = x.size(2), W = w.size(1);
+  if (x.numel() == 0) return;
+  dispatch_float_cuda(x.dtype(), "causal_conv1d", [&](auto tag) {
+    using T = decltype(tag);
+    conv_forward_kernel<T><<<blocks_for(x.numel()), kThreads, 0, stream_of(x)>>>(ptr<T>(y), ptr<T>(x), ptr<T>(w), B,
+                                                                                Tn, C, W);
+  });
+  MT_CUDA_CHECK_LAUNCH("causal_conv1d");
+}
+
+void causal_conv1d_backward(Tensor* grad_x, Tensor* grad_w, const Tensor& grad_y, const Tensor& x,
+                            const Tensor& w) {
+  int64_t B = x.size(0), Tn = x.size(1), C = x.size(2), W = w.size(1);
+  dispatch_float_cuda(x.dtype(), "causal_conv1d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cudaStream_t s = stream_of(x);
+    if (grad_x && x.numel() > 0)
+      conv_grad_x_kernel<T><<<blocks_for(x.numel()), kThreads, 0, s>>>(ptr<T>(*grad_x), ptr<T>(grad_y), ptr<T>(w), B,
+                                                                       Tn, C, W);
+    if (grad_w) {
+      if (B * Tn == 0) return fill(grad_w->raw_data(), grad_w->dtype(), grad_w->numel(), 0.0, x.device().index);
+      MT_CHECK(W <= kMaxTaps, "causal_conv1d: {} taps; the CUDA kernel takes at most {}", W, kMaxTaps);
+      int64_t chunks = (B * Tn + kRowsPerChunk - 1) / kRowsPerChunk;
+      MT_CHECK(chunks <= 65535, "causal_conv1d: {} rows is beyond the CUDA kernel's {} chunks of {}", B * Tn, 65535,
+               kRowsPerChunk);
+      Tensor partial = empty({chunks, C, W}, DType::f64, x.device());
+      dim3 grid(static_cast<unsigned>((C + 127) / 128), static_cast<unsigned>(chunks));
+      conv_grad_w_partial_kernel<T><<<grid, 128, 0, s>>>(ptr<double>(partial), ptr<T>(grad_y), ptr<T>(x), B, Tn, C, W);
+      conv_grad_w_finish_kernel<T><<<blocks_for(C * W), kThreads, 0, s>>>(ptr<T>(*grad_w), ptr<double>(partial), chunks,
+                                                                          C * W);
+    }
+  });
+  MT_CUDA_CHECK_LAUNCH("causal_conv1d_backward");
+}
+
+}  // namespace moetrain::cuda

@@ -1,0 +1,293 @@
+// CPU kernels of the elementwise family. Each output element is computed by one
+// thread in a fixed order, so results do not depend on the thread count, except
+// sum_to, whose per-target sums also run in a fixed order (bitwise reproducible).
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cpu/parallel.h"
+#include "core/dispatch.h"
+#include "ops/elementwise/elementwise_kernels.h"
+#include "ops/common/math.h"
+
+namespace moetrain::cpu {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 14;
+
+// Strides of `s` (right-aligned into nd dims) with 0 where s broadcasts.
+std::vector<int64_t> broadcast_strides(const Shape& s, int nd) {
+  std::vector<int64_t> st(static_cast<size_t>(nd), 0);
+  int64_t stride = 1;
+  for (int i = s.ndim() - 1; i >= 0; --i) {
+    int o = nd - s.ndim() + i;
+    st[static_cast<size_t>(o)] = s[i] == 1 ? 0 : stride;
+    stride *= s[i];
+  }
+  return st;
+}
+
+template <class T, class F>
+void binary_loop(F f, T* out, const Shape& os, const T* a, const Shape& as, const T* b, const Shape& bs) {
+  int64_t n = os.numel();
+  if (n == 0) return;
+  if (as == os && bs == os) {
+    parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) out[i] = f(a[i], b[i]);
+    });
+    return;
+  }
+  int nd = os.ndim();
+  auto sa = broadcast_strides(as, nd), sb = broadcast_strides(bs, nd);
+  int64_t inner = nd > 0 ? os[nd - 1] : 1;
+  int64_t rows = n / inner;
+  int64_t ia = nd > 0 ? sa[static_cast<size_t>(nd - 1)] : 0, ib = nd > 0 ? sb[static_cast<size_t>(nd - 1)] : 0;
+  parallel_for(rows, std::max<int64_t>(1, kGrain / inner), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      int64_t oa = 0, ob = 0, rem = r;
+      for (int d = nd - 2; d >= 0; --d) {
+        int64_t idx = rem % os[d];
+        rem /= os[d];
+        oa += idx * sa[static_cast<size_t>(d)];
+        ob += idx * sb[static_cast<size_t>(d)];
+      }
+      T* o = out + r * inner;
+      const T* pa = a + oa;
+      const T* pb = b + ob;
+      for (int64_t j = 0; j < inner; ++j) o[j] = f(pa[j * ia], pb[j * ib]);
+    }
+  });
+}
+
+template <class T>
+T softplus_of(T x) {  // log(1 + e^x) = max(x, 0) + log1p(e^-|x|)
+  return std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x)));
+}
+
+template <class T> constexpr T kGeluC = T(0.7978845608028654);  // sqrt(2/pi)
+template <class T> constexpr T kGeluA = T(0.044715);
+
+template <class T>
+inline T unary_value(UnaryOp op, T x) {
+  switch (op) {
+    case UnaryOp::neg: return -x;
+    case UnaryOp::exp: return std::exp(x);
+    case UnaryOp::log: return std::log(x);
+    case UnaryOp::sqrt: return std::sqrt(x);
+    case UnaryOp::square: return x * x;
+    case UnaryOp::tanh: return tanh_of(x);
+    case UnaryOp::sigmoid: return sigmoid_of(x);
+    case UnaryOp::relu: return x > T(0) ? x : T(0);
+    case UnaryOp::silu: return x * sigmoid_of(x);
+    case UnaryOp::softplus: return softplus_of(x);
+    case UnaryOp::gelu_tanh: {
+      T u = kGeluC<T> * (x + kGeluA<T> * x * x * x);
+      return T(0.5) * x * (T(1) + tanh_of(u));
+    }
+  }
+  return x;
+}
+
+// d f(x) / dx, given x and y = f(x).
+template <class T>
+inline T unary_derivative(UnaryOp op, T x, T y) {
+  switch (op) {
+    case UnaryOp::neg: return T(-1);
+    case UnaryOp::exp: return y;
+    case UnaryOp::log: return T(1) / x;
+    case UnaryOp::sqrt: return T(0.5) / y;
+    case UnaryOp::square: return T(2) * x;
+    case UnaryOp::tanh: return T(1) - y * y;
+    case UnaryOp::sigmoid: return y * (T(1) - y);
+    case UnaryOp::relu: return x > T(0) ? T(1) : T(0);
+    case UnaryOp::silu: {  // s (1 + x (1 - s))
+      T s = sigmoid_of(x);
+      return s * (T(1) + x * (T(1) - s));
+    }
+    case UnaryOp::softplus: return sigmoid_of(x);
+    case UnaryOp::gelu_tanh: {  // 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)
+      T u = kGeluC<T> * (x + kGeluA<T> * x * x * x);
+      T t = tanh_of(u);
+      return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * kGeluC<T> * (T(1) + T(3) * kGeluA<T> * x * x);
+    }
+  }
+  return T(0);
+}
+
+}  // namespace
+
+void binary_forward(BinaryOp op, Tensor& out, const Tensor& a, const Tensor& b) {
+  dispatch_float(out.dtype(), "binary", [&](auto tag) {
+    using T = decltype(tag);
+    T* o = out.data<T>();
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    switch (op) {
+      case BinaryOp::add: return binary_loop([](T x, T y) { return x + y; }, o, out.shape(), pa, a.shape(), pb, b.shape());
+      case BinaryOp::sub: return binary_loop([](T x, T y) { return x - y; }, o, out.shape(), pa, a.shape(), pb, b.shape());
+      case BinaryOp::mul: return binary_loop([](T x, T y) { return x * y; }, o, out.shape(), pa, a.shape(), pb, b.shape());
+      case BinaryOp::div: return binary_loop([](T x, T y) { return x / y; }, o, out.shape(), pa, a.shape(), pb, b.shape());
+    }
+  });
+}
+
+namespace {
+// Calls fn(std::integral_constant<UnaryOp, op>) so the loops below are compiled
+// once per op, with the formula inlined (no switch per element).
+template <class F>
+void with_op(UnaryOp op, F&& fn) {
+  switch (op) {
+    case UnaryOp::neg: return fn(std::integral_constant<UnaryOp, UnaryOp::neg>{});
+    case UnaryOp::exp: return fn(std::integral_constant<UnaryOp, UnaryOp::exp>{});
+    case UnaryOp::log: return fn(std::integral_constant<UnaryOp, UnaryOp::log>{});
+    case UnaryOp::sqrt: return fn(std::integral_constant<UnaryOp, UnaryOp::sqrt>{});
+    case UnaryOp::square: return fn(std::integral_constant<UnaryOp, UnaryOp::square>{});
+    case UnaryOp::tanh: return fn(std::integral_constant<UnaryOp, UnaryOp::tanh>{});
+    case UnaryOp::sigmoid: return fn(std::integral_constant<UnaryOp, UnaryOp::sigmoid>{});
+    case UnaryOp::relu: return fn(std::integral_constant<UnaryOp, UnaryOp::relu>{});
+    case UnaryOp::silu: return fn(std::integral_constant<UnaryOp, UnaryOp::silu>{});
+    case UnaryOp::softplus: return fn(std::integral_constant<UnaryOp, UnaryOp::softplus>{});
+    case UnaryOp::gelu_tanh: return fn(std::integral_constant<UnaryOp, UnaryOp::gelu_tanh>{});
+  }
+}
+}  // namespace
+
+namespace {
+// One op over [lo, hi), as a function of its own so that target_clones compiles an
+// AVX2 + FMA copy of each op's loop, picked by CPUID at load time.
+template <class T, UnaryOp kOp>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void unary_range(const T* __restrict x,
+                                                                             T* __restrict y, int64_t lo,
+                                                                             int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) y[i] = unary_value(kOp, x[i]);
+}
+
+template <class T, UnaryOp kOp>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void unary_backward_range(
+    const T* __restrict x, const T* __restrict y, const T* __restrict gy, T* __restrict gx, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * unary_derivative(kOp, x[i], y[i]);
+}
+}  // namespace
+
+void unary_forward(UnaryOp op, Tensor& y, const Tensor& x) {
+  dispatch_float(x.dtype(), "unary", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    with_op(op, [&](auto op_c) {
+      parallel_for(x.numel(), kGrain,
+                   [&](int64_t lo, int64_t hi) { unary_range<T, decltype(op_c)::value>(px, py, lo, hi); });
+    });
+  });
+}
+
+void unary_backward(UnaryOp op, Tensor& grad_x, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+  dispatch_float(x.dtype(), "unary_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    const T* py = y.data<T>();
+    const T* gy = grad_y.data<T>();
+    T* gx = grad_x.data<T>();
+    with_op(op, [&](auto op_c) {
+      parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+        unary_backward_range<T, decltype(op_c)::value>(px, py, gy, gx, lo, hi);
+      });
+    });
+  });
+}
+
+void affine_forward(Tensor& y, const Tensor& x, double scale, double shift) {
+  dispatch_float(x.dtype(), "affine", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    T s = static_cast<T>(scale), c = static_cast<T>(shift);
+    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) py[i] = px[i] * s + c;
+    });
+  });
+}
+
+void pow_forward(Tensor& y, const Tensor& x, double p) {
+  dispatch_float(x.dtype(), "pow", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    T e = static_cast<T>(p);
+    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) py[i] = std::pow(px[i], e);
+    });
+  });
+}
+
+// out[j] = sum over the broadcast dims of t. Each thread owns a range of target
+// elements and adds the source rows in a fixed order (accumulating in double).
+void sum_to(Tensor& out, const Tensor& t) {
+  dispatch_float(t.dtype(), "sum_to", [&](auto tag) {
+    using T = decltype(tag);
+    const Shape& ts = t.shape();
+    int nd = ts.ndim();
+    auto so = broadcast_strides(out.shape(), nd);  // stride in out, 0 on reduced dims
+    // Strides of t.
+    std::vector<int64_t> st(static_cast<size_t>(nd));
+    int64_t stride = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      st[static_cast<size_t>(d)] = stride;
+      stride *= ts[d];
+    }
+    // Offsets in t of every target element (kept dims) and of every reduced combination.
+    std::vector<int64_t> kept_dims, red_dims;
+    for (int d = 0; d < nd; ++d) (so[static_cast<size_t>(d)] == 0 && ts[d] != 1 ? red_dims : kept_dims).push_back(d);
+    auto offsets = [&](const std::vector<int64_t>& dims) {
+      int64_t count = 1;
+      for (int64_t d : dims) count *= ts[static_cast<int>(d)];
+      std::vector<int64_t> off(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t rem = i, o = 0;
+        for (int k = static_cast<int>(dims.size()) - 1; k >= 0; --k) {
+          int d = static_cast<int>(dims[static_cast<size_t>(k)]);
+          o += (rem % ts[d]) * st[static_cast<size_t>(d)];
+          rem /= ts[d];
+        }
+        off[static_cast<size_t>(i)] = o;
+      }
+      return off;
+    };
+    std::vector<int64_t> base = offsets(kept_dims), red = offsets(red_dims);
+    const T* src = t.data<T>();
+    T* dst = out.data<T>();
+    int64_t n = static_cast<int64_t>(base.size());
+    parallel_for(n, 256, [&](int64_t lo, int64_t hi) {
+      std::vector<double> acc(static_cast<size_t>(hi - lo), 0.0);
+      for (int64_t r : red)
+        for (int64_t j = lo; j < hi; ++j) acc[static_cast<size_t>(j - lo)] += src[base[static_cast<size_t>(j)] + r];
+      for (int64_t j = lo; j < hi; ++j) dst[j] = static_cast<T>(acc[static_cast<size_t>(j - lo)]);
+    });
+  });
+}
+
+void broadcast_copy(Tensor& out, const Tensor& x) {
+  dispatch_float(x.dtype(), "broadcast_to", [&](auto tag) {
+    using T = decltype(tag);
+    // x op x with x broadcast on both sides: returns the left operand.
+    binary_loop([](T l, T) { return l; }, out.data<T>(), out.shape(), x.data<T>(), x.shape(), x.data<T>(), x.shape());
+  });
+}
+
+void add_inplace(Tensor& dst, const Tensor& src, double alpha) {
+  dispatch_float(dst.dtype(), "add_", [&](auto tag) {
+    using T = decltype(tag);
+    T* d = dst.data<T>();
+    const T* s = src.data<T>();
+    T a = static_cast<T>(alpha);
+    parallel_for(dst.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      if (a == T(1))
+        for (int64_t i = lo; i < hi; ++i) d[i] += s[i];
+      else
+        for (int64_t i = lo; i < hi; ++i) d[i] += a * s[i];
+    });
+  });
+}
+
+}  // namespace moetrain::cpu

@@ -1,0 +1,75 @@
+// KDA CPU kernels (docs/model.md#kda-recurrent-form, docs/model.md#kda-chunked-form). Shapes as in ops/kda.h. Forward kernels
+// take `state` holding S_0 and leave S_T in it. Backward kernels overwrite every
+// grad_* tensor; grad_h0 [B, HV, K, V] always receives dS_0.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/runtime.h"
+#include "core/tensor.h"
+
+namespace moetrain::cpu {
+
+// The recurrent backward recomputes the states of kKdaRecurrentSegment steps at
+// a time from checkpoints saved every that many steps by the forward.
+constexpr int64_t kKdaRecurrentSegment = 64;
+
+inline int64_t kda_num_segments(int64_t T, int64_t length) { return (T + length - 1) / length; }
+
+// checkpoints: null, or [B, HV, num_segments(T, kKdaRecurrentSegment), K, V], receiving
+// the state before each segment.
+void kda_recurrent_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& g, const Tensor& beta, double scale);
+void kda_recurrent_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g, Tensor& grad_beta,
+                            Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                            const Tensor& checkpoints, double scale);
+
+// chunk_states: null, or [B, HV, num_segments(T, chunk_size), K, V], receiving every
+// chunk-entry state S_n (the backward reads them instead of recomputing the scan).
+void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const Tensor& g, const Tensor& beta, double scale, int64_t chunk_size);
+void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g, Tensor& grad_beta,
+                          Tensor& grad_h0, const Tensor& grad_o, const Tensor& grad_final_state, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                          const Tensor& chunk_states, double scale, int64_t chunk_size);
+
+// The chunked kernels run a copy compiled for AVX2 + FMA when the CPU has both
+// (kda_cpu.cpp), else the portable copy; the two round differently (FMA), each is
+// deterministic for a fixed thread count. For tests: which one runs, and forcing the
+// portable one (process-wide).
+bool kda_chunked_uses_avx2();
+void kda_chunked_force_portable(bool portable);
+
+}  // namespace moetrain::cpu
+
+// The CUDA twins (kda_cuda.cu): same contracts, except that the checkpoints and
+// chunk states are f32 for bf16 inputs (the state's arithmetic type), K and V are
+// bounded by 48 KiB of shared memory per block (4K + 2V + 1 values) and the chunk
+// size by C² + C values in it.
+namespace moetrain::cuda {
+MT_CUDA_KERNEL(void kda_recurrent_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                          double scale));
+MT_CUDA_KERNEL(void kda_recurrent_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g,
+                                           Tensor& grad_beta, Tensor& grad_h0, const Tensor& grad_o,
+                                           const Tensor& grad_final_state, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const Tensor& g, const Tensor& beta,
+                                           const Tensor& checkpoints, double scale));
+MT_CUDA_KERNEL(void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const Tensor& q,
+                                        const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                        double scale, int64_t chunk_size));
+MT_CUDA_KERNEL(void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor& grad_g,
+                                         Tensor& grad_beta, Tensor& grad_h0, const Tensor& grad_o,
+                                         const Tensor& grad_final_state, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& g, const Tensor& beta,
+                                         const Tensor& chunk_states, double scale, int64_t chunk_size));
+// The chunked form's state products (the scans and the output, ops/kda/kda_tc.h) on
+// TF32 tensor cores for f32 and bf16 inputs: off by default (f32 products, as
+// the CPU); the trainer turns it on for bf16 runs and train.tf32. Applies where
+// K, V and C are multiples of 16 on sm_80 and later; elsewhere the scalar bodies run.
+MT_CUDA_KERNEL(void set_kda_tensor_cores(bool enabled));
+// Columns of S per tensor-core scan block: 16 or 32 (where it divides V), or 0 for
+// the default (32, else 16). For benchmarks: fewer columns make more blocks.
+MT_CUDA_KERNEL(void set_kda_tensor_core_columns(int columns));
+}  // namespace moetrain::cuda

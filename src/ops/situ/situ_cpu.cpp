@@ -1,0 +1,111 @@
+// SiTU-GLU kernels: elementwise, parallel over contiguous ranges. The β gradient
+// is summed per chunk in double and the chunk sums added in order, so it is
+// reproducible for a fixed thread count.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/parallel.h"
+#include "core/dispatch.h"
+#include "ops/common/math.h"
+#include "ops/situ/situ_kernels.h"
+
+namespace moetrain::cpu {
+
+namespace {
+
+// The loops over [lo, hi), as functions of their own so that the cap is a template
+// argument (no branch in the loop) and target_clones compiles an AVX2 + FMA copy
+// picked by CPUID at load time (the same CPU always runs the same copy).
+template <class T, bool kCap>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void situ_forward_range(
+    const T* __restrict pg, const T* __restrict pu, T* __restrict po, int64_t lo, int64_t hi, T b, T inv_b, T l,
+    T inv_l) {
+  for (int64_t i = lo; i < hi; ++i) {
+    T g = pg[i];
+    T a = b * tanh_of(g * inv_b) * sigmoid_of(g);
+    T u = kCap ? l * tanh_of(pu[i] * inv_l) : pu[i];
+    po[i] = a * u;
+  }
+}
+
+// Returns this range's share of dβ (0 unless kBeta).
+template <class T, bool kCap, bool kBeta>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) double situ_backward_range(
+    const T* __restrict pg, const T* __restrict pu, const T* __restrict dout, T* __restrict dg, T* __restrict du,
+    int64_t lo, int64_t hi, T b, T inv_b, T l, T inv_l) {
+  double beta_sum = 0;
+  for (int64_t i = lo; i < hi; ++i) {
+    T g = pg[i], s = sigmoid_of(g), th = tanh_of(g * inv_b);
+    T a = b * th * s;
+    T u = pu[i], du_dup = T(1);
+    if (kCap) {
+      T tu = tanh_of(u * inv_l);
+      u = l * tu;
+      du_dup = T(1) - tu * tu;
+    }
+    // ∂a/∂g = (1 - tanh²(g/β)) σ(g) + β tanh(g/β) σ(g)(1 - σ(g))
+    T da_dg = (T(1) - th * th) * s + b * th * s * (T(1) - s);
+    dg[i] = dout[i] * u * da_dg;
+    du[i] = dout[i] * a * du_dup;
+    if (kBeta) {
+      T r = g * inv_b;
+      beta_sum += static_cast<double>(dout[i] * u * s * (th - r * (T(1) - th * th)));
+    }
+  }
+  return beta_sum;
+}
+
+}  // namespace
+
+void situ_glu_forward(Tensor& out, const Tensor& gate, const Tensor& up, double beta, double lambda) {
+  dispatch_float(gate.dtype(), "situ_glu", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = gate.data<T>();
+    const T* pu = up.data<T>();
+    T* po = out.data<T>();
+    const T b = static_cast<T>(beta), inv_b = static_cast<T>(1.0 / beta);
+    const T l = static_cast<T>(lambda), inv_l = lambda > 0 ? static_cast<T>(1.0 / lambda) : T(0);
+    const bool cap_up = lambda > 0;
+    parallel_for(gate.numel(), 4096, [&](int64_t lo, int64_t hi) {
+      if (cap_up) situ_forward_range<T, true>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
+      else situ_forward_range<T, false>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
+    });
+  });
+}
+
+void situ_glu_backward(Tensor& grad_gate, Tensor& grad_up, double* grad_beta, const Tensor& grad_out,
+                       const Tensor& gate, const Tensor& up, double beta, double lambda) {
+  dispatch_float(gate.dtype(), "situ_glu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = gate.data<T>();
+    const T* pu = up.data<T>();
+    const T* dout = grad_out.data<T>();
+    T* dg = grad_gate.data<T>();
+    T* du = grad_up.data<T>();
+    const T b = static_cast<T>(beta), inv_b = static_cast<T>(1.0 / beta);
+    const T l = static_cast<T>(lambda), inv_l = lambda > 0 ? static_cast<T>(1.0 / lambda) : T(0);
+    const bool cap_up = lambda > 0;
+    int64_t n = gate.numel();
+    int nt = num_threads();
+    std::vector<double> beta_parts(static_cast<size_t>(nt) + 1, 0.0);
+    parallel_for(n, 4096, [&](int64_t lo, int64_t hi) {
+      double beta_sum = 0;
+      if (cap_up && grad_beta) beta_sum = situ_backward_range<T, true, true>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+      else if (cap_up) situ_backward_range<T, true, false>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+      else if (grad_beta) beta_sum = situ_backward_range<T, false, true>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+      else situ_backward_range<T, false, false>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+      if (grad_beta) {
+        // Chunks are contiguous and start at distinct offsets: index them by thread.
+        int c = omp_in_parallel() ? omp_get_thread_num() : 0;
+        beta_parts[static_cast<size_t>(c)] = beta_sum;
+      }
+    });
+    if (grad_beta) {
+      double total = 0;
+      for (double p : beta_parts) total += p;  // thread order = range order
+      *grad_beta = total;
+    }
+  });
+}
+
+}  // namespace moetrain::cpu

@@ -1,0 +1,141 @@
+// CPU kernels of the softmax family: one row per task, max-subtracted
+// exponentials accumulated in double.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/parallel.h"
+#include "core/dispatch.h"
+#include "ops/common/math.h"
+#include "ops/softmax/softmax_kernels.h"
+
+namespace moetrain::cpu {
+
+namespace {
+// log Σ e^x, max-subtracted; -inf for an all -inf row. target_clones: an AVX2 +
+// FMA copy, picked by CPUID at load time (the vocabulary rows are the bulk of a
+// small model's non-GEMM time).
+template <class T>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) double row_logsumexp(const T* x, int64_t n) {
+  T m = max_of(x, n);
+  if (std::isinf(m) && m < 0) return m;
+  return static_cast<double>(m) + std::log(sum_exp(x, n, m));
+}
+// grad = scale · e^{x - lse} over a row (the target's entry is fixed by the caller).
+template <class T>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void row_softmax_scaled(
+    T* __restrict grad, const T* __restrict x, int64_t n, T scale, T lse) {
+  for (int64_t j = 0; j < n; ++j) grad[j] = scale * exp_of(x[j] - lse);
+}
+}  // namespace
+
+void softmax_forward(Tensor& y, const Tensor& x, bool log) {
+  dispatch_float(x.dtype(), "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* xr = px + r * n;
+        T* yr = py + r * n;
+        // Relative to the row max m (exact in T): y = e^{x-m} / Σ, log y = (x - m) - log Σ.
+        T m = max_of(xr, n);
+        for (int64_t j = 0; j < n; ++j) yr[j] = exp_of(xr[j] - m);
+        double s = sum_of(yr, n);
+        if (log) {
+          T log_s = static_cast<T>(std::log(s));
+          for (int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) - log_s;
+        } else {
+          T inv = static_cast<T>(1.0 / s);
+          for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+        }
+      }
+    });
+  });
+}
+
+void softmax_backward(Tensor& grad_x, const Tensor& grad_y, const Tensor& y, bool log) {
+  dispatch_float(y.dtype(), "softmax_backward", [&](auto tag) {
+    using T = decltype(tag);
+    int64_t n = y.size(-1), rows = y.numel() / std::max<int64_t>(n, 1);
+    const T* py = y.data<T>();
+    const T* gy = grad_y.data<T>();
+    T* gx = grad_x.data<T>();
+    parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* yr = py + r * n;
+        const T* gr = gy + r * n;
+        T* xr = gx + r * n;
+        double dot = 0;
+        if (log) {
+          for (int64_t j = 0; j < n; ++j) dot += gr[j];
+          for (int64_t j = 0; j < n; ++j) xr[j] = static_cast<T>(gr[j] - exp_of(yr[j]) * dot);
+        } else {
+          for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(gr[j]) * yr[j];
+          for (int64_t j = 0; j < n; ++j) xr[j] = static_cast<T>(yr[j] * (gr[j] - dot));
+        }
+      }
+    });
+  });
+}
+
+void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const Tensor& logits,
+                           const Tensor& targets, int64_t ignore_index) {
+  dispatch_float(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
+      using I = decltype(itag);
+      int64_t v = logits.size(-1), rows = logits.numel() / std::max<int64_t>(v, 1);
+      const T* px = logits.data<T>();
+      const I* pt = targets.data<I>();
+      double* pl = lse.data<double>();
+      std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
+      parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          double l = row_logsumexp(px + r * v, v);
+          pl[r] = l;
+          if (pt[r] != ignore_index) row_loss[static_cast<size_t>(r)] = l - static_cast<double>(px[r * v + pt[r]]);
+        }
+      });
+      loss_sum = 0;
+      count = 0;
+      for (int64_t r = 0; r < rows; ++r) {  // fixed order: thread-count independent
+        if (pt[r] == ignore_index) continue;
+        loss_sum += row_loss[static_cast<size_t>(r)];
+        count += 1;
+      }
+    });
+  });
+}
+
+void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            double scale, int64_t ignore_index) {
+  dispatch_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
+      using I = decltype(itag);
+      int64_t v = logits.size(-1), rows = logits.numel() / std::max<int64_t>(v, 1);
+      const T* px = logits.data<T>();
+      const I* pt = targets.data<I>();
+      const double* pl = lse.data<double>();
+      T* pg = grad_logits.data<T>();
+      parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          T* gr = pg + r * v;
+          if (pt[r] == ignore_index) {
+            std::fill(gr, gr + v, T(0));
+            continue;
+          }
+          const T* xr = px + r * v;
+          double l = pl[r];
+          T sc = static_cast<T>(scale), lt = static_cast<T>(l);  // rounding lse to T costs <= 1 ulp of it
+          row_softmax_scaled(gr, xr, v, sc, lt);
+          gr[pt[r]] = static_cast<T>(scale * (std::exp(static_cast<double>(xr[pt[r]]) - l) - 1.0));
+        }
+      });
+    });
+  });
+}
+
+}  // namespace moetrain::cpu

@@ -1,0 +1,134 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "backend/cpu/parallel.h"
+#include "moetrain.h"
+#include "testing.h"
+#include "ops/cuda_vs_cpu.h"
+
+using namespace moetrain;
+using moetrain::testing::check_gradients;
+
+TEST_CASE("layer_norm: forward matches a plain loop", "[ops][norm]") {
+  Tensor x = randn({3, 33}, DType::f64, 1), w = randn({33}, DType::f64, 2), b = randn({33}, DType::f64, 3);
+  std::vector<double> vx = x.to_vector(), vw = w.to_vector(), vb = b.to_vector(), y = layer_norm(x, w, b, 1e-5).to_vector();
+  for (int r = 0; r < 3; ++r) {
+    double mu = 0, var = 0;
+    for (int j = 0; j < 33; ++j) mu += vx[r * 33 + j] / 33;
+    for (int j = 0; j < 33; ++j) var += (vx[r * 33 + j] - mu) * (vx[r * 33 + j] - mu) / 33;
+    for (int j = 0; j < 33; ++j)
+      REQUIRE(y[r * 33 + j] == Approx((vx[r * 33 + j] - mu) / std::sqrt(var + 1e-5) * vw[j] + vb[j]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("rms_norm and l2_norm: forward matches a plain loop", "[ops][norm]") {
+  Tensor x = randn({4, 31}, DType::f64, 4), w = randn({31}, DType::f64, 5);
+  std::vector<double> vx = x.to_vector(), vw = w.to_vector();
+  std::vector<double> y = rms_norm(x, w, 1e-5).to_vector(), y2 = l2_norm(x, 1e-6).to_vector(),
+                      y3 = rms_norm(x, Tensor(), 1e-5).to_vector();
+  for (int r = 0; r < 4; ++r) {
+    double ss = 0;
+    for (int j = 0; j < 31; ++j) ss += vx[r * 31 + j] * vx[r * 31 + j];
+    for (int j = 0; j < 31; ++j) {
+      REQUIRE(y[r * 31 + j] == Approx(vw[j] * vx[r * 31 + j] / std::sqrt(ss / 31 + 1e-5)).epsilon(1e-12));
+      REQUIRE(y3[r * 31 + j] == Approx(vx[r * 31 + j] / std::sqrt(ss / 31 + 1e-5)).epsilon(1e-12));
+      REQUIRE(y2[r * 31 + j] == Approx(vx[r * 31 + j] / std::sqrt(ss + 1e-6)).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("gated_rms_norm: forward matches rms_norm times sigmoid, and a plain loop", "[ops][norm]") {
+  Tensor x = randn({2, 3, 17}, DType::f64, 21), w = randn({17}, DType::f64, 22), z = randn({2, 3, 17}, DType::f64, 23);
+  z = mul_scalar(z, 4.0);  // gates near 0 and 1
+  std::vector<double> vx = x.to_vector(), vw = w.to_vector(), vz = z.to_vector();
+  std::vector<double> y = gated_rms_norm(x, w, z, 1e-5).to_vector();
+  for (int r = 0; r < 6; ++r) {
+    double ss = 0;
+    for (int j = 0; j < 17; ++j) ss += vx[r * 17 + j] * vx[r * 17 + j];
+    for (int j = 0; j < 17; ++j) {
+      double gate = 1.0 / (1.0 + std::exp(-vz[r * 17 + j]));
+      REQUIRE(y[r * 17 + j] == Approx(vw[j] * vx[r * 17 + j] / std::sqrt(ss / 17 + 1e-5) * gate).epsilon(1e-12));
+    }
+  }
+  CHECK(moetrain::testing::max_abs_diff(gated_rms_norm(x, w, z), mul(rms_norm(x, w), sigmoid(z))) < 1e-14);
+}
+
+TEST_CASE("norms: gradients match finite differences", "[ops][norm]") {
+  Tensor x = randn({2, 3, 33}, DType::f64, 7), w = randn({33}, DType::f64, 8), b = randn({33}, DType::f64, 9);
+  check_gradients([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b});
+  check_gradients([](const Tensors& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w});
+  check_gradients([](const Tensors& in) { return rms_norm(in[0], Tensor(), 1e-5); }, {x});
+  check_gradients([](const Tensors& in) { return l2_norm(in[0], 1e-6); }, {x});
+  Tensor z = mul_scalar(randn({2, 3, 33}, DType::f64, 10), 2.0);
+  check_gradients([](const Tensors& in) { return gated_rms_norm(in[0], in[1], in[2], 1e-5); }, {x, w, z});
+  check_gradients([](const Tensors& in) { return gated_rms_norm(in[0], Tensor(), in[1], 1e-5); }, {x, z});
+}
+
+TEST_CASE("norms: weight gradient does not depend on the thread count", "[ops][norm]") {
+  Tensor x = randn({257, 37}, DType::f32, 1), w = randn({37}, DType::f32, 2);
+  auto grad_w = [&](int threads) {
+    cpu::set_num_threads(threads);
+    Tensor wl = w.detach().clone();
+    wl.set_requires_grad(true);
+    sum(rms_norm(x, wl, 1e-5)).backward();
+    return wl.grad();
+  };
+  int restore = cpu::num_threads();
+  Tensor g1 = grad_w(1), g2 = grad_w(2);
+  cpu::set_num_threads(restore);
+  CHECK(moetrain::testing::bitwise_equal(g1, g2));
+}
+
+TEST_CASE("norms: bad weight shape names the op and shapes", "[ops][norm][errors]") {
+  Tensor x = randn({3, 8}, DType::f32, 1), w = randn({7}, DType::f32, 2);
+  CHECK_THROWS_WITH(rms_norm(x, w), Catch::Contains("rms_norm") && Catch::Contains("[7]") && Catch::Contains("[3, 8]"));
+  CHECK_THROWS_WITH(layer_norm(x, w, Tensor()), Catch::Contains("layer_norm"));
+  CHECK_THROWS_WITH(gated_rms_norm(x, Tensor(), randn({3, 7}, DType::f32, 3)),
+                    Catch::Contains("gated_rms_norm") && Catch::Contains("[3, 7]") && Catch::Contains("[3, 8]"));
+}
+
+// CUDA twins: forward and every gradient against the CPU kernels, widths off the
+// block and tile sizes (1, 31, 33, 257, 4099 columns).
+TEST_CASE("norms: CUDA matches CPU", "[ops][norm][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t cols : {1, 31, 33, 257, 4099}) {
+      DYNAMIC_SECTION(fmt::format("{} cols={}", dt, cols)) {
+        Tensor x = randn({7, cols}, DType::f64, static_cast<uint64_t>(cols)), w = randn({cols}, DType::f64, 2),
+               b = randn({cols}, DType::f64, 3);
+        x = mul_scalar(x, 3.0);  // rows with a spread of scales
+        CudaCompare tol = tolerance_for(dt);
+        check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b},
+                               {true, true, true}, dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], Tensor(), Tensor(), 1e-5); }, {x},
+                               {true}, dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w}, {true, true},
+                               dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return rms_norm(in[0], Tensor(), 1e-5); }, {x}, {true}, dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return l2_norm(in[0], 1e-6); }, {x}, {true}, dt, tol);
+        Tensor z = mul_scalar(randn({7, cols}, DType::f64, 4), 2.0);
+        check_cuda_matches_cpu([](const Tensors& in) { return gated_rms_norm(in[0], in[1], in[2], 1e-5); },
+                               {x, w, z}, {true, true, true}, dt, tol);
+      }
+    }
+}
+
+TEST_CASE("norms: CUDA handles 3-d inputs, many rows and a weight without grad", "[ops][norm][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  Tensor x = randn({3, 700, 65}, DType::f64, 11), w = randn({65}, DType::f64, 12), b = randn({65}, DType::f64, 13);
+  CudaCompare tol = tolerance_for(DType::f32);
+  check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b},
+                         {true, false, true}, DType::f32, tol);
+  check_cuda_matches_cpu([](const Tensors& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w}, {false, true},
+                         DType::f32, tol);
+  Tensor z = randn({3, 700, 65}, DType::f64, 17);
+  check_cuda_matches_cpu([](const Tensors& in) { return gated_rms_norm(in[0], in[1], in[2], 1e-5); }, {x, w, z},
+                         {true, false, true}, DType::f32, tol);
+  // Enough rows for the most row chunks of the weight gradient (1024 chunks of 293 rows).
+  Tensor xl = randn({300001, 5}, DType::f64, 14), wl = randn({5}, DType::f64, 15), bl = randn({5}, DType::f64, 16);
+  check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {xl, wl, bl},
+                         {true, true, true}, DType::f32, tol);
+}

@@ -1,0 +1,116 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "moetrain.h"
+#include "testing.h"
+#include "ops/cuda_vs_cpu.h"
+
+using namespace moetrain;
+using moetrain::testing::check_gradients;
+
+TEST_CASE("softmax: forward matches a plain loop, large logits stay finite", "[ops][softmax]") {
+  Tensor x = randn({3, 37}, DType::f64, 1);
+  std::vector<double> vx = x.to_vector(), y = softmax(x).to_vector(), ly = log_softmax(x).to_vector();
+  for (int r = 0; r < 3; ++r) {
+    double z = 0;
+    for (int j = 0; j < 37; ++j) z += std::exp(vx[r * 37 + j]);
+    for (int j = 0; j < 37; ++j) {
+      REQUIRE(y[r * 37 + j] == Approx(std::exp(vx[r * 37 + j]) / z).epsilon(1e-12));
+      REQUIRE(ly[r * 37 + j] == Approx(vx[r * 37 + j] - std::log(z)).epsilon(1e-12));
+    }
+  }
+  std::vector<double> big = softmax(from_vector({1000, 1000, -1000}, {3}, DType::f32)).to_vector();
+  CHECK(big[0] == Approx(0.5));
+  CHECK(big[2] == 0.0);
+}
+
+TEST_CASE("softmax: gradients match finite differences", "[ops][softmax]") {
+  Tensor x = randn({2, 3, 33}, DType::f64, 2);
+  check_gradients([](const Tensors& in) { return softmax(in[0]); }, {x});
+  check_gradients([](const Tensors& in) { return log_softmax(in[0]); }, {x});
+}
+
+TEST_CASE("cross_entropy: value matches -log softmax[target] with ignore_index", "[ops][softmax][loss]") {
+  Tensor logits = randn({5, 31}, DType::f64, 3);
+  Tensor targets = from_vector({3, -100, 30, 0, 7}, {5}, DType::i64);
+  std::vector<double> v = logits.to_vector();
+  std::vector<int> t = {3, -100, 30, 0, 7};
+  double ref = 0;
+  int count = 0;
+  for (int r = 0; r < 5; ++r) {
+    if (t[r] == -100) continue;
+    double z = 0;
+    for (int j = 0; j < 31; ++j) z += std::exp(v[r * 31 + j]);
+    ref += std::log(z) - v[r * 31 + t[r]];
+    count++;
+  }
+  CHECK(cross_entropy(logits, targets).item<double>() == Approx(ref / count).epsilon(1e-12));
+  CHECK(cross_entropy(logits, targets, -100, Reduction::sum).item<double>() == Approx(ref).epsilon(1e-12));
+  Tensor all_ignored = full({5}, -100, DType::i32);
+  CHECK(cross_entropy(logits, all_ignored).item<double>() == 0.0);
+}
+
+TEST_CASE("cross_entropy: gradients match finite differences", "[ops][softmax][loss]") {
+  Tensor logits = randn({2, 3, 33}, DType::f64, 4);
+  Tensor targets = from_vector({1, 32, -100, 0, 17, 5}, {2, 3}, DType::i32);
+  check_gradients([&](const Tensors& in) { return cross_entropy(in[0], targets); }, {logits});
+  check_gradients([&](const Tensors& in) { return cross_entropy(in[0], targets, -100, Reduction::sum); }, {logits});
+}
+
+TEST_CASE("cross_entropy: bad targets are reported", "[ops][softmax][loss][errors]") {
+  Tensor logits = randn({2, 10}, DType::f32, 1);
+  CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 10}, {2}, DType::i64)),
+                    Catch::Contains("target 10") && Catch::Contains("[0, 10)"));
+  CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 2, 3}, {3}, DType::i64)),
+                    Catch::Contains("cross_entropy") && Catch::Contains("[2, 10]"));
+  CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 2}, {2}, DType::f32)), Catch::Contains("i32 or i64"));
+}
+
+TEST_CASE("softmax and log_softmax: CUDA matches CPU", "[ops][softmax][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t cols : {1, 31, 33, 257, 4099}) {
+      DYNAMIC_SECTION(fmt::format("{} cols={}", dt, cols)) {
+        Tensor x = mul_scalar(randn({2, 5, cols}, DType::f64, static_cast<uint64_t>(cols) + 1), 4.0);
+        CudaCompare tol = tolerance_for(dt);
+        check_cuda_matches_cpu([](const Tensors& in) { return softmax(in[0]); }, {x}, {true}, dt, tol);
+        check_cuda_matches_cpu([](const Tensors& in) { return log_softmax(in[0]); }, {x}, {true}, dt, tol);
+      }
+    }
+}
+
+TEST_CASE("cross_entropy: CUDA matches CPU, with ignored targets", "[ops][softmax][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t vocab : {1, 33, 257, 4099})
+      for (Reduction red : {Reduction::mean, Reduction::sum})
+        for (DType tdt : {DType::i64, DType::i32}) {
+          DYNAMIC_SECTION(fmt::format("{} vocab={} sum={} targets {}", dt, vocab, red == Reduction::sum, tdt)) {
+            int64_t rows = 37;
+            Tensor logits = mul_scalar(randn({rows, vocab}, DType::f64, static_cast<uint64_t>(vocab)), 3.0);
+            Generator gen(5);
+            std::vector<double> t = randint({rows}, vocab, DType::i64, gen).to_vector();
+            for (int64_t r = 0; r < rows; r += 4) t[static_cast<size_t>(r)] = -7;  // ignored
+            Tensor targets = from_vector(t, {rows}, tdt);
+            CudaCompare tol = tolerance_for(dt);
+            check_cuda_matches_cpu(
+                [red](const Tensors& in) { return cross_entropy(in[0], in[1], -7, red); }, {logits, targets},
+                {true, false}, dt, tol);
+          }
+        }
+}
+
+TEST_CASE("cross_entropy: CUDA with every target ignored gives 0 and zero gradients", "[ops][softmax][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  Tensor logits = randn({4, 9}, DType::f32, 1).to(kCuda).detach();
+  logits.set_requires_grad(true);
+  Tensor targets = full({4}, -100, DType::i64).to(kCuda);
+  Tensor loss = cross_entropy(logits, targets);
+  CHECK(loss.to(kCpu).item<double>() == 0.0);
+  loss.backward(ones({}, DType::f32).to(kCuda));
+  CHECK(rel_error_nan(logits.grad(), zeros({4, 9})) == 0.0);
+}
