@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
 
   // Routing and the plan as the layer does them (NoGrad parts timed separately below).
   Tensor xf = reshape(x.detach(), {tokens, kD});
-  Routing r = route(xf, layer.gate_weight, layer.bias, c);
+  Routing r = route(xf, layer.router.gate_weight, layer.router.bias, c);
   ExpertPlan plan = plan_experts(r.experts, kE);
   const int64_t El = kE / P, M = static_cast<int64_t>(plan.order.size());
   std::vector<int64_t> send_rows(P, 0);
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
 
   // 2. Phases of forward + backward.
   const double routing = time_ms(world, [&] {
-    Routing rr = route(reshape(x, {tokens, kD}), layer.gate_weight, layer.bias, c);
+    Routing rr = route(reshape(x, {tokens, kD}), layer.router.gate_weight, layer.router.bias, c);
     sum(rr.weights).backward();
   });
   const double permute = time_ms(world, [&] {

@@ -613,8 +613,8 @@ void run_latent_moe(OpRun& r) {
   // Shapes only: the layer's members are set to the inputs.
   ParamFactory shapes_only(false, x.dtype(), 0);
   MoeLayer layer(c, D, ffn, 0.02, shapes_only, "");
-  layer.gate_weight = gate;
-  layer.bias = bias;
+  layer.router.gate_weight = gate;
+  layer.router.bias = bias;
   layer.down_proj = down;
   layer.up_proj = up;
   layer.latent_norm = norm;

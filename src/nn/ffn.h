@@ -24,10 +24,23 @@ struct FfnConfig {
   double init_std = 0.02;
 };
 
-class DenseFfn {
+// The FFN sublayer of a decoder layer: a dense MLP (below) or an MoE layer (nn/moe.h).
+class FeedForward {
+ public:
+  virtual ~FeedForward() = default;
+  // x [B, T, D] (the normed sublayer input) -> [B, T, D]. training: an MoE layer
+  // counts its assignments and sets its auxiliary loss.
+  virtual Tensor forward(const Tensor& x, bool training) = 0;
+  // The component it is timed under (train.profile): "ffn" or "moe".
+  virtual const char* component() const = 0;
+};
+
+class DenseFfn : public FeedForward {
  public:
   DenseFfn(const FfnConfig& c, ParamFactory& factory, const std::string& prefix, const std::string& group = "mlp");
   Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x, bool) override { return forward(x); }
+  const char* component() const override { return "ffn"; }
   const FfnConfig& config() const { return c_; }
 
   Tensor gate_proj, up_proj, down_proj, beta;  // beta: [1] when learnable

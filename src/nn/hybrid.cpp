@@ -9,7 +9,6 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/profile.h"
-#include "ops/attention/attention.h"
 #include "ops/attnres/attnres.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
@@ -18,28 +17,6 @@
 #include "ops/view/view.h"
 
 namespace moetrain {
-
-MixerKind parse_mixer_kind(const std::string& name) {
-  if (name == "kda") return MixerKind::kda;
-  if (name == "mla") return MixerKind::mla;
-  if (name == "attention") return MixerKind::attention;
-  if (name == "linear_attention") return MixerKind::linear_attention;
-  if (name == "deltanet") return MixerKind::deltanet;
-  if (name == "gated_deltanet") return MixerKind::gated_deltanet;
-  MT_THROW("unknown mixer '{}' (kda, mla, attention, linear_attention, deltanet, gated_deltanet)", name);
-}
-
-const char* mixer_kind_name(MixerKind kind) {
-  switch (kind) {
-    case MixerKind::kda: return "kda";
-    case MixerKind::mla: return "mla";
-    case MixerKind::attention: return "attention";
-    case MixerKind::linear_attention: return "linear_attention";
-    case MixerKind::deltanet: return "deltanet";
-    case MixerKind::gated_deltanet: return "gated_deltanet";
-  }
-  return "?";
-}
 
 std::vector<MixerKind> mixer_schedule(int64_t n_layer, const std::string& explicit_list, MixerKind mixer,
                                       MixerKind attn_mixer, int64_t every, int64_t offset, bool last) {
@@ -68,36 +45,23 @@ std::vector<MixerKind> mixer_schedule(int64_t n_layer, const std::string& explic
 
 // One decoder layer: mixer + FFN with their pre-norms, AttnRes read parameters.
 struct HybridModel::Layer {
-  MixerKind mixer = MixerKind::kda;
+  std::unique_ptr<Mixer> mixer;
+  std::unique_ptr<FeedForward> ffn;
+  MoeLayer* moe = nullptr;  // ffn, when it is an MoE layer
   Tensor input_layernorm, post_attention_layernorm;
   Tensor attn_res_proj, attn_res_norm, mlp_res_proj, mlp_res_norm;  // AttnRes (attn pair absent at layer 0)
-  std::unique_ptr<KdaLayer> kda;  // kda, deltanet, gated_deltanet
-  std::unique_ptr<LinearAttentionLayer> linear;
-  std::unique_ptr<MlaLayer> mla;
-  Tensor q_proj, k_proj, v_proj, o_proj;  // plain attention
-  std::unique_ptr<DenseFfn> ffn;  // dense layers
-  std::unique_ptr<MoeLayer> moe;  // MoE layers
 };
 
 namespace {
 
-struct AttentionCache {
-  Tensor k, v;  // [B, L, H, hd]
-};
-
+// One mixer cache per layer, made by the layer's mixer at the first call.
 struct HybridCache : DecodeCache {
-  std::vector<KdaCache> kda;
-  std::vector<LinearAttentionCache> linear;
-  std::vector<MlaCache> mla;
-  std::vector<AttentionCache> attn;
+  std::vector<std::unique_ptr<MixerCache>> mixers;
   int64_t tokens = 0;
   int64_t length() const override { return tokens; }
   int64_t bytes() const override {
     int64_t n = 0;
-    for (const KdaCache& c : kda) n += c.bytes();
-    for (const LinearAttentionCache& c : linear) n += c.bytes();
-    for (const MlaCache& c : mla) n += c.bytes();
-    for (const AttentionCache& c : attn) n += (c.k.defined() ? c.k.nbytes() + c.v.nbytes() : 0);
+    for (const auto& c : mixers) n += c->bytes();
     return n;
   }
 };
@@ -117,54 +81,13 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
     const std::string p = fmt::format("model.layers.{}.", l);
     auto layer = std::make_unique<Layer>();
     Layer& L = *layer;
-    L.mixer = c.mixers[static_cast<size_t>(l)];
     L.input_layernorm = f.make(p + "input_layernorm.weight", {D}, Init::ones(), "norm", false);
-    switch (L.mixer) {
-      case MixerKind::kda:
-      case MixerKind::deltanet:
-      case MixerKind::gated_deltanet: {
-        KdaLayerConfig kc = c.kda;
-        kc.decay = L.mixer == MixerKind::kda        ? DeltaDecay::per_channel
-                   : L.mixer == MixerKind::deltanet ? DeltaDecay::none
-                                                    : DeltaDecay::per_head;
-        kc.d_model = D;
-        kc.norm_eps = c.rms_norm_eps;
-        kc.init_std = c.init_std;
-        L.kda = std::make_unique<KdaLayer>(kc, f, p + "self_attn.");
-        break;
-      }
-      case MixerKind::linear_attention: {
-        LinearAttentionConfig lc;
-        lc.d_model = D;
-        lc.n_head = c.kda.n_head;
-        lc.head_dim = c.kda.head_dim;
-        lc.chunked = c.kda.chunked;
-        lc.chunk_size = c.kda.chunk_size;
-        lc.init_std = c.init_std;
-        L.linear = std::make_unique<LinearAttentionLayer>(lc, f, p + "self_attn.");
-        break;
-      }
-      case MixerKind::mla: {
-        MlaConfig mc = c.mla;
-        mc.d_model = D;
-        mc.init_std = c.init_std;
-        L.mla = std::make_unique<MlaLayer>(mc, f, p + "self_attn.");
-        break;
-      }
-      case MixerKind::attention: {
-        MT_CHECK(D % c.attention_n_head == 0, "hybrid model: d_model = {} is not divisible by the {} attention heads",
-                 D, c.attention_n_head);
-        const Init w = Init::trunc_normal(c.init_std);
-        L.q_proj = f.make(p + "self_attn.q_proj.weight", {D, D}, w, "attention", true);
-        L.k_proj = f.make(p + "self_attn.k_proj.weight", {D, D}, w, "attention", true);
-        L.v_proj = f.make(p + "self_attn.v_proj.weight", {D, D}, w, "attention", true);
-        L.o_proj = f.make(p + "self_attn.o_proj.weight", {D, D}, w, "attention", true);
-        break;
-      }
-    }
+    L.mixer = make_mixer(c.mixers[static_cast<size_t>(l)], c, f, p + "self_attn.");
     L.post_attention_layernorm = f.make(p + "post_attention_layernorm.weight", {D}, Init::ones(), "norm", false);
     if (c.is_moe_layer(l)) {
-      L.moe = std::make_unique<MoeLayer>(c.moe, D, c.ffn, c.init_std, f, p + "mlp.", shard);
+      auto moe = std::make_unique<MoeLayer>(c.moe, D, c.ffn, c.init_std, f, p + "mlp.", shard);
+      L.moe = moe.get();
+      L.ffn = std::move(moe);
     } else {
       FfnConfig fc = c.ffn;
       fc.d_model = D;
@@ -218,54 +141,24 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
   MT_CHECK(ids.dim() == 2, "hybrid model: ids must be [B, T], got {}", ids.shape());
   HybridCache* cache = dcache ? dynamic_cast<HybridCache*>(dcache) : nullptr;
   MT_CHECK(!dcache || cache, "hybrid model: the decode cache belongs to another model");
-  const int64_t B = ids.size(0), T = ids.size(1), first = cache ? cache->tokens : 0;
+  const int64_t T = ids.size(1), first = cache ? cache->tokens : 0;
   MT_CHECK(first + T <= c_.n_ctx, "hybrid model: {} tokens exceed model.n_ctx = {}", first + T, c_.n_ctx);
   const double eps = c_.rms_norm_eps;
   const size_t n = layers_.size();
-  if (cache && cache->kda.empty()) {
-    cache->kda.resize(n);
-    cache->linear.resize(n);
-    cache->mla.resize(n);
-    cache->attn.resize(n);
-  }
+  if (cache && cache->mixers.empty())
+    for (const auto& L : layers_) cache->mixers.push_back(L->mixer->new_cache());
 
   // Profile regions (autograd/profile.h): each mixer with its pre-norm, each FFN
   // with its pre-norm, AttnRes, embedding and head.
-  auto mixer = [&](size_t l, const Tensor& normed_input, const Tensor& norm_weight) -> Tensor {
+  auto mixer = [&](size_t l, const Tensor& normed_input, const Tensor& norm_weight) {
     const Layer& L = *layers_[l];
-    profile::Region region(mixer_kind_name(L.mixer));
-    const Tensor x = rms_norm(normed_input, norm_weight, eps);
-    switch (L.mixer) {
-      case MixerKind::kda:
-      case MixerKind::deltanet:
-      case MixerKind::gated_deltanet: return L.kda->forward(x, cache ? &cache->kda[l] : nullptr);
-      case MixerKind::linear_attention: return L.linear->forward(x, cache ? &cache->linear[l] : nullptr);
-      case MixerKind::mla: return L.mla->forward(x, cache ? &cache->mla[l] : nullptr);
-      case MixerKind::attention: {
-        const int64_t H = c_.attention_n_head, hd = c_.d_model / H;
-        Tensor q = reshape(linear(x, L.q_proj), {B, T, H, hd});
-        Tensor k = reshape(linear(x, L.k_proj), {B, T, H, hd});
-        Tensor v = reshape(linear(x, L.v_proj), {B, T, H, hd});
-        if (cache) {
-          AttentionCache& ac = cache->attn[l];
-          if (ac.k.defined()) {
-            k = concat({ac.k, k}, 1);
-            v = concat({ac.v, v}, 1);
-          }
-          ac.k = k.detach();
-          ac.v = v.detach();
-        }
-        Tensor o = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
-        return linear(reshape(o, {B, T, c_.d_model}), L.o_proj);
-      }
-    }
-    return Tensor();
+    profile::Region region(mixer_kind_name(L.mixer->kind()));
+    return L.mixer->forward(rms_norm(normed_input, norm_weight, eps), cache ? cache->mixers[l].get() : nullptr);
   };
   auto ffn = [&](size_t l, const Tensor& normed_input) {
     const Layer& L = *layers_[l];
-    profile::Region region(L.moe ? "moe" : "ffn");
-    const Tensor x = rms_norm(normed_input, L.post_attention_layernorm, eps);
-    return L.moe ? L.moe->forward(x, training) : L.ffn->forward(x);
+    profile::Region region(L.ffn->component());
+    return L.ffn->forward(rms_norm(normed_input, L.post_attention_layernorm, eps), training);
   };
   auto res = [&](const Tensors& sources, const Tensor& proj, const Tensor& norm) {
     profile::Region region("attnres");
@@ -330,8 +223,13 @@ void HybridModel::set_expert_group(comm::Communicator* group) {
 std::vector<MoeLayer*> HybridModel::moe_layers() const {
   std::vector<MoeLayer*> out;
   for (const auto& L : layers_)
-    if (L->moe) out.push_back(L->moe.get());
+    if (L->moe) out.push_back(L->moe);
   return out;
+}
+
+const Mixer& HybridModel::mixer(int64_t l) const {
+  MT_CHECK(l >= 0 && l < c_.n_layer(), "hybrid model: layer {} of {}", l, c_.n_layer());
+  return *layers_[static_cast<size_t>(l)]->mixer;
 }
 
 std::unique_ptr<DecodeCache> HybridModel::new_cache() const { return std::make_unique<HybridCache>(); }
@@ -343,9 +241,7 @@ Tensor HybridModel::forward_cached(const Tensor& ids, DecodeCache& cache) {
 
 double HybridModel::flops_per_token(int64_t T) const {
   // 6 x (active matrix parameters, LM head included, embedding table excluded)
-  // plus the sequence terms: causal attention 3·T·H·(dq + dv) per layer (forward +
-  // backward, half the scores are masked); KDA ~ 24·K·V·HV (the state read, decay,
-  // delta update and output per token, forward + backward).
+  // plus each mixer's sequence terms (Mixer::sequence_flops_per_token).
   double matmul = 0;
   for (const ParamSpec& s : factory_.specs()) {
     if (s.group == "embedding" || s.shape.ndim() < 2) continue;
@@ -355,34 +251,14 @@ double HybridModel::flops_per_token(int64_t T) const {
   }
   if (c_.tie_embeddings) matmul += static_cast<double>(c_.vocab_size * c_.d_model);
   double seq = 0;
-  for (MixerKind m : c_.mixers) {
-    if (m == MixerKind::mla)
-      seq += 3.0 * T * c_.mla.n_head *
-             static_cast<double>(c_.mla.qk_nope_head_dim + c_.mla.qk_rope_head_dim + c_.mla.v_head_dim);
-    else if (m == MixerKind::attention)
-      seq += 6.0 * T * static_cast<double>(c_.d_model);
-    else
-      seq += 24.0 * static_cast<double>(c_.kda.head_dim * c_.kda.head_dim * c_.kda.value_heads());
-  }
+  for (const auto& L : layers_) seq += L->mixer->sequence_flops_per_token(T);
   return 6.0 * matmul + seq;
 }
 
 int64_t HybridModel::decode_cache_bytes(int64_t length) const {
   // What HybridCache holds for one sequence after `length` tokens (tested against it).
-  const int64_t e = dtype_size(c_.dtype), H = c_.kda.n_head, HV = c_.kda.value_heads(), K = c_.kda.head_dim;
   int64_t n = 0;
-  for (MixerKind m : c_.mixers) {
-    switch (m) {
-      case MixerKind::kda:
-      case MixerKind::deltanet:
-      case MixerKind::gated_deltanet:
-        n += ((c_.kda.conv_size - 1) * (2 * H * K + HV * K) + HV * K * K) * e;  // conv inputs + state
-        break;
-      case MixerKind::linear_attention: n += H * K * (K + 1) * e; break;  // S and z
-      case MixerKind::mla: n += length * (c_.mla.kv_lora_rank + c_.mla.qk_rope_head_dim) * e; break;
-      case MixerKind::attention: n += 2 * length * c_.d_model * e; break;
-    }
-  }
+  for (const auto& L : layers_) n += L->mixer->cache_bytes(length);
   return n;
 }
 

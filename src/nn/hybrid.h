@@ -1,7 +1,8 @@
 // The K3-style hybrid decoder (docs/model.md#block-attnres to #full-decoder): token embedding, a
-// per-layer schedule of token mixers (KDA docs/model.md#kda-layer, gated MLA docs/model.md#gated-mla, or plain causal
-// attention) each followed by an FFN (dense SiTU-GLU / SwiGLU / GELU; MoE layers
-// plug in with the MoE issue), RMSNorm pre-norms, and either Block Attention
+// per-layer schedule of token mixers (nn/mixer.h: KDA docs/model.md#kda-layer, gated MLA
+// docs/model.md#gated-mla, plain causal attention, and the ladder's DeltaNet, Gated DeltaNet
+// and linear attention) each followed by an FFN (nn/ffn.h: dense SiTU-GLU / SwiGLU /
+// GELU, or an MoE layer, nn/moe.h), RMSNorm pre-norms, and either Block Attention
 // Residuals (docs/model.md#attnres-schedule: every sublayer input is a softmax-over-depth read of block
 // sums) or the standard residual stream (Kimi-Linear), final RMSNorm, LM head
 // (untied by default). Parameter names follow Hugging Face Kimi:
@@ -18,22 +19,16 @@
 #include <vector>
 
 #include "nn/ffn.h"
-#include "nn/moe.h"
 #include "nn/kda_layer.h"
 #include "nn/language_model.h"
-#include "nn/linear_attention_layer.h"
+#include "nn/mixer.h"
 #include "nn/mla.h"
+#include "nn/moe.h"
 #include "nn/param_factory.h"
 
 namespace moetrain {
 
 class Config;
-
-// kda, deltanet and gated_deltanet are one layer class (KdaLayer) with per-channel,
-// no and per-head decay; linear_attention is LinearAttentionLayer (docs/evolution.md).
-enum class MixerKind { kda, mla, attention, linear_attention, deltanet, gated_deltanet };
-MixerKind parse_mixer_kind(const std::string& name);
-const char* mixer_kind_name(MixerKind kind);
 
 struct HybridConfig {
   int64_t vocab_size = 256;
@@ -86,10 +81,10 @@ class HybridModel : public LanguageModel {
 
   ParameterList& parameters() override { return factory_.params(); }
   ParameterList buffers() const override { return factory_.buffers(); }
-  // The MoE layers in layer order (empty for a dense model).
-  std::vector<MoeLayer*> moe_layers() const;
-  // The expert-parallel group of every MoE layer (see MoeLayer::set_expert_group).
-  void set_expert_group(comm::Communicator* group);
+  std::vector<MoeLayer*> moe_layers() const override;
+  void set_expert_group(comm::Communicator* group) override;
+  // The mixer of layer l.
+  const Mixer& mixer(int64_t l) const;
   const std::vector<ParamSpec>& param_specs() const { return factory_.specs(); }
   double flops_per_token(int64_t seq_len) const override;
   double activation_bytes_per_token(bool mixed_precision) const override;

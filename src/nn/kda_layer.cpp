@@ -79,7 +79,7 @@ int64_t KdaCache::bytes() const {
   return n;
 }
 
-KdaLayer::KdaLayer(const KdaLayerConfig& c, ParamFactory& f, const std::string& p) : c_(c) {
+KdaLayer::KdaLayer(const KdaLayerConfig& c, ParamFactory& f, const std::string& p) : c_(c), dtype_(f.dtype()) {
   MT_CHECK(c.n_head >= 1 && c.head_dim >= 1 && c.value_heads() % c.n_head == 0,
            "kda layer {}: n_value_head = {} must be a multiple of n_head = {}", p, c.value_heads(), c.n_head);
   const int64_t D = c.d_model, H = c.n_head, HV = c.value_heads(), K = c.head_dim;
@@ -133,7 +133,26 @@ Tensor gated_deltanet_gate(const Tensor& a, const Tensor& A_log, const Tensor& d
   return reshape(decay_gate(reshape(a, s.appended(1)), A_log, dt_bias, std::nullopt), s);
 }
 
-Tensor KdaLayer::forward(const Tensor& x, KdaCache* cache) const {
+MixerKind KdaLayer::kind() const {
+  switch (c_.decay) {
+    case DeltaDecay::per_channel: return MixerKind::kda;
+    case DeltaDecay::per_head: return MixerKind::gated_deltanet;
+    case DeltaDecay::none: return MixerKind::deltanet;
+  }
+  return MixerKind::kda;
+}
+
+double KdaLayer::sequence_flops_per_token(int64_t) const {
+  return 24.0 * static_cast<double>(c_.head_dim * c_.head_dim * c_.value_heads());
+}
+
+int64_t KdaLayer::cache_bytes(int64_t) const {
+  const int64_t H = c_.n_head, HV = c_.value_heads(), K = c_.head_dim;
+  return ((c_.conv_size - 1) * (2 * H * K + HV * K) + HV * K * K) * dtype_size(dtype_);  // conv inputs + state
+}
+
+Tensor KdaLayer::forward(const Tensor& x, MixerCache* mixer_cache) const {
+  KdaCache* cache = cache_as<KdaCache>(mixer_cache, "kda");
   MT_CHECK(x.dim() == 3 && x.size(2) == c_.d_model, "kda layer: x is {} but must be [B, T, {}]", x.shape(),
            c_.d_model);
   const int64_t B = x.size(0), T = x.size(1), H = c_.n_head, HV = c_.value_heads(), K = c_.head_dim;

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "nn/mixer.h"
 #include "nn/param_factory.h"
 
 namespace moetrain {
@@ -59,20 +60,27 @@ struct KdaLayerConfig {
 
 // Decoding state of one layer: the last W−1 projected inputs of each short conv
 // and the recurrent state. Constant size in the sequence length.
-struct KdaCache {
+struct KdaCache : MixerCache {
   Tensor conv_q, conv_k, conv_v;  // [B, W−1, P] (undefined before the first call)
   Tensor state;                   // [B, HV, K, V]
-  int64_t bytes() const;
+  int64_t bytes() const override;
 };
 
-class KdaLayer {
+class KdaLayer : public Mixer {
  public:
   // prefix: e.g. "model.layers.0.self_attn."
   KdaLayer(const KdaLayerConfig& c, ParamFactory& factory, const std::string& prefix);
 
-  // x [B, T, D] (the normed sublayer input) -> [B, T, D]. With a cache: continues
+  // kda, deltanet or gated_deltanet, by the decay.
+  MixerKind kind() const override;
+  // x [B, T, D] (the normed sublayer input) -> [B, T, D]. With a KdaCache: continues
   // from its state and updates it (no autograd needed, but recorded if enabled).
-  Tensor forward(const Tensor& x, KdaCache* cache = nullptr) const;
+  Tensor forward(const Tensor& x, MixerCache* cache = nullptr) const override;
+  std::unique_ptr<MixerCache> new_cache() const override { return std::make_unique<KdaCache>(); }
+  // The state read, decay, delta update and output per token: ~ 24·K·V·HV (forward + backward).
+  double sequence_flops_per_token(int64_t seq_len) const override;
+  // The short convolutions' last W−1 inputs and the state: constant in the length.
+  int64_t cache_bytes(int64_t length) const override;
 
   const KdaLayerConfig& config() const { return c_; }
 
@@ -82,6 +90,7 @@ class KdaLayer {
 
  private:
   KdaLayerConfig c_;
+  DType dtype_;
 };
 
 // Gated DeltaNet's (Mamba-2's) decay gate on a [..., HV] with A_log, dt_bias [HV]:

@@ -5,11 +5,17 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "nn/parameters.h"
 
 namespace moetrain {
+
+class MoeLayer;
+namespace comm {
+class Communicator;
+}
 
 // Per-sequence decoding state (KV caches, recurrent states). length() tokens seen.
 struct DecodeCache {
@@ -43,6 +49,12 @@ class LanguageModel {
   // Persistent state that is not trained (e.g. MoE router biases): saved and loaded
   // with the weights, never touched by the optimizer.
   virtual ParameterList buffers() const { return {}; }
+  // The MoE layers in layer order (their statistics, bias updates and expert
+  // shards are the trainer's business); none for dense models.
+  virtual std::vector<MoeLayer*> moe_layers() const { return {}; }
+  // The expert-parallel group of every MoE layer (MoeLayer::set_expert_group);
+  // nothing to do for a model without MoE layers.
+  virtual void set_expert_group(comm::Communicator*) {}
   // Training FLOPs per token (forward + backward) at sequence length seq_len.
   virtual double flops_per_token(int64_t seq_len) const = 0;
   // Saved activations per token of a training micro-batch (an estimate, bytes).

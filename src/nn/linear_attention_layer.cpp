@@ -13,7 +13,7 @@ namespace moetrain {
 Tensor elu_plus_one(const Tensor& x) { return add(relu(x), exp(neg(relu(neg(x))))); }
 
 LinearAttentionLayer::LinearAttentionLayer(const LinearAttentionConfig& c, ParamFactory& f, const std::string& p)
-    : c_(c) {
+    : c_(c), dtype_(f.dtype()) {
   MT_CHECK(c.n_head >= 1 && c.head_dim >= 1, "linear attention layer {}: n_head = {} and head_dim = {} must be >= 1",
            p, c.n_head, c.head_dim);
   const int64_t D = c.d_model, P = c.n_head * c.head_dim;
@@ -24,7 +24,16 @@ LinearAttentionLayer::LinearAttentionLayer(const LinearAttentionConfig& c, Param
   o_proj = f.make(p + "o_proj.weight", {D, P}, w, "linear_attn", true);
 }
 
-Tensor LinearAttentionLayer::forward(const Tensor& x, LinearAttentionCache* cache) const {
+double LinearAttentionLayer::sequence_flops_per_token(int64_t) const {
+  return 24.0 * static_cast<double>(c_.head_dim * c_.head_dim * c_.n_head);
+}
+
+int64_t LinearAttentionLayer::cache_bytes(int64_t) const {
+  return c_.n_head * c_.head_dim * (c_.head_dim + 1) * dtype_size(dtype_);  // S and z
+}
+
+Tensor LinearAttentionLayer::forward(const Tensor& x, MixerCache* mixer_cache) const {
+  LinearAttentionCache* cache = cache_as<LinearAttentionCache>(mixer_cache, "linear attention");
   MT_CHECK(x.dim() == 3 && x.size(2) == c_.d_model, "linear attention layer: x is {} but must be [B, T, {}]",
            x.shape(), c_.d_model);
   const int64_t B = x.size(0), T = x.size(1), H = c_.n_head, K = c_.head_dim;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "nn/mixer.h"
 #include "nn/param_factory.h"
 
 namespace moetrain {
@@ -28,18 +29,24 @@ struct LinearAttentionConfig {
 };
 
 // Decoding state: [B, H, K, V + 1] (S with z as its last column). Constant in the length.
-struct LinearAttentionCache {
+struct LinearAttentionCache : MixerCache {
   Tensor state;
-  int64_t bytes() const { return state.defined() ? state.nbytes() : 0; }
+  int64_t bytes() const override { return state.defined() ? state.nbytes() : 0; }
 };
 
-class LinearAttentionLayer {
+class LinearAttentionLayer : public Mixer {
  public:
   // prefix: e.g. "model.layers.0.self_attn."
   LinearAttentionLayer(const LinearAttentionConfig& c, ParamFactory& factory, const std::string& prefix);
 
+  MixerKind kind() const override { return MixerKind::linear_attention; }
   // x [B, T, D] (the normed sublayer input) -> [B, T, D]; with a cache, continues from its state.
-  Tensor forward(const Tensor& x, LinearAttentionCache* cache = nullptr) const;
+  Tensor forward(const Tensor& x, MixerCache* cache = nullptr) const override;
+  std::unique_ptr<MixerCache> new_cache() const override { return std::make_unique<LinearAttentionCache>(); }
+  // Counted as the delta rule's state update: ~ 24·K·K·H (forward + backward).
+  double sequence_flops_per_token(int64_t seq_len) const override;
+  // The state S and the normaliser z: constant in the length.
+  int64_t cache_bytes(int64_t length) const override;
 
   const LinearAttentionConfig& config() const { return c_; }
 
@@ -47,6 +54,7 @@ class LinearAttentionLayer {
 
  private:
   LinearAttentionConfig c_;
+  DType dtype_;
 };
 
 // elu(x) + 1 = relu(x) + exp(−relu(−x)): x + 1 for x > 0, e^x otherwise; always > 0.

@@ -11,7 +11,7 @@
 
 namespace moetrain {
 
-MlaLayer::MlaLayer(const MlaConfig& c, ParamFactory& f, const std::string& p) : c_(c) {
+MlaLayer::MlaLayer(const MlaConfig& c, ParamFactory& f, const std::string& p) : c_(c), dtype_(f.dtype()) {
   MT_CHECK(!c.rope || c.qk_rope_head_dim % 2 == 0, "mla {}: RoPE needs an even qk_rope_head_dim, got {}", p,
            c.qk_rope_head_dim);
   const int64_t D = c.d_model, H = c.n_head, dq = c.qk_nope_head_dim + c.qk_rope_head_dim;
@@ -47,7 +47,17 @@ Tensor rope(const Tensor& x, int64_t first, double theta) {
   return add(mul(x, cs.to(x.dtype()).to(x.device())), mul(rotated, sn.to(x.dtype()).to(x.device())));
 }
 
-Tensor MlaLayer::forward(const Tensor& x, MlaCache* cache) const {
+double MlaLayer::sequence_flops_per_token(int64_t T) const {
+  return 3.0 * static_cast<double>(T) * static_cast<double>(c_.n_head) *
+         static_cast<double>(c_.qk_nope_head_dim + c_.qk_rope_head_dim + c_.v_head_dim);
+}
+
+int64_t MlaLayer::cache_bytes(int64_t length) const {
+  return length * (c_.kv_lora_rank + c_.qk_rope_head_dim) * dtype_size(dtype_);
+}
+
+Tensor MlaLayer::forward(const Tensor& x, MixerCache* mixer_cache) const {
+  MlaCache* cache = cache_as<MlaCache>(mixer_cache, "mla");
   MT_CHECK(x.dim() == 3 && x.size(2) == c_.d_model, "mla layer: x is {} but must be [B, T, {}]", x.shape(),
            c_.d_model);
   const int64_t B = x.size(0), T = x.size(1), H = c_.n_head;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "nn/mixer.h"
 #include "nn/param_factory.h"
 
 namespace moetrain {
@@ -33,24 +34,31 @@ struct MlaConfig {
   double init_std = 0.02;
 };
 
-struct MlaCache {
+struct MlaCache : MixerCache {
   Tensor c;   // [B, L, r_kv], normed latent
   Tensor kr;  // [B, L, dr]
   int64_t length() const { return c.defined() ? c.size(1) : 0; }
-  int64_t bytes() const { return (c.defined() ? c.nbytes() : 0) + (kr.defined() ? kr.nbytes() : 0); }
+  int64_t bytes() const override { return (c.defined() ? c.nbytes() : 0) + (kr.defined() ? kr.nbytes() : 0); }
 };
 
-class MlaLayer {
+class MlaLayer : public Mixer {
  public:
   MlaLayer(const MlaConfig& c, ParamFactory& factory, const std::string& prefix);
-  // x [B, T, D] (normed sublayer input) -> [B, T, D]; with a cache, appends to it.
-  Tensor forward(const Tensor& x, MlaCache* cache = nullptr) const;
+  MixerKind kind() const override { return MixerKind::mla; }
+  // x [B, T, D] (normed sublayer input) -> [B, T, D]; with an MlaCache, appends to it.
+  Tensor forward(const Tensor& x, MixerCache* cache = nullptr) const override;
+  std::unique_ptr<MixerCache> new_cache() const override { return std::make_unique<MlaCache>(); }
+  // Causal attention over H heads of dq + dv: 3·T·H·(dq + dv) (forward + backward, half masked).
+  double sequence_flops_per_token(int64_t seq_len) const override;
+  // The latent and the shared RoPE key of every token: linear in the length.
+  int64_t cache_bytes(int64_t length) const override;
   const MlaConfig& config() const { return c_; }
 
   Tensor q_proj, q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj, kv_a_layernorm, kv_b_proj, g_proj, o_proj;
 
  private:
   MlaConfig c_;
+  DType dtype_;
 };
 
 // Rotate-half RoPE (docs/model.md#rope) of x [B, T, N, r] at positions first..first+T−1.

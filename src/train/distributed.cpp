@@ -9,7 +9,6 @@
 #include "autograd/grad_mode.h"
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
-#include "nn/hybrid.h"
 #include "optim/adamw.h"
 
 namespace moetrain {
@@ -127,10 +126,9 @@ double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_nor
 }
 
 void all_reduce_moe_stats(Distributed& d, LanguageModel& model) {
-  auto* hybrid = dynamic_cast<HybridModel*>(&model);
-  if (!hybrid || d.size() == 1) return;
+  if (d.size() == 1) return;
   comm::WatchdogLabel label("MoE load counts");
-  for (MoeLayer* m : hybrid->moe_layers()) {
+  for (MoeLayer* m : model.moe_layers()) {
     MoeStats& st = m->stats();
     const int64_t E = static_cast<int64_t>(st.tokens_per_expert.size());
     Tensor t = empty({E + 1}, DType::f64);

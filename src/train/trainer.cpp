@@ -19,7 +19,7 @@
 #include "comm/watchdog.h"
 #include "core/format.h"
 #include "data/synthetic.h"
-#include "nn/hybrid.h"
+#include "nn/moe.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/kda/kda_kernels.h"
 #include "train/eval.h"
@@ -88,8 +88,7 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
 
 // A skipped step's MoE assignments do not move the router biases.
 void reset_moe_stats(LanguageModel& model) {
-  if (auto* hybrid = dynamic_cast<HybridModel*>(&model))
-    for (MoeLayer* m : hybrid->moe_layers()) m->stats().reset();
+  for (MoeLayer* m : model.moe_layers()) m->stats().reset();
 }
 
 // Once per optimizer step, for MoE models: the aux-loss-free bias update (docs/model.md#aux-loss-free-bias-update)
@@ -97,9 +96,7 @@ void reset_moe_stats(LanguageModel& model) {
 // layer (max/mean tokens per expert, dead experts); the statistics restart.
 MoeStepSummary moe_step(LanguageModel& model) {
   MoeStepSummary out;
-  auto* hybrid = dynamic_cast<HybridModel*>(&model);
-  if (!hybrid) return out;
-  const std::vector<MoeLayer*> layers = hybrid->moe_layers();
+  const std::vector<MoeLayer*> layers = model.moe_layers();
   for (size_t i = 0; i < layers.size(); ++i) {
     MoeStats& st = layers[i]->stats();
     layers[i]->update_bias(st.tokens_per_expert);
@@ -197,7 +194,7 @@ void Trainer::build() {
   baseline_rss_ = current_rss_bytes();
   ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep});
   model_ = build_model(config_, dist_.shard());
-  if (dist_.grid.ep > 1) dynamic_cast<HybridModel&>(*model_).set_expert_group(dist_.grid.ep_group.get());
+  if (dist_.grid.ep > 1) model_->set_expert_group(dist_.grid.ep_group.get());
   ParameterList& params = model_->parameters();
   if (train_.decay_embeddings)
     for (NamedParameter& p : params)

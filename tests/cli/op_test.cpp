@@ -227,7 +227,7 @@ TEST_CASE("op: latent_moe equals the model's MoeLayer in-process, per-expert wei
   ffn.situ_linear_beta = 6.0;
   ParamFactory factory(true, DType::f64, 11);
   MoeLayer layer(c, D, ffn, 0.3, factory, "");
-  layer.bias = mul_scalar(randn({E}, DType::f32, 5), 0.2);  // a buffer: f32 in the model
+  layer.router.bias = mul_scalar(randn({E}, DType::f32, 5), 0.2);  // a buffer: f32 in the model
   Tensor x = randn({N, D}, DType::f64, 6), dy = randn({N, D}, DType::f64, 7);
 
   auto expert_slice = [&](const Tensor& stacked, int64_t j) {
@@ -253,7 +253,7 @@ TEST_CASE("op: latent_moe equals the model's MoeLayer in-process, per-expert wei
         put("params/" + p.name, p.tensor.detach());
       }
     }
-    put("params/gate.e_score_correction_bias", layer.bias.to(DType::f64));
+    put("params/gate.e_score_correction_bias", layer.router.bias.to(DType::f64));
     w.set_attribute(g, "num_experts", E);
     if (std::find(skip.begin(), skip.end(), "top_k") == skip.end()) w.set_attribute(g, "top_k", k);
     w.set_attribute(g, "num_shared_experts", int64_t{2});

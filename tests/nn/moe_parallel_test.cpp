@@ -110,10 +110,10 @@ TEST_CASE("moe parallel: loss and every gradient equal one process (EP 1, 2, 4; 
     all_reduce_moe_stats(d, m);
     for (MoeLayer* layer : m.moe_layers()) {
       layer->update_bias(layer->stats().tokens_per_expert);
-      Tensor all = world.all_gather(reshape(layer->bias, {1, 8}));
+      Tensor all = world.all_gather(reshape(layer->router.bias, {1, 8}));
       for (int r = 1; r < W; ++r) CHECK(testing::bitwise_equal(slice(all, 0, r, r + 1), slice(all, 0, 0, 1)));
       double moved = 0;
-      for (double b : layer->bias.to_vector()) moved += std::abs(b);
+      for (double b : layer->router.bias.to_vector()) moved += std::abs(b);
       CHECK(moved > 0);
     }
   }
@@ -175,8 +175,8 @@ TEST_CASE("moe parallel: a rank whose tokens all go elsewhere, and experts witho
     NoGradGuard g;
     for (HybridModel* model : {&m, &ref})
       for (MoeLayer* layer : model->moe_layers()) {
-        layer->bias.data<float>()[6] = 10.0f;
-        layer->bias.data<float>()[7] = 10.0f;
+        layer->router.bias.data<float>()[6] = 10.0f;
+        layer->router.bias.data<float>()[7] = 10.0f;
       }
   }
   Generator gen(3);

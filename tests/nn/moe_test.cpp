@@ -127,11 +127,11 @@ TEST_CASE("moe: the layer equals a per-token loop over the selected experts", "[
       MoeConfig c = small_moe(latent);
       ParamFactory f(true, DType::f64, 3);
       MoeLayer layer(c, D, expert_ffn(kind), 0.5, f, "mlp.");
-      { NoGradGuard g; add_(layer.bias, mul_scalar(randn({6}, DType::f32, 9), 0.2)); }
+      { NoGradGuard g; add_(layer.router.bias, mul_scalar(randn({6}, DType::f32, 9), 0.2)); }
       Tensor x = randn({B, T, D}, DType::f64, 4);
       Tensor y = layer.forward(x, false);
       Tensor xf = reshape(x, {B * T, D});
-      Routing r = route(xf, layer.gate_weight, layer.bias, c);
+      Routing r = route(xf, layer.router.gate_weight, layer.router.bias, c);
       std::vector<double> w = r.weights.to_vector();
       const int64_t W = latent > 0 ? latent : D;
       auto expert = [&](int64_t e, const Tensor& z) {  // z [1, W]
@@ -206,7 +206,7 @@ TEST_CASE("moe: aux-loss-free balancing drives a skewed router toward uniform lo
     ParamFactory f(true, DType::f32, 1);
     MoeLayer layer(c, 8, expert_ffn(FfnKind::situ_glu), 0.5, f, "mlp.");
     NoGradGuard no_grad;
-    float* w = layer.gate_weight.data<float>();
+    float* w = layer.router.gate_weight.data<float>();
     w[0 * 8 + 0] += 2.0f;  // with x[:, 0] ≈ 1 below
     w[1 * 8 + 0] += 2.0f;
     Generator gen(3);
@@ -223,7 +223,7 @@ TEST_CASE("moe: aux-loss-free balancing drives a skewed router toward uniform lo
       layer.update_bias(st.tokens_per_expert);
       st.reset();
     }
-    std::vector<double> b = layer.bias.to(DType::f64).to_vector();
+    std::vector<double> b = layer.router.bias.to(DType::f64).to_vector();
     return std::make_tuple(first, late, std::accumulate(b.begin(), b.end(), 0.0));
   };
   auto [first, late, bias_sum] = run(0.003);

@@ -1,6 +1,6 @@
 // The body of the CUDA router selection kernel (router_cuda.cu): for each token
 // the top-k experts of scores + bias, group-limited when n_group > 1, exactly as
-// the CPU's select_experts (nn/moe.cpp) picks them: the biased scores summed in
+// the CPU's select_experts (ops/router/router_cpu.cpp) picks them: the biased scores summed in
 // double, the order NaN first, then larger, then the lower index; groups ranked
 // by the sum of their two best biased scores (same order), the best topk_group
 // kept. Written once for the GPU and the host (ops/common/simt.h), so

@@ -189,6 +189,10 @@ void check_indices(const char* op, const Tensor& index, int64_t limit) {
 }
 }  // namespace
 
+Tensor index_select(const Tensor& x, int64_t dim, const std::vector<int64_t>& index) {
+  return index_select(x, dim, from_span<int64_t>(index, {static_cast<int64_t>(index.size())}));
+}
+
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& ids) {
   check_defined("index_select", x);
   check_rank("index_select", "index", ids, 1);

@@ -22,5 +22,7 @@ Tensor concat(const Tensors& xs, int64_t dim);
 Tensors split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
 // x with `dim` replaced by the entries `index` [n] (i32 or i64) selects.
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// The same with host indices (an i64 tensor made of them).
+Tensor index_select(const Tensor& x, int64_t dim, const std::vector<int64_t>& index);
 
 }  // namespace moetrain

@@ -1,5 +1,5 @@
 // The CUDA router selection body (ops/router/router_simt.h), run on the host block by
-// block (simt::HostBlock), against the CPU's select_experts (nn/moe.cpp): plain
+// block (simt::HostBlock), against the CPU's select_experts (ops/router/router_cpu.cpp): plain
 // and group-limited top-k, ties, NaN, a bias, block sizes from one thread to the
 // kernel's 128. The [cuda] case runs the kernel itself (skipped without a GPU).
 #include <catch2/catch.hpp>

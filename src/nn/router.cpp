@@ -1,0 +1,90 @@
+// The MoE router (nn/router.h). Differentiable parts are compositions of
+// gradient-checked ops (linear, sigmoid/softmax, index_select); the selection is
+// ops/router's select_experts.
+#include "nn/router.h"
+
+#include <numeric>
+
+#include "autograd/grad_mode.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linalg/linalg.h"
+#include "ops/reduce/reduce.h"
+#include "ops/router/router.h"
+#include "ops/softmax/softmax.h"
+#include "ops/view/view.h"
+
+namespace moetrain {
+
+Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c) {
+  MT_CHECK(x.dim() == 2 && gate_weight.dim() == 2 && x.size(1) == gate_weight.size(1),
+           "moe router: x {} must be [N, D] and gate.weight {} [E, D]", x.shape(), gate_weight.shape());
+  const int64_t N = x.size(0), E = gate_weight.size(0), k = c.top_k;
+  Routing r;
+  // Mixed precision: gate.weight stays f32 and x is widened to it, so logits,
+  // scores and top-k are f32 (docs/model.md#moe-router); otherwise x already has the weight's dtype.
+  r.logits = linear(x.to(gate_weight.dtype()), gate_weight);  // [N, E]
+  r.scores = c.score == RouterScore::sigmoid ? sigmoid(r.logits) : softmax(r.logits);
+  {
+    NoGradGuard no_grad;
+    r.experts = select_experts(r.scores.detach(), bias, k, c.n_group, c.topk_group);
+  }
+  std::vector<int64_t> flat(r.experts.size());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < k; ++j) flat[n * k + j] = n * E + r.experts[n * k + j];
+  Tensor w = reshape(index_select(reshape(r.scores, {N * E}), 0, flat), {N, k});  // selected s
+  if (c.renormalize && k > 1) w = div(w, add_scalar(sum(w, -1, true), 1e-20));
+  if (c.routed_scaling_factor != 1.0) w = mul_scalar(w, c.routed_scaling_factor);
+  r.weights = w;
+  return r;
+}
+
+Router::Router(const MoeConfig& c, int64_t D, double init_std, ParamFactory& f, const std::string& p) : c_(c) {
+  gate_weight = f.make(p + "gate.weight", {c.num_experts, D}, Init::trunc_normal(init_std), "router", true);
+  bias = f.buffer(p + "gate.e_score_correction_bias", {c.num_experts}, DType::f32);
+}
+
+Tensor Router::aux_loss(const Routing& r, int64_t B, int64_t T) const {
+  const int64_t N = B * T, E = c_.num_experts, k = c_.top_k;
+  Tensor loss;
+  if (c_.aux_loss_weight > 0) {
+    // Sequence-wise balance loss (docs/model.md#moe-auxiliary-losses): α Σ_i f_i P_i per sequence, mean
+    // over the B sequences.
+    std::vector<double> f(static_cast<size_t>(B * E), 0.0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < k; ++j) f[(n / T) * E + r.experts[n * k + j]] += static_cast<double>(E) / (k * T);
+    Tensor ft = empty({B, E}, DType::f64);
+    std::copy(f.begin(), f.end(), ft.data<double>());
+    Tensor P = mean(reshape(div(r.scores, sum(r.scores, -1, true)), {B, T, E}), 1);  // [B, E]
+    loss = mul_scalar(sum(mul(P, ft.to(P.dtype()).to(P.device()))), c_.aux_loss_weight / static_cast<double>(B));
+  }
+  if (c_.z_loss_weight > 0) {
+    // z-loss: mean over tokens of logsumexp(logits)^2 (lse = x_0 − log_softmax(x)_0).
+    Tensor lse = sub(slice(r.logits, -1, 0, 1), slice(log_softmax(r.logits), -1, 0, 1));
+    Tensor z_loss = mul_scalar(mean(square(lse)), c_.z_loss_weight);
+    loss = loss.defined() ? add(loss, z_loss) : z_loss;
+  }
+  return loss;
+}
+
+void Router::update_bias(const std::vector<double>& counts) {
+  const int64_t E = c_.num_experts;
+  MT_CHECK(static_cast<int64_t>(counts.size()) == E, "moe bias update: {} counts for {} experts", counts.size(), E);
+  if (c_.bias_update_rate <= 0) return;
+  const double mean_count = std::accumulate(counts.begin(), counts.end(), 0.0) / static_cast<double>(E);
+  std::vector<double> delta(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const double d = mean_count - counts[e];
+    delta[e] = c_.bias_update_rate * static_cast<double>((d > 0) - (d < 0));
+  }
+  const double mean_delta = std::accumulate(delta.begin(), delta.end(), 0.0) / static_cast<double>(E);
+  float* b = bias.data<float>();
+  for (int64_t e = 0; e < E; ++e) b[e] = static_cast<float>(static_cast<double>(b[e]) + delta[e] - mean_delta);
+}
+
+RouterScore parse_router_score(const std::string& name) {
+  if (name == "sigmoid") return RouterScore::sigmoid;
+  if (name == "softmax") return RouterScore::softmax;
+  MT_THROW("unknown router score '{}' (sigmoid, softmax)", name);
+}
+
+}  // namespace moetrain

@@ -1,0 +1,50 @@
+// The MoE router (docs/model.md#moe-router): owns the gate and the expert bias,
+// scores tokens and selects their experts, computes the auxiliary losses of a
+// routing (docs/model.md#moe-auxiliary-losses) and moves the bias
+// (docs/model.md#aux-loss-free-bias-update). HF Kimi names: gate.weight [E, D],
+// gate.e_score_correction_bias [E] (a buffer: selection only, never the optimizer's).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "nn/moe_config.h"
+#include "nn/param_factory.h"
+
+namespace moetrain {
+
+struct Routing {
+  Tensor logits;                 // [N, E]
+  Tensor scores;                 // [N, E] s
+  std::vector<int64_t> experts;  // N·k selected expert ids (token-major)
+  Tensor weights;                // [N, k] w (differentiable through the selected s)
+};
+
+// The router of docs/model.md#moe-router on x [N, D] with gate.weight [E, D] and the bias [E]:
+// s = σ(x Wr^T) or softmax, I = top-k of s + b, w_e = ρ · s_e / (Σ_{j∈I} s_j + 1e-20)
+// (renormalised when k > 1).
+Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c);
+
+class Router {
+ public:
+  // prefix e.g. "model.layers.3.mlp."
+  Router(const MoeConfig& c, int64_t d_model, double init_std, ParamFactory& factory, const std::string& prefix);
+
+  // x [N, D].
+  Routing route(const Tensor& x) const { return moetrain::route(x, gate_weight, bias, c_); }
+  // The auxiliary losses of a routing of B sequences of T tokens: the sequence-wise
+  // balance loss (moe.aux_loss_weight) plus the z-loss (moe.z_loss_weight); a scalar
+  // to add to the loss, undefined when both weights are 0.
+  Tensor aux_loss(const Routing& r, int64_t B, int64_t T) const;
+  // The aux-loss-free update from `counts` (assignments per expert, summed over all
+  // ranks and micro-batches): b += Δ − mean(Δ), Δ = γ sign(mean − counts).
+  void update_bias(const std::vector<double>& counts);
+
+  Tensor gate_weight, bias;
+
+ private:
+  MoeConfig c_;
+};
+
+}  // namespace moetrain
