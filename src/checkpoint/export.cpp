@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "autograd/grad_mode.h"
 #include "checkpoint/safetensors.h"
@@ -24,9 +25,7 @@
 #include "data/progress.h"
 #include "io/durable.h"
 #include "io/hdf5.h"
-#include "nn/gpt2.h"
-#include "nn/gpt2_hf.h"
-#include "nn/hybrid.h"
+#include "nn/language_model.h"
 #include "ops/reduce/reduce.h"
 #include "ops/view/view.h"
 
@@ -36,16 +35,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// Tensors Kimi creates in f32 and keeps in f32 in a bf16 checkpoint.
-bool keeps_f32(const std::string& hf_name) {
-  return ends_with(hf_name, ".A_log") || ends_with(hf_name, ".dt_bias") ||
-         ends_with(hf_name, ".e_score_correction_bias");
-}
 
 // bf16 values as uint16 bit patterns (HDF5 has no bf16 type) and back.
 Tensor bf16_bits(const Tensor& t) {
@@ -57,17 +46,6 @@ Tensor bits_bf16(const Tensor& t) {
   Tensor out = empty(t.shape(), DType::bf16);
   std::memcpy(out.raw_data(), t.raw_data(), static_cast<size_t>(t.nbytes()));
   return out;
-}
-
-// Layer index of "model.layers.{l}.rest", or -1.
-int64_t layer_of(const std::string& name, std::string* rest = nullptr) {
-  static const std::string kPrefix = "model.layers.";
-  if (name.rfind(kPrefix, 0) != 0) return -1;
-  size_t dot = name.find('.', kPrefix.size());
-  if (dot == std::string::npos) return -1;
-  int64_t l = std::stoll(name.substr(kPrefix.size(), dot - kPrefix.size()));
-  if (rest) *rest = name.substr(dot + 1);
-  return l;
 }
 
 }  // namespace
@@ -109,60 +87,6 @@ int64_t parse_byte_size(const std::string& text) {
   return static_cast<int64_t>(value);
 }
 
-// ---------------------------------------------------------------- name table
-
-std::vector<bool> hybrid_moe_layers(const ParameterList& state) {
-  std::vector<bool> moe;
-  for (const NamedParameter& p : state) {
-    std::string rest;
-    int64_t l = layer_of(p.name, &rest);
-    if (l < 0 || rest != "mlp.gate.weight") continue;
-    if (static_cast<int64_t>(moe.size()) <= l) moe.resize(static_cast<size_t>(l + 1), false);
-    moe[static_cast<size_t>(l)] = true;
-  }
-  return moe;
-}
-
-std::vector<HfPiece> hybrid_hf_pieces(const std::string& name, const Shape& shape, const std::vector<bool>& moe_layers) {
-  std::string rest;
-  const int64_t l = layer_of(name, &rest);
-  std::string hf = name;
-  Shape hf_shape = shape;
-  if (l >= 0) {
-    const std::string prefix = fmt::format("model.layers.{}.", l);
-    const bool moe = l < static_cast<int64_t>(moe_layers.size()) && moe_layers[static_cast<size_t>(l)];
-    if (moe && rest.rfind("mlp.", 0) == 0) {
-      std::string sub = rest.substr(4);
-      hf = prefix + "block_sparse_moe." + sub;
-      // Stacked experts [E, ...] -> experts.{j}.w1.weight [...] (HF: one module per expert).
-      for (const char* w : {"w1", "w2", "w3"}) {
-        if (sub == fmt::format("experts.{}.weight", w)) {
-          MT_CHECK(shape.ndim() == 3, "export: {} is {}, expected stacked experts [E, out, in]", name, shape);
-          std::vector<HfPiece> pieces;
-          Shape one{shape.size(1), shape.size(2)};
-          for (int64_t j = 0; j < shape.size(0); ++j)
-            pieces.push_back({fmt::format("{}block_sparse_moe.experts.{}.{}.weight", prefix, j, w), one, j});
-          return pieces;
-        }
-      }
-    } else if (rest == "attn_res_proj.weight") {
-      hf = prefix + "self_attention_res_proj.weight";
-      hf_shape = Shape{1, shape.numel()};  // nn.Linear(D, 1)
-    } else if (rest == "attn_res_norm.weight") {
-      hf = prefix + "self_attention_res_norm.weight";
-    } else if (rest == "mlp_res_proj.weight") {
-      hf_shape = Shape{1, shape.numel()};
-    } else if (ends_with(rest, "_conv1d.weight") && shape.ndim() == 2) {
-      hf_shape = Shape{shape.size(0), 1, shape.size(1)};  // nn.Conv1d(P, P, W, groups=P): [P, 1, W]
-    } else if (rest == "self_attn.A_log") {
-      hf_shape = Shape{1, 1, shape.numel(), 1};  // Kimi-Linear: A_log.view(1, 1, -1, 1)
-    }
-  } else if (name == "model.output_attn_res_proj.weight") {
-    hf_shape = Shape{1, shape.numel()};
-  }
-  return {{hf, hf_shape, -1}};
-}
-
 // ---------------------------------------------------------------- export
 
 namespace {
@@ -174,10 +98,16 @@ ParameterList own_state(const LanguageModel& model) {
   return state;
 }
 
-Tensor to_export_dtype(const Tensor& t, const std::string& hf_name, DType dtype) {
+Tensor to_export_dtype(const Tensor& t, bool keep_f32, DType dtype) {
   Tensor f32 = t.dtype() == DType::f32 ? t : t.to(DType::f32);
-  if (dtype == DType::bf16 && !keeps_f32(hf_name)) return f32.to(DType::bf16);  // round to nearest even
+  if (dtype == DType::bf16 && !keep_f32) return f32.to(DType::bf16);  // round to nearest even
   return f32;
+}
+
+std::unique_ptr<HfAdapter> adapter_of(const LanguageModel& model) {
+  std::unique_ptr<HfAdapter> adapter = model.hf_adapter();
+  MT_CHECK(adapter, "export: model.arch {} has no Hugging Face layout", model.arch());
+  return adapter;
 }
 
 }  // namespace
@@ -185,105 +115,13 @@ Tensor to_export_dtype(const Tensor& t, const std::string& hf_name, DType dtype)
 std::vector<std::pair<std::string, Tensor>> hf_export_tensors(const LanguageModel& model, const ParameterList& given,
                                                               DType dtype) {
   MT_CHECK(dtype == DType::f32 || dtype == DType::bf16, "export: dtype {} is not supported (f32 or bf16)", dtype);
+  const std::unique_ptr<HfAdapter> adapter = adapter_of(model);
   const ParameterList state = given.empty() ? own_state(model) : given;
-  std::vector<std::pair<std::string, Tensor>> out;
   NoGradGuard no_grad;
-  if (dynamic_cast<const Gpt2*>(&model)) {
-    for (auto& [name, t] : gpt2_hf_tensors(state)) out.emplace_back(name, to_export_dtype(t.to(kCpu), name, dtype));
-    return out;
-  }
-  MT_CHECK(dynamic_cast<const HybridModel*>(&model), "export: model.arch {} has no export layout", model.arch());
-  const std::vector<bool> moe = hybrid_moe_layers(state);
-  for (const NamedParameter& p : state) {
-    Tensor t = p.tensor.detach().to(kCpu);
-    for (const HfPiece& piece : hybrid_hf_pieces(p.name, t.shape(), moe)) {
-      Tensor part = piece.row >= 0 ? slice(t, 0, piece.row, piece.row + 1) : t;
-      out.emplace_back(piece.name, to_export_dtype(reshape(part, piece.shape).contiguous(), piece.name, dtype));
-    }
-  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, t] : adapter->export_tensors(state))
+    out.emplace_back(name, to_export_dtype(t.detach().to(kCpu).contiguous(), adapter->keeps_f32(name), dtype));
   return out;
-}
-
-std::string hf_config_json(const LanguageModel& model, DType dtype) {
-  if (const auto* gpt2 = dynamic_cast<const Gpt2*>(&model)) return gpt2_hf_config_json(gpt2->config(), dtype);
-  const auto* hybrid = dynamic_cast<const HybridModel*>(&model);
-  MT_CHECK(hybrid, "export: model.arch {} has no config.json layout", model.arch());
-  const HybridConfig& c = hybrid->config();
-  json kda_layers = json::array(), full_attn_layers = json::array(), mixers = json::array();
-  for (int64_t l = 0; l < c.n_layer(); ++l) {  // Kimi's lists are 1-based
-    MixerKind k = c.mixers[static_cast<size_t>(l)];
-    // Kimi knows KDA and full attention; the ladder's other mixers are in moetrain.layer_mixers only.
-    if (k == MixerKind::kda) kda_layers.push_back(l + 1);
-    if (k == MixerKind::mla || k == MixerKind::attention) full_attn_layers.push_back(l + 1);
-    mixers.push_back(mixer_kind_name(k));
-  }
-  auto or_null = [](int64_t v) { return v > 0 ? json(v) : json(nullptr); };
-  const char* act = c.ffn.kind == FfnKind::situ_glu ? "situ" : c.ffn.kind == FfnKind::swiglu ? "silu" : "gelu_pytorch_tanh";
-  json j = {
-      {"architectures", {"KimiLinearForCausalLM"}},
-      {"model_type", "kimi_linear"},
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.d_model},
-      {"num_hidden_layers", c.n_layer()},
-      {"intermediate_size", c.ffn.d_ff},
-      {"hidden_act", act},
-      {"rms_norm_eps", c.rms_norm_eps},
-      {"tie_word_embeddings", c.tie_embeddings},
-      {"max_position_embeddings", c.n_ctx},
-      {"torch_dtype", dtype == DType::bf16 ? "bfloat16" : "float32"},
-      {"num_attention_heads", c.mla.n_head},
-      {"num_key_value_heads", c.mla.n_head},
-      {"q_lora_rank", or_null(c.mla.q_lora_rank)},
-      {"kv_lora_rank", c.mla.kv_lora_rank},
-      {"qk_nope_head_dim", c.mla.qk_nope_head_dim},
-      {"qk_rope_head_dim", c.mla.qk_rope_head_dim},
-      {"v_head_dim", c.mla.v_head_dim},
-      {"mla_use_nope", !c.mla.rope},
-      {"mla_use_output_gate", c.mla.output_gate},
-      {"rope_theta", c.mla.rope_theta},
-      {"linear_attn_config",
-       {{"kda_layers", kda_layers},
-        {"full_attn_layers", full_attn_layers},
-        {"num_heads", c.kda.n_head},
-        {"head_dim", c.kda.head_dim},
-        {"short_conv_kernel_size", c.kda.conv_size},
-        {"gate_lower_bound", c.kda.gate == KdaGate::lower_bound ? json(c.kda.lower_bound) : json(nullptr)},
-        {"use_full_rank_gate", c.kda.full_rank_output_gate}}},
-      {"attn_res_block_size", c.attn_res ? json(c.attn_res_block_size) : json(nullptr)},
-      {"num_experts", or_null(c.moe.num_experts)},
-      {"num_nextn_predict_layers", 0},
-  };
-  if (c.ffn.kind == FfnKind::situ_glu) {
-    j["activation_situ_beta"] = c.ffn.situ_beta;
-    j["activation_situ_linear_beta"] = c.ffn.situ_linear_beta > 0 ? json(c.ffn.situ_linear_beta) : json(nullptr);
-  }
-  if (c.moe.num_experts > 0) {
-    j["num_experts_per_token"] = c.moe.top_k;
-    j["num_shared_experts"] = c.moe.num_shared_experts;
-    j["moe_intermediate_size"] = c.moe.expert_d_ff;
-    j["routed_expert_hidden_size"] = or_null(c.moe.latent_dim);
-    j["latent_moe_use_norm"] = c.moe.latent_dim > 0 && c.moe.latent_norm;
-    j["moe_router_activation_func"] = c.moe.score == RouterScore::sigmoid ? "sigmoid" : "softmax";
-    j["moe_renormalize"] = c.moe.renormalize;
-    j["routed_scaling_factor"] = c.moe.routed_scaling_factor;
-    j["use_grouped_topk"] = c.moe.n_group > 1;
-    j["num_expert_group"] = c.moe.n_group;
-    j["topk_group"] = c.moe.topk_group;
-    j["topk_method"] = "noaux_tc";
-    j["first_k_dense_replace"] = c.moe.first_dense_layers;
-    j["moe_layer_freq"] = 1;
-  }
-  // What Kimi's config cannot say: read by moetrain, ignored by others.
-  j["moetrain"] = {{"layer_mixers", mixers},
-                   {"attention_num_heads", c.attention_n_head},
-                   {"kda_num_value_heads", c.kda.value_heads()},
-                   {"kda_gate", c.kda.gate == KdaGate::lower_bound ? "lower_bound" : "softplus"},
-                   {"ffn", ffn_kind_name(c.ffn.kind)},
-                   {"situ_learnable_beta", c.ffn.situ_learnable_beta},
-                   {"mla_lora_norm_eps", c.mla.lora_norm_eps},
-                   {"latent_norm_eps", c.moe.latent_norm_eps},
-                   {"model_dtype", std::string(dtype_name(c.dtype))}};
-  return j.dump(2) + "\n";
 }
 
 namespace {
@@ -371,6 +209,7 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
     MT_CHECK(o.replace || fs::is_empty(out),
              "export: {} exists and is not empty; choose another --out or pass --force to replace it", dir);
   }
+  const std::unique_ptr<HfAdapter> adapter = adapter_of(model);
   const std::vector<std::pair<std::string, Tensor>> tensors = hf_export_tensors(model, state, o.dtype);
   check_finite(state.empty() ? own_state(model) : state, tensors, dir, o.dtype);
   int64_t total = 0;
@@ -389,7 +228,7 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   auto on_written = [&](int64_t n) { progress.update(n); };
   if (o.format == ExportFormat::safetensors) write_safetensors_dir(tmp.path, tensors, o.max_shard_bytes, on_written);
   else write_hdf5(tmp.path, tensors, o.dtype, on_written);
-  write_file_atomically(tmp.path / "config.json", hf_config_json(model, o.dtype), false);
+  write_file_atomically(tmp.path / "config.json", adapter->config_json(o.dtype), false);
   if (config) config->save((tmp.path / "config.resolved.yaml").string());
   fsync_path(tmp.path, true);
   progress.finish();
@@ -397,6 +236,10 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   // Commit: DIR appears complete or not at all.
   replace_directory(tmp.path, out);
   tmp.keep = true;
+  const std::vector<std::string> outside = adapter->features_outside_hf();
+  if (!outside.empty())
+    spdlog::info("export {}: model_type {}: transformers has no class for {} (the tensors keep Kimi's names, "
+                 "docs/export.md)", out.string(), adapter->model_type(), fmt::join(outside, ", "));
 }
 
 }  // namespace
@@ -442,7 +285,7 @@ HfWeights HfWeights::open(const std::string& path) {
                w.entries_[impl.index[e.name]].file);
       impl.index[e.name] = w.entries_.size();
       impl.file_of.push_back(impl.files.size() - 1);
-      w.entries_.push_back({e.name, e.shape, e.dtype, file});
+      w.entries_.push_back({e.name, e.shape, file});
     }
   };
   const fs::path p(path);
@@ -482,11 +325,9 @@ HfWeights HfWeights::open(const std::string& path) {
     const bool bf16 = impl.h5->attr_string("/", "dtype").value_or("f32") == "bf16";
     impl.h5_bf16 = bf16;
     for (const std::string& name : impl.h5->datasets("/")) {
-      // The dtype by the writer's rule (read() goes by the dataset's own type).
-      DType d = bf16 && !keeps_f32(name) ? DType::bf16 : DType::f32;
       impl.index[name] = w.entries_.size();
       impl.file_of.push_back(0);
-      w.entries_.push_back({name, impl.h5->shape("/", name), d, file});
+      w.entries_.push_back({name, impl.h5->shape("/", name), file});
     }
   } else {
     MT_THROW("{}: no weights (expected model.safetensors, model.safetensors.index.json or model.h5)", path);
@@ -509,51 +350,28 @@ Tensor HfWeights::read(const std::string& name) const {
   return impl_->files[impl_->file_of[impl_->index.at(name)]].read(name);
 }
 
-void load_hybrid_hf_weights(ParameterList& state, const HfWeights& weights, ExpertShard shard) {
-  NoGradGuard no_grad;
-  // Files from before the export (internal names): exactly state's names and shapes.
-  bool internal = shard.size == 1 && weights.entries().size() == state.size();
-  for (const NamedParameter& p : state) {
-    const HfWeights::Entry* e = weights.find(p.name);
-    internal = internal && e && e->shape == p.tensor.shape();
-  }
-  if (internal && !state.empty()) {
-    for (NamedParameter& p : state) copy_(p.tensor, weights.read(p.name).to(p.tensor.dtype()));
-    return;
-  }
-  const std::vector<bool> moe = hybrid_moe_layers(state);
-  std::set<std::string> used;
-  for (NamedParameter& p : state) {
-    // An expert shard is matched as the whole [E, ...] tensor; its rows are [lo, lo + rows).
-    Shape shape = p.tensor.shape();
-    int64_t lo = 0;
-    const bool shard_rows = shard.size > 1 && p.group == "experts";
-    if (shard_rows) {
-      std::vector<int64_t> dims = shape.vec();
-      lo = shard.index * dims[0];
-      dims[0] *= shard.size;
-      shape = Shape(dims);
-    }
-    for (const HfPiece& piece : hybrid_hf_pieces(p.name, shape, moe)) {
-      const HfWeights::Entry* e = weights.find(piece.name);
-      MT_CHECK(e, "{}: missing tensor {} {} (the weights belong to another architecture or size; see "
-               "docs/export.md for the names)", weights.path(), piece.name, piece.shape);
-      MT_CHECK(e->shape == piece.shape, "{}: tensor {} is {} but the model expects {}", e->file, e->name, e->shape,
-               piece.shape);
-      used.insert(piece.name);
-      if (shard_rows && (piece.row < lo || piece.row >= lo + p.tensor.size(0))) continue;  // another rank's expert
-      Tensor t = weights.read(piece.name).to(p.tensor.dtype());
-      Tensor dst = piece.row >= 0 ? slice(p.tensor.detach(), 0, piece.row - lo, piece.row - lo + 1) : p.tensor.detach();
-      copy_(dst, reshape(t, dst.shape()));
-    }
-  }
-  for (const HfWeights::Entry& e : weights.entries()) {
-    std::string rest;
-    // K3 allocates layer 0's attention AttnRes pair but never uses it (docs/model.md#layer-0-attention-read-parameters): skipped.
-    if (layer_of(e.name, &rest) == 0 && (rest == "self_attention_res_proj.weight" || rest == "self_attention_res_norm.weight"))
-      continue;
-    MT_CHECK(used.count(e.name), "{}: unexpected tensor {} {} (not part of this model)", e.file, e.name, e.shape);
-  }
+std::vector<std::string> HfWeights::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const Entry& e : entries_) out.push_back(e.name);
+  return out;
+}
+
+std::optional<Shape> HfWeights::shape(const std::string& name) const {
+  const Entry* e = find(name);
+  return e ? std::optional<Shape>(e->shape) : std::nullopt;
+}
+
+std::string HfWeights::where(const std::string& name) const {
+  const Entry* e = find(name);
+  return e ? e->file : path_;
+}
+
+void load_hf_weights(LanguageModel& model, const std::string& path, ExpertShard shard) {
+  const std::unique_ptr<HfAdapter> adapter = model.hf_adapter();
+  MT_CHECK(adapter, "{}: model.arch {} has no Hugging Face layout to load", path, model.arch());
+  ParameterList state = own_state(model);  // weights and buffers (MoE router biases)
+  adapter->import_weights(state, HfWeights::open(path), shard);
 }
 
 }  // namespace moetrain

@@ -1,16 +1,15 @@
 // Export for users (docs/export.md): one unsharded model directory with Hugging
 // Face names and a config.json, and the reader that loads such a directory back.
-//
-//   GPT-2   GPT2LMHeadModel names and config.json (nn/gpt2_hf.h), Conv1D weights [in, out]
-//   hybrid  Kimi-Linear / Kimi-K3 names (model.layers.{i}.self_attn.*, block_sparse_moe.*,
-//           experts split per expert: experts.{j}.w1.weight) and a kimi_linear config.json;
-//           the full name table is in docs/export.md, the mapping in hybrid_hf_pieces().
+// What the names, layouts and config.json are is the model family's business (its HF
+// adapter, nn/hf_adapter.h: nn/gpt2_hf.h, nn/hybrid_hf.h); this file holds the
+// directory: files, shards, dtypes, atomicity, and reading it back.
 //
 // Formats: safetensors (model.safetensors; above max_shard_bytes, shards
 // model-00001-of-0000N.safetensors plus model.safetensors.index.json), or HDF5 (model.h5,
 // one file, one root dataset per tensor; bf16 is stored as uint16 bit patterns).
 // Dtypes: f32 or bf16 (round to nearest even of the f32 value; f64 models go through f32).
-// In bf16 the tensors Kimi keeps in f32 stay f32: A_log, dt_bias, e_score_correction_bias.
+// In bf16 the tensors the adapter keeps in f32 stay f32 (the hybrid: Kimi's A_log,
+// dt_bias, e_score_correction_bias).
 // A directory is built as DIR.tmp.<pid>/ and renamed to DIR once complete, so a failed
 // export never leaves a directory that looks complete.
 #pragma once
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/hf_adapter.h"
 #include "nn/moe.h"
 #include "nn/parameters.h"
 
@@ -48,32 +48,16 @@ struct ExportOptions {
   bool progress = false;     // a progress bar (terminal) or lines (logs) on stderr, with bytes/s
 };
 
-// One tensor of the export as it relates to a model tensor: HF name and shape; row >= 0
-// takes row `row` of the model tensor's first dimension (a stacked expert), -1 the whole.
-struct HfPiece {
-  std::string name;
-  Shape shape;
-  int64_t row = -1;
-};
-
-// The HF pieces of one hybrid-model tensor. `moe_layers` tells whether layer l is an MoE
-// layer (its mlp.* tensors go under block_sparse_moe.*). Every model tensor maps to at
-// least one piece; the pieces of a whole model have distinct names.
-std::vector<HfPiece> hybrid_hf_pieces(const std::string& name, const Shape& shape,
-                                      const std::vector<bool>& moe_layers);
-// moe_layers for hybrid_hf_pieces from the names of a hybrid state (a layer with
-// model.layers.{l}.mlp.gate.weight is an MoE layer).
-std::vector<bool> hybrid_moe_layers(const ParameterList& state);
-
-// The tensors of an export, HF names and layouts, in model order, converted to `dtype`
-// (f32 or bf16, see above). state: the model's parameters and buffers at full size.
+// The tensors of an export, HF names and layouts (the model's HF adapter,
+// nn/hf_adapter.h), in model order, converted to `dtype` (f32 or bf16, see above).
+// state: the model's parameters and buffers at full size (empty: the model's own).
 std::vector<std::pair<std::string, Tensor>> hf_export_tensors(const LanguageModel& model, const ParameterList& state,
                                                               DType dtype);
-// The config.json text of a model (GPT2LMHeadModel or KimiLinearForCausalLM).
-std::string hf_config_json(const LanguageModel& model, DType dtype);
 
 // Writes the directory `dir` (see above): weights, config.json, and config.resolved.yaml
-// when `config` is given (so `--checkpoint DIR` works). state: parameters and buffers at
+// when `config` is given (so `--checkpoint DIR` works). When transformers has no class
+// that computes the model (HfAdapter::features_outside_hf), logs one line naming the
+// features and the model_type written instead. state: parameters and buffers at
 // full size (empty: the model's own). Throws naming the path when `dir` exists, is not
 // empty and options.replace is false; NumericalError naming the tensor, before anything
 // is written, when a tensor holds NaN or infinities (in the model, or after rounding to
@@ -85,20 +69,24 @@ void export_model_dir(const LanguageModel& model, const ParameterList& state, co
 // The tensors of an exported model: a directory (model.safetensors, or
 // model.safetensors.index.json and its shards, or model.h5) or one .safetensors file.
 // Tensors are read on demand; read() returns a CPU tensor in the file's dtype.
-class HfWeights {
+class HfWeights : public HfTensorSource {
  public:
   static HfWeights open(const std::string& path);
   struct Entry {
     std::string name;
     Shape shape;
-    DType dtype;
     std::string file;  // for messages
   };
   const std::vector<Entry>& entries() const { return entries_; }
   const Entry* find(const std::string& name) const;
-  Tensor read(const std::string& name) const;
   const std::string& path() const { return path_; }
-  ~HfWeights();
+
+  std::vector<std::string> names() const override;
+  std::optional<Shape> shape(const std::string& name) const override;
+  Tensor read(const std::string& name) const override;
+  std::string where(const std::string& name) const override;  // the file holding `name`, else path()
+
+  ~HfWeights() override;
   HfWeights(HfWeights&&) noexcept;
   HfWeights& operator=(HfWeights&&) noexcept;
 
@@ -110,14 +98,8 @@ class HfWeights {
   std::unique_ptr<Impl> impl_;
 };
 
-// Copies HF-named hybrid weights into `state` (parameters and buffers, converted to their
-// dtypes; experts assembled from experts.{j}.*). Strict: every tensor of `state` must be
-// present with its shape, and nothing else (errors name the file and the tensor). Files
-// written before the export existed (moetrain's internal names: stacked experts
-// mlp.experts.w1.weight [E, F, L]) are accepted too when they hold exactly `state`'s names.
-// shard: the routed-expert tensors of `state` (group "experts", [E / size, ...]) hold
-// global experts [index * E / size, (index + 1) * E / size) (expert parallelism); the
-// file's other experts are checked for shape and skipped.
-void load_hybrid_hf_weights(ParameterList& state, const HfWeights& weights, ExpertShard shard = {});
+// Loads the weights at `path` (anything HfWeights::open reads) into `model` through its
+// HF adapter (strict; errors name the file and the tensor). shard: this rank's experts.
+void load_hf_weights(LanguageModel& model, const std::string& path, ExpertShard shard = {});
 
 }  // namespace moetrain

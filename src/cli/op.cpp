@@ -32,6 +32,7 @@
 #include "cli/commands.h"
 #include "io/hdf5.h"
 #include "nn/gpt2.h"
+#include "nn/hybrid_hf.h"
 #include "nn/kda_layer.h"
 #include "nn/mla.h"
 #include "nn/moe.h"
@@ -68,6 +69,7 @@ class OpRun {
 
   const std::string& group() const { return group_; }
   const std::string& op() const { return op_; }
+  const hdf5::Reader& reader() const { return in_; }
   DType dtype() const { return dtype_; }
 
   // "in.h5:/kda/q"
@@ -97,14 +99,6 @@ class OpRun {
     buffers_.push_back({name, t});
     return t;
   }
-  // A weight given with rank `rank` or `alt_rank` (e.g. conv [P, W] or HF's [P, 1, W]).
-  Tensor param_either(const std::string& name, int rank, int alt_rank) {
-    Tensor t = read_checked(params_group(), name);
-    if (t.dim() != rank && t.dim() != alt_rank)
-      fail("{} is {}; expected rank {} or {}", where("params/" + name), t.shape(), rank, alt_rank);
-    return keep(name, t, params_);
-  }
-
   void expect(const std::string& name, const Tensor& t, const Shape& shape, const std::string& letters) const {
     if (t.shape() != shape) fail("{} is {}; expected {} = {}", where(name), t.shape(), letters, shape);
   }
@@ -224,14 +218,28 @@ class OpRun {
 
 double inv_sqrt(int64_t n) { return 1.0 / std::sqrt(static_cast<double>(n)); }
 
-// [P, 1, W] (Hugging Face Conv1d) or [P, W] -> [P, W]; the gradient keeps the given shape.
-Tensor conv_weight(OpRun& r, const std::string& name, int64_t P) {
-  Tensor w = r.param_either(name, 2, 3);
-  const int64_t W = w.size(-1);
-  if (w.shape() != Shape{P, W} && w.shape() != Shape{P, 1, W})
-    r.fail("{} is {}; expected [P, 1, W] or [P, W] with P = {}", r.where("params/" + name), w.shape(), P);
-  return reshape(w, {P, W});
-}
+// A layer's params/ group as the HF adapter reads weights (nn/hybrid_hf.h): parameters
+// become inputs of the graph (their gradients written under grad/), buffers do not.
+class OpParams : public HfTensorSource {
+ public:
+  OpParams(OpRun& r, const hdf5::Reader& in) : r_(r), in_(in) {}
+  std::vector<std::string> names() const override {
+    return in_.has_group(r_.params_group()) ? in_.datasets(r_.params_group()) : std::vector<std::string>{};
+  }
+  std::optional<Shape> shape(const std::string& name) const override {
+    if (!r_.has_param(name)) return std::nullopt;
+    return in_.shape(r_.params_group(), name);
+  }
+  Tensor read(const std::string& name) const override { return r_.param(name, 0); }
+  Tensor read_buffer(const std::string& name) const override { return r_.buffer(name, 0); }
+  std::string where(const std::string& name) const override {
+    return r_.where(name.empty() ? "params" : "params/" + name);
+  }
+
+ private:
+  OpRun& r_;
+  const hdf5::Reader& in_;
+};
 
 // --- the ops -----------------------------------------------------------------------
 
@@ -309,82 +317,22 @@ void run_situ_glu(OpRun& r) {
 // kda_layer: x [B,T,D] and the KimiDeltaAttention weights (docs/model.md#kda-layer) under params/.
 void run_kda_layer(OpRun& r) {
   Tensor x = r.input("x", 3);
-  const int64_t D = x.size(2);
-  Tensor fa = r.param("f_a_proj.weight", 2);
-  const int64_t K = fa.size(0);
-  r.expect("params/f_a_proj.weight", fa, Shape{K, D}, "[K, D]");
-  Tensor qp = r.param("q_proj.weight", 2), kp = r.param("k_proj.weight", 2), vp = r.param("v_proj.weight", 2);
-  if (qp.size(0) % K != 0)
-    r.fail("{} is {}; expected [H*K, D] with K = {} (f_a_proj)", r.where("params/q_proj.weight"), qp.shape(), K);
-  if (vp.size(0) % K != 0)
-    r.fail("{} is {}; expected [HV*K, D] with K = {} (f_a_proj)", r.where("params/v_proj.weight"), vp.shape(), K);
-  const int64_t H = qp.size(0) / K, HV = vp.size(0) / K;
-  r.check_attr("H", H, "q_proj rows / K");
-  r.expect("params/q_proj.weight", qp, Shape{H * K, D}, "[H*K, D]");
-  r.expect("params/k_proj.weight", kp, Shape{H * K, D}, "[H*K, D]");
-  if (HV % H != 0)
-    r.fail("{}: HV = {} value heads is not a multiple of H = {}", r.where("params/v_proj.weight"), HV, H);
-
+  OpParams params(r, r.reader());
   KdaLayerConfig c;
-  c.d_model = D;
-  c.n_head = H;
-  c.n_value_head = HV;
-  c.head_dim = K;
   c.gate = r.gate_mode();
   c.lower_bound = r.attr("lower_bound", -5.0);
   c.l2norm_eps = r.attr("l2norm_eps", 1e-6);
   c.norm_eps = r.attr("o_norm_eps", 1e-5);
   c.chunked = r.mode == KdaMode::chunked;
   c.chunk_size = r.chunk_size;
-  const bool full = r.has_param("g_proj.weight");
-  std::optional<bool> full_attr = r.bool_attr("full_rank_output_gate");
-  if (full_attr && *full_attr != full)
-    r.fail("attribute full_rank_output_gate of {} is {} but params/ {}", r.where_group(), *full_attr,
-           full ? "holds g_proj.weight" : "has no g_proj.weight (expected it, or g_a_proj/g_b_proj)");
-  c.full_rank_output_gate = full;
-
-  Tensor q_conv = conv_weight(r, "q_conv1d.weight", H * K), k_conv = conv_weight(r, "k_conv1d.weight", H * K),
-         v_conv = conv_weight(r, "v_conv1d.weight", HV * K);
-  c.conv_size = q_conv.size(1);
+  c = hf_kda_layer_config(params, x.size(2), c);
+  r.check_attr("H", c.n_head, "q_proj rows / K");
   r.check_attr("conv_size", c.conv_size, "q_conv1d.weight's last dim");
-  if (k_conv.size(1) != c.conv_size || v_conv.size(1) != c.conv_size)
-    r.fail("{}: the conv widths differ (q {}, k {}, v {})", r.where("params"), c.conv_size, k_conv.size(1),
-           v_conv.size(1));
-
-  // Shapes only: no weights are allocated; the layer's members are set to the inputs.
-  ParamFactory shapes_only(false, x.dtype(), 0);
-  KdaLayer layer(c, shapes_only, "");
-  layer.q_proj = qp;
-  layer.k_proj = kp;
-  layer.v_proj = vp;
-  layer.q_conv = q_conv;
-  layer.k_conv = k_conv;
-  layer.v_conv = v_conv;
-  layer.f_a_proj = fa;
-  layer.f_b_proj = r.param("f_b_proj.weight", 2);
-  r.expect("params/f_b_proj.weight", layer.f_b_proj, Shape{HV * K, K}, "[HV*K, K]");
-  layer.b_proj = r.param("b_proj.weight", 2);
-  r.expect("params/b_proj.weight", layer.b_proj, Shape{HV, D}, "[HV, D]");
-  layer.A_log = r.param("A_log", 1);
-  r.expect("params/A_log", layer.A_log, Shape{HV}, "[HV]");
-  Tensor dt = r.param_either("dt_bias", 1, 2);
-  if (dt.shape() != Shape{HV * K} && dt.shape() != Shape{HV, K})
-    r.fail("{} is {}; expected [HV*K] = [{}] or [HV, K]", r.where("params/dt_bias"), dt.shape(), HV * K);
-  layer.dt_bias = reshape(dt, {HV * K});
-  if (full) {
-    layer.g_proj = r.param("g_proj.weight", 2);
-    r.expect("params/g_proj.weight", layer.g_proj, Shape{HV * K, D}, "[HV*K, D]");
-  } else {
-    layer.g_a_proj = r.param("g_a_proj.weight", 2);
-    layer.g_b_proj = r.param("g_b_proj.weight", 2);
-    r.expect("params/g_a_proj.weight", layer.g_a_proj, Shape{K, D}, "[K, D]");
-    r.expect("params/g_b_proj.weight", layer.g_b_proj, Shape{HV * K, K}, "[HV*K, K]");
-  }
-  layer.o_norm = r.param("o_norm.weight", 1);
-  r.expect("params/o_norm.weight", layer.o_norm, Shape{K}, "[K]");
-  layer.o_proj = r.param("o_proj.weight", 2);
-  r.expect("params/o_proj.weight", layer.o_proj, Shape{D, HV * K}, "[D, HV*K]");
-  r.output("y", layer.forward(x));
+  if (std::optional<bool> full = r.bool_attr("full_rank_output_gate"); full && *full != c.full_rank_output_gate)
+    r.fail("attribute full_rank_output_gate of {} is {} but params/ {}", r.where_group(), *full,
+           c.full_rank_output_gate ? "holds g_proj.weight" : "has no g_proj.weight (expected it, or g_a_proj/g_b_proj)");
+  ParamFactory bound(hf_layer_supplier(params, /*moe=*/false), x.dtype());
+  r.output("y", KdaLayer(c, bound, "").forward(x));
 }
 
 // gpt2_block: one HF GPT2Block (docs/model.md#gpt-2-block) on x [B,T,D], Conv1D weights [in, out].
@@ -423,69 +371,18 @@ void run_gpt2_block(OpRun& r) {
 // mla: x [B,T,D] and the KimiMLAAttention weights (docs/model.md#gated-mla) under params/; attribute H.
 void run_mla(OpRun& r) {
   Tensor x = r.input("x", 3);
-  const int64_t D = x.size(2);
-  std::optional<int64_t> H_attr = r.int_attr("H");
-  if (!H_attr) r.fail("{} has no attribute H (the number of heads; shapes do not say it)", r.where_group());
-  const int64_t H = *H_attr;
-  if (H < 1) r.fail("attribute H of {} is {}; expected >= 1", r.where_group(), H);
+  std::optional<int64_t> H = r.int_attr("H");
+  if (!H) r.fail("{} has no attribute H (the number of heads; shapes do not say it)", r.where_group());
+  if (*H < 1) r.fail("attribute H of {} is {}; expected >= 1", r.where_group(), *H);
+  OpParams params(r, r.reader());
   MlaConfig c;
-  c.d_model = D;
-  c.n_head = H;
+  c.n_head = *H;
   c.lora_norm_eps = r.attr("eps", 1e-6);
   c.rope = r.bool_attr("rope").value_or(false);
   c.rope_theta = r.attr("rope_theta", 10000.0);
-  const bool lora = r.has_param("q_a_proj.weight");
-  Tensor q_a, q_a_norm, q_b, q_full;
-  int64_t q_rows;
-  if (lora) {
-    q_a = r.param("q_a_proj.weight", 2);
-    c.q_lora_rank = q_a.size(0);
-    r.expect("params/q_a_proj.weight", q_a, Shape{c.q_lora_rank, D}, "[r_q, D]");
-    q_a_norm = r.param("q_a_layernorm.weight", 1);
-    r.expect("params/q_a_layernorm.weight", q_a_norm, Shape{c.q_lora_rank}, "[r_q]");
-    q_b = r.param("q_b_proj.weight", 2);
-    q_rows = q_b.size(0);
-    r.expect("params/q_b_proj.weight", q_b, Shape{q_rows, c.q_lora_rank}, "[H*(dn+dr), r_q]");
-  } else {
-    c.q_lora_rank = 0;
-    q_full = r.param("q_proj.weight", 2);
-    q_rows = q_full.size(0);
-    r.expect("params/q_proj.weight", q_full, Shape{q_rows, D}, "[H*(dn+dr), D]");
-  }
-  Tensor kv_a_norm = r.param("kv_a_layernorm.weight", 1);
-  c.kv_lora_rank = kv_a_norm.size(0);
-  Tensor kv_a = r.param("kv_a_proj_with_mqa.weight", 2);
-  c.qk_rope_head_dim = kv_a.size(0) - c.kv_lora_rank;
-  if (c.qk_rope_head_dim < 0 || kv_a.size(1) != D)
-    r.fail("{} is {}; expected [r_kv + dr, D] with r_kv = {} (kv_a_layernorm)",
-           r.where("params/kv_a_proj_with_mqa.weight"), kv_a.shape(), c.kv_lora_rank);
-  Tensor o_proj = r.param("o_proj.weight", 2);
-  if (o_proj.size(0) != D || o_proj.size(1) % H != 0)
-    r.fail("{} is {}; expected [D, H*dv] with D = {}, H = {}", r.where("params/o_proj.weight"), o_proj.shape(), D, H);
-  c.v_head_dim = o_proj.size(1) / H;
-  if (q_rows % H != 0 || q_rows / H < c.qk_rope_head_dim)
-    r.fail("{} has {} rows; expected H*(dn+dr) with H = {}, dr = {}",
-           r.where(lora ? "params/q_b_proj.weight" : "params/q_proj.weight"), q_rows, H, c.qk_rope_head_dim);
-  c.qk_nope_head_dim = q_rows / H - c.qk_rope_head_dim;
-  Tensor kv_b = r.param("kv_b_proj.weight", 2);
-  r.expect("params/kv_b_proj.weight", kv_b, Shape{H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
-           "[H*(dn+dv), r_kv]");
-  c.output_gate = r.has_param("g_proj.weight");
-  ParamFactory shapes_only(false, x.dtype(), 0);
-  MlaLayer layer(c, shapes_only, "");
-  layer.q_a_proj = q_a;
-  layer.q_a_layernorm = q_a_norm;
-  layer.q_b_proj = q_b;
-  layer.q_proj = q_full;
-  layer.kv_a_proj = kv_a;
-  layer.kv_a_layernorm = kv_a_norm;
-  layer.kv_b_proj = kv_b;
-  if (c.output_gate) {
-    layer.g_proj = r.param("g_proj.weight", 2);
-    r.expect("params/g_proj.weight", layer.g_proj, Shape{H * c.v_head_dim, D}, "[H*dv, D]");
-  }
-  layer.o_proj = o_proj;
-  r.output("y", layer.forward(x));
+  c = hf_mla_config(params, x.size(2), c);
+  ParamFactory bound(hf_layer_supplier(params, /*moe=*/false), x.dtype());
+  r.output("y", MlaLayer(c, bound, "").forward(x));
 }
 
 // latent_moe: x [N, D] or [B, T, D] through the model's own MoeLayer (docs/model.md#moe-router
@@ -500,16 +397,10 @@ void run_latent_moe(OpRun& r) {
   Tensor x = r.input("x", 0);
   if (x.dim() != 2 && x.dim() != 3) r.fail("{} is {}; expected [N, D] or [B, T, D]", r.where("x"), x.shape());
   const int64_t D = x.size(-1), N = x.numel() / D;
-  Tensor gate = r.param("gate.weight", 2);
-  const int64_t E = gate.size(0);
-  r.expect("params/gate.weight", gate, Shape{E, D}, "[E, D] (D from x)");
-  r.check_attr("num_experts", E, "gate.weight rows");
   std::optional<int64_t> k = r.int_attr("top_k");
   if (!k) r.fail("{} has no attribute top_k (experts per token; shapes do not say it)", r.where_group());
-  if (*k < 1 || *k > E) r.fail("attribute top_k of {} is {}; expected 1..{} (num_experts)", r.where_group(), *k, E);
-
+  OpParams params(r, r.reader());
   MoeConfig c;
-  c.num_experts = E;
   c.top_k = *k;
   c.routed_scaling_factor = r.attr("routed_scaling_factor", 1.0);
   const std::string score = r.string_attr("router_score", "sigmoid");
@@ -518,6 +409,10 @@ void run_latent_moe(OpRun& r) {
   c.score = parse_router_score(score);
   c.renormalize = r.bool_attr("renormalize").value_or(true);
   c.bias_update_rate = 0;
+  c = hf_moe_config(params, D, c);
+  if (c.latent_dim > 0) c.latent_norm_eps = r.attr("eps", 1e-5);  // a plain MoE has no latent norm
+  r.check_attr("num_experts", c.num_experts, "gate.weight rows");
+  r.check_attr("num_shared_experts", c.num_shared_experts, "shared_experts.gate_proj.weight rows / F");
   FfnConfig ffn;
   const std::string act = r.string_attr("activation", "situ_glu");
   if (act == "situ_glu") {
@@ -534,98 +429,8 @@ void run_latent_moe(OpRun& r) {
     r.fail("attribute activation of {} is \"{}\"; expected \"situ_glu\" (K3) or \"swiglu\" (Kimi-Linear)",
            r.where_group(), act);
   }
-
-  // Latent projections: all three or none.
-  const std::vector<std::string> latent_names{"routed_expert_down_proj.weight", "routed_expert_up_proj.weight",
-                                              "routed_expert_norm.weight"};
-  std::vector<std::string> given;
-  for (const std::string& n : latent_names)
-    if (r.has_param(n)) given.push_back(n);
-  if (!given.empty() && given.size() != latent_names.size())
-    r.fail("{} holds {} but not all of {}: the latent MoE needs all three (or none for a plain MoE)",
-           r.where("params"), fmt::join(given, ", "), fmt::join(latent_names, ", "));
-  Tensor down, up, norm;
-  if (!given.empty()) {
-    down = r.param("routed_expert_down_proj.weight", 2);
-    c.latent_dim = down.size(0);
-    r.expect("params/routed_expert_down_proj.weight", down, Shape{c.latent_dim, D}, "[L, D]");
-    up = r.param("routed_expert_up_proj.weight", 2);
-    r.expect("params/routed_expert_up_proj.weight", up, Shape{D, c.latent_dim}, "[D, L]");
-    norm = r.param("routed_expert_norm.weight", 1);
-    r.expect("params/routed_expert_norm.weight", norm, Shape{c.latent_dim}, "[L]");
-    c.latent_norm_eps = r.attr("eps", 1e-5);  // read only here: a plain MoE has no latent norm
-  }
-  const int64_t W = c.latent_dim > 0 ? c.latent_dim : D;
-  const std::string w_letters = c.latent_dim > 0 ? "L" : "D";
-
-  // Experts: stacked [E, F, W] / [E, W, F] from experts.{j}.*.
-  auto expert_name = [](int64_t j, const char* w) { return fmt::format("experts.{}.{}.weight", j, w); };
-  Tensors w1s, w3s, w2s;
-  int64_t F = 0;
-  for (int64_t j = 0; j < E; ++j) {
-    Tensor w1 = r.param(expert_name(j, "w1"), 2);
-    if (j == 0) F = w1.size(0);
-    r.expect("params/" + expert_name(j, "w1"), w1, Shape{F, W}, fmt::format("[F, {}]", w_letters));
-    Tensor w3 = r.param(expert_name(j, "w3"), 2);
-    r.expect("params/" + expert_name(j, "w3"), w3, Shape{F, W}, fmt::format("[F, {}]", w_letters));
-    Tensor w2 = r.param(expert_name(j, "w2"), 2);
-    r.expect("params/" + expert_name(j, "w2"), w2, Shape{W, F}, fmt::format("[{}, F]", w_letters));
-    w1s.push_back(reshape(w1, {1, F, W}));
-    w3s.push_back(reshape(w3, {1, F, W}));
-    w2s.push_back(reshape(w2, {1, W, F}));
-  }
-  c.expert_d_ff = F;
-
-  // Shared experts: one MLP of width F · n_shared (HF fuses them).
-  const std::vector<std::string> shared_names{"shared_experts.gate_proj.weight", "shared_experts.up_proj.weight",
-                                              "shared_experts.down_proj.weight"};
-  std::vector<std::string> shared_given;
-  for (const std::string& n : shared_names)
-    if (r.has_param(n)) shared_given.push_back(n);
-  if (!shared_given.empty() && shared_given.size() != shared_names.size())
-    r.fail("{} holds {} but not all of {}", r.where("params"), fmt::join(shared_given, ", "),
-           fmt::join(shared_names, ", "));
-  Tensor s_gate, s_up, s_down;
-  c.num_shared_experts = 0;
-  if (!shared_given.empty()) {
-    s_gate = r.param(shared_names[0], 2);
-    const int64_t Fs = s_gate.size(0);
-    if (Fs % F != 0)
-      r.fail("{} is {}; expected [F * n_shared, D] with F = {} (experts.0.w1.weight rows)",
-             r.where("params/" + shared_names[0]), s_gate.shape(), F);
-    r.expect("params/" + shared_names[0], s_gate, Shape{Fs, D}, "[F * n_shared, D]");
-    s_up = r.param(shared_names[1], 2);
-    r.expect("params/" + shared_names[1], s_up, Shape{Fs, D}, "[F * n_shared, D]");
-    s_down = r.param(shared_names[2], 2);
-    r.expect("params/" + shared_names[2], s_down, Shape{D, Fs}, "[D, F * n_shared]");
-    c.num_shared_experts = Fs / F;
-  }
-  r.check_attr("num_shared_experts", c.num_shared_experts, "shared_experts.gate_proj.weight rows / F");
-
-  Tensor bias;
-  if (r.has_param("gate.e_score_correction_bias")) {
-    bias = r.buffer("gate.e_score_correction_bias", 1);
-    r.expect("params/gate.e_score_correction_bias", bias, Shape{E}, "[E]");
-  } else {
-    bias = zeros({E}, x.dtype(), x.device());
-  }
-
-  // Shapes only: the layer's members are set to the inputs.
-  ParamFactory shapes_only(false, x.dtype(), 0);
-  MoeLayer layer(c, D, ffn, 0.02, shapes_only, "");
-  layer.router.gate_weight = gate;
-  layer.router.bias = bias;
-  layer.down_proj = down;
-  layer.up_proj = up;
-  layer.latent_norm = norm;
-  layer.w1 = concat(w1s, 0);
-  layer.w3 = concat(w3s, 0);
-  layer.w2 = concat(w2s, 0);
-  if (layer.shared) {
-    layer.shared->gate_proj = s_gate;
-    layer.shared->up_proj = s_up;
-    layer.shared->down_proj = s_down;
-  }
+  ParamFactory bound(hf_layer_supplier(params, /*moe=*/true), x.dtype());
+  MoeLayer layer(c, D, ffn, 0.02, bound, "");
   Routing routing;
   Tensor y = layer.forward(reshape(x, {x.dim() == 3 ? x.size(0) : 1, x.dim() == 3 ? x.size(1) : N, D}),
                            /*training=*/false, &routing);

@@ -69,7 +69,7 @@ std::vector<KeySpec> make_schema() {
     number ("model.layer_norm_eps", "1e-5",  above(0),     "epsilon added to the variance in every LayerNorm"),
     number ("model.dropout",        "0.0",   in_half_open(0, 1), "dropout probability while training; 0 turns dropout off"),
     number ("model.init_std",       "0.02",  above(0),     "standard deviation of the normal weight initialization"),
-    string ("model.init_from",      "''",                  "weights to start from: a Hugging Face GPT-2 directory, a model directory of moetrain export or <run>/model (any train.ep), or a .safetensors file; empty = random init"),
+    string ("model.init_from",      "''",                  "weights to start from: a Hugging Face directory (its config.json, gpt2, kimi_linear or moetrain_hybrid, sets the architecture: docs/export.md), a model directory of moetrain export or <run>/model (any train.ep), or a .safetensors file; empty = random init"),
 
     // model, hybrid architecture only (model.arch: hybrid; docs/model.md#kda-layer to #configs-and-parameter-counts).
     choice ("model.mixer",          "kda",   {"kda", "mla", "attention", "linear_attention", "deltanet", "gated_deltanet"}, "hybrid: token mixer of the layers not picked for model.attn_mixer; linear_attention, deltanet and gated_deltanet are the lower rungs of the evolution ladder (docs/evolution.md) and use the model.kda.* heads, head dim and kernels"),

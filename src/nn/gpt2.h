@@ -86,6 +86,7 @@ class Gpt2 : public LanguageModel {
   // after GELU (~13 D + 2 F per layer), plus logits and their gradient (2 V).
   double activation_bytes_per_token(bool mixed_precision) const override;
   int64_t decode_cache_bytes(int64_t length) const override;
+  std::unique_ptr<HfAdapter> hf_adapter() const override;  // nn/gpt2_hf.cpp
 
  private:
   using Block = Gpt2BlockWeights;

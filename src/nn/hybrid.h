@@ -11,7 +11,7 @@
 //   model.output_attn_res_{proj,norm}.weight, model.norm.weight, lm_head.weight.
 // Saved models use Kimi's exact names, which differ for MoE layers (block_sparse_moe.*,
 // one experts.{j}.* per expert), AttnRes (self_attention_res_*) and some shapes
-// (checkpoint/export.h, docs/export.md).
+// (nn/hybrid_hf.h, docs/export.md).
 #pragma once
 
 #include <memory>
@@ -90,6 +90,7 @@ class HybridModel : public LanguageModel {
   double activation_bytes_per_token(bool mixed_precision) const override;
   int64_t decode_cache_bytes(int64_t length) const override;
   const HybridConfig& config() const { return c_; }
+  std::unique_ptr<HfAdapter> hf_adapter() const override;  // nn/hybrid_hf.cpp
 
  private:
   struct Layer;

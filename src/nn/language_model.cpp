@@ -1,6 +1,7 @@
 #include "nn/language_model.h"
 
 #include "autograd/profile.h"
+#include "nn/hf_adapter.h"
 #include "ops/softmax/softmax.h"
 
 namespace moetrain {
@@ -14,5 +15,7 @@ Tensor LanguageModel::loss(const Tensor& ids, const Tensor& targets, bool traini
   if (logits.dtype() == DType::bf16) logits = logits.to(DType::f32);
   return cross_entropy(logits, targets.to(logits.device()));
 }
+
+std::unique_ptr<HfAdapter> LanguageModel::hf_adapter() const { return nullptr; }
 
 }  // namespace moetrain

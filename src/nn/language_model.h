@@ -12,6 +12,7 @@
 
 namespace moetrain {
 
+class HfAdapter;  // nn/hf_adapter.h
 class MoeLayer;
 namespace comm {
 class Communicator;
@@ -65,6 +66,10 @@ class LanguageModel {
   // new_cache() holds then, from the shapes alone): linear in the length for
   // attention, constant for recurrent mixers.
   virtual int64_t decode_cache_bytes(int64_t length) const = 0;
+
+  // The family's Hugging Face adapter (nn/hf_adapter.h: names, config.json, import and
+  // export), bound to this model's configuration; nullptr: the model has no HF layout.
+  virtual std::unique_ptr<HfAdapter> hf_adapter() const;
 };
 
 }  // namespace moetrain

@@ -12,6 +12,11 @@ Tensor ParamFactory::make(const std::string& name, const Shape& shape, const Ini
   MT_CHECK(names_.insert(name).second, "model construction: parameter '{}' declared twice", name);
   specs_.push_back({name, shape, group, decay});
   if (!allocate_) return Tensor();
+  if (supply_) {
+    Tensor t = supplied(name, shape, false);
+    params_.push_back({name, t, decay, group});
+    return t;
+  }
   Tensor t;
   switch (init.kind) {
     case Init::Kind::zeros: t = zeros(shape, dtype_); break;
@@ -33,6 +38,13 @@ Tensor ParamFactory::make_rows(const std::string& name, const Shape& full_shape,
   MT_CHECK(full_shape.ndim() >= 1 && 0 <= lo && lo < hi && hi <= full_shape[0],
            "model construction: rows [{}, {}) of '{}' {}", lo, hi, name, full_shape);
   if (lo == 0 && hi == full_shape[0]) return make(name, full_shape, init, group, decay);
+  if (supply_) {  // the whole tensor supplied, these rows kept
+    MT_CHECK(names_.insert(name).second, "model construction: parameter '{}' declared twice", name);
+    specs_.push_back({name, full_shape.with(0, hi - lo), group, decay});
+    Tensor t = slice(supplied(name, full_shape, false), 0, lo, hi);
+    params_.push_back({name, t, decay, group});
+    return t;
+  }
   MT_CHECK(names_.insert(name).second, "model construction: parameter '{}' declared twice", name);
   Shape local = full_shape.with(0, hi - lo);
   specs_.push_back({name, local, group, decay});
@@ -64,8 +76,15 @@ Tensor ParamFactory::make_rows(const std::string& name, const Shape& full_shape,
 Tensor ParamFactory::buffer(const std::string& name, const Shape& shape, DType dtype) {
   MT_CHECK(names_.insert(name).second, "model construction: buffer '{}' declared twice", name);
   if (!allocate_) return Tensor();
-  Tensor t = zeros(shape, dtype);
+  Tensor t = supply_ ? supplied(name, shape, true) : zeros(shape, dtype);
   buffers_.push_back({name, t, false, "buffer"});
+  return t;
+}
+
+Tensor ParamFactory::supplied(const std::string& name, const Shape& shape, bool buffer) const {
+  Tensor t = supply_(name, shape, buffer);
+  MT_CHECK(t.defined() && t.shape() == shape, "model construction: {} '{}' was supplied as {}, expected {}",
+           buffer ? "buffer" : "parameter", name, t.defined() ? fmt::format("{}", t.shape()) : "nothing", shape);
   return t;
 }
 

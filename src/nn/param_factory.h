@@ -71,6 +71,13 @@ class ParamFactory {
   // allocate = false: shapes only; make() returns undefined tensors.
   ParamFactory(bool allocate, DType dtype, uint64_t seed) : allocate_(allocate), dtype_(dtype), gen_(seed) {}
 
+  // Binding instead of allocating: make(), make_rows() and buffer() return
+  // supply(name, shape, is_buffer), tensors that exist already (a layer's weights read
+  // from a file and kept as inputs of the graph: `moetrain op`, nn/hybrid_hf.h), checked
+  // for their shape and registered as allocated ones are; no init runs.
+  using Supplier = std::function<Tensor(const std::string& name, const Shape& shape, bool buffer)>;
+  ParamFactory(Supplier supply, DType dtype) : allocate_(true), dtype_(dtype), gen_(0), supply_(std::move(supply)) {}
+
   // Declares one parameter (a leaf requiring grad when allocated).
   Tensor make(const std::string& name, const Shape& shape, const Init& init, const std::string& group,
               bool decay);
@@ -94,9 +101,12 @@ class ParamFactory {
   int64_t total() const;
 
  private:
+  Tensor supplied(const std::string& name, const Shape& shape, bool buffer) const;
+
   bool allocate_;
   DType dtype_;
   Generator gen_;
+  Supplier supply_;  // binding mode when set
   std::vector<ParamSpec> specs_;
   std::unordered_set<std::string> names_;
   ParameterList params_;

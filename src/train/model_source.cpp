@@ -7,33 +7,62 @@
 
 #include "checkpoint/export.h"
 #include "nn/gpt2.h"
-#include "nn/gpt2_hf.h"
+#include "nn/hf_adapter.h"
 #include "nn/hybrid.h"
 
 namespace moetrain {
 
 namespace {
 
-// Copies the architecture of a Hugging Face config.json into `config`. A key the
-// YAML set explicitly to another value is a conflict.
-void adopt_hf_architecture(Config& config, const std::string& dir) {
-  std::string json = (std::filesystem::path(dir) / "config.json").string();
-  Gpt2Config hf = read_gpt2_hf_config(json, Gpt2Config{});
-  std::vector<std::pair<std::string, int64_t>> ints = {{"model.n_layer", hf.n_layer},  {"model.n_head", hf.n_head},
-                                                       {"model.d_model", hf.d_model},  {"model.n_ctx", hf.n_ctx},
-                                                       {"model.vocab_size", hf.vocab_size}, {"model.d_ff", hf.d_ff}};
-  for (const auto& [key, value] : ints) {
-    int64_t current = config.get_int(key);
-    if (config.is_set_explicitly(key) && current != value && !(key == "model.d_ff" && current == 0 && value == 4 * hf.d_model))
-      config.fail(key, fmt::format("conflicts with {} = {} in {}; remove it from the config", key, value, json));
+// The value of `key` as the model reads it, so that two spellings of one architecture
+// compare equal: d_ff 0 is 4 * d_model, n_value_head 0 is kda.n_head, and the mixer
+// schedule is the resolved list whichever keys gave it.
+std::string resolved_value(const Config& config, const std::string& key) {
+  if (key == "model.d_ff" && config.get_int(key) == 0) return std::to_string(4 * config.get_int("model.d_model"));
+  if (key == "model.kda.n_value_head" && config.get_int(key) == 0) return config.value_yaml("model.kda.n_head");
+  if (key == "model.layer_mixers") {
+    std::string out;
+    for (MixerKind k : mixer_schedule(config.get_int("model.n_layer"), config.get_string("model.layer_mixers"),
+                                      parse_mixer_kind(config.get_string("model.mixer")),
+                                      parse_mixer_kind(config.get_string("model.attn_mixer")),
+                                      config.get_int("model.attn_every"), config.get_int("model.attn_offset"),
+                                      config.get_bool("model.attn_last"))) {
+      if (!out.empty()) out += ',';
+      out += mixer_kind_name(k);
+    }
+    return out;
   }
-  std::vector<std::pair<std::string, std::string>> values;
-  for (const auto& [key, value] : ints) values.emplace_back(key, std::to_string(value));
-  values.emplace_back("model.layer_norm_eps", fmt::format("{:.17g}", hf.layer_norm_eps));
+  return config.value_yaml(key);
+}
+
+bool set_explicitly(const Config& config, const std::string& key) {
+  if (key != "model.layer_mixers") return config.is_set_explicitly(key);
+  for (const char* k : {"model.layer_mixers", "model.mixer", "model.attn_mixer", "model.attn_every",
+                        "model.attn_offset", "model.attn_last"})
+    if (config.is_set_explicitly(k)) return true;
+  return false;
+}
+
+// Copies the architecture of a Hugging Face config.json (gpt2, kimi_linear or
+// moetrain_hybrid: nn/hf_adapter.h) into `config`. A key the YAML set explicitly to
+// another value is a conflict.
+void adopt_hf_architecture(Config& config, const std::string& dir) {
+  const std::string json = (std::filesystem::path(dir) / "config.json").string();
+  const HfArchitecture hf = read_hf_architecture(json);
+  std::vector<std::pair<std::string, std::string>> values = hf.keys;
   // seq_len may not exceed the new n_ctx: shorten it when it came from the defaults.
   if (!config.is_set_explicitly("train.seq_len") && config.get_int("train.seq_len") > hf.n_ctx)
     values.emplace_back("train.seq_len", std::to_string(hf.n_ctx));
-  config.set(values, json);
+  Config adopted = config;
+  adopted.set(values, json);
+  for (const auto& [key, value] : hf.keys) {
+    if (!set_explicitly(config, key)) continue;
+    const std::string ours = resolved_value(config, key), theirs = resolved_value(adopted, key);
+    if (ours != theirs)
+      config.fail(key, fmt::format("conflicts with {} = {} in {} (model_type {}); remove it from the config", key,
+                                   theirs, json, hf.model_type));
+  }
+  config = std::move(adopted);
 }
 
 // A weight file with NaN or infinities would give `loss nan`, garbage samples or a run
@@ -69,8 +98,7 @@ Config resolve_config(const ModelSource& source) {
   Config config = source.config_path.empty() ? Config::defaults() : Config::load(source.config_path);
   if (!source.init_from.empty()) config.set("model.init_from", fmt::format("'{}'", source.init_from), "--init-from");
   std::string init = config.get_string("model.init_from");
-  if (!init.empty() && config.get_string("model.arch") == "gpt2" && is_hf_model_dir(init))
-    adopt_hf_architecture(config, init);
+  if (!init.empty() && is_hf_model_dir(init)) adopt_hf_architecture(config, init);
   if (!source.overrides.empty()) config.apply_overrides(source.overrides);
   return config;
 }
@@ -86,10 +114,7 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
     if (!init.empty()) {
       MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
                config.where("model.init_from"), init);
-      ParameterList state = model->parameters();  // weights and buffers (MoE router biases)
-      const ParameterList buffers = model->buffers();
-      state.insert(state.end(), buffers.begin(), buffers.end());
-      load_hybrid_hf_weights(state, HfWeights::open(init), shard);  // this rank's experts only
+      load_hf_weights(*model, init, shard);  // this rank's experts only
       check_loaded_weights(config, *model);
     }
     return model;
@@ -103,7 +128,7 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
   if (!init.empty()) {
     MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
              config.where("model.init_from"), init);
-    load_gpt2_hf_weights(*model, init);
+    load_hf_weights(*model, init);
     check_loaded_weights(config, *model);
   }
   return model;

@@ -1,8 +1,9 @@
 // Where a command's model comes from, and building it:
 //   -c CONFIG              a YAML experiment; random init (seed train.seed) unless
 //                          model.init_from names Hugging Face weights
-//   --init-from PATH       a Hugging Face GPT-2 directory (config.json defines the
-//                          architecture) or a .safetensors file (the YAML does)
+//   --init-from PATH       a Hugging Face directory (its config.json defines the
+//                          architecture: gpt2, kimi_linear or moetrain_hybrid,
+//                          nn/hf_adapter.h) or a .safetensors file (the YAML does)
 //   --checkpoint DIR       a model directory written by `moetrain train`
 //                          (<run>/model: model.safetensors and the run's
 //                          config.resolved.yaml; plus config.json for GPT-2)
@@ -29,8 +30,7 @@ struct ModelSource {
 Config resolve_config(const ModelSource& source);
 
 // A model built from a resolved config (model.arch): random init, or the weights
-// of model.init_from (GPT-2: a Hugging Face directory or file; hybrid: a
-// model.safetensors written by moetrain, or its directory). Weights holding NaN or
+// of model.init_from (a Hugging Face directory or file, read by the model's adapter). Weights holding NaN or
 // infinities are refused: Error naming model.init_from's origin, the path and the
 // tensor (train, eval, generate, export all load through here).
 // shard: this rank's experts under expert parallelism (hybrid models with MoE).

@@ -17,6 +17,7 @@
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
 #include "nn/hybrid.h"
+#include "nn/hybrid_hf.h"
 #include "ops/view/view.h"
 #include "testing.h"
 
@@ -135,8 +136,10 @@ TEST_CASE("export: a hybrid model (KDA, MLA, attention, latent MoE with shared e
     CHECK(bitwise_equal(s64[i].tensor, state_of(a64)[i].tensor.to(DType::f32).to(s64[i].tensor.dtype())));
 
   nlohmann::json cfg = read_json(tmp / "out/config.json");
-  CHECK(cfg["model_type"] == "kimi_linear");
-  CHECK(cfg["architectures"][0] == "KimiLinearForCausalLM");
+  // GVA, the lower-bound and full-rank gates, MLA's gate, AttnRes, latent experts, SiTU:
+  // not transformers' KimiLinear, so moetrain's own model_type (the names stay Kimi's).
+  CHECK(cfg["model_type"] == "moetrain_hybrid");
+  CHECK(cfg["architectures"][0] == "MoetrainHybridForCausalLM");
   CHECK(cfg["linear_attn_config"]["kda_layers"] == nlohmann::json({1, 3, 5}));
   CHECK(cfg["linear_attn_config"]["full_attn_layers"] == nlohmann::json({2, 4}));
   CHECK(cfg["moetrain"]["layer_mixers"][3] == "attention");
@@ -432,9 +435,9 @@ TEST_CASE("export: GPT-2 keeps GPT2LMHeadModel names and config.json, sharded an
   REQUIRE(fs::exists(tmp / "shards/model.safetensors.index.json"));
   Tensor ids = ids_for(50);
   Gpt2 b(gc, 2), c(gc, 3);
-  load_gpt2_hf_weights(b, tmp / "shards");
+  load_hf_weights(b, tmp / "shards");
   CHECK(bitwise_equal(a.forward(ids, false), b.forward(ids, false)));
-  load_gpt2_hf_weights(c, tmp / "bf16");
+  load_hf_weights(c, tmp / "bf16");
   CHECK(bitwise_equal(c.parameters()[0].tensor, a.parameters()[0].tensor.to(DType::bf16).to(DType::f32)));
 }
 
@@ -565,7 +568,7 @@ TEST_CASE("export: an independent PyTorch reader of the exported files reproduce
       m = std::move(h);
     } else {
       auto g = std::make_unique<Gpt2>(gc, 7);
-      load_gpt2_hf_weights(*g, dir);
+      load_hf_weights(*g, dir);
       m = std::move(g);
     }
     Tensor ids = ids_for(m->vocab_size());

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
 #include "moetrain.h"
 #include "nn/gpt2_hf.h"
@@ -12,6 +13,13 @@ using namespace moetrain;
 using moetrain::testing::TempDir;
 
 namespace {
+// The export directory (checkpoint/export.h) with its defaults, replacing `dir`.
+void export_gpt2_hf(const Gpt2& model, const std::string& dir) {
+  ExportOptions options;
+  options.replace = true;
+  export_model_dir(model, {}, dir, options);
+}
+
 Gpt2Config small() {
   Gpt2Config c;
   c.vocab_size = 50;
@@ -35,7 +43,7 @@ TEST_CASE("gpt2 hf: export then import reproduces every weight bit for bit", "[n
   CHECK(c.d_ff == 20);
   CHECK(c.vocab_size == 50);
   Gpt2 b(c, 2);
-  load_gpt2_hf_weights(b, gpt2_hf_weights_path(dir));
+  load_hf_weights(b, gpt2_hf_weights_path(dir));
   for (size_t i = 0; i < a.parameters().size(); ++i)
     CHECK(moetrain::testing::bitwise_equal(a.parameters()[i].tensor, b.parameters()[i].tensor));
   // Conv1D layout on disk: c_fc.weight is [in, out] = [8, 20].
@@ -59,7 +67,7 @@ TEST_CASE("gpt2 hf: transformer. prefix, mask buffers and lm_head are accepted",
   tensors.emplace_back("lm_head.weight", a.parameters()[0].tensor.detach());
   write_safetensors(dir + "/weights.safetensors", tensors);
   Gpt2 b(small(), 4);
-  load_gpt2_hf_weights(b, dir + "/weights.safetensors");
+  load_hf_weights(b, dir + "/weights.safetensors");
   for (size_t i = 0; i < a.parameters().size(); ++i)
     CHECK(moetrain::testing::bitwise_equal(a.parameters()[i].tensor, b.parameters()[i].tensor));
 }
@@ -81,13 +89,13 @@ TEST_CASE("gpt2 hf: missing, unexpected and misshapen tensors name the file and 
     return dir + "/w.safetensors";
   };
   Gpt2 b(small(), 6);
-  CHECK_THROWS_WITH(load_gpt2_hf_weights(b, write_without("h.1.mlp.c_fc.weight", "h.1.mlp.c_fc.weight", ones({20, 8}))),
+  CHECK_THROWS_WITH(load_hf_weights(b, write_without("h.1.mlp.c_fc.weight", "h.1.mlp.c_fc.weight", ones({20, 8}))),
                     Catch::Contains("h.1.mlp.c_fc.weight is [20, 8]") && Catch::Contains("expects [8, 20] (Conv1D"));
-  CHECK_THROWS_WITH(load_gpt2_hf_weights(b, write_without("ln_f.bias", "", {})),
+  CHECK_THROWS_WITH(load_hf_weights(b, write_without("ln_f.bias", "", {})),
                     Catch::Contains("w.safetensors") && Catch::Contains("missing tensor ln_f.bias"));
-  CHECK_THROWS_WITH(load_gpt2_hf_weights(b, write_without("", "h.9.mlp.c_fc.weight", ones({2}))),
+  CHECK_THROWS_WITH(load_hf_weights(b, write_without("", "h.9.mlp.c_fc.weight", ones({2}))),
                     Catch::Contains("unexpected tensor h.9.mlp.c_fc.weight"));
-  CHECK_THROWS_WITH(load_gpt2_hf_weights(b, write_without("wpe.weight", "wpe.weight", ones({3, 8}))),
+  CHECK_THROWS_WITH(load_hf_weights(b, write_without("wpe.weight", "wpe.weight", ones({3, 8}))),
                     Catch::Contains("wpe.weight") && Catch::Contains("[3, 8]") && Catch::Contains("[12, 8]"));
   tmp.write("config.json", "{\"n_layer\": 2, \"n_head\": 3, \"n_embd\": 8}");
   CHECK_THROWS_WITH(read_gpt2_hf_config(dir + "/config.json", {}), Catch::Contains("n_positions"));

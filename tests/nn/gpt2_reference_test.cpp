@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
 #include "moetrain.h"
 #include "nn/gpt2_hf.h"
@@ -50,7 +51,7 @@ void check_parity(const std::string& dtype_name, DType dtype, double tol) {
   cfg.dtype = dtype;
   cfg = read_gpt2_hf_config(dir + "/model/config.json", cfg);
   Gpt2 model(cfg, 0);
-  load_gpt2_hf_weights(model, gpt2_hf_weights_path(dir + "/model"));
+  load_hf_weights(model, gpt2_hf_weights_path(dir + "/model"));
   SafetensorsFile expected = SafetensorsFile::open(dir + "/expected.safetensors");
 
   Tensor ids = expected.read("ids"), targets = expected.read("targets");

@@ -164,7 +164,7 @@ def export_logits(d, ids_text, out):
                     "layer_norm_epsilon": cfg["layer_norm_epsilon"]}
             logits = gpt2_reference.forward(p, ids, gcfg)
         else:
-            assert cfg["model_type"] == "kimi_linear", cfg["model_type"]
+            assert cfg["model_type"] in ("kimi_linear", "moetrain_hybrid"), cfg["model_type"]
             logits = hybrid_logits(p, cfg, ids)
     write_arrays(out, {"logits": logits.numpy().astype("<f8")})
 

@@ -1,0 +1,41 @@
+// config.json's model_type -> the family that reads it (hf_adapter.h).
+#include "nn/hf_adapter.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/gpt2_hf.h"
+#include "nn/hybrid_hf.h"
+
+namespace moetrain {
+
+HfArchitecture read_hf_architecture(const std::string& path) {
+  std::ifstream in(path);
+  MT_CHECK(in.good(), "{}: cannot open the Hugging Face config", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    MT_THROW("{}: not valid JSON: {}", path, e.what());
+  }
+  MT_CHECK(j.is_object(), "{}: expected a JSON object", path);
+  // GPT-2 configs from before transformers wrote model_type have none.
+  const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>()
+                                                                                    : "gpt2";
+  if (type == "gpt2") return gpt2_hf_architecture(path);
+  if (type == "kimi_linear" || type == kMoetrainHybridModelType) {
+    HfArchitecture a = hybrid_hf_architecture(read_hybrid_hf_config(path));
+    a.model_type = type;
+    return a;
+  }
+  MT_THROW("{}: model_type \"{}\" is not one moetrain reads (gpt2, kimi_linear, {})", path, type,
+           kMoetrainHybridModelType);
+}
+
+bool is_hf_model_dir(const std::string& path) {
+  return std::filesystem::is_directory(path) && std::filesystem::exists(std::filesystem::path(path) / "config.json");
+}
+
+}  // namespace moetrain
