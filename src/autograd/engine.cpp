@@ -8,7 +8,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
-#include "autograd/profile.h"
+#include "core/profile.h"
 #include "core/rng.h"
 #include "ops/elementwise/elementwise.h"
 

@@ -3,7 +3,7 @@
 #include <atomic>
 
 #include "autograd/grad_mode.h"
-#include "autograd/profile.h"
+#include "core/profile.h"
 
 namespace moetrain::autograd {
 

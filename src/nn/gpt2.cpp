@@ -10,7 +10,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
-#include "autograd/profile.h"
+#include "core/profile.h"
 #include "core/rng.h"
 #include "ops/attention/attention.h"
 #include "ops/dropout/dropout.h"

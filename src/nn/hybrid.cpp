@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "autograd/grad_mode.h"
-#include "autograd/profile.h"
+#include "core/profile.h"
 #include "ops/attention/attention.h"
 #include "ops/attnres/attnres.h"
 #include "ops/elementwise/elementwise.h"
@@ -229,7 +229,7 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
     cache->attn.resize(n);
   }
 
-  // Profile regions (autograd/profile.h): each mixer with its pre-norm, each FFN
+  // Profile regions (core/profile.h): each mixer with its pre-norm, each FFN
   // with its pre-norm, AttnRes, embedding and head.
   auto mixer = [&](size_t l, const Tensor& normed_input, const Tensor& norm_weight) -> Tensor {
     const Layer& L = *layers_[l];
