@@ -6,8 +6,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "core/grad_mode.h"
 #include "core/profile.h"
 #include "core/rng.h"
 #include "ops/elementwise/elementwise.h"

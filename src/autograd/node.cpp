@@ -2,7 +2,7 @@
 
 #include <atomic>
 
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "core/profile.h"
 
 namespace moetrain::autograd {

@@ -18,9 +18,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "autograd/grad_mode.h"
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
+#include "core/grad_mode.h"
 #include "data/progress.h"
 #include "io/durable.h"
 #include "io/hdf5.h"

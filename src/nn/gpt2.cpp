@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "autograd/engine.h"
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "core/profile.h"
 #include "core/rng.h"
 #include "ops/attention/attention.h"

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/grad_mode.h"
 #include "checkpoint/export.h"
+#include "core/grad_mode.h"
 #include "ops/view/view.h"
 
 namespace moetrain {

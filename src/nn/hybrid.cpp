@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "core/profile.h"
 #include "ops/attention/attention.h"
 #include "ops/attnres/attnres.h"

@@ -9,7 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "comm/collectives.h"

@@ -6,9 +6,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "autograd/grad_mode.h"
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
+#include "core/grad_mode.h"
 #include "nn/hybrid.h"
 #include "optim/adamw.h"
 
