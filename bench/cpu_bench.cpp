@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
-#include "autograd/profile.h"
 #include "backend/cpu/allocator.h"
 #include "backend/cpu/blas.h"
 #include "bench/harness.h"
 #include "bench/kda_case.h"
 #include "config/config.h"
+#include "core/profile.h"
 #include "moetrain.h"
 #include "nn/gpt2.h"
 #include "nn/hybrid.h"
@@ -66,7 +66,7 @@ Result measure(const std::string& name, int steps, double tokens, double flops, 
   return r;
 }
 
-// Wall time per component of a step (profile regions, autograd/profile.h), by case.
+// Wall time per component of a step (profile regions, core/profile.h), by case.
 std::vector<std::pair<std::string, std::string>> g_breakdowns;
 
 // Runs `steps` more steps with the profiler on (not part of the timing) and keeps

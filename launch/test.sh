@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 
 launch/setup.sh
+# The layering: every #include in src/ stays within its folder's layer (launch/layers.txt).
+launch/check_layers.py
 # Benchmarks are not tests: launch/build.sh (and launch/train.sh) build them; CI time goes to the tests.
 # The library compiles in batches (MOETRAIN_UNITY: a faster full build; the option
 # stays in build/'s cache, `launch/build.sh -DMOETRAIN_UNITY=OFF` for quick incremental builds).

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "autograd/engine.h"
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "autograd/node.h"
 #include "backend/cuda/runtime.h"
 #include "core/rng.h"

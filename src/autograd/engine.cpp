@@ -6,9 +6,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "autograd/grad_mode.h"
 #include "autograd/node.h"
-#include "autograd/profile.h"
+#include "core/grad_mode.h"
+#include "core/profile.h"
 #include "core/rng.h"
 #include "ops/elementwise/elementwise.h"
 

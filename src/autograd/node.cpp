@@ -2,8 +2,8 @@
 
 #include <atomic>
 
-#include "autograd/grad_mode.h"
-#include "autograd/profile.h"
+#include "core/grad_mode.h"
+#include "core/profile.h"
 
 namespace moetrain::autograd {
 

@@ -21,10 +21,10 @@
 #include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
-#include "autograd/grad_mode.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
 #include "core/format.h"
+#include "core/grad_mode.h"
 #include "core/rng.h"
 #include "core/signals.h"
 #include "data/progress.h"

@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "autograd/grad_mode.h"
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
+#include "core/grad_mode.h"
 #include "data/progress.h"
 #include "io/durable.h"
 #include "io/hdf5.h"

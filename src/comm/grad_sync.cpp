@@ -8,8 +8,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "autograd/grad_mode.h"
 #include "core/dispatch.h"
+#include "core/grad_mode.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/view/view.h"
 

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 
 namespace moetrain {
 

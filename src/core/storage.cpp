@@ -1,8 +1,7 @@
 #include "core/storage.h"
 
-#include "backend/cpu/allocator.h"
-#include "backend/cuda/runtime.h"
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace moetrain {
 

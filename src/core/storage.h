@@ -24,7 +24,7 @@ class Storage {
  private:
   void* data_ = nullptr;
   int64_t nbytes_ = 0;
-  int64_t capacity_ = 0;  // of the host block (see backend/cpu/allocator.h)
+  int64_t capacity_ = 0;  // of the host block (core/memory.h, backend/cpu/allocator.h)
   Device device_;
 };
 

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "autograd/grad_mode.h"
-#include "backend/cpu/parallel.h"
-#include "backend/cuda/runtime.h"
 #include "core/dispatch.h"
+#include "core/grad_mode.h"
+#include "core/memory.h"
+#include "core/parallel.h"
 
 namespace moetrain {
 

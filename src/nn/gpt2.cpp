@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "autograd/engine.h"
-#include "autograd/grad_mode.h"
-#include "autograd/profile.h"
+#include "core/grad_mode.h"
+#include "core/profile.h"
 #include "core/rng.h"
 #include "ops/attention/attention.h"
 #include "ops/dropout/dropout.h"

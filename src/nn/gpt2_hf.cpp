@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "ops/view/view.h"
 
 namespace moetrain {

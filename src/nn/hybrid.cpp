@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "autograd/grad_mode.h"
-#include "autograd/profile.h"
+#include "core/grad_mode.h"
+#include "core/profile.h"
 #include "ops/attnres/attnres.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
@@ -148,7 +148,7 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
   if (cache && cache->mixers.empty())
     for (const auto& L : layers_) cache->mixers.push_back(L->mixer->new_cache());
 
-  // Profile regions (autograd/profile.h): each mixer with its pre-norm, each FFN
+  // Profile regions (core/profile.h): each mixer with its pre-norm, each FFN
   // with its pre-norm, AttnRes, embedding and head.
   auto mixer = [&](size_t l, const Tensor& normed_input, const Tensor& norm_weight) {
     const Layer& L = *layers_[l];

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "ops/conv/conv.h"
 #include "ops/kda/decay_gate.h"
 #include "ops/elementwise/elementwise.h"

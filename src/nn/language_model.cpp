@@ -1,6 +1,6 @@
 #include "nn/language_model.h"
 
-#include "autograd/profile.h"
+#include "core/profile.h"
 #include "nn/hf_adapter.h"
 #include "ops/softmax/softmax.h"
 

@@ -2,7 +2,7 @@
 // gradient-checked ops; the recurrence is the linear_attention op.
 #include "nn/linear_attention_layer.h"
 
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/linalg.h"
 #include "ops/linear_attention/linear_attention.h"

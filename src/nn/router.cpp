@@ -5,7 +5,7 @@
 
 #include <numeric>
 
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/linalg.h"
 #include "ops/reduce/reduce.h"

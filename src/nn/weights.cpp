@@ -2,8 +2,8 @@
 
 #include <set>
 
-#include "autograd/grad_mode.h"
 #include "checkpoint/safetensors.h"
+#include "core/grad_mode.h"
 #include "core/tensor.h"
 
 namespace moetrain {

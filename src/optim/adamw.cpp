@@ -6,9 +6,9 @@
 #include <limits>
 #include <type_traits>
 
-#include "autograd/grad_mode.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "core/grad_mode.h"
 #include "optim/adamw_kernels.h"
 
 namespace moetrain {

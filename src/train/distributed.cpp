@@ -6,7 +6,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "autograd/grad_mode.h"
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
 #include "optim/adamw.h"

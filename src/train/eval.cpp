@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "ops/softmax/softmax.h"
 
 namespace moetrain {

@@ -11,13 +11,13 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "autograd/profile.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cuda/cublas.h"
 #include "backend/cuda/runtime.h"
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
 #include "core/format.h"
+#include "core/profile.h"
 #include "data/synthetic.h"
 #include "nn/moe.h"
 #include "ops/elementwise/elementwise.h"

@@ -1,12 +1,12 @@
-// autograd/profile.h: nodes carry the Region they were made in, their backward
-// is charged there, nested Regions take their own forward time, off means nothing
-// is recorded.
+// core/profile.h with the autograd engine: nodes carry the Region they were made
+// in, their backward is charged there, nested Regions take their own forward time,
+// off means nothing is recorded.
 #include <catch2/catch.hpp>
 
 #include <string>
 
 #include "autograd/node.h"
-#include "autograd/profile.h"
+#include "core/profile.h"
 #include "moetrain.h"
 
 using namespace moetrain;

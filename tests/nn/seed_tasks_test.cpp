@@ -34,8 +34,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "autograd/grad_mode.h"
 #include "backend/cpu/parallel.h"
+#include "core/grad_mode.h"
 #include "data/synthetic.h"
 #include "moetrain.h"
 #include "nn/hybrid.h"

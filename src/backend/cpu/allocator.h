@@ -6,16 +6,15 @@
 // is capped (MOETRAIN_HOST_CACHE_MB, default half the machine's memory); an
 // allocation that fails empties it and retries. Small blocks go to malloc, tuned
 // (mallopt) to keep them in its heap rather than mmap/munmap each one.
+// host_alloc and host_free, what tensor storage calls, are declared in
+// core/memory.h (the interface core allocates through) and defined here.
 #pragma once
 
 #include <cstdint>
 
-namespace moetrain::cpu {
+#include "core/memory.h"
 
-// Returns 64-byte (small) or 2 MiB (large) aligned memory of at least nbytes;
-// *capacity receives the block's real size, to pass back to host_free.
-void* host_alloc(int64_t nbytes, int64_t* capacity);
-void host_free(void* ptr, int64_t capacity);
+namespace moetrain::cpu {
 
 struct HostAllocatorStats {
   int64_t in_use_bytes = 0;  // large blocks handed out

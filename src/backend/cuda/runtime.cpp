@@ -8,9 +8,9 @@
 
 #include <cuda_runtime.h>
 
-#include "autograd/profile.h"
 #include "backend/cuda/check.h"
 #include "core/error.h"
+#include "core/profile.h"
 
 namespace moetrain::cuda {
 

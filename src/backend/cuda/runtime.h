@@ -17,6 +17,7 @@
 
 #include "backend/cuda/caching_allocator.h"
 #include "core/dtype.h"
+#include "core/memory.h"  // device_malloc, device_free, the copies, fill
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
@@ -40,21 +41,16 @@ CUstream_st* stream(int device);
 // Waits for everything queued on the device's stream.
 void synchronize(int device);
 
-// Tensor storage: through the device's CachingAllocator. device_malloc throws
-// OutOfMemoryError naming the request, free/total and the largest holders.
-void* device_malloc(int64_t nbytes, int device);
-void device_free(void* ptr, int device);
+// Tensor storage goes through the device's CachingAllocator: device_malloc and
+// device_free (core/memory.h, the interface core allocates through).
 MemoryStats memory_stats(int device);
 // Returns the device's cached (free) blocks to the driver.
 void empty_cache(int device);
 
-void copy_host_to_device(void* dst, const void* src, int64_t nbytes, int device);
-void copy_device_to_host(void* dst, const void* src, int64_t nbytes, int device);
-void copy_device_to_device(void* dst, const void* src, int64_t nbytes, int device);
+// copy_host_to_device, copy_device_to_host, copy_device_to_device and fill are
+// declared in core/memory.h (core's copy_ and fill_ call them).
 // dst[0..nbytes) = 0 on the device's stream.
 void memset_zero(void* dst, int64_t nbytes, int device);
-// n elements of `dtype` at dst = value (memory.cu).
-void fill(void* dst, DType dtype, int64_t n, double value, int device);
 // n elements converted from src_type to dst_type, as the CPU converts (memory.cu).
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int device);
 // dst[0..count) = values[0..count) (device memory), queued on the device's

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "core/grad_mode.h"
 #include "ops/common/checks.h"
 #include "ops/common/on_device.h"
 #include "ops/elementwise/elementwise_kernels.h"

@@ -17,7 +17,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "autograd/grad_mode.h"
+#include "core/grad_mode.h"
 #include "moetrain.h"
 #include "ops/kda/kda.h"
 

@@ -1,4 +1,4 @@
-#include "autograd/profile.h"
+#include "core/profile.h"
 
 #include <algorithm>
 

@@ -6,6 +6,8 @@
 // then a Region costs one branch and nodes record the name only.
 // Single-threaded bookkeeping: Regions are entered by the thread that drives the
 // model (kernels may still use OpenMP inside them).
+// In core/ because backend/, below autograd/, reads it too: the CUDA allocator
+// (backend/cuda/runtime.cpp) tags each block it hands out with the current Region.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,7 @@
 // Grad mode: whether ops record a backward. Thread-local, on by default.
+// In core/ (as PyTorch keeps GradMode in c10/core) because core's own in-place
+// writes (fill_, copy_) refuse a tensor that requires grad while it is on; the
+// functions keep autograd's namespace, whose switch they are.
 #pragma once
 
 namespace moetrain::autograd {
