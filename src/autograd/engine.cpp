@@ -6,27 +6,21 @@
 #include <unordered_map>
 #include <vector>
 
+#include "autograd/grad_sum.h"
 #include "autograd/node.h"
 #include "core/grad_mode.h"
 #include "core/profile.h"
 #include "core/rng.h"
-#include "ops/elementwise/elementwise.h"
 
 namespace moetrain::autograd {
 
 namespace {
 
-// a + b out of place; bf16 gradients are summed in f32 and rounded once.
-Tensor sum_of(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != DType::bf16) return add(a, b);
-  return add(a.to(DType::f32), b.to(DType::f32)).to(DType::bf16);
-}
-
 // Gradient sums: the first gradient is kept as is (it may alias another
 // tensor); later ones are added out of place, so nothing shared is overwritten.
 void accumulate(Tensor& slot, const Tensor& g) {
   if (!slot.defined()) slot = g;
-  else slot = sum_of(slot, g);
+  else slot = grad_sum(slot, g);
 }
 
 // Leaves own their grad buffer (a copy the first time), so accumulation over
@@ -43,10 +37,8 @@ bool sole_owner(const Tensor& g) {
 void accumulate_leaf(TensorImpl& leaf, const Tensor& g) {
   if (!leaf.grad) {
     leaf.grad = sole_owner(g) ? g.impl_ptr() : g.clone().impl_ptr();
-  } else if (g.dtype() == DType::bf16) {
-    copy_(Tensor(leaf.grad), sum_of(Tensor(leaf.grad), g));
   } else {
-    add_(Tensor(leaf.grad), g);
+    grad_add_(Tensor(leaf.grad), g);
   }
 }
 

@@ -22,6 +22,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/communicator.h"
+#include "comm/distributed.h"
 #include "comm/watchdog.h"
 #include "core/format.h"
 #include "core/grad_mode.h"
@@ -33,7 +34,6 @@
 #include "nn/language_model.h"
 #include "ops/reduce/reduce.h"
 #include "optim/adamw.h"
-#include "train/distributed.h"
 
 namespace moetrain {
 

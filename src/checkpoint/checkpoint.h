@@ -42,7 +42,10 @@ namespace moetrain {
 
 class AdamW;
 class LanguageModel;
+namespace comm {
 struct Distributed;
+}
+using comm::Distributed;
 
 inline constexpr int64_t kCheckpointVersion = 1;
 

@@ -17,7 +17,7 @@ namespace moetrain::comm {
 
 namespace {
 
-DType bucket_dtype(const NamedParameter& p) {
+DType bucket_dtype(const GradTensor& p) {
   switch (p.tensor.dtype()) {
     case DType::f32:
     case DType::bf16: return DType::f32;
@@ -30,7 +30,7 @@ DType bucket_dtype(const NamedParameter& p) {
 
 // Copies the grad of p (zeros when it has none) into dst, converting bf16.
 template <class T>
-void pack(T* dst, const NamedParameter& p) {
+void pack(T* dst, const GradTensor& p) {
   Tensor g = p.tensor.grad();
   const int64_t n = p.tensor.numel();
   if (!g.defined()) {
@@ -45,7 +45,7 @@ void pack(T* dst, const NamedParameter& p) {
 
 // Writes scale * src back into the grad of p (creating it when absent).
 template <class T>
-void unpack(const T* src, const NamedParameter& p, double scale) {
+void unpack(const T* src, const GradTensor& p, double scale) {
   Tensor g = p.tensor.grad();
   if (!g.defined()) {
     g = empty(p.tensor.shape(), p.tensor.dtype());
@@ -64,7 +64,7 @@ void unpack(const T* src, const NamedParameter& p, double scale) {
 
 // Device buckets: pack (converting bf16 to the bucket's f32) into view, and
 // write scale * view back into the grads, all on the device.
-void device_pack(Tensor& view, const NamedParameter* const* members, size_t count) {
+void device_pack(Tensor& view, const GradTensor* const* members, size_t count) {
   int64_t at = 0;
   for (size_t k = 0; k < count; ++k) {
     const Tensor& w = members[k]->tensor;
@@ -76,7 +76,7 @@ void device_pack(Tensor& view, const NamedParameter* const* members, size_t coun
   }
 }
 
-void device_unpack(const Tensor& view, const NamedParameter& p, int64_t at, double scale) {
+void device_unpack(const Tensor& view, const GradTensor& p, int64_t at, double scale) {
   const Tensor& w = p.tensor;
   Tensor summed = mul_scalar(alias(view, w.shape(), at), scale);
   if (summed.dtype() != w.dtype()) summed = summed.to(w.dtype());
@@ -85,9 +85,9 @@ void device_unpack(const Tensor& view, const NamedParameter& p, int64_t at, doub
   else w.set_grad(summed);
 }
 
-void device_bucket(Communicator& comm, Tensor& view, const ParameterList& params, const std::vector<size_t>& members,
+void device_bucket(Communicator& comm, Tensor& view, const GradTensors& params, const std::vector<size_t>& members,
                    double scale) {
-  std::vector<const NamedParameter*> list;
+  std::vector<const GradTensor*> list;
   for (size_t i : members) list.push_back(&params[i]);
   device_pack(view, list.data(), list.size());
   comm.all_reduce_sum(view);
@@ -99,7 +99,7 @@ void device_bucket(Communicator& comm, Tensor& view, const ParameterList& params
 }
 
 // The checks of both entry points, before any communication.
-void check_parameter(const char* op, const NamedParameter& p, const NamedParameter& first,
+void check_parameter(const char* op, const GradTensor& p, const GradTensor& first,
                      std::unordered_set<const TensorImpl*>& seen) {
   MT_CHECK(p.tensor.defined(), "{}: parameter '{}' is undefined", op, p.name);
   MT_CHECK(seen.insert(&p.tensor.impl()).second,
@@ -110,7 +110,7 @@ void check_parameter(const char* op, const NamedParameter& p, const NamedParamet
   bucket_dtype(p);
 }
 
-void check_param_grad(const char* op, const NamedParameter& p) {
+void check_param_grad(const char* op, const GradTensor& p) {
   Tensor g = p.tensor.grad();
   MT_CHECK(!g.defined() || (g.device() == p.tensor.device() && g.dtype() == p.tensor.dtype() &&
                             g.shape() == p.tensor.shape()),
@@ -120,11 +120,11 @@ void check_param_grad(const char* op, const NamedParameter& p) {
 
 }  // namespace
 
-GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, const GradSyncOptions& options) {
+GradSyncStats all_reduce_grads(Communicator& comm, const GradTensors& params, const GradSyncOptions& options) {
   MT_CHECK(options.bucket_bytes > 0, "all_reduce_grads: bucket_bytes must be positive, got {}", options.bucket_bytes);
   NoGradGuard no_grad;
   std::unordered_set<const TensorImpl*> seen;  // a tensor listed twice would be summed twice
-  for (const NamedParameter& p : params) {
+  for (const GradTensor& p : params) {
     check_parameter("all_reduce_grads", p, params.front(), seen);
     check_param_grad("all_reduce_grads", p);
   }
@@ -298,12 +298,12 @@ void GradReducer::start(Bucket& b) {
   if (!b.buffer.defined()) b.buffer = empty(Shape{b.numel}, b.dtype, device);
   b.flags = empty(Shape{static_cast<int64_t>(b.members.size())}, DType::i32);
   for (size_t k = 0; k < b.members.size(); ++k) {
-    const NamedParameter& p = params_[b.members[k]].param;
+    const GradTensor& p = params_[b.members[k]].param;
     check_param_grad("GradReducer", p);
     b.flags.data<int32_t>()[k] = p.tensor.grad().defined() ? 1 : 0;
   }
   if (device.is_cuda()) {
-    std::vector<const NamedParameter*> list;
+    std::vector<const GradTensor*> list;
     for (size_t i : b.members) list.push_back(&params_[i].param);
     device_pack(b.buffer, list.data(), list.size());
   } else {
@@ -337,7 +337,7 @@ GradSyncStats GradReducer::finish() {
     const bool cuda = b.buffer.is_cuda();
     int64_t at = 0;
     for (size_t k = 0; k < b.members.size(); ++k) {
-      const NamedParameter& p = params_[b.members[k]].param;
+      const GradTensor& p = params_[b.members[k]].param;
       const int64_t n = p.tensor.numel();
       if (b.flags.data<int32_t>()[k] > 0) {  // some rank has a grad
         if (cuda) {

@@ -5,13 +5,22 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "comm/communicator.h"
-#include "nn/parameters.h"
+#include "core/tensor.h"
 
 namespace moetrain::comm {
+
+// A tensor whose grad is summed, and the name errors give it (the trainer passes
+// the model's parameters; comm/ knows tensors, not nn's parameter lists).
+struct GradTensor {
+  std::string name;
+  Tensor tensor;  // a leaf; its grad is what gets summed
+};
+using GradTensors = std::vector<GradTensor>;
 
 struct GradSyncOptions {
   double scale = 1.0;                       // applied to the sums; 1 / group size gives the mean
@@ -36,7 +45,7 @@ struct GradSyncStats {
 // buckets and rounded back once. Grads have the parameter's dtype and device; CUDA
 // grads are packed on the device and summed through NCCL. GradReducer below does
 // the same sums while backward runs.
-GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, const GradSyncOptions& options = {});
+GradSyncStats all_reduce_grads(Communicator& comm, const GradTensors& params, const GradSyncOptions& options = {});
 
 // The same sums, overlapped with backward (train.overlap_grad_sync), in the
 // manner of DDP's gradient buckets. Buckets are made once, walking the
@@ -58,7 +67,7 @@ GradSyncStats all_reduce_grads(Communicator& comm, const ParameterList& params, 
 // The sums equal all_reduce_grads' bit for bit wherever MPI's summation order
 // over ranks does not depend on the message size (always with two ranks).
 struct ReducedParameter {
-  NamedParameter param;
+  GradTensor param;
   Communicator* comm = nullptr;  // the group its grad is summed over
 };
 

@@ -17,6 +17,14 @@ namespace {
 // Expert shards differ between the ranks of an ep group; everything else is replicated.
 bool sharded(const Distributed& d, const NamedParameter& p) { return d.grid.ep > 1 && p.group == "experts"; }
 
+// What comm's gradient sums take: each parameter's name and tensor.
+comm::GradTensors grad_tensors(const ParameterList& params) {
+  comm::GradTensors out;
+  out.reserve(params.size());
+  for (const NamedParameter& p : params) out.push_back({p.name, p.tensor});
+  return out;
+}
+
 void split(const Distributed& d, const ParameterList& params, ParameterList& replicated, ParameterList& shards) {
   for (const NamedParameter& p : params) (sharded(d, p) ? shards : replicated).push_back(p);
 }
@@ -84,8 +92,8 @@ void sync_gradients(Distributed& d, const LanguageModel& model) {
   comm::GradSyncOptions o;
   o.scale = 1.0 / d.size();
   o.bucket_bytes = d.grad_bucket_bytes;
-  comm::all_reduce_grads(*d.world, replicated, o);
-  if (!shards.empty()) comm::all_reduce_grads(*d.grid.dp_group, shards, o);
+  comm::all_reduce_grads(*d.world, grad_tensors(replicated), o);
+  if (!shards.empty()) comm::all_reduce_grads(*d.grid.dp_group, grad_tensors(shards), o);
 }
 
 std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distributed& d, const LanguageModel& model) {
@@ -94,7 +102,7 @@ std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distrib
     // The same groups and scale as sync_gradients' blocking sums.
     std::vector<comm::ReducedParameter> params;
     for (const NamedParameter& p : model.parameters())
-      params.push_back({p, sharded(d, p) ? d.grid.dp_group.get() : d.world});
+      params.push_back({{p.name, p.tensor}, sharded(d, p) ? d.grid.dp_group.get() : d.world});
     comm::GradSyncOptions o;
     o.scale = 1.0 / d.size();
     o.bucket_bytes = d.grad_bucket_bytes;

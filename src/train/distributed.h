@@ -13,9 +13,7 @@
 #include <string>
 
 #include "autograd/engine.h"
-#include "comm/grad_sync.h"
-#include "comm/process_grid.h"
-#include "comm/watchdog.h"
+#include "comm/distributed.h"
 #include "config/config.h"
 #include "nn/language_model.h"
 #include "nn/moe.h"
@@ -25,21 +23,8 @@ namespace moetrain {
 class AdamW;
 class HybridModel;
 
-struct Distributed {
-  comm::Communicator* world = nullptr;
-  comm::ProcessGrid grid;
-  // dist.timeout_s > 0 with several ranks: a collective that waits longer ends the job (exit 42).
-  std::unique_ptr<comm::Watchdog> watchdog;
-  bool overlap_grad_sync = false;              // train.overlap_grad_sync
-  int64_t grad_bucket_bytes = int64_t{32} << 20;  // train.grad_bucket_mb
-  std::unique_ptr<comm::GradReducer> reducer;  // made at the first overlapped step
-  bool overlap_logged = false;                 // the first overlapped step's line is printed
-
-  int rank() const { return world->rank(); }
-  int size() const { return world->size(); }
-  bool root() const { return world->rank() == 0; }
-  ExpertShard shard() const { return {grid.ep_index, grid.ep}; }
-};
+// This rank's slice of the experts (its ep index and the ep size).
+inline ExpertShard expert_shard(const Distributed& d) { return {d.grid.ep_index, d.grid.ep}; }
 
 // The world (MPI under mpirun, else one process) split by train.ep; errors name
 // the key (ep must divide the world size and model.moe.num_experts). Starts the

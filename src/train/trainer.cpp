@@ -193,7 +193,7 @@ void Trainer::open_data() {
 void Trainer::build() {
   baseline_rss_ = current_rss_bytes();
   ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep});
-  model_ = build_model(config_, dist_.shard());
+  model_ = build_model(config_, expert_shard(dist_));
   if (dist_.grid.ep > 1) model_->set_expert_group(dist_.grid.ep_group.get());
   ParameterList& params = model_->parameters();
   if (train_.decay_embeddings)

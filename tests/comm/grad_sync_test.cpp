@@ -43,8 +43,8 @@ bool has_grad(const Spec& s, int r) {
   return s.has == Has::all || (s.has == Has::first_rank && r == 0);
 }
 
-ParameterList make_params(int r) {
-  ParameterList params;
+GradTensors make_params(int r) {
+  GradTensors params;
   for (size_t p = 0; p < specs().size(); ++p) {
     const Spec& s = specs()[p];
     Tensor t = zeros(s.shape, s.dtype);
@@ -54,7 +54,7 @@ ParameterList make_params(int r) {
       for (int64_t i = 0; i < s.shape.numel(); ++i) g.push_back(grad_value(p, r, i));
       t.set_grad(from_vector(g, s.shape, s.dtype));
     }
-    params.push_back({s.name, t, true, "test"});
+    params.push_back({s.name, t});
   }
   return params;
 }
@@ -64,7 +64,7 @@ void check_grad_sync(Communicator& comm) {
   const double scale = 0.5;
 
   // Reference 1: one all_reduce_sum per parameter (zeros where a grad is missing).
-  ParameterList reference = make_params(r);
+  GradTensors reference = make_params(r);
   std::vector<Tensor> per_param;
   for (size_t p = 0; p < reference.size(); ++p) {
     Tensor g = reference[p].tensor.grad();
@@ -75,7 +75,7 @@ void check_grad_sync(Communicator& comm) {
 
   for (int64_t bucket_bytes : {int64_t{64}, int64_t{32} << 20}) {
     DYNAMIC_SECTION("bucket_bytes " << bucket_bytes) {
-      ParameterList params = make_params(r);
+      GradTensors params = make_params(r);
       GradSyncStats stats = all_reduce_grads(comm, params, {.scale = scale, .bucket_bytes = bucket_bytes});
       if (bucket_bytes == 64) {
         // f32 (16 per bucket): a (35) alone, c (40) alone, unused skipped, then
@@ -122,16 +122,16 @@ TEST_CASE("comm: all_reduce_grads in buckets equals per-parameter sums", "[comm]
 TEST_CASE("comm: all_reduce_grads refuses what it cannot sum", "[comm]") {
   std::unique_ptr<Communicator> one = single_process();
   Tensor ids = zeros(Shape{3}, DType::i64);
-  CHECK_THAT(error_of([&] { all_reduce_grads(*one, {{"ids", ids, true, "test"}}); }),
+  CHECK_THAT(error_of([&] { all_reduce_grads(*one, {{"ids", ids}}); }),
              Catch::Contains("'ids'") && Catch::Contains("f32, bf16 and f64"));
   Tensor w = zeros(Shape{3}, DType::f32);
   w.set_requires_grad(true);
   w.set_grad(zeros(Shape{4}, DType::f32));
-  CHECK_THAT(error_of([&] { all_reduce_grads(*one, {{"w", w, true, "test"}}); }),
+  CHECK_THAT(error_of([&] { all_reduce_grads(*one, {{"w", w}}); }),
              Catch::Contains("grad of 'w'") && Catch::Contains("f32[4]"));
   CHECK_THAT(error_of([&] { all_reduce_grads(*one, {}, {.bucket_bytes = 0}); }), Catch::Contains("bucket_bytes"));
   w.set_grad(zeros(Shape{3}, DType::f32));
-  CHECK_THAT(error_of([&] { all_reduce_grads(*one, {{"tied", w, true, "test"}, {"w", w, true, "test"}}); }),
+  CHECK_THAT(error_of([&] { all_reduce_grads(*one, {{"tied", w}, {"w", w}}); }),
              Catch::Contains("'w' is listed twice"));
 }
 
@@ -145,10 +145,10 @@ void check_reducer_fed_by_hand(Communicator& comm) {
   for (int64_t bucket_bytes : {int64_t{64}, int64_t{32} << 20}) {
     DYNAMIC_SECTION("bucket_bytes " << bucket_bytes) {
       const GradSyncOptions options{.scale = 0.5, .bucket_bytes = bucket_bytes};
-      ParameterList want = make_params(r), got = make_params(r);
+      GradTensors want = make_params(r), got = make_params(r);
       all_reduce_grads(comm, want, options);
       std::vector<ReducedParameter> list;
-      for (const NamedParameter& p : got) list.push_back({p, &comm});
+      for (const GradTensor& p : got) list.push_back({p, &comm});
       GradReducer reducer(list, options);
       if (bucket_bytes == 64) {
         // Reverse list order, one open bucket per dtype (16 f32 or 8 f64 elements):
@@ -159,8 +159,8 @@ void check_reducer_fed_by_hand(Communicator& comm) {
         CHECK(reducer.bucket_members() == std::vector<std::vector<size_t>>{{7, 6, 5, 3, 2, 0}, {4, 1}});
       }
       for (int round = 0; round < 2; ++round) {  // twice: buffers are reused
-        for (NamedParameter& p : got) p.tensor.zero_grad();
-        ParameterList fresh = make_params(r);
+        for (GradTensor& p : got) p.tensor.zero_grad();
+        GradTensors fresh = make_params(r);
         for (size_t i = 0; i < got.size(); ++i)
           if (fresh[i].tensor.grad().defined()) got[i].tensor.set_grad(fresh[i].tensor.grad());
         reducer.begin();
@@ -187,12 +187,14 @@ void check_reducer_fed_by_hand(Communicator& comm) {
 // "expert" ones over a split group (the expert layer recomputed: checkpoint);
 // `rare` gets a grad on rank 0 only, `never` on no rank. Losses and grads differ per rank (the data depends on the rank).
 struct TinyModel {
-  ParameterList params;
+  GradTensors params;
+  std::vector<bool> expert;  // summed over the split group
   explicit TinyModel(DType dtype) {
     auto add = [&](const char* name, Shape shape, uint64_t seed, const char* group) {
       Tensor t = mul_scalar(randn(shape, dtype, seed), 0.3);
       t.set_requires_grad(true);
-      params.push_back({name, t, true, group});
+      params.push_back({name, t});
+      expert.push_back(std::string(group) == "experts");
     };
     add("never", Shape{3}, 6, "dense");  // first: its bucket is the last to start
     add("embed", Shape{7, 6}, 1, "dense");
@@ -219,13 +221,14 @@ void check_reducer_in_backward(Communicator& world_comm) {
       const GradSyncOptions options{.scale = 1.0 / world_comm.size(), .bucket_bytes = 128};  // a bucket per parameter
       TinyModel want(dtype), got(dtype);
       want.backward(r);
-      ParameterList dense, experts;
-      for (const NamedParameter& p : want.params) (p.group == "experts" ? experts : dense).push_back(p);
+      GradTensors dense, experts;
+      for (size_t i = 0; i < want.params.size(); ++i) (want.expert[i] ? experts : dense).push_back(want.params[i]);
       all_reduce_grads(world_comm, dense, options);
       all_reduce_grads(*group, experts, options);
 
       std::vector<ReducedParameter> list;
-      for (const NamedParameter& p : got.params) list.push_back({p, p.group == "experts" ? group.get() : &world_comm});
+      for (size_t i = 0; i < got.params.size(); ++i)
+        list.push_back({got.params[i], got.expert[i] ? group.get() : &world_comm});
       GradReducer reducer(list, options);
       reducer.begin();
       {
@@ -275,11 +278,11 @@ TEST_CASE("comm: GradReducer during backward equals the blocking sums, two group
 TEST_CASE("comm: GradReducer refuses what it cannot sum and misuse", "[comm]") {
   std::unique_ptr<Communicator> one = single_process();
   Tensor ids = zeros(Shape{3}, DType::i64);
-  CHECK_THAT(error_of([&] { GradReducer({{{"ids", ids, true, "test"}, one.get()}}); }),
+  CHECK_THAT(error_of([&] { GradReducer({{{"ids", ids}, one.get()}}); }),
              Catch::Contains("'ids'") && Catch::Contains("f32, bf16 and f64"));
   Tensor w = zeros(Shape{3}, DType::f32);
   w.set_requires_grad(true);
-  GradReducer reducer({{{"w", w, true, "test"}, one.get()}});
+  GradReducer reducer({{{"w", w}, one.get()}});
   CHECK_THAT(error_of([&] { reducer.finish(); }), Catch::Contains("begin()"));
   reducer.begin();
   CHECK_THAT(error_of([&] { reducer.begin(); }), Catch::Contains("not finished"));
@@ -291,15 +294,15 @@ TEST_CASE("all_reduce_grads: CUDA gradients are packed and scaled on the device 
   if (!moetrain::testing::gpu_available()) return;
   auto comm = single_process();
   auto make = [](Device d) {
-    ParameterList ps;
-    ps.push_back({"a", randn({33, 7}, DType::f32, 1).to(d).set_requires_grad(), true, "t"});
-    ps.push_back({"b", randn({5}, DType::f32, 2).to(d).set_requires_grad(), true, "t"});  // no grad
-    ps.push_back({"c", randn({9}, DType::f64, 3).to(d).set_requires_grad(), true, "t"});
+    GradTensors ps;
+    ps.push_back({"a", randn({33, 7}, DType::f32, 1).to(d).set_requires_grad()});
+    ps.push_back({"b", randn({5}, DType::f32, 2).to(d).set_requires_grad()});  // no grad
+    ps.push_back({"c", randn({9}, DType::f64, 3).to(d).set_requires_grad()});
     ps[0].tensor.set_grad(randn({33, 7}, DType::f32, 4).to(d));
     ps[2].tensor.set_grad(randn({9}, DType::f64, 5).to(d));
     return ps;
   };
-  ParameterList cpu = make(kCpu), gpu = make(kCuda);
+  GradTensors cpu = make(kCpu), gpu = make(kCuda);
   GradSyncOptions o;
   o.scale = 0.5;
   o.bucket_bytes = 64;  // several buckets
@@ -319,20 +322,20 @@ TEST_CASE("comm: GradReducer on CUDA gradients equals the CPU one", "[comm][cuda
   const Device gpu = kCuda;
   // Grads ready in a shuffled order, one missing (zeros, stays undefined), bf16 included.
   for (int64_t bucket_bytes : {int64_t{64}, int64_t{32} << 20}) {
-    ParameterList cpu = make_params(0), cuda_params;
-    for (const NamedParameter& p : cpu) {
+    GradTensors cpu = make_params(0), cuda_params;
+    for (const GradTensor& p : cpu) {
       Tensor t = p.tensor.detach().to(gpu);
       t.set_requires_grad(true);
       if (p.tensor.grad().defined()) t.set_grad(p.tensor.grad().to(gpu));
-      cuda_params.push_back({p.name, t, true, "test"});
+      cuda_params.push_back({p.name, t});
     }
     const GradSyncOptions options{.scale = 0.25, .bucket_bytes = bucket_bytes};
     std::vector<ReducedParameter> cpu_list, cuda_list;
-    for (const NamedParameter& p : cpu) cpu_list.push_back({p, comm.get()});
-    for (const NamedParameter& p : cuda_params) cuda_list.push_back({p, comm.get()});
+    for (const GradTensor& p : cpu) cpu_list.push_back({p, comm.get()});
+    for (const GradTensor& p : cuda_params) cuda_list.push_back({p, comm.get()});
     GradReducer on_cpu(cpu_list, options), on_cuda(cuda_list, options);
     for (GradReducer* reducer : {&on_cpu, &on_cuda}) {
-      ParameterList& ps = reducer == &on_cpu ? cpu : cuda_params;
+      GradTensors& ps = reducer == &on_cpu ? cpu : cuda_params;
       reducer->begin();
       for (size_t k = 0; k < ps.size(); ++k) {
         const size_t i = (k * 5 + 2) % ps.size();

@@ -96,7 +96,7 @@ TEST_CASE("moe parallel: loss and every gradient equal one process (EP 1, 2, 4; 
     Distributed d;
     d.world = &world;
     d.grid = comm::make_process_grid(world, ep);
-    HybridModel m(moe_model(DType::f64), 5, true, d.shard());
+    HybridModel m(moe_model(DType::f64), 5, true, expert_shard(d));
     if (ep > 1) m.set_expert_group(d.grid.ep_group.get());
     Tensor loss = m.loss(my_ids, my_targets);
     loss.backward();
@@ -142,7 +142,7 @@ TEST_CASE("moe parallel: on CUDA (NCCL), loss and every gradient equal one CPU p
     Distributed d;
     d.world = &world;
     d.grid = comm::make_process_grid(world, ep);
-    HybridModel m(moe_model(DType::f64), 5, true, d.shard());
+    HybridModel m(moe_model(DType::f64), 5, true, expert_shard(d));
     for (const NamedParameter& p : m.parameters()) move_to_device_(p.tensor, gpu);
     if (ep > 1) m.set_expert_group(d.grid.ep_group.get());
     Tensor loss = m.loss(my_ids, my_targets);
@@ -168,7 +168,7 @@ TEST_CASE("moe parallel: a rank whose tokens all go elsewhere, and experts witho
   d.grid = comm::make_process_grid(world, W);
   HybridConfig c = moe_model(DType::f64);
   c.moe.top_k = 2;
-  HybridModel m(c, 5, true, d.shard());
+  HybridModel m(c, 5, true, expert_shard(d));
   HybridModel ref(c, 5);
   if (W > 1) m.set_expert_group(d.grid.ep_group.get());
   {
