@@ -649,9 +649,32 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
                          progress_options(d.root()));
     for (const FileInfo* f : needed) verify_file(dir, *f, &check);
   }
+  // The config the run was saved with (what a resume compares against, what export copies).
+  if (!m.config.name.empty()) verify_file(dir, m.config);
 
   std::map<const FileInfo*, std::unique_ptr<hdf5::Reader>> readers;
   for (const FileInfo* f : needed) readers[f] = std::make_unique<hdf5::Reader>((dir / f->name).string());
+  // Each file's own record of its step and place in the layout must be the manifest's:
+  // a rank file copied in from another save (with a recomputed manifest) is refused.
+  for (const auto& [f, r] : readers) {
+    auto same = [&](const char* key, int64_t want) {
+      const std::optional<int64_t> v = r->attr_int("/", key);
+      MT_CHECK(v && *v == want, "checkpoint {}: {} records {} = {}, but {} says {}: the file comes from another "
+               "save; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f->name, key,
+               v ? fmt::format("{}", *v) : std::string("nothing"), kManifest, want);
+    };
+    same("step", m.step);
+    same("world", m.world);
+    same("ep", m.ep);
+    same("rank", f->rank);
+    same("dp_index", f->dp_index);
+    same("ep_index", f->ep_index);
+    const std::optional<std::string> sha = r->attr_string("/", "config_sha256");
+    MT_CHECK(sha && *sha == m.config_sha256, "checkpoint {}: {} was written under another config (SHA-256 {}...) than "
+             "{} records ({}...): the file comes from another save; resume from another checkpoint (ckpt.resume: "
+             "step_...)", dir.string(), f->name, sha ? sha->substr(0, 12) : std::string("none"), kManifest,
+             m.config_sha256.substr(0, 12));
+  }
   const hdf5::Reader& rep = *readers.at(replicated);
 
   // Names and shapes: every mismatch in one message.

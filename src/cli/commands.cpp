@@ -78,9 +78,11 @@ int run(int argc, char** argv) {
   CLI::App app{"moetrain: train GPT-2 and Kimi-K3-style hybrid MoE models"};
   app.set_version_flag("--version", std::string("moetrain ") + MOETRAIN_VERSION);
   app.require_subcommand(1);
+  // --help shows every option's default (subcommands inherit this when made).
+  app.option_defaults()->always_capture_default();
   int threads = 0;
-  app.add_option("--threads", threads, "CPU threads for kernels and BLAS (default: cores / local ranks)")
-      ->check(positive());
+  const char* threads_help = "CPU threads for kernels and BLAS; 0: cores / local ranks (at most 4 per core)";
+  app.add_option("--threads", threads, threads_help)->check(non_negative());
 
   Commands commands;
   add_info_command(app, commands);
@@ -92,6 +94,9 @@ int run(int argc, char** argv) {
   add_op_command(app, commands);
   add_export_command(app, commands);
   add_schema_command(app, commands);
+  // The common options work after the subcommand too: `moetrain train --threads 2 -c ...`.
+  for (CLI::App* sub : app.get_subcommands({}))
+    sub->add_option("--threads", threads, threads_help)->check(non_negative());
 
   try {
     app.parse(argc, argv);
@@ -103,7 +108,7 @@ int run(int argc, char** argv) {
   // commands end as any program would (a signal noted while parsing included).
   if (!app.got_subcommand("train")) signals::restore_default_actions();
   cpu::init_threads();
-  if (threads > 0) cpu::set_num_threads(threads);
+  if (threads > 0) cpu::set_num_threads(cpu::capped_thread_count(threads, "--threads"));
   for (const Command& c : commands)
     if (c.app->parsed()) return c.run();
   return 0;

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_options.h"
+#include "core/error.h"
 #include "data/loader.h"
 #include "train/eval.h"
 
@@ -23,17 +24,24 @@ void add_eval_command(CLI::App& app, Commands& commands) {
     bool json = false;
   };
   auto o = std::make_shared<Options>();
-  cmd->add_option("--data", o->data, "token shard(s): a file or a glob like data/x/val_*.bin")->required();
-  cmd->add_option("--seq-len", o->seq_len, "window length T (default: train.seq_len of the config)")
+  cmd->add_option("--data", o->data, "token shard(s): a file or a glob like data/x/val_*.bin; required");
+  cmd->add_option("--seq-len", o->seq_len, "window length T; 0: train.seq_len of the config")
       ->check(positive());
   cmd->add_option("--batch-size", o->batch_size, "windows per forward pass")->check(positive());
-  cmd->add_option("--batches", o->batches, "batches to average (default: all complete batches)")
+  cmd->add_option("--batches", o->batches, "batches to average; 0: all complete batches")
       ->check(non_negative());
   cmd->add_flag("--json", o->json, "print {\"loss\": ..., \"tokens\": ...} instead of a line");
   commands.push_back({cmd, [source, o] {
-    check_model_source(*source);
-    Config config = resolve_config(*source);
-    std::unique_ptr<LanguageModel> model = build_model(config);
+    check_model_source(source->source);
+    if (source->print_config) {
+      fmt::print("{}", resolve_config(source->source).to_yaml());
+      return 0;
+    }
+    MT_CHECK(!o->data.empty(), "moetrain eval: --data is required (the token shards to score); run 'moetrain eval "
+             "--help' for the options");
+    LoadedModel loaded = load_model(source->source);
+    const Config& config = loaded.config;
+    std::unique_ptr<LanguageModel>& model = loaded.model;
     data::DataLoaderOptions lo;
     lo.batch_size = o->batch_size;
     lo.seq_len = o->seq_len > 0 ? o->seq_len : config.get_int("train.seq_len");

@@ -14,63 +14,18 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/export.h"
-#include "comm/communicator.h"
-#include "comm/process_grid.h"
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "core/error.h"
-#include "train/distributed.h"
 #include "train/model_source.h"
 
 namespace moetrain::cli {
 
 namespace {
 
-// What the export needs from its source: the resolved config, the model and its full
-// state (parameters and buffers at full size). The one place that knows where models
-// come from: a model directory (<run>/model, an export) or a training checkpoint.
-struct LoadedModel {
-  Config config;
-  std::unique_ptr<LanguageModel> model;
-  ParameterList state;
-};
-
-// A training checkpoint (<run>/checkpoints/step_N, docs/checkpoints.md): its own
-// config, one process holding every expert (resharded from however many ranks
-// saved it), weights and buffers only.
-LoadedModel load_training_checkpoint(const std::string& path) {
-  Config config = Config::load(checkpoint_config_path(path), {"train.ep=1"});
-  config.set("model.init_from", "''", "moetrain export");
-  std::unique_ptr<comm::Communicator> one = comm::single_process();
-  Distributed d;
-  d.world = one.get();
-  d.grid = comm::make_process_grid(*one, 1);
-  LoadedModel m{config, build_model(config), {}};
-  const TrainProgress p = load_checkpoint(d, path, *m.model, nullptr, config);
-  spdlog::info("training checkpoint {}: step {}, {} tokens seen", path, p.step, p.tokens);
-  m.state = m.model->parameters();
-  const ParameterList buffers = m.model->buffers();
-  m.state.insert(m.state.end(), buffers.begin(), buffers.end());
-  return m;
-}
-
-LoadedModel load_model_for_export(const std::string& path) {
-  namespace fs = std::filesystem;
-  MT_CHECK(fs::is_directory(path), "--checkpoint {}: no such directory", path);
-  if (fs::exists(fs::path(path) / "manifest.json")) return load_training_checkpoint(path);
-  ModelSource source;
-  source.checkpoint = path;
-  LoadedModel m{resolve_config(source), nullptr, {}};
-  m.model = build_model(m.config);
-  m.config.set("model.init_from", "''", "moetrain export");  // the export stands alone
-  m.state = m.model->parameters();
-  const ParameterList buffers = m.model->buffers();
-  m.state.insert(m.state.end(), buffers.begin(), buffers.end());
-  return m;
-}
-
 struct ExportCommandOptions {
   std::string checkpoint, out, format = "safetensors", dtype = "f32", max_shard_size = "5GB";
-  bool force = false, no_progress = false;
+  bool force = false, no_progress = false, print_config = false;
 };
 
 int run_export(const ExportCommandOptions& o) {
@@ -81,15 +36,24 @@ int run_export(const ExportCommandOptions& o) {
   options.max_shard_bytes = parse_byte_size(o.max_shard_size);
   options.replace = o.force;
   options.progress = !o.no_progress;
+  MT_CHECK(!o.out.empty() || o.print_config, "export: --out is required (the directory to write); run 'moetrain "
+           "export --help' for the options");
   std::error_code ec;
-  MT_CHECK(!(fs::exists(o.out) && fs::exists(o.checkpoint) && fs::equivalent(o.out, o.checkpoint, ec)),
+  MT_CHECK(o.print_config || !(fs::exists(o.out) && fs::exists(o.checkpoint) && fs::equivalent(o.out, o.checkpoint, ec)),
            "--out {} is the --checkpoint directory; write the export elsewhere", o.out);
-  if (fs::exists(o.out))
+  if (!o.print_config && fs::exists(o.out))
     MT_CHECK(fs::is_directory(o.out) && (o.force || fs::is_empty(o.out)),
              "--out {} exists and is not an empty directory; choose another or pass --force to replace it", o.out);
-  LoadedModel m = load_model_for_export(o.checkpoint);
+  ModelSource source;
+  source.checkpoint = o.checkpoint;
+  LoadedModel m = load_model(source);
+  m.config.set("model.init_from", "''", "moetrain export");  // the export stands alone
+  if (o.print_config) {
+    fmt::print("{}", m.config.to_yaml());
+    return 0;
+  }
   spdlog::info("export: {} ({}) -> {} ({}, {})", o.checkpoint, m.model->describe(), o.out, o.format, o.dtype);
-  export_model_dir(*m.model, m.state, o.out, options, &m.config);
+  export_model_dir(*m.model, m.state(), o.out, options, &m.config);
   spdlog::info("export: wrote {}", o.out);
   return 0;
 }
@@ -99,16 +63,16 @@ int run_export(const ExportCommandOptions& o) {
 void add_export_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand("export", "Write one model directory with Hugging Face names and config.json");
   auto o = std::make_shared<ExportCommandOptions>();
-  cmd->add_option("--checkpoint", o->checkpoint,
-                  "a training checkpoint (<run>/checkpoints/step_N) or a model directory (<run>/model, an export)")
+  cmd->add_option("--checkpoint", o->checkpoint, kCheckpointHelp)
       ->required();
-  cmd->add_option("--out", o->out, "the directory to write (must not exist or be empty, unless --force)")->required();
-  cmd->add_option("--format", o->format, "safetensors (default) or hdf5");
-  cmd->add_option("--dtype", o->dtype, "f32 (default) or bf16 (round to nearest even)");
+  cmd->add_option("--out", o->out, "the directory to write (must not exist or be empty, unless --force); required");
+  cmd->add_option("--format", o->format, "safetensors or hdf5");
+  cmd->add_option("--dtype", o->dtype, "f32 or bf16 (round to nearest even)");
   cmd->add_option("--max-shard-size", o->max_shard_size,
-                  "safetensors: shard above this size (bytes, or 5GB, 500MB, 2GiB; default 5GB)");
+                  "safetensors: shard above this size (bytes, or 5GB, 500MB, 2GiB)");
   cmd->add_flag("--force", o->force, "replace --out if it exists and is not empty");
   cmd->add_flag("--no-progress", o->no_progress, "no progress bar or lines");
+  cmd->add_flag("--print-config", o->print_config, "print the source's resolved config (YAML) and exit");
   commands.push_back({cmd, [o] {
     try {
       return run_export(*o);

@@ -5,6 +5,8 @@
 // --stats prints, on stderr, the decoding-cache memory as the sequence grows:
 // constant for KDA layers (a state per head), linear for MLA (latent) and
 // attention (KV) layers.
+#include <unistd.h>
+
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +17,7 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "train/sampling.h"
 
 namespace moetrain::cli {
@@ -50,12 +53,13 @@ void add_generate_command(CLI::App& app, Commands& commands) {
     std::string prompt = "\n";
     SamplingOptions sampling;
     int num_samples = 1;
-    bool stats = false;
+    bool stats = false, raw = false;
   };
   auto o = std::make_shared<Options>();
-  cmd->add_option("--prompt", o->prompt, "text to continue (default: a newline)");
+  o->sampling.top_k = 40;  // as train.sample_top_k: the samples a run prints and generate's agree
+  cmd->add_option("--prompt", o->prompt, "text to continue")->default_str("a newline");
   CLI::Option* max_new = cmd->add_option("--max-new-tokens", o->sampling.max_new_tokens,
-                                         "tokens to generate (default 128, fewer when the context has less room)")
+                                         "tokens to generate (the default is lowered to what the context holds)")
                              ->check(positive());
   cmd->add_option("--temperature", o->sampling.temperature, "0 = greedy (bit-reproducible)")
       ->check(non_negative());
@@ -65,10 +69,17 @@ void add_generate_command(CLI::App& app, Commands& commands) {
   cmd->add_option("--num-samples", o->num_samples, "independent samples (seeds seed, seed+1, ...)")
       ->check(positive());
   cmd->add_flag("--stats", o->stats, "print the decoding-cache memory per generated length (stderr)");
+  cmd->add_flag("--raw", o->raw, "write the decoded bytes as they are; by default a terminal gets ill-formed UTF-8 "
+                "as U+FFFD and control bytes other than newline and tab as \\xNN");
   commands.push_back({cmd, [source, o, max_new] {
-    check_model_source(*source);
-    Config config = resolve_config(*source);
-    std::unique_ptr<LanguageModel> model = build_model(config);
+    check_model_source(source->source);
+    if (source->print_config) {
+      fmt::print("{}", resolve_config(source->source).to_yaml());
+      return 0;
+    }
+    LoadedModel loaded = load_model(source->source);
+    const Config& config = loaded.config;
+    std::unique_ptr<LanguageModel>& model = loaded.model;
     auto tok = data::make_tokenizer(config.get_string("data.tokenizer"), config.get_string("data.tokenizer_dir"));
     std::vector<int32_t> prompt = tok->encode(o->prompt);
     if (prompt.empty() && tok->eot_token()) prompt.push_back(*tok->eot_token());
@@ -76,11 +87,13 @@ void add_generate_command(CLI::App& app, Commands& commands) {
     if (tok->eot_token()) s.stop_token = *tok->eot_token();
     s.max_new_tokens = new_tokens_in_context(*model, static_cast<int64_t>(prompt.size()), s.max_new_tokens,
                                              max_new->count() > 0);
+    const bool terminal = isatty(STDOUT_FILENO) != 0;
     for (int i = 0; i < o->num_samples; ++i) {
       if (o->num_samples > 1) fmt::print("--- sample {} ---\n", i + 1);
       s.seed = o->sampling.seed + static_cast<uint64_t>(i);
       GenerateStats stats;
-      fmt::print("{}{}\n", o->prompt, tok->decode(generate(*model, prompt, s, o->stats ? &stats : nullptr)));
+      const std::string text = o->prompt + tok->decode(generate(*model, prompt, s, o->stats ? &stats : nullptr));
+      fmt::print("{}\n", o->raw || !terminal ? text : data::printable_text(text));
       if (o->stats) {
         std::fflush(stdout);
         fmt::print(stderr, "decode cache ({}): tokens bytes\n", model->arch());

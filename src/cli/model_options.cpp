@@ -6,14 +6,17 @@
 
 namespace moetrain::cli {
 
-std::shared_ptr<ModelSource> add_model_source_options(CLI::App* cmd) {
-  auto source = std::make_shared<ModelSource>();
-  cmd->add_option("-c,--config", source->config_path, "YAML experiment config (architecture, tokenizer)");
-  cmd->add_option("--set", source->overrides, "override a config key: a.b.c=value (repeatable)");
-  cmd->add_option("--init-from", source->init_from,
-                  "Hugging Face GPT-2 directory (config.json + model.safetensors) or .safetensors file");
-  cmd->add_option("--checkpoint", source->checkpoint, "model directory written by `moetrain train` (<run>/model)");
-  return source;
+std::shared_ptr<ModelOptions> add_model_source_options(CLI::App* cmd) {
+  auto o = std::make_shared<ModelOptions>();
+  ModelSource& source = o->source;
+  cmd->add_option("-c,--config", source.config_path, "YAML experiment config (architecture, tokenizer)");
+  cmd->add_option("--set", source.overrides, "override a config key: a.b.c=value (repeatable)")->default_str("");
+  cmd->add_option("--init-from", source.init_from,
+                  "Hugging Face directory (config.json + safetensors: gpt2, kimi_linear, moetrain_hybrid) or a "
+                  ".safetensors file");
+  cmd->add_option("--checkpoint", source.checkpoint, kCheckpointHelp);
+  cmd->add_flag("--print-config", o->print_config, "print the resolved config (YAML) and exit");
+  return o;
 }
 
 void check_model_source(const ModelSource& source) {

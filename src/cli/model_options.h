@@ -1,5 +1,6 @@
 // The model-source options shared by generate and eval:
-// -c CONFIG, --set, --init-from PATH, --checkpoint DIR (see train/model_source.h).
+// -c CONFIG, --set, --init-from PATH, --checkpoint DIR (see train/model_source.h),
+// --print-config.
 #pragma once
 
 #include <memory>
@@ -12,7 +13,15 @@ class App;
 
 namespace moetrain::cli {
 
-std::shared_ptr<ModelSource> add_model_source_options(CLI::App* cmd);
+// --checkpoint's meaning, the same for generate, eval and export.
+inline constexpr const char* kCheckpointHelp =
+    "a model directory (<run>/model, an export) or a training checkpoint (<run>/checkpoints/step_N)";
+
+struct ModelOptions {
+  ModelSource source;
+  bool print_config = false;  // --print-config: print the resolved config and exit
+};
+std::shared_ptr<ModelOptions> add_model_source_options(CLI::App* cmd);
 // Exactly one of -c, --init-from, --checkpoint must be given (-c with --init-from is fine).
 void check_model_source(const ModelSource& source);
 

@@ -18,8 +18,11 @@
 //   - buffers (the router bias) are read from params/ but get no gradient;
 //   - all float inputs share one dtype (f32 or f64), which is the compute dtype.
 // Errors name the input file, the group and the dataset or attribute; exit code 2.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <set>
@@ -30,6 +33,7 @@
 #include "autograd/engine.h"
 #include "backend/cuda/runtime.h"
 #include "cli/commands.h"
+#include "core/format.h"
 #include "io/hdf5.h"
 #include "nn/gpt2.h"
 #include "nn/hybrid_hf.h"
@@ -59,6 +63,21 @@ struct Named {
   std::string name;
   Tensor tensor;
 };
+
+// What an op may hold while it runs, against its inputs' bytes: inputs, outputs,
+// gradients and the kernels' scratch (the chunked KDA's per-chunk states the most).
+constexpr int kOpWorkFactor = 8;
+
+// Half this machine's memory, or MOETRAIN_OP_MEMORY_MB.
+double op_memory_budget() {
+  if (const char* v = std::getenv("MOETRAIN_OP_MEMORY_MB"); v && *v) {
+    char* end = nullptr;
+    const double mb = std::strtod(v, &end);
+    MT_CHECK(*end == '\0' && mb > 0, "MOETRAIN_OP_MEMORY_MB={} is not a positive number of MiB", v);
+    return mb * (1 << 20);
+  }
+  return 0.5 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
 
 // One run of one op: the input file and group, and what the op read and produced.
 class OpRun {
@@ -178,7 +197,19 @@ class OpRun {
   Tensor read_checked(const std::string& group, const std::string& name) {
     Tensor t;
     try {
+      // The size first: a small file can declare datasets of any size (HDF5 fills
+      // them on read), and the op's outputs, gradients and scratch grow with them.
+      const Shape shape = in_.shape(group, name);
+      read_bytes_ += shape.numel() * 8;  // at most f64
+      const double budget = op_memory_budget();
+      if (static_cast<double>(read_bytes_) * kOpWorkFactor > budget)
+        fail("{}:{} is {} ({} as f64); with the inputs before it ({} in all) the op would need about {}x that, more "
+             "than the budget of {} (half this machine's memory; MOETRAIN_OP_MEMORY_MB sets another)", in_.path(),
+             hdf5::join(group, name), shape, human_bytes(static_cast<double>(shape.numel()) * 8),
+             human_bytes(static_cast<double>(read_bytes_)), kOpWorkFactor, human_bytes(budget));
       t = in_.read(group, name);
+    } catch (const OpInputError&) {
+      throw;
     } catch (const Error& e) {
       throw OpInputError(fmt::format("op {}: {}", op_, e.what()));
     }
@@ -209,6 +240,7 @@ class OpRun {
   }
 
   const hdf5::Reader& in_;
+  int64_t read_bytes_ = 0;  // of the inputs so far, counted as f64
   std::string group_, op_;
   std::string first_;  // the first dataset read: fixes the dtype
   DType dtype_ = DType::f64;
@@ -507,6 +539,8 @@ int run_op(const Options& o) {
     const std::string name = "d" + out.name;
     Tensor g;
     if (in.has_dataset(r.group(), name)) {
+      MT_CHECK(in.shape(r.group(), name) == out.tensor.shape(), "op {}: {} is {} but output {} is {}; they must match",
+               o.op, r.where(name), in.shape(r.group(), name), out.name, out.tensor.shape());
       g = in.read(r.group(), name);
       MT_CHECK(g.shape() == out.tensor.shape(), "op {}: {} is {} but output {} is {}; they must match", o.op,
                r.where(name), g.shape(), out.name, out.tensor.shape());
@@ -580,10 +614,10 @@ void add_op_command(CLI::App& app, Commands& commands) {
   cmd->add_option("name", o->op, "op: " + op_names())->required();
   cmd->add_option("--in", o->in, "input HDF5 file")->required();
   cmd->add_option("--out", o->out, "output HDF5 file (written to a temp name, then renamed)")->required();
-  cmd->add_option("--group", o->group, "group holding the inputs (default: the root /); the output uses the same");
-  cmd->add_option("--mode", o->mode, "KDA form: recurrent or chunked (default chunked)");
-  cmd->add_option("--chunk-size", o->chunk_size, "KDA chunk size C (default 64)");
-  cmd->add_option("--device", o->device, "cpu or cuda (default cpu)");
+  cmd->add_option("--group", o->group, "group holding the inputs; the output uses the same");
+  cmd->add_option("--mode", o->mode, "KDA form: recurrent or chunked");
+  cmd->add_option("--chunk-size", o->chunk_size, "KDA chunk size C");
+  cmd->add_option("--device", o->device, "cpu or cuda");
   commands.push_back({cmd, [o] { return run_op(*o); }});
 }
 

@@ -17,7 +17,7 @@ void add_prepare_command(CLI::App& app, Commands& commands) {
       "train_NNNNNN.bin (llm.c format). Each file is one document; GPT-2's <|endoftext|> precedes each.");
   auto options = std::make_shared<data::PrepareOptions>();
   auto invalid_utf8 = std::make_shared<std::string>("error");
-  cmd->add_option("inputs", options->inputs, "Text files (UTF-8 for gpt2)")->required();
+  cmd->add_option("inputs", options->inputs, "Text files (UTF-8 for gpt2)")->required()->default_str("");
   cmd->add_option("--out", options->out_dir, "Output directory (created if missing)")->required();
   cmd->add_option("--tokenizer", options->tokenizer, "gpt2 or byte")
       ->check(CLI::IsMember({"gpt2", "byte"}))

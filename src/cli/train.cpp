@@ -1,4 +1,4 @@
-// `moetrain train -c CONFIG [--set key=value ...] [--print-config]`. Exit code 0
+// `moetrain train -c CONFIG [--set key=value ...] [--device cpu|cuda] [--print-config]`. Exit code 0
 // when the run finished or SIGUSR1 stopped it with a checkpoint, kExitPreempted
 // (75) when SIGTERM/SIGINT/SIGHUP/SIGUSR2 did (core/signals.h).
 #include <CLI/CLI.hpp>
@@ -13,8 +13,13 @@ namespace moetrain::cli {
 void add_train_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a YAML config");
   auto options = add_config_options(cmd, true);
-  commands.push_back({cmd, [options] {
-    Config config = load_from(*options);
+  auto device = std::make_shared<std::string>();
+  cmd->add_option("--device", *device, "cpu or cuda: the same as --set train.device=...")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  commands.push_back({cmd, [options, device] {
+    ConfigOptions with_device = *options;
+    if (!device->empty()) with_device.overrides.push_back("train.device=" + *device);
+    Config config = load_from(with_device);
     if (options->print_config) {
       fmt::print("{}", config.to_yaml());
       return 0;

@@ -394,7 +394,14 @@ class Config::Loader {
 
     YAML::Node root;
     try {
-      root = YAML::Load(text);
+      // Every document, so a second one (after `---`) is refused rather than dropped.
+      const std::vector<YAML::Node> docs = YAML::LoadAll(text);
+      for (size_t i = 1; i < docs.size(); ++i)
+        if (!docs[i].IsNull())
+          throw ConfigError(fmt::format("{}: a second YAML document (after '---'); a config is one document: merge "
+                                        "them, or put the shared part in a file named by include:",
+                                        location(file, docs[i].Mark())));
+      if (!docs.empty()) root = docs[0];
     } catch (const YAML::Exception& e) {
       throw ConfigError(fmt::format("{}: invalid YAML: {}", location(file, e.mark), e.msg));
     }

@@ -3,6 +3,7 @@
 // Config::fail). Defaults of the model section are GPT-2 small (124M).
 #include "config/schema.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -37,7 +38,18 @@ KeySpec numeric(ConfigType type, std::string key, std::string def, Range r, std:
   s.max_exclusive = r.max_exclusive;
   return s;
 }
+// The keys that size tensors or loops of tensors: at most 2^31 - 1 unless their
+// range says less, so no product of a few of them overflows int64 before the
+// shape checks (core/shape.cpp) and no value is cut when a kernel takes an int.
+bool sizes_tensors(const std::string& key) {
+  static const std::vector<std::string> train = {"train.batch_size", "train.seq_len", "train.grad_accum",
+                                                 "train.eval_batches", "train.sample_tokens", "train.sample_top_k",
+                                                 "train.ep", "train.max_steps", "train.warmup_steps"};
+  return key.rfind("model.", 0) == 0 || key.rfind("data.synthetic", 0) == 0 ||
+         std::find(train.begin(), train.end(), key) != train.end();
+}
 KeySpec integer(std::string key, std::string def, Range r, std::string doc) {
+  if (!r.max && sizes_tensors(key)) r.max = 2147483647.0;
   return numeric(ConfigType::integer, std::move(key), std::move(def), r, std::move(doc));
 }
 KeySpec number(std::string key, std::string def, Range r, std::string doc) {
@@ -161,6 +173,7 @@ std::vector<KeySpec> make_schema() {
     string ("train.sample_prompt",  R"("\n")",             "text that samples continue"),
     number ("train.sample_temperature", "0.8", at_least(0), "sampling temperature; 0 = greedy (always the most likely token)"),
     integer("train.sample_top_k",   "40",    at_least(0),  "sample among the k most likely tokens; 0 = among all tokens"),
+    number ("train.peak_tflops",    "0",     at_least(0),  "the per-rank peak (TFLOP/s) the step line's MFU divides model FLOPs by; 0 = measured at start-up: a 1024 x 1024 x 1024 matrix product on the run's device, dtype and threads"),
     integer("train.log_every",      "1",     at_least(1),  "print a step line every N steps"),
     integer("train.threads",        "0",     at_least(0),  "CPU threads per rank; 0 = automatic (cores / ranks on the node)"),
     choice ("train.nan_policy",     "skip", {"skip", "abort"}, "non-finite loss or gradient norm: skip the step on every rank (no update; counted in metrics) or abort (exit 3)"),
@@ -181,6 +194,7 @@ std::vector<KeySpec> make_schema() {
 
     // ckpt: checkpoints of the whole training state (docs/checkpoints.md).
     integer("ckpt.every",           "0",     at_least(0),  "save a checkpoint to <run.dir>/checkpoints every N steps (and at the last step); 0 = never"),
+    choice ("ckpt.schedule_change", "refuse", {"refuse", "apply"}, "on resume, when the learning-rate schedule keys changed (train.max_steps, lr, min_lr, warmup_steps, schedule, wsd_decay_frac) so the lr from the resumed step on differs: refuse (exit 2, naming the keys and the lr jump) or apply (continue on the new schedule, logged)"),
     integer("ckpt.keep_last",       "3",     at_least(1),  "committed checkpoints kept; older ones are deleted after a save (never the newest)"),
     boolean("ckpt.async",           "false",               "write checkpoints in a background thread (state copied first); training goes on, exit waits for it"),
     string ("ckpt.resume",          "none",                "none (a fresh run; run.dir must hold no earlier run unless run.overwrite) | auto (the newest complete checkpoint of this run's lineage in run.dir, if any) | step_00000030 (that one; error if it is not complete; an older one than the newest starts a new lineage)"),

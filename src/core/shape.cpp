@@ -9,8 +9,12 @@ Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_
 Shape::Shape(std::span<const int64_t> dims) {
   MT_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "shape has {} dims; at most {} are supported",
            dims.size(), kMaxDims);
+  int64_t product = 1;  // of the non-zero extents, so numel() over any range fits in int64
   for (size_t i = 0; i < dims.size(); ++i) {
     MT_CHECK(dims[i] >= 0, "shape [{}] has a negative extent at dim {}", fmt::join(dims, ", "), i);
+    if (dims[i] != 0 && __builtin_mul_overflow(product, dims[i], &product))
+      throw OutOfMemoryError(fmt::format("shape [{}] has more than 2^63 elements (a size in the config or the file "
+                                         "is far too large)", fmt::join(dims, ", ")));
     dims_[i] = dims[i];
   }
   ndim_ = static_cast<int>(dims.size());

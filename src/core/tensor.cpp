@@ -14,7 +14,14 @@ namespace {
 
 std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device device) {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(shape.numel() * dtype_size(dtype), device);
+  int64_t nbytes = 0;
+  if (__builtin_mul_overflow(shape.numel(), static_cast<int64_t>(dtype_size(dtype)), &nbytes))
+    throw OutOfMemoryError(fmt::format("a tensor of shape {} {} would need more than 2^63 bytes", shape, dtype));
+  try {
+    impl->storage = std::make_shared<Storage>(nbytes, device);
+  } catch (const OutOfMemoryError& e) {  // the allocator names the bytes; add what they were for
+    throw OutOfMemoryError(fmt::format("{} (for a tensor of shape {} {})", e.what(), shape, dtype));
+  }
   impl->shape = shape;
   impl->dtype = dtype;
   return impl;

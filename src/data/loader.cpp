@@ -52,18 +52,23 @@ void DataLoader::open(const std::string& source) {
   first_window_.assign(1, 0);
   for (const std::string& file : files_) {
     TokenShard shard(file);
-    const std::span<const uint16_t> tokens = shard.tokens();
-    // Find the largest id first (a vectorisable pass), the offending offset only on failure.
-    uint16_t max_id = 0;
-    for (uint16_t t : tokens) max_id = std::max(max_id, t);
-    if (max_id >= o.vocab_size) {
-      const auto it = std::find_if(tokens.begin(), tokens.end(), [&](uint16_t t) { return t >= o.vocab_size; });
-      const int64_t offset = it - tokens.begin();
-      MT_THROW("{}: token id {} at token offset {} (byte offset {}) is outside the vocabulary [0, {}); was the "
-               "shard made with another tokenizer?",
-               file, *it, offset, kShardHeaderBytes + 2 * offset, o.vocab_size);
-    }
     const int64_t n = shard.num_tokens();
+    // Every id inside the vocabulary, read in chunks of 1 Mi tokens: the largest id
+    // first (a vectorisable pass), the offending offset only on failure.
+    std::vector<uint16_t> chunk;
+    for (int64_t first = 0; first < n; first += int64_t{1} << 20) {
+      chunk.resize(static_cast<size_t>(std::min<int64_t>(int64_t{1} << 20, n - first)));
+      shard.read(first, static_cast<int64_t>(chunk.size()), chunk.data());
+      uint16_t max_id = 0;
+      for (uint16_t t : chunk) max_id = std::max(max_id, t);
+      if (max_id >= o.vocab_size) {
+        const auto it = std::find_if(chunk.begin(), chunk.end(), [&](uint16_t t) { return t >= o.vocab_size; });
+        const int64_t offset = first + (it - chunk.begin());
+        MT_THROW("{}: token id {} at token offset {} (byte offset {}) is outside the vocabulary [0, {}); was the "
+                 "shard made with another tokenizer?",
+                 file, *it, offset, kShardHeaderBytes + 2 * offset, o.vocab_size);
+      }
+    }
     const int64_t windows = n >= o.seq_len + 1 ? (n - 1) / o.seq_len : 0;
     num_tokens_ += n;
     first_window_.push_back(first_window_.back() + windows);
@@ -106,12 +111,12 @@ int64_t DataLoader::window_at(uint64_t epoch, int64_t k) const {
   return permutation(epoch)[static_cast<size_t>(i)];
 }
 
-std::span<const uint16_t> DataLoader::window_tokens(int64_t w) const {
+void DataLoader::window_tokens(int64_t w, uint16_t* out) const {
   MT_CHECK(w >= 0 && w < num_windows_, "data loader: window {} is outside [0, {})", w, num_windows_);
   const auto s = static_cast<size_t>(std::upper_bound(first_window_.begin(), first_window_.end(), w) -
                                      first_window_.begin() - 1);
   const int64_t start = (w - first_window_[s]) * options_.seq_len;
-  return shards_[s].tokens().subspan(static_cast<size_t>(start), static_cast<size_t>(options_.seq_len + 1));
+  shards_[s].read(start, options_.seq_len + 1, out);
 }
 
 void DataLoader::set_state(const LoaderState& state) {
@@ -127,8 +132,9 @@ Batch DataLoader::next() {
   Batch batch{empty({B, T}, DType::i32), empty({B, T}, DType::i32)};
   int32_t* inputs = batch.inputs.data<int32_t>();
   int32_t* targets = batch.targets.data<int32_t>();
+  std::vector<uint16_t> window(static_cast<size_t>(T + 1));
   for (int64_t b = 0; b < B; ++b) {
-    const std::span<const uint16_t> window = window_tokens(window_at(state_.epoch, state_.position));
+    window_tokens(window_at(state_.epoch, state_.position), window.data());
     std::copy(window.begin(), window.end() - 1, inputs + b * T);
     std::copy(window.begin() + 1, window.end(), targets + b * T);
     if (++state_.position == num_windows_per_rank()) {

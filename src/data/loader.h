@@ -82,8 +82,8 @@ class DataLoader {
 
   // The window this rank takes as the k-th of epoch `epoch` (k < num_windows_per_rank()).
   int64_t window_at(uint64_t epoch, int64_t k) const;
-  // The T+1 tokens of window w (< num_windows()).
-  std::span<const uint16_t> window_tokens(int64_t w) const;
+  // The T+1 tokens of window w (< num_windows()) into out.
+  void window_tokens(int64_t w, uint16_t* out) const;
 
  private:
   void open(const std::string& source);

@@ -1,8 +1,7 @@
-// llm.c token shards: atomic writer, validating mmap reader (format in shard.h).
+// llm.c token shards: atomic writer, validating reader (format in shard.h).
 #include "data/shard.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,7 +16,7 @@
 
 namespace moetrain::data {
 
-// Tokens are written and mapped as they lie in memory.
+// Tokens are written and read as they lie in memory.
 static_assert(std::endian::native == std::endian::little, "token shards are little-endian; add byte swapping");
 
 namespace {
@@ -85,28 +84,18 @@ void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
 }
 
 TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
-  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) MT_THROW("{}: cannot open token shard: {}", path_, std::strerror(errno));
-  struct Close {
-    int fd;
-    ~Close() { ::close(fd); }
-  } close_fd{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) MT_THROW("{}: cannot stat token shard: {}", path_, std::strerror(errno));
-  MT_CHECK(S_ISREG(st.st_mode), "{}: not a regular file; expected a token shard", path_);
-  const auto size = static_cast<int64_t>(st.st_size);
-  MT_CHECK(size >= kShardHeaderBytes,
-           "{}: truncated header: the file has {} bytes, a token shard starts with a {}-byte header", path_, size,
-           kShardHeaderBytes);
-
-  map_ = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    MT_THROW("{}: cannot map token shard ({} bytes): {}", path_, size, std::strerror(errno));
-  }
-  map_bytes_ = static_cast<size_t>(size);
-  const auto* bytes = static_cast<const unsigned char*>(map_);
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) MT_THROW("{}: cannot open token shard: {}", path_, std::strerror(errno));
   try {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) MT_THROW("{}: cannot stat token shard: {}", path_, std::strerror(errno));
+    MT_CHECK(S_ISREG(st.st_mode), "{}: not a regular file; expected a token shard", path_);
+    const auto size = static_cast<int64_t>(st.st_size);
+    MT_CHECK(size >= kShardHeaderBytes,
+             "{}: truncated header: the file has {} bytes, a token shard starts with a {}-byte header", path_, size,
+             kShardHeaderBytes);
+    unsigned char bytes[12];
+    read_bytes(0, bytes, sizeof(bytes));
     const int32_t magic = load_le32(bytes), version = load_le32(bytes + 4), count = load_le32(bytes + 8);
     if (magic == 20240801)
       MT_THROW("{}: bad magic {} at offset 0 (expected {}): this is llm.c's uint32-token shard format, which "
@@ -127,44 +116,68 @@ TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
              "bytes, but it has {}",
              path_, size - expected, expected, count, expected, size);
     num_tokens_ = count;
-    tokens_ = reinterpret_cast<const uint16_t*>(bytes + kShardHeaderBytes);
   } catch (...) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
     throw;
   }
 }
 
+void TokenShard::read_bytes(int64_t offset, void* out, int64_t n) const {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd_, p, static_cast<size_t>(n), offset);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw IoError(fmt::format("{}: cannot read token shard at byte offset {}: {}", path_, offset,
+                                         std::strerror(errno)));
+    if (r == 0) {
+      struct stat st {};
+      const int64_t now = ::fstat(fd_, &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+      throw IoError(fmt::format("{}: the token shard was truncated while in use: byte offset {} is past its end "
+                                "(it has {} bytes now, {} when it was opened); a shard must not change while a "
+                                "run reads it: write new data to a new file (moetrain prepare does)",
+                                path_, offset, now, kShardHeaderBytes + 2 * num_tokens_));
+    }
+    p += r;
+    offset += r;
+    n -= r;
+  }
+}
+
+void TokenShard::read(int64_t first, int64_t count, uint16_t* out) const {
+  MT_CHECK(first >= 0 && count >= 0 && first + count <= num_tokens_,
+           "{}: tokens [{}, {}) are outside the shard's {} tokens", path_, first, first + count, num_tokens_);
+  read_bytes(kShardHeaderBytes + 2 * first, out, 2 * count);
+}
+
+std::vector<uint16_t> TokenShard::read_all() const {
+  std::vector<uint16_t> tokens(static_cast<size_t>(num_tokens_));
+  read(0, num_tokens_, tokens.data());
+  return tokens;
+}
+
 TokenShard::~TokenShard() {
-  if (map_) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 TokenShard::TokenShard(TokenShard&& other) noexcept
-    : path_(std::move(other.path_)), map_(other.map_), map_bytes_(other.map_bytes_), tokens_(other.tokens_),
-      num_tokens_(other.num_tokens_) {
-  other.map_ = nullptr;
-  other.tokens_ = nullptr;
+    : path_(std::move(other.path_)), fd_(other.fd_), num_tokens_(other.num_tokens_) {
+  other.fd_ = -1;
   other.num_tokens_ = 0;
 }
 
 TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
   if (this != &other) {
-    if (map_) ::munmap(map_, map_bytes_);
+    if (fd_ >= 0) ::close(fd_);
     path_ = std::move(other.path_);
-    map_ = other.map_;
-    map_bytes_ = other.map_bytes_;
-    tokens_ = other.tokens_;
+    fd_ = other.fd_;
     num_tokens_ = other.num_tokens_;
-    other.map_ = nullptr;
-    other.tokens_ = nullptr;
+    other.fd_ = -1;
     other.num_tokens_ = 0;
   }
   return *this;
 }
 
-std::vector<uint16_t> read_shard(const std::string& path) {
-  TokenShard shard(path);
-  return {shard.tokens().begin(), shard.tokens().end()};
-}
+std::vector<uint16_t> read_shard(const std::string& path) { return TokenShard(path).read_all(); }
 
 }  // namespace moetrain::data

@@ -30,10 +30,13 @@ inline constexpr int64_t kShardMaxTokens = 2147483647;  // the header's int32 co
 // the system's message when creating, writing, syncing or renaming fails.
 void write_shard(const std::string& path, std::span<const uint16_t> tokens);
 
-// A shard mapped read-only into memory (mmap), checked at open: the file
-// exists, holds a whole header, has the magic and version above, and exactly
-// 1024 + 2N bytes. A failed check throws moetrain::Error: one line naming the
-// file, the byte offset where one applies, and what was expected. Move-only.
+// A shard opened read-only and checked at open: the file exists, holds a whole
+// header, has the magic and version above, and exactly 1024 + 2N bytes. A failed
+// check throws moetrain::Error: one line naming the file, the byte offset where
+// one applies, and what was expected. Tokens are read with pread, window by
+// window, not mapped: a shard truncated while a run reads it is an IoError naming
+// the file and the offset (exit 5), where a mapping would die of SIGBUS. The cost
+// is one system call per window (T + 1 tokens) from the page cache. Move-only.
 class TokenShard {
  public:
   explicit TokenShard(std::string path);
@@ -45,13 +48,15 @@ class TokenShard {
 
   const std::string& path() const { return path_; }
   int64_t num_tokens() const { return num_tokens_; }
-  std::span<const uint16_t> tokens() const { return {tokens_, static_cast<size_t>(num_tokens_)}; }
+  // Tokens [first, first + count) into out.
+  void read(int64_t first, int64_t count, uint16_t* out) const;
+  std::vector<uint16_t> read_all() const;
 
  private:
+  void read_bytes(int64_t offset, void* out, int64_t n) const;
+
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  int fd_ = -1;
   int64_t num_tokens_ = 0;
 };
 

@@ -99,4 +99,16 @@ std::string replace_invalid_utf8(std::string_view text, int64_t* num_replaced) {
   return out;
 }
 
+std::string printable_text(std::string_view text) {
+  const std::string valid = replace_invalid_utf8(text);
+  std::string out;
+  out.reserve(valid.size());
+  for (const char ch : valid) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += ch;
+  }
+  return out;
+}
+
 }  // namespace moetrain::data

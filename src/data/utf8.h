@@ -33,4 +33,10 @@ std::string describe_utf8_error(std::string_view text, const Utf8Error& error, i
 // Python's errors="replace". num_replaced, when given, receives the count.
 std::string replace_invalid_utf8(std::string_view text, int64_t* num_replaced = nullptr);
 
+// `text` made safe for a terminal: ill-formed UTF-8 replaced as above, and the
+// control characters other than newline and tab (C0, DEL; an ESC would start a
+// terminal command, NUL and BEL misbehave) written as \xNN. What `moetrain
+// generate` prints on a terminal, unless --raw (data/utf8.cpp).
+std::string printable_text(std::string_view text);
+
 }  // namespace moetrain::data

@@ -145,7 +145,7 @@ void load_gpt2_hf_weights(ParameterList& params, const HfTensorSource& file) {
     const Shape shape = *file.shape(it->second);
     MT_CHECK(shape == on_disk, "{}: tensor {} is {} but the model expects {}{}", file.where(it->second), it->second,
              shape, on_disk, is_conv1d(p.name) ? " (Conv1D layout [in, out])" : "");
-    Tensor t = file.read(it->second).to(p.tensor.dtype());
+    Tensor t = read_as(file, it->second, p.tensor.dtype());
     if (is_conv1d(p.name)) t = transpose(t, 0, 1);  // Conv1D [in, out] -> [out, in]
     copy_(p.tensor, t);
     used.insert(p.name);

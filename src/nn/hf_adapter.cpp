@@ -38,4 +38,13 @@ bool is_hf_model_dir(const std::string& path) {
   return std::filesystem::is_directory(path) && std::filesystem::exists(std::filesystem::path(path) / "config.json");
 }
 
+Tensor read_as(const HfTensorSource& source, const std::string& name, DType dtype) {
+  Tensor t = source.read(name);
+  MT_CHECK(is_floating(t.dtype()) == is_floating(dtype), "{}: tensor {} is {} but the model's is {}: {} values cannot "
+           "stand for {} ones; the file was written for another purpose or is damaged", source.where(name), name,
+           t.dtype(), dtype, is_floating(t.dtype()) ? "floating-point" : "integer",
+           is_floating(dtype) ? "floating-point" : "integer");
+  return t.to(dtype);
+}
+
 }  // namespace moetrain

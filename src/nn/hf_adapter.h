@@ -38,6 +38,11 @@ class HfTensorSource {
   virtual std::string where(const std::string& name) const = 0;
 };
 
+// source.read(name) converted to `dtype`, the dtype of the tensor it fills; an
+// integer tensor for a float one (or the reverse) is an Error naming the source
+// file, the tensor and both dtypes, never a silent conversion.
+Tensor read_as(const HfTensorSource& source, const std::string& name, DType dtype);
+
 // config.json's model_type for models transformers has no class for: the hybrid
 // with features KimiLinearForCausalLM does not compute (docs/export.md).
 inline constexpr const char* kMoetrainHybridModelType = "moetrain_hybrid";

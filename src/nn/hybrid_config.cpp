@@ -1,4 +1,6 @@
 // HybridConfig from the resolved YAML config (keys documented in src/config/schema.cpp).
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "config/config.h"
@@ -49,6 +51,10 @@ HybridConfig HybridConfig::from(const Config& config) {
   c.mla.rope = config.get_bool("model.mla.rope");
   c.mla.rope_theta = config.get_number("model.mla.rope_theta");
   c.mla.lora_norm_eps = config.get_number("model.mla.lora_norm_eps");
+  const bool has_mla = std::find(c.mixers.begin(), c.mixers.end(), MixerKind::mla) != c.mixers.end();
+  if (has_mla && c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim == 0)
+    config.fail("model.mla.qk_nope_head_dim", "and model.mla.qk_rope_head_dim are both 0: MLA's query/key heads would "
+                                              "have no dimensions; give one of them a positive size");
   if (c.mla.rope && c.mla.qk_rope_head_dim % 2 != 0)
     config.fail("model.mla.qk_rope_head_dim", "must be even when model.mla.rope is true");
 
@@ -76,6 +82,11 @@ HybridConfig HybridConfig::from(const Config& config) {
   c.moe.z_loss_weight = config.get_number("model.moe.z_loss_weight");
   c.moe.capacity_factor = config.get_number("model.moe.capacity_factor");
   if (c.moe.num_experts > 0) {
+    if (c.moe.first_dense_layers >= n_layer)
+      config.fail("model.moe.first_dense_layers",
+                  fmt::format("= {} keeps every one of the model.n_layer = {} layers dense, so model.moe.num_experts = "
+                              "{} would build no MoE layer; lower it below model.n_layer or set model.moe.num_experts: 0",
+                              c.moe.first_dense_layers, n_layer, c.moe.num_experts));
     if (c.moe.top_k > c.moe.num_experts)
       config.fail("model.moe.top_k", fmt::format("exceeds model.moe.num_experts = {}", c.moe.num_experts));
     if (c.moe.expert_d_ff == 0) config.fail("model.moe.expert_d_ff", "must be set (> 0) when model.moe.num_experts > 0");

@@ -671,7 +671,7 @@ void load_hybrid_hf_weights(ParameterList& state, const HfTensorSource& weights,
     internal = internal && s && *s == p.tensor.shape();
   }
   if (internal && !state.empty()) {
-    for (NamedParameter& p : state) copy_(p.tensor, weights.read(p.name).to(p.tensor.dtype()));
+    for (NamedParameter& p : state) copy_(p.tensor, read_as(weights, p.name, p.tensor.dtype()));
     return;
   }
   const std::vector<bool> moe = hybrid_moe_layers(state);
@@ -698,7 +698,7 @@ void load_hybrid_hf_weights(ParameterList& state, const HfTensorSource& weights,
                piece.shape);
       used.insert(name);
       if (shard_rows && (piece.row < lo || piece.row >= lo + p.tensor.size(0))) continue;  // another rank's expert
-      Tensor t = weights.read(name).to(p.tensor.dtype());
+      Tensor t = read_as(weights, name, p.tensor.dtype());
       Tensor dst = piece.row >= 0 ? slice(p.tensor.detach(), 0, piece.row - lo, piece.row - lo + 1) : p.tensor.detach();
       copy_(dst, reshape(t, dst.shape()));
     }
@@ -921,6 +921,7 @@ ParamFactory::Supplier hf_layer_supplier(const HfTensorSource& w, bool moe) {
       // weight [P, W], or dt_bias [HV, K]); here only the count must agree.
       MT_CHECK(s->numel() == piece.shape.numel(), "{} is {}; expected {}", w.where(hf), *s, piece.shape);
       Tensor t = buffer ? w.read_buffer(hf) : w.read(hf);
+      MT_CHECK(is_floating(t.dtype()), "{} is {}; a layer's weights are floating-point", w.where(hf), t.dtype());
       std::vector<int64_t> dims = shape.vec();
       if (piece.row >= 0) dims[0] = 1;
       parts.push_back(reshape(t, Shape(dims)));

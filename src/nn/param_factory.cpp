@@ -18,13 +18,17 @@ Tensor ParamFactory::make(const std::string& name, const Shape& shape, const Ini
     return t;
   }
   Tensor t;
-  switch (init.kind) {
-    case Init::Kind::zeros: t = zeros(shape, dtype_); break;
-    case Init::Kind::ones: t = ones(shape, dtype_); break;
-    case Init::Kind::constant: t = full(shape, init.value, dtype_); break;
-    case Init::Kind::normal: t = randn(shape, dtype_, gen_, 0.0, init.std); break;
-    case Init::Kind::trunc_normal: t = trunc_normal(shape, dtype_, gen_, 0.0, init.std, init.a, init.b); break;
-    case Init::Kind::custom: t = init.fn(shape, dtype_, gen_); break;
+  try {
+    switch (init.kind) {
+      case Init::Kind::zeros: t = zeros(shape, dtype_); break;
+      case Init::Kind::ones: t = ones(shape, dtype_); break;
+      case Init::Kind::constant: t = full(shape, init.value, dtype_); break;
+      case Init::Kind::normal: t = randn(shape, dtype_, gen_, 0.0, init.std); break;
+      case Init::Kind::trunc_normal: t = trunc_normal(shape, dtype_, gen_, 0.0, init.std, init.a, init.b); break;
+      case Init::Kind::custom: t = init.fn(shape, dtype_, gen_); break;
+    }
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(fmt::format("parameter '{}': {}", name, e.what()));
   }
   MT_CHECK(t.shape() == shape && t.dtype() == dtype_, "model construction: init of '{}' gave {} {}, expected {} {}",
            name, t.shape(), t.dtype(), shape, dtype_);

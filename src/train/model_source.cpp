@@ -1,14 +1,23 @@
 #include "train/model_source.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/export.h"
+#include "comm/distributed.h"
+#include "core/format.h"
 #include "nn/gpt2.h"
 #include "nn/hf_adapter.h"
 #include "nn/hybrid.h"
+#include "nn/ledger.h"
 
 namespace moetrain {
 
@@ -77,20 +86,81 @@ void check_loaded_weights(const Config& config, const LanguageModel& model) {
                             config.get_string("model.init_from"), describe(*bad)));
 }
 
+// This machine's memory: the physical pages, or the cgroup's limit when lower.
+double machine_memory_bytes() {
+  double bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
+  std::string limit;
+  if (cgroup >> limit && !limit.empty() && std::all_of(limit.begin(), limit.end(), ::isdigit))
+    bytes = std::min(bytes, std::stod(limit));
+  return bytes;
+}
+
+// The keys that size a parameter group (the ledger's components), for messages.
+std::string sizing_keys(const std::string& group) {
+  if (group == "embedding") return "model.vocab_size x model.d_model (and model.n_ctx x model.d_model)";
+  if (group == "experts") return "model.moe.num_experts x model.moe.expert_d_ff x model.d_model (or latent_dim)";
+  return "model.n_layer x model.d_model and the " + group + " widths";
+}
+
+// Before anything is allocated: the model's shapes from a shape-only construction
+// (milliseconds, as `moetrain ledger`), so a size too large to exist is an error
+// naming the model section rather than a failed allocation, and weights that
+// alone exceed this machine's memory are refused naming their largest group.
+void check_model_fits(const Config& config, ExpertShard shard) {
+  Ledger ledger;
+  try {
+    ledger = make_ledger(config, {1, shard.size});
+  } catch (const OutOfMemoryError& e) {  // a shape beyond 2^63 elements
+    throw ConfigError(fmt::format("the model section describes a tensor too large to exist ({}); check the sizes: "
+                                  "model.vocab_size, model.d_model, model.n_layer, model.d_ff, model.moe.*",
+                                  e.what()));
+  }
+  const double bytes = static_cast<double>(ledger.params_per_rank) * (config.get_string("train.dtype") == "f64" ? 8 : 4);
+  const double memory = machine_memory_bytes();
+  if (bytes <= memory || ledger.components.empty()) return;
+  const auto largest = std::max_element(ledger.components.begin(), ledger.components.end(),
+                                        [](const auto& a, const auto& b) { return a.second < b.second; });
+  throw OutOfMemoryError(fmt::format(
+      "the model has {} parameters on this rank: {} of weights alone, more than this machine's {} of memory (before "
+      "gradients and AdamW state); the largest group is {} ({} parameters: {}); `moetrain ledger -c CONFIG` lists them",
+      ledger.params_per_rank, human_bytes(bytes), human_bytes(memory), largest->first, largest->second,
+      sizing_keys(largest->first)));
+}
+
+bool is_training_checkpoint(const std::string& dir) {
+  return std::filesystem::exists(std::filesystem::path(dir) / "manifest.json");
+}
+
 }  // namespace
 
 Config resolve_config(const ModelSource& source) {
   MT_CHECK(source.checkpoint.empty() || (source.init_from.empty() && source.config_path.empty()),
            "give either --checkpoint or -c/--init-from, not both");
   if (!source.checkpoint.empty()) {
+    MT_CHECK(std::filesystem::is_directory(source.checkpoint), "--checkpoint {}: no such directory",
+             source.checkpoint);
+    if (is_training_checkpoint(source.checkpoint)) {
+      // One process holds every expert: the checkpoint's shards are gathered on load.
+      std::vector<std::string> overrides = source.overrides;
+      overrides.push_back("train.ep=1");
+      Config config = Config::load(checkpoint_config_path(source.checkpoint), overrides);
+      config.set("model.init_from", "''", "--checkpoint (a training checkpoint)");
+      return config;
+    }
     std::filesystem::path dir(source.checkpoint);
     std::string yaml = (dir / "config.resolved.yaml").string();
     const bool has_weights = std::filesystem::exists(dir / "model.safetensors") ||
                              std::filesystem::exists(dir / "model.safetensors.index.json") ||
                              std::filesystem::exists(dir / "model.h5");
     MT_CHECK(std::filesystem::exists(yaml) && has_weights,
-             "{}: not a moetrain model directory (expected config.resolved.yaml and model.safetensors, "
-             "as written by `moetrain train` into <run>/model or by `moetrain export`)", source.checkpoint);
+             "--checkpoint {}: neither a model directory (config.resolved.yaml and model.safetensors, as `moetrain "
+             "train` writes <run>/model and `moetrain export` writes) nor a training checkpoint (manifest.json, as in "
+             "<run>/checkpoints/step_N){}", source.checkpoint,
+             std::filesystem::is_directory(dir / "checkpoints") || std::filesystem::is_directory(dir / "model")
+                 ? fmt::format("; this looks like a run directory: pass {}/model or {}/checkpoints/step_N",
+                               source.checkpoint, source.checkpoint)
+                 : "");
     Config config = Config::load(yaml, source.overrides);
     config.set("model.init_from", fmt::format("'{}'", source.checkpoint), "--checkpoint");
     return config;
@@ -104,6 +174,7 @@ Config resolve_config(const ModelSource& source) {
 }
 
 std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard) {
+  check_model_fits(config, shard);
   const auto seed = static_cast<uint64_t>(config.get_int("train.seed"));
   if (config.get_string("model.arch") == "hybrid") {
     MT_CHECK(!config.get_bool("train.activation_checkpointing"),
@@ -132,6 +203,27 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
     check_loaded_weights(config, *model);
   }
   return model;
+}
+
+ParameterList LoadedModel::state() const {
+  ParameterList all = model->parameters();
+  const ParameterList buffers = model->buffers();
+  all.insert(all.end(), buffers.begin(), buffers.end());
+  return all;
+}
+
+LoadedModel load_model(const ModelSource& source) {
+  LoadedModel m{resolve_config(source), nullptr};
+  m.model = build_model(m.config);
+  if (!source.checkpoint.empty() && is_training_checkpoint(source.checkpoint)) {
+    std::unique_ptr<comm::Communicator> one = comm::single_process();
+    Distributed d;
+    d.world = one.get();
+    d.grid = comm::make_process_grid(*one, 1);
+    const TrainProgress p = load_checkpoint(d, source.checkpoint, *m.model, nullptr, m.config);
+    spdlog::info("training checkpoint {}: step {}, {} tokens seen", source.checkpoint, p.step, p.tokens);
+  }
+  return m;
 }
 
 void export_model(const LanguageModel& model, const std::string& dir, const ParameterList* full,

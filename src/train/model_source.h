@@ -4,9 +4,11 @@
 //   --init-from PATH       a Hugging Face directory (its config.json defines the
 //                          architecture: gpt2, kimi_linear or moetrain_hybrid,
 //                          nn/hf_adapter.h) or a .safetensors file (the YAML does)
-//   --checkpoint DIR       a model directory written by `moetrain train`
-//                          (<run>/model: model.safetensors and the run's
-//                          config.resolved.yaml; plus config.json for GPT-2)
+//   --checkpoint DIR       a model directory (<run>/model as `moetrain train`
+//                          writes it, or an export: model.safetensors and the
+//                          run's config.resolved.yaml) or a training checkpoint
+//                          (<run>/checkpoints/step_N: manifest.json, rank files);
+//                          generate, eval and export take both
 #pragma once
 
 #include <memory>
@@ -26,8 +28,19 @@ struct ModelSource {
 };
 
 // The resolved config of a source (architecture keys from config.json where the
-// weights come from Hugging Face). Throws when the sources conflict.
+// weights come from Hugging Face; a training checkpoint's own config, on one
+// process). Throws when the sources conflict.
 Config resolve_config(const ModelSource& source);
+
+// What generate, eval and export run: the resolved config and the model with its
+// weights (a training checkpoint's resharded onto one process: every expert).
+struct LoadedModel {
+  Config config;
+  std::unique_ptr<LanguageModel> model;
+  // Parameters and buffers, at full size.
+  ParameterList state() const;
+};
+LoadedModel load_model(const ModelSource& source);
 
 // A model built from a resolved config (model.arch): random init, or the weights
 // of model.init_from (a Hugging Face directory or file, read by the model's adapter). Weights holding NaN or

@@ -6,6 +6,12 @@
 
 namespace moetrain {
 
+LrSchedule lr_schedule_of(const Config& config) {
+  return {parse_schedule(config.get_string("train.schedule")), config.get_number("train.lr"),
+          config.get_number("train.min_lr"), config.get_int("train.warmup_steps"), config.get_int("train.max_steps"),
+          config.get_number("train.wsd_decay_frac")};
+}
+
 TrainOptions TrainOptions::from(const Config& config) {
   TrainOptions o;
   o.batch_size = config.get_int("train.batch_size");
@@ -16,9 +22,11 @@ TrainOptions TrainOptions::from(const Config& config) {
   o.threads = config.get_int("train.threads");
   o.adamw = {config.get_number("train.beta1"), config.get_number("train.beta2"), config.get_number("train.eps"),
              config.get_number("train.weight_decay")};
-  o.schedule = {parse_schedule(config.get_string("train.schedule")), config.get_number("train.lr"),
-                config.get_number("train.min_lr"), config.get_int("train.warmup_steps"), o.max_steps,
-                config.get_number("train.wsd_decay_frac")};
+  o.schedule = lr_schedule_of(config);
+  if (o.max_steps > 0 && o.schedule.warmup_steps > o.max_steps)
+    config.fail("train.warmup_steps", fmt::format("= {} exceeds train.max_steps = {}: the learning rate would never "
+                                                  "reach train.lr; lower train.warmup_steps or raise train.max_steps",
+                                                  o.schedule.warmup_steps, o.max_steps));
   o.grad_clip = config.get_number("train.grad_clip");
   o.decay_embeddings = config.get_bool("train.decay_embeddings");
   o.abort_on_nan = config.get_string("train.nan_policy") == "abort";

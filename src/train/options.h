@@ -63,4 +63,8 @@ struct CheckpointOptions {
   bool resume_none() const { return resume.empty() || resume == "none"; }
 };
 
+// The learning-rate schedule of a config (train.schedule, lr, min_lr, warmup_steps,
+// max_steps, wsd_decay_frac), without TrainOptions' other checks.
+LrSchedule lr_schedule_of(const Config& config);
+
 }  // namespace moetrain

@@ -17,10 +17,14 @@
 #include "comm/communicator.h"
 #include "comm/watchdog.h"
 #include "core/format.h"
+#include "core/grad_mode.h"
 #include "core/profile.h"
+#include "config/schema.h"
 #include "data/synthetic.h"
+#include "data/utf8.h"
 #include "nn/moe.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/linalg/linalg.h"
 #include "ops/kda/kda_kernels.h"
 #include "train/eval.h"
 #include "train/model_source.h"
@@ -124,6 +128,32 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// "4:05", "1:02:03".
+std::string clock_text(double seconds) {
+  const auto s = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
+  if (s < 3600) return fmt::format("{}:{:02}", s / 60, s % 60);
+  return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+}
+
+// The peak MFU is measured against when train.peak_tflops is 0: FLOP/s of a 1024^3
+// matrix product in `dtype` on `device` with the run's threads, the best of three
+// after a warm-up (about 50 ms on 2 cores). Its own seeds: the training RNG is untouched.
+double measured_gemm_flops(Device device, DType dtype) {
+  constexpr int64_t n = 1024;
+  NoGradGuard no_grad;
+  const Tensor a = randn({n, n}, DType::f32, 11).to(dtype).to(device);
+  const Tensor b = randn({n, n}, DType::f32, 12).to(dtype).to(device);
+  double best = 0;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Tensor c = matmul(a, b);
+    if (device.is_cuda()) cuda::synchronize(device.index);
+    const double s = seconds_since(t0);
+    if (i > 0 && s > 0) best = std::max(best, 2.0 * n * n * n / s);
+  }
+  return best;
+}
+
 }  // namespace
 
 // Training batches from token shards or from a synthetic task.
@@ -149,7 +179,9 @@ Trainer::Trainer(const Config& config)
                                 "(cmake -DMOETRAIN_CUDA=ON) or set train.device: cpu");
   if (dist_.root()) run_ = std::make_unique<RunDirectory>(ckpt_.run_dir);
   // 0: the CLI's default, cores / ranks on this node (backend/cpu/parallel.h).
-  if (train_.threads > 0) cpu::set_num_threads(static_cast<int>(train_.threads));
+  if (train_.threads > 0)
+    cpu::set_num_threads(
+        cpu::capped_thread_count(train_.threads, fmt::format("train.threads ({})", config.where("train.threads"))));
   log_rank_table(dist_, cpu::num_threads());
   faults_.at_startup();
   signals::throw_if_requested("while the run was being set up");
@@ -219,6 +251,48 @@ void Trainer::report_start() const {
   if (dist_.root()) report_model(*model_, train_.seq_len, *ledger_, train_.tokens_per_step(dist_.size()));
 }
 
+// A resume with another config: each changed key is logged (root) with its old and
+// new value; a learning-rate schedule that gives other values from the resumed step
+// on is refused unless ckpt.schedule_change is apply (then it is logged as applied).
+// Every rank runs the same comparison on the same files, so all refuse together.
+void Trainer::check_config_changes(const std::string& dir, int64_t step) {
+  std::optional<Config> saved;
+  try {
+    saved = Config::load(checkpoint_config_path(dir));
+  } catch (const Error& e) {
+    if (dist_.root())
+      spdlog::warn("resume: cannot read the config {} was saved with, so changed keys are not listed: {}", dir,
+                   e.what());
+    return;
+  }
+  std::vector<std::string> changed;
+  for (const KeySpec& spec : config_schema()) {
+    const std::string before = saved->value_yaml(spec.key), now = config_.value_yaml(spec.key);
+    if (before != now) changed.push_back(fmt::format("{}: {} -> {}", spec.key, before, now));
+  }
+  if (changed.empty()) return;
+  if (dist_.root()) {
+    spdlog::info("resume: {} key{} changed since {} was saved:", changed.size(), changed.size() == 1 ? "" : "s", dir);
+    for (const std::string& c : changed) spdlog::info("  {}", c);
+  }
+  const LrSchedule before = lr_schedule_of(*saved), now = train_.schedule;
+  const int64_t last = std::max(before.max_steps, now.max_steps);
+  for (int64_t s = step; s < last; ++s) {
+    const double a = before.at(s), b = now.at(s);
+    if (a == b) continue;
+    const std::string what = fmt::format(
+        "the learning-rate schedule changed: at step {} the lr would be {:.4g} instead of {:.4g} (the saved run's "
+        "schedule: {} steps, warmup {}, lr {:.4g}; this config's: {} steps, warmup {}, lr {:.4g})", s + 1, b, a,
+        before.max_steps, before.warmup_steps, before.lr, now.max_steps, now.warmup_steps, now.lr);
+    if (config_.get_string("ckpt.schedule_change") != "apply")
+      config_.fail("ckpt.schedule_change", what + "; set ckpt.schedule_change: apply to continue on the new "
+                                                  "schedule, or resume with the saved values (" +
+                                                  checkpoint_config_path(dir) + ")");
+    if (dist_.root()) spdlog::warn("resume: {}; applied (ckpt.schedule_change: apply)", what);
+    return;
+  }
+}
+
 void Trainer::resume() {
   // The root decides from the run directory; every rank loads what it needs of that checkpoint.
   StartPlan plan;
@@ -230,6 +304,7 @@ void Trainer::resume() {
   if (dist_.size() > 1) dist_.world->broadcast(chosen, 0);
   if (const int64_t step = chosen.data<int64_t>()[0]; step >= 0) {
     const std::string dir = (std::filesystem::path(checkpoints_dir(ckpt_.run_dir)) / checkpoint_name(step)).string();
+    check_config_changes(dir, step);
     const auto t0 = Clock::now();
     progress_ = load_checkpoint(dist_, dir, *model_, opt_.get(), config_);
     stream_->set_state(progress_.loader);
@@ -290,6 +365,15 @@ void Trainer::begin_run(const StartPlan& plan) {
   start_step_ = progress_.step;
   start_tokens_ = progress_.tokens;
   last_.step = progress_.step;
+  model_flops_per_token_ = model_->flops_per_token(train_.seq_len);
+  const double told = config_.get_number("train.peak_tflops") * 1e12;
+  peak_flops_ = told > 0 ? told : measured_gemm_flops(device_, model_->dtype());
+  if (dist_.root())
+    spdlog::info("  MFU below is model FLOPs / {:.3g} TFLOP/s per rank ({})", peak_flops_ / 1e12,
+                 told > 0 ? "train.peak_tflops"
+                          : fmt::format("measured: a 1024^3 {} matrix product on {}, {} threads; set "
+                                        "train.peak_tflops to use a datasheet peak", model_->dtype(), device_,
+                                        cpu::num_threads()));
   run_start_ = Clock::now();
   if (progress_.step > 0 && done())
     spdlog::info("the checkpoint is at step {}, train.max_steps: nothing left to train; the model is written from it",
@@ -433,16 +517,27 @@ void Trainer::record(const StepResult& r) {
     return;
   }
   const double tok_s = static_cast<double>(r.tokens) / r.seconds;
+  // Smoothed: an exponential average of the step time (weight 0.1), restarted at this
+  // run's second step so the first (allocations, warm-up) does not linger in it.
+  const int64_t run_steps = r.step - start_step_;
+  step_seconds_avg_ = run_steps <= 2 ? r.seconds : 0.9 * step_seconds_avg_ + 0.1 * r.seconds;
+  const double tok_s_avg = static_cast<double>(r.tokens) / step_seconds_avg_;
+  const double mfu = model_flops_per_token_ * tok_s_avg / dist_.size() / peak_flops_;
+  const double elapsed = seconds_since(run_start_);
+  const double eta = static_cast<double>(train_.max_steps - r.step) * step_seconds_avg_;
   if (r.step % train_.log_every == 0 || r.step == 1 || r.step == train_.max_steps)
-    spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms{}", r.step,
-                 train_.max_steps, r.loss, r.lr, r.grad_norm, with_commas(std::llround(tok_s)), r.seconds * 1e3,
+    spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms | MFU {:.1f}% | {} "
+                 "elapsed, ETA {}{}", r.step, train_.max_steps, r.loss, r.lr, r.grad_norm,
+                 with_commas(std::llround(tok_s_avg)), r.seconds * 1e3, 100 * mfu, clock_text(elapsed),
+                 clock_text(eta),
                  r.moe.fields.empty()
                      ? std::string()
                      : fmt::format(" | moe max/mean {:.2f}, {} dead{}", r.moe.worst_max_over_mean, r.moe.dead,
                                    r.moe.dropped ? fmt::format(", {} dropped", r.moe.dropped) : std::string()));
   std::vector<std::pair<std::string, MetricsWriter::Value>> record{
       {"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"tok_per_s", tok_s},
-      {"step_ms", r.seconds * 1e3}, {"tokens", progress_.tokens}};
+      {"tok_per_s_avg", tok_s_avg}, {"mfu", mfu}, {"step_ms", r.seconds * 1e3}, {"tokens", progress_.tokens},
+      {"elapsed_s", elapsed}};
   if (progress_.skipped > 0) record.emplace_back("skipped_steps", progress_.skipped);
   if (device_.is_cuda())  // the caching allocator's peak: what the GPU had to hold
     record.emplace_back("gpu_peak_reserved_bytes", cuda::memory_stats(device_.index).peak_reserved_bytes);
@@ -484,7 +579,8 @@ void Trainer::sample() {
   if (prompt.empty()) prompt.push_back(tokenizer_->eot_token().value_or(0));
   GenerateStats stats;
   const std::string text = tokenizer_->decode(generate(*model_, prompt, train_.sample, &stats));
-  spdlog::info("sample at step {}:\n{}{}", progress_.step, train_.sample_prompt, text);
+  // The log is for people (a terminal, a job's log file): no raw control bytes or broken UTF-8.
+  spdlog::info("sample at step {}:\n{}", progress_.step, data::printable_text(train_.sample_prompt + text));
   if (stats.stopped_at_context)
     spdlog::warn("the sample stopped at the model's context ({} positions) before train.sample_tokens = {}; lower "
                  "train.sample_tokens to {} or less", model_->max_positions(), train_.sample.max_new_tokens,

@@ -110,6 +110,8 @@ class Trainer {
   using Clock = std::chrono::steady_clock;
   struct Stream;  // the training batches: shards or a synthetic task
 
+  void check_config_changes(const std::string& checkpoint_dir, int64_t step);
+
   bool due(int64_t every) const { return every > 0 && progress_.step > 0 && progress_.step % every == 0; }
   void open_data();
   void build();
@@ -146,6 +148,9 @@ class Trainer {
   SaveOptions save_options_;
   TrainProgress progress_;
   int64_t start_step_ = 0, start_tokens_ = 0, profiled_steps_ = 0;
+  double model_flops_per_token_ = 0;  // training FLOPs (forward + backward) at train.seq_len
+  double peak_flops_ = 0;             // per rank: train.peak_tflops, or measured at the start
+  double step_seconds_avg_ = 0;       // the step line's smoothed step time
   int64_t last_saved_step_ = -1;
   StepResult last_;
   EvalResult last_eval_;

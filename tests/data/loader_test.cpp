@@ -109,10 +109,14 @@ TEST_CASE("loader: files from a glob, sorted; windows as documented", "[data][lo
   CHECK(loader.num_windows() == kNumWindows);
   CHECK(loader.num_windows_per_rank() == kNumWindows);
   // Window 98 is the last of shard 0 (tokens 980..990), 99 the first of shard 1.
-  CHECK(loader.window_tokens(98).front() == 980);
-  CHECK(loader.window_tokens(98).size() == kT + 1);
-  CHECK(loader.window_tokens(99).front() == 1000);
-  CHECK(loader.window_tokens(151).back() == 1000 + 52 * kT + kT);
+  std::vector<uint16_t> window(kT + 1);
+  loader.window_tokens(98, window.data());
+  CHECK(window.front() == 980);
+  CHECK(window.back() == 980 + kT);
+  loader.window_tokens(99, window.data());
+  CHECK(window.front() == 1000);
+  loader.window_tokens(151, window.data());
+  CHECK(window.back() == 1000 + 52 * kT + kT);
 }
 
 TEST_CASE("loader: every window exactly once per epoch, targets shifted by one", "[data][loader]") {

@@ -2,6 +2,8 @@
 // parallel_for of core/parallel.h (included here: kernels include this file).
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/parallel.h"
@@ -14,6 +16,13 @@ void set_num_threads(int n);
 // Default: MOETRAIN_NUM_THREADS if set, else cores available to this process
 // divided by the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE etc.), at least 1.
 int default_num_threads();
+// The cores this process may run on (its affinity mask).
+int usable_cores();
+// A thread count from the user: >= 1 (Error naming `what` otherwise), and at most
+// kMaxThreadsPerCore x usable_cores(), lowered to that with a warning naming `what`
+// (100,000 OpenMP threads exhaust the stacks; they never help).
+inline constexpr int kMaxThreadsPerCore = 4;
+int capped_thread_count(int64_t requested, const std::string& what);
 // OpenMP threads that reach the end of a parallel region first spin before they
 // sleep; libgomp spins 300,000 times by default, so when other processes share
 // the cores a waiting thread burns the core the straggler needs, and a step can

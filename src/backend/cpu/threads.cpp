@@ -5,6 +5,8 @@
 #include <mutex>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "backend/cpu/blas.h"
 #include "backend/cpu/parallel.h"
 #include "core/error.h"
@@ -35,10 +37,24 @@ void set_num_threads(int n) {
   set_blas_threads(n);
 }
 
-int default_num_threads() {
-  if (int n = env_int("MOETRAIN_NUM_THREADS", true)) return n;
+int usable_cores() {
   cpu_set_t set;
-  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : omp_get_num_procs();
+  return std::max(1, sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : omp_get_num_procs());
+}
+
+int capped_thread_count(int64_t requested, const std::string& what) {
+  MT_CHECK(requested >= 1, "{}: the thread count must be >= 1, got {}", what, requested);
+  const int cores = usable_cores();
+  const int64_t cap = int64_t{kMaxThreadsPerCore} * cores;
+  if (requested <= cap) return static_cast<int>(requested);
+  spdlog::warn("{} = {} threads, but this process may use {} core{}: using {} ({} per core; more only make the "
+               "threads wait for each other)", what, requested, cores, cores == 1 ? "" : "s", cap, kMaxThreadsPerCore);
+  return static_cast<int>(cap);
+}
+
+int default_num_threads() {
+  if (int n = env_int("MOETRAIN_NUM_THREADS", true)) return capped_thread_count(n, "MOETRAIN_NUM_THREADS");
+  const int cores = usable_cores();
   int ranks = 1;
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
     if (int r = env_int(var, false)) {
