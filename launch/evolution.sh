@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The evolution ladder (docs/evolution.md): trains every rung of configs/evolution/
 # on tinyshakespeare bytes and on two synthetic memory tasks, then writes the table
-# and the validation curves.
+# and the validation curves: to OUT/evolution.md and OUT/images/evolution.png, or
+# with --doc to the shipped docs/evolution.md and docs/images/evolution.png.
 #
-#   launch/evolution.sh [--rungs 01,03,05] [--steps N] [--task-steps N] [--out DIR] [--doc FILE] [--threads N]
+#   launch/evolution.sh [--rungs 01,03,05] [--steps N] [--task-steps N] [--out DIR] [--doc [FILE]] [--threads N]
 #                       [--data DIR] [--set key=value ...]
 #     --rungs       a subset by number (default: all seven)
 #     --steps       override train.max_steps of the language-model runs (a quick run);
 #                   evaluation then happens every max(1, N/4) steps
 #     --task-steps  steps of each memory-task run (default 300)
-#     --out         run directories (default runs/evolution)
-#     --doc         the report (default docs/evolution.md; its plot goes next to it, under images/)
+#     --out         run directories and, without --doc, the report (default runs/evolution,
+#                   which git ignores)
+#     --doc         write the report to the shipped docs/evolution.md (or FILE) instead; its
+#                   plot goes next to it, under images/. Only for updating the docs.
 #     --threads     train.threads of every run (default 1: on a busy 2-core machine two
 #                   threads stall at OpenMP barriers: DeltaNet took 2.4 s per step with two, 0.3 s with one)
 #     --data        tokenized tinyshakespeare bytes (default data/shakespeare_byte, prepared when missing)
@@ -29,7 +32,7 @@ rungs=""
 steps=""
 task_steps=300
 out=runs/evolution
-doc=docs/evolution.md
+doc=""
 threads=1
 data=data/shakespeare_byte
 extra=()
@@ -39,7 +42,8 @@ while [[ $# -gt 0 ]]; do
     --steps) steps=$2; shift 2 ;;
     --task-steps) task_steps=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    --doc) doc=$2; shift 2 ;;
+    --doc)  # an optional FILE: the next argument unless it is another option
+      if [[ $# -gt 1 && "$2" != -* ]]; then doc=$2; shift 2; else doc=docs/evolution.md; shift; fi ;;
     --threads) threads=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --set) extra+=(--set "$2"); shift 2 ;;
@@ -82,6 +86,7 @@ if [[ -n "$steps" ]]; then
 fi
 
 mkdir -p "$out"
+doc=${doc:-$out/evolution.md}  # the default report stays with the runs, out of git's tree
 for config in "${configs[@]}"; do
   rung=$(basename "$config" .yaml)
   echo "== $rung"

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Writes docs/evolution.md from the runs of launch/evolution.sh.
+"""Writes the evolution ladder's report from the runs of launch/evolution.sh (to
+RUNS/evolution.md by default; launch/evolution.sh --doc: the shipped docs/evolution.md).
 
     launch/evolution_report.py --out RUNS --doc FILE --command TEXT CONFIG [CONFIG ...]
 
@@ -58,6 +59,11 @@ positions of held-out rows. The recurrent rungs hold a 16 x 16 state per head,
 so 24 pairs are more than a head's key dimension. `repeated_key` binds 8 keys twice
 and asks for the later value (editing). Each task run trains the rung's architecture
 from scratch for the same number of steps (batches of 32 rows).
+
+Rerun: `launch/evolution.sh` (after a build) trains every rung into `runs/evolution/`
+and writes its report there (`runs/evolution/evolution.md`, the picture under
+`runs/evolution/images/`); git ignores `runs/`. Only `launch/evolution.sh --doc`
+replaces this file and its picture (`docs/images/evolution.png`).
 """
 
 
