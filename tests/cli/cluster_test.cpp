@@ -163,9 +163,9 @@ TEST_CASE("cli: launch/multinode.sh across two hosts (network namespaces, TCP ov
   prepare_bytes(dir);
   const string src = MOETRAIN_SOURCE_DIR;
   const string train = src + "/configs/k3-tiny.yaml --set data.train=" + dir +
-                       "/data/train_*.bin --set data.val= --set train.max_steps=8 --set train.batch_size=2 "
-                       "--set train.seq_len=32 --set train.threads=1 --set train.log_every=1 --set model.n_layer=4 "
-                       "--set model.attn_res_block_size=2";
+                       "/data/train_*.bin --set data.val= --set train.max_steps=8 --set train.warmup_steps=2 "
+                       "--set train.batch_size=2 --set train.seq_len=32 --set train.threads=1 --set train.log_every=1 "
+                       "--set model.n_layer=4 --set model.attn_res_block_size=2";
   // EP 4: every all-to-all crosses the hosts. EP 2 x DP 2: expert groups inside
   // a host, the gradient all-reduce between them.
   for (int ep : {4, 2}) {
