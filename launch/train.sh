@@ -29,8 +29,12 @@ if [[ $# -gt 0 && "$1" != -* ]]; then
 fi
 [[ -f "$config" ]] || { echo "launch/train.sh: no config file '$config'" >&2; exit 2; }
 
-launch/setup.sh
-launch/build.sh
+# MOETRAIN_SKIP_SETUP=1: the packages and build/ are there already (the docs test,
+# tests/docs/doc_commands.py, runs this right after the test command built).
+if [[ "${MOETRAIN_SKIP_SETUP:-0}" != 1 ]]; then
+  launch/setup.sh
+  launch/build.sh
+fi
 set -- --set ckpt.resume=auto "$@"
 
 # Tokenize the shipped corpus for the config's tokenizer when its shards are missing.

@@ -3,6 +3,7 @@
 #include <regex>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 namespace moetrain {
 
@@ -23,10 +24,17 @@ TrainOptions TrainOptions::from(const Config& config) {
   o.adamw = {config.get_number("train.beta1"), config.get_number("train.beta2"), config.get_number("train.eps"),
              config.get_number("train.weight_decay")};
   o.schedule = lr_schedule_of(config);
-  if (o.max_steps > 0 && o.schedule.warmup_steps > o.max_steps)
-    config.fail("train.warmup_steps", fmt::format("= {} exceeds train.max_steps = {}: the learning rate would never "
-                                                  "reach train.lr; lower train.warmup_steps or raise train.max_steps",
-                                                  o.schedule.warmup_steps, o.max_steps));
+  // A config whose warmup outlasts the run never reaches train.lr: an error when the
+  // config sets both. When --set shortened the run (a smoke test of a real config),
+  // or the warmup is the schema's default, a warning instead.
+  if (o.max_steps > 0 && o.schedule.warmup_steps > o.max_steps) {
+    const std::string what = fmt::format("= {} exceeds train.max_steps = {}: the learning rate would never reach "
+                                         "train.lr", o.schedule.warmup_steps, o.max_steps);
+    if (config.is_set_explicitly("train.warmup_steps") && config.where("train.max_steps").rfind("--set", 0) != 0)
+      config.fail("train.warmup_steps", what + "; lower train.warmup_steps or raise train.max_steps");
+    spdlog::warn("{}: train.warmup_steps {} ({}); the run ends during the warmup", config.where("train.warmup_steps"),
+                 what, config.where("train.max_steps"));
+  }
   o.grad_clip = config.get_number("train.grad_clip");
   o.decay_embeddings = config.get_bool("train.decay_embeddings");
   o.abort_on_nan = config.get_string("train.nan_policy") == "abort";

@@ -189,7 +189,8 @@ TEST_CASE("cli: command-line mistakes exit 2 with one line naming the mistake an
       {"generate --max-new-tokens 0", "--max-new-tokens", "run 'moetrain generate --help' for the options"},
       {"generate --temperature warm", "warm", "run 'moetrain generate --help' for the options"},
       {"eval --checkpoint x", "--data is required", "run 'moetrain eval --help' for the options"},
-      {"--threads 0 info", "--threads", "run 'moetrain --help'"},
+      {"--threads -1 info", "--threads: must be >= 0, got -1", "--help' for the options"},
+      {"info --threads x", "--threads", "run 'moetrain info --help'"},
   };
   for (const Case& c : cases) {
     Result r = run(c.args);

@@ -169,16 +169,27 @@ TEST_CASE("cli: fault.kind = kill or stop on a rank outside the run, or at no st
 }
 
 TEST_CASE("cli: an allocation the machine cannot hold exits 4 with one line naming the bytes", "[cli][errors]") {
-  // model.n_ctx = 2e9: the position table alone is 2e9 x 32 f32 = 256 GB. Under ASan
-  // the allocator must return null like glibc's instead of aborting.
   TempDir tmp;
   prepare(tmp.path());
-  Result r = moetrain::testing::capture_command(
-      "ASAN_OPTIONS=allocator_may_return_null=1 " + string(MOETRAIN_BINARY_DIR) + "/moetrain train -c " +
-      string(MOETRAIN_SOURCE_DIR) + "/configs/gpt2-shakespeare.yaml --set model.vocab_size=256 --set model.n_layer=1 "
-      "--set model.n_head=2 --set model.d_model=32 --set model.n_ctx=2000000000 --set train.seq_len=16 --set train.batch_size=2 --set data.tokenizer=byte "
-      "--set data.train=" + tmp.path() + "/data/train_*.bin --set data.val= --set run.dir=" + tmp.path() + "/run");
+  const string train = "ASAN_OPTIONS=allocator_may_return_null=1 " + string(MOETRAIN_BINARY_DIR) +
+                       "/moetrain train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/gpt2-shakespeare.yaml "
+                       "--set model.n_layer=1 --set model.n_head=2 --set model.d_model=32 --set train.seq_len=16 "
+                       "--set data.tokenizer=byte --set data.train=" + tmp.path() + "/data/train_*.bin --set data.val= "
+                       "--set run.dir=" + tmp.path() + "/run ";
+  // model.n_ctx = 2e9: the position table alone is 2e9 x 32 f32 = 256 GB, refused
+  // before anything is allocated, naming the group and the keys that size it.
+  Result r = moetrain::testing::capture_command(train + "--set model.vocab_size=256 --set model.n_ctx=2000000000 "
+                                                "--set train.batch_size=2");
   INFO(r.output);
   CHECK(r.code == 4);
-  CHECK(r.output.find("out of host memory: failed to allocate 256000000000 bytes") != string::npos);
+  CHECK_THAT(r.output, Catch::Contains("of weights alone, more than this machine's"));
+  CHECK_THAT(r.output, Catch::Contains("model.vocab_size x model.d_model (and model.n_ctx x model.d_model)"));
+  // Activations: 60,000 windows of 16 tokens give logits of 60000 x 16 x 50257 f32
+  // (193 GB): the allocation fails and the line names the bytes and the tensor.
+  r = moetrain::testing::capture_command(train + "--set model.vocab_size=50257 --set model.n_ctx=16 "
+                                         "--set train.batch_size=60000 --set run.overwrite=true");
+  INFO(r.output);
+  CHECK(r.code == 4);
+  CHECK_THAT(r.output, Catch::Contains("out of host memory: failed to allocate") &&
+                           Catch::Contains("for a tensor of shape"));
 }

@@ -73,6 +73,9 @@ TEST_CASE("hostile inputs: sizes, threads, YAML documents and key combinations a
   const string k3 = "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + data +
                     "/train_*.bin --set data.val= --set run.dir=" + tmp.path() + "/k3 ";
   const string two_docs = tmp.write("two.yaml", string(kTinyGpt2) + "---\nmodel:\n  n_layer: 12\n");
+  string warmup_yaml = kTinyGpt2;
+  warmup_yaml.replace(warmup_yaml.find("warmup_steps: 1\n"), 16, "warmup_steps: 10\n");
+  const string long_warmup = tmp.write("warmup.yaml", warmup_yaml);
   const string trailing_end = tmp.write("end.yaml", string(kTinyGpt2) + "---\n");
   check_cases({
       {"a dimension beyond int64's products", train + "--set model.d_model=9223372036854775807", 2,
@@ -83,8 +86,8 @@ TEST_CASE("hostile inputs: sizes, threads, YAML documents and key combinations a
        "--set model.n_head=64", 4, {"more than this machine's", "moetrain ledger"}},
       {"a second YAML document", "train -c " + two_docs + " --print-config", 2,
        {two_docs, "a second YAML document"}},
-      {"warmup longer than the run", train + "--set train.warmup_steps=10", 2,
-       {"train.warmup_steps", "train.max_steps = 4"}},
+      {"warmup longer than the run, both in the file", "train -c " + long_warmup, 2,
+       {long_warmup, "train.warmup_steps", "train.max_steps = 4"}},
       {"every layer dense in an MoE model", k3 + "--set model.moe.first_dense_layers=9", 2,
        {"model.moe.first_dense_layers", "model.n_layer = 9"}},
       {"MLA heads without dimensions", k3 + "--set model.mla.qk_nope_head_dim=0 --set model.mla.qk_rope_head_dim=0",
@@ -92,6 +95,12 @@ TEST_CASE("hostile inputs: sizes, threads, YAML documents and key combinations a
       {"an unknown command", "frobnicate", 2, {"unknown command 'frobnicate'", "commands: info"}},
       {"a bad --device", train + "--device tpu", 2, {"--device"}},
   });
+  // A run shortened on the command line below its warmup: a warning, and it trains.
+  const Result shortened = run(train + "--set train.warmup_steps=3 --set train.max_steps=2 --set run.dir=" +
+                               tmp.path() + "/short");
+  INFO(shortened.output);
+  CHECK(shortened.code == 0);
+  CHECK_THAT(shortened.output, Catch::Contains("the run ends during the warmup"));
   // A trailing document marker with nothing after it is one document.
   CHECK(run("train -c " + trailing_end + " --print-config").code == 0);
 

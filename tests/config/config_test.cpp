@@ -227,7 +227,7 @@ TEST_CASE("config: values out of range name the range", "[config][errors]") {
   std::string bad = dir.path() + "/bad.yaml";
   CHECK(load_error(dir, "model:\n  n_layer: 0\n") == bad + ":2:3: model.n_layer = 0: must be in [1, 4096]");
   CHECK(load_error(dir, "model:\n  n_layer: 5000\n") == bad + ":2:3: model.n_layer = 5000: must be in [1, 4096]");
-  CHECK(load_error(dir, "model:\n  vocab_size: -3\n") == bad + ":2:3: model.vocab_size = -3: must be >= 1");
+  CHECK(load_error(dir, "model:\n  vocab_size: -3\n") == bad + ":2:3: model.vocab_size = -3: must be in [1, 2147483647]");
   CHECK(load_error(dir, "model:\n  dropout: 1.0\n") == bad + ":2:3: model.dropout = 1.0: must be in [0, 1)");
   CHECK(load_error(dir, "train:\n  lr: 0\n") == bad + ":2:3: train.lr = 0: must be > 0");
   CHECK(load_error(dir, "train:\n  wsd_decay_frac: 1.5\n") == bad + ":2:3: train.wsd_decay_frac = 1.5: must be in [0, 1]");

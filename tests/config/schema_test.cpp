@@ -49,7 +49,8 @@ TEST_CASE("schema: every entry is well formed", "[config][schema]") {
 
 TEST_CASE("schema: allowed values read like the maths", "[config][schema]") {
   CHECK(allowed_values_text(*find_key_spec("model.n_layer")) == "[1, 4096]");
-  CHECK(allowed_values_text(*find_key_spec("model.vocab_size")) == ">= 1");
+  CHECK(allowed_values_text(*find_key_spec("model.vocab_size")) == "[1, 2147483647]");
+  CHECK(allowed_values_text(*find_key_spec("train.eval_every")) == ">= 0");
   CHECK(allowed_values_text(*find_key_spec("model.dropout")) == "[0, 1)");
   CHECK(allowed_values_text(*find_key_spec("train.lr")) == "> 0");
   CHECK(allowed_values_text(*find_key_spec("train.wsd_decay_frac")) == "[0, 1]");
@@ -67,12 +68,12 @@ TEST_CASE("schema: defaults, types and ranges of the GPT-2 and training keys", "
   using T = ConfigType;
   const std::map<std::string, Expected> expected = {
       {"model.arch", {T::choice, "gpt2", "one of gpt2, hybrid"}},
-      {"model.vocab_size", {T::integer, "50257", ">= 1"}},
+      {"model.vocab_size", {T::integer, "50257", "[1, 2147483647]"}},
       {"model.n_layer", {T::integer, "12", "[1, 4096]"}},
-      {"model.n_head", {T::integer, "12", ">= 1"}},
-      {"model.d_model", {T::integer, "768", ">= 1"}},
-      {"model.n_ctx", {T::integer, "1024", ">= 1"}},
-      {"model.d_ff", {T::integer, "0", ">= 0"}},
+      {"model.n_head", {T::integer, "12", "[1, 2147483647]"}},
+      {"model.d_model", {T::integer, "768", "[1, 2147483647]"}},
+      {"model.n_ctx", {T::integer, "1024", "[1, 2147483647]"}},
+      {"model.d_ff", {T::integer, "0", "[0, 2147483647]"}},
       {"model.layer_norm_eps", {T::number, "1.0e-05", "> 0"}},
       {"model.dropout", {T::number, "0.0", "[0, 1)"}},
       {"model.init_std", {T::number, "0.02", "> 0"}},
@@ -82,14 +83,14 @@ TEST_CASE("schema: defaults, types and ranges of the GPT-2 and training keys", "
       {"data.tokenizer", {T::choice, "gpt2", "one of gpt2, byte"}},
       {"data.tokenizer_dir", {T::string, "data/gpt2", ""}},
       {"train.seed", {T::integer, "1337", ">= 0"}},
-      {"train.batch_size", {T::integer, "8", ">= 1"}},
-      {"train.seq_len", {T::integer, "256", ">= 1"}},
-      {"train.grad_accum", {T::integer, "1", ">= 1"}},
-      {"train.max_steps", {T::integer, "1000", ">= 0"}},
+      {"train.batch_size", {T::integer, "8", "[1, 2147483647]"}},
+      {"train.seq_len", {T::integer, "256", "[1, 2147483647]"}},
+      {"train.grad_accum", {T::integer, "1", "[1, 2147483647]"}},
+      {"train.max_steps", {T::integer, "1000", "[0, 2147483647]"}},
       {"train.lr", {T::number, "0.0006", "> 0"}},
       {"train.min_lr", {T::number, "6.0e-05", ">= 0"}},
       {"train.schedule", {T::choice, "cosine", "one of cosine, wsd, linear, constant"}},
-      {"train.warmup_steps", {T::integer, "100", ">= 0"}},
+      {"train.warmup_steps", {T::integer, "100", "[0, 2147483647]"}},
       {"train.wsd_decay_frac", {T::number, "0.2", "[0, 1]"}},
       {"train.weight_decay", {T::number, "0.1", ">= 0"}},
       {"train.decay_embeddings", {T::boolean, "false", ""}},
@@ -98,12 +99,12 @@ TEST_CASE("schema: defaults, types and ranges of the GPT-2 and training keys", "
       {"train.eps", {T::number, "1.0e-08", "> 0"}},
       {"train.grad_clip", {T::number, "1.0", ">= 0"}},
       {"train.eval_every", {T::integer, "100", ">= 0"}},
-      {"train.eval_batches", {T::integer, "20", ">= 1"}},
+      {"train.eval_batches", {T::integer, "20", "[1, 2147483647]"}},
       {"train.sample_every", {T::integer, "0", ">= 0"}},
-      {"train.sample_tokens", {T::integer, "128", ">= 1"}},
+      {"train.sample_tokens", {T::integer, "128", "[1, 2147483647]"}},
       {"train.sample_prompt", {T::string, "\"\\n\"", ""}},
       {"train.sample_temperature", {T::number, "0.8", ">= 0"}},
-      {"train.sample_top_k", {T::integer, "40", ">= 0"}},
+      {"train.sample_top_k", {T::integer, "40", "[0, 2147483647]"}},
       {"train.log_every", {T::integer, "1", ">= 1"}},
       {"train.threads", {T::integer, "0", ">= 0"}},
       {"train.dtype", {T::choice, "f32", "one of f32, f64, bf16"}},
