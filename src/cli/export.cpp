@@ -39,7 +39,8 @@ int run_export(const ExportCommandOptions& o) {
   MT_CHECK(!o.out.empty() || o.print_config, "export: --out is required (the directory to write); run 'moetrain "
            "export --help' for the options");
   std::error_code ec;
-  MT_CHECK(o.print_config || !(fs::exists(o.out) && fs::exists(o.checkpoint) && fs::equivalent(o.out, o.checkpoint, ec)),
+  const bool same = fs::exists(o.out) && fs::exists(o.checkpoint) && fs::equivalent(o.out, o.checkpoint, ec);
+  MT_CHECK(o.print_config || !same,
            "--out {} is the --checkpoint directory; write the export elsewhere", o.out);
   if (!o.print_config && fs::exists(o.out))
     MT_CHECK(fs::is_directory(o.out) && (o.force || fs::is_empty(o.out)),

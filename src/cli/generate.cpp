@@ -7,6 +7,7 @@
 // attention (KV) layers.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -87,6 +88,15 @@ void add_generate_command(CLI::App& app, Commands& commands) {
     if (tok->eot_token()) s.stop_token = *tok->eot_token();
     s.max_new_tokens = new_tokens_in_context(*model, static_cast<int64_t>(prompt.size()), s.max_new_tokens,
                                              max_new->count() > 0);
+    // A moetrain-trained GPT-2 has learned positions: those past train.seq_len never
+    // received a gradient, and text generated there degrades.
+    const int64_t trained = config.get_int("train.seq_len");
+    const int64_t total = static_cast<int64_t>(prompt.size()) + s.max_new_tokens;
+    if (!source->source.checkpoint.empty() && model->arch() == "gpt2" && total > trained)
+      spdlog::warn("generate: {} positions (prompt + new tokens), but the model was trained on sequences of "
+                   "train.seq_len = {}: its learned positions past {} were never trained and text there degrades; "
+                   "pass --max-new-tokens {} or less", total, trained, trained,
+                   std::max<int64_t>(1, trained - static_cast<int64_t>(prompt.size())));
     const bool terminal = isatty(STDOUT_FILENO) != 0;
     for (int i = 0; i < o->num_samples; ++i) {
       if (o->num_samples > 1) fmt::print("--- sample {} ---\n", i + 1);

@@ -116,7 +116,8 @@ void check_model_fits(const Config& config, ExpertShard shard) {
                                   "model.vocab_size, model.d_model, model.n_layer, model.d_ff, model.moe.*",
                                   e.what()));
   }
-  const double bytes = static_cast<double>(ledger.params_per_rank) * (config.get_string("train.dtype") == "f64" ? 8 : 4);
+  const double bytes_per_weight = config.get_string("train.dtype") == "f64" ? 8 : 4;
+  const double bytes = static_cast<double>(ledger.params_per_rank) * bytes_per_weight;
   const double memory = machine_memory_bytes();
   if (bytes <= memory || ledger.components.empty()) return;
   const auto largest = std::max_element(ledger.components.begin(), ledger.components.end(),

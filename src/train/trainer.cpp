@@ -522,7 +522,7 @@ void Trainer::record(const StepResult& r) {
   const int64_t run_steps = r.step - start_step_;
   step_seconds_avg_ = run_steps <= 2 ? r.seconds : 0.9 * step_seconds_avg_ + 0.1 * r.seconds;
   const double tok_s_avg = static_cast<double>(r.tokens) / step_seconds_avg_;
-  const double mfu = model_flops_per_token_ * tok_s_avg / dist_.size() / peak_flops_;
+  const double mfu = peak_flops_ > 0 ? model_flops_per_token_ * tok_s_avg / dist_.size() / peak_flops_ : 0.0;
   const double elapsed = seconds_since(run_start_);
   const double eta = static_cast<double>(train_.max_steps - r.step) * step_seconds_avg_;
   if (r.step % train_.log_every == 0 || r.step == 1 || r.step == train_.max_steps)

@@ -130,8 +130,14 @@ TEST_CASE("hostile inputs: an integer tensor is never loaded into a float weight
   const string yaml = tmp.write("tiny.yaml", kTinyGpt2);
   REQUIRE(run("train -c " + yaml + " --set data.train=" + data + "/train_*.bin --set data.val= --set "
               "train.max_steps=1 --set run.dir=" + tmp.path() + "/run").code == 0);
-  // The run's model directory with one weight rewritten as I32.
   const string model = tmp.path() + "/run/model";
+  // Past train.seq_len (16) the learned positions were never trained: a warning.
+  const Result past = run("generate --checkpoint " + model + " --max-new-tokens 30");
+  INFO(past.output);
+  CHECK(past.code == 0);
+  CHECK_THAT(past.output, Catch::Contains("train.seq_len = 16") && Catch::Contains("never trained"));
+  CHECK_THAT(run("generate --checkpoint " + model + " --max-new-tokens 10").output, !Catch::Contains("never trained"));
+  // The run's model directory with one weight rewritten as I32.
   {
     const moetrain::SafetensorsFile file = moetrain::SafetensorsFile::open(model + "/model.safetensors");
     std::vector<std::pair<string, moetrain::Tensor>> tensors;
