@@ -32,11 +32,7 @@ void add_eval_command(CLI::App& app, Commands& commands) {
       ->check(non_negative());
   cmd->add_flag("--json", o->json, "print {\"loss\": ..., \"tokens\": ...} instead of a line");
   commands.push_back({cmd, [source, o] {
-    check_model_source(source->source);
-    if (source->print_config) {
-      fmt::print("{}", resolve_config(source->source).to_yaml());
-      return 0;
-    }
+    if (print_config_if_asked(*source)) return 0;
     MT_CHECK(!o->data.empty(), "moetrain eval: --data is required (the token shards to score); run 'moetrain eval "
              "--help' for the options");
     LoadedModel loaded = load_model(source->source);

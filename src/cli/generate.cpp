@@ -73,11 +73,7 @@ void add_generate_command(CLI::App& app, Commands& commands) {
   cmd->add_flag("--raw", o->raw, "write the decoded bytes as they are; by default a terminal gets ill-formed UTF-8 "
                 "as U+FFFD and control bytes other than newline and tab as \\xNN");
   commands.push_back({cmd, [source, o, max_new] {
-    check_model_source(source->source);
-    if (source->print_config) {
-      fmt::print("{}", resolve_config(source->source).to_yaml());
-      return 0;
-    }
+    if (print_config_if_asked(*source)) return 0;
     LoadedModel loaded = load_model(source->source);
     const Config& config = loaded.config;
     std::unique_ptr<LanguageModel>& model = loaded.model;

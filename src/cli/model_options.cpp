@@ -1,6 +1,7 @@
 #include "cli/model_options.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -22,6 +23,13 @@ std::shared_ptr<ModelOptions> add_model_source_options(CLI::App* cmd) {
 void check_model_source(const ModelSource& source) {
   MT_CHECK(!source.config_path.empty() || !source.init_from.empty() || !source.checkpoint.empty(),
            "no model given: pass -c CONFIG, --init-from DIR or --checkpoint DIR");
+}
+
+bool print_config_if_asked(const ModelOptions& options) {
+  check_model_source(options.source);
+  if (!options.print_config) return false;
+  fmt::print("{}", resolve_config(options.source).to_yaml());
+  return true;
 }
 
 }  // namespace moetrain::cli

@@ -24,5 +24,8 @@ struct ModelOptions {
 std::shared_ptr<ModelOptions> add_model_source_options(CLI::App* cmd);
 // Exactly one of -c, --init-from, --checkpoint must be given (-c with --init-from is fine).
 void check_model_source(const ModelSource& source);
+// Checks the source; with --print-config prints its resolved config and returns true
+// (the command is done, exit 0).
+bool print_config_if_asked(const ModelOptions& options);
 
 }  // namespace moetrain::cli

@@ -18,8 +18,6 @@
 //   - buffers (the router bias) are read from params/ but get no gradient;
 //   - all float inputs share one dtype (f32 or f64), which is the compute dtype.
 // Errors name the input file, the group and the dataset or attribute; exit code 2.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -31,6 +29,7 @@
 #include <spdlog/spdlog.h>
 
 #include "autograd/engine.h"
+#include "backend/cpu/allocator.h"
 #include "backend/cuda/runtime.h"
 #include "cli/commands.h"
 #include "core/format.h"
@@ -76,7 +75,7 @@ double op_memory_budget() {
     MT_CHECK(*end == '\0' && mb > 0, "MOETRAIN_OP_MEMORY_MB={} is not a positive number of MiB", v);
     return mb * (1 << 20);
   }
-  return 0.5 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  return 0.5 * cpu::host_memory_bytes();
 }
 
 // One run of one op: the input file and group, and what the op read and produced.

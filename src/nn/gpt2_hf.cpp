@@ -2,7 +2,6 @@
 #include "nn/gpt2_hf.h"
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -33,19 +32,6 @@ bool is_skipped_buffer(const std::string& name) {
   return name == "lm_head.weight" || ends_with(".attn.bias") || ends_with(".attn.masked_bias");
 }
 
-json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  MT_CHECK(in.good(), "{}: cannot open the Hugging Face config", path);
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    MT_THROW("{}: not valid JSON: {}", path, e.what());
-  }
-  MT_CHECK(j.is_object(), "{}: expected a JSON object", path);
-  return j;
-}
-
 // A boolean field that moetrain's GPT-2 computes only at `supported` (absent: HF's default).
 void require_bool(const json& j, const std::string& path, const char* key, bool hf_default, bool supported,
                   const char* why) {
@@ -61,7 +47,7 @@ void require_bool(const json& j, const std::string& path, const char* key, bool 
 }  // namespace
 
 Gpt2Config read_gpt2_hf_config(const std::string& path, Gpt2Config base) {
-  const json j = read_json_file(path);
+  const json j = read_hf_config(path);
   auto get_int = [&](const char* key, int64_t fallback, bool required) -> int64_t {
     if (!j.contains(key) || j[key].is_null()) {
       MT_CHECK(!required, "{}: missing \"{}\" (a GPT-2 config.json has n_layer, n_head, n_embd, n_positions, "

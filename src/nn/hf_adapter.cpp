@@ -11,7 +11,7 @@
 
 namespace moetrain {
 
-HfArchitecture read_hf_architecture(const std::string& path) {
+nlohmann::json read_hf_config(const std::string& path) {
   std::ifstream in(path);
   MT_CHECK(in.good(), "{}: cannot open the Hugging Face config", path);
   nlohmann::json j;
@@ -21,6 +21,11 @@ HfArchitecture read_hf_architecture(const std::string& path) {
     MT_THROW("{}: not valid JSON: {}", path, e.what());
   }
   MT_CHECK(j.is_object(), "{}: expected a JSON object", path);
+  return j;
+}
+
+HfArchitecture read_hf_architecture(const std::string& path) {
+  const nlohmann::json j = read_hf_config(path);
   // GPT-2 configs from before transformers wrote model_type have none.
   const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>()
                                                                                     : "gpt2";

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/tensor.h"
 #include "nn/moe.h"
 #include "nn/parameters.h"
@@ -37,6 +39,9 @@ class HfTensorSource {
   // where("") is the source as a whole.
   virtual std::string where(const std::string& name) const = 0;
 };
+
+// A config.json as a JSON object; errors name the path (missing, not JSON, not an object).
+nlohmann::json read_hf_config(const std::string& path);
 
 // source.read(name) converted to `dtype`, the dtype of the tensor it fills; an
 // integer tensor for a float one (or the reverse) is an Error naming the source

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -272,19 +271,6 @@ class Fields {
   std::string path_;
 };
 
-json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  MT_CHECK(in.good(), "{}: cannot open the Hugging Face config", path);
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    MT_THROW("{}: not valid JSON: {}", path, e.what());
-  }
-  MT_CHECK(j.is_object(), "{}: expected a JSON object", path);
-  return j;
-}
-
 // A kimi_linear config.json asking for what transformers' class does not compute.
 [[noreturn]] void refuse_kimi(const std::string& path, const std::string& field, const std::string& value,
                               const std::string& why) {
@@ -296,7 +282,7 @@ json read_json_file(const std::string& path) {
 }  // namespace
 
 HybridConfig read_hybrid_hf_config(const std::string& path, HybridConfig c) {
-  const json j = read_json_file(path);
+  const json j = read_hf_config(path);
   const std::string type = j.value("model_type", std::string());
   MT_CHECK(type == "kimi_linear" || type == kMoetrainHybridModelType,
            "{}: model_type is {}, expected \"kimi_linear\" or \"{}\"", path, j.contains("model_type") ? j["model_type"].dump() : "absent",

@@ -1,15 +1,13 @@
 #include "train/model_source.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "backend/cpu/allocator.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/export.h"
 #include "comm/distributed.h"
@@ -86,16 +84,6 @@ void check_loaded_weights(const Config& config, const LanguageModel& model) {
                             config.get_string("model.init_from"), describe(*bad)));
 }
 
-// This machine's memory: the physical pages, or the cgroup's limit when lower.
-double machine_memory_bytes() {
-  double bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
-  std::string limit;
-  if (cgroup >> limit && !limit.empty() && std::all_of(limit.begin(), limit.end(), ::isdigit))
-    bytes = std::min(bytes, std::stod(limit));
-  return bytes;
-}
-
 // The keys that size a parameter group (the ledger's components), for messages.
 std::string sizing_keys(const std::string& group) {
   if (group == "embedding") return "model.vocab_size x model.d_model (and model.n_ctx x model.d_model)";
@@ -118,7 +106,7 @@ void check_model_fits(const Config& config, ExpertShard shard) {
   }
   const double bytes_per_weight = config.get_string("train.dtype") == "f64" ? 8 : 4;
   const double bytes = static_cast<double>(ledger.params_per_rank) * bytes_per_weight;
-  const double memory = machine_memory_bytes();
+  const double memory = cpu::host_memory_bytes();
   if (bytes <= memory || ledger.components.empty()) return;
   const auto largest = std::max_element(ledger.components.begin(), ledger.components.end(),
                                         [](const auto& a, const auto& b) { return a.second < b.second; });

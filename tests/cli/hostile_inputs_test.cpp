@@ -250,10 +250,17 @@ TEST_CASE("hostile inputs: checkpoints assembled from other saves and silent sch
   CHECK_THAT(r.output, Catch::Contains("rank_00000.h5") && Catch::Contains("records step = 2") &&
                            Catch::Contains("says 4"));
 
-  // step_2 with an edited config.resolved.yaml: its SHA-256 no longer matches.
+  // step_2 with an edited config.resolved.yaml (same size, one byte changed): its
+  // SHA-256 no longer matches the manifest's.
   const string s2 = ckpts + "/step_00000002";
-  std::ofstream(s2 + "/config.resolved.yaml", std::ios::app) << "# edited\n";
+  {
+    std::fstream f(s2 + "/config.resolved.yaml", std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.get(c);
+    f.seekp(0);
+    f.put(static_cast<char>(c ^ 0x20));  // "model:" -> "Model:"
+  }
   r = run(train + "--set ckpt.resume=step_00000002 --set train.max_steps=4");
   CHECK(r.code == 2);
-  CHECK_THAT(r.output, Catch::Contains("config.resolved.yaml") && Catch::Contains("SHA-256"));
+  CHECK_THAT(r.output, Catch::Contains("config.resolved.yaml is corrupt: its SHA-256"));
 }

@@ -4,9 +4,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -136,6 +139,15 @@ HostAllocatorStats host_allocator_stats() {
 void host_empty_cache() {
   std::lock_guard<std::mutex> lock(cache().mutex);
   cache().release_all_locked();
+}
+
+double host_memory_bytes() {
+  double bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
+  std::string limit;
+  if (cgroup >> limit && !limit.empty() && std::all_of(limit.begin(), limit.end(), ::isdigit))
+    bytes = std::min(bytes, std::stod(limit));
+  return bytes;
 }
 
 }  // namespace moetrain::cpu

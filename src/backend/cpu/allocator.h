@@ -23,6 +23,9 @@ struct HostAllocatorStats {
   int64_t misses = 0;        // large allocations that went to the OS
 };
 HostAllocatorStats host_allocator_stats();
+// This machine's memory in bytes: the physical pages, or the cgroup (v2) limit
+// when that is lower. What the pre-allocation checks compare against.
+double host_memory_bytes();
 // Returns every cached block to the OS.
 void host_empty_cache();
 
