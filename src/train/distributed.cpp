@@ -8,6 +8,7 @@
 
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
+#include "core/grad_mode.h"
 #include "optim/adamw.h"
 
 namespace moetrain {
