@@ -17,7 +17,7 @@ namespace moetrain::cli {
 
 void add_eval_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand("eval", "Mean next-token loss of a model on token shards");
-  auto source = add_model_source_options(cmd);
+  auto source = add_model_source_options(cmd, true);
   struct Options {
     std::string data;
     int64_t seq_len = 0, batch_size = 1, batches = 0;
@@ -38,6 +38,7 @@ void add_eval_command(CLI::App& app, Commands& commands) {
     LoadedModel loaded = load_model(source->source);
     const Config& config = loaded.config;
     std::unique_ptr<LanguageModel>& model = loaded.model;
+    place_model(*model, source->device);
     data::DataLoaderOptions lo;
     lo.batch_size = o->batch_size;
     lo.seq_len = o->seq_len > 0 ? o->seq_len : config.get_int("train.seq_len");

@@ -1,4 +1,4 @@
-// `moetrain generate (--checkpoint DIR | --init-from DIR | -c CONFIG) --prompt TEXT
+// `moetrain generate (--checkpoint DIR | --init-from DIR | -c CONFIG) [--device cpu|cuda] --prompt TEXT
 //  [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S] [--num-samples N] [--stats]`
 // --max-new-tokens beyond what the model's context holds after the prompt is an error
 // (exit 2) naming the largest that fits; the default 128 is lowered to it.
@@ -49,7 +49,7 @@ int64_t new_tokens_in_context(const LanguageModel& model, int64_t prompt_tokens,
 
 void add_generate_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand("generate", "Sample text from a model (KV cache)");
-  auto source = add_model_source_options(cmd);
+  auto source = add_model_source_options(cmd, true);
   struct Options {
     std::string prompt = "\n";
     SamplingOptions sampling;
@@ -77,6 +77,7 @@ void add_generate_command(CLI::App& app, Commands& commands) {
     LoadedModel loaded = load_model(source->source);
     const Config& config = loaded.config;
     std::unique_ptr<LanguageModel>& model = loaded.model;
+    place_model(*model, source->device);
     auto tok = data::make_tokenizer(config.get_string("data.tokenizer"), config.get_string("data.tokenizer_dir"));
     std::vector<int32_t> prompt = tok->encode(o->prompt);
     if (prompt.empty() && tok->eot_token()) prompt.push_back(*tok->eot_token());

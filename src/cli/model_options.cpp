@@ -7,7 +7,7 @@
 
 namespace moetrain::cli {
 
-std::shared_ptr<ModelOptions> add_model_source_options(CLI::App* cmd) {
+std::shared_ptr<ModelOptions> add_model_source_options(CLI::App* cmd, bool with_device) {
   auto o = std::make_shared<ModelOptions>();
   ModelSource& source = o->source;
   cmd->add_option("-c,--config", source.config_path, "YAML experiment config (architecture, tokenizer)");
@@ -17,6 +17,9 @@ std::shared_ptr<ModelOptions> add_model_source_options(CLI::App* cmd) {
                   ".safetensors file");
   cmd->add_option("--checkpoint", source.checkpoint, kCheckpointHelp);
   cmd->add_flag("--print-config", o->print_config, "print the resolved config (YAML) and exit");
+  if (with_device)
+    cmd->add_option("--device", o->device, "cpu or cuda: where the model runs (cuda: the first visible GPU, or the "
+                    "local rank's under mpirun)")->check(CLI::IsMember({"cpu", "cuda"}));
   return o;
 }
 

@@ -20,8 +20,10 @@ inline constexpr const char* kCheckpointHelp =
 struct ModelOptions {
   ModelSource source;
   bool print_config = false;  // --print-config: print the resolved config and exit
+  std::string device = "cpu";  // --device (generate, eval): where the model runs
 };
-std::shared_ptr<ModelOptions> add_model_source_options(CLI::App* cmd);
+// with_device: also --device cpu|cuda (generate and eval; export only writes files).
+std::shared_ptr<ModelOptions> add_model_source_options(CLI::App* cmd, bool with_device = false);
 // Exactly one of -c, --init-from, --checkpoint must be given (-c with --init-from is fine).
 void check_model_source(const ModelSource& source);
 // Checks the source; with --print-config prints its resolved config and returns true

@@ -8,6 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/cpu/allocator.h"
+#include "backend/cpu/parallel.h"
+#include "backend/cuda/runtime.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/export.h"
 #include "comm/distributed.h"
@@ -199,6 +201,19 @@ ParameterList LoadedModel::state() const {
   const ParameterList buffers = model->buffers();
   all.insert(all.end(), buffers.begin(), buffers.end());
   return all;
+}
+
+Device place_model(LanguageModel& model, const std::string& device) {
+  MT_CHECK(device == "cpu" || device == "cuda", "--device {}: not one of cpu, cuda", device);
+  if (device == "cpu") return kCpu;
+  MT_CHECK(cuda::built_with_cuda(), "--device cuda: this moetrain was built without the CUDA backend (rebuild where "
+           "nvcc is found, docs/cuda.md), or pass --device cpu");
+  MT_CHECK(cuda::device_count() > 0, "--device cuda: no CUDA device is visible (check nvidia-smi and "
+           "CUDA_VISIBLE_DEVICES), or pass --device cpu");
+  const Device gpu{DeviceKind::cuda, cuda::select_device(cpu::launcher_local_rank())};
+  for (const NamedParameter& p : model.parameters()) move_to_device_(p.tensor, gpu);
+  spdlog::info("model on {} ({})", gpu, cuda::device_name(gpu.index));
+  return gpu;
 }
 
 LoadedModel load_model(const ModelSource& source) {

@@ -42,6 +42,13 @@ struct LoadedModel {
 };
 LoadedModel load_model(const ModelSource& source);
 
+// generate and eval --device: "cpu" leaves the model where it was loaded; "cuda"
+// moves its parameters to the GPU (the local rank's under mpirun, as train.device
+// cuda does, f32 products without TF32), while prompts and batches stay host tensors
+// that the model's first op reads (as the trainer's evaluation and samples do).
+// Error naming --device when this build has no CUDA backend or no GPU is visible.
+Device place_model(LanguageModel& model, const std::string& device);
+
 // A model built from a resolved config (model.arch): random init, or the weights
 // of model.init_from (a Hugging Face directory or file, read by the model's adapter). Weights holding NaN or
 // infinities are refused: Error naming model.init_from's origin, the path and the

@@ -118,6 +118,19 @@ TEST_CASE("hostile inputs: sizes, threads, YAML documents and key combinations a
     CHECK(r.code == 0);
     CHECK_THAT(r.output, Catch::Contains("d_model: 32"));
   }
+  // --device on generate and eval: cpu runs; cuda needs a GPU (tests/cli/cuda_train_test.cpp
+  // compares the two where one is visible) and says so here, exit 2.
+  CHECK(run("generate -c " + gpt2 + " --device cpu --prompt ab --max-new-tokens 4").code == 0);
+  if (!moetrain::testing::gpu_available()) {
+    for (const string& args : {"generate -c " + gpt2 + " --device cuda --prompt ab --max-new-tokens 4",
+                               "eval -c " + gpt2 + " --device cuda --data " + tmp.path() + "/none.bin"}) {
+      const Result r = run(args);
+      INFO(args << "\n" << r.output);
+      CHECK(r.code == 2);
+      CHECK_THAT(r.output, Catch::Contains("--device cuda: ") && Catch::Contains("or pass --device cpu"));
+    }
+  }
+  CHECK(run("eval -c " + gpt2 + " --device gpu --data x").code == 2);
   // --help shows the defaults (CLI11 writes them after '=').
   const Result help = run("generate --help");
   CHECK_THAT(help.output, Catch::Contains("INT:>= 0=40") && Catch::Contains("INT:>= 1=128") &&
