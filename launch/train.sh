@@ -3,8 +3,11 @@
 # tinyshakespeare corpus when the config's data is missing, trains, and prints a
 # sample from the trained model.
 #
-#   launch/train.sh                      the quickstart: GPT-2 on tinyshakespeare, one process
-#   launch/train.sh [-n N] [CONFIG] [--set key=value ...]
+#   launch/train.sh [-n N] [--set key=value ...]
+#       the quickstart: the K3-style hybrid (configs/k3-shakespeare.yaml) on the
+#       bytes of tinyshakespeare, on 2 ranks (-n N: N) with its experts sharded over
+#       them (train.ep = the rank count), about four minutes on 2 cores
+#   launch/train.sh [-n N] CONFIG [--set key=value ...]
 #       -n N    N ranks on this machine under mpirun (oversubscribed if N > cores;
 #               threads per rank = cores / N unless train.threads is set). With an
 #               MoE config, --set train.ep=E shards the experts over E ranks.
@@ -16,16 +19,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ranks=1
+ranks=
 if [[ "${1:-}" == "-n" ]]; then
   [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "launch/train.sh: -n needs a rank count, got '${2:-}'" >&2; exit 2; }
   ranks=$2
   shift 2
 fi
-config=configs/gpt2-shakespeare.yaml
 if [[ $# -gt 0 && "$1" != -* ]]; then
   config=$1
   shift
+  ranks=${ranks:-1}
+else
+  # The quickstart: 2 ranks unless -n says otherwise, the experts sharded over all of
+  # them (its 16 experts divide over 1, 2, 4, 8 or 16 ranks; the trainer refuses
+  # other counts, naming train.ep), and the config's batch (16 sequences) split over
+  # the ranks (train.batch_size is per rank): every -n trains the same run.
+  config=configs/k3-shakespeare.yaml
+  ranks=${ranks:-2}
+  quickstart_batch=16
+  if (( quickstart_batch % ranks == 0 )); then
+    set -- --set train.batch_size=$(( quickstart_batch / ranks )) "$@"
+  fi
+  set -- --set train.ep="$ranks" "$@"
 fi
 [[ -f "$config" ]] || { echo "launch/train.sh: no config file '$config'" >&2; exit 2; }
 
@@ -56,7 +71,10 @@ else
 fi
 
 run_dir=$(sed -n 's/^  dir: //p' <<<"$resolved" | tail -1 | tr -d "'\"")
+# About as much text either way: a GPT-2 BPE token is ~4 bytes of English.
+tokens=200
+[[ "$tokenizer" == byte ]] && tokens=600
 echo
 echo "== sample from ${run_dir}/model =="
-build/moetrain generate --checkpoint "${run_dir}/model" --prompt "ROMEO:" --max-new-tokens 200 \
+build/moetrain generate --checkpoint "${run_dir}/model" --prompt "ROMEO:" --max-new-tokens "$tokens" \
   --temperature 0.8 --top-k 40 --seed 1

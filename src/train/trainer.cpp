@@ -82,8 +82,15 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
   spdlog::info("model {}: {}", model.arch(), model.describe());
   for (const auto& [group, n] : groups)
     spdlog::info("  {:<10} {:>14} parameters ({:5.1f}%)", group, with_commas(n), 100.0 * n / total);
-  spdlog::info("  {:<10} {:>14} parameters{}", "total", with_commas(total),
-               model.arch() == "gpt2" ? " (LM head tied to wte)" : "");
+  if (ledger.layout.ep > 1 && total != ledger.total) {  // expert parallel: the groups above are this rank's
+    spdlog::info("  {:<10} {:>14} parameters on rank 0 (the replicated ones + its 1/{} of the routed experts, "
+                 "train.ep {})", "this rank", with_commas(total), ledger.layout.ep, ledger.layout.ep);
+    spdlog::info("  {:<10} {:>14} parameters in the model ({} active per token)", "total", with_commas(ledger.total),
+                 with_commas(ledger.active));
+  } else {
+    spdlog::info("  {:<10} {:>14} parameters{}", "total", with_commas(total),
+                 model.arch() == "gpt2" ? " (LM head tied to wte)" : "");
+  }
   spdlog::info("  FLOPs/token {:.3g}, {:.3g} per optimizer step of {} tokens", model.flops_per_token(seq_len),
                model.flops_per_token(seq_len) * tokens_per_step, with_commas(tokens_per_step));
   spdlog::info("  memory estimate per rank (ledger): {} weights+grads+AdamW, ~{} activations per micro-batch",

@@ -123,6 +123,9 @@ TEST_CASE("cli: a checkpoint from EP 4 resumes at EP 2 and on one process within
   REQUIRE(r.code == 0);
   const std::vector<double> want = metrics_losses(ref);
   REQUIRE(want.size() == 30);
+  // The start-up lines say what rank 0 holds and what the model has, not one as the other.
+  CHECK_THAT(r.output, Catch::Contains("parameters on rank 0 (the replicated ones + its 1/4 of the routed experts"));
+  CHECK_THAT(r.output, Catch::Contains("parameters in the model ("));
   // `moetrain export` of the last checkpoint (experts gathered from the 4 rank files)
   // evaluates exactly like the model the training run wrote at its end.
   Result exported = moetrain::testing::run_moetrain("export --checkpoint " + ref + "/checkpoints/step_00000030 --out " +
