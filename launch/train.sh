@@ -71,9 +71,12 @@ else
 fi
 
 run_dir=$(sed -n 's/^  dir: //p' <<<"$resolved" | tail -1 | tr -d "'\"")
-# About as much text either way: a GPT-2 BPE token is ~4 bytes of English.
+# About as much text either way (a GPT-2 BPE token is ~4 bytes of English), within
+# the model's context after the prompt (generate refuses more than fits).
 tokens=200
 [[ "$tokenizer" == byte ]] && tokens=600
+n_ctx=$(sed -n 's/^  n_ctx: //p' <<<"$resolved" | head -1)
+[[ "$n_ctx" =~ ^[0-9]+$ ]] && (( tokens > n_ctx - 16 )) && tokens=$(( n_ctx > 32 ? n_ctx - 16 : n_ctx / 2 ))
 echo
 echo "== sample from ${run_dir}/model =="
 build/moetrain generate --checkpoint "${run_dir}/model" --prompt "ROMEO:" --max-new-tokens "$tokens" \

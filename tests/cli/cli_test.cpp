@@ -242,6 +242,7 @@ TEST_CASE("cli: ledger reproduces the parameter counts of docs/model.md#shipped-
   };
   // docs/model.md#shipped-configs (k3-* rows, gpt2-small) and docs/model.md#published-configs (Kimi-K3: "2.8T total / 104B activated").
   for (const Row& row : {Row{"gpt2-small", 124439808, 124439808}, Row{"k3-tiny", 820940, 509644},
+                         Row{"k3-shakespeare", 2610968, 1546008},
                          Row{"k3-small", 67105636, 25326436}, Row{"k3-scaled", 14488248212, 534781844},
                          Row{"k3-scaled-lite", 3648149258, 153343754}}) {
     INFO(row.config);
