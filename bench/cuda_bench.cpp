@@ -186,6 +186,9 @@ Row router_row(int64_t N, int64_t E, int64_t k, int steps, bool on_gpu) {
   });
 }
 
+// No CUDA device visible: as `moetrain info --require-cuda`, distinct from the loader's 127.
+constexpr int kExitNoDevice = 69;
+
 // Dense bf16 tensor-core peak of known GPUs (datasheet, without sparsity).
 double datasheet_bf16_tflops(const std::string& name) {
   if (name.find("H200") != std::string::npos || name.find("H100") != std::string::npos) return 989.4;

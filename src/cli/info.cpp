@@ -10,9 +10,13 @@
 #include "backend/cpu/parallel.h"
 #include "backend/cuda/runtime.h"
 #include "cli/commands.h"
-#include "core/error.h"
 
 namespace moetrain::cli {
+
+// --require-cuda without a visible CUDA device (sysexits' EX_UNAVAILABLE): distinct
+// from the loader's 127 (a shared library missing), which tests/launch/gpu_bundle_test.sh
+// tells apart; moetrain_bench_cuda exits with it too.
+constexpr int kExitNoDevice = 69;
 
 void add_info_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand("info", "Print the build, BLAS, threads and devices");

@@ -39,10 +39,8 @@ class IoError : public Error {
 };
 
 // Exit codes of the command line, by class of failure (docs/training.md).
-// kExitNoDevice (sysexits' EX_UNAVAILABLE): a CUDA device was required and none is
-// visible; distinct from the loader's 127 (a shared library missing).
-inline constexpr int kExitBadInput = 2, kExitNumerical = 3, kExitOutOfMemory = 4, kExitIo = 5, kExitWatchdog = 42,
-                     kExitNoDevice = 69;
+inline constexpr int kExitBadInput = 2, kExitNumerical = 3, kExitOutOfMemory = 4, kExitIo = 5,
+                     kExitWatchdog = 42;
 
 namespace detail {
 [[noreturn]] void throw_assert(const char* cond, const char* file, int line, const std::string& msg);
