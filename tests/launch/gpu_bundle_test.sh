@@ -6,7 +6,7 @@
 # bundle, with an empty environment (env -i) and no loader cache. They must get as
 # far as looking for a GPU and say there is none:
 #   moetrain info --require-cuda   exit 69, "built in, 0 device(s)"
-#   moetrain_tests --list-tests    exit 0
+#   moetrain_tests "[cuda][router]"  exit 0, "[cuda] tests skipped: no CUDA device is visible"
 #   moetrain_bench_cuda            exit 69, "no CUDA device"
 # and the controls must fail as the loader fails (exit 127, "error while loading
 # shared libraries"): without the bundle's lib/, and without NVIDIA's libraries.
@@ -102,7 +102,7 @@ run() {
 
 run 69 "built in, 0 device(s)" "$libpath" /bundle/bin/moetrain info --require-cuda
 grep -q "no CUDA device" "$tmp/out" || fail "moetrain info --require-cuda: no 'no CUDA device' line"
-run 0 "test cases" "$libpath" /bundle/bin/moetrain_tests --list-tests "[cuda]"
+run 0 "no CUDA device is visible" "$libpath" /bundle/bin/moetrain_tests "[cuda][router]"
 if [ -x "$root/bundle/bin/moetrain_bench_cuda" ]; then
   run 69 "no CUDA device" "$libpath" /bundle/bin/moetrain_bench_cuda --steps 1
 else
