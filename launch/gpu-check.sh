@@ -83,7 +83,11 @@ if [ -n "$bundle_arg" ]; then
   # paths it was built with: point them at this checkout and the bundle's binaries.
   src=$(manifest source_dir) sub=$(manifest binary_subdir)
   if [ "$src" != "$repo" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$repo" "$src"; fi
-  mkdir -p "$src/$sub" && for b in "$bin"/*; do ln -sf "$b" "$src/$sub/"; done
+  # (A real file there is the build the bundle was made from, on the machine that made it: left alone.)
+  mkdir -p "$src/$sub" && for b in "$bin"/*; do
+    t=$src/$sub/$(basename "$b")
+    if [ ! -e "$t" ] || [ -L "$t" ]; then ln -sfn "$b" "$t"; fi
+  done
   need_glibc=$(manifest glibc_needed) need_cxx=$(manifest glibcxx_needed) nvidia_libs=$(manifest nvidia_libs)
   libpath=$bundle/lib
 else
