@@ -4,6 +4,9 @@
 // peak when the GPU is a known one. Every time is CUDA events around the work
 // on the device's stream, after a warm-up.
 //   build/moetrain_bench_cuda [--steps N] [--out FILE.md]
+// Each row is printed and appended to FILE.md as soon as it is measured (flushed),
+// so a run stopped at a time limit keeps its rows. No CUDA device: exit 69
+// (kExitNoDevice), distinct from the loader's 127.
 // Cases: GEMMs (peak, GPT-2 small's shapes, f32 with and without TF32), causal
 // attention forward+backward at T = 4096 / 8192 (tensor cores; and the scalar
 // kernels at 4096), chunked KDA forward+backward (scalar and TF32 tensor-core
@@ -183,6 +186,9 @@ Row router_row(int64_t N, int64_t E, int64_t k, int steps, bool on_gpu) {
   });
 }
 
+// No CUDA device visible: as `moetrain info --require-cuda`, distinct from the loader's 127.
+constexpr int kExitNoDevice = 69;
+
 // Dense bf16 tensor-core peak of known GPUs (datasheet, without sparsity).
 double datasheet_bf16_tflops(const std::string& name) {
   if (name.find("H200") != std::string::npos || name.find("H100") != std::string::npos) return 989.4;
@@ -206,60 +212,71 @@ int main(int argc, char** argv) {
   }
   if (cuda::device_count() == 0) {
     fmt::print(stderr, "moetrain_bench_cuda: no CUDA device is visible\n");
-    return 1;
+    return kExitNoDevice;
   }
   cuda::set_device(0);
   const std::string gpu = cuda::device_name(0);
-  std::vector<Row> rows;
-  // The peak: the best of a few large bf16 GEMMs.
-  for (int64_t s : {4096, 8192, 16384}) rows.push_back(gemm_row("gemm (peak probe)", DType::bf16, s, s, s, steps));
+  // Each row is printed (and appended to --out) the moment it is measured, flushed:
+  // a run stopped at a time limit keeps the rows it finished.
+  std::FILE* out = out_path.empty() ? nullptr : std::fopen(out_path.c_str(), "w");
+  if (!out_path.empty() && !out) {
+    fmt::print(stderr, "moetrain_bench_cuda: cannot write {}\n", out_path);
+    return 2;
+  }
+  auto emit = [&](const std::string& text) {
+    fmt::print("{}", text);
+    std::fflush(stdout);
+    if (out) {
+      std::fputs(text.c_str(), out);
+      std::fflush(out);
+    }
+  };
+  const double sheet = datasheet_bf16_tflops(gpu);
   double peak = 0;
-  for (const Row& r : rows) peak = std::max(peak, r.flops / (r.ms * 1e-3) / 1e12);
+  auto line = [&](const Row& r) {
+    if (r.ms < 0) return fmt::format("| {} | {} | n/a | | | | {} |\n", r.name, r.shape, r.note);
+    if (r.flops == 0)  // bookkeeping, not FLOPs: the time and the rate only
+      return fmt::format("| {} | {} | {:.3f} | | | {:.0f} | |\n", r.name, r.shape, r.ms, r.tokens / (r.ms * 1e-3));
+    double tf = r.flops / (r.ms * 1e-3) / 1e12;
+    return fmt::format("| {} | {} | {:.3f} | {:.1f} | {:.0f}% | {} | {} |\n", r.name, r.shape, r.ms, tf,
+                       100 * tf / peak, r.tokens > 0 ? fmt::format("{:.0f}", r.tokens / (r.ms * 1e-3)) : "",
+                       r.tokens > 0 && sheet > 0 ? fmt::format("{:.1f}%", 100 * tf / sheet) : "");
+  };
+  // The peak: the best of a few large bf16 GEMMs, measured before the table starts.
+  std::vector<Row> probes;
+  for (int64_t s : {4096, 8192, 16384}) probes.push_back(gemm_row("gemm (peak probe)", DType::bf16, s, s, s, steps));
+  for (const Row& r : probes)
+    if (r.ms > 0) peak = std::max(peak, r.flops / (r.ms * 1e-3) / 1e12);
+  emit(fmt::format(
+      "GPU: {}; peak = best bf16 cuBLAS GEMM of this run: {:.1f} TFLOP/s{}\n\n", gpu, peak,
+      sheet > 0 ? fmt::format(" ({:.0f}% of the {:.1f} TFLOP/s datasheet bf16 dense peak)", 100 * peak / sheet, sheet)
+                : ""));
+  emit("| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) |\n|---|---|---|---|---|---|---|\n");
+  for (const Row& r : probes) emit(line(r));
+  auto row = [&](const Row& r) { emit(line(r)); };
   // GPT-2 small's GEMMs at B*T = 8192 tokens (qkv, attention proj, fc, mlp proj, head).
   const int64_t N = 8192;
-  rows.push_back(gemm_row("gemm gpt2 qkv", DType::bf16, N, 2304, 768, steps));
-  rows.push_back(gemm_row("gemm gpt2 fc", DType::bf16, N, 3072, 768, steps));
-  rows.push_back(gemm_row("gemm gpt2 mlp proj", DType::bf16, N, 768, 3072, steps));
-  rows.push_back(gemm_row("gemm gpt2 head", DType::bf16, N, 50304, 768, steps));
-  rows.push_back(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps));
-  rows.push_back(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps, true));
-  for (int64_t T : {4096, 8192}) rows.push_back(attention_row(T, 16, 128, steps));
-  rows.push_back(attention_row(4096, 16, 128, steps, false));
-  for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps));
-  for (int64_t T : {4096, 8192}) rows.push_back(kda_row(T, steps, KdaMode::chunked, true));
-  rows.push_back(kda_row(8192, steps, KdaMode::chunked, true, 16));  // twice the scan blocks
-  rows.push_back(kda_row(4096, steps, KdaMode::recurrent));
-  for (bool on_gpu : {true, false}) rows.push_back(router_row(8192, 896, 16, steps, on_gpu));  // K3's router
+  row(gemm_row("gemm gpt2 qkv", DType::bf16, N, 2304, 768, steps));
+  row(gemm_row("gemm gpt2 fc", DType::bf16, N, 3072, 768, steps));
+  row(gemm_row("gemm gpt2 mlp proj", DType::bf16, N, 768, 3072, steps));
+  row(gemm_row("gemm gpt2 head", DType::bf16, N, 50304, 768, steps));
+  row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps));
+  row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps, true));
+  for (int64_t T : {4096, 8192}) row(attention_row(T, 16, 128, steps));
+  row(attention_row(4096, 16, 128, steps, false));
+  for (int64_t T : {4096, 8192}) row(kda_row(T, steps));
+  for (int64_t T : {4096, 8192}) row(kda_row(T, steps, KdaMode::chunked, true));
+  row(kda_row(8192, steps, KdaMode::chunked, true, 16));  // twice the scan blocks
+  row(kda_row(4096, steps, KdaMode::recurrent));
+  for (bool on_gpu : {true, false}) row(router_row(8192, 896, 16, steps, on_gpu));  // K3's router
   {
     Gpt2Config c;  // GPT-2 small, 124M
-    rows.push_back(train_row("gpt2-small", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps));
+    row(train_row("gpt2-small", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps));
   }
-  rows.push_back(guarded("k3-small train step", "B4 T1024", [&] {
+  row(guarded("k3-small train step", "B4 T1024", [&] {
     Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
     return train_row("k3-small", build_model(config), config.get_int("model.vocab_size"), 4, 1024, steps);
   }));
-
-  const double sheet = datasheet_bf16_tflops(gpu);
-  std::string table = fmt::format("GPU: {}; peak = best bf16 cuBLAS GEMM of this run: {:.1f} TFLOP/s{}\n\n", gpu, peak,
-                                  sheet > 0 ? fmt::format(" ({:.0f}% of the {:.1f} TFLOP/s datasheet bf16 dense peak)",
-                                                          100 * peak / sheet, sheet)
-                                            : "");
-  table += "| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) |\n|---|---|---|---|---|---|---|\n";
-  for (const Row& r : rows) {
-    if (r.ms < 0) {
-      table += fmt::format("| {} | {} | n/a | | | | {} |\n", r.name, r.shape, r.note);
-      continue;
-    }
-    if (r.flops == 0) {  // bookkeeping, not FLOPs: the time and the rate only
-      table += fmt::format("| {} | {} | {:.3f} | | | {:.0f} | |\n", r.name, r.shape, r.ms, r.tokens / (r.ms * 1e-3));
-      continue;
-    }
-    double tf = r.flops / (r.ms * 1e-3) / 1e12;
-    table += fmt::format("| {} | {} | {:.3f} | {:.1f} | {:.0f}% | {} | {} |\n", r.name, r.shape, r.ms, tf, 100 * tf / peak,
-                         r.tokens > 0 ? fmt::format("{:.0f}", r.tokens / (r.ms * 1e-3)) : "",
-                         r.tokens > 0 && sheet > 0 ? fmt::format("{:.1f}%", 100 * tf / sheet) : "");
-  }
-  fmt::print("{}", table);
-  if (!out_path.empty()) std::ofstream(out_path) << table;
+  if (out) std::fclose(out);
   return 0;
 }

@@ -1,92 +1,186 @@
 #!/usr/bin/env bash
-# The GPU proof, on a machine with an NVIDIA GPU (see docs/cuda.md):
-#   launch/gpu-check.sh OUT_DIR
-# builds moetrain with the CUDA backend (Release, sm_90 + PTX unless
-# MOETRAIN_CUDA_ARCHITECTURES says otherwise) into build-gpu/, shows the sm_90
-# code of the kernels, runs every [cuda] test (each CUDA op against its CPU twin,
-# gradients included; a tiny GPT-2 trained on the GPU against the CPU's losses),
-# the [cuda][mpi] tests under mpirun when more than one GPU is visible, then the
-# benchmark table (bench/cuda_bench.cpp). Logs and the table go to OUT_DIR:
-#   nvidia-smi.txt build.log info.txt sass.txt tests.log tests-mpi.log bench.md
-# Extra cmake arguments: CMAKE_ARGS="-DCMAKE_PREFIX_PATH=/deps/usr ..." (a machine
-# without our Debian packages installed points the build at an unpacked copy).
-# Or no build: MOETRAIN_BUNDLE=FILE.tar.xz (made by launch/gpu-bundle.sh on a
-# Debian machine) unpacks prebuilt binaries and their Debian libraries instead.
-# Exits non-zero when the build or a test fails; the benchmark runs either way.
+# The one-shot GPU check (docs/cuda.md, "Proof on a GPU"), made for one call of
+# 540 s (its budget: 520 s) on a bare GPU machine that received the work tree and a bundle:
+#   launch/gpu-check.sh --bundle .gpu-bundle/moetrain-gpu.tar.xz OUT_DIR
+# The bundle (launch/gpu-bundle.sh, built on a Debian machine) holds our binaries
+# and the Debian libraries they load; NVIDIA's libraries come from this machine
+# (launch/gpu-libs.sh). Steps, each under its own timeout, each writing its record
+# the moment it has it, so a step killed at its limit leaves what it had:
+#   setup    unpack, glibc/GLIBCXX floors, find NVIDIA's libraries, loader check
+#   device   nvidia-smi, moetrain info                        -> device.txt
+#   sass     one cuobjdump -sass pass: kernels, HMMA per kernel -> sass.txt (beside the tests: CPU only)
+#   tests    moetrain_tests "[cuda]" --durations yes          -> tests.log (line-buffered)
+#   bench    moetrain_bench_cuda: one row per line, flushed   -> bench.md
+#   tests_mpi moetrain_tests "[cuda][mpi]" under mpirun, only with 2+ GPUs and an mpirun -> tests-mpi.log
+# steps.tsv gets a line per step as it ends (step, status, exit code, seconds,
+# note): ok, failed, timeout or skipped; gpu-check.log is this script's output.
+# Six files (seven with tests-mpi.log): the device tool brings back at most eight.
+# Exits 0 when every step passed, 1 otherwise (2: usage, bundle unusable).
+#
+# Knobs (environment): MOETRAIN_GPU_BUDGET total seconds (520: a 540 s call); T_SETUP T_DEVICE
+# T_SASS T_TESTS T_BENCH per-step limits (60 40 120 250 160); BENCH_STEPS (5);
+# NVIDIA_SMI, CUOBJDUMP (commands); TESTS_SPEC ("[cuda]"). Without --bundle the
+# binaries come from MOETRAIN_BIN_DIR (default build/, a build made on this machine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: launch/gpu-check.sh OUT_DIR}
-mkdir -p "$out"
-status=0
-step() { echo "== $* ($(date +%T))"; }
+repo=$PWD
+bundle_arg=
+if [ "${1:-}" = "--bundle" ]; then bundle_arg=${2:?usage: launch/gpu-check.sh [--bundle FILE.tar.xz|DIR] OUT_DIR}; shift 2; fi
+out=${1:?usage: launch/gpu-check.sh [--bundle FILE.tar.xz|DIR] OUT_DIR}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+# shellcheck source=launch/gpu-libs.sh
+. "$repo/launch/gpu-libs.sh"
 
-step "GPU"
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || { echo "gpu-check: nvidia-smi failed: no NVIDIA GPU or driver" >&2; exit 1; }
-head -15 "$out/nvidia-smi.txt"
-ngpu=$(nvidia-smi -L | grep -c '^GPU ')
+budget=${MOETRAIN_GPU_BUDGET:-520}
+start=$(date +%s.%N)
+elapsed() { awk -v s="$start" -v n="$(date +%s.%N)" 'BEGIN {printf "%.0f", n - s}'; }
+exec > >(tee -a "$out/gpu-check.log") 2>&1
+printf 'step\tstatus\trc\tseconds\tnote\n' >"$out/steps.tsv"
+failed=0
+record() {  # record STEP RC SECONDS NOTE  (RC "-": skipped)
+  local status=ok
+  case $2 in 0) ;; 124|137) status=timeout ;; -) status=skipped ;; *) status=failed ;; esac
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$status" "$2" "$3" "${4:-}" >>"$out/steps.tsv"
+  echo "== $1: $status (exit $2, $3 s) ${4:-}"
+}
+# limit T: the step's limit, cut to what is left of the budget (10 s kept for the end).
+limit() { local left=$((budget - $(elapsed) - 10)); echo $(($1 < left ? $1 : left)); }
+# run_step NAME T OUTFILE CMD...: CMD under timeout, its output straight into OUTFILE.
+run_step() {
+  local name=$1 t s0 rc
+  t=$(limit "$2")
+  if [ "$t" -lt 3 ]; then record "$name" - 0 "budget spent"; return 1; fi
+  s0=$(date +%s)
+  echo "== $name (limit $t s, $(elapsed) s into the budget)"
+  timeout --kill-after=5 "$t" "${@:4}" >>"$3" 2>&1
+  rc=$?
+  record "$name" "$rc" $(($(date +%s) - s0)) "$( [ "$rc" = 124 ] && echo "killed at its limit of $t s")"
+  return "$rc"
+}
 
-if [ -n "${MOETRAIN_BUNDLE:-}" ]; then
-  step "prebuilt binaries from $MOETRAIN_BUNDLE"
-  bundle=$(mktemp -d)
-  tar xJf "$MOETRAIN_BUNDLE" -C "$bundle" || { echo "gpu-check: cannot unpack $MOETRAIN_BUNDLE" >&2; exit 1; }
-  src=$(sed -n 's/^source_dir=//p' "$bundle/manifest.txt")
-  sub=$(sed -n 's/^binary_subdir=//p' "$bundle/manifest.txt")
-  cat "$bundle/manifest.txt"
-  # The test binary runs the CLI and reads data through the paths it was built with.
-  if [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
-  mkdir -p "$sub" && cp "$bundle"/bin/* "$sub/"
-  bin=$PWD/$sub
-  export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # CUDA's libraries from this machine's toolkit or Python wheels, where the loader does not know them.
-  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
-    ldconfig -p | grep -q "$lib" && continue
-    found=$(find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | head -1)
-    if [ -n "$found" ]; then LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"; else echo "gpu-check: $lib not found"; fi
-  done
-  ldd "$bin/moetrain_tests" | grep "not found" && { echo "gpu-check: libraries missing (above)" >&2; exit 1; }
-else
-  step "build (build-gpu/, log in $out/build.log)"
-  # shellcheck disable=SC2086
-  if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOETRAIN_CUDA=ON -DMOETRAIN_BENCH=ON \
-           -DMOETRAIN_UNITY=ON ${CMAKE_ARGS:-} &&
-         cmake --build build-gpu -j "${JOBS:-$(nproc)}" --target moetrain moetrain_tests moetrain_bench_cuda; } \
-       >"$out/build.log" 2>&1; then
-    tail -40 "$out/build.log"
-    echo "gpu-check: build failed (log: $out/build.log)" >&2
-    exit 1
+# --- setup: the binaries, the libraries, the floors --------------------------------
+s0=$(date +%s)
+dev="$out/device.txt"
+{
+  echo "# machine"
+  uname -a
+  (. /etc/os-release 2>/dev/null && echo "os: $PRETTY_NAME")
+  echo "glibc: $(glibc_version)   libstdc++: GLIBCXX_$(glibcxx_version)"
+} >"$dev" 2>&1
+setup_fail() { echo "gpu-check: $*" | tee -a "$dev" >&2; record setup 2 $(($(date +%s) - s0)) "$*"; exit 2; }
+if [ -n "$bundle_arg" ]; then
+  if [ -d "$bundle_arg" ]; then
+    bundle=$(cd "$bundle_arg" && pwd)
+  else
+    bundle=${MOETRAIN_BUNDLE_DIR:-/tmp/moetrain-bundle}
+    rm -rf "$bundle" && mkdir -p "$bundle"
+    timeout "$(limit "${T_SETUP:-60}")" tar xJf "$bundle_arg" -C "$bundle" || setup_fail "cannot unpack $bundle_arg"
   fi
-  bin=$PWD/build-gpu
-fi
-
-"$bin/moetrain" info | tee "$out/info.txt"
-
-step "sm_90 code of the kernels ($out/sass.txt)"
-if command -v cuobjdump >/dev/null; then
-  cuobjdump --list-elf "$bin/moetrain" >"$out/sass.txt" 2>&1
-  cuobjdump -sass "$bin/moetrain" 2>/dev/null | grep -E "Function : .*(attention|kda|adamw|index_add|select_experts)" \
-    | head -80 >>"$out/sass.txt"
-  grep -c "sm_90" "$out/sass.txt" | xargs echo "sm_90 ELF entries:"
-  # Tensor-core instructions (the bf16 attention and the TF32 KDA kernels).
-  cuobjdump -sass "$bin/moetrain" 2>/dev/null | grep -c "HMMA" | xargs echo "HMMA instructions:" | tee -a "$out/sass.txt"
+  manifest() { sed -n "s/^$1=//p" "$bundle/manifest.txt"; }
+  { echo; echo "# bundle $bundle_arg"; cat "$bundle/manifest.txt"; } >>"$dev"
+  bin=$bundle/bin
+  # The test binary reaches the sources (configs, fixtures) and the CLI through the
+  # paths it was built with: point them at this checkout and the bundle's binaries.
+  src=$(manifest source_dir) sub=$(manifest binary_subdir)
+  if [ "$src" != "$repo" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$repo" "$src"; fi
+  # (A real file there is the build the bundle was made from, on the machine that made it: left alone.)
+  mkdir -p "$src/$sub" && for b in "$bin"/*; do
+    t=$src/$sub/$(basename "$b")
+    if [ ! -e "$t" ] || [ -L "$t" ]; then ln -sfn "$b" "$t"; fi
+  done
+  need_glibc=$(manifest glibc_needed) need_cxx=$(manifest glibcxx_needed) nvidia_libs=$(manifest nvidia_libs)
+  libpath=$bundle/lib
 else
-  echo "cuobjdump not found; skipped" | tee "$out/sass.txt"
+  bin=$(cd "${MOETRAIN_BIN_DIR:-build}" && pwd) || setup_fail "no binaries: build/ is missing (or pass --bundle)"
+  need_glibc= need_cxx= nvidia_libs= libpath=
 fi
+have_glibc=$(glibc_version) have_cxx=$(glibcxx_version)
+if [ -n "$need_glibc" ] && ! version_ge "${have_glibc:-0}" "$need_glibc"; then
+  echo "bundle needs glibc >= $need_glibc, this machine has ${have_glibc:-unknown}:" >>"$dev"
+  cat "$bundle/needs.txt" >>"$dev"
+  setup_fail "this machine's glibc ${have_glibc:-unknown} is older than the bundle's $need_glibc (needs.txt names the files); build here instead (docs/cuda.md)"
+fi
+if [ -n "$need_cxx" ] && ! version_ge "${have_cxx:-0}" "$need_cxx"; then
+  libpath=$libpath:$bundle/lib/cxx
+  echo "libstdc++: this machine's GLIBCXX_${have_cxx:-?} < $need_cxx: the bundle's lib/cxx goes first" >>"$dev"
+fi
+# NVIDIA's libraries: where the loader does not already know them, the directory found.
+echo "# NVIDIA libraries" >>"$dev"
+for so in $nvidia_libs; do
+  with=
+  [[ $so == libcublas.so.* ]] && with=libcublasLt.so.${so#libcublas.so.}
+  d=$(nvidia_find "$so" "$with") || setup_fail "$so${with:+ (with $with beside it)} not found on this machine (searched: $(nvidia_roots | tr '\n' ' '))"
+  echo "$so${with:+ + $with}: $d ($(readlink -f "$d/$so" | xargs basename))" >>"$dev"
+  case ":$libpath:" in *":$d:"*) ;; *) libpath=$libpath:$d ;; esac
+done
+# The driver (libcuda.so.1, which libcudart opens) where the loader's cache lacks it.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  d=$(MOETRAIN_NVIDIA_ROOTS=${MOETRAIN_NVIDIA_ROOTS:-/usr/local/nvidia:/usr/lib/x86_64-linux-gnu:/usr/lib64} nvidia_find libcuda.so.1) &&
+    libpath=$libpath:$d && echo "libcuda.so.1 (driver): $d" >>"$dev"
+fi
+export LD_LIBRARY_PATH=${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$dev"
+for b in moetrain moetrain_tests moetrain_bench_cuda; do
+  [ -x "$bin/$b" ] || setup_fail "$bin/$b is missing"
+  if ldd "$bin/$b" 2>/dev/null | grep -q "not found"; then
+    ldd "$bin/$b" | grep "not found" >>"$dev"
+    setup_fail "$b: libraries not found (device.txt)"
+  fi
+done
+record setup 0 $(($(date +%s) - s0)) "glibc $have_glibc (needs ${need_glibc:-?}), GLIBCXX $have_cxx (needs ${need_cxx:-?})"
 
-step "[cuda] tests ($out/tests.log)"
-if ! "$bin/moetrain_tests" "[cuda]" --durations yes >"$out/tests.log" 2>&1; then status=1; fi
-tail -5 "$out/tests.log"
+# --- sass: in the background, beside the device steps (it needs no GPU) -------------
+cuobjdump=${CUOBJDUMP:-$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)}
+sass_t=$(limit "${T_SASS:-120}")
+(
+  s0=$(date +%s)
+  if [ ! -x "$cuobjdump" ] && ! command -v "$cuobjdump" >/dev/null; then
+    echo "cuobjdump not found" >"$out/sass.txt"; record sass - 0 "no cuobjdump"; exit 0
+  fi
+  # One pass: per kernel (Function : name) its instruction count and HMMA count; totals at the end.
+  timeout --kill-after=5 "$sass_t" "$cuobjdump" -sass "$bin/moetrain" 2>&1 | awk '
+    /Function : / { if (name != "") printf "%-8d %-6d %s\n", n, h, name; name = $NF; n = 0; h = 0; k++; next }
+    /^ *\/\*[0-9a-f]+\*\/ / { n++; if ($0 ~ /HMMA/) { h++; H++ } }
+    /arch = sm_/ { arch[$NF]++ }
+    END { if (name != "") printf "%-8d %-6d %s\n", n, h, name
+          printf "# kernels %d, HMMA instructions %d; ELF code by arch:", k, H
+          for (a in arch) printf " %s x%d", a, arch[a]; printf "\n" }' >"$out/sass.txt"
+  rc=${PIPESTATUS[0]}
+  record sass "$rc" $(($(date +%s) - s0)) "$(tail -1 "$out/sass.txt")"
+) &
+sass_pid=$!
 
-if [ "$ngpu" -gt 1 ]; then
-  step "[cuda][mpi] tests on $ngpu GPUs ($out/tests-mpi.log)"
-  if ! mpirun --allow-run-as-root --oversubscribe -np "$ngpu" -x OMP_NUM_THREADS=1 \
-       "$bin/moetrain_tests" "[cuda][mpi]" >"$out/tests-mpi.log" 2>&1; then status=1; fi
-  tail -5 "$out/tests-mpi.log"
+# --- device ----------------------------------------------------------------------------
+echo "# nvidia-smi" >>"$dev"
+if ! run_step device "${T_DEVICE:-40}" "$dev" bash -c "${NVIDIA_SMI:-nvidia-smi} && echo '# moetrain info' && '$bin/moetrain' info --require-cuda"; then
+  gpu=0
 else
-  echo "one GPU: the [cuda][mpi] tests need two or more" | tee "$out/tests-mpi.log"
+  gpu=$(grep -o 'built in, [0-9]* device' "$dev" | grep -o '[0-9]*' | tail -1)
 fi
 
-step "benchmark ($out/bench.md)"
-"$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-10}" --out "$out/bench.md" || status=1
-
-step "done: $([ $status -eq 0 ] && echo passed || echo FAILED)"
-exit $status
+# --- tests and bench -------------------------------------------------------------------
+if [ "${gpu:-0}" -gt 0 ]; then
+  run_step tests "${T_TESTS:-250}" "$out/tests.log" stdbuf -oL -eL "$bin/moetrain_tests" "${TESTS_SPEC:-[cuda]}" \
+    --durations yes --use-colour no
+  tail -3 "$out/tests.log"
+  run_step bench "${T_BENCH:-160}" "$out/gpu-check.log" "$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-5}" \
+    --out "$out/bench.md"
+  ngpu=$(grep -o 'built in, [0-9]* device' "$dev" | grep -o '[0-9]*' | tail -1)
+  if [ "${ngpu:-1}" -gt 1 ]; then
+    if command -v mpirun >/dev/null; then
+      run_step tests_mpi "${T_TESTS_MPI:-120}" "$out/tests-mpi.log" mpirun --allow-run-as-root --oversubscribe \
+        -np "$ngpu" -x OMP_NUM_THREADS=1 -x LD_LIBRARY_PATH "$bin/moetrain_tests" "[cuda][mpi]"
+    else
+      record tests_mpi - 0 "$ngpu GPUs but no mpirun on this machine (the bundle carries no MPI launcher)"
+    fi
+  fi
+else
+  record tests 1 0 "moetrain sees no CUDA device (device.txt)"
+  record bench - 0 "no CUDA device"
+fi
+wait "$sass_pid"
+grep -q "^sass	" "$out/steps.tsv" || record sass 137 "$sass_t" "the SASS pass did not finish"
+# The sass step records from a subshell: the verdict comes from the record itself.
+cut -f2 "$out/steps.tsv" | grep -qE '^(failed|timeout)$' && failed=1
+echo "== done in $(elapsed) s: $([ $failed = 0 ] && echo passed || echo FAILED) (steps.tsv)"
+exit $failed

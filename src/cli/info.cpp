@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "backend/cpu/blas.h"
@@ -12,26 +13,39 @@
 
 namespace moetrain::cli {
 
+// --require-cuda without a visible CUDA device (sysexits' EX_UNAVAILABLE): distinct
+// from the loader's 127 (a shared library missing), which tests/launch/gpu_bundle_test.sh
+// tells apart; moetrain_bench_cuda exits with it too.
+constexpr int kExitNoDevice = 69;
+
 void add_info_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand("info", "Print the build, BLAS, threads and devices");
-  commands.push_back({cmd, [] {
-    fmt::print("moetrain {}\n", MOETRAIN_VERSION);
-    fmt::print("threads     {} (MOETRAIN_NUM_THREADS or --threads override)\n", cpu::num_threads());
-    fmt::print("blas        {}\n", cpu::blas_name());
-    const char* policy = std::getenv("OMP_WAIT_POLICY");
-    const char* spin = std::getenv("GOMP_SPINCOUNT");
-    fmt::print("openmp      {}\n", policy ? fmt::format("OMP_WAIT_POLICY={}", policy)
-                                          : spin ? fmt::format("GOMP_SPINCOUNT={}", spin)
-                                                 : std::string("libgomp's default spin"));
-    if (cuda::built_with_cuda()) {
-      int n = cuda::device_count();
-      fmt::print("cuda        built in, {} device(s)\n", n);
-      for (int i = 0; i < n; ++i) fmt::print("  cuda:{}    {}\n", i, cuda::device_name(i));
-    } else {
-      fmt::print("cuda        not built (configure with -DMOETRAIN_CUDA=ON and the CUDA toolkit)\n");
-    }
-    return 0;
-  }});
+  auto require_cuda = std::make_shared<bool>(false);
+  cmd->add_flag("--require-cuda", *require_cuda,
+                "exit 69 (after printing) when no CUDA device is visible: launch/gpu-check.sh's device query");
+  commands.push_back({cmd, [require_cuda] {
+                        fmt::print("moetrain {}\n", MOETRAIN_VERSION);
+                        fmt::print("threads     {} (MOETRAIN_NUM_THREADS or --threads override)\n", cpu::num_threads());
+                        fmt::print("blas        {}\n", cpu::blas_name());
+                        const char* policy = std::getenv("OMP_WAIT_POLICY");
+                        const char* spin = std::getenv("GOMP_SPINCOUNT");
+                        fmt::print("openmp      {}\n", policy ? fmt::format("OMP_WAIT_POLICY={}", policy)
+                                                       : spin ? fmt::format("GOMP_SPINCOUNT={}", spin)
+                                                              : std::string("libgomp's default spin"));
+                        if (cuda::built_with_cuda()) {
+                          int n = cuda::device_count();
+                          fmt::print("cuda        built in, {} device(s)\n", n);
+                          for (int i = 0; i < n; ++i) fmt::print("  cuda:{}    {}\n", i, cuda::device_name(i));
+                        } else {
+                          fmt::print(
+                              "cuda        not built (configure with -DMOETRAIN_CUDA=ON and the CUDA toolkit)\n");
+                        }
+                        if (*require_cuda && (!cuda::built_with_cuda() || cuda::device_count() == 0)) {
+                          fmt::print(stderr, "moetrain: no CUDA device is visible (--require-cuda)\n");
+                          return kExitNoDevice;
+                        }
+                        return 0;
+                      }});
 }
 
 }  // namespace moetrain::cli

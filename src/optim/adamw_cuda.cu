@@ -85,16 +85,15 @@ void adamw_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamWC
   if (n == 0) return;
   switch (w.dtype()) {
     case DType::f32:
-      adamw_kernel<float><<<blocks_for(n), kThreads, 0, stream_of(w)>>>(ptr<float>(w), ptr<float>(g), ptr<float>(m),
-                                                                        ptr<float>(v), n, k);
+      launch("adamw_kernel", adamw_kernel<float>, blocks_for(n), kThreads, 0, stream_of(w), ptr<float>(w),
+             ptr<float>(g), ptr<float>(m), ptr<float>(v), n, k);
       break;
     case DType::f64:
-      adamw_kernel<double><<<blocks_for(n), kThreads, 0, stream_of(w)>>>(ptr<double>(w), ptr<double>(g),
-                                                                         ptr<double>(m), ptr<double>(v), n, k);
+      launch("adamw_kernel", adamw_kernel<double>, blocks_for(n), kThreads, 0, stream_of(w), ptr<double>(w),
+             ptr<double>(g), ptr<double>(m), ptr<double>(v), n, k);
       break;
     default: MT_THROW("adamw: parameters must be f32 or f64 (master weights), got {}", w.dtype());
   }
-  MT_CUDA_CHECK_LAUNCH("adamw");
 }
 
 void adamw_update_bf16_master(Tensor& w, const Tensor& g, Tensor& master, Tensor& m, Tensor& v,
@@ -105,9 +104,8 @@ void adamw_update_bf16_master(Tensor& w, const Tensor& g, Tensor& master, Tensor
                m.dtype() == DType::f32 && v.dtype() == DType::f32,
            "adamw (mixed precision): expected bf16 parameter and gradient, f32 master and moments; got {}, {}, {}, "
            "{}, {}", describe(w), describe(g), describe(master), describe(m), describe(v));
-  adamw_bf16_master_kernel<<<blocks_for(n), kThreads, 0, stream_of(w)>>>(
-      ptr<bf16_t>(w), ptr<bf16_t>(g), ptr<float>(master), ptr<float>(m), ptr<float>(v), n, k);
-  MT_CUDA_CHECK_LAUNCH("adamw");
+  launch("adamw_bf16_master_kernel", adamw_bf16_master_kernel, blocks_for(n), kThreads, 0, stream_of(w), ptr<bf16_t>(w),
+         ptr<bf16_t>(g), ptr<float>(master), ptr<float>(m), ptr<float>(v), n, k);
 }
 
 void adamw_count_non_finite(Tensor& counts, int64_t index, const Tensor& w, const Tensor& g, const Tensor& m,
@@ -117,16 +115,15 @@ void adamw_count_non_finite(Tensor& counts, int64_t index, const Tensor& w, cons
   unsigned long long* count = reinterpret_cast<unsigned long long*>(ptr<int64_t>(counts) + index);
   switch (w.dtype()) {
     case DType::f32:
-      adamw_count_kernel<float, float><<<blocks_for(n), kThreads, 0, stream_of(w)>>>(
-          count, ptr<float>(w), ptr<float>(g), ptr<float>(m), ptr<float>(v), n, k);
+      launch("adamw_count_kernel", adamw_count_kernel<float, float>, blocks_for(n), kThreads, 0, stream_of(w), count,
+             ptr<float>(w), ptr<float>(g), ptr<float>(m), ptr<float>(v), n, k);
       break;
     case DType::f64:
-      adamw_count_kernel<double, double><<<blocks_for(n), kThreads, 0, stream_of(w)>>>(
-          count, ptr<double>(w), ptr<double>(g), ptr<double>(m), ptr<double>(v), n, k);
+      launch("adamw_count_kernel", adamw_count_kernel<double, double>, blocks_for(n), kThreads, 0, stream_of(w), count,
+             ptr<double>(w), ptr<double>(g), ptr<double>(m), ptr<double>(v), n, k);
       break;
     default: MT_THROW("adamw: parameters must be f32 or f64 (master weights), got {}", w.dtype());
   }
-  MT_CUDA_CHECK_LAUNCH("adamw_count_non_finite");
 }
 
 void adamw_count_non_finite_bf16_master(Tensor& counts, int64_t index, const Tensor& g, const Tensor& master,
@@ -138,9 +135,8 @@ void adamw_count_non_finite_bf16_master(Tensor& counts, int64_t index, const Ten
            "adamw (mixed precision): expected a bf16 gradient, f32 master and moments; got {}, {}, {}, {}",
            describe(g), describe(master), describe(m), describe(v));
   unsigned long long* count = reinterpret_cast<unsigned long long*>(ptr<int64_t>(counts) + index);
-  adamw_count_kernel<float, bf16_t><<<blocks_for(n), kThreads, 0, stream_of(master)>>>(
-      count, ptr<float>(master), ptr<bf16_t>(g), ptr<float>(m), ptr<float>(v), n, k);
-  MT_CUDA_CHECK_LAUNCH("adamw_count_non_finite");
+  launch("adamw_count_kernel", adamw_count_kernel<float, bf16_t>, blocks_for(n), kThreads, 0, stream_of(master), count,
+         ptr<float>(master), ptr<bf16_t>(g), ptr<float>(m), ptr<float>(v), n, k);
 }
 
 void add_squared_sum(Tensor& acc, const Tensor& g) {
@@ -149,10 +145,11 @@ void add_squared_sum(Tensor& acc, const Tensor& g) {
   Tensor partial = empty({kSumBlocks}, DType::f64, g.device());
   dispatch_float_cuda(g.dtype(), "clip_grad_norm", [&](auto tag) {
     using T = decltype(tag);
-    squared_sum_partial<T><<<kSumBlocks, kThreads, 0, stream_of(g)>>>(ptr<double>(partial), ptr<T>(g), n);
+    launch("squared_sum_partial", squared_sum_partial<T>, kSumBlocks, kThreads, 0, stream_of(g), ptr<double>(partial),
+           ptr<T>(g), n);
   });
-  add_partials<<<1, kThreads, 0, stream_of(g)>>>(ptr<double>(acc), ptr<double>(partial), kSumBlocks);
-  MT_CUDA_CHECK_LAUNCH("clip_grad_norm");
+  launch("add_partials", add_partials, 1, kThreads, 0, stream_of(g), ptr<double>(acc), ptr<double>(partial),
+         kSumBlocks);
 }
 
 void scale(Tensor& g, double coef) {
@@ -160,9 +157,9 @@ void scale(Tensor& g, double coef) {
   if (n == 0) return;
   dispatch_float_cuda(g.dtype(), "clip_grad_norm", [&](auto tag) {
     using T = decltype(tag);
-    scale_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(g)>>>(ptr<T>(g), static_cast<acc_t<T>>(coef), n);
+    launch("scale_kernel", scale_kernel<T>, blocks_for(n), kThreads, 0, stream_of(g), ptr<T>(g),
+           static_cast<acc_t<T>>(coef), n);
   });
-  MT_CUDA_CHECK_LAUNCH("scale");
 }
 
 }  // namespace moetrain::cuda

@@ -15,5 +15,16 @@
                                             static_cast<int>(err_)));                                   \
   } while (0)
 
-// After a kernel launch: launch errors (bad configuration) surface here.
-#define MT_CUDA_CHECK_LAUNCH(name) MT_CUDA_CHECK(cudaPeekAtLastError())
+// After a kernel launch (cuda::launch in launch.cuh does it for every kernel): a
+// launch error (bad configuration, too many resources) surfaces here, naming the
+// kernel. cudaGetLastError clears the error it returns, so one failed launch is
+// reported once, not again under the name of every later kernel (which
+// cudaPeekAtLastError did). Errors of a kernel's execution (an illegal address)
+// are sticky in the context: those every later call reports, as CUDA defines.
+#define MT_CUDA_CHECK_LAUNCH(name)                                                              \
+  do {                                                                                          \
+    cudaError_t err_ = cudaGetLastError();                                                      \
+    if (err_ != cudaSuccess) [[unlikely]]                                                       \
+      throw ::moetrain::Error(::fmt::format("CUDA kernel {}: launch failed: {} ({})", (name),   \
+                                            cudaGetErrorString(err_), static_cast<int>(err_))); \
+  } while (0)

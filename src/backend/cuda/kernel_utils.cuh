@@ -2,8 +2,8 @@
 // bf16 storage with f32 arithmetic), element loads and stores in the compute
 // type, launch shapes, the tensor's stream, and warp/block reductions.
 // Conventions: tensors are contiguous (the ops guarantee it); every kernel runs
-// on the stream of its tensors' device; a launch is followed by
-// MT_CUDA_CHECK_LAUNCH so a bad configuration names the kernel.
+// on the stream of its tensors' device; every launch goes through cuda::launch
+// (launch.cuh), which checks its limits and reports a launch error by the kernel's name.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/runtime.h"
 #include "core/dispatch.h"
 #include "core/dtype.h"

@@ -55,9 +55,8 @@ void fill(void* dst, DType dtype, int64_t n, double value, int device) {
     T v;
     if constexpr (std::is_same_v<T, bf16_t>) v = __float2bfloat16_rn(static_cast<float>(value));
     else v = static_cast<T>(value);
-    fill_kernel<T><<<blocks_for(n), kThreads, 0, stream(device)>>>(static_cast<T*>(dst), v, n);
+    launch("fill_kernel", fill_kernel<T>, blocks_for(n), kThreads, 0, stream(device), static_cast<T*>(dst), v, n);
   });
-  MT_CUDA_CHECK_LAUNCH("fill");
 }
 
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, int device) {
@@ -66,11 +65,10 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
     using In = decltype(in_tag);
     dispatch_all_cuda(dst_type, [&](auto out_tag) {
       using Out = decltype(out_tag);
-      convert_kernel<In, Out><<<blocks_for(n), kThreads, 0, stream(device)>>>(static_cast<Out*>(dst),
-                                                                             static_cast<const In*>(src), n);
+      launch("convert_kernel", convert_kernel<In, Out>, blocks_for(n), kThreads, 0, stream(device),
+             static_cast<Out*>(dst), static_cast<const In*>(src), n);
     });
   });
-  MT_CUDA_CHECK_LAUNCH("convert");
 }
 
 void write_pointers(void* const* dst, const void* const* values, int64_t count, int device) {
@@ -79,8 +77,8 @@ void write_pointers(void* const* dst, const void* const* values, int64_t count, 
     PointerBatch batch{};
     batch.count = static_cast<int>(std::min<int64_t>(kPointerBatch, count - first));
     for (int i = 0; i < batch.count; ++i) batch.values[i] = values[first + i];
-    write_pointers_kernel<<<1, kPointerBatch, 0, s>>>(const_cast<const void**>(dst) + first, batch);
-    MT_CUDA_CHECK_LAUNCH("write_pointers_kernel");
+    launch("write_pointers_kernel", write_pointers_kernel, 1, kPointerBatch, 0, s,
+           const_cast<const void**>(dst) + first, batch);
   }
 }
 

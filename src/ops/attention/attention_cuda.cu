@@ -327,12 +327,12 @@ template <class F> void dispatch_dim32(int64_t dim, F&& f) {
 
 // The scalar kernels' launch: kWarps warps, `bytes` of shared memory.
 template <class Kernel, class... Args>
-void launch(Kernel kernel, dim3 grid, size_t bytes, cudaStream_t stream, const char* name, Args... args) {
+void launch_scalar(Kernel kernel, LaunchDims grid, size_t bytes, cudaStream_t stream, const char* name, Args... args) {
   launch_with_shared(kernel, grid, kWarps * 32, bytes, stream, name, "causal_attention (CUDA): use f32 or smaller heads",
                      args...);
 }
 
-unsigned tiles(int64_t n, int tile) { return static_cast<unsigned>((n + tile - 1) / tile); }
+int64_t tiles(int64_t n, int tile) { return (n + tile - 1) / tile; }
 
 }  // namespace
 
@@ -345,11 +345,11 @@ void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Ten
     using T = decltype(tag);
     using A = acc_t<T>;
     size_t bytes = sizeof(A) * static_cast<size_t>(kBr * d.Dk + kBc * (d.Dk + 1) + kBc * d.Dv);
-    dim3 grid(tiles(d.T, kBr), static_cast<unsigned>(d.B * d.H));
+    const LaunchDims grid(tiles(d.T, kBr), d.B * d.H);
     dispatch_dim32(d.Dv, [&](auto dv32) {
-      launch(attention_forward_kernel<T, decltype(dv32)::value>, grid, bytes, stream_of(q), "attention_forward_kernel",
-             ptr<T>(o), ptr<A>(lse), static_cast<const T*>(ptr<T>(q)), static_cast<const T*>(ptr<T>(k)),
-             static_cast<const T*>(ptr<T>(v)), d, scale);
+      launch_scalar(attention_forward_kernel<T, decltype(dv32)::value>, grid, bytes, stream_of(q),
+                    "attention_forward_kernel", ptr<T>(o), ptr<A>(lse), static_cast<const T*>(ptr<T>(q)),
+                    static_cast<const T*>(ptr<T>(k)), static_cast<const T*>(ptr<T>(v)), d, scale);
     });
   });
 }
@@ -370,9 +370,8 @@ void causal_attention_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, c
     using A = acc_t<T>;
     Tensor delta = empty({d.B, d.H, d.T}, lse.dtype(), q.device());  // acc_t<T>, as lse
     int64_t rows = d.B * d.H * d.T;
-    attention_delta_kernel<T><<<blocks_for(rows * 32), kThreads, 0, s>>>(ptr<A>(delta), ptr<T>(grad_o), ptr<T>(o),
-                                                                         d);
-    MT_CUDA_CHECK_LAUNCH("attention_delta_kernel");
+    launch("attention_delta_kernel", attention_delta_kernel<T>, blocks_for(rows * 32), kThreads, 0, s, ptr<A>(delta),
+           ptr<T>(grad_o), ptr<T>(o), d);
     if (attention_tensor_cores_apply(q, d.Dk, d.Dv))
       return attention_tc_backward(grad_q, grad_k, grad_v, grad_o, q, k, v, lse, delta, scale);
     const T* cq = ptr<T>(q);
@@ -386,15 +385,16 @@ void causal_attention_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, c
     dispatch_dim32(std::max(d.Dk, d.Dv), [&](auto d32) {
       size_t bytes = sizeof(A) * static_cast<size_t>(kBc * d.Dk + kBc * d.Dv + kBr * (d.Dk + 1) + kBr * (d.Dv + 1) +
                                                      2 * kBr);
-      dim3 grid(tiles(d.Tk, kBc), static_cast<unsigned>(d.B * d.H));
-      launch(attention_grad_kv_kernel<T, decltype(d32)::value, decltype(d32)::value>, grid, bytes, s,
-             "attention_grad_kv_kernel", ptr<T>(grad_k), ptr<T>(grad_v), cq, ck, cv, cdo, clse, cdelta, d, scale);
+      const LaunchDims grid(tiles(d.Tk, kBc), d.B * d.H);
+      launch_scalar(attention_grad_kv_kernel<T, decltype(d32)::value, decltype(d32)::value>, grid, bytes, s,
+                    "attention_grad_kv_kernel", ptr<T>(grad_k), ptr<T>(grad_v), cq, ck, cv, cdo, clse, cdelta, d,
+                    scale);
     });
     dispatch_dim32(d.Dk, [&](auto dk32) {
       size_t bytes = sizeof(A) * static_cast<size_t>(kBr * d.Dk + kBr * d.Dv + kBc * (d.Dk + 1) + kBc * (d.Dv + 1));
-      dim3 grid(tiles(d.T, kBr), static_cast<unsigned>(d.B * d.H));
-      launch(attention_grad_q_kernel<T, decltype(dk32)::value>, grid, bytes, s, "attention_grad_q_kernel",
-             ptr<T>(grad_q), cq, ck, cv, cdo, clse, cdelta, d, scale);
+      const LaunchDims grid(tiles(d.T, kBr), d.B * d.H);
+      launch_scalar(attention_grad_q_kernel<T, decltype(dk32)::value>, grid, bytes, s, "attention_grad_q_kernel",
+                    ptr<T>(grad_q), cq, ck, cv, cdo, clse, cdelta, d, scale);
     });
   });
 }

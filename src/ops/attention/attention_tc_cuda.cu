@@ -55,9 +55,7 @@ size_t backward_bytes(int Dk, int Dv, bool key_tile) {
   return simt::TcBackwardSmem<bf16_t>(nullptr, Dk, Dv, key_tile).bytes;
 }
 
-dim3 grid_of(int64_t rows, int64_t bh) {
-  return dim3(static_cast<unsigned>((rows + kTcTile - 1) / kTcTile), static_cast<unsigned>(bh));
-}
+LaunchDims grid_of(int64_t rows, int64_t bh) { return LaunchDims((rows + kTcTile - 1) / kTcTile, bh); }
 
 constexpr const char* kWhat = "causal_attention (CUDA, tensor cores): smaller heads";
 

@@ -170,10 +170,9 @@ void attn_res_forward(Tensor& h, Tensor& alpha, Tensor& rstd, const std::vector<
   dispatch_float_cuda(h.dtype(), "attn_res", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    attn_res_forward_kernel<T><<<token_blocks(N), kThreads, 0, stream_of(h)>>>(
-        ptr<T>(h), ptr<A>(alpha), ptr<A>(rstd), sources_of<T>(sources), ptr<T>(proj), ptr<T>(norm), N, D, eps);
+    launch("attn_res_forward_kernel", attn_res_forward_kernel<T>, token_blocks(N), kThreads, 0, stream_of(h), ptr<T>(h),
+           ptr<A>(alpha), ptr<A>(rstd), sources_of<T>(sources), ptr<T>(proj), ptr<T>(norm), N, D, eps);
   });
-  MT_CUDA_CHECK_LAUNCH("attn_res");
 }
 
 void attn_res_backward(std::vector<Tensor>& grad_sources, Tensor* grad_proj, Tensor* grad_norm,
@@ -188,9 +187,8 @@ void attn_res_backward(std::vector<Tensor>& grad_sources, Tensor* grad_proj, Ten
     Sources<T> src = sources_of<T>(sources, &grad_sources);
     Tensor coef = empty({std::max<int64_t>(N, 1), M}, alpha.dtype(), grad_h.device());
     if (N > 0)
-      attn_res_backward_kernel<T><<<token_blocks(N), kThreads, 0, s>>>(ptr<A>(coef), src, ptr<T>(grad_h),
-                                                                       ptr<T>(proj), ptr<T>(norm), ptr<A>(alpha),
-                                                                       ptr<A>(rstd), N, D);
+      launch("attn_res_backward_kernel", attn_res_backward_kernel<T>, token_blocks(N), kThreads, 0, s, ptr<A>(coef),
+             src, ptr<T>(grad_h), ptr<T>(proj), ptr<T>(norm), ptr<A>(alpha), ptr<A>(rstd), N, D);
     if (!grad_proj && !grad_norm) return;
     if (N == 0) {
       for (Tensor* t : {grad_proj, grad_norm})
@@ -201,13 +199,13 @@ void attn_res_backward(std::vector<Tensor>& grad_sources, Tensor* grad_proj, Ten
     MT_CHECK(chunks <= 65535, "attn_res: {} tokens is beyond the CUDA kernel's {} chunks of {}", N, 65535,
              kTokensPerChunk);
     Tensor partial = empty({chunks, D}, DType::f64, grad_h.device());
-    dim3 grid(static_cast<unsigned>((D + 127) / 128), static_cast<unsigned>(chunks));
-    attn_res_du_partial_kernel<T><<<grid, 128, 0, s>>>(ptr<double>(partial), ptr<A>(coef), src, N, D);
-    attn_res_du_finish_kernel<T><<<blocks_for(D), kThreads, 0, s>>>(
-        grad_proj ? ptr<T>(*grad_proj) : nullptr, grad_norm ? ptr<T>(*grad_norm) : nullptr, ptr<double>(partial),
-        ptr<T>(proj), ptr<T>(norm), chunks, D);
+    const LaunchDims grid((D + 127) / 128, chunks);
+    launch("attn_res_du_partial_kernel", attn_res_du_partial_kernel<T>, grid, 128, 0, s, ptr<double>(partial),
+           ptr<A>(coef), src, N, D);
+    launch("attn_res_du_finish_kernel", attn_res_du_finish_kernel<T>, blocks_for(D), kThreads, 0, s,
+           grad_proj ? ptr<T>(*grad_proj) : nullptr, grad_norm ? ptr<T>(*grad_norm) : nullptr, ptr<double>(partial),
+           ptr<T>(proj), ptr<T>(norm), chunks, D);
   });
-  MT_CUDA_CHECK_LAUNCH("attn_res_backward");
 }
 
 }  // namespace moetrain::cuda

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace moetrain::cuda {
 
@@ -78,18 +80,13 @@ inline int max_shared_bytes() { return device_attribute(cudaDevAttrMaxSharedMemo
 inline bool has_tensor_cores() { return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 8; }
 
 // Launches kernel<<<grid, threads, bytes, stream>>>(args...) with `bytes` of
-// dynamic shared memory, opting in above 48 KiB; a clear error (naming the
-// kernel, `what` the caller can change) when the GPU offers less.
-template <class Kernel, class... Args>
-void launch_with_shared(Kernel kernel, dim3 grid, int threads, size_t bytes, cudaStream_t stream, const char* name,
-                        const char* what, Args... args) {
-  const int max_bytes = max_shared_bytes();
-  MT_CHECK(bytes <= static_cast<size_t>(max_bytes), "{} needs {} bytes of shared memory, the GPU offers {}; {}", name,
-           bytes, max_bytes, what);
-  if (bytes > 48 * 1024)
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  kernel<<<grid, threads, bytes, stream>>>(args...);
-  MT_CUDA_CHECK_LAUNCH(name);
+// dynamic shared memory through cuda::launch (backend/cuda/launch.cuh: the limits,
+// the opt-in above 48 KiB); a limit's error names the kernel and ends with `what`,
+// what the caller can change.
+template <class... KArgs>
+void launch_with_shared(void (*kernel)(KArgs...), LaunchDims grid, int threads, size_t bytes, cudaStream_t stream,
+                        const char* name, const char* what, std::type_identity_t<KArgs>... args) {
+  launch_advised(name, what, kernel, grid, threads, static_cast<int64_t>(bytes), stream, args...);
 }
 
 }  // namespace moetrain::cuda

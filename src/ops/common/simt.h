@@ -6,13 +6,18 @@
 //                     which every lane of the warp calls with the same arguments.
 // On the GPU (DeviceBlock) each() is `f(threadIdx.x); __syncthreads();` and
 // each_warp() `f(threadIdx.x / 32); __syncthreads();`; on the host (HostBlock)
-// they are loops, so tests run the very bodies the kernels launch on the CPU.
+// they are loops (natural, reversed or shuffled order: HostOrder below), so tests
+// run the very bodies the kernels launch on the CPU.
 // The rule that makes the host loop faithful to the GPU: within one phase a
 // thread (warp) writes only what it owns and reads nothing that another thread
 // (warp) writes in the same phase.
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <utility>
+#include <vector>
 
 #if defined(__CUDACC__)
 #define MT_HOST_DEVICE __host__ __device__
@@ -25,16 +30,52 @@
 
 namespace moetrain::simt {
 
-// The host's block: each(f) runs f(0), ..., f(threads - 1) in turn.
+// The order in which the host runs one phase's threads (warps). On the GPU they
+// run concurrently; a body that keeps the phase rule above gives the same bits in
+// every order, one that breaks it (a missing barrier) depends on the order. The
+// [simt] tests run every body in all three orders and require identical outputs
+// (tests/ops/common/simt_order_test.cpp shows a planted race failing that).
+enum class HostOrder { natural, reversed, shuffled };
+
+// The host's block: each(f) runs f(tid) for every thread of the block in `order`:
+// natural 0, 1, ..., threads - 1; reversed; or shuffled, a new permutation for
+// every phase, drawn from `seed` and the phase's number (reproducible).
 struct HostBlock {
   int threads;
+  HostOrder order = HostOrder::natural;
+  uint64_t seed = 0;
+  mutable uint64_t phases = 0;  // phases run so far (shuffled: each draws its own permutation)
+
   template <class F>
   void each(F&& f) const {
-    for (int tid = 0; tid < threads; ++tid) f(tid);
+    run(threads, f);
   }
   template <class F>
   void each_warp(F&& f) const {
-    for (int w = 0; w < threads / 32; ++w) f(w);
+    run(threads / 32, f);
+  }
+
+ private:
+  template <class F>
+  void run(int n, F& f) const {
+    const uint64_t phase = phases++;
+    if (order == HostOrder::natural) {
+      for (int i = 0; i < n; ++i) f(i);
+    } else if (order == HostOrder::reversed) {
+      for (int i = n - 1; i >= 0; --i) f(i);
+    } else {
+      std::vector<int> perm(static_cast<size_t>(n));
+      std::iota(perm.begin(), perm.end(), 0);
+      uint64_t state = seed ^ (phase * 0x9e3779b97f4a7c15ull);
+      for (int i = n - 1; i > 0; --i) {  // Fisher-Yates with splitmix64 draws
+        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(z % static_cast<uint64_t>(i + 1))]);
+      }
+      for (int i : perm) f(i);
+    }
   }
 };
 

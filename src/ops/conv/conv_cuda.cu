@@ -77,10 +77,9 @@ void causal_conv1d_forward(Tensor& y, const Tensor& x, const Tensor& w) {
   if (x.numel() == 0) return;
   dispatch_float_cuda(x.dtype(), "causal_conv1d", [&](auto tag) {
     using T = decltype(tag);
-    conv_forward_kernel<T><<<blocks_for(x.numel()), kThreads, 0, stream_of(x)>>>(ptr<T>(y), ptr<T>(x), ptr<T>(w), B,
-                                                                                Tn, C, W);
+    launch("conv_forward_kernel", conv_forward_kernel<T>, blocks_for(x.numel()), kThreads, 0, stream_of(x), ptr<T>(y),
+           ptr<T>(x), ptr<T>(w), B, Tn, C, W);
   });
-  MT_CUDA_CHECK_LAUNCH("causal_conv1d");
 }
 
 void causal_conv1d_backward(Tensor* grad_x, Tensor* grad_w, const Tensor& grad_y, const Tensor& x,
@@ -90,8 +89,8 @@ void causal_conv1d_backward(Tensor* grad_x, Tensor* grad_w, const Tensor& grad_y
     using T = decltype(tag);
     cudaStream_t s = stream_of(x);
     if (grad_x && x.numel() > 0)
-      conv_grad_x_kernel<T><<<blocks_for(x.numel()), kThreads, 0, s>>>(ptr<T>(*grad_x), ptr<T>(grad_y), ptr<T>(w), B,
-                                                                       Tn, C, W);
+      launch("conv_grad_x_kernel", conv_grad_x_kernel<T>, blocks_for(x.numel()), kThreads, 0, s, ptr<T>(*grad_x),
+             ptr<T>(grad_y), ptr<T>(w), B, Tn, C, W);
     if (grad_w) {
       if (B * Tn == 0) return fill(grad_w->raw_data(), grad_w->dtype(), grad_w->numel(), 0.0, x.device().index);
       MT_CHECK(W <= kMaxTaps, "causal_conv1d: {} taps; the CUDA kernel takes at most {}", W, kMaxTaps);
@@ -99,13 +98,13 @@ void causal_conv1d_backward(Tensor* grad_x, Tensor* grad_w, const Tensor& grad_y
       MT_CHECK(chunks <= 65535, "causal_conv1d: {} rows is beyond the CUDA kernel's {} chunks of {}", B * Tn, 65535,
                kRowsPerChunk);
       Tensor partial = empty({chunks, C, W}, DType::f64, x.device());
-      dim3 grid(static_cast<unsigned>((C + 127) / 128), static_cast<unsigned>(chunks));
-      conv_grad_w_partial_kernel<T><<<grid, 128, 0, s>>>(ptr<double>(partial), ptr<T>(grad_y), ptr<T>(x), B, Tn, C, W);
-      conv_grad_w_finish_kernel<T><<<blocks_for(C * W), kThreads, 0, s>>>(ptr<T>(*grad_w), ptr<double>(partial), chunks,
-                                                                          C * W);
+      const LaunchDims grid((C + 127) / 128, chunks);
+      launch("conv_grad_w_partial_kernel", conv_grad_w_partial_kernel<T>, grid, 128, 0, s, ptr<double>(partial),
+             ptr<T>(grad_y), ptr<T>(x), B, Tn, C, W);
+      launch("conv_grad_w_finish_kernel", conv_grad_w_finish_kernel<T>, blocks_for(C * W), kThreads, 0, s,
+             ptr<T>(*grad_w), ptr<double>(partial), chunks, C * W);
     }
   });
-  MT_CUDA_CHECK_LAUNCH("causal_conv1d_backward");
 }
 
 }  // namespace moetrain::cuda

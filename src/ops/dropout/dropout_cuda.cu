@@ -46,10 +46,9 @@ void dropout_apply(Tensor& out, const Tensor& in, double p, const Generator& gen
   if (n == 0) return;
   dispatch_float_cuda(in.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
-    dropout_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(in)>>>(
-        ptr<T>(out), ptr<T>(in), p, static_cast<acc_t<T>>(1.0 / (1.0 - p)), gen.seed(), first, n);
+    launch("dropout_kernel", dropout_kernel<T>, blocks_for(n), kThreads, 0, stream_of(in), ptr<T>(out), ptr<T>(in), p,
+           static_cast<acc_t<T>>(1.0 / (1.0 - p)), gen.seed(), first, n);
   });
-  MT_CUDA_CHECK_LAUNCH("dropout");
 }
 
 }  // namespace moetrain::cuda

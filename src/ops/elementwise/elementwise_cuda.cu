@@ -199,12 +199,12 @@ void binary_forward(BinaryOp op, Tensor& out, const Tensor& a, const Tensor& b) 
   dispatch_float_cuda(out.dtype(), "binary", [&](auto tag) {
     using T = decltype(tag);
     if (a.shape() == out.shape() && b.shape() == out.shape())
-      binary_same_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(out)>>>(op, ptr<T>(out), ptr<T>(a), ptr<T>(b), n);
+      launch("binary_same_kernel", binary_same_kernel<T>, blocks_for(n), kThreads, 0, stream_of(out), op, ptr<T>(out),
+             ptr<T>(a), ptr<T>(b), n);
     else
-      binary_broadcast_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(out)>>>(
-          op, ptr<T>(out), ptr<T>(a), ptr<T>(b), n, broadcast_of(out.shape(), a.shape(), b.shape()));
+      launch("binary_broadcast_kernel", binary_broadcast_kernel<T>, blocks_for(n), kThreads, 0, stream_of(out), op,
+             ptr<T>(out), ptr<T>(a), ptr<T>(b), n, broadcast_of(out.shape(), a.shape(), b.shape()));
   });
-  MT_CUDA_CHECK_LAUNCH("binary");
 }
 
 void unary_forward(UnaryOp op, Tensor& y, const Tensor& x) {
@@ -212,9 +212,8 @@ void unary_forward(UnaryOp op, Tensor& y, const Tensor& x) {
   if (n == 0) return;
   dispatch_float_cuda(x.dtype(), "unary", [&](auto tag) {
     using T = decltype(tag);
-    unary_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(x)>>>(op, ptr<T>(y), ptr<T>(x), n);
+    launch("unary_kernel", unary_kernel<T>, blocks_for(n), kThreads, 0, stream_of(x), op, ptr<T>(y), ptr<T>(x), n);
   });
-  MT_CUDA_CHECK_LAUNCH("unary");
 }
 
 void unary_backward(UnaryOp op, Tensor& grad_x, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
@@ -222,10 +221,9 @@ void unary_backward(UnaryOp op, Tensor& grad_x, const Tensor& grad_y, const Tens
   if (n == 0) return;
   dispatch_float_cuda(x.dtype(), "unary_backward", [&](auto tag) {
     using T = decltype(tag);
-    unary_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(x)>>>(op, ptr<T>(grad_x), ptr<T>(grad_y),
-                                                                           ptr<T>(x), ptr<T>(y), n);
+    launch("unary_backward_kernel", unary_backward_kernel<T>, blocks_for(n), kThreads, 0, stream_of(x), op,
+           ptr<T>(grad_x), ptr<T>(grad_y), ptr<T>(x), ptr<T>(y), n);
   });
-  MT_CUDA_CHECK_LAUNCH("unary_backward");
 }
 
 void affine_forward(Tensor& y, const Tensor& x, double scale, double shift) {
@@ -234,10 +232,9 @@ void affine_forward(Tensor& y, const Tensor& x, double scale, double shift) {
   dispatch_float_cuda(x.dtype(), "affine", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    affine_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(x)>>>(ptr<T>(y), ptr<T>(x), static_cast<A>(scale),
-                                                                   static_cast<A>(shift), n);
+    launch("affine_kernel", affine_kernel<T>, blocks_for(n), kThreads, 0, stream_of(x), ptr<T>(y), ptr<T>(x),
+           static_cast<A>(scale), static_cast<A>(shift), n);
   });
-  MT_CUDA_CHECK_LAUNCH("affine");
 }
 
 void pow_forward(Tensor& y, const Tensor& x, double p) {
@@ -245,9 +242,9 @@ void pow_forward(Tensor& y, const Tensor& x, double p) {
   if (n == 0) return;
   dispatch_float_cuda(x.dtype(), "pow", [&](auto tag) {
     using T = decltype(tag);
-    pow_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(x)>>>(ptr<T>(y), ptr<T>(x), static_cast<acc_t<T>>(p), n);
+    launch("pow_kernel", pow_kernel<T>, blocks_for(n), kThreads, 0, stream_of(x), ptr<T>(y), ptr<T>(x),
+           static_cast<acc_t<T>>(p), n);
   });
-  MT_CUDA_CHECK_LAUNCH("pow");
 }
 
 void sum_to(Tensor& out, const Tensor& t) {
@@ -277,11 +274,12 @@ void sum_to(Tensor& out, const Tensor& t) {
   dispatch_float_cuda(t.dtype(), "sum_to", [&](auto tag) {
     using T = decltype(tag);
     if (n_out >= 4096 || rd.n_red_total < 256)
-      sum_to_thread_kernel<T><<<blocks_for(n_out), kThreads, 0, stream_of(t)>>>(ptr<T>(out), ptr<T>(t), n_out, rd);
+      launch("sum_to_thread_kernel", sum_to_thread_kernel<T>, blocks_for(n_out), kThreads, 0, stream_of(t), ptr<T>(out),
+             ptr<T>(t), n_out, rd);
     else
-      sum_to_block_kernel<T><<<static_cast<unsigned>(n_out), kThreads, 0, stream_of(t)>>>(ptr<T>(out), ptr<T>(t), rd);
+      launch("sum_to_block_kernel", sum_to_block_kernel<T>, n_out, kThreads, 0, stream_of(t), ptr<T>(out), ptr<T>(t),
+             rd);
   });
-  MT_CUDA_CHECK_LAUNCH("sum_to");
 }
 
 void broadcast_copy(Tensor& out, const Tensor& x) {
@@ -289,10 +287,9 @@ void broadcast_copy(Tensor& out, const Tensor& x) {
   if (n == 0) return;
   dispatch_float_cuda(x.dtype(), "broadcast_to", [&](auto tag) {
     using T = decltype(tag);
-    broadcast_copy_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(out)>>>(
-        ptr<T>(out), ptr<T>(x), n, broadcast_of(out.shape(), x.shape(), x.shape()));
+    launch("broadcast_copy_kernel", broadcast_copy_kernel<T>, blocks_for(n), kThreads, 0, stream_of(out), ptr<T>(out),
+           ptr<T>(x), n, broadcast_of(out.shape(), x.shape(), x.shape()));
   });
-  MT_CUDA_CHECK_LAUNCH("broadcast_to");
 }
 
 void add_inplace(Tensor& dst, const Tensor& src, double alpha) {
@@ -300,10 +297,9 @@ void add_inplace(Tensor& dst, const Tensor& src, double alpha) {
   if (n == 0) return;
   dispatch_float_cuda(dst.dtype(), "add_", [&](auto tag) {
     using T = decltype(tag);
-    add_inplace_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(dst)>>>(ptr<T>(dst), ptr<T>(src),
-                                                                         static_cast<acc_t<T>>(alpha), n);
+    launch("add_inplace_kernel", add_inplace_kernel<T>, blocks_for(n), kThreads, 0, stream_of(dst), ptr<T>(dst),
+           ptr<T>(src), static_cast<acc_t<T>>(alpha), n);
   });
-  MT_CUDA_CHECK_LAUNCH("add_");
 }
 
 }  // namespace moetrain::cuda

@@ -48,9 +48,8 @@ void decay_gate_forward(Tensor& g, const Tensor& f, const Tensor& A_log, const T
   if (n == 0) return;
   dispatch_float_cuda(f.dtype(), "decay_gate", [&](auto tag) {
     using T = decltype(tag);
-    decay_gate_forward_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(f)>>>(
-        ptr<T>(g), ptr<T>(f), ptr<T>(A_log), ptr<T>(dt_bias), n, f.size(-1), dt_bias.numel(), lower_bound);
-    MT_CUDA_CHECK_LAUNCH("decay_gate_forward_kernel");
+    launch("decay_gate_forward_kernel", decay_gate_forward_kernel<T>, blocks_for(n), kThreads, 0, stream_of(f),
+           ptr<T>(g), ptr<T>(f), ptr<T>(A_log), ptr<T>(dt_bias), n, f.size(-1), dt_bias.numel(), lower_bound);
   });
 }
 
@@ -60,10 +59,9 @@ void decay_gate_backward(Tensor& grad_f, Tensor* grad_a, const Tensor& grad_g, c
   if (n == 0) return;
   dispatch_float_cuda(f.dtype(), "decay_gate_backward", [&](auto tag) {
     using T = decltype(tag);
-    decay_gate_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(f)>>>(
-        ptr<T>(grad_f), grad_a ? ptr<T>(*grad_a) : nullptr, ptr<T>(grad_g), ptr<T>(g), ptr<T>(f), ptr<T>(A_log),
-        ptr<T>(dt_bias), n, f.size(-1), dt_bias.numel(), lower_bound);
-    MT_CUDA_CHECK_LAUNCH("decay_gate_backward_kernel");
+    launch("decay_gate_backward_kernel", decay_gate_backward_kernel<T>, blocks_for(n), kThreads, 0, stream_of(f),
+           ptr<T>(grad_f), grad_a ? ptr<T>(*grad_a) : nullptr, ptr<T>(grad_g), ptr<T>(g), ptr<T>(f), ptr<T>(A_log),
+           ptr<T>(dt_bias), n, f.size(-1), dt_bias.numel(), lower_bound);
   });
 }
 

@@ -207,21 +207,19 @@ struct ChunkRun {
              states.dtype(), acc, tasks * chunks * a.K * a.V);
     return states;
   }
-  dim3 scan_grid() const {
-    return dim3(static_cast<unsigned>(tasks), static_cast<unsigned>((a.V + columns - 1) / columns));
-  }
-  dim3 tc_scan_grid(int64_t BV) const { return dim3(static_cast<unsigned>(tasks), static_cast<unsigned>(a.V / BV)); }
+  LaunchDims scan_grid() const { return LaunchDims(tasks, (a.V + columns - 1) / columns); }
+  LaunchDims tc_scan_grid(int64_t BV) const { return LaunchDims(tasks, a.V / BV); }
   // tensor_cores: W and U as TF32 tile products (f32 arithmetic only).
   void prepare(cudaStream_t s, bool tensor_cores) const {
     if (chunks == 0) return;
-    const unsigned blocks = static_cast<unsigned>(tasks * chunks);
+    const int64_t blocks = tasks * chunks;
     if constexpr (std::is_same_v<A, float>) {
       if (tensor_cores) {
-        kda_chunk_prepare_tc_kernel<T><<<blocks, kThreads, shared, s>>>(a);
+        launch("kda_chunk_prepare_tc_kernel", kda_chunk_prepare_tc_kernel<T>, blocks, kThreads, shared, s, a);
         return;
       }
     }
-    kda_chunk_prepare_kernel<T, A><<<blocks, kThreads, shared, s>>>(a);
+    launch("kda_chunk_prepare_kernel", kda_chunk_prepare_kernel<T, A>, blocks, kThreads, shared, s, a);
   }
 };
 
@@ -261,8 +259,7 @@ void launch_forward(const char* op, KdaSimtArgs<T, A>& a, Tensor& o, Tensor& sta
   if (a.tasks() == 0) return;
   const int threads = block_threads(a.K, a.V);
   const size_t shared = static_cast<size_t>(simt::kda_simt_shared_elements(a.K, a.V)) * sizeof(A);
-  kda_forward_kernel<T, A><<<static_cast<unsigned>(a.tasks()), threads, shared, stream_of(q)>>>(a);
-  MT_CUDA_CHECK_LAUNCH(op);
+  launch("kda_forward_kernel", kda_forward_kernel<T, A>, a.tasks(), threads, shared, stream_of(q), a);
 }
 
 // grad_q/grad_k [B, T, H, K] from the per-value-head sums; grad_v, grad_g, grad_beta and grad_h0 in place.
@@ -295,13 +292,14 @@ void launch_backward(const char* op, KdaSimtArgs<T, A>& a, Tensor& grad_q, Tenso
   cudaStream_t s = stream_of(q);
   const int threads = block_threads(a.K, a.V);
   const size_t shared = static_cast<size_t>(simt::kda_simt_shared_elements(a.K, a.V)) * sizeof(A);
-  kda_backward_kernel<T, A><<<static_cast<unsigned>(a.tasks()), threads, shared, s>>>(a);
+  launch("kda_backward_kernel", kda_backward_kernel<T, A>, a.tasks(), threads, shared, s, a);
   const int64_t n = a.B * a.Tn * a.H * a.K, G = a.HV / a.H;
   if (n > 0) {
-    group_sum_kernel<T, A><<<blocks_for(n), kThreads, 0, s>>>(ptr<T>(grad_q), ptr<A>(dq), n, G, a.K);
-    group_sum_kernel<T, A><<<blocks_for(n), kThreads, 0, s>>>(ptr<T>(grad_k), ptr<A>(dk), n, G, a.K);
+    launch("group_sum_kernel", group_sum_kernel<T, A>, blocks_for(n), kThreads, 0, s, ptr<T>(grad_q), ptr<A>(dq), n, G,
+           a.K);
+    launch("group_sum_kernel", group_sum_kernel<T, A>, blocks_for(n), kThreads, 0, s, ptr<T>(grad_k), ptr<A>(dk), n, G,
+           a.K);
   }
-  MT_CUDA_CHECK_LAUNCH(op);
 }
 
 }  // namespace
@@ -351,16 +349,15 @@ void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const T
                            simt::kda_tc_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
                            "kda_chunked (tensor cores)", "a smaller K", a, BV);
         if (run.chunks > 0)
-          launch_with_shared(kda_chunk_output_tc_kernel<T>, dim3(static_cast<unsigned>(run.tasks * run.chunks)),
-                             simt::kKdaTcThreads, simt::kda_tc_output_shared_elements(a.C, a.V) * sizeof(float), s,
+          launch_with_shared(kda_chunk_output_tc_kernel<T>, run.tasks * run.chunks, simt::kKdaTcThreads,
+                             simt::kda_tc_output_shared_elements(a.C, a.V) * sizeof(float), s,
                              "kda_chunked (tensor cores)", "a smaller V", a);
         return;
       }
     }
-    kda_chunk_scan_kernel<T, A><<<run.scan_grid(), run.columns, 0, s>>>(a);
+    launch("kda_chunk_scan_kernel", kda_chunk_scan_kernel<T, A>, run.scan_grid(), run.columns, 0, s, a);
     if (run.chunks > 0)
-      kda_chunk_output_kernel<T, A><<<static_cast<unsigned>(run.tasks * run.chunks), kThreads, 0, s>>>(a);
-    MT_CUDA_CHECK_LAUNCH("kda_chunked");
+      launch("kda_chunk_output_kernel", kda_chunk_output_kernel<T, A>, run.tasks * run.chunks, kThreads, 0, s, a);
   });
 }
 
@@ -417,20 +414,23 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
                            "kda_chunked_backward (tensor cores)", "a smaller K", a, BV);
       }
     }
-    if (!tensor_cores) kda_chunk_backward_scan_kernel<T, A><<<run.scan_grid(), run.columns, 0, s>>>(a);
+    if (!tensor_cores)
+      launch("kda_chunk_backward_scan_kernel", kda_chunk_backward_scan_kernel<T, A>, run.scan_grid(), run.columns, 0, s,
+             a);
     if (run.chunks > 0) {
-      const unsigned blocks = static_cast<unsigned>(run.tasks * run.chunks);
+      const int64_t blocks = run.tasks * run.chunks;
       if constexpr (std::is_same_v<A, float>) {
-        if (tensor_cores) kda_chunk_grad_tc_kernel<T><<<blocks, kThreads, 0, s>>>(a);
+        if (tensor_cores) launch("kda_chunk_grad_tc_kernel", kda_chunk_grad_tc_kernel<T>, blocks, kThreads, 0, s, a);
       }
-      if (!tensor_cores) kda_chunk_grad_kernel<T, A><<<blocks, kThreads, 0, s>>>(a);
+      if (!tensor_cores) launch("kda_chunk_grad_kernel", kda_chunk_grad_kernel<T, A>, blocks, kThreads, 0, s, a);
     }
     const int64_t n = a.B * a.Tn * a.H * K, G = a.HV / a.H;
     if (n > 0) {
-      group_sum_kernel<T, A><<<blocks_for(n), kThreads, 0, s>>>(ptr<T>(grad_q), ptr<A>(dq), n, G, K);
-      group_sum_kernel<T, A><<<blocks_for(n), kThreads, 0, s>>>(ptr<T>(grad_k), ptr<A>(dk), n, G, K);
+      launch("group_sum_kernel", group_sum_kernel<T, A>, blocks_for(n), kThreads, 0, s, ptr<T>(grad_q), ptr<A>(dq), n,
+             G, K);
+      launch("group_sum_kernel", group_sum_kernel<T, A>, blocks_for(n), kThreads, 0, s, ptr<T>(grad_k), ptr<A>(dk), n,
+             G, K);
     }
-    MT_CUDA_CHECK_LAUNCH("kda_chunked_backward");
   });
 }
 

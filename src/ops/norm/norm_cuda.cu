@@ -133,12 +133,11 @@ void norm_param_grads(T* dw, T* db, const T* dy, const T* x, const T* z, const a
   Tensor partial = empty({2, chunks, n}, DType::f64, device);
   double* pw = ptr<double>(partial);
   double* pb = pw + chunks * n;
-  dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
-  norm_param_partials_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, s>>>(pw, pb, dy, x, z, mean, rstd, rows, n,
-                                                                          chunk_rows);
-  MT_CUDA_CHECK_LAUNCH("norm_param_partials_kernel");
-  norm_param_finish_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(dw, db, pw, pb, n, chunks);
-  MT_CUDA_CHECK_LAUNCH("norm_param_finish_kernel");
+  const LaunchDims grid((n + kColTile - 1) / kColTile, chunks);
+  launch("norm_param_partials_kernel", norm_param_partials_kernel<T>, grid, dim3(kColTile, kRowLanes), 0, s, pw, pb, dy,
+         x, z, mean, rstd, rows, n, chunk_rows);
+  launch("norm_param_finish_kernel", norm_param_finish_kernel<T>, blocks_for(n), kThreads, 0, s, dw, db, pw, pb, n,
+         chunks);
 }
 
 template <class T>
@@ -204,10 +203,9 @@ void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, 
   if (rows == 0 || n == 0) return;
   dispatch_float_cuda(x.dtype(), "layer_norm", [&](auto tag) {
     using T = decltype(tag);
-    layer_norm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(
-        ptr<T>(y), ptr<acc_t<T>>(mean), ptr<acc_t<T>>(rstd), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(b), rows,
-        n, eps);
-    MT_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
+    launch("layer_norm_forward_kernel", layer_norm_forward_kernel<T>, row_blocks(rows), kThreads, 0, stream_of(x),
+           ptr<T>(y), ptr<acc_t<T>>(mean), ptr<acc_t<T>>(rstd), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(b), rows,
+           n, eps);
   });
 }
 
@@ -219,10 +217,8 @@ void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const T
     using T = decltype(tag);
     cudaStream_t s = stream_of(x);
     if (rows > 0) {
-      layer_norm_grad_x_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(
-          ptr<T>(grad_x), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(w), ptr<acc_t<T>>(mean), ptr<acc_t<T>>(rstd),
-          rows, n);
-      MT_CUDA_CHECK_LAUNCH("layer_norm_grad_x_kernel");
+      launch("layer_norm_grad_x_kernel", layer_norm_grad_x_kernel<T>, row_blocks(rows), kThreads, 0, s, ptr<T>(grad_x),
+             ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(w), ptr<acc_t<T>>(mean), ptr<acc_t<T>>(rstd), rows, n);
     }
     if (grad_w || grad_b)
       norm_param_grads<T>(ptr_or_null<T>(grad_w), ptr_or_null<T>(grad_b), ptr<T>(grad_y), ptr<T>(x),
@@ -237,9 +233,8 @@ void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor&
   if (rows == 0 || n == 0) return;
   dispatch_float_cuda(x.dtype(), "norm", [&](auto tag) {
     using T = decltype(tag);
-    scaled_norm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(
-        ptr<T>(y), ptr<acc_t<T>>(rstd), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(z), rows, n, scale, eps);
-    MT_CUDA_CHECK_LAUNCH("scaled_norm_forward_kernel");
+    launch("scaled_norm_forward_kernel", scaled_norm_forward_kernel<T>, row_blocks(rows), kThreads, 0, stream_of(x),
+           ptr<T>(y), ptr<acc_t<T>>(rstd), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(z), rows, n, scale, eps);
   });
 }
 
@@ -251,10 +246,9 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const 
     using T = decltype(tag);
     cudaStream_t s = stream_of(x);
     if (rows > 0) {
-      scaled_norm_grad_x_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(
-          ptr<T>(grad_x), ptr_or_null<T>(grad_z), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(z),
-          ptr<acc_t<T>>(rstd), rows, n, scale);
-      MT_CUDA_CHECK_LAUNCH("scaled_norm_grad_x_kernel");
+      launch("scaled_norm_grad_x_kernel", scaled_norm_grad_x_kernel<T>, row_blocks(rows), kThreads, 0, s,
+             ptr<T>(grad_x), ptr_or_null<T>(grad_z), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(z),
+             ptr<acc_t<T>>(rstd), rows, n, scale);
     }
     if (grad_w)
       norm_param_grads<T>(ptr<T>(*grad_w), static_cast<T*>(nullptr), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(z),

@@ -134,25 +134,21 @@ void sum_dim(Tensor& out, const Tensor& x, int64_t outer, int64_t n, int64_t inn
   dispatch_float_cuda(x.dtype(), "sum", [&](auto tag) {
     using T = decltype(tag);
     if (inner == 1) {
-      sum_rows_kernel<T><<<row_blocks(outer), kThreads, 0, stream_of(x)>>>(ptr<T>(out), ptr<T>(x), outer, n);
-      MT_CUDA_CHECK_LAUNCH("sum_rows_kernel");
+      launch("sum_rows_kernel", sum_rows_kernel<T>, row_blocks(outer), kThreads, 0, stream_of(x), ptr<T>(out),
+             ptr<T>(x), outer, n);
     } else if (outer * inner < kFewOutputs && outer <= 65535 && n > kChunkRows) {
       int64_t chunk_rows = std::max(kChunkRows, (n + kMaxChunks - 1) / kMaxChunks);
       int64_t chunks = (n + chunk_rows - 1) / chunk_rows;
       Tensor partial = empty({chunks, outer, inner}, DType::f64, x.device());
       cudaStream_t s = stream_of(x);
-      dim3 grid(static_cast<unsigned>((inner + kColTile - 1) / kColTile), static_cast<unsigned>(outer),
-                static_cast<unsigned>(chunks));
-      sum_column_chunks_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, s>>>(ptr<double>(partial), ptr<T>(x), outer,
-                                                                            n, inner, chunk_rows);
-      MT_CUDA_CHECK_LAUNCH("sum_column_chunks_kernel");
-      sum_chunks_finish_kernel<T><<<blocks_for(outer * inner), kThreads, 0, s>>>(ptr<T>(out), ptr<double>(partial),
-                                                                                 outer, inner, chunks);
-      MT_CUDA_CHECK_LAUNCH("sum_chunks_finish_kernel");
+      const LaunchDims grid((inner + kColTile - 1) / kColTile, outer, chunks);
+      launch("sum_column_chunks_kernel", sum_column_chunks_kernel<T>, grid, dim3(kColTile, kRowLanes), 0, s,
+             ptr<double>(partial), ptr<T>(x), outer, n, inner, chunk_rows);
+      launch("sum_chunks_finish_kernel", sum_chunks_finish_kernel<T>, blocks_for(outer * inner), kThreads, 0, s,
+             ptr<T>(out), ptr<double>(partial), outer, inner, chunks);
     } else {
-      sum_strided_kernel<T><<<blocks_for(outer * inner), kThreads, 0, stream_of(x)>>>(ptr<T>(out), ptr<T>(x),
-                                                                                       outer, n, inner);
-      MT_CUDA_CHECK_LAUNCH("sum_strided_kernel");
+      launch("sum_strided_kernel", sum_strided_kernel<T>, blocks_for(outer * inner), kThreads, 0, stream_of(x),
+             ptr<T>(out), ptr<T>(x), outer, n, inner);
     }
   });
 }
@@ -164,10 +160,8 @@ void sum_all(Tensor& out, const Tensor& x) {
   dispatch_float_cuda(x.dtype(), "sum", [&](auto tag) {
     using T = decltype(tag);
     cudaStream_t s = stream_of(x);
-    sum_partials_kernel<T><<<parts, kThreads, 0, s>>>(ptr<double>(partial), ptr<T>(x), n);
-    MT_CUDA_CHECK_LAUNCH("sum_partials_kernel");
-    store_sum_of_partials<T><<<1, 1024, 0, s>>>(ptr<T>(out), ptr<double>(partial), parts);
-    MT_CUDA_CHECK_LAUNCH("sum (finish)");
+    launch("sum_partials_kernel", sum_partials_kernel<T>, parts, kThreads, 0, s, ptr<double>(partial), ptr<T>(x), n);
+    launch("store_sum_of_partials", store_sum_of_partials<T>, 1, 1024, 0, s, ptr<T>(out), ptr<double>(partial), parts);
   });
 }
 
@@ -176,13 +170,11 @@ void max_dim(Tensor& values, Tensor& indices, const Tensor& x, int64_t outer, in
   dispatch_float_cuda(x.dtype(), "max", [&](auto tag) {
     using T = decltype(tag);
     if (inner == 1) {
-      max_rows_kernel<T><<<row_blocks(outer), kThreads, 0, stream_of(x)>>>(ptr<T>(values), ptr<int64_t>(indices),
-                                                                           ptr<T>(x), outer, n);
-      MT_CUDA_CHECK_LAUNCH("max_rows_kernel");
+      launch("max_rows_kernel", max_rows_kernel<T>, row_blocks(outer), kThreads, 0, stream_of(x), ptr<T>(values),
+             ptr<int64_t>(indices), ptr<T>(x), outer, n);
     } else {
-      max_strided_kernel<T><<<blocks_for(outer * inner), kThreads, 0, stream_of(x)>>>(
-          ptr<T>(values), ptr<int64_t>(indices), ptr<T>(x), outer, n, inner);
-      MT_CUDA_CHECK_LAUNCH("max_strided_kernel");
+      launch("max_strided_kernel", max_strided_kernel<T>, blocks_for(outer * inner), kThreads, 0, stream_of(x),
+             ptr<T>(values), ptr<int64_t>(indices), ptr<T>(x), outer, n, inner);
     }
   });
 }
@@ -192,9 +184,8 @@ void max_dim_backward(Tensor& grad_x, const Tensor& grad, const Tensor& indices,
   if (outer * inner == 0) return;
   dispatch_float_cuda(grad.dtype(), "max_backward", [&](auto tag) {
     using T = decltype(tag);
-    max_backward_kernel<T><<<blocks_for(outer * inner), kThreads, 0, stream_of(grad)>>>(
-        ptr<T>(grad_x), ptr<T>(grad), ptr<int64_t>(indices), outer, n, inner);
-    MT_CUDA_CHECK_LAUNCH("max_backward_kernel");
+    launch("max_backward_kernel", max_backward_kernel<T>, blocks_for(outer * inner), kThreads, 0, stream_of(grad),
+           ptr<T>(grad_x), ptr<T>(grad), ptr<int64_t>(indices), outer, n, inner);
   });
 }
 

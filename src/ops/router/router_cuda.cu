@@ -39,8 +39,8 @@ void launch_select(Tensor& experts, const Tensor& scores, const Tensor& bias, in
   const size_t bytes =
       static_cast<size_t>(simt::expert_select_shared_elements(E, n_group, kSelectThreads)) * sizeof(double);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(N, kMaxRowBlocks));
-  launch_with_shared(select_experts_kernel<T>, dim3(blocks), kSelectThreads, bytes, stream_of(scores),
-                     "select_experts", "fewer experts per router", a);
+  launch_with_shared(select_experts_kernel<T>, blocks, kSelectThreads, bytes, stream_of(scores), "select_experts",
+                     "fewer experts per router", a);
 }
 
 }  // namespace

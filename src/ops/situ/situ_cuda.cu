@@ -68,9 +68,8 @@ void situ_glu_forward(Tensor& out, const Tensor& gate, const Tensor& up, double 
   if (n == 0) return;
   dispatch_float_cuda(gate.dtype(), "situ_glu", [&](auto tag) {
     using T = decltype(tag);
-    situ_forward_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(gate)>>>(ptr<T>(out), ptr<T>(gate), ptr<T>(up),
-                                                                           n, beta, lambda);
-    MT_CUDA_CHECK_LAUNCH("situ_forward_kernel");
+    launch("situ_forward_kernel", situ_forward_kernel<T>, blocks_for(n), kThreads, 0, stream_of(gate), ptr<T>(out),
+           ptr<T>(gate), ptr<T>(up), n, beta, lambda);
   });
 }
 
@@ -83,13 +82,11 @@ void situ_glu_backward(Tensor& grad_gate, Tensor& grad_up, Tensor* grad_beta, co
   dispatch_float_cuda(gate.dtype(), "situ_glu_backward", [&](auto tag) {
     using T = decltype(tag);
     cudaStream_t s = stream_of(gate);
-    situ_backward_kernel<T><<<blocks, kThreads, 0, s>>>(ptr<T>(grad_gate), ptr<T>(grad_up),
-                                                        grad_beta ? ptr<double>(partial) : nullptr, ptr<T>(grad_out),
-                                                        ptr<T>(gate), ptr<T>(up), n, beta, lambda);
-    MT_CUDA_CHECK_LAUNCH("situ_backward_kernel");
+    launch("situ_backward_kernel", situ_backward_kernel<T>, blocks, kThreads, 0, s, ptr<T>(grad_gate), ptr<T>(grad_up),
+           grad_beta ? ptr<double>(partial) : nullptr, ptr<T>(grad_out), ptr<T>(gate), ptr<T>(up), n, beta, lambda);
     if (grad_beta) {
-      store_sum_of_partials<T><<<1, 1024, 0, s>>>(ptr<T>(*grad_beta), ptr<double>(partial), blocks);
-      MT_CUDA_CHECK_LAUNCH("situ_glu beta gradient (finish)");
+      launch("store_sum_of_partials", store_sum_of_partials<T>, 1, 1024, 0, s, ptr<T>(*grad_beta), ptr<double>(partial),
+             blocks);
     }
   });
 }

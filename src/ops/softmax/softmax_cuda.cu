@@ -128,8 +128,8 @@ void softmax_forward(Tensor& y, const Tensor& x, bool log) {
   if (rows == 0 || n == 0) return;
   dispatch_float_cuda(x.dtype(), "softmax", [&](auto tag) {
     using T = decltype(tag);
-    softmax_forward_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(ptr<T>(y), ptr<T>(x), rows, n, log);
-    MT_CUDA_CHECK_LAUNCH("softmax_forward_kernel");
+    launch("softmax_forward_kernel", softmax_forward_kernel<T>, row_blocks(rows), kThreads, 0, stream_of(x), ptr<T>(y),
+           ptr<T>(x), rows, n, log);
   });
 }
 
@@ -138,9 +138,8 @@ void softmax_backward(Tensor& grad_x, const Tensor& grad_y, const Tensor& y, boo
   if (rows == 0 || n == 0) return;
   dispatch_float_cuda(y.dtype(), "softmax_backward", [&](auto tag) {
     using T = decltype(tag);
-    softmax_backward_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(y)>>>(ptr<T>(grad_x), ptr<T>(grad_y),
-                                                                                 ptr<T>(y), rows, n, log);
-    MT_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
+    launch("softmax_backward_kernel", softmax_backward_kernel<T>, row_blocks(rows), kThreads, 0, stream_of(y),
+           ptr<T>(grad_x), ptr<T>(grad_y), ptr<T>(y), rows, n, log);
   });
 }
 
@@ -154,12 +153,11 @@ void cross_entropy_forward(Tensor& lse, Tensor& loss, const Tensor& logits, cons
       using I = decltype(itag);
       cudaStream_t s = stream_of(logits);
       if (rows > 0) {
-        cross_entropy_rows_kernel<T, I><<<row_blocks(rows), kThreads, 0, s>>>(
-            ptr<double>(lse), ptr<double>(row_loss), ptr<T>(logits), ptr<I>(targets), rows, v, ignore_index);
-        MT_CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel");
+        launch("cross_entropy_rows_kernel", cross_entropy_rows_kernel<T, I>, row_blocks(rows), kThreads, 0, s,
+               ptr<double>(lse), ptr<double>(row_loss), ptr<T>(logits), ptr<I>(targets), rows, v, ignore_index);
       }
-      cross_entropy_total_kernel<T><<<1, 1024, 0, s>>>(ptr<T>(loss), ptr<double>(row_loss), rows, divisor);
-      MT_CUDA_CHECK_LAUNCH("cross_entropy_total_kernel");
+      launch("cross_entropy_total_kernel", cross_entropy_total_kernel<T>, 1, 1024, 0, s, ptr<T>(loss),
+             ptr<double>(row_loss), rows, divisor);
     });
   });
 }
@@ -172,10 +170,9 @@ void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Ten
     using T = decltype(tag);
     dispatch_index(targets.dtype(), "cross_entropy_backward", [&](auto itag) {
       using I = decltype(itag);
-      cross_entropy_backward_kernel<T, I><<<row_blocks(rows), kThreads, 0, stream_of(logits)>>>(
-          ptr<T>(grad_logits), ptr<T>(logits), ptr<I>(targets), ptr<double>(lse), ptr<T>(grad_loss), inv_divisor,
-          rows, v, ignore_index);
-      MT_CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
+      launch("cross_entropy_backward_kernel", cross_entropy_backward_kernel<T, I>, row_blocks(rows), kThreads, 0,
+             stream_of(logits), ptr<T>(grad_logits), ptr<T>(logits), ptr<I>(targets), ptr<double>(lse),
+             ptr<T>(grad_loss), inv_divisor, rows, v, ignore_index);
     });
   });
 }

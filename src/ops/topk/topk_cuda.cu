@@ -53,9 +53,8 @@ void topk_forward(Tensor& values, Tensor& indices, const Tensor& x, int64_t k) {
   unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, kMaxRowBlocks));
   dispatch_float_cuda(x.dtype(), "topk", [&](auto tag) {
     using T = decltype(tag);
-    topk_forward_kernel<T><<<blocks, threads, 0, stream_of(x)>>>(ptr<T>(values), ptr<int64_t>(indices), ptr<T>(x),
-                                                                 rows, n, k);
-    MT_CUDA_CHECK_LAUNCH("topk_forward_kernel");
+    launch("topk_forward_kernel", topk_forward_kernel<T>, blocks, threads, 0, stream_of(x), ptr<T>(values),
+           ptr<int64_t>(indices), ptr<T>(x), rows, n, k);
   });
 }
 
@@ -66,9 +65,8 @@ void topk_backward(Tensor& grad_x, const Tensor& grad, const Tensor& indices) {
   if (rows * k == 0) return;
   dispatch_float_cuda(grad.dtype(), "topk_backward", [&](auto tag) {
     using T = decltype(tag);
-    topk_scatter_kernel<T><<<blocks_for(rows * k), kThreads, 0, s>>>(ptr<T>(grad_x), ptr<T>(grad),
-                                                                     ptr<int64_t>(indices), rows, n, k);
-    MT_CUDA_CHECK_LAUNCH("topk_scatter_kernel");
+    launch("topk_scatter_kernel", topk_scatter_kernel<T>, blocks_for(rows * k), kThreads, 0, s, ptr<T>(grad_x),
+           ptr<T>(grad), ptr<int64_t>(indices), rows, n, k);
   });
 }
 

@@ -85,9 +85,8 @@ void permute_copy(Tensor& out, const Tensor& x, const std::vector<int64_t>& dims
   }
   with_element(dtype_size(x.dtype()), [&](auto tag) {
     using E = decltype(tag);
-    permute_kernel<E><<<blocks_for(n), kThreads, 0, stream_of(x)>>>(ptr<E>(out), ptr<E>(x), n, p);
+    launch("permute_kernel", permute_kernel<E>, blocks_for(n), kThreads, 0, stream_of(x), ptr<E>(out), ptr<E>(x), n, p);
   });
-  MT_CUDA_CHECK_LAUNCH("permute");
 }
 
 // Row o of the big tensor holds the small one's row at byte offset `at`: a 2D copy.
@@ -118,11 +117,10 @@ void index_select_forward(Tensor& out, const Tensor& x, const Tensor& index, int
     using E = decltype(etag);
     dispatch_index(index.dtype(), "index_select", [&](auto itag) {
       using I = decltype(itag);
-      index_select_kernel<E, I><<<blocks_for(total), kThreads, 0, stream_of(x)>>>(ptr<E>(out), ptr<E>(x),
-                                                                                 ptr<I>(index), outer, n, mid, inner);
+      launch("index_select_kernel", index_select_kernel<E, I>, blocks_for(total), kThreads, 0, stream_of(x),
+             ptr<E>(out), ptr<E>(x), ptr<I>(index), outer, n, mid, inner);
     });
   });
-  MT_CUDA_CHECK_LAUNCH("index_select");
 }
 
 void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor& index, int64_t outer,
@@ -133,11 +131,10 @@ void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor&
     using T = decltype(tag);
     dispatch_index(index.dtype(), "index_select", [&](auto itag) {
       using I = decltype(itag);
-      index_add_kernel<T, I><<<blocks_for(outer * inner, 128), 128, 0, stream_of(grad_x)>>>(
-          ptr<T>(grad_x), ptr<T>(grad_out), ptr<I>(index), outer, n, mid, inner);
+      launch("index_add_kernel", index_add_kernel<T, I>, blocks_for(outer * inner, 128), 128, 0, stream_of(grad_x),
+             ptr<T>(grad_x), ptr<T>(grad_out), ptr<I>(index), outer, n, mid, inner);
     });
   });
-  MT_CUDA_CHECK_LAUNCH("index_select_backward");
 }
 
 }  // namespace moetrain::cuda

@@ -11,10 +11,13 @@
 #include "moetrain.h"
 #include "ops/attention/attention_kernels.h"
 #include "ops/attention/attention_tc.h"
+#include "ops/simt_orders.h"
 #include "testing.h"
 
 using namespace moetrain;
 using moetrain::testing::rel_error;
+using moetrain::testing::run_in_all_orders;
+using simt::HostOrder;
 
 namespace {
 
@@ -28,7 +31,8 @@ struct Outputs {
 
 // The three bodies on the host, as attention_tc_cuda.cu launches them: a block per
 // (tile, b·h); delta = rowsum(dO ⊙ O) from the bf16 O, as attention_cuda.cu does.
-Outputs run_bodies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_o, double scale) {
+Outputs run_bodies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_o, double scale,
+                   HostOrder order) {
   const int64_t B = q.size(0), T = q.size(1), Tk = k.size(1), H = q.size(2);
   const int Dk = static_cast<int>(q.size(3)), Dv = static_cast<int>(v.size(3));
   Tensor o = empty({B, T, H, Dv}, DType::bf16), lse = empty({B, H, T}, DType::f32);
@@ -51,7 +55,7 @@ Outputs run_bodies(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   a.grad_q = gq.data<bf16>();
   a.grad_k = gk.data<bf16>();
   a.grad_v = gv.data<bf16>();
-  const simt::HostBlock blk{simt::kTcThreads};
+  const simt::HostBlock blk = testing::host_block(simt::kTcThreads, order);
   const int64_t tiles_q = (T + simt::kTcTile - 1) / simt::kTcTile, tiles_k = (Tk + simt::kTcTile - 1) / simt::kTcTile;
   std::vector<unsigned char> fwd(simt::TcForwardSmem<float>(nullptr, Dk, Dv).bytes),
       kv(simt::TcBackwardSmem<float>(nullptr, Dk, Dv, true).bytes),
@@ -76,6 +80,11 @@ Outputs run_bodies(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     for (int64_t t = 0; t < tiles_q; ++t) simt::tc_attention_grad_q<simt::HostMma>(blk, a, t, bh, dq.data());
   }
   return {of, lse, gq.to(DType::f32), gk.to(DType::f32), gv.to(DType::f32)};
+}
+
+bool same_bits(const Outputs& a, const Outputs& b) {
+  return testing::same_bits({&a.o, &a.lse, &a.grad_q, &a.grad_k, &a.grad_v},
+                            {&b.o, &b.lse, &b.grad_q, &b.grad_k, &b.grad_v});
 }
 
 // The CPU kernels on f32 copies of the same bf16 values.
@@ -106,7 +115,8 @@ TEST_CASE("attention (tensor-core bodies on the host): match the CPU kernels", "
       Tensor v = randn({c.B, c.Tk, c.H, c.Dv}, DType::f64, 3).to(DType::bf16);
       Tensor grad_o = randn({c.B, c.T, c.H, c.Dv}, DType::f64, 4).to(DType::bf16);
       const double scale = 1.5 / std::sqrt(static_cast<double>(c.Dk));  // peaked rows as well as flat ones
-      Outputs tc = run_bodies(q, k, v, grad_o, scale), ref = run_cpu(q, k, v, grad_o, scale);
+      Outputs tc = run_in_all_orders([&](HostOrder o) { return run_bodies(q, k, v, grad_o, scale, o); });
+      Outputs ref = run_cpu(q, k, v, grad_o, scale);
       // Scores are exact products of bf16 values summed in f32: lse agrees to f32
       // rounding. P (forward) and dS (backward) are rounded to bf16 before their
       // products, and O and the gradients are stored in bf16.

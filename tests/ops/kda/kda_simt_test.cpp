@@ -14,10 +14,13 @@
 #include "ops/kda/kda_simt.h"
 #include "ops/kda/kda_tc.h"
 #include "ops/linear_attention/linear_attention_kernels.h"
+#include "ops/simt_orders.h"
 #include "testing.h"
 
 using namespace moetrain;
 using moetrain::testing::rel_error;
+using moetrain::testing::run_in_all_orders;
+using simt::HostOrder;
 
 namespace {
 
@@ -86,7 +89,8 @@ simt::KdaSimtArgs<T, T> recurrent_args(const Problem& p, const Dims& d, double s
 // The backward body on the host from r.checkpoints (states every `segment` steps),
 // then the group sums: fills r's gradients.
 template <class T>
-void run_backward_body(Results& r, const Problem& p, const Dims& d, double scale, int64_t segment, int threads) {
+void run_backward_body(Results& r, const Problem& p, const Dims& d, double scale, int64_t segment, int threads,
+                       HostOrder order) {
   const DType dt = dtype_v<T>;
   simt::KdaSimtArgs<T, T> a = recurrent_args<T>(p, d, scale, segment);
   const int64_t tasks = d.B * d.HV;
@@ -113,7 +117,7 @@ void run_backward_body(Results& r, const Problem& p, const Dims& d, double scale
   }
   a.grad_state0 = r.grad_h0.data<T>();
   std::vector<T> shared(static_cast<size_t>(simt::kda_simt_shared_elements(d.K, d.V)));
-  const simt::HostBlock blk{threads};
+  const simt::HostBlock blk = testing::host_block(threads, order);
   for (int64_t task = 0; task < tasks; ++task) simt::kda_simt_backward(blk, a, task, shared.data());
   for (int64_t e = 0; e < p.q.numel(); ++e) {
     simt::group_sum_element(r.grad_q.data<T>(), dq.data<T>(), e, d.HV / d.H, d.K);
@@ -123,7 +127,7 @@ void run_backward_body(Results& r, const Problem& p, const Dims& d, double scale
 
 // The recurrent bodies on the host, blocks of `threads`, as kda_cuda.cu launches them.
 template <class T>
-Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
+Results run_bodies(const Problem& p, const Dims& d, double scale, int threads, HostOrder order) {
   const DType dt = dtype_v<T>;
   simt::KdaSimtArgs<T, T> a = recurrent_args<T>(p, d, scale, cpu::kKdaRecurrentSegment);
   const int64_t tasks = d.B * d.HV;
@@ -137,9 +141,9 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
   a.work = work.data<T>();
   a.checkpoints = r.checkpoints.data<T>();
   std::vector<T> shared(static_cast<size_t>(simt::kda_simt_shared_elements(d.K, d.V)));
-  const simt::HostBlock blk{threads};
+  const simt::HostBlock blk = testing::host_block(threads, order);
   for (int64_t task = 0; task < tasks; ++task) simt::kda_simt_forward(blk, a, task, shared.data());
-  run_backward_body<T>(r, p, d, scale, a.segment, threads);
+  run_backward_body<T>(r, p, d, scale, a.segment, threads, order);
   return r;
 }
 
@@ -149,7 +153,7 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads) {
 // of 4 warps), as with cuda::set_kda_tensor_cores(true).
 template <class T>
 Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_t C, int threads,
-                           bool tensor_cores = false) {
+                           bool tensor_cores = false, HostOrder order = HostOrder::natural) {
   const DType dt = dtype_v<T>;
   simt::KdaChunkArgs<T, T> a;
   set_inputs<T>(a, p, d, scale);
@@ -178,8 +182,8 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   a.U = U.data<T>();
   a.Vnew = Vnew.data<T>();
   a.decay = decay.data<T>();
-  const simt::HostBlock blk{threads};
-  const simt::HostBlock tc_blk{simt::kKdaTcThreads};
+  const simt::HostBlock blk = testing::host_block(threads, order);
+  const simt::HostBlock tc_blk = testing::host_block(simt::kKdaTcThreads, order);
   std::vector<T> shared(static_cast<size_t>(simt::kda_chunk_shared_elements(C)));
   auto prepare = [&](int64_t task, int64_t n) {
     if constexpr (std::is_same_v<T, float>) {
@@ -280,6 +284,13 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   return r;
 }
 
+// Every output and gradient bit for bit (run_in_all_orders compares the orders by it).
+bool same_bits(const Results& a, const Results& b) {
+  return testing::same_bits(
+      {&a.o, &a.state, &a.checkpoints, &a.grad_q, &a.grad_k, &a.grad_v, &a.grad_g, &a.grad_beta, &a.grad_h0},
+      {&b.o, &b.state, &b.checkpoints, &b.grad_q, &b.grad_k, &b.grad_v, &b.grad_g, &b.grad_beta, &b.grad_h0});
+}
+
 // The CPU chunked kernels (chunks of C) on the same problem.
 Results run_cpu_chunked(const Problem& p, const Dims& d, double scale, int64_t C) {
   Results r;
@@ -356,9 +367,11 @@ TEST_CASE("kda: the CUDA kernel bodies, run on the host, match the CPU recurrent
                           << " threads " << threads) {
         const double scale = 1.0 / std::sqrt(static_cast<double>(d.K));
         Problem p64 = make_problem(d, true, DType::f64, 11);
-        compare(run_bodies<double>(p64, d, scale, threads), run_cpu(p64, d, scale), 1e-12);
+        compare(run_in_all_orders([&](HostOrder o) { return run_bodies<double>(p64, d, scale, threads, o); }),
+                run_cpu(p64, d, scale), 1e-12);
         Problem p32 = make_problem(d, true, DType::f32, 11);
-        compare(run_bodies<float>(p32, d, scale, threads), run_cpu(p32, d, scale), 2e-5);
+        compare(run_in_all_orders([&](HostOrder o) { return run_bodies<float>(p32, d, scale, threads, o); }),
+                run_cpu(p32, d, scale), 2e-5);
       }
     }
   }
@@ -373,11 +386,14 @@ TEST_CASE("kda: the CUDA chunked kernel bodies, run on the host, match the CPU c
                             << " chunk " << C << " threads " << threads) {
           const double scale = 1.0 / std::sqrt(static_cast<double>(d.K));
           Problem p64 = make_problem(d, true, DType::f64, 31);
-          compare(run_chunked_bodies<double>(p64, d, scale, C, threads), run_cpu_chunked(p64, d, scale, C), 1e-10);
+          compare(run_in_all_orders(
+                      [&](HostOrder o) { return run_chunked_bodies<double>(p64, d, scale, C, threads, false, o); }),
+                  run_cpu_chunked(p64, d, scale, C), 1e-10);
           // f32 against the f64 reference: both forms round differently in f32.
           Problem p32 = make_problem(d, true, DType::f32, 31);
           Results ref = run_cpu_chunked(p64, d, scale, C);
-          Results got = run_chunked_bodies<float>(p32, d, scale, C, threads);
+          Results got = run_in_all_orders(
+              [&](HostOrder o) { return run_chunked_bodies<float>(p32, d, scale, C, threads, false, o); });
           compare(got, ref, 2e-4);
         }
       }
@@ -393,9 +409,11 @@ TEST_CASE("linear_attention: the CUDA kernel bodies, run on the host, match the 
       DYNAMIC_SECTION("B" << d.B << " T" << d.T << " H" << d.H << " K" << d.K << " V" << d.V << " threads "
                           << threads) {
         Problem p64 = make_problem(d, false, DType::f64, 21);
-        compare(run_bodies<double>(p64, d, 1.0, threads), run_cpu(p64, d, 1.0), 1e-12);
+        compare(run_in_all_orders([&](HostOrder o) { return run_bodies<double>(p64, d, 1.0, threads, o); }),
+                run_cpu(p64, d, 1.0), 1e-12);
         Problem p32 = make_problem(d, false, DType::f32, 21);
-        compare(run_bodies<float>(p32, d, 1.0, threads), run_cpu(p32, d, 1.0), 2e-5);
+        compare(run_in_all_orders([&](HostOrder o) { return run_bodies<float>(p32, d, 1.0, threads, o); }),
+                run_cpu(p32, d, 1.0), 2e-5);
       }
     }
   }
@@ -439,7 +457,8 @@ TEST_CASE("kda: the tensor-core chunked bodies (TF32), run on the host, match th
         Problem p32 = make_problem(d, true, DType::f32, 51);
         const Results ref = run_cpu_chunked(make_problem(d, true, DType::f64, 51), d, scale, C);
         const Results scalar = run_chunked_bodies<float>(p32, d, scale, C, 32);
-        const Results tc = run_chunked_bodies<float>(p32, d, scale, C, 32, true);
+        const Results tc =
+            run_in_all_orders([&](HostOrder o) { return run_chunked_bodies<float>(p32, d, scale, C, 32, true, o); });
         // TF32 operands (11 significant bits) against f32 ones: ~1e-3 relative.
         compare(scalar, ref, 2e-4);
         compare(tc, ref, 5e-3);

@@ -11,6 +11,7 @@
 #include "moetrain.h"
 #include "nn/moe.h"
 #include "ops/router/router_simt.h"
+#include "ops/simt_orders.h"
 #include "testing.h"
 #include "ops/cuda_vs_cpu.h"
 
@@ -37,7 +38,8 @@ Tensor make_bias(const RouterShape& r, uint64_t seed) {
 }
 
 template <class T>
-std::vector<int64_t> run_body(const Tensor& scores, const Tensor& bias, const RouterShape& r, int threads) {
+std::vector<int64_t> run_body(const Tensor& scores, const Tensor& bias, const RouterShape& r, int threads,
+                              simt::HostOrder order) {
   const Tensor bias64 = bias.to(DType::f64);
   std::vector<int64_t> out(static_cast<size_t>(r.N * r.k), -7);
   simt::ExpertSelectArgs<T> a;
@@ -50,7 +52,8 @@ std::vector<int64_t> run_body(const Tensor& scores, const Tensor& bias, const Ro
   a.n_group = r.n_group;
   a.topk_group = r.topk_group;
   std::vector<double> sh(static_cast<size_t>(simt::expert_select_shared_elements(r.E, r.n_group, threads)));
-  for (int64_t row = 0; row < r.N; ++row) simt::expert_select_row(simt::HostBlock{threads}, a, row, sh.data());
+  const simt::HostBlock blk = testing::host_block(threads, order);
+  for (int64_t row = 0; row < r.N; ++row) simt::expert_select_row(blk, a, row, sh.data());
   return out;
 }
 
@@ -75,8 +78,10 @@ TEST_CASE("router: the CUDA selection body, run on the host, picks what select_e
         for (DType dt : {DType::f32, DType::f64}) {
           const Tensor scores = make_scores(r, dt, 3);
           const std::vector<int64_t> want = select_experts(scores, bias, r.k, r.n_group, r.topk_group);
-          const std::vector<int64_t> got = dt == DType::f32 ? run_body<float>(scores, bias, r, threads)
-                                                            : run_body<double>(scores, bias, r, threads);
+          const std::vector<int64_t> got = testing::run_in_all_orders([&](simt::HostOrder o) {
+            return dt == DType::f32 ? run_body<float>(scores, bias, r, threads, o)
+                                    : run_body<double>(scores, bias, r, threads, o);
+          });
           CHECK(got == want);
         }
       }
