@@ -9,7 +9,7 @@
 //   build/moetrain_bench_cpu [--steps N] [--no-torch] [--cases gemm,gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe]
 //
 // Cases (f32, default thread count = cores / ranks, MOETRAIN_NUM_THREADS to change):
-//   gemm               f32 GEMM on GPT-2 step shapes on each GEMM route (OpenBLAS, BLIS)
+//   gemm               f32 GEMM on GPT-2 step shapes on each GEMM route (openblas, blis, blis-threaded)
 //   gpt2-64, gpt2-256  GPT-2 124M train step (forward, backward, AdamW) at B=4, T=64 / 256
 //   k3-small           configs/k3-small.yaml train step at B=4, T=256, plus time per component
 //   kda-2048, kda-8192 chunked KDA op forward+backward (bench/kda_case.h: B=1, H=4, K=V=64, chunk 64)
@@ -174,11 +174,13 @@ void gemm_table(double peak) {
                            {50304, 256, 768, true, false, "lm head dW"},
                            {1024, 768, 3072, false, false, "1024 x 768 x 3072"}};
   std::vector<cpu::GemmRoute> routes{cpu::GemmRoute::openblas};
-  if (cpu::blis_available()) routes.push_back(cpu::GemmRoute::blis);
+  if (cpu::blis_available()) routes.insert(routes.end(), {cpu::GemmRoute::blis, cpu::GemmRoute::blis_threaded});
   const cpu::GemmRoute saved = cpu::gemm_route();
   fmt::print("\nf32 GEMM by route (GFLOP/s, share of the FMA peak; route in use: {}):\n",
-             saved == cpu::GemmRoute::blis ? "blis" : "openblas");
-  fmt::print("  {:<24} {:>17} {:>15} {:>15}\n", "shape", "M x K x N", "openblas", routes.size() > 1 ? "blis" : "");
+             cpu::gemm_route_name(saved));
+  std::string header = fmt::format("  {:<24} {:>17}", "shape", "M x K x N");
+  for (cpu::GemmRoute route : routes) header += fmt::format(" {:>15}", cpu::gemm_route_name(route));
+  fmt::print("{}\n", header);
   for (const Shape3& s : shapes) {
     Tensor a = randn({s.ta ? s.k : s.m, s.ta ? s.m : s.k}, DType::f32, 1);
     Tensor b = randn({s.tb ? s.n : s.k, s.tb ? s.k : s.n}, DType::f32, 2), c = empty({s.m, s.n});
