@@ -116,8 +116,11 @@ TEST_CASE("blas: the blis route splits C over the threads: right, and the same b
   const int saved_threads = cpu::num_threads();
   cpu::set_gemm_route(cpu::GemmRoute::blis);
   // Large enough to be split (backend/cpu/blas.cpp: >= 2M multiply-adds per thread),
-  // sizes off the 12-row and 32-column cuts; one tall, one wide, one square-ish.
-  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1001, 67, 257}, {37, 3001, 190}, {301, 333, 129}}) {
+  // sizes off the 12-row and 32-column cuts; one tall, one wide, one square-ish with
+  // k below BLIS's sup threshold (201 on haswell), one above it in every dimension.
+  // Under MOETRAIN_GEMM=portable this runs BLIS's haswell kernels.
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1001, 67, 257}, {37, 3001, 190}, {301, 333, 129},
+                         {450, 700, 300}}) {
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         INFO("m " << m << " n " << n << " k " << k << " ta " << ta << " tb " << tb);
@@ -149,7 +152,7 @@ TEST_CASE("blas: MOETRAIN_GEMM picks the route; a bad value is an error naming t
   CHECK_THAT(forced.output, Catch::Contains("f32 GEMM: openblas"));
   auto bad = moetrain::testing::capture_command(std::string("MOETRAIN_GEMM=mkl ") + info_cmd);
   CHECK(bad.code != 0);
-  CHECK_THAT(bad.output, Catch::Contains("MOETRAIN_GEMM=mkl") && Catch::Contains("auto, openblas, blis, blis-threaded"));
+  CHECK_THAT(bad.output, Catch::Contains("MOETRAIN_GEMM=mkl") && Catch::Contains("auto, openblas, blis, blis-threaded, portable"));
   // info names the route and how it runs on threads.
   CHECK_THAT(forced.output, Catch::Contains("f32 gemm    openblas (MOETRAIN_GEMM=openblas): OpenBLAS's own OpenMP"));
   if (cpu::blis_available()) {
@@ -161,5 +164,13 @@ TEST_CASE("blas: MOETRAIN_GEMM picks the route; a bad value is an error naming t
     CHECK(threaded.code == 0);
     CHECK_THAT(threaded.output, Catch::Contains("f32 GEMM: blis-threaded (") &&
                                     Catch::Contains("BLIS's own OpenMP threads"));
+    // portable: BLIS's AVX2 + FMA kernels whatever the CPU has beyond them.
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      auto portable = moetrain::testing::capture_command(std::string("BLIS_ARCH_TYPE=0 MOETRAIN_GEMM=portable ") +
+                                                         info_cmd);
+      CHECK(portable.code == 0);
+      CHECK_THAT(portable.output, Catch::Contains("f32 GEMM: blis (haswell)") &&
+                                      Catch::Contains("f32 gemm    blis (MOETRAIN_GEMM=portable)"));
+    }
   }
 }

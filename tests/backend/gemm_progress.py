@@ -13,7 +13,10 @@ not a benchmark: the factors leave room for a busy machine, while the failure it
 guards against is orders of magnitude: BLIS's own threads spin in their
 barriers without yielding, and with threads > free cores a step took minutes
 instead of a second (issue 25). A process still running at its deadline is
-killed and reported as stalled.
+killed and reported as stalled. Every run also prints a digest of the
+parameters after its steps: runs with the same thread count must agree bit
+for bit, and on the blis route (and portable, which is blis) so must runs with
+different thread counts (its split of C does not change any element's sums).
 
 Routes checked: the default (MOETRAIN_GEMM=auto) and blis, each once (on
 AVX-512 CPUs auto is blis; on AVX2-only CPUs auto is OpenBLAS and blis is
@@ -58,15 +61,18 @@ def run(binary, route, threads, copies, deadline_s):
             out, _ = p.communicate()
             finished = False
         steps = [float(line.split()[2]) for line in out.splitlines() if line.startswith("step ")]
-        used = [line.split()[1] for line in out.splitlines() if line.startswith("route ")]
-        results.append({"route": used[0] if used else "?", "steps": steps, "wall": time.monotonic() - t0,
-                        "finished": finished and len(steps) == STEPS, "code": p.returncode, "output": out})
+        used = [line.split(" kernels ") for line in out.splitlines() if line.startswith("route ")]
+        digest = [line.split()[1] for line in out.splitlines() if line.startswith("parameters ")]
+        results.append({"route": used[0][0].split()[1] if used else "?", "kernels": used[0][-1] if used else "?",
+                        "steps": steps, "wall": time.monotonic() - t0,
+                        "finished": finished and len(steps) == STEPS and len(digest) == 1, "code": p.returncode,
+                        "output": out, "digest": digest[0] if digest else "?"})
     return results
 
 
 def describe(r):
     if r["finished"]:
-        return f"steps {' + '.join(f'{s:.2f}' for s in r['steps'])} s (process {r['wall']:.1f} s)"
+        return f"steps {' + '.join(f'{s:.2f}' for s in r['steps'])} s (process {r['wall']:.1f} s), parameters {r['digest']}"
     return (f"STALLED: {len(r['steps'])} of {STEPS} steps in {r['wall']:.1f} s, killed"
             if r["code"] is not None and r["code"] < 0 else f"FAILED (exit {r['code']}): {r['output'].strip()}")
 
@@ -79,12 +85,12 @@ def check_route(binary, route, cores, checked):
             return True
         print(f"route {route}: the baseline (threads = {cores}, alone) did not finish: {describe(base)}")
         return False
-    if base["route"] in checked:
-        print(f"route {route}: is {base['route']}, checked above")
+    if base["kernels"] in checked:
+        print(f"route {route}: runs {base['kernels']}, checked above")
         return True
-    checked.add(base["route"])
+    checked.add(base["kernels"])
     base_s = sum(base["steps"])
-    print(f"route {route} ({base['route']}), {cores} cores:")
+    print(f"route {route} ({base['kernels']}), {cores} cores:")
     print(f"  threads = {cores}, alone:        {describe(base)}")
     ok = True
     for label, threads, copies, factor in ((f"threads = {2 * cores}, alone:       ", 2 * cores, 1,
@@ -95,9 +101,12 @@ def check_route(binary, route, cores, checked):
         for i, r in enumerate(run(binary, route, threads, copies, deadline)):
             ratio = sum(r["steps"]) / base_s if r["finished"] else float("inf")
             passed = r["finished"] and ratio <= factor
-            ok &= passed
             print(f"  {label}{describe(r)}: {ratio:.2f}x the baseline (bound {factor:g}x) "
                   f"{'ok' if passed else 'FAIL'}")
+            if r["finished"] and (threads == cores or r["route"] == "blis") and r["digest"] != base["digest"]:
+                print(f"  FAIL: parameters {r['digest']} differ from the baseline's {base['digest']}")
+                passed = False
+            ok &= passed
     return ok
 
 

@@ -4,19 +4,23 @@
 // f32 GEMM route keeps making progress (backend/cpu/blas.h). Threads and route
 // come from the environment as in the CLI (MOETRAIN_NUM_THREADS, MOETRAIN_GEMM).
 //
-//   moetrain_gpt2_step [STEPS]     prints "route R threads N", then per step
-//                                  "step I SECONDS loss L" (L in hex: exact bits, so
-//                                  runs can be compared for reproducibility)
+//   moetrain_gpt2_step [STEPS]     prints "route R threads N kernels K", then per step
+//                                  "step I SECONDS loss L" (L in hex), then
+//                                  "parameters FNV" (FNV-1a of every parameter's bits
+//                                  after the steps): runs compared bit for bit
+//                                  (docs/performance.md, Reproducibility)
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "backend/cpu/blas.h"
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "nn/gpt2.h"
+#include "nn/parameters.h"
 #include "optim/adamw.h"
 
 using namespace moetrain;
@@ -26,7 +30,9 @@ int main(int argc, char** argv) {
   try {
     cpu::init_threads();
     const int steps = argc > 1 ? std::atoi(argv[1]) : 2;
-    fmt::print("route {} threads {}\n", cpu::gemm_route_name(cpu::gemm_route()), cpu::num_threads());
+    const std::string blas = cpu::blas_name();  // "...; f32 GEMM: blis (skx)"
+    fmt::print("route {} threads {} kernels {}\n", cpu::gemm_route_name(cpu::gemm_route()), cpu::num_threads(),
+               blas.substr(blas.rfind(": ") + 2));
     std::fflush(stdout);
     Gpt2Config config;  // GPT-2 small, 124M
     Gpt2 model(config, 1);
@@ -44,6 +50,13 @@ int main(int argc, char** argv) {
       fmt::print("step {} {:.3f} loss {:a}\n", s, sec, loss.item<float>());
       std::fflush(stdout);
     }
+    uint64_t hash = 14695981039346656037ull;  // FNV-1a, 64-bit, over 32-bit words (f32 parameters)
+    for (const NamedParameter& p : model.parameters()) {
+      const Tensor t = p.tensor.contiguous();
+      const auto* words = static_cast<const uint32_t*>(t.raw_data());
+      for (int64_t i = 0; i < t.nbytes() / 4; ++i) hash = (hash ^ words[i]) * 1099511628211ull;
+    }
+    fmt::print("parameters {:016x}\n", hash);
   } catch (const std::exception& e) {
     fmt::print(stderr, "moetrain_gpt2_step: {}\n", e.what());
     return 1;

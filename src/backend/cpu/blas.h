@@ -17,7 +17,12 @@
 //                  (bli_thrcomm_barrier) spin without ever yielding, so with more
 //                  threads than free cores (threads > cores, two runs side by side)
 //                  a GEMM can take minutes or seemingly hang.
-// MOETRAIN_GEMM=auto (default) | openblas | blis | blis-threaded. auto takes blis on
+//   portable       blis with BLIS's haswell (AVX2 + FMA) kernels on every CPU that has
+//                  them (an error elsewhere): the same bits on any such CPU, for any
+//                  thread count, given the same build and libraries (docs/performance.md,
+//                  Reproducibility). openblas is not that: its kernels depend on the CPU
+//                  and its results on the thread count.
+// MOETRAIN_GEMM=auto (default) | openblas | blis | blis-threaded | portable. auto takes blis on
 // such AVX-512 CPUs when OpenBLAS runs kernels without AVX-512 there (its core is
 // not SkylakeX / Cooperlake / SapphireRapids, e.g. AMD Zen 4/5, or
 // OPENBLAS_CORETYPE=Haswell), and OpenBLAS otherwise: where both have AVX2 kernels
