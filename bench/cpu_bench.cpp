@@ -10,18 +10,23 @@
 //
 // Cases (f32, default thread count = cores / ranks, MOETRAIN_NUM_THREADS to change):
 //   gemm               f32 GEMM on GPT-2 step shapes on each GEMM route (openblas, blis, blis-threaded)
+//   gemm-step          GPT-2 124M train steps (B=4, T=64) with the GEMM route switched between
+//                      steps, in turn, --steps rounds: whole steps per route in one process
 //   gpt2-64, gpt2-256  GPT-2 124M train step (forward, backward, AdamW) at B=4, T=64 / 256
 //   k3-small           configs/k3-small.yaml train step at B=4, T=256, plus time per component
 //   kda-2048, kda-8192 chunked KDA op forward+backward (bench/kda_case.h: B=1, H=4, K=V=64, chunk 64)
 //   moe                the MoE layer of k3-small (EP=1) forward+backward on B·T = 1024 tokens
 // FLOP counts: the models' own flops_per_token (6N + attention), the KDA chunked
 // FLOP model of bench/kda_case.h, and 3x the MoE layer's forward multiply-adds.
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <fmt/ranges.h>
 
 #include "backend/cpu/allocator.h"
 #include "backend/cpu/blas.h"
@@ -202,6 +207,39 @@ void gemm_table(double peak) {
   cpu::set_gemm_route(saved);
 }
 
+// GPT-2 124M steps (B=4, T=64), the routes taking turns step by step, so that a
+// changing load on a shared machine falls on all of them alike; best and median
+// of `rounds` steps per route.
+void gemm_step_table(int rounds) {
+  std::vector<cpu::GemmRoute> routes{cpu::GemmRoute::openblas};
+  if (cpu::blis_available()) routes.insert(routes.end(), {cpu::GemmRoute::blis, cpu::GemmRoute::blis_threaded});
+  const cpu::GemmRoute saved = cpu::gemm_route();
+  Gpt2Config config;
+  Gpt2 model(config, 1);
+  AdamW opt(model.parameters(), {});
+  Generator gen(7);
+  Tensor ids = randint({4, 64}, config.vocab_size, DType::i32, gen);
+  Tensor targets = randint({4, 64}, config.vocab_size, DType::i32, gen);
+  std::vector<std::vector<double>> ms(routes.size());
+  train_step(model, opt, ids, targets);  // warm-up
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < routes.size(); ++i) {
+      cpu::set_gemm_route(routes[i]);
+      auto t0 = Clock::now();
+      train_step(model, opt, ids, targets);
+      ms[i].push_back(seconds_since(t0) * 1e3);
+    }
+  cpu::set_gemm_route(saved);
+  fmt::print("\nGPT-2 124M step (B=4, T=64) by f32 GEMM route, {} rounds taking turns (ms per step):\n", rounds);
+  fmt::print("  {:<15} {:>9} {:>9}   {}\n", "route", "best", "median", "all");
+  for (size_t i = 0; i < routes.size(); ++i) {
+    std::vector<double> v = ms[i];
+    std::sort(v.begin(), v.end());
+    fmt::print("  {:<15} {:>9.1f} {:>9.1f}   {:.0f}\n", cpu::gemm_route_name(routes[i]), v.front(), v[v.size() / 2],
+               fmt::join(ms[i], " "));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -235,6 +273,10 @@ int main(int argc, char** argv) {
     Result r;
     if (name == "gemm") {
       gemm_table(peak.gflops);
+      continue;
+    }
+    if (name == "gemm-step") {
+      gemm_step_table(steps);
       continue;
     }
     if (name == "gpt2-64") r = gpt2_case(4, 64, steps, torch);
