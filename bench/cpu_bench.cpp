@@ -7,6 +7,7 @@
 // environment as is) right after ours, with the ratio torch / ours.
 //
 //   build/moetrain_bench_cpu [--steps N] [--no-torch] [--cases gemm,gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe]
+//   build/moetrain_bench_cpu --cases gemm,gemm-step --no-torch     (the f32 GEMM routes side by side)
 //
 // Cases (f32, default thread count = cores / ranks, MOETRAIN_NUM_THREADS to change):
 //   gemm               f32 GEMM on GPT-2 step shapes on each GEMM route (openblas, blis, blis-threaded)

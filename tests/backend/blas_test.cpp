@@ -152,7 +152,8 @@ TEST_CASE("blas: MOETRAIN_GEMM picks the route; a bad value is an error naming t
   CHECK_THAT(forced.output, Catch::Contains("f32 GEMM: openblas"));
   auto bad = moetrain::testing::capture_command(std::string("MOETRAIN_GEMM=mkl ") + info_cmd);
   CHECK(bad.code != 0);
-  CHECK_THAT(bad.output, Catch::Contains("MOETRAIN_GEMM=mkl") && Catch::Contains("auto, openblas, blis, blis-threaded, portable"));
+  CHECK_THAT(bad.output, Catch::Contains("MOETRAIN_GEMM=mkl") &&
+                             Catch::Contains("auto, openblas, blis, blis-threaded, portable"));
   // info names the route and how it runs on threads.
   CHECK_THAT(forced.output, Catch::Contains("f32 gemm    openblas (MOETRAIN_GEMM=openblas): OpenBLAS's own OpenMP"));
   if (cpu::blis_available()) {

@@ -72,7 +72,8 @@ def run(binary, route, threads, copies, deadline_s):
 
 def describe(r):
     if r["finished"]:
-        return f"steps {' + '.join(f'{s:.2f}' for s in r['steps'])} s (process {r['wall']:.1f} s), parameters {r['digest']}"
+        steps = " + ".join(f"{s:.2f}" for s in r["steps"])
+        return f"steps {steps} s (process {r['wall']:.1f} s), parameters {r['digest']}"
     return (f"STALLED: {len(r['steps'])} of {STEPS} steps in {r['wall']:.1f} s, killed"
             if r["code"] is not None and r["code"] < 0 else f"FAILED (exit {r['code']}): {r['output'].strip()}")
 

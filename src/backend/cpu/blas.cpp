@@ -137,10 +137,10 @@ void resolve_route() {
 // above it, and one below it is not cut at all: the sup kernels' own choices
 // (loop variant, edge kernels) follow the block's shape, and cutting changed bits
 // (tests/backend/blas_test.cpp under MOETRAIN_GEMM=portable). skx has no sup
-// kernels: there any cut keeps the bits. Cuts fall on whole
-// micro-tiles where the sizes allow: skx's sgemm tile is 32 x 12 on C^T (BLIS
-// transposes our row-major C for its column-preferring kernel), haswell's 6 x 16
-// on C, so rows are cut at multiples of 12 and columns at multiples of 32.
+// kernels: there any cut keeps the bits. Cuts fall on whole micro-tiles where
+// the sizes allow: skx's sgemm tile is 32 x 12 on C^T (BLIS transposes our
+// row-major C for its column-preferring kernel), haswell's 6 x 16 on C, so rows
+// are cut at multiples of 12 and columns at multiples of 32.
 constexpr int64_t kSplitRows = 12, kSplitCols = 32;
 constexpr int64_t kBlisSupThreshold = 201;  // config/haswell/bli_cntx_init_haswell.c, BLIS 0.9: MT = NT = KT
 // Smaller GEMMs run on the calling thread: below this many multiply-adds per
