@@ -27,8 +27,9 @@
 // not SkylakeX / Cooperlake / SapphireRapids, e.g. AMD Zen 4/5, or
 // OPENBLAS_CORETYPE=Haswell), and OpenBLAS otherwise: where both have AVX2 kernels
 // only (AMD Zen 2/3), BLIS was up to 1.3x faster on some GPT-2 shapes on an idle box
-// but collapsed when another process shared the cores, OpenBLAS much less
-// (bench/cpu_bench's gemm case prints every route).
+// but collapsed when another process shared the cores, OpenBLAS much less (that was
+// BLIS's own threading, now blis-threaded; not measured since on such a CPU).
+// bench/cpu_bench's gemm and gemm-step cases compare the routes in one process.
 // Called from inside our own OpenMP regions a GEMM runs on the calling thread only.
 #pragma once
 
@@ -57,8 +58,8 @@ void set_blas_threads(int n);
 
 // The route's MOETRAIN_GEMM name: "openblas", "blis", "blis-threaded".
 const char* gemm_route_name(GemmRoute route);
-// How the route in use runs on threads, e.g. "moetrain's OpenMP threads, one block
-// of C each, single-threaded BLIS calls (no barrier inside a GEMM)".
+// How the route in use runs on threads, e.g. "moetrain's OpenMP regions, 2 threads,
+// one block of C each, single-threaded BLIS calls (no barrier inside a GEMM)".
 std::string gemm_threading();
 // e.g. "OpenBLAS 0.3.21 ... core=Zen; f32 GEMM: openblas" or "...; f32 GEMM: blis (skx)"
 std::string blas_name();
