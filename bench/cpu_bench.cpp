@@ -7,21 +7,27 @@
 // environment as is) right after ours, with the ratio torch / ours.
 //
 //   build/moetrain_bench_cpu [--steps N] [--no-torch] [--cases gemm,gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe]
+//   build/moetrain_bench_cpu --cases gemm,gemm-step --no-torch     (the f32 GEMM routes side by side)
 //
 // Cases (f32, default thread count = cores / ranks, MOETRAIN_NUM_THREADS to change):
-//   gemm               f32 GEMM on GPT-2 step shapes on each GEMM route (OpenBLAS, BLIS)
+//   gemm               f32 GEMM on GPT-2 step shapes on each GEMM route (openblas, blis, blis-threaded)
+//   gemm-step          GPT-2 124M train steps (B=4, T=64) with the GEMM route switched between
+//                      steps, in turn, --steps rounds: whole steps per route in one process
 //   gpt2-64, gpt2-256  GPT-2 124M train step (forward, backward, AdamW) at B=4, T=64 / 256
 //   k3-small           configs/k3-small.yaml train step at B=4, T=256, plus time per component
 //   kda-2048, kda-8192 chunked KDA op forward+backward (bench/kda_case.h: B=1, H=4, K=V=64, chunk 64)
 //   moe                the MoE layer of k3-small (EP=1) forward+backward on B·T = 1024 tokens
 // FLOP counts: the models' own flops_per_token (6N + attention), the KDA chunked
 // FLOP model of bench/kda_case.h, and 3x the MoE layer's forward multiply-adds.
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <fmt/ranges.h>
 
 #include "backend/cpu/allocator.h"
 #include "backend/cpu/blas.h"
@@ -174,11 +180,13 @@ void gemm_table(double peak) {
                            {50304, 256, 768, true, false, "lm head dW"},
                            {1024, 768, 3072, false, false, "1024 x 768 x 3072"}};
   std::vector<cpu::GemmRoute> routes{cpu::GemmRoute::openblas};
-  if (cpu::blis_available()) routes.push_back(cpu::GemmRoute::blis);
+  if (cpu::blis_available()) routes.insert(routes.end(), {cpu::GemmRoute::blis, cpu::GemmRoute::blis_threaded});
   const cpu::GemmRoute saved = cpu::gemm_route();
   fmt::print("\nf32 GEMM by route (GFLOP/s, share of the FMA peak; route in use: {}):\n",
-             saved == cpu::GemmRoute::blis ? "blis" : "openblas");
-  fmt::print("  {:<24} {:>17} {:>15} {:>15}\n", "shape", "M x K x N", "openblas", routes.size() > 1 ? "blis" : "");
+             cpu::gemm_route_name(saved));
+  std::string header = fmt::format("  {:<24} {:>17}", "shape", "M x K x N");
+  for (cpu::GemmRoute route : routes) header += fmt::format(" {:>15}", cpu::gemm_route_name(route));
+  fmt::print("{}\n", header);
   for (const Shape3& s : shapes) {
     Tensor a = randn({s.ta ? s.k : s.m, s.ta ? s.m : s.k}, DType::f32, 1);
     Tensor b = randn({s.tb ? s.n : s.k, s.tb ? s.k : s.n}, DType::f32, 2), c = empty({s.m, s.n});
@@ -198,6 +206,39 @@ void gemm_table(double peak) {
     fmt::print("{}\n", row);
   }
   cpu::set_gemm_route(saved);
+}
+
+// GPT-2 124M steps (B=4, T=64), the routes taking turns step by step, so that a
+// changing load on a shared machine falls on all of them alike; best and median
+// of `rounds` steps per route.
+void gemm_step_table(int rounds) {
+  std::vector<cpu::GemmRoute> routes{cpu::GemmRoute::openblas};
+  if (cpu::blis_available()) routes.insert(routes.end(), {cpu::GemmRoute::blis, cpu::GemmRoute::blis_threaded});
+  const cpu::GemmRoute saved = cpu::gemm_route();
+  Gpt2Config config;
+  Gpt2 model(config, 1);
+  AdamW opt(model.parameters(), {});
+  Generator gen(7);
+  Tensor ids = randint({4, 64}, config.vocab_size, DType::i32, gen);
+  Tensor targets = randint({4, 64}, config.vocab_size, DType::i32, gen);
+  std::vector<std::vector<double>> ms(routes.size());
+  train_step(model, opt, ids, targets);  // warm-up
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < routes.size(); ++i) {
+      cpu::set_gemm_route(routes[i]);
+      auto t0 = Clock::now();
+      train_step(model, opt, ids, targets);
+      ms[i].push_back(seconds_since(t0) * 1e3);
+    }
+  cpu::set_gemm_route(saved);
+  fmt::print("\nGPT-2 124M step (B=4, T=64) by f32 GEMM route, {} rounds taking turns (ms per step):\n", rounds);
+  fmt::print("  {:<15} {:>9} {:>9}   {}\n", "route", "best", "median", "all");
+  for (size_t i = 0; i < routes.size(); ++i) {
+    std::vector<double> v = ms[i];
+    std::sort(v.begin(), v.end());
+    fmt::print("  {:<15} {:>9.1f} {:>9.1f}   {:.0f}\n", cpu::gemm_route_name(routes[i]), v.front(), v[v.size() / 2],
+               fmt::join(ms[i], " "));
+  }
 }
 
 }  // namespace
@@ -233,6 +274,10 @@ int main(int argc, char** argv) {
     Result r;
     if (name == "gemm") {
       gemm_table(peak.gflops);
+      continue;
+    }
+    if (name == "gemm-step") {
+      gemm_step_table(steps);
       continue;
     }
     if (name == "gpt2-64") r = gpt2_case(4, 64, steps, torch);

@@ -27,6 +27,9 @@ void add_info_command(CLI::App& app, Commands& commands) {
                         fmt::print("moetrain {}\n", MOETRAIN_VERSION);
                         fmt::print("threads     {} (MOETRAIN_NUM_THREADS or --threads override)\n", cpu::num_threads());
                         fmt::print("blas        {}\n", cpu::blas_name());
+                        const char* gemm = std::getenv("MOETRAIN_GEMM");
+                        fmt::print("f32 gemm    {} (MOETRAIN_GEMM={}): {}\n", cpu::gemm_route_name(cpu::gemm_route()),
+                                   gemm && *gemm ? gemm : "auto", cpu::gemm_threading());
                         const char* policy = std::getenv("OMP_WAIT_POLICY");
                         const char* spin = std::getenv("GOMP_SPINCOUNT");
                         fmt::print("openmp      {}\n", policy ? fmt::format("OMP_WAIT_POLICY={}", policy)

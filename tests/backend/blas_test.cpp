@@ -25,7 +25,7 @@ struct RouteGuard {
 
 std::vector<cpu::GemmRoute> routes() {
   std::vector<cpu::GemmRoute> r{cpu::GemmRoute::openblas};
-  if (cpu::blis_available()) r.push_back(cpu::GemmRoute::blis);
+  if (cpu::blis_available()) r.insert(r.end(), {cpu::GemmRoute::blis, cpu::GemmRoute::blis_threaded});
   else WARN("BLIS (libblis4-openmp) is not installed: only the OpenBLAS route is tested");
   return r;
 }
@@ -70,7 +70,7 @@ TEST_CASE("blas: every f32 GEMM route matches an f64 loop (transposes, padding, 
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{37, 53, 29}, {1, 7, 300}, {300, 257, 190}}) {
-          INFO("route " << (route == cpu::GemmRoute::blis ? "blis" : "openblas") << " ta " << ta << " tb " << tb
+          INFO("route " << cpu::gemm_route_name(route) << " ta " << ta << " tb " << tb
                         << " m " << m << " n " << n << " k " << k);
           CHECK(gemm_error(ta, tb, m, n, k, static_cast<uint64_t>(m * 7 + n + ta * 2 + tb)) < 1e-6);
         }
@@ -106,6 +106,43 @@ TEST_CASE("blas: matmul and linear give the same results on both routes (to f32 
   CHECK(moetrain::testing::max_abs_diff(b, d) < 1e-4);
 }
 
+TEST_CASE("blas: the blis route splits C over the threads: right, and the same bits for any thread count",
+          "[backend][blas]") {
+  if (!cpu::blis_available()) {
+    WARN("BLIS is not installed: skipped");
+    return;
+  }
+  RouteGuard guard;
+  const int saved_threads = cpu::num_threads();
+  cpu::set_gemm_route(cpu::GemmRoute::blis);
+  // Large enough to be split (backend/cpu/blas.cpp: >= 2M multiply-adds per thread),
+  // sizes off the 12-row and 32-column cuts; one tall, one wide, one square-ish with
+  // k below BLIS's sup threshold (201 on haswell), one above it in every dimension.
+  // Under MOETRAIN_GEMM=portable this runs BLIS's haswell kernels.
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1001, 67, 257}, {37, 3001, 190}, {301, 333, 129},
+                         {450, 700, 300}}) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        INFO("m " << m << " n " << n << " k " << k << " ta " << ta << " tb " << tb);
+        Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, DType::f32, 1);
+        Tensor b = randn(tb ? Shape{n, k} : Shape{k, n}, DType::f32, 2);
+        Tensor c0 = randn({m, n}, DType::f32, 3);
+        std::vector<Tensor> results;
+        for (int threads : {1, 2, 3, 4, 7}) {
+          cpu::set_num_threads(threads);
+          Tensor c = c0.clone();
+          cpu::gemm(ta, tb, m, n, k, 0.5f, a.data<float>(), a.size(1), b.data<float>(), b.size(1), 0.25f,
+                    c.data<float>(), n);
+          results.push_back(c);
+        }
+        cpu::set_num_threads(saved_threads);
+        for (size_t i = 1; i < results.size(); ++i) CHECK(moetrain::testing::max_abs_diff(results[0], results[i]) == 0);
+        CHECK(gemm_error(ta, tb, m, n, k, static_cast<uint64_t>(m + n + k)) < 1e-6);
+      }
+  }
+  cpu::set_num_threads(saved_threads);
+}
+
 TEST_CASE("blas: MOETRAIN_GEMM picks the route; a bad value is an error naming the variable", "[backend][blas]") {
   auto info = moetrain::testing::run_moetrain("info");
   REQUIRE(info.code == 0);
@@ -115,10 +152,26 @@ TEST_CASE("blas: MOETRAIN_GEMM picks the route; a bad value is an error naming t
   CHECK_THAT(forced.output, Catch::Contains("f32 GEMM: openblas"));
   auto bad = moetrain::testing::capture_command(std::string("MOETRAIN_GEMM=mkl ") + info_cmd);
   CHECK(bad.code != 0);
-  CHECK_THAT(bad.output, Catch::Contains("MOETRAIN_GEMM=mkl") && Catch::Contains("auto, openblas, blis"));
+  CHECK_THAT(bad.output, Catch::Contains("MOETRAIN_GEMM=mkl") &&
+                             Catch::Contains("auto, openblas, blis, blis-threaded, portable"));
+  // info names the route and how it runs on threads.
+  CHECK_THAT(forced.output, Catch::Contains("f32 gemm    openblas (MOETRAIN_GEMM=openblas): OpenBLAS's own OpenMP"));
   if (cpu::blis_available()) {
     auto blis = moetrain::testing::capture_command(std::string("MOETRAIN_GEMM=blis ") + info_cmd);
     CHECK(blis.code == 0);
     CHECK_THAT(blis.output, Catch::Contains("f32 GEMM: blis ("));
+    CHECK_THAT(blis.output, Catch::Contains("f32 gemm    blis (MOETRAIN_GEMM=blis): moetrain's OpenMP regions"));
+    auto threaded = moetrain::testing::capture_command(std::string("MOETRAIN_GEMM=blis-threaded ") + info_cmd);
+    CHECK(threaded.code == 0);
+    CHECK_THAT(threaded.output, Catch::Contains("f32 GEMM: blis-threaded (") &&
+                                    Catch::Contains("BLIS's own OpenMP threads"));
+    // portable: BLIS's AVX2 + FMA kernels whatever the CPU has beyond them.
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      auto portable = moetrain::testing::capture_command(std::string("BLIS_ARCH_TYPE=0 MOETRAIN_GEMM=portable ") +
+                                                         info_cmd);
+      CHECK(portable.code == 0);
+      CHECK_THAT(portable.output, Catch::Contains("f32 GEMM: blis (haswell)") &&
+                                      Catch::Contains("f32 gemm    blis (MOETRAIN_GEMM=portable)"));
+    }
   }
 }

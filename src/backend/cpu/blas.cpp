@@ -3,10 +3,14 @@
 #include <cblas.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "backend/cpu/parallel.h"
 #include "core/error.h"
@@ -76,7 +80,7 @@ const Blis& blis() {
       r.error = "libblis.so.4 lacks bli_sgemm / bli_thread_set_num_threads / bli_arch_query_id (not BLIS 0.9?)";
       return r;
     }
-    r.set_threads(num_threads());  // also initialises BLIS, which arch_id() needs
+    r.set_threads(1);  // the blis route's calls are single-threaded; also initialises BLIS, which arch_id() needs
     r.arch = arch_string(arch_id());
     return r;
   }();
@@ -97,17 +101,124 @@ void resolve_route() {
   std::call_once(once, [] {
     const char* v = std::getenv("MOETRAIN_GEMM");
     std::string want = v && *v ? v : "auto";
-    MT_CHECK(want == "auto" || want == "openblas" || want == "blis",
-             "environment variable MOETRAIN_GEMM={} is not one of auto, openblas, blis", want);
+    MT_CHECK(want == "auto" || want == "openblas" || want == "blis" || want == "blis-threaded" || want == "portable",
+             "environment variable MOETRAIN_GEMM={} is not one of auto, openblas, blis, blis-threaded, portable", want);
     if (want == "openblas") return;
+    if (want == "portable") {
+      // The same kernels on every AVX2 + FMA CPU (blas.h): BLIS's haswell ones, whatever
+      // BLIS_ARCH_TYPE says, set before BLIS loads.
+      MT_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+               "MOETRAIN_GEMM=portable needs a CPU with AVX2 and FMA (x86-64-v3), this one lacks them; our own "
+               "kernels run their generic copies here, so its results differ from such CPUs' anyway: use "
+               "MOETRAIN_GEMM=auto");
+      setenv("BLIS_ARCH_TYPE", kBlisHaswell, 1);
+    }
     if (want == "auto" && !(cpu_has_skx_avx512() && !openblas_has_avx512())) return;
     const Blis& b = blis();
     if (b.sgemm) {
-      g_route = GemmRoute::blis;
+      g_route = want == "blis-threaded" ? GemmRoute::blis_threaded : GemmRoute::blis;
+      MT_ASSERT(want != "portable" || b.arch == "haswell", "MOETRAIN_GEMM=portable but BLIS runs {}", b.arch);
+      if (g_route == GemmRoute::blis_threaded) b.set_threads(num_threads());
       return;
     }
-    MT_CHECK(want == "auto", "MOETRAIN_GEMM=blis: {}", b.error);
+    MT_CHECK(want == "auto", "MOETRAIN_GEMM={}: {}", want, b.error);
   });
+}
+
+// The blis route's split of C: pm x pn blocks, one per thread, each a whole-K
+// single-threaded BLIS call, so no thread ever waits for another inside a GEMM
+// (BLIS's own barriers spin without yielding: with more threads than free cores
+// a GEMM could stall for minutes). The bits do not depend on the thread count:
+// every element of C is computed by the same micro-kernel over the same K blocks
+// whatever block it falls in, as long as each block takes the same path through
+// BLIS as the whole product. BLIS 0.9's haswell configuration sends a product
+// with m, n or k below 201 to its "sup" (small/unpacked) kernels, which sum in
+// another order, so a product above that size is only cut into blocks that stay
+// above it, and one below it is not cut at all: the sup kernels' own choices
+// (loop variant, edge kernels) follow the block's shape, and cutting changed bits
+// (tests/backend/blas_test.cpp under MOETRAIN_GEMM=portable). skx has no sup
+// kernels: there any cut keeps the bits. Cuts fall on whole micro-tiles where
+// the sizes allow: skx's sgemm tile is 32 x 12 on C^T (BLIS transposes our
+// row-major C for its column-preferring kernel), haswell's 6 x 16 on C, so rows
+// are cut at multiples of 12 and columns at multiples of 32.
+constexpr int64_t kSplitRows = 12, kSplitCols = 32;
+constexpr int64_t kBlisSupThreshold = 201;  // config/haswell/bli_cntx_init_haswell.c, BLIS 0.9: MT = NT = KT
+// Smaller GEMMs run on the calling thread: below this many multiply-adds per
+// thread the OpenMP fork and join cost more than they save.
+constexpr double kMinMaddsPerThread = double(1 << 21);
+
+struct SplitGrid {
+  int pm = 1, pn = 1;
+};
+
+// Start of part i of p over `extent`, in whole units of `unit` (the last part
+// takes the remainder).
+int64_t split_start(int64_t extent, int64_t unit, int i, int p) {
+  const int64_t units = (extent + unit - 1) / unit;
+  return std::min(extent, units * i / p * unit);
+}
+
+// The smallest of the p parts of `extent` (0 when a part would be empty).
+int64_t smallest_part(int64_t extent, int64_t unit, int p) {
+  int64_t smallest = extent;
+  for (int i = 0; i < p; ++i)
+    smallest = std::min(smallest, split_start(extent, unit, i + 1, p) - split_start(extent, unit, i, p));
+  return smallest;
+}
+
+// The grid for up to `threads` blocks that packs the least per thread: each block
+// packs its rows of op(A) and its columns of op(B), K long, so minimise
+// m / pm + n / pn over pm x pn = t, for the largest t <= threads that fits
+// (no empty block; with `sup` kernels, blocks of a product above the threshold
+// stay above it and a product below it stays whole).
+SplitGrid split_grid(int64_t m, int64_t n, int64_t k, int threads, bool sup) {
+  const double madds = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  threads = static_cast<int>(std::min<double>(threads, std::max(1.0, madds / kMinMaddsPerThread)));
+  const bool conventional = m >= kBlisSupThreshold && n >= kBlisSupThreshold && k >= kBlisSupThreshold;
+  if (sup && !conventional) return {};
+  const int64_t min_block = sup ? kBlisSupThreshold : 1;
+  for (int t = threads; t > 1; --t) {
+    SplitGrid best;
+    double best_cost = std::numeric_limits<double>::infinity();
+    for (int pm = 1; pm <= t; ++pm) {
+      const int pn = t / pm;
+      if (pm * pn != t || smallest_part(m, kSplitRows, pm) < min_block ||
+          smallest_part(n, kSplitCols, pn) < min_block)
+        continue;
+      const double cost = static_cast<double>(m) / pm + static_cast<double>(n) / pn;
+      if (cost < best_cost) best_cost = cost, best = {pm, pn};
+    }
+    if (best.pm * best.pn == t) return best;
+  }
+  return {};
+}
+
+void blis_sgemm_split(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const BlisSgemm sgemm = blis().sgemm;
+  // Rows [i0, i1) and columns [j0, j1) of C. Row-major operands: row stride ld, column
+  // stride 1; op() as BLIS's trans flags. Row i of op(A) is row i of A, or column i
+  // of A when transposed; column j of op(B) likewise.
+  auto block = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    if (i0 >= i1 || j0 >= j1) return;
+    sgemm(trans_a ? kBlisTranspose : 0, trans_b ? kBlisTranspose : 0, i1 - i0, j1 - j0, k, &alpha,
+          trans_a ? a + i0 : a + i0 * lda, lda, 1, trans_b ? b + j0 * ldb : b + j0, ldb, 1, &beta, c + i0 * ldc + j0,
+          ldc, 1);
+  };
+  // Every configuration but skx may have sup kernels (haswell, zen*: BLIS_ARCH_TYPE set by the user).
+  static const bool sup = blis().arch != "skx";
+  const SplitGrid grid = omp_in_parallel() ? SplitGrid{} : split_grid(m, n, k, num_threads(), sup);
+  const int blocks = grid.pm * grid.pn;
+  if (blocks == 1) return block(0, m, 0, n);
+#pragma omp parallel num_threads(blocks)
+  {
+    // A team smaller than asked for (OMP_THREAD_LIMIT, nesting) takes several blocks per thread.
+    for (int q = omp_get_thread_num(); q < blocks; q += omp_get_num_threads()) {
+      const int bi = q / grid.pn, bj = q % grid.pn;
+      block(split_start(m, kSplitRows, bi, grid.pm), split_start(m, kSplitRows, bi + 1, grid.pm),
+            split_start(n, kSplitCols, bj, grid.pn), split_start(n, kSplitCols, bj + 1, grid.pn));
+    }
+  }
 }
 }  // namespace
 
@@ -118,25 +229,55 @@ GemmRoute gemm_route() {
 
 void set_gemm_route(GemmRoute route) {
   resolve_route();
-  if (route == GemmRoute::blis) {
-    MT_CHECK(blis().sgemm, "f32 GEMM route blis: {}", blis().error);
-    blis().set_threads(num_threads());
+  if (route != GemmRoute::openblas) {
+    MT_CHECK(blis().sgemm, "f32 GEMM route {}: {}", gemm_route_name(route), blis().error);
+    blis().set_threads(route == GemmRoute::blis_threaded ? num_threads() : 1);
   }
   g_route = route;
 }
 
-bool blis_available() { return blis().sgemm != nullptr; }
+bool blis_available() {
+  resolve_route();  // first: MOETRAIN_GEMM=portable picks BLIS's kernels before it loads
+  return blis().sgemm != nullptr;
+}
 
 void set_blas_threads(int n) {
   openblas_set_num_threads(n);
-  if (g_route == GemmRoute::blis && blis().set_threads) blis().set_threads(n);
+  if (g_route == GemmRoute::blis_threaded && blis().set_threads) blis().set_threads(n);
+}
+
+const char* gemm_route_name(GemmRoute route) {
+  switch (route) {
+    case GemmRoute::openblas: return "openblas";
+    case GemmRoute::blis: return "blis";
+    case GemmRoute::blis_threaded: return "blis-threaded";
+  }
+  return "?";
+}
+
+std::string gemm_threading() {
+  const int n = num_threads();
+  switch (gemm_route()) {
+    case GemmRoute::openblas:
+      return fmt::format("OpenBLAS's own OpenMP regions, {} thread{}", n, n == 1 ? "" : "s");
+    case GemmRoute::blis:
+      return fmt::format("moetrain's OpenMP regions, {} thread{}, one block of C each, single-threaded BLIS calls "
+                         "(no barrier inside a GEMM)",
+                         n, n == 1 ? "" : "s");
+    case GemmRoute::blis_threaded:
+      return fmt::format("BLIS's own OpenMP threads, {}, spinning barriers (stall when threads exceed free cores)",
+                         n);
+  }
+  return "?";
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) return scale_only(m, n, beta, c, ldc);
-  if (gemm_route() == GemmRoute::blis) {
+  const GemmRoute route = gemm_route();
+  if (route == GemmRoute::blis) return blis_sgemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (route == GemmRoute::blis_threaded) {
     // Row-major operands: row stride ld, column stride 1; op() as BLIS's trans flags.
     blis().sgemm(trans_a ? kBlisTranspose : 0, trans_b ? kBlisTranspose : 0, m, n, k, &alpha, a, lda, 1, b, ldb, 1,
                  &beta, c, ldc, 1);
@@ -161,7 +302,9 @@ std::string blas_name() {
   s += " core=";
   s += openblas_get_corename();
   s += "; f32 GEMM: ";
-  s += gemm_route() == GemmRoute::blis ? "blis (" + blis().arch + ")" : "openblas";
+  const GemmRoute route = gemm_route();
+  s += gemm_route_name(route);
+  if (route != GemmRoute::openblas) s += " (" + blis().arch + ")";
   return s;
 }
 
