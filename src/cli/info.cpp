@@ -18,37 +18,43 @@ namespace moetrain::cli {
 // tells apart; moetrain_bench_cuda exits with it too.
 constexpr int kExitNoDevice = 69;
 
+namespace {
+
+// What `moetrain info` prints; with require_cuda, kExitNoDevice when no CUDA device is visible.
+int print_info(bool require_cuda) {
+  fmt::print("moetrain {}\n", MOETRAIN_VERSION);
+  fmt::print("threads     {} (MOETRAIN_NUM_THREADS or --threads override)\n", cpu::num_threads());
+  fmt::print("blas        {}\n", cpu::blas_name());
+  const char* gemm = std::getenv("MOETRAIN_GEMM");
+  fmt::print("f32 gemm    {} (MOETRAIN_GEMM={}): {}\n", cpu::gemm_route_name(cpu::gemm_route()),
+             gemm && *gemm ? gemm : "auto", cpu::gemm_threading());
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  fmt::print("openmp      {}\n", policy ? fmt::format("OMP_WAIT_POLICY={}", policy)
+                                 : spin ? fmt::format("GOMP_SPINCOUNT={}", spin)
+                                        : std::string("libgomp's default spin"));
+  const int devices = cuda::built_with_cuda() ? cuda::device_count() : 0;
+  if (cuda::built_with_cuda()) {
+    fmt::print("cuda        built in, {} device(s)\n", devices);
+    for (int i = 0; i < devices; ++i) fmt::print("  cuda:{}    {}\n", i, cuda::device_name(i));
+  } else {
+    fmt::print("cuda        not built (configure with -DMOETRAIN_CUDA=ON and the CUDA toolkit)\n");
+  }
+  if (require_cuda && devices == 0) {
+    fmt::print(stderr, "moetrain: no CUDA device is visible (--require-cuda)\n");
+    return kExitNoDevice;
+  }
+  return 0;
+}
+
+}  // namespace
+
 void add_info_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand("info", "Print the build, BLAS, threads and devices");
   auto require_cuda = std::make_shared<bool>(false);
   cmd->add_flag("--require-cuda", *require_cuda,
                 "exit 69 (after printing) when no CUDA device is visible: launch/gpu-check.sh's device query");
-  commands.push_back({cmd, [require_cuda] {
-                        fmt::print("moetrain {}\n", MOETRAIN_VERSION);
-                        fmt::print("threads     {} (MOETRAIN_NUM_THREADS or --threads override)\n", cpu::num_threads());
-                        fmt::print("blas        {}\n", cpu::blas_name());
-                        const char* gemm = std::getenv("MOETRAIN_GEMM");
-                        fmt::print("f32 gemm    {} (MOETRAIN_GEMM={}): {}\n", cpu::gemm_route_name(cpu::gemm_route()),
-                                   gemm && *gemm ? gemm : "auto", cpu::gemm_threading());
-                        const char* policy = std::getenv("OMP_WAIT_POLICY");
-                        const char* spin = std::getenv("GOMP_SPINCOUNT");
-                        fmt::print("openmp      {}\n", policy ? fmt::format("OMP_WAIT_POLICY={}", policy)
-                                                       : spin ? fmt::format("GOMP_SPINCOUNT={}", spin)
-                                                              : std::string("libgomp's default spin"));
-                        if (cuda::built_with_cuda()) {
-                          int n = cuda::device_count();
-                          fmt::print("cuda        built in, {} device(s)\n", n);
-                          for (int i = 0; i < n; ++i) fmt::print("  cuda:{}    {}\n", i, cuda::device_name(i));
-                        } else {
-                          fmt::print(
-                              "cuda        not built (configure with -DMOETRAIN_CUDA=ON and the CUDA toolkit)\n");
-                        }
-                        if (*require_cuda && (!cuda::built_with_cuda() || cuda::device_count() == 0)) {
-                          fmt::print(stderr, "moetrain: no CUDA device is visible (--require-cuda)\n");
-                          return kExitNoDevice;
-                        }
-                        return 0;
-                      }});
+  commands.push_back({cmd, [require_cuda] { return print_info(*require_cuda); }});
 }
 
 }  // namespace moetrain::cli
