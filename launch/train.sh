@@ -32,14 +32,11 @@ if [[ $# -gt 0 && "$1" != -* ]]; then
 else
   # The quickstart: 2 ranks unless -n says otherwise, the experts sharded over all of
   # them (its 16 experts divide over 1, 2, 4, 8 or 16 ranks; the trainer refuses
-  # other counts, naming train.ep), and the config's batch (16 sequences) split over
-  # the ranks (train.batch_size is per rank): every -n trains the same run.
+  # other counts, naming train.ep), and the config's batch split over the ranks
+  # below (train.batch_size is per rank): every -n trains the same run.
   config=configs/k3-shakespeare.yaml
   ranks=${ranks:-2}
-  quickstart_batch=16
-  if (( quickstart_batch % ranks == 0 )); then
-    set -- --set train.batch_size=$(( quickstart_batch / ranks )) "$@"
-  fi
+  quickstart=1
   set -- --set train.ep="$ranks" "$@"
 fi
 [[ -f "$config" ]] || { echo "launch/train.sh: no config file '$config'" >&2; exit 2; }
@@ -57,6 +54,10 @@ resolved=$(build/moetrain train -c "$config" "$@" --print-config)
 train_glob=$(sed -n 's/^  train: //p' <<<"$resolved" | head -1 | tr -d "'\"")
 tokenizer=$(sed -n 's/^  tokenizer: //p' <<<"$resolved" | head -1 | tr -d "'\"")
 data_dir=$(dirname "$train_glob")
+if [[ -n "${quickstart:-}" ]]; then
+  batch=$(sed -n 's/^  batch_size: //p' <<<"$resolved" | head -1)
+  if (( batch % ranks == 0 )); then set -- --set train.batch_size=$(( batch / ranks )) "$@"; fi
+fi
 if [[ "$data_dir" == data/shakespeare* ]] && ! compgen -G "$train_glob" >/dev/null; then
   build/moetrain prepare data/tinyshakespeare.txt --out "$data_dir" --tokenizer "$tokenizer"
 fi
