@@ -348,6 +348,12 @@ std::string count(double n) {  // 6.2B, 350M
   return fmt::format("{:.0f}", n);
 }
 
+std::string recompute_note(const Ledger& l) {
+  if (!l.recompute || l.arch != "hybrid") return "";
+  return "note: train.activation_checkpointing is not implemented for model.arch hybrid yet (training refuses it); "
+         "the recomputing numbers say what it would take\n";
+}
+
 std::string cluster_text(const ClusterAssumptions& c) {
   return fmt::format("{} per device, {} usable after a {} reserve", human_bytes(c.gpu_memory), human_bytes(c.usable()),
                      human_bytes(c.reserve));
@@ -379,17 +385,17 @@ std::string step_text(const Ledger& l) {
 std::string memory_text(const Ledger& l) {
   const StageLedger& w = l.stages[static_cast<size_t>(l.worst_stage)];
   const ClusterAssumptions& c = l.cluster;
+  const double alive = static_cast<double>(w.micro_batches_in_flight) * w.activation_bytes_per_micro_batch;
   std::string out = fmt::format(
-      "memory per rank{}: weights+grads {} + optimizer {} + activations {} x {} = {}{}\n",
+      "memory per rank{}: weights+grads {} + optimizer {} + activations {} ({} x {}{}) = {}\n",
       l.layout.pp > 1 ? fmt::format(" (worst: stage {}, layers {}-{})", l.worst_stage, w.first_layer, w.end_layer - 1)
                       : "",
-      human_bytes(w.weight_grad_bytes), human_bytes(w.optimizer_bytes), w.micro_batches_in_flight,
-      human_bytes(w.activation_bytes_per_micro_batch), human_bytes(l.bytes_per_rank),
-      l.recompute && w.activation_bytes > 0
-          ? fmt::format(" (+ {} for the layer being recomputed)",
-                        human_bytes(w.activation_bytes - static_cast<double>(w.micro_batches_in_flight) *
-                                                             w.activation_bytes_per_micro_batch))
-          : "");
+      human_bytes(w.weight_grad_bytes), human_bytes(w.optimizer_bytes), human_bytes(w.activation_bytes),
+      w.micro_batches_in_flight, human_bytes(w.activation_bytes_per_micro_batch),
+      l.recompute ? fmt::format(" layer inputs + {} for the layer being recomputed",
+                                human_bytes(w.activation_bytes - alive))
+                  : "",
+      human_bytes(l.bytes_per_rank));
   out += fmt::format("  against {}: {}\n", cluster_text(c),
                      l.fits ? fmt::format("fits, {} to spare", human_bytes(c.usable() - l.bytes_per_rank))
                             : fmt::format("does not fit, {} over", human_bytes(l.bytes_per_rank - c.usable())));
@@ -473,7 +479,7 @@ std::string ledger_text(const Ledger& l) {
   out += memory_text(l);
   if (l.layout.pp > 1) out += stage_table(l);
   out += step_text(l);
-  return out;
+  return out + recompute_note(l);
 }
 
 std::string ledger_json(const Ledger& l) {
@@ -597,7 +603,7 @@ std::string plan_text(const Plan& plan) {
   }
   out += "  (params, state, activations, total: per rank on the stage that needs the most; compute, a2a, p2p: one "
          "micro-batch on the slowest stage; step = (M + pp - 1) x that + grad sync)\n";
-  return out;
+  return shown.empty() ? out : out + recompute_note(shown.front());
 }
 
 std::string plan_json(const Plan& plan) {
