@@ -168,8 +168,11 @@ TEST_CASE("ledger: 1F1B keeps min(pp - s, M) micro-batches alive; bubble (pp - 1
           const double received = s == 0 ? 0.0 : static_cast<double>((blocks + 1) * D) * 2.0;
           layers_only += st.activation_bytes_per_micro_batch - tokens * received;
         }
-        // The layer ranges partition the whole-model estimate.
+        // The layer ranges partition the whole-model estimates.
         CHECK(layers_only == Approx(whole.activation_bytes_per_rank).epsilon(1e-9));
+        double flops = 0;
+        for (const StageLedger& st : l.stages) flops += st.compute_s * l.cluster.peak_flops * l.cluster.mfu / tokens;
+        CHECK(flops == Approx(whole.flops_per_token).epsilon(1e-9));
         CHECK(l.step.sequences_per_step == M * config.get_int("train.batch_size"));
       }
     }
