@@ -63,11 +63,15 @@ void add_ledger_command(CLI::App& app, Commands& commands) {
   cmd->add_option("--micro-batches", o->layout.micro_batches,
                   "micro-batches per step and pipeline, the 1F1B schedule's M (default train.grad_accum)")
       ->check(positive());
-  cmd->add_option("--plan", o->plan, "search the layouts of this many devices; print the feasible ones, fastest first")
-      ->check(positive());
+  CLI::Option* plan =
+      cmd->add_option("--plan", o->plan, "search the layouts of this many devices; print the feasible ones, fastest first")
+          ->check(positive());
+  for (const char* one_layout : {"--pp", "--dp", "--ep", "--zero", "--micro-batches"})
+    plan->excludes(cmd->get_option(one_layout));
   cmd->add_option("--global-batch", o->global_batch,
                   "--plan: sequences per optimizer step (default: devices x train.batch_size x train.grad_accum)")
-      ->check(positive());
+      ->check(positive())
+      ->needs(plan);
   cmd->add_option("--top", o->top, "--plan: layouts printed")->check(positive());
   cmd->add_option("--gpu-memory", o->gpu_memory, "memory per device (an H200: 140GiB)")->capture_default_str();
   cmd->add_option("--reserve", o->reserve, "of it, kept for the CUDA context, NCCL and fragmentation")
@@ -106,7 +110,6 @@ void add_ledger_command(CLI::App& app, Commands& commands) {
       fmt::print("{}\n", o->json ? plan_json(plan) : plan_text(plan));
       return plan.feasible.empty() ? 1 : 0;
     }
-    if (o->global_batch > 0) throw Error("ledger: --global-batch goes with --plan; for one layout give --micro-batches");
     Ledger l = make_ledger(config, o->layout, cluster);
     fmt::print("{}\n", o->json ? ledger_json(l) : ledger_text(l));
     return 0;

@@ -326,7 +326,8 @@ TEST_CASE("cli: ledger prints a pipeline layout and --plan prints only layouts t
   for (const auto& [args, flag] : std::vector<std::pair<string, string>>{{"--pp 10", "--pp 10"},
                                                                          {"--gpu-memory 141", "--gpu-memory"},
                                                                          {"--zero 2", "--zero 2"},
-                                                                         {"--inter-bw 50GiB/min", "--inter-bw"}}) {
+                                                                         {"--inter-bw 50GiB/min", "--inter-bw"},
+                                                                         {"--plan 8 --pp 2", "--pp excludes --plan"}}) {
     INFO(args);
     Result bad = run("ledger " + args + " -c " + configs + "k3-tiny.yaml");
     CHECK(bad.code == 2);
