@@ -366,7 +366,7 @@ std::string step_text(const Ledger& l) {
   for (const StageLedger& st : l.stages)
     if (st.micro_batch_s() > slowest->micro_batch_s()) slowest = &st;
   std::string out = fmt::format(
-      "step estimate ({} micro-batches of {} x {} per pipeline, {} sequences per step; {:.0f} TFLOP/s x {:.2f} MFU, "
+      "step estimate (M = {} micro-batches of {} x {} per pipeline, {} sequences per step; {:.0f} TFLOP/s x {:.2f} MFU, "
       "{:.0f} GB/s in a node of {}, {:.0f} GB/s across nodes{}):\n",
       l.layout.micro_batches, l.layout.micro_batch, l.seq_len, with_commas(e.sequences_per_step), c.peak_flops / 1e12,
       c.mfu, c.intra_bandwidth / 1e9, c.devices_per_node, c.inter_bandwidth / 1e9,
