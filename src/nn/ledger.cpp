@@ -177,7 +177,7 @@ double ring_seconds(double bytes, bool one_node, const ClusterAssumptions& c) {
   return bytes / (one_node ? c.intra_bandwidth : c.inter_bandwidth);
 }
 
-Ledger evaluate(const ModelSummary& m, const LedgerLayout& layout, const ClusterAssumptions& cluster) {
+Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const ClusterAssumptions& cluster) {
   Ledger l;
   l.arch = m.arch;
   l.description = m.description;
@@ -447,7 +447,7 @@ Ledger make_ledger(const Config& config, LedgerLayout layout, const ClusterAssum
   ModelSummary m = summarize(config);
   layout = resolved(m, layout);
   check_layout(m, config, layout);
-  return evaluate(m, layout, cluster);
+  return evaluate_layout(m, layout, cluster);
 }
 
 std::string ledger_text(const Ledger& l) {
@@ -542,7 +542,7 @@ Plan plan_layouts(const Config& config, PlanOptions options, const ClusterAssump
       if (options.global_batch % per_pipeline) continue;
       for (int64_t zero : {0, 1}) {
         LedgerLayout layout{dp, ep, pp, zero, options.micro_batch, options.global_batch / per_pipeline};
-        all.push_back(evaluate(m, layout, cluster));
+        all.push_back(evaluate_layout(m, layout, cluster));
         ++plan.searched;
       }
     }
