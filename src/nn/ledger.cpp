@@ -171,6 +171,22 @@ bool on_one_node(int64_t first, int64_t stride, int64_t count, const ClusterAssu
   return first / c.devices_per_node == (first + (count - 1) * stride) / c.devices_per_node;
 }
 
+// The most peers on other nodes that a rank of the EP groups of a stage has (the
+// groups are ep consecutive ranks from first_rank on; one that straddles nodes
+// leaves its ranks on the emptier node with the most remote peers).
+int64_t remote_ep_peers(int64_t first_rank, int64_t dp, int64_t ep, const ClusterAssumptions& c) {
+  const int64_t per_node = c.devices_per_node;
+  int64_t most = 0;
+  for (int64_t g = 0; g < dp; ++g) {
+    const int64_t begin = first_rank + g * ep, end = begin + ep;
+    for (int64_t node = begin / per_node; node * per_node < end; ++node) {
+      const int64_t here = std::min(end, (node + 1) * per_node) - std::max(begin, node * per_node);
+      most = std::max(most, ep - here);
+    }
+  }
+  return most;
+}
+
 // Seconds to move `bytes` per rank in a ring collective over a group: the ring's
 // slowest link sets the pace, NVLink inside a node, the NIC across nodes.
 double ring_seconds(double bytes, bool one_node, const ClusterAssumptions& c) {
@@ -267,18 +283,22 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
       const double bytes = tokens * static_cast<double>(st.moe_layers) * 4.0 * static_cast<double>(m.top_k) *
                            static_cast<double>(m.moe_width) * m.activation_bytes;
       const double per_peer = bytes / static_cast<double>(ep);
-      int64_t near = 0;  // peers of the first EP group of the stage on its node
-      for (int64_t j = 1; j < ep; ++j) near += on_one_node(first_rank, j, 2, c);
-      st.all_to_all_s = std::max(per_peer * static_cast<double>(near) / c.intra_bandwidth,
-                                 per_peer * static_cast<double>(ep - 1 - near) / c.inter_bandwidth);
+      const int64_t remote = remote_ep_peers(first_rank, dp, ep, c);
+      st.all_to_all_s = std::max(per_peer * static_cast<double>(ep - 1 - remote) / c.intra_bandwidth,
+                                 per_peer * static_cast<double>(remote) / c.inter_bandwidth);
     }
     // Pipeline point-to-point: the activations in from stage s - 1 and out to s + 1
-    // (their gradients travel the other way on the same full-duplex links).
-    if (s > 0)
-      st.p2p_s += ring_seconds(tokens * received, on_one_node(first_rank - stage_ranks, stage_ranks, 2, c), c);
+    // (their gradients travel the other way on the same full-duplex links); rank r
+    // talks to r -/+ dp x ep, over the NIC if any such pair of the stage crosses nodes.
+    auto pairs_on_nodes = [&](int64_t from) {
+      for (int64_t r = from; r < from + stage_ranks; ++r)
+        if (!on_one_node(r, stage_ranks, 2, c)) return false;
+      return true;
+    };
+    if (s > 0) st.p2p_s += ring_seconds(tokens * received, pairs_on_nodes(first_rank - stage_ranks), c);
     if (!last)
       st.p2p_s += ring_seconds(tokens * static_cast<double>(m.boundary(end)) * m.activation_bytes,
-                               on_one_node(first_rank, stage_ranks, 2, c), c);
+                               pairs_on_nodes(first_rank), c);
     // Gradient sync per step, ring collectives: zero 0 all-reduces the gradients
     // (2 (R - 1) / R of them per rank); zero 1 reduce-scatters them and all-gathers the
     // updated weights ((R - 1) / R each). Replicated parameters over the stage's dp x ep
@@ -290,10 +310,12 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
       return ring_seconds(bytes, one_node, c);
     };
     const double replicated = static_cast<double>(st.params - st.expert_params);
+    bool expert_groups_on_nodes = true;  // the dp ranks first_rank + e + d ep of each ep_index e
+    for (int64_t e = 0; e < ep; ++e) expert_groups_on_nodes &= on_one_node(first_rank + e, ep, dp, c);
     st.grad_sync_s = sync(replicated, replicated_weight_bytes[static_cast<size_t>(s)], stage_ranks,
                           on_one_node(first_rank, 1, stage_ranks, c)) +
                      sync(static_cast<double>(st.expert_params), expert_weight_bytes[static_cast<size_t>(s)], dp,
-                          on_one_node(first_rank, ep, dp, c));
+                          expert_groups_on_nodes);
     if (m.tied && pp > 1 && (s == 0 || last))
       st.grad_sync_s += ring_seconds(static_cast<double>(m.vocab * m.d_model) * grad_wire,
                                      on_one_node(0, (pp - 1) * stage_ranks, 2, c), c);

@@ -197,6 +197,12 @@ TEST_CASE("ledger: the step estimate's traffic terms follow the rank layout", "[
   CHECK(e16.stages[0].all_to_all_s ==
         Approx(std::max(rows * 7.0 / 16.0 / cluster.intra_bandwidth, rows * 8.0 / 16.0 / cluster.inter_bandwidth)));
   CHECK(make_ledger(config, LedgerLayout{4, 1, 1}, cluster).stages[0].all_to_all_s == 0);
+  // ep 14 straddles nodes: the second group, ranks 14-27, has 2 ranks on node 1,
+  // 8 on node 2 and 4 on node 3, so ranks 14 and 15 have 12 remote peers.
+  const Config odd = load("k3-small", {"train.dtype=bf16", "model.moe.num_experts=56"});
+  const Ledger e14 = make_ledger(odd, LedgerLayout{2, 14, 1}, cluster);
+  CHECK(e14.stages[0].all_to_all_s ==
+        Approx(std::max(rows * 1.0 / 14.0 / cluster.intra_bandwidth, rows * 12.0 / 14.0 / cluster.inter_bandwidth)));
   // Gradient all-reduce of dp 2 on one node (zero 0): 2 (R - 1) / R of the f32 gradients.
   int64_t total = 0;
   for (const ParamSpec& p : specs_of(config)) total += p.shape.numel();
