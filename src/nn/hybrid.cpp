@@ -3,6 +3,7 @@
 #include "nn/hybrid.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 
 #include <fmt/format.h>
@@ -232,6 +233,17 @@ Tensor HybridModel::head(const Tensors& state) {
   }
   profile::Region region("embedding/head");
   return linear(rms_norm(hidden, norm_, c_.rms_norm_eps), c_.tie_embeddings ? embed_tokens_ : lm_head_);
+}
+
+bool HybridModel::stage_holds(const std::string& name) const {
+  if (stage_.whole()) return true;
+  const std::string layer_prefix = "model.layers.";
+  if (name.rfind(layer_prefix, 0) == 0) {
+    const int64_t l = std::strtoll(name.c_str() + layer_prefix.size(), nullptr, 10);
+    return l >= layers_range_.first && l < layers_range_.end;
+  }
+  if (name == "model.embed_tokens.weight") return stage_.first() || (stage_.last() && c_.tie_embeddings);
+  return stage_.last();  // the final AttnRes read, norm and head
 }
 
 int64_t HybridModel::stage_input_count() const {

@@ -85,6 +85,7 @@ class HybridModel : public LanguageModel {
   // the running sum of the open block; without, the residual stream.
   int64_t stage_input_count() const override;
   StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training) override;
+  bool stage_holds(const std::string& name) const override;
   // The stage's layers [first, end).
   StageLayers stage_layers() const { return layers_range_; }
 

@@ -90,6 +90,9 @@ class LanguageModel {
   // gives the loss against targets, or the logits when targets is undefined. For
   // the whole model: the loss (or logits) of ids.
   virtual StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training);
+  // Whether a parameter or buffer of the whole model with this name belongs to
+  // this stage (checkpoint loads: a name of another stage is not "unexpected").
+  virtual bool stage_holds(const std::string& name) const { return true; }
 
   // The family's Hugging Face adapter (nn/hf_adapter.h: names, config.json, import and
   // export), bound to this model's configuration; nullptr: the model has no HF layout.
