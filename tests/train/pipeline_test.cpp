@@ -9,6 +9,8 @@
 
 #include <set>
 
+#include "backend/cpu/parallel.h"
+#include "backend/cuda/runtime.h"
 #include "comm/communicator.h"
 #include "comm/process_grid.h"
 #include "moetrain.h"
@@ -185,5 +187,38 @@ TEST_CASE("pipeline: 1F1B loss and every gradient equal one process (pp 2, 4; wi
       }
       CHECK(testing::max_abs_diff(logits, want) < 1e-12 * std::max(1.0, abs_max(want)));
     }
+  }
+}
+
+TEST_CASE("pipeline: on CUDA (NCCL send/recv), 1F1B gradients equal one CPU process (pp = world)",
+          "[train][pipeline][cuda][mpi]") {
+  // The case above with each stage on its GPU: activations and gradients through
+  // NCCL's grouped send/recv, the logits' broadcast too; the reference on the CPU.
+  if (!testing::gpu_available()) return;
+  comm::Communicator& world = comm::world();
+  const int W = world.size();
+  if (W == 1 || W > 6) return;
+  const Device gpu{DeviceKind::cuda, cuda::select_device(cpu::launcher_local_rank())};
+  const HybridConfig c = pipeline_model(true);
+  Distributed d;
+  d.world = &world;
+  d.grid = comm::make_process_grid(world, 1, "ep", W, "pp");
+  d.tied_pipeline = true;
+  const int64_t M = 3;
+  Generator gen(11);
+  std::vector<data::Batch> batches;
+  for (int64_t i = 0; i < M; ++i)
+    batches.push_back({randint({2, 6}, c.vocab_size, DType::i32, gen), randint({2, 6}, c.vocab_size, DType::i32, gen)});
+  HybridModel ref(c, 5);
+  for (const data::Batch& b : batches) mul_scalar(ref.loss(b.inputs, b.targets), 1.0 / M).backward();
+  HybridModel m(c, 5, true, {}, PipelineStage{d.grid.pp_index, d.grid.pp});
+  for (const NamedParameter& p : m.parameters()) move_to_device_(p.tensor, gpu);
+  pipeline_train_step(d, m, batches, gpu);
+  sync_gradients(d, m);
+  for (const NamedParameter& p : m.parameters()) {
+    INFO(p.name);
+    const Tensor want = find(ref.parameters(), p.name)->tensor.grad();
+    REQUIRE(p.tensor.grad().defined());
+    CHECK(testing::max_abs_diff(p.tensor.grad().to(kCpu), want) < 1e-9 * std::max(1.0, abs_max(want)));
   }
 }
