@@ -127,7 +127,7 @@ std::string shape_text(const Shape& s) { return fmt::format("{}", s); }
 
 struct FileInfo {
   std::string name;
-  int rank = 0, dp_index = 0, ep_index = 0;
+  int rank = 0, pp_index = 0, dp_index = 0, ep_index = 0;
   bool replicated = false;
   int64_t expert_begin = 0, expert_end = 0;  // global rows held; empty when equal
   int64_t bytes = 0;
@@ -135,7 +135,7 @@ struct FileInfo {
 };
 
 struct Manifest {
-  int64_t version = 0, step = 0, world = 0, dp = 0, ep = 0, num_experts = 0;
+  int64_t version = 0, step = 0, world = 0, pp = 1, dp = 0, ep = 0, num_experts = 0;
   std::string config_sha256;
   std::string run_id, lineage;  // "" in checkpoints written before lineages
   std::vector<FileInfo> files;
@@ -158,6 +158,7 @@ Manifest read_manifest(const fs::path& dir) {
     m.world = j.at("world").get<int64_t>();
     m.dp = j.at("dp").get<int64_t>();
     m.ep = j.at("ep").get<int64_t>();
+    m.pp = j.value("pp", int64_t{1});  // checkpoints written before pipeline parallelism: 1
     m.num_experts = j.at("num_experts").get<int64_t>();
     m.config_sha256 = j.at("config_sha256").get<std::string>();
     m.run_id = j.value("run_id", std::string());
@@ -169,6 +170,7 @@ Manifest read_manifest(const fs::path& dir) {
       i.sha256 = f.at("sha256").get<std::string>();
       if (f.contains("rank")) {
         i.rank = f.at("rank").get<int>();
+        i.pp_index = f.value("pp_index", 0);
         i.dp_index = f.at("dp_index").get<int>();
         i.ep_index = f.at("ep_index").get<int>();
         i.replicated = f.at("replicated").get<bool>();
@@ -194,6 +196,7 @@ json file_json(const FileInfo& f, bool rank_file) {
   json j = {{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}};
   if (rank_file) {
     j["rank"] = f.rank;
+    j["pp_index"] = f.pp_index;
     j["dp_index"] = f.dp_index;
     j["ep_index"] = f.ep_index;
     j["replicated"] = f.replicated;
@@ -376,16 +379,23 @@ struct RankFileContent {
 RankFileContent rank_file_content(const Distributed& d, const LanguageModel& model, const AdamW& opt,
                                   const TrainProgress& progress, const Config& config, PendingSave& p, bool copy) {
   const auto [lo, hi] = expert_range(d, p.experts);
-  const bool holds_replicated = d.root(), holds_experts = p.experts > 0 && d.grid.dp_index == 0;
+  // Replicated tensors: the first rank of each pipeline stage (rank 0 at pp = 1)
+  // writes its stage's; the last stage's copy of a tied table is not written.
+  const bool holds_replicated = d.grid.local_index() == 0, holds_experts = p.experts > 0 && d.grid.dp_index == 0;
+  auto tied_copy = [&](const NamedParameter& q) {
+    return d.tied_pipeline && d.grid.last_stage() && q.group == "embedding";
+  };
   FileInfo& mine = p.mine;
   mine.name = rank_file(d.rank());
   mine.rank = d.rank();
+  mine.pp_index = d.grid.pp_index;
   mine.dp_index = d.grid.dp_index;
   mine.ep_index = d.grid.ep_index;
   mine.replicated = holds_replicated;
   if (holds_experts) std::tie(mine.expert_begin, mine.expert_end) = std::pair{lo, hi};
   RankFileContent c;
   c.ints = {{"version", kCheckpointVersion}, {"rank", d.rank()},          {"world", d.size()},
+            {"pp", d.grid.pp},               {"pp_index", d.grid.pp_index},
             {"dp", d.grid.dp},               {"ep", d.grid.ep},           {"dp_index", d.grid.dp_index},
             {"ep_index", d.grid.ep_index},   {"step", progress.step},     {"tokens", progress.tokens},
             {"skipped", progress.skipped},   {"consecutive_skips", progress.consecutive_skips},
@@ -404,7 +414,7 @@ RankFileContent rank_file_content(const Distributed& d, const LanguageModel& mod
   const ParameterList buffers = model.buffers();
   for (const Slot& s : slots(model, buffers, &opt)) {
     const bool expert = p.experts > 0 && is_expert(*s.param);
-    if (expert ? holds_experts : holds_replicated)
+    if (expert ? holds_experts : holds_replicated && !tied_copy(*s.param))
       // An async save snapshots on the host: a GPU tensor's copy frees no device
       // memory and the writer thread never touches the GPU.
       c.datasets.emplace_back(s.group, s.param->name,
@@ -466,8 +476,10 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
       FileInfo f;
       f.name = rank_file(k);
       f.rank = k;
-      f.dp_index = k / d.grid.ep;
-      f.ep_index = k % d.grid.ep;
+      const int local = k % d.grid.replicas();
+      f.pp_index = k / d.grid.replicas();
+      f.dp_index = local / d.grid.ep;
+      f.ep_index = local % d.grid.ep;
       f.bytes = a[0];
       f.expert_begin = a[1];
       f.expert_end = a[2];
@@ -491,6 +503,7 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
                            {"step", p.step},
                            {"tokens", p.tokens},
                            {"world", d.size()},
+                           {"pp", d.grid.pp},
                            {"dp", d.grid.dp},
                            {"ep", d.grid.ep},
                            {"num_experts", p.experts},
@@ -627,17 +640,20 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
 
   const int64_t experts = global_experts(config);
   const auto [lo, hi] = expert_range(d, experts);
-  // The files this rank reads: the replicated one and those holding its experts.
-  const FileInfo* replicated = nullptr;
-  std::vector<const FileInfo*> expert_files;
+  // The files this rank reads: those with replicated tensors (one per pipeline
+  // stage of the saving run: rank 0's at pp = 1) and those holding its experts.
+  std::vector<const FileInfo*> replicated_files, expert_files;
   for (const FileInfo& f : m.files) {
-    if (f.replicated) replicated = &f;
+    if (f.replicated) replicated_files.push_back(&f);
     if (f.expert_end > f.expert_begin && f.expert_begin < hi && f.expert_end > lo) expert_files.push_back(&f);
   }
-  MT_CHECK(replicated, "checkpoint {}: {} names no file with the replicated tensors", dir.string(), kManifest);
-  const bool same_layout = m.world == d.size() && m.ep == d.grid.ep;
+  MT_CHECK(!replicated_files.empty(), "checkpoint {}: {} names no file with the replicated tensors", dir.string(),
+           kManifest);
+  const FileInfo* replicated = replicated_files.front();  // rank 0's: the counters when the layout changed
+  const bool same_layout = m.world == d.size() && m.ep == d.grid.ep && m.pp == d.grid.pp;
   const FileInfo& own = same_layout ? m.files[static_cast<size_t>(d.rank())] : *replicated;
-  std::set<const FileInfo*> needed{replicated, &own};
+  std::set<const FileInfo*> needed{&own};
+  needed.insert(replicated_files.begin(), replicated_files.end());
   needed.insert(expert_files.begin(), expert_files.end());
   {
     int64_t total = 0;
@@ -664,6 +680,7 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     same("world", m.world);
     same("ep", m.ep);
     same("rank", f->rank);
+    if (r->attr_int("/", "pp_index")) same("pp_index", f->pp_index);
     same("dp_index", f->dp_index);
     same("ep_index", f->ep_index);
     const std::optional<std::string> sha = r->attr_string("/", "config_sha256");
@@ -672,7 +689,19 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
              "step_...)", dir.string(), f->name, sha ? sha->substr(0, 12) : std::string("none"), kManifest,
              m.config_sha256.substr(0, 12));
   }
-  const hdf5::Reader& rep = *readers.at(replicated);
+  // A replicated tensor's file: the (one) replicated file that holds it.
+  auto replicated_reader = [&](const std::string& group, const std::string& name) -> const FileInfo* {
+    for (const FileInfo* f : replicated_files)
+      if (readers.at(f)->has_dataset(group, name)) return f;
+    return nullptr;
+  };
+  // The expert files that hold this tensor (under pp, each stage's files hold its own layers').
+  auto expert_readers = [&](const std::string& group, const std::string& name) {
+    std::vector<const FileInfo*> out;
+    for (const FileInfo* f : expert_files)
+      if (readers.at(f)->has_dataset(group, name)) out.push_back(f);
+    return out;
+  };
 
   // Names and shapes: every mismatch in one message.
   std::vector<std::string> missing, unexpected, mismatched;
@@ -688,8 +717,9 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     const Shape model_shape(model_dims);
     const std::string what = fmt::format("{}/{}", s.group, s.param->name);
     if (expert && ckpt_has_experts) {
-      const hdf5::Reader* r = expert_files.empty() ? nullptr : readers.at(expert_files.front()).get();
-      if (!r || !r->has_dataset(s.group, s.param->name)) {
+      const std::vector<const FileInfo*> holders = expert_readers(s.group, s.param->name);
+      const hdf5::Reader* r = holders.empty() ? nullptr : readers.at(holders.front()).get();
+      if (!r) {
         missing.push_back(fmt::format("{} {}", what, shape_text(model_shape)));
         continue;
       }
@@ -698,20 +728,21 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
       if (Shape(dims) != model_shape)
         mismatched.push_back(fmt::format("{}: checkpoint {}, model {}", what, shape_text(Shape(dims)),
                                          shape_text(model_shape)));
-    } else if (!rep.has_dataset(s.group, s.param->name)) {
+    } else if (const FileInfo* f = replicated_reader(s.group, s.param->name); !f) {
       missing.push_back(fmt::format("{} {}", what, shape_text(model_shape)));
-    } else if (Shape ck = rep.shape(s.group, s.param->name); ck != model_shape) {
+    } else if (Shape ck = readers.at(f)->shape(s.group, s.param->name); ck != model_shape) {
       mismatched.push_back(fmt::format("{}: checkpoint {}, model {}", what, shape_text(ck), shape_text(model_shape)));
     }
   }
-  std::vector<const hdf5::Reader*> listed{&rep};
-  if (!expert_files.empty()) listed.push_back(readers.at(expert_files.front()).get());
+  std::vector<const hdf5::Reader*> listed;
+  for (const FileInfo* f : replicated_files) listed.push_back(readers.at(f).get());
+  for (const FileInfo* f : expert_files) listed.push_back(readers.at(f).get());
   std::set<std::string> seen;
   for (const hdf5::Reader* r : listed)
     for (const std::string& g : r->groups("/")) {
       if (g == "experts" || (!opt && (g == "exp_avg" || g == "exp_avg_sq"))) continue;  // moments: not asked for
       for (const std::string& name : r->datasets(g))
-        if (!expected[g].count(name) && seen.insert(g + "/" + name).second)
+        if (!expected[g].count(name) && model.stage_holds(name) && seen.insert(g + "/" + name).second)
           unexpected.push_back(fmt::format("{}/{} {}", g, name, shape_text(r->shape(g, name))));
     }
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
@@ -739,14 +770,18 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     MT_ASSERT(s.tensor.is_cpu(), "checkpoint load needs CPU tensors (always contiguous in this project)");
     const bool expert = experts > 0 && is_expert(*s.param);
     if (!expert) {
-      Tensor src = rep.read(s.group, s.param->name);
-      check_dtype(src, s, replicated->name);
+      const FileInfo* f = replicated_reader(s.group, s.param->name);
+      Tensor src = readers.at(f)->read(s.group, s.param->name);
+      check_dtype(src, s, f->name);
       copy_(s.tensor, src);
       loading.update(s.tensor.nbytes());
       continue;
     }
     const int64_t row_bytes = s.tensor.nbytes() / s.tensor.size(0);
-    for (const FileInfo* f : expert_files) {
+    const std::vector<const FileInfo*> holders = expert_readers(s.group, s.param->name);
+    int64_t covered = 0;
+    for (const FileInfo* f : holders) {
+      covered += std::min(hi, f->expert_end) - std::max(lo, f->expert_begin);
       Tensor src = readers.at(f)->read(s.group, s.param->name);
       check_dtype(src, s, f->name);
       const int64_t a = std::max(lo, f->expert_begin), b = std::min(hi, f->expert_end);
@@ -757,6 +792,9 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
                   static_cast<const char*>(src.raw_data()) + (a - f->expert_begin) * row_bytes,
                   static_cast<size_t>((b - a) * row_bytes));
     }
+    // Every row of this rank's experts came from some file.
+    MT_CHECK(covered == hi - lo, "checkpoint {}: its files hold {} of the expert rows [{}, {}) of {}/{} this rank "
+             "needs", dir.string(), covered, lo, hi, s.group, s.param->name);
     loading.update(s.tensor.nbytes());
   }
   loading.finish();
@@ -765,12 +803,6 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
       MT_THROW("checkpoint {}: {}/{} {} holds {} NaN or infinite values of {}; it cannot be trained from: resume "
                "from an earlier checkpoint (ckpt.resume: step_...)", dir.string(), s.group, s.param->name,
                s.tensor.shape(), bad, s.tensor.numel());
-  if (experts > 0) {  // every row of this rank's experts came from some file
-    int64_t covered = 0;
-    for (const FileInfo* f : expert_files) covered += std::min(hi, f->expert_end) - std::max(lo, f->expert_begin);
-    MT_CHECK(covered == hi - lo, "checkpoint {}: its files hold {} of the experts [{}, {}) this rank needs",
-             dir.string(), covered, lo, hi);
-  }
 
   const hdf5::Reader& mine = *readers.at(&own);
   auto attr = [&](const char* key) {

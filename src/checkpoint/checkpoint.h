@@ -8,9 +8,11 @@
 //
 // What each file holds. Every rank file: the counters (step, tokens, skipped
 // steps), the data-loader position, the RNG state and the layout as attributes of
-// "/". Replicated tensors (all but expert shards) only in rank 0's file; expert
-// shards (parameters of group "experts", stacked [E_local, ...]) in the files of the
-// ranks with dp_index 0, with their global expert index (/experts/global_index).
+// "/". Replicated tensors (all but expert shards) only in the file of each pipeline
+// stage's first rank (rank 0's at train.pp 1; not the last stage's tied copy);
+// expert shards (parameters of group "experts", stacked [E_local, ...]) in the
+// files of the ranks with dp_index 0, with their global expert index
+// (/experts/global_index).
 // Groups: /params, /buffers (router biases), /exp_avg and /exp_avg_sq (AdamW
 // moments, in parameter order, named like the parameter). Every dataset is chunked
 // with HDF5's Fletcher32 checksum; manifest.json lists each file's size and SHA-256.
@@ -21,11 +23,12 @@
 // the parent, replaces `latest` atomically and deletes the checkpoints beyond
 // ckpt.keep_last (never the newest) and leftover .tmp directories; barrier.
 //
-// Load: the files a rank needs (rank 0's for replicated tensors, those holding its
+// Load: the files a rank needs (those with replicated tensors, those holding its
 // experts) are checked against the manifest (size, SHA-256) before anything is
 // read; shapes are compared name by name (every missing, unexpected or mismatched
-// tensor listed in one error). A different layout (dp, ep) is resharded: expert
-// rows are taken by global expert index from whichever files hold them.
+// tensor listed in one error; a pipeline stage ignores the other stages' names).
+// A different layout (pp, dp, ep) is resharded: each tensor comes from the file
+// that holds it, expert rows by global expert index.
 #pragma once
 
 #include <cstdint>

@@ -53,6 +53,17 @@ int64_t check_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_
   return send.shape().numel(1, send.dim());
 }
 
+void check_send_recv(const std::vector<P2POp>& ops, int size) {
+  for (const P2POp& op : ops) {
+    const char* what = op.kind == P2POp::Kind::send ? "send" : "receive";
+    MT_CHECK(op.tensor.defined(), "send_recv: a {} to/from rank {} has no tensor", what, op.peer);
+    MT_CHECK(op.peer >= 0 && op.peer < size, "send_recv: a {} names rank {}, not a rank of this group of {}", what,
+             op.peer, size);
+    MT_CHECK(op.tensor.is_cuda() == ops.front().tensor.is_cuda(),
+             "send_recv: {} mixes CPU and CUDA tensors in one call; pass one kind", describe(op.tensor));
+  }
+}
+
 }  // namespace detail
 
 namespace {
@@ -119,6 +130,20 @@ class LocalCommunicator final : public Communicator {
   }
 
   void barrier() override {}
+
+  void send_recv(std::vector<P2POp>& ops) override {
+    detail::check_send_recv(ops, 1);
+    std::vector<const P2POp*> sends, recvs;
+    for (const P2POp& op : ops) (op.kind == P2POp::Kind::send ? sends : recvs).push_back(&op);
+    MT_CHECK(sends.size() == recvs.size(), "send_recv: this one-process group sends itself {} tensors but receives {}",
+             sends.size(), recvs.size());
+    for (size_t k = 0; k < sends.size(); ++k) {
+      const Tensor &src = sends[k]->tensor, &dst = recvs[k]->tensor;
+      MT_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype(),
+               "send_recv: send {} ({}) does not match receive {} ({})", k, describe(src), k, describe(dst));
+      copy_(dst, src.detach());
+    }
+  }
 };
 
 // MOETRAIN_MPI: unset -> follow the launcher; 1 -> MPI; 0 -> one process.

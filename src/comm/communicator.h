@@ -39,6 +39,14 @@
 
 namespace moetrain::comm {
 
+// One point-to-point transfer of a send_recv batch (pipeline parallelism).
+struct P2POp {
+  enum class Kind { send, recv };
+  Kind kind = Kind::send;
+  int peer = 0;   // rank in this group
+  Tensor tensor;  // send: what goes; recv: allocated by the caller (shape, dtype, device), filled in place
+};
+
 // A collective started by start_all_reduce_sum and not yet waited for. wait()
 // ends it: on the CPU it blocks until the result is in the tensor; on CUDA it
 // orders the device's stream after the collective and returns at once (as the
@@ -98,6 +106,16 @@ class Communicator {
   // send_counts[this rank].
   virtual std::vector<int64_t> all_to_all_counts(const std::vector<int64_t>& send_counts) = 0;
   virtual void barrier() = 0;
+  // Point-to-point: the sends and receives of `ops` are started together and all
+  // finished on return (CPU: MPI_Isend/MPI_Irecv and one MPI_Waitall; CUDA: one
+  // NCCL group call on the device's stream), so a pipeline stage can send to one
+  // neighbour while it receives from the other, or from the same one, without an
+  // ordering deadlock. Messages between two ranks arrive in the order they were
+  // posted; a receive must match its send's bytes exactly (MPI reports
+  // truncation as an error; a shorter message is caught here). Tensors must be
+  // contiguous; all of one call on the same kind of device. The one-process
+  // communicator pairs the k-th send to itself with its k-th receive (a copy).
+  virtual void send_recv(std::vector<P2POp>& ops) = 0;
 };
 
 inline constexpr int kNoGroup = -1;  // split() color of a rank that joins no group
@@ -133,6 +151,8 @@ void check_sum_dtype(const char* op, const Tensor& t);
 // Checks t for reduce_scatter_sum over `size` ranks; returns n, the rows per rank.
 int64_t check_reduce_scatter(const Tensor& t, int size);
 // Checks the counts and returns the number of elements per row of `send`.
+// Checks the ops of send_recv (defined tensors, peers in [0, size), one kind of device).
+void check_send_recv(const std::vector<P2POp>& ops, int size);
 int64_t check_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
                            const std::vector<int64_t>& recv_rows, int size);
 }  // namespace detail

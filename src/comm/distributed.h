@@ -25,6 +25,7 @@ struct Distributed {
   int64_t grad_bucket_bytes = int64_t{32} << 20;  // train.grad_bucket_mb
   std::unique_ptr<GradReducer> reducer;           // made at the first overlapped step
   bool overlap_logged = false;                    // the first overlapped step's line is printed
+  bool tied_pipeline = false;  // pp > 1 with tied embeddings: first and last stage both hold the table
 
   int rank() const { return world->rank(); }
   int size() const { return world->size(); }

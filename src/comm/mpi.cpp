@@ -292,6 +292,48 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Barrier(comm_), "MPI_Barrier");
   }
 
+  void send_recv(std::vector<P2POp>& ops) override {
+    detail::check_send_recv(ops, size_);
+    if (ops.empty()) return;
+    if (ops.front().tensor.is_cuda()) return nccl_.send_recv(ops);
+    // Bytes in chunks of at most kChunk, each its own message with tag 0:
+    // messages of one pair and direction are matched in posting order.
+    std::vector<MPI_Request> requests;
+    std::vector<int64_t> expected;  // bytes of each request (receives checked after)
+    for (P2POp& op : ops) {
+      char* p = static_cast<char*>(op.tensor.raw_data());
+      const int64_t n = op.tensor.nbytes();
+      int64_t at = 0;
+      do {  // one message even for 0 bytes, so both sides post the same number
+        const int count = static_cast<int>(std::min(kChunk, n - at));
+        MPI_Request request = MPI_REQUEST_NULL;
+        if (op.kind == P2POp::Kind::send)
+          check(MPI_Isend(p + at, count, MPI_BYTE, op.peer, 0, comm_, &request), "MPI_Isend",
+                fmt::format("to rank {}, {}", op.peer, describe(op.tensor)));
+        else
+          check(MPI_Irecv(p + at, count, MPI_BYTE, op.peer, 0, comm_, &request), "MPI_Irecv",
+                fmt::format("from rank {}, {}", op.peer, describe(op.tensor)));
+        requests.push_back(request);
+        expected.push_back(op.kind == P2POp::Kind::recv ? count : -1);
+        at += count;
+      } while (at < n);
+    }
+    std::vector<MPI_Status> statuses(requests.size());
+    {
+      WatchdogWait wait("send_recv");
+      check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data()), "MPI_Waitall",
+            fmt::format("send_recv of {} transfers", ops.size()));
+    }
+    for (size_t i = 0; i < statuses.size(); ++i) {
+      if (expected[i] < 0) continue;
+      int got = 0;
+      check(MPI_Get_count(&statuses[i], MPI_BYTE, &got), "MPI_Get_count");
+      MT_CHECK(got == expected[i], "send_recv: a message from rank {} has {} bytes, {} were expected (rank {} of {} "
+               "in {}): the sender passed another shape", statuses[i].MPI_SOURCE, got, expected[i], rank_, size_,
+               group_);
+    }
+  }
+
  private:
   // A committed datatype of `bytes` contiguous bytes: one row.
   struct RowType {

@@ -327,4 +327,27 @@ Tensor NcclGroup::all_to_all_v(const Tensor& send, const std::vector<int64_t>& s
   return out;
 }
 
+void NcclGroup::send_recv(std::vector<P2POp>& ops) {
+  detail::check_send_recv(ops, host_.size());
+  if (ops.empty()) return;
+  Impl& g = impl_for("send_recv", ops.front().tensor);
+  for (const P2POp& op : ops)
+    MT_CHECK(op.tensor.device() == ops.front().tensor.device(), "send_recv: {} is on another device than {}",
+             describe(op.tensor), describe(ops.front().tensor));
+  // One group: NCCL progresses all of them together (no ordering among them, so
+  // a send and a receive with the same or different peers cannot deadlock).
+  // Sizes are not exchanged: the pipeline passes matching shapes on both sides.
+  GroupCall group(g);
+  for (P2POp& op : ops) {
+    if (op.tensor.nbytes() == 0) continue;
+    if (op.kind == P2POp::Kind::send)
+      MT_NCCL_CHECK(ncclSend(op.tensor.raw_data(), nccl_count(op.tensor.nbytes()), ncclUint8, op.peer, g.comm,
+                             g.stream()));
+    else
+      MT_NCCL_CHECK(ncclRecv(op.tensor.raw_data(), nccl_count(op.tensor.nbytes()), ncclUint8, op.peer, g.comm,
+                             g.stream()));
+  }
+  group.end();
+}
+
 }  // namespace moetrain::comm

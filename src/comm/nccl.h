@@ -42,6 +42,7 @@ namespace moetrain::comm {
 
 class Communicator;
 class PendingCollective;
+struct P2POp;
 
 class NcclGroup {
  public:
@@ -63,6 +64,8 @@ class NcclGroup {
   void broadcast(Tensor& t, int root);
   Tensor all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows);
   Tensor reduce_scatter_sum(const Tensor& t);
+  // Communicator::send_recv: every send and receive in one group call.
+  void send_recv(std::vector<P2POp>& ops);
 
   // The device of the NCCL communicator; -1 before the first collective.
   int device() const;

@@ -27,5 +27,6 @@ Tensor NcclGroup::all_to_all_v(const Tensor&, const std::vector<int64_t>&, const
   cuda::no_cuda("NCCL all_to_all_v");
 }
 Tensor NcclGroup::reduce_scatter_sum(const Tensor&) { cuda::no_cuda("NCCL reduce_scatter_sum"); }
+void NcclGroup::send_recv(std::vector<P2POp>&) { cuda::no_cuda("NCCL send_recv"); }
 
 }  // namespace moetrain::comm

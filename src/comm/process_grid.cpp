@@ -1,4 +1,4 @@
-// The dp x ep process grid; see process_grid.h. Two splits of the world, in the
+// The pp x dp x ep process grid; see process_grid.h. Splits of the world, in the
 // same order on every rank.
 #include "comm/process_grid.h"
 
@@ -6,23 +6,56 @@
 
 namespace moetrain::comm {
 
-ProcessGrid make_process_grid(const Communicator& world, int ep, std::string_view ep_key) {
-  const int n = world.size();
+namespace {
+
+std::string divisors_of(int n) {
+  std::vector<int> divisors;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) divisors.push_back(d);
+  return fmt::format("{}", fmt::join(divisors, ", "));
+}
+
+}  // namespace
+
+ProcessGrid make_process_grid(const Communicator& world, int ep, std::string_view ep_key, int pp,
+                              std::string_view pp_key) {
+  const int ranks = world.size();
+  if (pp < 1 || ranks % pp != 0)
+    MT_THROW("{} = {} must divide the number of ranks ({}, from the launcher) into pipeline stages; choose one of {}",
+             pp_key, pp, ranks, divisors_of(ranks));
+  const int n = ranks / pp;  // ranks per stage
   if (ep < 1 || n % ep != 0) {
-    std::vector<int> divisors;
-    for (int d = 1; d <= n; ++d)
-      if (n % d == 0) divisors.push_back(d);
-    MT_THROW("{} = {} must divide the number of ranks ({}, from the launcher) into expert-parallel groups; "
-             "choose one of {}",
-             ep_key, ep, n, fmt::join(divisors, ", "));
+    if (pp == 1)
+      MT_THROW("{} = {} must divide the number of ranks ({}, from the launcher) into expert-parallel groups; "
+               "choose one of {}",
+               ep_key, ep, n, divisors_of(n));
+    MT_THROW("{} = {} must divide the {} ranks of a pipeline stage ({} ranks / {} = {}) into expert-parallel "
+             "groups; choose one of {}",
+             ep_key, ep, n, ranks, pp_key, pp, divisors_of(n));
   }
   ProcessGrid grid;
+  grid.pp = pp;
   grid.ep = ep;
   grid.dp = n / ep;
-  grid.dp_index = world.rank() / ep;
-  grid.ep_index = world.rank() % ep;
-  grid.ep_group = world.split(grid.dp_index, grid.ep_index);
-  grid.dp_group = world.split(grid.ep_index, grid.dp_index);
+  grid.pp_index = world.rank() / n;
+  const int local = world.rank() % n;
+  grid.dp_index = local / ep;
+  grid.ep_index = local % ep;
+  // Colors are unique across stages: (stage, dp_index) for ep groups, (stage, ep_index) for dp groups.
+  grid.ep_group = world.split(grid.pp_index * grid.dp + grid.dp_index, grid.ep_index);
+  grid.dp_group = world.split(grid.pp_index * ep + grid.ep_index, grid.dp_index);
+  if (pp > 1) {
+    grid.stage_group = world.split(grid.pp_index, local);
+    grid.pipe_group = world.split(local, grid.pp_index);
+    const bool end = grid.first_stage() || grid.last_stage();
+    grid.tied_group = world.split(end ? local : kNoGroup, grid.pp_index);
+    MT_ASSERT(grid.stage_group && grid.stage_group->size() == n && grid.stage_group->rank() == local,
+              "stage_group of world rank {}", world.rank());
+    MT_ASSERT(grid.pipe_group && grid.pipe_group->size() == pp && grid.pipe_group->rank() == grid.pp_index,
+              "pipe_group of world rank {}", world.rank());
+    MT_ASSERT(!end || (grid.tied_group && grid.tied_group->size() == 2), "tied_group of world rank {}",
+              world.rank());
+  }
   MT_ASSERT(grid.ep_group && grid.ep_group->size() == ep && grid.ep_group->rank() == grid.ep_index,
             "ep_group of world rank {}", world.rank());
   MT_ASSERT(grid.dp_group && grid.dp_group->size() == grid.dp && grid.dp_group->rank() == grid.dp_index,

@@ -44,7 +44,7 @@ KeySpec numeric(ConfigType type, std::string key, std::string def, Range r, std:
 bool sizes_tensors(const std::string& key) {
   static const std::vector<std::string> train = {"train.batch_size", "train.seq_len", "train.grad_accum",
                                                  "train.eval_batches", "train.sample_tokens", "train.sample_top_k",
-                                                 "train.ep", "train.max_steps", "train.warmup_steps"};
+                                                 "train.ep", "train.pp", "train.max_steps", "train.warmup_steps"};
   return key.rfind("model.", 0) == 0 || key.rfind("data.synthetic", 0) == 0 ||
          std::find(train.begin(), train.end(), key) != train.end();
 }
@@ -179,7 +179,8 @@ std::vector<KeySpec> make_schema() {
     choice ("train.nan_policy",     "skip", {"skip", "abort"}, "non-finite loss or gradient norm: skip the step on every rank (no update; counted in metrics) or abort (exit 3)"),
     boolean("train.check_update",   "true",                "before each AdamW update, check that it keeps every weight and moment finite (a read pass over weights, gradients and moments, about one update's time: bench/ops_bench.cpp BM_adamw_*); a step that would not is skipped like a non-finite gradient (train.nan_policy)"),
     integer("train.max_consecutive_skips", "5", at_least(0), "train.nan_policy skip: abort (exit 3) after this many skipped steps in a row"),
-    integer("train.ep",             "1",     at_least(1),  "expert-parallel ranks: experts sharded over groups of ep ranks (world = dp x ep under mpirun)"),
+    integer("train.ep",             "1",     at_least(1),  "expert-parallel ranks: experts sharded over groups of ep ranks (world = pp x dp x ep under mpirun)"),
+    integer("train.pp",             "1",     at_least(1),  "pipeline stages: the layers split over pp groups of ranks, 1F1B over train.grad_accum micro-batches (world = pp x dp x ep; model.arch hybrid; docs/parallelism.md#pipeline-parallelism)"),
     number ("train.grad_bucket_mb", "32",    above(0),     "several ranks: the most MiB of gradients one bucket all-reduce carries (a larger grad goes alone); smaller buckets start earlier with train.overlap_grad_sync"),
     boolean("train.overlap_grad_sync", "false",           "several ranks: sum gradient buckets while backward runs (of the last micro-batch) instead of after it; same sums"),
     choice ("train.dtype",          "f32",   {"f32", "f64", "bf16"}, "dtype of parameters and activations; f64 for exact checks; bf16 (train.device cuda): mixed precision, bf16 weights and activations with f32 master weights, AdamW moments, router, norm statistics and KDA state (docs/cuda.md)"),

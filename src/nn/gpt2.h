@@ -67,6 +67,7 @@ class Gpt2 : public LanguageModel {
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_positions() const override { return config_.n_ctx; }
   DType dtype() const override { return config_.dtype; }
+  int64_t hidden_size() const override { return config_.d_model; }
 
   // ids [B, T] (i32/i64/u16), T <= n_ctx -> logits [B, T, vocab_size].
   Tensor forward(const Tensor& ids, bool training = true) override;

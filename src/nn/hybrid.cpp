@@ -3,6 +3,7 @@
 #include "nn/hybrid.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include "ops/embedding/embedding.h"
 #include "ops/linalg/linalg.h"
 #include "ops/norm/norm.h"
+#include "ops/softmax/softmax.h"
 #include "ops/view/view.h"
 
 namespace moetrain {
@@ -68,16 +70,24 @@ struct HybridCache : DecodeCache {
 
 }  // namespace
 
-HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, ExpertShard shard)
-    : c_(c), factory_(allocate, c.dtype, seed) {
+HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, ExpertShard shard, PipelineStage stage)
+    : c_(c), factory_(allocate, c.dtype, seed), stage_(stage) {
   MT_CHECK(!c.mixers.empty(), "hybrid model: no layers");
   MT_CHECK(c.dtype == DType::f32 || c.dtype == DType::f64, "hybrid model: dtype {} is not supported on the CPU",
            c.dtype);
+  MT_CHECK(stage.count >= 1 && stage.count <= c.n_layer() && stage.index >= 0 && stage.index < stage.count,
+           "hybrid model: pipeline stage {} of {} over {} layers (each stage needs at least one layer)", stage.index,
+           stage.count, c.n_layer());
+  layers_range_ = moetrain::stage_layers(c.n_layer(), stage.count, stage.index);
   const int64_t D = c.d_model;
   ParamFactory& f = factory_;
+  // Declarations of other stages advance the generator only (ParamFactory::set_skipping).
+  const bool has_table = stage.first() || (stage.last() && c.tie_embeddings);
+  f.set_skipping(!has_table);
   embed_tokens_ = f.make("model.embed_tokens.weight", {c.vocab_size, D}, Init::normal(c.embed_init_std), "embedding",
                          false);
   for (int64_t l = 0; l < c.n_layer(); ++l) {
+    f.set_skipping(l < layers_range_.first || l >= layers_range_.end);
     const std::string p = fmt::format("model.layers.{}.", l);
     auto layer = std::make_unique<Layer>();
     Layer& L = *layer;
@@ -106,6 +116,7 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
     }
     layers_.push_back(std::move(layer));
   }
+  f.set_skipping(!stage.last());
   if (c.attn_res) {
     out_res_proj_ = f.make("model.output_attn_res_proj.weight", {D}, Init::zeros(), "attn_res", false);
     out_res_norm_ = f.make("model.output_attn_res_norm.weight", {D}, Init::ones(), "attn_res", false);
@@ -115,6 +126,8 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
     const double s = 1.0 / std::sqrt(static_cast<double>(D));
     lm_head_ = f.make("lm_head.weight", {c.vocab_size, D}, Init::trunc_normal(s, -3, 3), "lm_head", true);
   }
+  f.set_skipping(false);
+  if (!has_table) embed_tokens_ = Tensor();  // a custom init would have returned one; none here, but be sure
 }
 
 HybridModel::~HybridModel() = default;
@@ -138,16 +151,28 @@ std::string HybridModel::describe() const {
 
 Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
   MT_CHECK(factory_.allocating(), "hybrid model: built with shapes only (ledger); it cannot run");
+  MT_CHECK(stage_.whole(), "hybrid model: stage {} of a {}-stage pipeline holds layers [{}, {}) only; forward, loss "
+           "and decoding need the whole model", stage_.index, stage_.count, layers_range_.first, layers_range_.end);
   MT_CHECK(ids.dim() == 2, "hybrid model: ids must be [B, T], got {}", ids.shape());
   HybridCache* cache = dcache ? dynamic_cast<HybridCache*>(dcache) : nullptr;
   MT_CHECK(!dcache || cache, "hybrid model: the decode cache belongs to another model");
   const int64_t T = ids.size(1), first = cache ? cache->tokens : 0;
   MT_CHECK(first + T <= c_.n_ctx, "hybrid model: {} tokens exceed model.n_ctx = {}", first + T, c_.n_ctx);
-  const double eps = c_.rms_norm_eps;
-  const size_t n = layers_.size();
   if (cache && cache->mixers.empty())
     for (const auto& L : layers_) cache->mixers.push_back(L->mixer->new_cache());
+  Tensor hidden;
+  {
+    profile::Region region("embedding/head");
+    hidden = embedding(embed_tokens_, ids);  // [B, T, D]
+  }
+  Tensors state = run_layers({hidden}, 0, c_.n_layer(), dcache, training);
+  if (cache) cache->tokens += T;
+  return head(state);
+}
 
+Tensors HybridModel::run_layers(Tensors state, int64_t first, int64_t end, DecodeCache* dcache, bool training) {
+  HybridCache* cache = dcache ? static_cast<HybridCache*>(dcache) : nullptr;
+  const double eps = c_.rms_norm_eps;
   // Profile regions (core/profile.h): each mixer with its pre-norm, each FFN
   // with its pre-norm, AttnRes, embedding and head.
   auto mixer = [&](size_t l, const Tensor& normed_input, const Tensor& norm_weight) {
@@ -164,47 +189,108 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
     profile::Region region("attnres");
     return attn_res(sources, proj, norm, eps);
   };
-
-  Tensor hidden;
-  {
-    profile::Region region("embedding/head");
-    hidden = embedding(embed_tokens_, ids);  // [B, T, D]
-  }
+  Tensor hidden = state.back();
   if (!c_.attn_res) {
     // Standard pre-norm residual stream (Kimi-Linear).
-    for (size_t l = 0; l < n; ++l) {
+    for (auto l = static_cast<size_t>(first); l < static_cast<size_t>(end); ++l) {
       const Layer& L = *layers_[l];
       hidden = add(hidden, mixer(l, hidden, L.input_layernorm));
       hidden = add(hidden, ffn(l, hidden));
     }
-  } else {
-    // Block AttnRes (docs/model.md#attnres-schedule): `blocks` holds the embedding and the completed block
-    // sums; `prefix` the running sum of sublayer outputs of the open block.
-    Tensors blocks;
-    const auto S = static_cast<size_t>(c_.attn_res_block_size);
-    auto with = [&](const Tensor& last) {
-      Tensors sources = blocks;
-      sources.push_back(last);
-      return sources;
-    };
-    for (size_t l = 0; l < n; ++l) {
-      const Layer& L = *layers_[l];
-      Tensor prefix = hidden, x = hidden;
-      if (!blocks.empty()) x = res(with(prefix), L.attn_res_proj, L.attn_res_norm);
-      if (l % S == 0) {
-        blocks.push_back(prefix);
-        prefix = Tensor();
-      }
-      Tensor a = mixer(l, x, L.input_layernorm);
-      prefix = prefix.defined() ? add(prefix, a) : a;
-      x = res(with(prefix), L.mlp_res_proj, L.mlp_res_norm);
-      hidden = add(prefix, ffn(l, x));
-    }
-    hidden = res(with(hidden), out_res_proj_, out_res_norm_);
+    return {hidden};
   }
-  if (cache) cache->tokens += T;
+  // Block AttnRes (docs/model.md#attnres-schedule): `blocks` holds the embedding and the completed block
+  // sums; `prefix` the running sum of sublayer outputs of the open block.
+  Tensors blocks(state.begin(), state.end() - 1);
+  const auto S = static_cast<size_t>(c_.attn_res_block_size);
+  auto with = [&](const Tensor& last) {
+    Tensors sources = blocks;
+    sources.push_back(last);
+    return sources;
+  };
+  for (auto l = static_cast<size_t>(first); l < static_cast<size_t>(end); ++l) {
+    const Layer& L = *layers_[l];
+    Tensor prefix = hidden, x = hidden;
+    if (!blocks.empty()) x = res(with(prefix), L.attn_res_proj, L.attn_res_norm);
+    if (l % S == 0) {
+      blocks.push_back(prefix);
+      prefix = Tensor();
+    }
+    Tensor a = mixer(l, x, L.input_layernorm);
+    prefix = prefix.defined() ? add(prefix, a) : a;
+    x = res(with(prefix), L.mlp_res_proj, L.mlp_res_norm);
+    hidden = add(prefix, ffn(l, x));
+  }
+  blocks.push_back(hidden);
+  return blocks;
+}
+
+Tensor HybridModel::head(const Tensors& state) {
+  Tensor hidden = state.back();
+  if (c_.attn_res) {
+    profile::Region region("attnres");
+    hidden = attn_res(state, out_res_proj_, out_res_norm_, c_.rms_norm_eps);
+  }
   profile::Region region("embedding/head");
-  return linear(rms_norm(hidden, norm_, eps), c_.tie_embeddings ? embed_tokens_ : lm_head_);
+  return linear(rms_norm(hidden, norm_, c_.rms_norm_eps), c_.tie_embeddings ? embed_tokens_ : lm_head_);
+}
+
+bool HybridModel::stage_holds(const std::string& name) const {
+  if (stage_.whole()) return true;
+  const std::string layer_prefix = "model.layers.";
+  if (name.rfind(layer_prefix, 0) == 0) {
+    const int64_t l = std::strtoll(name.c_str() + layer_prefix.size(), nullptr, 10);
+    return l >= layers_range_.first && l < layers_range_.end;
+  }
+  if (name == "model.embed_tokens.weight") return stage_.first() || (stage_.last() && c_.tie_embeddings);
+  return stage_.last();  // the final AttnRes read, norm and head
+}
+
+int64_t HybridModel::stage_input_count() const {
+  const int64_t first = layers_range_.first;
+  if (first == 0) return 0;
+  if (!c_.attn_res) return 1;
+  const int64_t S = c_.attn_res_block_size;
+  return (first + S - 1) / S + 1;  // blocks opened at layers 0, S, 2S, ... below `first`, then the open sum
+}
+
+StageOutput HybridModel::stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training) {
+  MT_CHECK(factory_.allocating(), "hybrid model: built with shapes only (ledger); it cannot run");
+  MT_CHECK(static_cast<int64_t>(inputs.size()) == stage_input_count(),
+           "hybrid model: pipeline stage {} (layers [{}, {})) takes {} tensors from the previous stage, got {}",
+           stage_.index, layers_range_.first, layers_range_.end, stage_input_count(), inputs.size());
+  Tensors state = inputs;
+  if (stage_.first()) {
+    MT_CHECK(ids.dim() == 2, "hybrid model: ids must be [B, T], got {}", ids.shape());
+    MT_CHECK(ids.size(1) <= c_.n_ctx, "hybrid model: {} tokens exceed model.n_ctx = {}", ids.size(1), c_.n_ctx);
+    profile::Region region("embedding/head");
+    state = {embedding(embed_tokens_, ids)};
+  }
+  for (const Tensor& t : state)
+    MT_CHECK(t.dim() == 3 && t.size(2) == c_.d_model, "hybrid model: pipeline stage {} received {}, expected [B, T, "
+             "{}]", stage_.index, t.shape(), c_.d_model);
+  state = run_layers(std::move(state), layers_range_.first, layers_range_.end, nullptr, training);
+  StageOutput out;
+  // The MoE layers' aux losses added one by one after the cross-entropy, as loss() adds them.
+  auto add_aux = [&](Tensor l) {
+    for (MoeLayer* m : moe_layers())
+      if (m->aux_loss().defined()) l = l.defined() ? add(l, m->aux_loss().to(l.dtype())) : m->aux_loss();
+    return l;
+  };
+  if (!stage_.last()) {
+    out.activations = std::move(state);
+    out.loss = add_aux(Tensor());
+    return out;
+  }
+  Tensor logits = head(state);
+  if (!targets.defined()) {
+    out.logits = logits;
+    return out;
+  }
+  profile::Region region("embedding/head");
+  if (logits.dtype() == DType::bf16) logits = logits.to(DType::f32);  // as LanguageModel::loss
+  out.loss = add_aux(cross_entropy(logits, targets.to(logits.device())));
+  return out;
 }
 
 Tensor HybridModel::forward(const Tensor& ids, bool training) { return run(ids, nullptr, training); }
@@ -222,8 +308,8 @@ void HybridModel::set_expert_group(comm::Communicator* group) {
 
 std::vector<MoeLayer*> HybridModel::moe_layers() const {
   std::vector<MoeLayer*> out;
-  for (const auto& L : layers_)
-    if (L->moe) out.push_back(L->moe);
+  for (int64_t l = layers_range_.first; l < layers_range_.end; ++l)
+    if (MoeLayer* m = layers_[static_cast<size_t>(l)]->moe) out.push_back(m);
   return out;
 }
 

@@ -64,7 +64,13 @@ class HybridModel : public LanguageModel {
  public:
   // allocate = false builds shapes only (for the ledger): no tensor is created.
   // shard: this rank's experts under expert parallelism (MoE layers).
-  HybridModel(const HybridConfig& config, uint64_t seed, bool allocate = true, ExpertShard shard = {});
+  // stage: pipeline parallelism (nn/pipeline_stages.h): only this stage's
+  // parameters are made (the first stage's embedding; the last stage's final
+  // AttnRes read, norm and head, and with tied embeddings its own copy of the
+  // table); the others are declared to keep the generator's sequence, so every
+  // parameter has the value it has in the whole model of the same seed.
+  HybridModel(const HybridConfig& config, uint64_t seed, bool allocate = true, ExpertShard shard = {},
+              PipelineStage stage = {});
   ~HybridModel() override;
 
   std::string arch() const override { return "hybrid"; }
@@ -72,6 +78,16 @@ class HybridModel : public LanguageModel {
   int64_t vocab_size() const override { return c_.vocab_size; }
   int64_t max_positions() const override { return c_.n_ctx; }
   DType dtype() const override { return c_.dtype; }
+  int64_t hidden_size() const override { return c_.d_model; }
+  PipelineStage pipeline_stage() const override { return stage_; }
+  // What crosses the boundary before layer `stage_.first`: with AttnRes the
+  // completed block sums (ceil(first / S) of them, the embedding the first) and
+  // the running sum of the open block; without, the residual stream.
+  int64_t stage_input_count() const override;
+  StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training) override;
+  bool stage_holds(const std::string& name) const override;
+  // The stage's layers [first, end).
+  StageLayers stage_layers() const { return layers_range_; }
 
   Tensor forward(const Tensor& ids, bool training = true) override;
   // Cross-entropy plus the MoE layers' auxiliary losses (when their weights are > 0).
@@ -108,11 +124,18 @@ class HybridModel : public LanguageModel {
  private:
   struct Layer;
   Tensor run(const Tensor& ids, DecodeCache* cache, bool training);
+  // Layers [first, end) on the state (AttnRes block sums then the open block's
+  // running sum; or the residual stream): the state after them.
+  Tensors run_layers(Tensors state, int64_t first, int64_t end, DecodeCache* cache, bool training);
+  // The final AttnRes read, norm and LM head on the state after the last layer.
+  Tensor head(const Tensors& state);
 
   HybridConfig c_;
   ParamFactory factory_;
   Tensor embed_tokens_, norm_, lm_head_, out_res_proj_, out_res_norm_;
-  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::unique_ptr<Layer>> layers_;  // all n_layer; only [layers_range_) have tensors
+  PipelineStage stage_;
+  StageLayers layers_range_;
 };
 
 }  // namespace moetrain

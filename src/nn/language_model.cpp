@@ -16,6 +16,16 @@ Tensor LanguageModel::loss(const Tensor& ids, const Tensor& targets, bool traini
   return cross_entropy(logits, targets.to(logits.device()));
 }
 
+StageOutput LanguageModel::stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets,
+                                         bool training) {
+  MT_CHECK(pipeline_stage().whole(), "{} model: stage_forward of a pipeline stage is not implemented", arch());
+  MT_CHECK(inputs.empty(), "{} model: the whole model receives no activations, got {}", arch(), inputs.size());
+  StageOutput out;
+  if (targets.defined()) out.loss = loss(ids, targets, training);
+  else out.logits = forward(ids, training);
+  return out;
+}
+
 std::unique_ptr<HfAdapter> LanguageModel::hf_adapter() const { return nullptr; }
 
 }  // namespace moetrain

@@ -9,6 +9,7 @@
 
 #include "core/tensor.h"
 #include "nn/parameters.h"
+#include "nn/pipeline_stages.h"
 
 namespace moetrain {
 
@@ -19,6 +20,14 @@ class Communicator;
 }
 
 // Per-sequence decoding state (KV caches, recurrent states). length() tokens seen.
+// What one pipeline stage's forward gives (LanguageModel::stage_forward).
+struct StageOutput {
+  Tensors activations;  // not the last stage: what the next stage receives, [B, T, D] each
+  Tensor loss;          // the last stage with targets: cross-entropy + its MoE layers' aux losses;
+                        // other stages: their MoE layers' aux losses (undefined when there are none)
+  Tensor logits;        // the last stage without targets: [B, T, vocab]
+};
+
 struct DecodeCache {
   virtual ~DecodeCache() = default;
   virtual int64_t length() const = 0;
@@ -66,6 +75,24 @@ class LanguageModel {
   // new_cache() holds then, from the shapes alone): linear in the length for
   // attention, constant for recurrent mixers.
   virtual int64_t decode_cache_bytes(int64_t length) const = 0;
+
+  // Pipeline parallelism (train.pp, docs/parallelism.md#pipeline-parallelism). A
+  // model built for one stage holds only that stage's parameters (their values
+  // those of the whole model with the same seed); forward(), loss() and decoding
+  // need the whole model.
+  virtual PipelineStage pipeline_stage() const { return {}; }
+  // How many [B, T, hidden_size()] tensors this stage receives from the previous
+  // one (0 for the first stage).
+  virtual int64_t stage_input_count() const { return 0; }
+  virtual int64_t hidden_size() const { return 0; }
+  // One stage's forward on one micro-batch: the first stage reads ids [B, T], the
+  // others `inputs` (what the previous stage's activations were); the last stage
+  // gives the loss against targets, or the logits when targets is undefined. For
+  // the whole model: the loss (or logits) of ids.
+  virtual StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training);
+  // Whether a parameter or buffer of the whole model with this name belongs to
+  // this stage (checkpoint loads: a name of another stage is not "unexpected").
+  virtual bool stage_holds(const std::string& name) const { return true; }
 
   // The family's Hugging Face adapter (nn/hf_adapter.h: names, config.json, import and
   // export), bound to this model's configuration; nullptr: the model has no HF layout.

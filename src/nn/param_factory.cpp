@@ -12,6 +12,7 @@ Tensor ParamFactory::make(const std::string& name, const Shape& shape, const Ini
   MT_CHECK(names_.insert(name).second, "model construction: parameter '{}' declared twice", name);
   specs_.push_back({name, shape, group, decay});
   if (!allocate_) return Tensor();
+  if (skipping_) return skip(name, shape, init);
   if (supply_) {
     Tensor t = supplied(name, shape, false);
     params_.push_back({name, t, decay, group});
@@ -42,6 +43,11 @@ Tensor ParamFactory::make_rows(const std::string& name, const Shape& full_shape,
   MT_CHECK(full_shape.ndim() >= 1 && 0 <= lo && lo < hi && hi <= full_shape[0],
            "model construction: rows [{}, {}) of '{}' {}", lo, hi, name, full_shape);
   if (lo == 0 && hi == full_shape[0]) return make(name, full_shape, init, group, decay);
+  if (skipping_ && allocate_) {
+    MT_CHECK(names_.insert(name).second, "model construction: parameter '{}' declared twice", name);
+    specs_.push_back({name, full_shape.with(0, hi - lo), group, decay});
+    return skip(name, full_shape, init);
+  }
   if (supply_) {  // the whole tensor supplied, these rows kept
     MT_CHECK(names_.insert(name).second, "model construction: parameter '{}' declared twice", name);
     specs_.push_back({name, full_shape.with(0, hi - lo), group, decay});
@@ -77,9 +83,28 @@ Tensor ParamFactory::make_rows(const std::string& name, const Shape& full_shape,
   return t;
 }
 
+Tensor ParamFactory::skip(const std::string& name, const Shape& full_shape, const Init& init) {
+  switch (init.kind) {
+    case Init::Kind::zeros:
+    case Init::Kind::ones:
+    case Init::Kind::constant: return Tensor();  // no random numbers drawn
+    case Init::Kind::normal:
+    case Init::Kind::trunc_normal:  // one counter per element (core/rng.h)
+      gen_.reserve(static_cast<uint64_t>(full_shape.numel()));
+      return Tensor();
+    case Init::Kind::custom: {
+      Tensor t = init.fn(full_shape, dtype_, gen_);
+      MT_CHECK(t.shape() == full_shape, "model construction: init of '{}' gave {}, expected {}", name, t.shape(),
+               full_shape);
+      return t;
+    }
+  }
+  return Tensor();
+}
+
 Tensor ParamFactory::buffer(const std::string& name, const Shape& shape, DType dtype) {
   MT_CHECK(names_.insert(name).second, "model construction: buffer '{}' declared twice", name);
-  if (!allocate_) return Tensor();
+  if (!allocate_ || skipping_) return Tensor();
   Tensor t = supply_ ? supplied(name, shape, true) : zeros(shape, dtype);
   buffers_.push_back({name, t, false, "buffer"});
   return t;

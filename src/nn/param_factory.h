@@ -92,6 +92,15 @@ class ParamFactory {
   // (no grad, no optimizer), zeros of `dtype`; not counted as a parameter.
   Tensor buffer(const std::string& name, const Shape& shape, DType dtype);
   bool allocating() const { return allocate_; }
+  // Pipeline stages (nn/pipeline_stages.h): while skipping, declarations belong to
+  // another stage. They are recorded in specs() and advance the generator exactly
+  // as an allocation would (so the stage's own parameters get the values a whole
+  // model of the same seed has), but nothing is registered or kept: make() and
+  // make_rows() return an undefined tensor, except for a custom init, whose
+  // (small) tensor is computed and returned unregistered (a later init may read
+  // it); buffer() returns an undefined tensor.
+  void set_skipping(bool skipping) { skipping_ = skipping; }
+  bool skipping() const { return skipping_; }
   DType dtype() const { return dtype_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   ParameterList& params() { return params_; }
@@ -102,11 +111,14 @@ class ParamFactory {
 
  private:
   Tensor supplied(const std::string& name, const Shape& shape, bool buffer) const;
+  // make()/make_rows() while skipping: the generator advanced, nothing kept.
+  Tensor skip(const std::string& name, const Shape& full_shape, const Init& init);
 
   bool allocate_;
   DType dtype_;
   Generator gen_;
   Supplier supply_;  // binding mode when set
+  bool skipping_ = false;
   std::vector<ParamSpec> specs_;
   std::unordered_set<std::string> names_;
   ParameterList params_;

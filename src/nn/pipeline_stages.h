@@ -17,6 +17,14 @@ struct StageLayers {
   int64_t count() const { return end - first; }
 };
 
+// Which stage of how many a model is built for (1 of 1: the whole model).
+struct PipelineStage {
+  int64_t index = 0, count = 1;
+  bool first() const { return index == 0; }
+  bool last() const { return index == count - 1; }
+  bool whole() const { return count == 1; }
+};
+
 // Stage `stage` of `pp` over n_layer layers: the first n_layer % pp stages hold
 // n_layer / pp + 1 layers, the rest n_layer / pp. Requires 1 <= pp <= n_layer.
 inline StageLayers stage_layers(int64_t n_layer, int64_t pp, int64_t stage) {

@@ -1,12 +1,16 @@
-// Data + expert parallel training (issue 5): the process grid of this run and
-// the collectives the trainer issues around the model.
+// Data, expert and pipeline parallel training: the process grid of this run and
+// the collectives the trainer issues around the model (docs/parallelism.md).
 //
-// world = dp x ep ranks (train.ep; dp = world / ep). Every rank reads its own
-// micro-batches (rank r takes batches r, r + world, ... of the shared stream, so
-// dp ranks equal one rank with world x the gradient accumulation); experts are
-// sharded over the ep group; replicated parameters get their gradient summed
-// over the world, expert shards over their dp group, both divided by the world
-// size (each rank's loss is the mean over its own tokens).
+// world = pp x dp x ep ranks (train.pp, train.ep; dp = world / (pp x ep)). A
+// stage's dp x ep ranks are its data-parallel replicas: replica q (the rank's
+// index in its stage) takes batches q, q + replicas, ... of the shared stream
+// (every stage of a pipeline reads the same ones), so the replicas equal one rank
+// with replicas x the gradient accumulation. Experts are sharded over the ep
+// group; replicated parameters get their gradient summed over the stage (the
+// world at pp = 1), expert shards over their dp group, both divided by the
+// number of replicas (each replica's loss is the mean over its own tokens); with
+// tied embeddings and pp > 1 the table's gradient is then summed between the
+// first and the last stage, which both hold it.
 #pragma once
 
 #include <memory>
@@ -32,7 +36,11 @@ inline ExpertShard expert_shard(const Distributed& d) { return {d.grid.ep_index,
 // several ranks. The collectives below label their waits for its message.
 Distributed make_distributed(const Config& config);
 
-// Prints (root) one line per rank: rank, host, dp/ep index, threads. Collective.
+// The group a replicated (non-expert) parameter's gradient is summed over: the
+// stage's ranks (the world at pp = 1).
+comm::Communicator& replica_group(Distributed& d);
+
+// Prints (root) one line per rank: rank, host, pp/dp/ep index, threads. Collective.
 void log_rank_table(Distributed& d, int threads);
 
 // Gradient sums as described above (bucketed all-reduces). After
@@ -52,9 +60,13 @@ double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_nor
 void all_reduce_moe_stats(Distributed& d, LanguageModel& model);
 // Mean of a per-rank value over the world.
 double mean_over_world(Distributed& d, double value);
-// Parameters and buffers at full size (expert shards gathered over the ep group),
-// to save on the root; with `opt`, a bf16 parameter's f32 master copy stands for
-// it (mixed precision). Collective.
+// The step's loss: the mean over the replicas of the last stage's losses (each
+// rank's at pp = 1); `value` is ignored on the other stages. Collective.
+double mean_loss(Distributed& d, double value);
+// Parameters and buffers at full size (expert shards gathered over the ep group;
+// with pp > 1 every stage's sent to the root), to save on the root; with `opt`, a
+// bf16 parameter's f32 master copy stands for it (mixed precision). Collective;
+// complete on the root only when pp > 1.
 ParameterList full_state(Distributed& d, const LanguageModel& model, const AdamW* opt = nullptr);
 
 }  // namespace moetrain

@@ -135,6 +135,7 @@ Config resolve_config(const ModelSource& source) {
       // One process holds every expert: the checkpoint's shards are gathered on load.
       std::vector<std::string> overrides = source.overrides;
       overrides.push_back("train.ep=1");
+      overrides.push_back("train.pp=1");
       Config config = Config::load(checkpoint_config_path(source.checkpoint), overrides);
       config.set("model.init_from", "''", "--checkpoint (a training checkpoint)");
       return config;
@@ -164,16 +165,19 @@ Config resolve_config(const ModelSource& source) {
   return config;
 }
 
-std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard) {
+std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard, PipelineStage stage) {
   check_model_fits(config, shard);
   const auto seed = static_cast<uint64_t>(config.get_int("train.seed"));
   if (config.get_string("model.arch") == "hybrid") {
     MT_CHECK(!config.get_bool("train.activation_checkpointing"),
              "{}: train.activation_checkpointing is not supported by model.arch hybrid yet",
              config.where("train.activation_checkpointing"));
-    auto model = std::make_unique<HybridModel>(HybridConfig::from(config), seed, true, shard);
+    auto model = std::make_unique<HybridModel>(HybridConfig::from(config), seed, true, shard, stage);
     std::string init = config.get_string("model.init_from");
     if (!init.empty()) {
+      MT_CHECK(stage.whole(), "{}: model.init_from with train.pp = {} is not supported yet: start the pipeline from "
+               "a training checkpoint (ckpt.resume) or from random weights", config.where("model.init_from"),
+               stage.count);
       MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
                config.where("model.init_from"), init);
       load_hf_weights(*model, init, shard);  // this rank's experts only
@@ -183,6 +187,8 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
   }
   MT_CHECK(shard.size == 1, "{}: train.ep = {} needs a model with MoE layers (model.arch hybrid, "
            "model.moe.num_experts > 0)", config.where("train.ep"), shard.size);
+  MT_CHECK(stage.whole(), "{}: train.pp = {}: pipeline parallelism needs model.arch hybrid", config.where("train.pp"),
+           stage.count);
   Gpt2Config c = Gpt2Config::from(config);
   MT_CHECK(c.d_model % c.n_head == 0, "model.d_model = {} is not divisible by model.n_head = {}", c.d_model, c.n_head);
   auto model = std::make_unique<Gpt2>(c, seed);

@@ -54,7 +54,8 @@ Device place_model(LanguageModel& model, const std::string& device);
 // infinities are refused: Error naming model.init_from's origin, the path and the
 // tensor (train, eval, generate, export all load through here).
 // shard: this rank's experts under expert parallelism (hybrid models with MoE).
-std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard = {});
+// stage: this rank's pipeline stage under train.pp (hybrid models; random init only).
+std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard = {}, PipelineStage stage = {});
 
 // Writes DIR (replacing it) with export_model_dir's defaults: f32 model.safetensors
 // under Hugging Face names plus config.json (checkpoint/export.h, docs/export.md),

@@ -28,6 +28,7 @@
 #include "ops/kda/kda_kernels.h"
 #include "train/eval.h"
 #include "train/model_source.h"
+#include "train/pipeline.h"
 #include "train/sampling.h"
 
 namespace moetrain {
@@ -232,7 +233,8 @@ void Trainer::open_data() {
 void Trainer::build() {
   baseline_rss_ = current_rss_bytes();
   ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep});
-  model_ = build_model(config_, expert_shard(dist_));
+  model_ = build_model(config_, expert_shard(dist_), PipelineStage{dist_.grid.pp_index, dist_.grid.pp});
+  if (dist_.grid.pp > 1) whole_model_ = pipelined_model(dist_, *model_);
   if (dist_.grid.ep > 1) model_->set_expert_group(dist_.grid.ep_group.get());
   ParameterList& params = model_->parameters();
   if (train_.decay_embeddings)
@@ -255,7 +257,7 @@ void Trainer::report_start() const {
     spdlog::info("run {} | {} threads | train data {} windows of {} tokens{}", ckpt_.run_dir, cpu::num_threads(),
                  stream_->loader->num_windows(), train_.seq_len + 1,
                  val_loader_ ? fmt::format(" | val {} windows", val_loader_->num_windows()) : std::string());
-  if (dist_.root()) report_model(*model_, train_.seq_len, *ledger_, train_.tokens_per_step(dist_.size()));
+  if (dist_.root()) report_model(*model_, train_.seq_len, *ledger_, train_.tokens_per_step(dist_.grid.replicas()));
 }
 
 // A resume with another config: each changed key is logged (root) with its old and
@@ -404,7 +406,7 @@ StepResult Trainer::train_step() {
   const double local_loss = forward_backward(r.step);
   {
     profile::Region region("grad sync+clip");
-    r.loss = mean_over_world(dist_, local_loss);
+    r.loss = mean_loss(dist_, local_loss);
     r.grad_norm = reduce_gradients();
   }
   // Non-finite values reach every rank through the loss mean and the gradient
@@ -426,19 +428,32 @@ double Trainer::reduce_gradients() {
   return clip_grad_norm(dist_, *model_, train_.grad_clip);
 }
 
+// This replica's next micro-batch: replica q (the rank's index in its stage; the
+// rank at pp = 1) takes batch q of every `replicas` consecutive ones of the stream.
+data::Batch Trainer::next_batch() {
+  profile::Region region("data");
+  data::Batch batch;
+  for (int r = 0; r < dist_.grid.replicas(); ++r) {
+    data::Batch b = stream_->next();
+    if (r == dist_.grid.local_index()) batch = std::move(b);
+  }
+  return batch;
+}
+
 // The micro-batches of one step (gradient accumulation): this rank's share of the
-// stream is batches rank, rank + world, ... Returns this rank's mean loss.
+// stream is batches rank, rank + world, ... Returns this rank's mean loss (under
+// pp: the last stage's; 0 on the others).
 double Trainer::forward_backward(int64_t step) {
+  if (dist_.grid.pp > 1) {
+    std::vector<data::Batch> batches;
+    for (int64_t micro = 0; micro < train_.grad_accum; ++micro) batches.push_back(next_batch());
+    const PipelineStepResult r = pipeline_train_step(dist_, *model_, batches, device_);
+    faults_.after_backward(step, model_->parameters());
+    return r.loss_sum / static_cast<double>(train_.grad_accum);
+  }
   double loss_sum = 0;
   for (int64_t micro = 0; micro < train_.grad_accum; ++micro) {
-    data::Batch batch;
-    {
-      profile::Region region("data");
-      for (int r = 0; r < dist_.size(); ++r) {
-        data::Batch b = stream_->next();
-        if (r == dist_.rank()) batch = std::move(b);
-      }
-    }
+    data::Batch batch = next_batch();
     Tensor loss = model_->loss(batch.inputs.to(device_), batch.targets.to(device_), true);
     loss_sum += loss.item<double>();
     // The last micro-batch's backward sums finished gradient buckets as it goes
@@ -512,7 +527,7 @@ void Trainer::end_step(StepResult& r, Clock::time_point t0) {
     ++profiled_steps_;
   }
   r.seconds = seconds_since(t0);
-  r.tokens = train_.tokens_per_step(dist_.size());
+  r.tokens = train_.tokens_per_step(dist_.grid.replicas());
   progress_.tokens += r.tokens;
   progress_.step = r.step;
   last_ = r;
@@ -564,7 +579,7 @@ EvalResult Trainer::evaluate() {
   EvalResult e;
   const int64_t step = progress_.step;
   if (data_.synthetic) {  // every rank, the same held-out rows
-    const AnswerScore a = evaluate_answers(*model_, data_.task, train_.batch_size, train_.eval_batches,
+    const AnswerScore a = evaluate_answers(whole_model(), data_.task, train_.batch_size, train_.eval_batches,
                                            train_.seed + kHeldOutSeed);
     spdlog::info("step {}/{} | val loss {:.4f} | val acc {:.4f} ({} answers)", step, train_.max_steps, a.loss,
                  a.accuracy, a.answers);
@@ -572,7 +587,7 @@ EvalResult Trainer::evaluate() {
     e = {a.loss, a.accuracy, a.answers};
   } else if (val_loader_) {
     val_loader_->set_state({});  // always the same windows, from the start of the data
-    e.loss = moetrain::evaluate(*model_, *val_loader_, train_.eval_batches);  // every rank, the same windows
+    e.loss = moetrain::evaluate(whole_model(), *val_loader_, train_.eval_batches);  // every rank, the same windows
     spdlog::info("step {}/{} | val loss {:.4f}", step, train_.max_steps, e.loss);
     if (metrics_) metrics_->write({{"step", step}, {"val_loss", e.loss}});
   }
@@ -585,7 +600,7 @@ void Trainer::sample() {
   std::vector<int32_t> prompt = tokenizer_->encode(train_.sample_prompt);
   if (prompt.empty()) prompt.push_back(tokenizer_->eot_token().value_or(0));
   GenerateStats stats;
-  const std::string text = tokenizer_->decode(generate(*model_, prompt, train_.sample, &stats));
+  const std::string text = tokenizer_->decode(generate(whole_model(), prompt, train_.sample, &stats));
   // The log is for people (a terminal, a job's log file): no raw control bytes or broken UTF-8.
   spdlog::info("sample at step {}:\n{}", progress_.step, data::printable_text(train_.sample_prompt + text));
   if (stats.stopped_at_context)
@@ -669,8 +684,9 @@ TrainSummary Trainer::finish() {
   if (train_.sample_every > 0 || train_.max_steps == 0) sample();
   const std::filesystem::path model_dir = std::filesystem::path(ckpt_.run_dir) / "model";
   // The model directory is built aside and renamed into place, its config.resolved.yaml included.
-  if (dist_.grid.ep > 1 || train_.mixed_precision) {
-    // Collective: experts from the whole ep group; under mixed precision the f32 master weights.
+  if (dist_.grid.ep > 1 || dist_.grid.pp > 1 || train_.mixed_precision) {
+    // Collective: experts from the whole ep group, the stages' parameters from the
+    // whole pipeline; under mixed precision the f32 master weights.
     const ParameterList state = full_state(dist_, *model_, train_.mixed_precision ? opt_.get() : nullptr);
     if (dist_.root()) export_model(*model_, model_dir.string(), &state, &config_);
   } else if (dist_.root()) {

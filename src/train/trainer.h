@@ -117,7 +117,10 @@ class Trainer {
   void build();
   void place_on_device();
   void begin_run(const StartPlan& plan);
+  data::Batch next_batch();
   double forward_backward(int64_t step);
+  // What evaluation and samples run: the model, or under pp the pipelined view of it.
+  LanguageModel& whole_model() { return whole_model_ ? *whole_model_ : *model_; }
   double reduce_gradients();
   StepResult skip(StepResult r, std::string why);
   std::optional<std::string> update_problem(double lr);
@@ -140,7 +143,8 @@ class Trainer {
   std::unique_ptr<data::DataLoader> val_loader_;
   double baseline_rss_ = 0;
   std::optional<Ledger> ledger_;
-  std::unique_ptr<LanguageModel> model_;
+  std::unique_ptr<LanguageModel> model_;        // under pp: this rank's stage
+  std::unique_ptr<LanguageModel> whole_model_;  // under pp: train/pipeline.h's pipelined view of model_
   std::unique_ptr<AdamW> opt_;
   Device device_ = kCpu;
   std::unique_ptr<MetricsWriter> metrics_;

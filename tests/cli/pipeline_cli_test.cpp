@@ -1,0 +1,115 @@
+// train.pp end to end (issue 26): `moetrain train` under mpirun with a pipeline
+// gives one process's losses on the same global batch in f64, and a checkpoint
+// written at pp 2 x ep 2 resumes at one process, at pp 4 and at pp 2 x dp 2 x ep 2
+// (8 ranks, oversubscribed) to the uninterrupted run's losses. The model is
+// k3-tiny at 4 layers with AttnRes blocks of 3 (block 1 opens on the last stage at
+// pp 2 and pp 4), MoE in layers 1-3 (on every stage) and tied embeddings.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "testing.h"
+
+using moetrain::testing::kLocalMpirun;
+using moetrain::testing::metrics_losses;
+using moetrain::testing::TempDir;
+using std::string;
+
+namespace {
+
+using Result = moetrain::testing::CommandOutput;
+
+struct PipelineJob {
+  TempDir tmp;
+  string dir = tmp.path();
+
+  PipelineJob() {
+    Result r = moetrain::testing::run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) +
+                                               "/data/tinyshakespeare.txt --out " + dir +
+                                               "/data --tokenizer byte --val-tokens 8192");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+  }
+  // `replicas` data-parallel copies of each stage: grad_accum keeps the global batch at 8 micro-batches.
+  Result train(int np, int pp, int ep, const string& name, const string& sets = "") const {
+    const int replicas = std::max(1, np / pp);
+    const string args = "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + dir +
+                        "/data/train_*.bin --set data.val=" + dir + "/data/val_*.bin --set train.max_steps=4 "
+                        "--set train.warmup_steps=2 --set train.batch_size=2 --set train.seq_len=16 "
+                        "--set train.eval_every=4 --set train.eval_batches=2 --set train.threads=1 "
+                        "--set train.log_every=100 --set model.n_layer=4 --set model.attn_res_block_size=3 "
+                        "--set model.tie_embeddings=true --set train.dtype=f64 --set ckpt.every=2 --set run.dir=" +
+                        dir + "/" + name + " --set train.pp=" + std::to_string(pp) + " --set train.ep=" +
+                        std::to_string(ep) + " --set train.grad_accum=" + std::to_string(8 / replicas) + " " + sets;
+    const string launcher = np == 1 ? string() : string(kLocalMpirun) + "-np " + std::to_string(np) + " ";
+    return moetrain::testing::capture_command(launcher + string(MOETRAIN_BINARY_DIR) + "/moetrain " + args);
+  }
+};
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("loss " << i << ": " << got[i] << " vs " << want[i]);
+    CHECK(std::abs(got[i] - want[i]) < 1e-10 * std::abs(want[i]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cli: pipeline training equals one process and its checkpoints reshard (pp 2/4, ep 2, dp 2)",
+          "[cli][slow]") {
+  PipelineJob job;
+  Result one = job.train(1, 1, 1, "one");
+  INFO(one.output);
+  REQUIRE(one.code == 0);
+  const std::vector<double> want = metrics_losses(job.dir + "/one");
+  REQUIRE(want.size() == 4);
+
+  Result pipe = job.train(4, 2, 2, "pipe");
+  INFO(pipe.output);
+  REQUIRE(pipe.code == 0);
+  CHECK(pipe.output.find("4 rank(s): pp 2 x dp 1 x ep 2") != string::npos);
+  check_close(metrics_losses(job.dir + "/pipe"), want);
+  // The validation loss (the pipelined view of the model) and the written model are the whole model's.
+  CHECK(one.output.find("val loss") != string::npos);
+  const auto val = [](const string& out) { return out.substr(out.rfind("val loss"), 16); };
+  CHECK(val(pipe.output) == val(one.output));
+
+  // Resume the pp 2 x ep 2 checkpoint of step 2 in other layouts: steps 3-4 as uninterrupted.
+  struct Layout {
+    int np, pp, ep;
+  };
+  for (Layout l : {Layout{1, 1, 1}, Layout{4, 4, 1}, Layout{8, 2, 2}}) {
+    const string name = "resume" + std::to_string(l.np) + std::to_string(l.pp) + std::to_string(l.ep);
+    Result copy = moetrain::testing::capture_command("cp -r " + job.dir + "/pipe " + job.dir + "/" + name + " && rm -r " +
+                                                     job.dir + "/" + name + "/checkpoints/step_00000004");
+    REQUIRE(copy.code == 0);
+    Result r = job.train(l.np, l.pp, l.ep, name, "--set ckpt.resume=step_00000002");
+    INFO("np " << l.np << " pp " << l.pp << " ep " << l.ep << "\n" << r.output);
+    REQUIRE(r.code == 0);
+    CHECK(r.output.find("resumed from") != string::npos);
+    const std::vector<double> got = metrics_losses(job.dir + "/" + name);
+    REQUIRE(got.size() >= 2);
+    check_close({got.end() - 2, got.end()}, {want.end() - 2, want.end()});
+  }
+}
+
+TEST_CASE("cli: train.pp refuses layouts it cannot run, naming the key", "[cli]") {
+  PipelineJob job;
+  Result odd = job.train(2, 3, 1, "odd");  // 2 ranks into 3 stages
+  CHECK(odd.code == 2);
+  CHECK(odd.output.find("train.pp") != string::npos);
+  Result deep = job.train(1, 1, 1, "deep", "--set train.pp=1 --set model.n_layer=2 --set train.pp=2");
+  CHECK(deep.code == 2);
+  CHECK(deep.output.find("does not divide") != string::npos);
+  Result too_many = job.train(8, 8, 1, "too_many");  // 4 layers over 8 stages
+  CHECK(too_many.code == 2);
+  CHECK(too_many.output.find("exceeds the model's 4 layers") != string::npos);
+  Result gpt2 = moetrain::testing::run_moetrain("train -c " + string(MOETRAIN_SOURCE_DIR) +
+                                                "/configs/gpt2-shakespeare.yaml --set train.pp=2 --set run.dir=" + job.dir +
+                                                "/gpt2");
+  CHECK(gpt2.code == 2);
+  CHECK(gpt2.output.find("model.arch hybrid") != string::npos);
+}
