@@ -103,6 +103,29 @@ TEST_CASE("ledger: per-rank parameters of the stages add up to the model, plus t
   }
 }
 
+TEST_CASE("ledger: a stage's parameters are those the trainer's stage model allocates", "[nn][ledger]") {
+  // The pipeline trainer builds HybridModel with a PipelineStage (docs/parallelism.md#pipeline-parallelism);
+  // its allocated parameters on one rank of ep 2 are what the ledger places there.
+  for (bool tied : {false, true}) {
+    const Config config = load("k3-tiny", {tied ? "model.tie_embeddings=true" : "model.tie_embeddings=false"});
+    const HybridConfig hc = HybridConfig::from(config);
+    const HybridModel whole(hc, 0, /*allocate=*/false);
+    for (int64_t pp : {2, 3, 4}) {
+      const Ledger l = make_ledger(config, LedgerLayout{1, 2, pp});
+      for (int64_t s = 0; s < pp; ++s) {
+        INFO("tied " << tied << " pp " << pp << " stage " << s);
+        HybridModel stage(hc, 0, /*allocate=*/true, ExpertShard{1, 2}, PipelineStage{s, pp});
+        int64_t held = 0;
+        for (const NamedParameter& p : stage.parameters()) held += p.tensor.numel();
+        CHECK(l.stages[static_cast<size_t>(s)].params == held);
+        // What the stage receives, D values per tensor.
+        if (s > 0)
+          CHECK(whole.boundary_values_per_token(stage.stage_layers().first) == stage.stage_input_count() * hc.d_model);
+      }
+    }
+  }
+}
+
 TEST_CASE("ledger: zero 1 takes the sharded state off by 1 - 1/replicas", "[nn][ledger]") {
   for (const char* dtype : {"f32", "bf16"}) {
     const Config config = load("k3-small", {std::string("train.dtype=") + dtype});
