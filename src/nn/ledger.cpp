@@ -370,10 +370,16 @@ std::string count(double n) {  // 6.2B, 350M
   return fmt::format("{:.0f}", n);
 }
 
-std::string recompute_note(const Ledger& l) {
-  if (!l.recompute || l.arch != "hybrid") return "";
-  return "note: train.activation_checkpointing is not implemented for model.arch hybrid yet (training refuses it); "
-         "the recomputing numbers say what it would take\n";
+// What the trainer cannot run yet of what the ledger was asked to count.
+std::vector<std::string> trainer_notes(const Ledger& l) {
+  std::vector<std::string> notes;
+  if (l.recompute && l.arch == "hybrid")
+    notes.push_back("note: train.activation_checkpointing is not implemented for model.arch hybrid yet (training "
+                    "refuses it); the recomputing numbers say what it would take\n");
+  if (l.layout.pp > 1 && l.arch != "hybrid")
+    notes.push_back(fmt::format("note: train.pp runs model.arch hybrid only; the {} stages here are an estimate\n",
+                                l.arch));
+  return notes;
 }
 
 std::string cluster_text(const ClusterAssumptions& c) {
@@ -501,7 +507,8 @@ std::string ledger_text(const Ledger& l) {
   out += memory_text(l);
   if (l.layout.pp > 1) out += stage_table(l);
   out += step_text(l);
-  return out + recompute_note(l);
+  for (const std::string& note : trainer_notes(l)) out += note;
+  return out;
 }
 
 std::string ledger_json(const Ledger& l) {
@@ -625,7 +632,11 @@ std::string plan_text(const Plan& plan) {
   }
   out += "  (params, state, activations, total: per rank on the stage that needs the most; compute, a2a, p2p: one "
          "micro-batch on the slowest stage; step = (M + pp - 1) x that + grad sync)\n";
-  return shown.empty() ? out : out + recompute_note(shown.front());
+  std::string notes;
+  for (size_t i = 0; i < shown.size() && i < static_cast<size_t>(o.top); ++i)
+    for (const std::string& note : trainer_notes(shown[i]))
+      if (notes.find(note) == std::string::npos) notes += note;
+  return out + notes;
 }
 
 std::string plan_json(const Plan& plan) {
