@@ -86,8 +86,7 @@ class HybridModel : public LanguageModel {
   int64_t stage_input_count() const override;
   StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training) override;
   bool stage_holds(const std::string& name) const override;
-  // The stage's layers [first, end).
-  StageLayers stage_layers() const { return layers_range_; }
+  StageLayers pipeline_stage_layers() const override { return layers_range_; }
 
   Tensor forward(const Tensor& ids, bool training = true) override;
   // Cross-entropy plus the MoE layers' auxiliary losses (when their weights are > 0).

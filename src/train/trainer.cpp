@@ -83,7 +83,18 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
   spdlog::info("model {}: {}", model.arch(), model.describe());
   for (const auto& [group, n] : groups)
     spdlog::info("  {:<10} {:>14} parameters ({:5.1f}%)", group, with_commas(n), 100.0 * n / total);
-  if (ledger.layout.ep > 1 && total != ledger.total) {  // expert parallel: the groups above are this rank's
+  const PipelineStage stage = model.pipeline_stage();
+  if (!stage.whole()) {  // pipeline: the groups above are this rank's stage
+    const StageLayers layers = model.pipeline_stage_layers();
+    spdlog::info("  {:<10} {:>14} parameters on rank 0: stage 1 of {} (layers {}-{} and the embedding{}, train.pp {})",
+                 "this rank", with_commas(total), stage.count, layers.first, layers.end - 1,
+                 ledger.layout.ep > 1 ? fmt::format("; its 1/{} of the routed experts, train.ep {}", ledger.layout.ep,
+                                                    ledger.layout.ep)
+                                      : std::string(),
+                 stage.count);
+    spdlog::info("  {:<10} {:>14} parameters in the model ({} active per token)", "total", with_commas(ledger.total),
+                 with_commas(ledger.active));
+  } else if (ledger.layout.ep > 1 && total != ledger.total) {  // expert parallel: the groups above are this rank's
     spdlog::info("  {:<10} {:>14} parameters on rank 0 (the replicated ones + its 1/{} of the routed experts, "
                  "train.ep {})", "this rank", with_commas(total), ledger.layout.ep, ledger.layout.ep);
     spdlog::info("  {:<10} {:>14} parameters in the model ({} active per token)", "total", with_commas(ledger.total),
