@@ -105,8 +105,16 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
   }
   spdlog::info("  FLOPs/token {:.3g}, {:.3g} per optimizer step of {} tokens", model.flops_per_token(seq_len),
                model.flops_per_token(seq_len) * tokens_per_step, with_commas(tokens_per_step));
-  spdlog::info("  memory estimate per rank (ledger): {} weights+grads+AdamW, ~{} activations per micro-batch",
-               human_bytes(ledger.state_bytes_per_rank), human_bytes(ledger.activation_bytes_per_rank));
+  if (ledger.layout.pp > 1) {  // the ledger's worst stage: its state and its 1F1B micro-batches in flight
+    const StageLedger& worst = ledger.stages[static_cast<size_t>(ledger.worst_stage)];
+    spdlog::info("  memory estimate per rank (ledger, stage {}, the largest): {} weights+grads+AdamW, ~{} activations "
+                 "({} micro-batches in flight)",
+                 ledger.worst_stage, human_bytes(ledger.state_bytes_per_rank),
+                 human_bytes(ledger.activation_bytes_per_rank), worst.micro_batches_in_flight);
+  } else {
+    spdlog::info("  memory estimate per rank (ledger): {} weights+grads+AdamW, ~{} activations per micro-batch",
+                 human_bytes(ledger.state_bytes_per_rank), human_bytes(ledger.activation_bytes_per_rank));
+  }
 }
 
 // A skipped step's MoE assignments do not move the router biases.

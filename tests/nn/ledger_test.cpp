@@ -120,7 +120,8 @@ TEST_CASE("ledger: a stage's parameters are those the trainer's stage model allo
         CHECK(l.stages[static_cast<size_t>(s)].params == held);
         // What the stage receives, D values per tensor.
         if (s > 0)
-          CHECK(whole.boundary_values_per_token(stage.stage_layers().first) == stage.stage_input_count() * hc.d_model);
+          CHECK(whole.boundary_values_per_token(stage_layers(hc.n_layer(), pp, s).first) ==
+                stage.stage_input_count() * hc.d_model);
       }
     }
   }
