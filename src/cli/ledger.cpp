@@ -60,12 +60,12 @@ void add_ledger_command(CLI::App& app, Commands& commands) {
       ->check(non_negative());
   cmd->add_option("--micro-batch", o->layout.micro_batch, "sequences per micro-batch (default train.batch_size)")
       ->check(positive());
-  cmd->add_option("--micro-batches", o->layout.micro_batches,
+  cmd->add_option("--micro-batches", o->layout.num_micro_batches,
                   "micro-batches per step and pipeline, the 1F1B schedule's M (default train.grad_accum)")
       ->check(positive());
-  CLI::Option* plan =
-      cmd->add_option("--plan", o->plan, "search the layouts of this many devices; print the feasible ones, fastest first")
-          ->check(positive());
+  CLI::Option* plan = cmd->add_option("--plan", o->plan,
+                                      "search the layouts of this many devices; print the feasible ones, fastest first")
+                          ->check(positive());
   for (const char* one_layout : {"--pp", "--dp", "--ep", "--zero", "--micro-batches"})
     plan->excludes(cmd->get_option(one_layout));
   cmd->add_option("--global-batch", o->global_batch,

@@ -143,15 +143,16 @@ void check_layout(const ModelSummary& m, const Config& config, const LedgerLayou
                             "(model.n_layer = {}); use --pp {} or fewer",
                             layout.pp, m.n_layer, m.n_layer));
   if (m.experts > 0 && m.experts % layout.ep != 0)
-    config.fail("model.moe.num_experts", fmt::format("cannot be sharded over --ep {} ranks (not a multiple)", layout.ep));
+    config.fail("model.moe.num_experts",
+                fmt::format("cannot be sharded over --ep {} ranks (not a multiple)", layout.ep));
   if (m.experts == 0 && layout.ep > 1)
     throw Error(fmt::format("ledger: --ep {}: this {} model has no routed experts to shard; use --ep 1 (and --dp)",
                             layout.ep, m.arch));
   if (layout.zero != 0 && layout.zero != 1)
     throw Error(fmt::format("ledger: --zero {}: expected 0 (replicated AdamW state) or 1 (sharded)", layout.zero));
-  if (layout.micro_batch < 1 || layout.micro_batches < 1)
+  if (layout.micro_batch < 1 || layout.num_micro_batches < 1)
     throw Error(fmt::format("ledger: --micro-batch {} and --micro-batches {} must be at least 1", layout.micro_batch,
-                            layout.micro_batches));
+                            layout.num_micro_batches));
 }
 
 // Bytes per element of one parameter's state.
@@ -208,7 +209,7 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
   l.layout = layout;
   l.cluster = cluster;
   l.decode_cache_bytes = m.decode_cache_bytes;
-  const int64_t pp = layout.pp, dp = layout.dp, ep = layout.ep, M = layout.micro_batches;
+  const int64_t pp = layout.pp, dp = layout.dp, ep = layout.ep, M = layout.num_micro_batches;
   const int64_t stage_ranks = dp * ep;
   const double tokens = static_cast<double>(layout.micro_batch * m.seq_len);  // per micro-batch and rank
   const double grad_wire = m.param_bytes;  // gradients are summed in f32 buckets (f64 in f64 runs), bf16 ones too
@@ -222,7 +223,7 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
     st.end_layer = layers.end;
     for (int64_t i = layers.first; i < layers.end; ++i) {
       stage_of[static_cast<size_t>(i)] = s;
-      st.moe_layers += m.moe_layer[static_cast<size_t>(i)];
+      st.num_moe_layers += m.moe_layer[static_cast<size_t>(i)];
     }
   }
   // Per stage: the weight bytes of its replicated and expert parameters (the ZeRO-1 all-gather).
@@ -257,10 +258,10 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
     // received from the previous stage, per micro-batch in flight (1F1B keeps
     // min(pp - s, M) alive on stage s).
     const double received = s > 0 ? static_cast<double>(m.boundary(first)) * m.activation_bytes : 0.0;
-    st.micro_batches_in_flight = std::min(pp - s, M);
+    st.num_micro_batches_in_flight = std::min(pp - s, M);
     if (!m.recompute) {
       st.activation_bytes_per_micro_batch = tokens * (m.activations(first, end, last) + received);
-      st.activation_bytes = static_cast<double>(st.micro_batches_in_flight) * st.activation_bytes_per_micro_batch;
+      st.activation_bytes = static_cast<double>(st.num_micro_batches_in_flight) * st.activation_bytes_per_micro_batch;
     } else {
       // Recompute: each micro-batch keeps its layers' inputs (the stage input, then
       // one D-wide hidden per further layer); one layer's full activations (and the
@@ -269,7 +270,7 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
       for (int64_t i = first; i < end; ++i) widest = std::max(widest, m.activations(i, i + 1, false));
       const double kept = static_cast<double>(m.boundary(first) + (end - first - 1) * m.d_model) * m.activation_bytes;
       st.activation_bytes_per_micro_batch = tokens * kept;
-      st.activation_bytes = static_cast<double>(st.micro_batches_in_flight) * st.activation_bytes_per_micro_batch +
+      st.activation_bytes = static_cast<double>(st.num_micro_batches_in_flight) * st.activation_bytes_per_micro_batch +
                             tokens * (widest + (last ? m.activations(end, end, true) : 0.0));
     }
     // Compute: forward + backward of one micro-batch (+ one more forward of the layers with recompute).
@@ -279,8 +280,8 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
     // MoE all-to-all: per token and MoE layer, top_k rows of the dispatched width go
     // out (dispatch) and come back (combine), in forward and again in backward; with
     // uniform routing 1/ep of them stay on the rank, the rest split evenly over the peers.
-    if (st.moe_layers > 0 && ep > 1) {
-      const double bytes = tokens * static_cast<double>(st.moe_layers) * 4.0 * static_cast<double>(m.top_k) *
+    if (st.num_moe_layers > 0 && ep > 1) {
+      const double bytes = tokens * static_cast<double>(st.num_moe_layers) * 4.0 * static_cast<double>(m.top_k) *
                            static_cast<double>(m.moe_width) * m.activation_bytes;
       const double per_peer = bytes / static_cast<double>(ep);
       const int64_t remote = remote_ep_peers(first_rank, dp, ep, c);
@@ -353,7 +354,7 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
 
 LedgerLayout resolved(const ModelSummary& m, LedgerLayout layout) {
   if (layout.micro_batch == 0) layout.micro_batch = m.batch_size;
-  if (layout.micro_batches == 0) layout.micro_batches = m.grad_accum;
+  if (layout.num_micro_batches == 0) layout.num_micro_batches = m.grad_accum;
   return layout;
 }
 
@@ -394,17 +395,18 @@ std::string step_text(const Ledger& l) {
   for (const StageLedger& st : l.stages)
     if (st.micro_batch_s() > slowest->micro_batch_s()) slowest = &st;
   std::string out = fmt::format(
-      "step estimate (M = {} micro-batches of {} x {} per pipeline, {} sequences per step; {:.0f} TFLOP/s x {:.2f} MFU, "
+      "step estimate (M = {} micro-batches of {} x {} per pipeline, {} sequences per step; {:.0f} TFLOP/s x {:.2f} "
+      "MFU, "
       "{:.0f} GB/s in a node of {}, {:.0f} GB/s across nodes{}):\n",
-      l.layout.micro_batches, l.layout.micro_batch, l.seq_len, with_commas(e.sequences_per_step), c.peak_flops / 1e12,
-      c.mfu, c.intra_bandwidth / 1e9, c.devices_per_node, c.inter_bandwidth / 1e9,
+      l.layout.num_micro_batches, l.layout.micro_batch, l.seq_len, with_commas(e.sequences_per_step),
+      c.peak_flops / 1e12, c.mfu, c.intra_bandwidth / 1e9, c.devices_per_node, c.inter_bandwidth / 1e9,
       l.recompute ? "; layers recomputed in backward" : "");
   out += fmt::format("  slowest stage per micro-batch: compute {} + all-to-all {} + p2p {} = {}\n",
                      seconds(slowest->compute_s), seconds(slowest->all_to_all_s), seconds(slowest->p2p_s),
                      seconds(slowest->micro_batch_s()));
   out += fmt::format("  pipeline ({} + {} - 1) x {} = {} (bubble {:.1f}%), gradient sync {}: step {}, {} tokens/s, "
                      "MFU {:.1f}%\n",
-                     l.layout.micro_batches, l.layout.pp, seconds(slowest->micro_batch_s()), seconds(e.pipeline_s),
+                     l.layout.num_micro_batches, l.layout.pp, seconds(slowest->micro_batch_s()), seconds(e.pipeline_s),
                      100.0 * e.bubble, seconds(e.grad_sync_s), seconds(e.step_s),
                      with_commas(static_cast<int64_t>(e.tokens_per_second)), 100.0 * e.mfu);
   return out;
@@ -413,13 +415,13 @@ std::string step_text(const Ledger& l) {
 std::string memory_text(const Ledger& l) {
   const StageLedger& w = l.stages[static_cast<size_t>(l.worst_stage)];
   const ClusterAssumptions& c = l.cluster;
-  const double alive = static_cast<double>(w.micro_batches_in_flight) * w.activation_bytes_per_micro_batch;
+  const double alive = static_cast<double>(w.num_micro_batches_in_flight) * w.activation_bytes_per_micro_batch;
   std::string out = fmt::format(
       "memory per rank{}: weights+grads {} + optimizer {} + activations {} ({} x {}{}) = {}\n",
       l.layout.pp > 1 ? fmt::format(" (worst: stage {}, layers {}-{})", l.worst_stage, w.first_layer, w.end_layer - 1)
                       : "",
       human_bytes(w.weight_grad_bytes), human_bytes(w.optimizer_bytes), human_bytes(w.activation_bytes),
-      w.micro_batches_in_flight, human_bytes(w.activation_bytes_per_micro_batch),
+      w.num_micro_batches_in_flight, human_bytes(w.activation_bytes_per_micro_batch),
       l.recompute ? fmt::format(" layer inputs + {} for the layer being recomputed",
                                 human_bytes(w.activation_bytes - alive))
                   : "",
@@ -437,10 +439,10 @@ std::string stage_table(const Ledger& l) {
   for (size_t s = 0; s < l.stages.size(); ++s) {
     const StageLedger& st = l.stages[s];
     out += fmt::format("  {:>5} {:>7} {:>4} {:>10} {:>13} {:>11} {:>6} {:>12} {:>11} {:>12}{}\n", s,
-                       fmt::format("{}-{}", st.first_layer, st.end_layer - 1), st.moe_layers,
+                       fmt::format("{}-{}", st.first_layer, st.end_layer - 1), st.num_moe_layers,
                        count(static_cast<double>(st.params)), human_bytes(st.weight_grad_bytes),
-                       human_bytes(st.optimizer_bytes), st.micro_batches_in_flight, human_bytes(st.activation_bytes),
-                       human_bytes(st.total_bytes()), seconds(st.micro_batch_s()),
+                       human_bytes(st.optimizer_bytes), st.num_micro_batches_in_flight,
+                       human_bytes(st.activation_bytes), human_bytes(st.total_bytes()), seconds(st.micro_batch_s()),
                        static_cast<int64_t>(s) == l.worst_stage ? "  <- worst" : "");
   }
   return out;
@@ -453,7 +455,7 @@ nlohmann::json layout_json(const Ledger& l) {
                         {"ep", l.layout.ep},
                         {"zero", l.layout.zero},
                         {"micro_batch", l.layout.micro_batch},
-                        {"micro_batches", l.layout.micro_batches}}},
+                        {"num_micro_batches", l.layout.num_micro_batches}}},
                       {"params_per_rank", l.params_per_rank},
                       {"state_bytes_per_rank", l.state_bytes_per_rank},
                       {"activation_bytes_per_rank", l.activation_bytes_per_rank},
@@ -494,12 +496,13 @@ std::string ledger_text(const Ledger& l) {
                        l.layout.dp, l.layout.ep, with_commas(l.params_per_rank), human_bytes(l.state_bytes_per_rank),
                        human_bytes(l.activation_bytes_per_rank), l.batch_size, l.seq_len);
   else
-    out += fmt::format("per rank (pp {} x dp {} x ep {}, zero {}): {} parameters, {} weights+grads+AdamW ({}), ~{} "
-                       "activations ({} micro-batches of {} x {} in flight)\n",
-                       l.layout.pp, l.layout.dp, l.layout.ep, l.layout.zero, with_commas(l.params_per_rank),
-                       human_bytes(l.state_bytes_per_rank), l.dtype == "bf16" ? "bf16, f32 master" : l.dtype,
-                       human_bytes(l.activation_bytes_per_rank),
-                       l.stages[static_cast<size_t>(l.worst_stage)].micro_batches_in_flight, l.batch_size, l.seq_len);
+    out += fmt::format(
+        "per rank (pp {} x dp {} x ep {}, zero {}): {} parameters, {} weights+grads+AdamW ({}), ~{} "
+        "activations ({} micro-batches of {} x {} in flight)\n",
+        l.layout.pp, l.layout.dp, l.layout.ep, l.layout.zero, with_commas(l.params_per_rank),
+        human_bytes(l.state_bytes_per_rank), l.dtype == "bf16" ? "bf16, f32 master" : l.dtype,
+        human_bytes(l.activation_bytes_per_rank),
+        l.stages[static_cast<size_t>(l.worst_stage)].num_micro_batches_in_flight, l.batch_size, l.seq_len);
   std::string cache;
   for (const auto& [length, bytes] : l.decode_cache_bytes)
     cache += fmt::format("{}T={}: {}", cache.empty() ? "" : ", ", length, human_bytes(static_cast<double>(bytes)));
@@ -533,11 +536,11 @@ std::string ledger_json(const Ledger& l) {
                         {"components", st.components},
                         {"params", st.params},
                         {"expert_params", st.expert_params},
-                        {"moe_layers", st.moe_layers},
+                        {"num_moe_layers", st.num_moe_layers},
                         {"weight_grad_bytes", st.weight_grad_bytes},
                         {"optimizer_bytes", st.optimizer_bytes},
                         {"activation_bytes_per_micro_batch", st.activation_bytes_per_micro_batch},
-                        {"micro_batches_in_flight", st.micro_batches_in_flight},
+                        {"num_micro_batches_in_flight", st.num_micro_batches_in_flight},
                         {"activation_bytes", st.activation_bytes},
                         {"total_bytes", st.total_bytes()},
                         {"compute_s", st.compute_s},
@@ -552,7 +555,8 @@ std::string ledger_json(const Ledger& l) {
 
 Plan plan_layouts(const Config& config, PlanOptions options, const ClusterAssumptions& cluster) {
   ModelSummary m = summarize(config);
-  if (options.devices < 1) throw Error(fmt::format("ledger: --plan {}: expected a number of devices >= 1", options.devices));
+  if (options.devices < 1)
+    throw Error(fmt::format("ledger: --plan {}: expected a number of devices >= 1", options.devices));
   if (options.micro_batch == 0) options.micro_batch = m.batch_size;
   if (options.global_batch == 0) options.global_batch = options.devices * m.batch_size * m.grad_accum;
   if (options.global_batch < 1 || options.micro_batch < 1)
@@ -582,7 +586,8 @@ Plan plan_layouts(const Config& config, PlanOptions options, const ClusterAssump
     return a.step.step_s != b.step.step_s ? a.step.step_s < b.step.step_s : a.bytes_per_rank < b.bytes_per_rank;
   });
   if (plan.feasible.empty()) {
-    std::sort(all.begin(), all.end(), [](const Ledger& a, const Ledger& b) { return a.bytes_per_rank < b.bytes_per_rank; });
+    std::sort(all.begin(), all.end(),
+              [](const Ledger& a, const Ledger& b) { return a.bytes_per_rank < b.bytes_per_rank; });
     all.resize(std::min<size_t>(all.size(), static_cast<size_t>(options.top)));
     plan.closest = std::move(all);
   }
@@ -623,7 +628,7 @@ std::string plan_text(const Plan& plan) {
       if (st.micro_batch_s() > slowest->micro_batch_s()) slowest = &st;
     out += fmt::format("  {:>3} {:>4} {:>4} {:>4} {:>4} {:>4} {:>5.1f}% {:>9} {:>10} {:>11} {:>10} {:>6} {:>9} {:>9} "
                        "{:>9} {:>9} {:>9} {:>5.1f}%\n",
-                       i + 1, l.layout.pp, l.layout.dp, l.layout.ep, l.layout.zero, l.layout.micro_batches,
+                       i + 1, l.layout.pp, l.layout.dp, l.layout.ep, l.layout.zero, l.layout.num_micro_batches,
                        100.0 * l.step.bubble, count(static_cast<double>(l.params_per_rank)),
                        human_bytes(l.state_bytes_per_rank), human_bytes(l.activation_bytes_per_rank),
                        human_bytes(l.bytes_per_rank), l.worst_stage, seconds(slowest->compute_s),

@@ -24,7 +24,7 @@ struct LedgerLayout {
   int64_t pp = 1;    // pipeline stages
   int64_t zero = 0;  // 1: AdamW moments (and bf16 runs' f32 master) sharded over each parameter's replicas
   int64_t micro_batch = 0;    // sequences per micro-batch; 0: train.batch_size
-  int64_t micro_batches = 0;  // per optimizer step and pipeline (the 1F1B schedule's M); 0: train.grad_accum
+  int64_t num_micro_batches = 0;  // per optimizer step and pipeline (the 1F1B schedule's M); 0: train.grad_accum
   int64_t ranks() const { return pp * dp * ep; }
 };
 
@@ -47,11 +47,11 @@ struct StageLedger {
   std::map<std::string, int64_t> components;  // parameters per component on one rank (experts: its shard)
   int64_t params = 0;                         // on one rank
   int64_t expert_params = 0;                  // of those, the rank's shard of the routed experts
-  int64_t moe_layers = 0;
+  int64_t num_moe_layers = 0;
   double weight_grad_bytes = 0;  // weights and gradients (never sharded)
   double optimizer_bytes = 0;    // AdamW moments and the f32 master (bf16 runs); / replicas with zero 1
   double activation_bytes_per_micro_batch = 0;
-  int64_t micro_batches_in_flight = 0;  // 1F1B: min(pp - stage, M)
+  int64_t num_micro_batches_in_flight = 0;  // 1F1B: min(pp - stage, M)
   double activation_bytes = 0;          // the peak of this stage
   double total_bytes() const { return weight_grad_bytes + optimizer_bytes + activation_bytes; }
   // Seconds: per micro-batch (forward + backward), and per step for the gradient sync.
@@ -78,7 +78,7 @@ struct Ledger {
   int64_t seq_len = 0, batch_size = 0;  // batch_size: sequences per micro-batch (the layout's micro_batch)
   std::string dtype;                    // train.dtype
   bool recompute = false;               // train.activation_checkpointing
-  LedgerLayout layout;                  // micro_batch and micro_batches resolved
+  LedgerLayout layout;                  // micro_batch and num_micro_batches resolved
   ClusterAssumptions cluster;
   // Per rank, of the stage with the largest total (the only stage at pp 1):
   int64_t params_per_rank = 0;           // replicated parameters + this rank's expert shard

@@ -110,7 +110,7 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
     spdlog::info("  memory estimate per rank (ledger, stage {}, the largest): {} weights+grads+AdamW, ~{} activations "
                  "({} micro-batches in flight)",
                  ledger.worst_stage, human_bytes(ledger.state_bytes_per_rank),
-                 human_bytes(ledger.activation_bytes_per_rank), worst.micro_batches_in_flight);
+                 human_bytes(ledger.activation_bytes_per_rank), worst.num_micro_batches_in_flight);
   } else {
     spdlog::info("  memory estimate per rank (ledger): {} weights+grads+AdamW, ~{} activations per micro-batch",
                  human_bytes(ledger.state_bytes_per_rank), human_bytes(ledger.activation_bytes_per_rank));

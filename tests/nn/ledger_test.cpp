@@ -180,8 +180,8 @@ TEST_CASE("ledger: 1F1B keeps min(pp - s, M) micro-batches alive; bubble (pp - 1
         double layers_only = 0;
         for (int64_t s = 0; s < pp; ++s) {
           const StageLedger& st = l.stages[static_cast<size_t>(s)];
-          CHECK(st.micro_batches_in_flight == std::min(pp - s, M));
-          CHECK(st.activation_bytes == Approx(static_cast<double>(st.micro_batches_in_flight) *
+          CHECK(st.num_micro_batches_in_flight == std::min(pp - s, M));
+          CHECK(st.activation_bytes == Approx(static_cast<double>(st.num_micro_batches_in_flight) *
                                               st.activation_bytes_per_micro_batch));
           // A stage past the first also holds what it received: the AttnRes blocks
           // opened before its first layer (at l % S == 0) and the hidden state, D
@@ -210,11 +210,11 @@ TEST_CASE("ledger: the step estimate's traffic terms follow the rank layout", "[
   const double k = static_cast<double>(config.get_int("model.moe.top_k"));
   const double W = static_cast<double>(config.get_int("model.moe.latent_dim"));
   const int64_t first_dense = config.get_int("model.moe.first_dense_layers");
-  const double moe_layers = static_cast<double>(config.get_int("model.n_layer") - first_dense);
+  const double num_moe_layers = static_cast<double>(config.get_int("model.n_layer") - first_dense);
   ClusterAssumptions cluster;
   // ep 4 on one node of 8: 3 of 4 shares of the rows (dispatch, combine, forward and
   // backward, bf16) go over NVLink; ep 16 over 2 nodes of 8: 8 of the 15 peers are remote.
-  const double rows = tokens * moe_layers * 4.0 * k * W * 2.0;
+  const double rows = tokens * num_moe_layers * 4.0 * k * W * 2.0;
   const Ledger e4 = make_ledger(config, LedgerLayout{1, 4, 1}, cluster);
   CHECK(e4.stages[0].all_to_all_s == Approx(rows * 3.0 / 4.0 / cluster.intra_bandwidth));
   const Ledger e16 = make_ledger(config, LedgerLayout{1, 16, 1}, cluster);
