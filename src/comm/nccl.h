@@ -63,6 +63,11 @@ class NcclGroup {
   void broadcast(Tensor& t, int root);
   Tensor all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows);
   Tensor reduce_scatter_sum(const Tensor& t);
+  // NCCL has no variable-count collectives: reduce_scatter_sum_v is one
+  // ncclReduce per rank with a non-empty count (rooted there), all_gather_v one
+  // ncclBroadcast per such rank, each inside one ncclGroupStart/End.
+  Tensor reduce_scatter_sum_v(const Tensor& t, const std::vector<int64_t>& counts);
+  Tensor all_gather_v(const Tensor& t, const std::vector<int64_t>& counts);
 
   // The device of the NCCL communicator; -1 before the first collective.
   int device() const;

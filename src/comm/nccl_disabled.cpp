@@ -27,5 +27,9 @@ Tensor NcclGroup::all_to_all_v(const Tensor&, const std::vector<int64_t>&, const
   cuda::no_cuda("NCCL all_to_all_v");
 }
 Tensor NcclGroup::reduce_scatter_sum(const Tensor&) { cuda::no_cuda("NCCL reduce_scatter_sum"); }
+Tensor NcclGroup::reduce_scatter_sum_v(const Tensor&, const std::vector<int64_t>&) {
+  cuda::no_cuda("NCCL reduce_scatter_sum_v");
+}
+Tensor NcclGroup::all_gather_v(const Tensor&, const std::vector<int64_t>&) { cuda::no_cuda("NCCL all_gather_v"); }
 
 }  // namespace moetrain::comm
