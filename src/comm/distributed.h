@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
@@ -15,6 +16,15 @@
 #include "comm/watchdog.h"
 
 namespace moetrain::comm {
+
+// train.zero 1 (docs/parallelism.md, "Distributed optimizer"): the parameters
+// sharing one replica group, as indices into the model's parameter list, and
+// how their elements are split over that group's ranks.
+struct ZeroGroup {
+  Communicator* comm = nullptr;
+  std::vector<size_t> params;
+  FlatShards shards;
+};
 
 struct Distributed {
   Communicator* world = nullptr;
@@ -25,6 +35,8 @@ struct Distributed {
   int64_t grad_bucket_bytes = int64_t{32} << 20;  // train.grad_bucket_mb
   std::unique_ptr<GradReducer> reducer;           // made at the first overlapped step
   bool overlap_logged = false;                    // the first overlapped step's line is printed
+  int zero = 0;                                   // train.zero (0 with one rank: nothing to shard)
+  std::vector<ZeroGroup> zero_groups;             // train.zero 1: made with the optimizer
 
   int rank() const { return world->rank(); }
   int size() const { return world->size(); }

@@ -30,7 +30,64 @@ void split(const Distributed& d, const ParameterList& params, ParameterList& rep
   for (const NamedParameter& p : params) (sharded(d, p) ? shards : replicated).push_back(p);
 }
 
+// train.zero 1: the owned part of each grad of a zero group (undefined where none).
+std::vector<Tensor> owned_grads(const comm::ZeroGroup& g, const ParameterList& params) {
+  std::vector<Tensor> parts;
+  const int me = g.comm->rank();
+  for (size_t k = 0; k < g.params.size(); ++k) {
+    const Tensor grad = params[g.params[k]].tensor.grad();
+    const auto [a, b] = g.shards.owned(k, me);
+    parts.push_back(grad.defined() && b > a ? alias(grad, Shape{b - a}, a) : Tensor());
+  }
+  return parts;
+}
+
+// The fold of the squares of a zero group's grads in list order, rank after rank:
+// rank k continues from rank k-1's running sum (a broadcast of one f64 from each
+// rank that owns elements). Every rank returns the total.
+double chained_squared_sum(const comm::ZeroGroup& g, const ParameterList& params) {
+  const std::vector<Tensor> parts = owned_grads(g, params);
+  const int me = g.comm->rank();
+  double running = 0;
+  Tensor passed = zeros({1}, DType::f64);
+  for (int k = 0; k < g.comm->size(); ++k) {
+    if (g.shards.bounds[static_cast<size_t>(k)] == g.shards.bounds[static_cast<size_t>(k) + 1]) continue;  // owns none
+    if (k == me) running = grad_squared_sum_from(running, parts);
+    if (g.comm->size() == 1) break;
+    passed.data<double>()[0] = running;
+    g.comm->broadcast(passed, k);
+    running = passed.data<double>()[0];
+  }
+  return running;
+}
+
 }  // namespace
+
+comm::Communicator* replica_group(const Distributed& d, const NamedParameter& p) {
+  return sharded(d, p) ? d.grid.dp_group.get() : d.world;
+}
+
+std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& params) {
+  d.zero_groups.clear();
+  for (size_t i = 0; i < params.size(); ++i) {
+    comm::Communicator* c = replica_group(d, params[i]);
+    auto it = std::find_if(d.zero_groups.begin(), d.zero_groups.end(),
+                           [&](const comm::ZeroGroup& g) { return g.comm == c; });
+    if (it == d.zero_groups.end()) it = d.zero_groups.insert(d.zero_groups.end(), comm::ZeroGroup{c, {}, {}});
+    it->params.push_back(i);
+  }
+  std::vector<ElementRange> owned(params.size());
+  for (comm::ZeroGroup& g : d.zero_groups) {
+    std::vector<int64_t> numels;
+    for (size_t i : g.params) numels.push_back(params[i].tensor.numel());
+    g.shards = comm::make_flat_shards(numels, g.comm->size());
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const auto [a, b] = g.shards.owned(k, g.comm->rank());
+      owned[g.params[k]] = {a, b};
+    }
+  }
+  return owned;
+}
 
 Distributed make_distributed(const Config& config) {
   Distributed d;
@@ -50,6 +107,15 @@ Distributed make_distributed(const Config& config) {
   d.overlap_grad_sync = config.get_bool("train.overlap_grad_sync");
   const double bucket_mb = config.get_number("train.grad_bucket_mb");
   d.grad_bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20)));
+  const int64_t zero = config.get_int("train.zero");
+  if (zero > 1)
+    config.fail("train.zero", fmt::format("{} is not supported yet: 0 keeps the AdamW state whole on every rank, 1 "
+                                          "shards it over the data-parallel replicas (ZeRO stage 1); gradients and "
+                                          "parameters are not sharded", zero));
+  // One rank: nothing to shard; the optimizer keeps whole tensors (the same numbers).
+  d.zero = d.world->size() > 1 ? static_cast<int>(zero) : 0;
+  if (zero == 1 && d.zero == 0)
+    spdlog::info("train.zero 1 with one rank: nothing to shard; the optimizer state stays whole");
   comm::WatchdogLabel label("process grid");
   d.grid = comm::make_process_grid(*d.world, static_cast<int>(ep), "train.ep");
   return d;
@@ -87,12 +153,22 @@ void sync_gradients(Distributed& d, const LanguageModel& model) {
     d.overlap_logged = true;
     return;
   }
-  ParameterList replicated, shards;
-  split(d, model.parameters(), replicated, shards);
-  comm::WatchdogLabel label("gradient sync");
   comm::GradSyncOptions o;
   o.scale = 1.0 / d.size();
   o.bucket_bytes = d.grad_bucket_bytes;
+  if (d.zero) {
+    comm::WatchdogLabel label("gradient sync (reduce-scatter)");
+    const ParameterList& params = model.parameters();
+    for (const comm::ZeroGroup& g : d.zero_groups) {
+      comm::GradTensors members;
+      for (size_t i : g.params) members.push_back({params[i].name, params[i].tensor});
+      comm::reduce_scatter_grads(*g.comm, members, g.shards, o);
+    }
+    return;
+  }
+  ParameterList replicated, shards;
+  split(d, model.parameters(), replicated, shards);
+  comm::WatchdogLabel label("gradient sync");
   comm::all_reduce_grads(*d.world, grad_tensors(replicated), o);
   if (!shards.empty()) comm::all_reduce_grads(*d.grid.dp_group, grad_tensors(shards), o);
 }
@@ -103,7 +179,7 @@ std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distrib
     // The same groups and scale as sync_gradients' blocking sums.
     std::vector<comm::ReducedParameter> params;
     for (const NamedParameter& p : model.parameters())
-      params.push_back({{p.name, p.tensor}, sharded(d, p) ? d.grid.dp_group.get() : d.world});
+      params.push_back({{p.name, p.tensor}, replica_group(d, p)});
     comm::GradSyncOptions o;
     o.scale = 1.0 / d.size();
     o.bucket_bytes = d.grad_bucket_bytes;
@@ -119,6 +195,26 @@ std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distrib
 
 double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm) {
   if (d.size() == 1) return moetrain::clip_grad_norm(model.parameters(), max_norm);
+  if (d.zero) {
+    // The groups in the order zero 0 adds them: replicated (the world) first, then
+    // the expert shards' sum, itself summed over the ep group.
+    const ParameterList& params = model.parameters();
+    comm::WatchdogLabel label("gradient norm (chained over the replicas)");
+    double total = 0;
+    for (const comm::ZeroGroup& g : d.zero_groups)
+      if (g.comm == d.world) total = chained_squared_sum(g, params);
+    for (const comm::ZeroGroup& g : d.zero_groups) {
+      if (g.comm == d.world) continue;
+      Tensor s = full({1}, chained_squared_sum(g, params), DType::f64);
+      d.grid.ep_group->all_reduce_sum(s);
+      total += s.data<double>()[0];
+    }
+    const double norm = std::sqrt(total);
+    if (max_norm > 0 && norm > max_norm)
+      for (const comm::ZeroGroup& g : d.zero_groups)
+        scale_grad_parts(owned_grads(g, params), max_norm / (norm + 1e-6));
+    return norm;
+  }
   ParameterList replicated, shards;
   split(d, model.parameters(), replicated, shards);
   double total = grad_squared_sum(replicated);
@@ -156,6 +252,24 @@ double mean_over_world(Distributed& d, double value) {
   return t.data<double>()[0] / d.size();
 }
 
+void gather_parameters(Distributed& d, const LanguageModel& model) {
+  if (!d.zero) return;
+  comm::WatchdogLabel label("parameter gather (train.zero 1)");
+  const ParameterList& params = model.parameters();
+  for (const comm::ZeroGroup& g : d.zero_groups) {
+    std::vector<Tensor> tensors;
+    for (size_t i : g.params) tensors.push_back(params[i].tensor.detach());
+    comm::all_gather_params(*g.comm, tensors, g.shards, d.grad_bucket_bytes);
+  }
+}
+
+Tensor full_master(Distributed& d, const LanguageModel& model, const AdamW& opt, size_t i) {
+  const Tensor own = opt.master_or_parameter(i);
+  if (!d.zero || !opt.master_weights()[i].defined()) return own;
+  const NamedParameter& p = model.parameters()[i];
+  return alias(comm::all_gather_owned(*replica_group(d, p), own.detach()), p.tensor.shape());
+}
+
 ParameterList full_state(Distributed& d, const LanguageModel& model, const AdamW* opt) {
   ParameterList out;
   NoGradGuard no_grad;
@@ -164,7 +278,7 @@ ParameterList full_state(Distributed& d, const LanguageModel& model, const AdamW
   for (size_t i = 0; i < params.size(); ++i) {
     const NamedParameter& p = params[i];
     NamedParameter q = p;
-    if (opt) q.tensor = opt->master_or_parameter(i);
+    if (opt) q.tensor = full_master(d, model, *opt, i);
     if (sharded(d, p)) q.tensor = d.grid.ep_group->all_gather(q.tensor.detach());
     out.push_back(q);
   }
