@@ -16,6 +16,7 @@
 #include <regex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
@@ -102,7 +103,9 @@ std::pair<int64_t, int64_t> expert_range(const Distributed& d, int64_t experts) 
 struct Slot {
   std::string group;  // "params", "buffers", "exp_avg", "exp_avg_sq"
   const NamedParameter* param;
-  Tensor tensor;      // what is saved / loaded into
+  Tensor tensor;      // what is saved / loaded into (a sharded optimizer's moments: its owned elements, flat)
+  size_t index = 0;   // in the parameter (or buffer) list
+  bool moment() const { return group == "exp_avg" || group == "exp_avg_sq"; }
 };
 
 // buffers: model.buffers(), kept alive by the caller while the slots are used.
@@ -112,11 +115,11 @@ std::vector<Slot> slots(const LanguageModel& model, const ParameterList& buffers
   std::vector<Slot> out;
   const ParameterList& params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i)
-    out.push_back({"params", &params[i], opt ? opt->master_or_parameter(i) : params[i].tensor});
-  for (const NamedParameter& b : buffers) out.push_back({"buffers", &b, b.tensor});
+    out.push_back({"params", &params[i], opt ? opt->master_or_parameter(i) : params[i].tensor, i});
+  for (size_t i = 0; i < buffers.size(); ++i) out.push_back({"buffers", &buffers[i], buffers[i].tensor, i});
   if (opt) {
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg", &params[i], opt->exp_avg()[i]});
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg_sq", &params[i], opt->exp_avg_sq()[i]});
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg", &params[i], opt->exp_avg()[i], i});
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg_sq", &params[i], opt->exp_avg_sq()[i], i});
   }
   return out;
 }
@@ -132,10 +135,13 @@ struct FileInfo {
   int64_t expert_begin = 0, expert_end = 0;  // global rows held; empty when equal
   int64_t bytes = 0;
   std::string sha256;
+  // Version 2 (train.zero 1): the moments' pieces this file holds, as
+  // [begin, end) of each global tensor's flattened elements, by parameter name.
+  std::vector<std::tuple<std::string, int64_t, int64_t>> pieces;
 };
 
 struct Manifest {
-  int64_t version = 0, step = 0, world = 0, dp = 0, ep = 0, num_experts = 0;
+  int64_t version = 0, step = 0, world = 0, dp = 0, ep = 0, num_experts = 0, zero = 0;
   std::string config_sha256;
   std::string run_id, lineage;  // "" in checkpoints written before lineages
   std::vector<FileInfo> files;
@@ -152,8 +158,12 @@ Manifest read_manifest(const fs::path& dir) {
     MT_CHECK(j.at("format").get<std::string>() == kFormat, "format is '{}', expected '{}'",
              j.at("format").get<std::string>(), kFormat);
     m.version = j.at("version").get<int64_t>();
-    MT_CHECK(m.version == kCheckpointVersion, "version {} is not the one this build reads ({})", m.version,
-             kCheckpointVersion);
+    MT_CHECK(m.version == kCheckpointVersion || m.version == kCheckpointVersionSharded,
+             "version {} is not one this build reads ({} or {})", m.version, kCheckpointVersion,
+             kCheckpointVersionSharded);
+    m.zero = j.value("zero", int64_t{0});
+    MT_CHECK((m.zero > 0) == (m.version == kCheckpointVersionSharded), "version {} with zero = {}: version {} is "
+             "the sharded optimizer's (zero 1)", m.version, m.zero, kCheckpointVersionSharded);
     m.step = j.at("step").get<int64_t>();
     m.world = j.at("world").get<int64_t>();
     m.dp = j.at("dp").get<int64_t>();
@@ -174,6 +184,9 @@ Manifest read_manifest(const fs::path& dir) {
         i.replicated = f.at("replicated").get<bool>();
         i.expert_begin = f.at("experts").at(0).get<int64_t>();
         i.expert_end = f.at("experts").at(1).get<int64_t>();
+        if (f.contains("optimizer_pieces"))
+          for (const auto& [name, range] : f.at("optimizer_pieces").items())
+            i.pieces.emplace_back(name, range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
       }
       MT_CHECK(i.name.find('/') == std::string::npos && i.name != "." && i.name != "..", "bad file name '{}'", i.name);
       return i;
@@ -198,6 +211,11 @@ json file_json(const FileInfo& f, bool rank_file) {
     j["ep_index"] = f.ep_index;
     j["replicated"] = f.replicated;
     j["experts"] = {f.expert_begin, f.expert_end};
+    if (!f.pieces.empty()) {
+      json pieces = json::object();
+      for (const auto& [name, begin, end] : f.pieces) pieces[name] = {begin, end};
+      j["optimizer_pieces"] = pieces;
+    }
   }
   return j;
 }
@@ -373,42 +391,73 @@ struct RankFileContent {
   std::vector<std::tuple<std::string, std::string, Tensor>> datasets;  // group, name, tensor
 };
 
+// train.zero 1: the group parameter i is sharded over (the zero group listing it).
+comm::Communicator& zero_comm(const Distributed& d, size_t i) {
+  for (const comm::ZeroGroup& g : d.zero_groups)
+    if (std::find(g.params.begin(), g.params.end(), i) != g.params.end()) return *g.comm;
+  MT_THROW("checkpoint: parameter {} is in no train.zero group", i);
+}
+
 RankFileContent rank_file_content(const Distributed& d, const LanguageModel& model, const AdamW& opt,
                                   const TrainProgress& progress, const Config& config, PendingSave& p, bool copy) {
   const auto [lo, hi] = expert_range(d, p.experts);
   const bool holds_replicated = d.root(), holds_experts = p.experts > 0 && d.grid.dp_index == 0;
+  const bool zero = d.zero > 0 && opt.sharded();
   FileInfo& mine = p.mine;
   mine.name = rank_file(d.rank());
   mine.rank = d.rank();
   mine.dp_index = d.grid.dp_index;
   mine.ep_index = d.grid.ep_index;
   mine.replicated = holds_replicated;
+  mine.pieces.clear();
   if (holds_experts) std::tie(mine.expert_begin, mine.expert_end) = std::pair{lo, hi};
   RankFileContent c;
-  c.ints = {{"version", kCheckpointVersion}, {"rank", d.rank()},          {"world", d.size()},
-            {"dp", d.grid.dp},               {"ep", d.grid.ep},           {"dp_index", d.grid.dp_index},
-            {"ep_index", d.grid.ep_index},   {"step", progress.step},     {"tokens", progress.tokens},
-            {"skipped", progress.skipped},   {"consecutive_skips", progress.consecutive_skips},
+  c.ints = {{"version", zero ? kCheckpointVersionSharded : kCheckpointVersion}, {"rank", d.rank()},
+            {"world", d.size()},             {"dp", d.grid.dp},           {"ep", d.grid.ep},
+            {"dp_index", d.grid.dp_index},   {"ep_index", d.grid.ep_index}, {"step", progress.step},
+            {"tokens", progress.tokens},     {"skipped", progress.skipped},
+            {"consecutive_skips", progress.consecutive_skips},
             {"loader_epoch", static_cast<int64_t>(progress.loader.epoch)},
             {"loader_position", progress.loader.position},
             {"adam_step", opt.steps()},
             {"rng_seed", static_cast<int64_t>(default_generator().seed())},
             {"rng_offset", static_cast<int64_t>(default_generator().offset())},
             {"num_experts", p.experts},      {"expert_begin", mine.expert_begin}, {"expert_end", mine.expert_end}};
+  if (zero) c.ints.emplace_back("zero", d.zero);  // zero 0 files stay version 1, as before
   c.strings = {{"format", kFormat}, {"config_sha256", config.sha256()}};
   if (holds_experts) {
     Tensor index = empty({hi - lo}, DType::i64);
     for (int64_t e = lo; e < hi; ++e) index.data<int64_t>()[e - lo] = e;
     c.datasets.emplace_back("experts", "global_index", index);
   }
+  // An async save snapshots on the host: a GPU tensor's copy frees no device
+  // memory and the writer thread never touches the GPU.
+  auto snapshot = [&](const Tensor& t) {
+    return !copy ? t : t.is_cpu() ? t.detach().clone() : t.detach().to(kCpu);
+  };
   const ParameterList buffers = model.buffers();
   for (const Slot& s : slots(model, buffers, &opt)) {
     const bool expert = p.experts > 0 && is_expert(*s.param);
-    if (expert ? holds_experts : holds_replicated)
-      // An async save snapshots on the host: a GPU tensor's copy frees no device
-      // memory and the writer thread never touches the GPU.
-      c.datasets.emplace_back(s.group, s.param->name,
-                              !copy ? s.tensor : s.tensor.is_cpu() ? s.tensor.detach().clone() : s.tensor.detach().to(kCpu));
+    if (zero && s.moment()) {  // this rank's owned elements, flat, where it owns any
+      const ElementRange r = opt.owned(s.index);
+      if (r.size() == 0) continue;
+      const int64_t base = expert ? lo * (s.param->tensor.numel() / (hi - lo)) : 0;  // global flat offset
+      c.datasets.emplace_back(s.group, s.param->name, snapshot(s.tensor));
+      if (s.group == "exp_avg") {
+        Tensor range = empty({2}, DType::i64);
+        range.data<int64_t>()[0] = base + r.begin;
+        range.data<int64_t>()[1] = base + r.end;
+        c.datasets.emplace_back("zero_range", s.param->name, range);
+        mine.pieces.emplace_back(s.param->name, base + r.begin, base + r.end);
+      }
+      continue;
+    }
+    Tensor t = s.tensor;
+    // Mixed precision at zero 1: the f32 master is sharded too; the file holds it
+    // whole (gathered over its replica group, every rank taking part).
+    if (zero && s.group == "params" && opt.master_weights()[s.index].defined())
+      t = alias(comm::all_gather_owned(zero_comm(d, s.index), s.tensor.detach()), s.param->tensor.shape());
+    if (expert ? holds_experts : holds_replicated) c.datasets.emplace_back(s.group, s.param->name, snapshot(t));
   }
   return c;
 }
@@ -475,6 +524,27 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
       for (int i = 0; i < 4; ++i) f.sha256 += fmt::format("{:016x}", static_cast<uint64_t>(a[4 + i]));
       files.push_back(f);
     }
+    if (d.zero > 0) {  // each file's optimizer pieces, as JSON text (one i32 per byte)
+      json pieces = json::array();
+      for (const auto& [name, begin, end] : mine.pieces) pieces.push_back({name, begin, end});
+      const std::string text = pieces.dump();
+      Tensor bytes = empty({static_cast<int64_t>(text.size())}, DType::i32);
+      for (size_t i = 0; i < text.size(); ++i) bytes.data<int32_t>()[i] = static_cast<unsigned char>(text[i]);
+      Tensor count = empty({1, 1}, DType::i64);
+      count.data<int64_t>()[0] = bytes.numel();
+      const Tensor counts = d.world->all_gather(count);
+      const Tensor all_bytes = comm::all_gather_owned(*d.world, bytes);
+      int64_t at = 0;
+      for (int k = 0; k < d.size(); ++k) {
+        const int64_t n = counts.data<int64_t>()[k];
+        std::string t;
+        for (int64_t i = 0; i < n; ++i) t += static_cast<char>(all_bytes.data<int32_t>()[at + i]);
+        at += n;
+        for (const json& e : json::parse(t))
+          files[static_cast<size_t>(k)].pieces.emplace_back(e.at(0).get<std::string>(), e.at(1).get<int64_t>(),
+                                                            e.at(2).get<int64_t>());
+      }
+    }
   }
 
   const fs::path final_dir = p.root / p.name;
@@ -486,8 +556,8 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
     cfg.sha256 = sha256_file(p.tmp / kConfig);
     json files_json = json::array();
     for (const FileInfo& f : files) files_json.push_back(file_json(f, true));
-    const json manifest = {{"format", kFormat},
-                           {"version", kCheckpointVersion},
+    json manifest = {{"format", kFormat},
+                           {"version", d.zero > 0 ? kCheckpointVersionSharded : kCheckpointVersion},
                            {"step", p.step},
                            {"tokens", p.tokens},
                            {"world", d.size()},
@@ -500,6 +570,7 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
                            {"lineage", options.lineage},
                            {"files", files_json},
                            {"config", file_json(cfg, false)}};
+    if (d.zero > 0) manifest["zero"] = d.zero;
     write_file_atomically(p.tmp / kManifest, manifest.dump(2) + "\n", false);
     write_file_atomically(p.tmp / kCommit, p.name + "\n", false);
     fsync_path(p.tmp, true);  // both files' renames, before the directory's own rename
@@ -637,8 +708,55 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   MT_CHECK(replicated, "checkpoint {}: {} names no file with the replicated tensors", dir.string(), kManifest);
   const bool same_layout = m.world == d.size() && m.ep == d.grid.ep;
   const FileInfo& own = same_layout ? m.files[static_cast<size_t>(d.rank())] : *replicated;
+
+  // Every tensor as pieces: ranges [begin, end) of its global flattened elements,
+  // each a dataset of some file. A slot needs the range `want` of it.
+  NoGradGuard no_grad;
+  const ParameterList buffers = model.buffers();
+  const std::vector<Slot> all = slots(model, buffers, opt);
+  struct Piece {
+    const FileInfo* file;
+    int64_t begin, end;
+  };
+  struct Need {
+    int64_t begin = 0, end = 0;   // of the global flattened tensor
+    int64_t row = 0;              // elements per expert row (expert tensors)
+    std::vector<Piece> pieces;    // those overlapping [begin, end)
+  };
+  const bool ckpt_has_experts = m.num_experts > 0;
+  auto need_of = [&](const Slot& s) {
+    Need n;
+    const bool expert = experts > 0 && is_expert(*s.param);
+    const int64_t local = s.param->tensor.numel();
+    n.row = expert ? local / (hi - lo) : 0;
+    const int64_t base = expert ? lo * n.row : 0;
+    if (s.moment() && opt && opt->sharded()) {  // a train.zero 1 run: its owned elements
+      const ElementRange r = opt->owned(s.index);
+      std::tie(n.begin, n.end) = std::pair{base + r.begin, base + r.end};
+    } else {
+      std::tie(n.begin, n.end) = std::pair{base, base + local};
+    }
+    std::vector<Piece> candidates;
+    if (s.moment() && m.zero > 0) {
+      for (const FileInfo& f : m.files)
+        for (const auto& [name, b, e] : f.pieces)
+          if (name == s.param->name) candidates.push_back({&f, b, e});
+    } else if (expert && ckpt_has_experts) {
+      for (const FileInfo* f : expert_files) candidates.push_back({f, f->expert_begin * n.row, f->expert_end * n.row});
+    } else {
+      candidates.push_back({replicated, 0, expert ? experts * n.row : local});
+    }
+    for (const Piece& c : candidates)
+      if (c.begin < n.end && c.end > n.begin) n.pieces.push_back(c);
+    return n;
+  };
+  std::vector<Need> needs;
+  for (const Slot& s : all) needs.push_back(need_of(s));
+
   std::set<const FileInfo*> needed{replicated, &own};
   needed.insert(expert_files.begin(), expert_files.end());
+  for (const Need& n : needs)
+    for (const Piece& c : n.pieces) needed.insert(c.file);
   {
     int64_t total = 0;
     for (const FileInfo* f : needed) total += f->bytes;
@@ -666,6 +784,7 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     same("rank", f->rank);
     same("dp_index", f->dp_index);
     same("ep_index", f->ep_index);
+    if (m.zero > 0) same("zero", m.zero);
     const std::optional<std::string> sha = r->attr_string("/", "config_sha256");
     MT_CHECK(sha && *sha == m.config_sha256, "checkpoint {}: {} was written under another config (SHA-256 {}...) than "
              "{} records ({}...): the file comes from another save; resume from another checkpoint (ckpt.resume: "
@@ -674,19 +793,23 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   }
   const hdf5::Reader& rep = *readers.at(replicated);
 
-  // Names and shapes: every mismatch in one message.
+  // Names and shapes: every mismatch in one message. Shapes are the parameters'
+  // global ones (a sharded optimizer's flat moments stand for their parameter's).
   std::vector<std::string> missing, unexpected, mismatched;
-  const ParameterList buffers = model.buffers();
-  const std::vector<Slot> all = slots(model, buffers, opt);
   std::map<std::string, std::set<std::string>> expected;  // group -> names
-  const bool ckpt_has_experts = m.num_experts > 0;
-  for (const Slot& s : all) {
+  for (size_t k = 0; k < all.size(); ++k) {
+    const Slot& s = all[k];
     expected[s.group].insert(s.param->name);
     const bool expert = experts > 0 && is_expert(*s.param);
-    std::vector<int64_t> model_dims = s.tensor.shape().vec();
+    std::vector<int64_t> model_dims = s.param->tensor.shape().vec();
     if (expert) model_dims[0] = experts;  // compare global shapes
     const Shape model_shape(model_dims);
     const std::string what = fmt::format("{}/{}", s.group, s.param->name);
+    if (s.moment() && m.zero > 0) {  // pieces: their coverage is checked when copied
+      if (needs[k].end > needs[k].begin && needs[k].pieces.empty())
+        missing.push_back(fmt::format("{} {}", what, shape_text(model_shape)));
+      continue;
+    }
     if (expert && ckpt_has_experts) {
       const hdf5::Reader* r = expert_files.empty() ? nullptr : readers.at(expert_files.front()).get();
       if (!r || !r->has_dataset(s.group, s.param->name)) {
@@ -709,7 +832,8 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   std::set<std::string> seen;
   for (const hdf5::Reader* r : listed)
     for (const std::string& g : r->groups("/")) {
-      if (g == "experts" || (!opt && (g == "exp_avg" || g == "exp_avg_sq"))) continue;  // moments: not asked for
+      if (g == "experts" || g == "zero_range" || (!opt && (g == "exp_avg" || g == "exp_avg_sq")))
+        continue;  // moments: not asked for
       for (const std::string& name : r->datasets(g))
         if (!expected[g].count(name) && seen.insert(g + "/" + name).second)
           unexpected.push_back(fmt::format("{}/{} {}", g, name, shape_text(r->shape(g, name))));
@@ -725,8 +849,7 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     throw Error(msg);
   }
 
-  // Copy the data in.
-  NoGradGuard no_grad;
+  // Copy the data in: the overlap of each piece with the range each slot needs.
   auto check_dtype = [&](const Tensor& src, const Slot& s, const std::string& file) {
     MT_CHECK(src.dtype() == s.tensor.dtype(), "checkpoint {}: {}/{} in {} is {}, the model's is {} (train.dtype)",
              dir.string(), s.group, s.param->name, file, src.dtype(), s.tensor.dtype());
@@ -735,28 +858,29 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   for (const Slot& s : all) load_total += s.tensor.nbytes();
   data::Progress loading(fmt::format("checkpoint {}: load", dir.filename().string()), load_total,
                          progress_options(d.root()));
-  for (const Slot& s : all) {
+  for (size_t k = 0; k < all.size(); ++k) {
+    const Slot& s = all[k];
+    const Need& n = needs[k];
     MT_ASSERT(s.tensor.is_cpu(), "checkpoint load needs CPU tensors (always contiguous in this project)");
-    const bool expert = experts > 0 && is_expert(*s.param);
-    if (!expert) {
-      Tensor src = rep.read(s.group, s.param->name);
-      check_dtype(src, s, replicated->name);
-      copy_(s.tensor, src);
-      loading.update(s.tensor.nbytes());
-      continue;
+    MT_ASSERT(s.tensor.numel() == n.end - n.begin, "checkpoint load: {}/{} holds {} elements for a range of {}",
+              s.group, s.param->name, s.tensor.numel(), n.end - n.begin);
+    const int64_t esize = dtype_size(s.tensor.dtype());
+    int64_t covered = 0;
+    for (const Piece& c : n.pieces) {
+      Tensor src = readers.at(c.file)->read(s.group, s.param->name);
+      check_dtype(src, s, c.file->name);
+      MT_CHECK(src.numel() == c.end - c.begin, "checkpoint {}: {}/{} in {} has {} elements, {} says it holds [{}, {}) "
+               "of the tensor", dir.string(), s.group, s.param->name, c.file->name, src.numel(), kManifest, c.begin,
+               c.end);
+      const int64_t a = std::max(n.begin, c.begin), b = std::min(n.end, c.end);
+      std::memcpy(static_cast<char*>(s.tensor.raw_data()) + (a - n.begin) * esize,
+                  static_cast<const char*>(src.raw_data()) + (a - c.begin) * esize,
+                  static_cast<size_t>((b - a) * esize));
+      covered += b - a;
     }
-    const int64_t row_bytes = s.tensor.nbytes() / s.tensor.size(0);
-    for (const FileInfo* f : expert_files) {
-      Tensor src = readers.at(f)->read(s.group, s.param->name);
-      check_dtype(src, s, f->name);
-      const int64_t a = std::max(lo, f->expert_begin), b = std::min(hi, f->expert_end);
-      MT_CHECK(src.size(0) == f->expert_end - f->expert_begin, "checkpoint {}: {}/{} in {} has {} expert rows, the "
-               "manifest says {}", dir.string(), s.group, s.param->name, f->name, src.size(0),
-               f->expert_end - f->expert_begin);
-      std::memcpy(static_cast<char*>(s.tensor.raw_data()) + (a - lo) * row_bytes,
-                  static_cast<const char*>(src.raw_data()) + (a - f->expert_begin) * row_bytes,
-                  static_cast<size_t>((b - a) * row_bytes));
-    }
+    // Every element came from some piece (pieces do not overlap: each element has one owner).
+    MT_CHECK(covered == n.end - n.begin, "checkpoint {}: its files hold {} of the {} elements [{}, {}) of {}/{} this "
+             "rank needs", dir.string(), covered, n.end - n.begin, n.begin, n.end, s.group, s.param->name);
     loading.update(s.tensor.nbytes());
   }
   loading.finish();
@@ -765,12 +889,6 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
       MT_THROW("checkpoint {}: {}/{} {} holds {} NaN or infinite values of {}; it cannot be trained from: resume "
                "from an earlier checkpoint (ckpt.resume: step_...)", dir.string(), s.group, s.param->name,
                s.tensor.shape(), bad, s.tensor.numel());
-  if (experts > 0) {  // every row of this rank's experts came from some file
-    int64_t covered = 0;
-    for (const FileInfo* f : expert_files) covered += std::min(hi, f->expert_end) - std::max(lo, f->expert_begin);
-    MT_CHECK(covered == hi - lo, "checkpoint {}: its files hold {} of the experts [{}, {}) this rank needs",
-             dir.string(), covered, lo, hi);
-  }
 
   const hdf5::Reader& mine = *readers.at(&own);
   auto attr = [&](const char* key) {
