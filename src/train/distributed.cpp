@@ -109,9 +109,8 @@ Distributed make_distributed(const Config& config) {
   d.grad_bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20)));
   const int64_t zero = config.get_int("train.zero");
   if (zero > 1)
-    config.fail("train.zero", fmt::format("{} is not supported yet: 0 keeps the AdamW state whole on every rank, 1 "
-                                          "shards it over the data-parallel replicas (ZeRO stage 1); gradients and "
-                                          "parameters are not sharded", zero));
+    config.fail("train.zero", "is not supported yet: 0 keeps the AdamW state whole on every rank, 1 shards it over "
+                              "the data-parallel replicas (ZeRO stage 1); gradients and parameters are not sharded");
   // One rank: nothing to shard; the optimizer keeps whole tensors (the same numbers).
   d.zero = d.world->size() > 1 ? static_cast<int>(zero) : 0;
   if (zero == 1 && d.zero == 0)
