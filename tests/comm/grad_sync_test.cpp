@@ -154,7 +154,8 @@ void check_reduce_scatter_grads(Communicator& comm) {
       for (size_t p = 0; p < specs().size(); ++p) {
         const auto [a, b] = shards.owned(p, r);
         std::vector<double> v(static_cast<size_t>(numels[p]), -1.0);
-        for (int64_t i = a; i < b; ++i) v[static_cast<size_t>(i)] = r * 50 + static_cast<double>(i);  // < 256: exact in bf16
+        for (int64_t i = a; i < b; ++i)  // below 256: exact in bf16
+          v[static_cast<size_t>(i)] = r * 50 + static_cast<double>(i);
         values.push_back(from_vector(v, specs()[p].shape, specs()[p].dtype));
       }
       all_gather_params(comm, values, shards, bucket_bytes);
