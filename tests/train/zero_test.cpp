@@ -12,7 +12,8 @@
 // (the world at dp 2 x ep 2) is summed by MPI_Reduce_scatter at zero 1 and by
 // MPI_Allreduce at zero 0, which add the four in different trees: the parameters
 // then agree to rounding (bounds below); with train.overlap_grad_sync both use
-// the same all-reduces, and zero 1 is bitwise again.
+// the same all-reduces, and zero 1 is bitwise again. A NaN gradient and an
+// overflowing update skip the step on every rank at zero 1 as at zero 0.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -34,27 +35,31 @@ namespace {
 struct ZeroRun {
   std::vector<Tensor> params;  // after the last step, on the CPU
   std::vector<double> losses, norms;
+  std::vector<string> skipped;  // per step: why it was skipped, or ""
+
   int64_t state_bytes = 0;     // this rank's AdamW moments
   int64_t replicated_numel = 0, expert_numel = 0;  // this rank's parameters
 };
 
 // A small k3 (4 layers: KDA and MLA, latent MoE with 16 experts top 4, AttnRes
 // blocks of 2) on tinyshakespeare bytes, `steps` steps of 2 x 16 tokens per rank.
-ZeroRun train_zero(const string& dir, int zero, const string& dtype, int ep, bool overlap, int steps = 4) {
-  const std::vector<string> sets = {
+ZeroRun train_zero(const string& dir, int zero, const string& dtype, int ep, bool overlap, int steps = 4,
+                   const std::vector<string>& extra = {}) {
+  std::vector<string> sets = {
       "data.train=" + dir + "/data/train_*.bin", "data.val=", "train.max_steps=" + std::to_string(steps),
       "train.warmup_steps=1", "train.batch_size=2", "train.seq_len=16", "train.eval_every=0", "train.threads=1",
       "train.log_every=100", "train.peak_tflops=1", "model.n_layer=4", "model.attn_res_block_size=2", "ckpt.every=0",
       "train.grad_clip=0.05", "train.dtype=" + dtype, "train.ep=" + std::to_string(ep),
       "train.zero=" + std::to_string(zero), "train.overlap_grad_sync=" + string(overlap ? "true" : "false"),
       "run.dir=" + dir + "/run_zero" + std::to_string(zero) + dtype + (overlap ? "_overlap" : "")};
+  sets.insert(sets.end(), extra.begin(), extra.end());
   Config config = Config::load(string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml", sets);
   ZeroRun out;
   Trainer trainer(config);
   trainer.resume();
   while (!trainer.done()) {
     const StepResult r = trainer.train_step();
-    REQUIRE(!r.skipped);
+    out.skipped.push_back(r.skipped ? r.skip_reason : "");
     out.losses.push_back(r.loss);
     out.norms.push_back(r.grad_norm);
   }
@@ -97,6 +102,7 @@ TEST_CASE("train.zero 1 gives the parameters of zero 0 (f64 and f32, clipping ac
     DYNAMIC_SECTION("dtype " << dtype << ", " << world << " rank(s), ep " << ep) {
       const ZeroRun z0 = train_zero(dir, 0, dtype, ep, false);
       const ZeroRun z1 = train_zero(dir, 1, dtype, ep, false);
+      CHECK(z1.skipped == std::vector<string>(4));
       for (double n : z0.norms) CHECK(n > 0.05);  // clipping scaled every step
       const auto [differ, worst] = compare(z0, z1);
       UNSCOPED_INFO("zero 1 vs zero 0: " << differ << " elements differ, worst relative " << worst);
@@ -145,4 +151,32 @@ TEST_CASE("train.zero 1 holds about 1/replicas of zero 0's AdamW moments on each
   INFO("zero 0: " << z0.state_bytes << " bytes, zero 1: " << z1.state_bytes << " bytes, expected about " << want);
   if (world == 1) CHECK(z1.state_bytes == z0.state_bytes);
   CHECK(std::abs(static_cast<double>(z1.state_bytes) - want) <= 8.0 * 2);
+}
+
+TEST_CASE("train.zero 1 skips a step with a NaN gradient or a non-finite update on every rank, as zero 0 does",
+          "[train][mpi]") {
+  TempDir tmp;
+  const string dir = tmp.path();
+  testing::prepare_byte_shards(dir);
+  const int world = world_size();
+  const int ep = world % 2 == 0 ? 2 : 1;
+  SECTION("a NaN in one gradient of the last rank at step 2 (fault.kind nan_grad)") {
+    const std::vector<string> fault = {"fault.kind=nan_grad", "fault.step=2", "fault.rank=" + std::to_string(world - 1)};
+    const ZeroRun z0 = train_zero(dir, 0, "f64", ep, false, 4, fault);
+    const ZeroRun z1 = train_zero(dir, 1, "f64", ep, false, 4, fault);
+    REQUIRE(z1.skipped.size() == 4);
+    CHECK(z1.skipped[0].empty());
+    CHECK_THAT(z1.skipped[1], Catch::Contains("gradient norm nan"));
+    CHECK(z1.skipped[2].empty());
+    CHECK(z1.skipped == z0.skipped);
+    if (world <= 2) CHECK(compare(z0, z1).first == 0);
+  }
+  SECTION("an update that overflows f32 (train.lr 1e38, train.check_update)") {
+    const std::vector<string> huge = {"train.lr=1e38", "train.min_lr=1e38", "train.warmup_steps=0"};
+    const ZeroRun z0 = train_zero(dir, 0, "f32", ep, false, 2, huge);
+    const ZeroRun z1 = train_zero(dir, 1, "f32", ep, false, 2, huge);
+    REQUIRE(z1.skipped.size() == 2);
+    for (const string& why : z1.skipped) CHECK_THAT(why, Catch::Contains("the update (lr 1e+38) would make"));
+    CHECK(compare(z0, z1).first == 0);  // nothing moved, at zero 0 or 1
+  }
 }
