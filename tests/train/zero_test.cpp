@@ -161,7 +161,8 @@ TEST_CASE("train.zero 1 skips a step with a NaN gradient or a non-finite update 
   const int world = world_size();
   const int ep = world % 2 == 0 ? 2 : 1;
   SECTION("a NaN in one gradient of the last rank at step 2 (fault.kind nan_grad)") {
-    const std::vector<string> fault = {"fault.kind=nan_grad", "fault.step=2", "fault.rank=" + std::to_string(world - 1)};
+    const std::vector<string> fault = {"fault.kind=nan_grad", "fault.step=2",
+                                       "fault.rank=" + std::to_string(world - 1)};
     const ZeroRun z0 = train_zero(dir, 0, "f64", ep, false, 4, fault);
     const ZeroRun z1 = train_zero(dir, 1, "f64", ep, false, 4, fault);
     REQUIRE(z1.skipped.size() == 4);
