@@ -22,6 +22,7 @@ namespace moetrain::comm {
 // how their elements are split over that group's ranks.
 struct ZeroGroup {
   Communicator* comm = nullptr;
+  bool expert_shards = false;  // routed-expert shards (their norm is also summed over the ep group)
   std::vector<size_t> params;
   FlatShards shards;
 };

@@ -42,13 +42,14 @@ std::vector<Tensor> owned_grads(const comm::ZeroGroup& g, const ParameterList& p
   return parts;
 }
 
-// The fold of the squares of a zero group's grads in list order, rank after rank:
-// rank k continues from rank k-1's running sum (a broadcast of one f64 from each
-// rank that owns elements). Every rank returns the total.
-double chained_squared_sum(const comm::ZeroGroup& g, const ParameterList& params) {
+// The fold of the squares of a zero group's grads in list order, continued from
+// `start`, rank after rank: rank k continues from rank k-1's running sum (a
+// broadcast of one f64 from each rank that owns elements). Every rank returns
+// the total.
+double chained_squared_sum(const comm::ZeroGroup& g, const ParameterList& params, double start = 0) {
   const std::vector<Tensor> parts = owned_grads(g, params);
   const int me = g.comm->rank();
-  double running = 0;
+  double running = start;
   Tensor passed = zeros({1}, DType::f64);
   for (int k = 0; k < g.comm->size(); ++k) {
     if (g.shards.bounds[static_cast<size_t>(k)] == g.shards.bounds[static_cast<size_t>(k) + 1]) continue;  // owns none
@@ -73,7 +74,8 @@ std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& 
     comm::Communicator* c = replica_group(d, params[i]);
     auto it = std::find_if(d.zero_groups.begin(), d.zero_groups.end(),
                            [&](const comm::ZeroGroup& g) { return g.comm == c; });
-    if (it == d.zero_groups.end()) it = d.zero_groups.insert(d.zero_groups.end(), comm::ZeroGroup{c, {}, {}});
+    if (it == d.zero_groups.end())
+      it = d.zero_groups.insert(d.zero_groups.end(), comm::ZeroGroup{c, sharded(d, params[i]), {}, {}});
     it->params.push_back(i);
   }
   std::vector<ElementRange> owned(params.size());
@@ -195,15 +197,15 @@ std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distrib
 double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm) {
   if (d.size() == 1) return moetrain::clip_grad_norm(model.parameters(), max_norm);
   if (d.zero) {
-    // The groups in the order zero 0 adds them: replicated (the world) first, then
-    // the expert shards' sum, itself summed over the ep group.
+    // The groups in the order zero 0 adds them: the replicated parameters first,
+    // then the expert shards' sum, itself summed over the ep group.
     const ParameterList& params = model.parameters();
     comm::WatchdogLabel label("gradient norm (chained over the replicas)");
     double total = 0;
     for (const comm::ZeroGroup& g : d.zero_groups)
-      if (g.comm == d.world) total = chained_squared_sum(g, params);
+      if (!g.expert_shards) total = chained_squared_sum(g, params, total);
     for (const comm::ZeroGroup& g : d.zero_groups) {
-      if (g.comm == d.world) continue;
+      if (!g.expert_shards) continue;
       Tensor s = full({1}, chained_squared_sum(g, params), DType::f64);
       d.grid.ep_group->all_reduce_sum(s);
       total += s.data<double>()[0];
