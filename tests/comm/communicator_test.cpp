@@ -464,6 +464,28 @@ void check_cuda_collectives(Communicator& comm, Device gpu) {
   }
   CHECK(comm.all_gather(empty(Shape{0, 5}, DType::f32, gpu)).shape() == Shape{0, 5});
 
+  // The variable-count forms (grouped ncclReduce / ncclBroadcast per rank),
+  // rank 0 receiving none: as the CPU path.
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (int q = 0; q < n; ++q) {
+    counts.push_back(n > 1 && q == 0 ? 0 : q + 2);
+    total += counts.back();
+  }
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO("reduce_scatter_sum_v, dtype " << dtype_name(dt));
+    Tensor whole = from_vector(small_ints(r, total, 6), Shape{total}, dt);
+    Tensor part_cuda = comm.reduce_scatter_sum_v(whole.to(gpu), counts);
+    check_same(part_cuda, comm.reduce_scatter_sum_v(whole, counts), gpu);
+  }
+  for (DType dt : {DType::f32, DType::i64, DType::bf16}) {
+    INFO("all_gather_v, dtype " << dtype_name(dt));
+    const int64_t c = counts[static_cast<size_t>(r)];
+    Tensor mine = from_vector(small_ints(r, c, 7), Shape{c}, dt);
+    Tensor gathered_cuda = comm.all_gather_v(mine.to(gpu), counts);
+    check_same(gathered_cuda, comm.all_gather_v(mine, counts), gpu);
+  }
+
   // all_to_all_v: uneven counts with empty pairs (rows_between), every row
   // stamped with source, destination, row and column.
   std::vector<int64_t> send_rows, recv_rows;

@@ -387,6 +387,42 @@ TEST_CASE("all_reduce_grads: CUDA gradients are packed and scaled on the device 
   }
 }
 
+TEST_CASE("reduce_scatter_grads and all_gather_params: CUDA tensors are packed, scaled and spread on the device as "
+          "on the CPU", "[comm][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  auto comm = single_process();
+  auto make = [](Device d) {
+    GradTensors ps;
+    ps.push_back({"a", randn({33, 7}, DType::f32, 1).to(d).set_requires_grad()});
+    ps.push_back({"b", randn({5}, DType::f32, 2).to(d).set_requires_grad()});  // no grad
+    ps.push_back({"c", randn({9}, DType::f64, 3).to(d).set_requires_grad()});
+    ps.push_back({"e", randn({6}, DType::f32, 6).to(DType::bf16).to(d).set_requires_grad()});
+    ps[0].tensor.set_grad(randn({33, 7}, DType::f32, 4).to(d));
+    ps[2].tensor.set_grad(randn({9}, DType::f64, 5).to(d));
+    ps[3].tensor.set_grad(randn({6}, DType::f32, 7).to(DType::bf16).to(d));
+    return ps;
+  };
+  GradTensors cpu = make(kCpu), gpu = make(kCuda);
+  const FlatShards shards = make_flat_shards({33 * 7, 5, 9, 6}, 1);
+  GradSyncOptions o;
+  o.scale = 0.5;
+  o.bucket_bytes = 64;  // several buckets, parameters cut apart
+  reduce_scatter_grads(*comm, cpu, shards, o);
+  reduce_scatter_grads(*comm, gpu, shards, o);
+  std::vector<Tensor> cpu_values, gpu_values;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO(cpu[i].name);
+    REQUIRE(gpu[i].tensor.grad().defined() == cpu[i].tensor.grad().defined());
+    if (cpu[i].tensor.grad().defined())
+      CHECK(moetrain::testing::bitwise_equal(gpu[i].tensor.grad().to(kCpu), cpu[i].tensor.grad()));
+    cpu_values.push_back(cpu[i].tensor.detach());
+    gpu_values.push_back(gpu[i].tensor.detach());
+  }
+  all_gather_params(*comm, gpu_values, shards, 64);  // one rank: nothing moves
+  for (size_t i = 0; i < cpu.size(); ++i)
+    CHECK(moetrain::testing::bitwise_equal(gpu_values[i].to(kCpu), cpu_values[i]));
+}
+
 TEST_CASE("comm: GradReducer on CUDA gradients equals the CPU one", "[comm][cuda]") {
   if (!moetrain::testing::gpu_available()) return;
   auto comm = single_process();
