@@ -18,16 +18,37 @@ namespace {
 // Expert shards differ between the ranks of an ep group; everything else is replicated.
 bool sharded(const Distributed& d, const NamedParameter& p) { return d.grid.ep > 1 && p.group == "experts"; }
 
-// What comm's gradient sums take: each parameter's name and tensor.
-comm::GradTensors grad_tensors(const ParameterList& params) {
+// The parameters by replica_group (indices in list order), the groups of
+// replicated parameters first, then those of expert shards: the order in which
+// gradients are summed and the norm adds them.
+struct ReplicaGroup {
+  comm::Communicator* comm = nullptr;
+  bool expert_shards = false;
+  std::vector<size_t> params;
+};
+std::vector<ReplicaGroup> replica_groups(const Distributed& d, const ParameterList& params) {
+  std::vector<ReplicaGroup> groups;
+  for (bool experts : {false, true})
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (sharded(d, params[i]) != experts) continue;
+      comm::Communicator* c = replica_group(d, params[i]);
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const ReplicaGroup& g) { return g.comm == c; });
+      if (it == groups.end()) it = groups.insert(groups.end(), ReplicaGroup{c, experts, {}});
+      it->params.push_back(i);
+    }
+  return groups;
+}
+
+comm::GradTensors grad_tensors(const ParameterList& params, const std::vector<size_t>& members) {
   comm::GradTensors out;
-  out.reserve(params.size());
-  for (const NamedParameter& p : params) out.push_back({p.name, p.tensor});
+  for (size_t i : members) out.push_back({params[i].name, params[i].tensor});
   return out;
 }
 
-void split(const Distributed& d, const ParameterList& params, ParameterList& replicated, ParameterList& shards) {
-  for (const NamedParameter& p : params) (sharded(d, p) ? shards : replicated).push_back(p);
+std::vector<Tensor> grads(const ParameterList& params, const std::vector<size_t>& members) {
+  std::vector<Tensor> out;
+  for (size_t i : members) out.push_back(params[i].tensor.grad());
+  return out;
 }
 
 // train.zero 1: the owned part of each grad of a zero group (undefined where none).
@@ -70,14 +91,8 @@ comm::Communicator* replica_group(const Distributed& d, const NamedParameter& p)
 
 std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& params) {
   d.zero_groups.clear();
-  for (size_t i = 0; i < params.size(); ++i) {
-    comm::Communicator* c = replica_group(d, params[i]);
-    auto it = std::find_if(d.zero_groups.begin(), d.zero_groups.end(),
-                           [&](const comm::ZeroGroup& g) { return g.comm == c; });
-    if (it == d.zero_groups.end())
-      it = d.zero_groups.insert(d.zero_groups.end(), comm::ZeroGroup{c, sharded(d, params[i]), {}, {}});
-    it->params.push_back(i);
-  }
+  for (const ReplicaGroup& g : replica_groups(d, params))
+    d.zero_groups.push_back(comm::ZeroGroup{g.comm, g.expert_shards, g.params, {}});
   std::vector<ElementRange> owned(params.size());
   for (comm::ZeroGroup& g : d.zero_groups) {
     std::vector<int64_t> numels;
@@ -167,11 +182,10 @@ void sync_gradients(Distributed& d, const LanguageModel& model) {
     }
     return;
   }
-  ParameterList replicated, shards;
-  split(d, model.parameters(), replicated, shards);
   comm::WatchdogLabel label("gradient sync");
-  comm::all_reduce_grads(*d.world, grad_tensors(replicated), o);
-  if (!shards.empty()) comm::all_reduce_grads(*d.grid.dp_group, grad_tensors(shards), o);
+  const ParameterList& params = model.parameters();
+  for (const ReplicaGroup& g : replica_groups(d, params))
+    comm::all_reduce_grads(*g.comm, grad_tensors(params, g.params), o);
 }
 
 std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distributed& d, const LanguageModel& model) {
@@ -216,11 +230,16 @@ double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_nor
         scale_grad_parts(owned_grads(g, params), max_norm / (norm + 1e-6));
     return norm;
   }
-  ParameterList replicated, shards;
-  split(d, model.parameters(), replicated, shards);
-  double total = grad_squared_sum(replicated);
-  if (!shards.empty()) {
-    Tensor s = full({1}, grad_squared_sum(shards), DType::f64);
+  // The replicated parameters' squares folded in list order, then each expert
+  // shard's fold summed over the ep group.
+  const ParameterList& params = model.parameters();
+  double total = 0;
+  for (const ReplicaGroup& g : replica_groups(d, params)) {
+    if (!g.expert_shards) {
+      total = grad_squared_sum_from(total, grads(params, g.params));
+      continue;
+    }
+    Tensor s = full({1}, grad_squared_sum_from(0.0, grads(params, g.params)), DType::f64);
     comm::WatchdogLabel label("gradient norm");
     d.grid.ep_group->all_reduce_sum(s);
     total += s.data<double>()[0];
