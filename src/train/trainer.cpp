@@ -498,7 +498,9 @@ std::optional<std::string> Trainer::update_problem(double lr) {
     ranks_with_problem = flag.data<int32_t>()[0];
   }
   if (ranks_with_problem == 0) return std::nullopt;
-  return bad ? fmt::format("the update (lr {:.3g}) would make {}", lr, describe(*bad))
+  // train.zero 1: the count is of the elements this rank updates, not the whole tensor's.
+  return bad ? fmt::format("the update (lr {:.3g}) would make {}{}", lr, describe(*bad),
+                           opt_->sharded() ? " (counted in the part of it this rank updates, train.zero 1)" : "")
              : fmt::format("the update (lr {:.3g}) would make values non-finite on {} other rank{}", lr,
                            ranks_with_problem, ranks_with_problem == 1 ? "" : "s");
 }
