@@ -141,12 +141,13 @@ TEST_CASE("adamw: shards of the elements update them as the whole optimizer does
     DYNAMIC_SECTION("dtype " << dtype_name(dtype)) {
       const DType base = dtype == DType::bf16 ? DType::f32 : dtype;  // bf16: converted from f32, as the trainer does
       const std::vector<Shape> shapes = {Shape{33, 65}, Shape{7}, Shape{5, 3}};
+      const char* const kNames[] = {"p0", "p1", "p2"};
       auto make = [&] {
         ParameterList ps;
         for (size_t i = 0; i < shapes.size(); ++i) {
           Tensor t = randn(shapes[i], base, 10 + i);
           t.set_requires_grad(true);
-          ps.push_back({"p" + std::to_string(i), t, i != 1, "x"});
+          ps.push_back({kNames[i], t, i != 1, "x"});
         }
         return ps;
       };
