@@ -142,12 +142,23 @@ int64_t Gpt2::decode_cache_bytes(int64_t length) const {
 }
 
 double Gpt2::activation_bytes_per_token(bool mixed_precision) const {
+  return activation_bytes_per_token(mixed_precision, 0, config_.n_layer, true);
+}
+
+double Gpt2::activation_bytes_per_token(bool mixed_precision, int64_t first, int64_t end, bool head) const {
   const Gpt2Config& c = config_;
   const double size = static_cast<double>(dtype_size(c.dtype));
-  const double blocks = static_cast<double>(c.n_layer) *
+  const double blocks = static_cast<double>(end - first) *
                         (13.0 * static_cast<double>(c.d_model) + 2.0 * static_cast<double>(c.d_ff));
-  const double logits = 2.0 * static_cast<double>(c.vocab_size);  // and their gradient; f32 in bf16 runs
+  // Logits and their gradient; f32 in bf16 runs.
+  const double logits = head ? 2.0 * static_cast<double>(c.vocab_size) : 0.0;
   return mixed_precision ? blocks * 2.0 + logits * 4.0 : (blocks + logits) * size;
+}
+
+int64_t Gpt2::parameter_layer(const std::string& name) const {
+  if (name.rfind("h.", 0) == 0) return std::stoll(name.substr(2));
+  if (name == "wte.weight" || name == "wpe.weight") return -1;
+  return config_.n_layer;  // ln_f
 }
 
 Tensor Gpt2::forward_cached(const Tensor& ids, Gpt2Cache& cache) {
@@ -162,9 +173,17 @@ Tensor Gpt2::forward_cached(const Tensor& ids, Gpt2Cache& cache) {
   return head(x);
 }
 
-double Gpt2::flops_per_token(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(factory_.total()) +
-         6.0 * static_cast<double>(config_.n_layer * seq_len * config_.d_model);
+double Gpt2::flops_per_token(int64_t seq_len) const { return flops_per_token(seq_len, 0, config_.n_layer, true); }
+
+double Gpt2::flops_per_token(int64_t seq_len, int64_t first, int64_t end, bool head) const {
+  // 6 N over the parameters of the range (the tied wte counted once, with the head
+  // that multiplies by it; wpe with block 0), plus 6 T D per block.
+  int64_t n = 0;
+  for (const ParamSpec& s : factory_.specs()) {
+    const int64_t l = s.name == "wte.weight" ? config_.n_layer : parameter_layer(s.name);
+    if (l < 0 ? first == 0 : l >= config_.n_layer ? head : l >= first && l < end) n += s.shape.numel();
+  }
+  return 6.0 * static_cast<double>(n) + 6.0 * static_cast<double>((end - first) * seq_len * config_.d_model);
 }
 
 }  // namespace moetrain

@@ -87,6 +87,15 @@ class Gpt2 : public LanguageModel {
   // after GELU (~13 D + 2 F per layer), plus logits and their gradient (2 V).
   double activation_bytes_per_token(bool mixed_precision) const override;
   int64_t decode_cache_bytes(int64_t length) const override;
+  // The two estimates above for the blocks [first, end) of a pipeline stage
+  // (nn/pipeline_stages.h), with or without the head (ln_f, the tied wte and the
+  // logits; wpe goes with block 0); over all blocks with the head, the whole model.
+  double flops_per_token(int64_t seq_len, int64_t first, int64_t end, bool head) const;
+  double activation_bytes_per_token(bool mixed_precision, int64_t first, int64_t end, bool head) const;
+  // Values per token passed from block - 1 to block `layer`: the residual stream, D.
+  int64_t boundary_values_per_token(int64_t) const { return config_.d_model; }
+  // The block a parameter belongs to (h.<l>.*); -1 for wte and wpe, n_layer for ln_f.
+  int64_t parameter_layer(const std::string& name) const;
   std::unique_ptr<HfAdapter> hf_adapter() const override;  // nn/gpt2_hf.cpp
 
  private:

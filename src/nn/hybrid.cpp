@@ -325,20 +325,39 @@ Tensor HybridModel::forward_cached(const Tensor& ids, DecodeCache& cache) {
   return run(ids, &cache, false);
 }
 
-double HybridModel::flops_per_token(int64_t T) const {
+double HybridModel::flops_per_token(int64_t T) const { return flops_per_token(T, 0, c_.n_layer(), true); }
+
+double HybridModel::flops_per_token(int64_t T, int64_t first, int64_t end, bool head) const {
   // 6 x (active matrix parameters, LM head included, embedding table excluded)
   // plus each mixer's sequence terms (Mixer::sequence_flops_per_token).
   double matmul = 0;
   for (const ParamSpec& s : factory_.specs()) {
     if (s.group == "embedding" || s.shape.ndim() < 2) continue;
+    const int64_t l = parameter_layer(s.name);
+    if (l < 0 ? first > 0 : l >= c_.n_layer() ? !head : l < first || l >= end) continue;
     double n = static_cast<double>(s.shape.numel());
     if (s.group == "experts") n *= static_cast<double>(c_.moe.top_k) / static_cast<double>(c_.moe.num_experts);
     matmul += n;
   }
-  if (c_.tie_embeddings) matmul += static_cast<double>(c_.vocab_size * c_.d_model);
+  if (head && c_.tie_embeddings) matmul += static_cast<double>(c_.vocab_size * c_.d_model);
   double seq = 0;
-  for (const auto& L : layers_) seq += L->mixer->sequence_flops_per_token(T);
+  for (int64_t l = first; l < end; ++l) seq += layers_[static_cast<size_t>(l)]->mixer->sequence_flops_per_token(T);
   return 6.0 * matmul + seq;
+}
+
+int64_t HybridModel::parameter_layer(const std::string& name) const {
+  static const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) == 0) return std::stoll(name.substr(prefix.size()));
+  if (name == "model.embed_tokens.weight") return -1;
+  return c_.n_layer();  // model.norm, model.output_attn_res_*, lm_head
+}
+
+int64_t HybridModel::boundary_values_per_token(int64_t layer) const {
+  // Before layer l the block list holds the entries appended at l' < l with l' % S == 0
+  // (docs/model.md#attnres-schedule); `hidden` carries the open block's partial sum.
+  if (!c_.attn_res) return c_.d_model;
+  const int64_t S = c_.attn_res_block_size;
+  return ((layer + S - 1) / S + 1) * c_.d_model;
 }
 
 int64_t HybridModel::decode_cache_bytes(int64_t length) const {
@@ -349,14 +368,17 @@ int64_t HybridModel::decode_cache_bytes(int64_t length) const {
 }
 
 double HybridModel::activation_bytes_per_token(bool mixed_precision) const {
+  return activation_bytes_per_token(mixed_precision, 0, c_.n_layer(), true);
+}
+
+double HybridModel::activation_bytes_per_token(bool mixed_precision, int64_t first, int64_t end, bool head) const {
   // Rough: ~16 D-wide tensors per sublayer pair, the FFN hidden (3 F), KDA/MLA
   // intermediates (~12 P), AttnRes sources are shared; plus logits and their gradient.
   // In bf16 runs (mixed_precision) the wide tensors are bf16; the KDA layer's
   // internals, the router's scores and the logits stay f32 (docs/model.md#mixed-precision).
   const double D = static_cast<double>(c_.d_model), F = static_cast<double>(c_.ffn.d_ff);
   const double P = static_cast<double>(c_.kda.value_heads() * c_.kda.head_dim);
-  const double L = static_cast<double>(c_.n_layer());
-  double wide = L * (16.0 * D + 3.0 * F), kept_f32 = L * 12.0 * P + 2.0 * static_cast<double>(c_.vocab_size);
+  double wide = 0, kept_f32 = head ? 2.0 * static_cast<double>(c_.vocab_size) : 0.0;
   // MoE layers replace the dense FFN hidden by what their backward keeps per token:
   // the router's scores over all E (the sigmoid keeps its output; this term
   // dominates at many experts and small widths), per routed slot the dispatched
@@ -364,16 +386,16 @@ double HybridModel::activation_bytes_per_token(bool mixed_precision) const {
   // rows (5 W), the latent down/up/norm (~4 W + D) and the shared experts' hidden
   // (3 F each).
   const MoeConfig& m = c_.moe;
-  int64_t moe_layers = 0;
-  for (int64_t l = 0; l < c_.n_layer(); ++l) moe_layers += c_.is_moe_layer(l);
-  if (moe_layers > 0) {
-    const double E = static_cast<double>(m.num_experts), k = static_cast<double>(m.top_k);
-    const double Fe = static_cast<double>(m.expert_d_ff);
-    const double W = static_cast<double>(m.latent_dim > 0 ? m.latent_dim : c_.d_model);
-    const double n = static_cast<double>(moe_layers);
-    wide += n * (k * (5.0 * W + 3.0 * Fe) + 4.0 * W + D + 3.0 * Fe * static_cast<double>(m.num_shared_experts) -
-                 3.0 * F);
-    kept_f32 += n * E;
+  const double E = static_cast<double>(m.num_experts), k = static_cast<double>(m.top_k);
+  const double Fe = static_cast<double>(m.expert_d_ff);
+  const double W = static_cast<double>(m.latent_dim > 0 ? m.latent_dim : c_.d_model);
+  for (int64_t l = first; l < end; ++l) {
+    wide += 16.0 * D + 3.0 * F;
+    kept_f32 += 12.0 * P;
+    if (c_.is_moe_layer(l)) {
+      wide += k * (5.0 * W + 3.0 * Fe) + 4.0 * W + D + 3.0 * Fe * static_cast<double>(m.num_shared_experts) - 3.0 * F;
+      kept_f32 += E;
+    }
   }
   if (mixed_precision) return wide * 2.0 + kept_f32 * 4.0;
   return (wide + kept_f32) * static_cast<double>(dtype_size(c_.dtype));

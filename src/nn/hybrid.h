@@ -86,8 +86,7 @@ class HybridModel : public LanguageModel {
   int64_t stage_input_count() const override;
   StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training) override;
   bool stage_holds(const std::string& name) const override;
-  // The stage's layers [first, end).
-  StageLayers stage_layers() const { return layers_range_; }
+  StageLayers pipeline_stage_layers() const override { return layers_range_; }
 
   Tensor forward(const Tensor& ids, bool training = true) override;
   // Cross-entropy plus the MoE layers' auxiliary losses (when their weights are > 0).
@@ -105,6 +104,19 @@ class HybridModel : public LanguageModel {
   double flops_per_token(int64_t seq_len) const override;
   double activation_bytes_per_token(bool mixed_precision) const override;
   int64_t decode_cache_bytes(int64_t length) const override;
+  // The two estimates above for the layers [first, end) of a pipeline stage
+  // (nn/pipeline_stages.h), with or without what follows the last layer (output
+  // AttnRes read, final norm, LM head, logits); over all layers with the head they
+  // are the whole-model numbers.
+  double flops_per_token(int64_t seq_len, int64_t first, int64_t end, bool head) const;
+  double activation_bytes_per_token(bool mixed_precision, int64_t first, int64_t end, bool head) const;
+  // Values per token that flow from layer - 1 into layer `layer` (what a pipeline
+  // stage starting there receives, and the gradient it sends back): the AttnRes
+  // block list so far plus the hidden state, D each; D without AttnRes.
+  int64_t boundary_values_per_token(int64_t layer) const;
+  // The decoder layer a parameter belongs to (model.layers.<l>.*); -1 for those before
+  // the layers (the embedding), n_layer for those after (final norm, output AttnRes, LM head).
+  int64_t parameter_layer(const std::string& name) const;
   const HybridConfig& config() const { return c_; }
   std::unique_ptr<HfAdapter> hf_adapter() const override;  // nn/hybrid_hf.cpp
 

@@ -81,6 +81,8 @@ class LanguageModel {
   // those of the whole model with the same seed); forward(), loss() and decoding
   // need the whole model.
   virtual PipelineStage pipeline_stage() const { return {}; }
+  // The stage's layers [first, end) (all of them for the whole model; empty for a model without layers).
+  virtual StageLayers pipeline_stage_layers() const { return {}; }
   // How many [B, T, hidden_size()] tensors this stage receives from the previous
   // one (0 for the first stage).
   virtual int64_t stage_input_count() const { return 0; }

@@ -142,6 +142,9 @@ Distributed make_distributed(const Config& config) {
     d.watchdog = std::make_unique<comm::Watchdog>(comm::WatchdogOptions{
         .timeout_s = timeout_s, .rank = d.rank(), .size = d.size(), .host = d.world->host(), .on_timeout = {}});
   d.overlap_grad_sync = config.get_bool("train.overlap_grad_sync");
+  if (pp > 1 && d.overlap_grad_sync && d.world->rank() == 0)
+    spdlog::warn("{}: train.overlap_grad_sync has no effect under train.pp = {}: the gradient sums run after the "
+                 "pipeline's last backward", config.where("train.overlap_grad_sync"), pp);
   const double bucket_mb = config.get_number("train.grad_bucket_mb");
   d.grad_bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20)));
   const int64_t zero = config.get_int("train.zero");

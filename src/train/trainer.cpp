@@ -83,7 +83,18 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
   spdlog::info("model {}: {}", model.arch(), model.describe());
   for (const auto& [group, n] : groups)
     spdlog::info("  {:<10} {:>14} parameters ({:5.1f}%)", group, with_commas(n), 100.0 * n / total);
-  if (ledger.layout.ep > 1 && total != ledger.total) {  // expert parallel: the groups above are this rank's
+  const PipelineStage stage = model.pipeline_stage();
+  if (!stage.whole()) {  // pipeline: the groups above are this rank's stage
+    const StageLayers layers = model.pipeline_stage_layers();
+    spdlog::info("  {:<10} {:>14} parameters on rank 0: stage 1 of {} (layers {}-{} and the embedding{}, train.pp {})",
+                 "this rank", with_commas(total), stage.count, layers.first, layers.end - 1,
+                 ledger.layout.ep > 1 ? fmt::format("; its 1/{} of the routed experts, train.ep {}", ledger.layout.ep,
+                                                    ledger.layout.ep)
+                                      : std::string(),
+                 stage.count);
+    spdlog::info("  {:<10} {:>14} parameters in the model ({} active per token)", "total", with_commas(ledger.total),
+                 with_commas(ledger.active));
+  } else if (ledger.layout.ep > 1 && total != ledger.total) {  // expert parallel: the groups above are this rank's
     spdlog::info("  {:<10} {:>14} parameters on rank 0 (the replicated ones + its 1/{} of the routed experts, "
                  "train.ep {})", "this rank", with_commas(total), ledger.layout.ep, ledger.layout.ep);
     spdlog::info("  {:<10} {:>14} parameters in the model ({} active per token)", "total", with_commas(ledger.total),
@@ -94,8 +105,16 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
   }
   spdlog::info("  FLOPs/token {:.3g}, {:.3g} per optimizer step of {} tokens", model.flops_per_token(seq_len),
                model.flops_per_token(seq_len) * tokens_per_step, with_commas(tokens_per_step));
-  spdlog::info("  memory estimate per rank (ledger): {} weights+grads+AdamW, ~{} activations per micro-batch",
-               human_bytes(ledger.state_bytes_per_rank), human_bytes(ledger.activation_bytes_per_rank));
+  if (ledger.layout.pp > 1) {  // the ledger's worst stage: its state and its 1F1B micro-batches in flight
+    const StageLedger& worst = ledger.stages[static_cast<size_t>(ledger.worst_stage)];
+    spdlog::info("  memory estimate per rank (ledger, stage {}, the largest): {} weights+grads+AdamW, ~{} activations "
+                 "({} micro-batches in flight)",
+                 ledger.worst_stage, human_bytes(ledger.state_bytes_per_rank),
+                 human_bytes(ledger.activation_bytes_per_rank), worst.num_micro_batches_in_flight);
+  } else {
+    spdlog::info("  memory estimate per rank (ledger): {} weights+grads+AdamW, ~{} activations per micro-batch",
+                 human_bytes(ledger.state_bytes_per_rank), human_bytes(ledger.activation_bytes_per_rank));
+  }
 }
 
 // A skipped step's MoE assignments do not move the router biases.
@@ -232,7 +251,8 @@ void Trainer::open_data() {
 
 void Trainer::build() {
   baseline_rss_ = current_rss_bytes();
-  ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep});
+  // The worst stage at pp > 1; at train.zero 1 the moments over each parameter's replicas.
+  ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep, dist_.grid.pp, dist_.zero});
   model_ = build_model(config_, expert_shard(dist_), PipelineStage{dist_.grid.pp_index, dist_.grid.pp});
   if (dist_.grid.pp > 1) whole_model_ = pipelined_model(dist_, *model_);
   if (dist_.grid.ep > 1) model_->set_expert_group(dist_.grid.ep_group.get());

@@ -1,6 +1,7 @@
 // The moetrain binary end to end, as a user runs it: prepare -> train ->
 // generate / eval, determinism of runs, and the exit code and message of bad input.
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -290,6 +291,47 @@ TEST_CASE("cli: ledger counts bf16 runs' activations at 2 bytes where they are b
     CHECK(a16 > a32 / 2);
     // Weights + grads in bf16 and an f32 master: the same 16 bytes per parameter.
     CHECK(number(bf16.output, "state_bytes_per_rank") == number(f32.output, "state_bytes_per_rank"));
+  }
+}
+
+TEST_CASE("cli: ledger prints a pipeline layout and --plan prints only layouts that fit", "[cli]") {
+  const string configs = string(MOETRAIN_SOURCE_DIR) + "/configs/";
+  Result staged = run("ledger --pp 3 --ep 4 --dp 2 --zero 1 --micro-batches 4 -c " + configs + "k3-tiny.yaml", false);
+  REQUIRE(staged.code == 0);
+  CHECK(staged.output.find("pp 3 x dp 2 x ep 4, zero 1") != string::npos);
+  CHECK(staged.output.find("<- worst") != string::npos);
+  CHECK(staged.output.find("fits") != string::npos);
+  CHECK(staged.output.find("bubble 33.3%") != string::npos);  // (3 - 1) / (4 + 3 - 1)
+
+  // docs/parallelism.md#planning-a-cluster-k3-on-h200s
+  const string k3 = "--set train.dtype=bf16 --set train.activation_checkpointing=true -c " + configs + "kimi-k3.yaml";
+  Result plan = run("ledger --json --plan 1024 --global-batch 4096 " + k3, false);
+  REQUIRE(plan.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(plan.output);
+  REQUIRE(!j["feasible"].empty());
+  for (const auto& l : j["feasible"]) {
+    const auto& o = l["layout"];
+    CHECK(o["pp"].get<int64_t>() * o["dp"].get<int64_t>() * o["ep"].get<int64_t>() == 1024);
+    CHECK(l["bytes_per_rank"].get<double>() <= l["gpu_usable_bytes"].get<double>());
+    CHECK(l["gpu_usable_bytes"].get<double>() == 130.0 * (1 << 30));  // 140 GiB less the 10 GiB reserve
+  }
+  Result text = run("ledger --plan 1024 --global-batch 4096 --top 3 " + k3, false);
+  REQUIRE(text.code == 0);
+  CHECK(text.output.find(std::to_string(j["feasible"].size()) + " of " + std::to_string(j["searched"].get<int64_t>()) +
+                         " layouts fit; the 3 fastest") != string::npos);
+  Result none = run("ledger --plan 256 --set train.dtype=bf16 -c " + configs + "kimi-k3.yaml", false);
+  CHECK(none.code == 1);
+  CHECK(none.output.find("nothing fits") != string::npos);
+
+  for (const auto& [args, flag] : std::vector<std::pair<string, string>>{{"--pp 10", "--pp 10"},
+                                                                         {"--gpu-memory 141", "--gpu-memory"},
+                                                                         {"--zero 2", "--zero 2"},
+                                                                         {"--inter-bw 50GiB/min", "--inter-bw"},
+                                                                         {"--plan 8 --pp 2", "--pp excludes --plan"}}) {
+    INFO(args);
+    Result bad = run("ledger " + args + " -c " + configs + "k3-tiny.yaml");
+    CHECK(bad.code == 2);
+    CHECK(bad.output.find(flag) != string::npos);
   }
 }
 

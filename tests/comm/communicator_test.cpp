@@ -285,6 +285,40 @@ void check_argument_errors(Communicator& comm) {
                    Catch::Contains(fmt::format("has {} ranks", n)));
 }
 
+// send_recv: a ring in both directions at once (each rank sends to both
+// neighbours and receives from both: the pattern of a pipeline's paired
+// exchanges), several tensors per peer arriving in posting order, f64 and i32;
+// a receive of the wrong size is an error naming the sender. One rank: itself.
+void check_send_recv(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto stamp = [](int from, int to, int k) {
+    return from_vector({1000.0 * from + 10.0 * to + k, -1.0 * k, 0.5}, Shape{3}, DType::f64);
+  };
+  Tensor to_next0 = stamp(r, next, 0), to_next1 = stamp(r, next, 1), to_prev = stamp(r, prev, 2);
+  Tensor from_prev0 = zeros(Shape{3}, DType::f64), from_prev1 = zeros(Shape{3}, DType::f64);
+  Tensor from_next = zeros(Shape{3}, DType::f64);
+  Tensor ids = from_vector({static_cast<double>(r)}, Shape{1}, DType::i32), got_id = zeros(Shape{1}, DType::i32);
+  std::vector<P2POp> ops{{P2POp::Kind::send, next, to_next0},   {P2POp::Kind::recv, prev, from_prev0},
+                         {P2POp::Kind::send, prev, to_prev},    {P2POp::Kind::recv, next, from_next},
+                         {P2POp::Kind::send, next, to_next1},   {P2POp::Kind::recv, prev, from_prev1},
+                         {P2POp::Kind::send, next, ids},        {P2POp::Kind::recv, prev, got_id}};
+  comm.send_recv(ops);
+  CHECK(bitwise_equal(from_prev0, stamp(prev, r, 0)));
+  CHECK(bitwise_equal(from_prev1, stamp(prev, r, 1)));
+  CHECK(bitwise_equal(from_next, stamp(next, r, 2)));
+  CHECK(got_id.data<int32_t>()[0] == prev);
+  std::vector<P2POp> bad_peer{{P2POp::Kind::send, n, to_next0}};
+  CHECK_THAT(error_of([&] { comm.send_recv(bad_peer); }),
+             Catch::Contains("send_recv") && Catch::Contains(fmt::format("not a rank of this group of {}", n)));
+  if (n > 1) {  // a receive longer than what the peer sends
+    Tensor small = zeros(Shape{2}, DType::f64), large = zeros(Shape{4}, DType::f64);
+    std::vector<P2POp> mismatched{{P2POp::Kind::send, next, small}, {P2POp::Kind::recv, prev, large}};
+    CHECK_THAT(error_of([&] { comm.send_recv(mismatched); }),
+               Catch::Contains("send_recv") && Catch::Contains("16 bytes, 32 were expected") &&
+                   Catch::Contains("another shape"));
+  }
+}
+
 void check_suite(Communicator& comm) {
   INFO("rank " << comm.rank() << " of " << comm.size() << " on " << comm.host());
   CHECK(!comm.host().empty());
@@ -298,6 +332,7 @@ void check_suite(Communicator& comm) {
   check_counts(comm);
   check_split(comm);
   check_argument_errors(comm);
+  check_send_recv(comm);
   comm.barrier();
 }
 

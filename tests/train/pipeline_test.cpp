@@ -81,7 +81,8 @@ TEST_CASE("pipeline: a stage holds exactly the whole model's parameters of its l
         INFO("tied " << tied << " pp " << pp << " stage " << s);
         HybridModel stage(c, 7, true, {}, PipelineStage{s, pp});
         const StageLayers layers = stage_layers(c.n_layer(), pp, s);
-        CHECK(stage.stage_layers().first == layers.first);
+        CHECK(stage.pipeline_stage_layers().first == layers.first);
+        CHECK(stage.pipeline_stage_layers().end == layers.end);
         for (const NamedParameter& p : stage.parameters()) {
           const NamedParameter* w = find(whole.parameters(), p.name);
           REQUIRE(w);
