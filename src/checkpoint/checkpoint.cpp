@@ -16,6 +16,7 @@
 #include <regex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
@@ -102,7 +103,9 @@ std::pair<int64_t, int64_t> expert_range(const Distributed& d, int64_t experts) 
 struct Slot {
   std::string group;  // "params", "buffers", "exp_avg", "exp_avg_sq"
   const NamedParameter* param;
-  Tensor tensor;      // what is saved / loaded into
+  Tensor tensor;      // what is saved / loaded into (a sharded optimizer's moments: its owned elements, flat)
+  size_t index = 0;   // in the parameter (or buffer) list
+  bool moment() const { return group == "exp_avg" || group == "exp_avg_sq"; }
 };
 
 // buffers: model.buffers(), kept alive by the caller while the slots are used.
@@ -112,11 +115,11 @@ std::vector<Slot> slots(const LanguageModel& model, const ParameterList& buffers
   std::vector<Slot> out;
   const ParameterList& params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i)
-    out.push_back({"params", &params[i], opt ? opt->master_or_parameter(i) : params[i].tensor});
-  for (const NamedParameter& b : buffers) out.push_back({"buffers", &b, b.tensor});
+    out.push_back({"params", &params[i], opt ? opt->master_or_parameter(i) : params[i].tensor, i});
+  for (size_t i = 0; i < buffers.size(); ++i) out.push_back({"buffers", &buffers[i], buffers[i].tensor, i});
   if (opt) {
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg", &params[i], opt->exp_avg()[i]});
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg_sq", &params[i], opt->exp_avg_sq()[i]});
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg", &params[i], opt->exp_avg()[i], i});
+    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg_sq", &params[i], opt->exp_avg_sq()[i], i});
   }
   return out;
 }
@@ -132,10 +135,13 @@ struct FileInfo {
   int64_t expert_begin = 0, expert_end = 0;  // global rows held; empty when equal
   int64_t bytes = 0;
   std::string sha256;
+  // Version 2 (train.zero 1): the moments' pieces this file holds, as
+  // [begin, end) of each global tensor's flattened elements, by parameter name.
+  std::vector<std::tuple<std::string, int64_t, int64_t>> pieces;
 };
 
 struct Manifest {
-  int64_t version = 0, step = 0, world = 0, pp = 1, dp = 0, ep = 0, num_experts = 0;
+  int64_t version = 0, step = 0, world = 0, pp = 1, dp = 0, ep = 0, num_experts = 0, zero = 0;
   std::string config_sha256;
   std::string run_id, lineage;  // "" in checkpoints written before lineages
   std::vector<FileInfo> files;
@@ -152,8 +158,12 @@ Manifest read_manifest(const fs::path& dir) {
     MT_CHECK(j.at("format").get<std::string>() == kFormat, "format is '{}', expected '{}'",
              j.at("format").get<std::string>(), kFormat);
     m.version = j.at("version").get<int64_t>();
-    MT_CHECK(m.version == kCheckpointVersion, "version {} is not the one this build reads ({})", m.version,
-             kCheckpointVersion);
+    MT_CHECK(m.version == kCheckpointVersion || m.version == kCheckpointVersionSharded,
+             "version {} is not one this build reads ({} or {})", m.version, kCheckpointVersion,
+             kCheckpointVersionSharded);
+    m.zero = j.value("zero", int64_t{0});
+    MT_CHECK((m.zero > 0) == (m.version == kCheckpointVersionSharded), "version {} with zero = {}: version {} is "
+             "the sharded optimizer's (zero 1)", m.version, m.zero, kCheckpointVersionSharded);
     m.step = j.at("step").get<int64_t>();
     m.world = j.at("world").get<int64_t>();
     m.dp = j.at("dp").get<int64_t>();
@@ -176,6 +186,9 @@ Manifest read_manifest(const fs::path& dir) {
         i.replicated = f.at("replicated").get<bool>();
         i.expert_begin = f.at("experts").at(0).get<int64_t>();
         i.expert_end = f.at("experts").at(1).get<int64_t>();
+        if (f.contains("optimizer_pieces"))
+          for (const auto& [name, range] : f.at("optimizer_pieces").items())
+            i.pieces.emplace_back(name, range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
       }
       MT_CHECK(i.name.find('/') == std::string::npos && i.name != "." && i.name != "..", "bad file name '{}'", i.name);
       return i;
@@ -201,6 +214,11 @@ json file_json(const FileInfo& f, bool rank_file) {
     j["ep_index"] = f.ep_index;
     j["replicated"] = f.replicated;
     j["experts"] = {f.expert_begin, f.expert_end};
+    if (!f.pieces.empty()) {
+      json pieces = json::object();
+      for (const auto& [name, begin, end] : f.pieces) pieces[name] = {begin, end};
+      j["optimizer_pieces"] = pieces;
+    }
   }
   return j;
 }
@@ -376,6 +394,13 @@ struct RankFileContent {
   std::vector<std::tuple<std::string, std::string, Tensor>> datasets;  // group, name, tensor
 };
 
+// train.zero 1: the group parameter i is sharded over (the zero group listing it).
+comm::Communicator& zero_comm(const Distributed& d, size_t i) {
+  for (const comm::ZeroGroup& g : d.zero_groups)
+    if (std::find(g.params.begin(), g.params.end(), i) != g.params.end()) return *g.comm;
+  MT_THROW("checkpoint: parameter {} is in no train.zero group", i);
+}
+
 RankFileContent rank_file_content(const Distributed& d, const LanguageModel& model, const AdamW& opt,
                                   const TrainProgress& progress, const Config& config, PendingSave& p, bool copy) {
   const auto [lo, hi] = expert_range(d, p.experts);
@@ -385,6 +410,7 @@ RankFileContent rank_file_content(const Distributed& d, const LanguageModel& mod
   auto tied_copy = [&](const NamedParameter& q) {
     return d.tied_pipeline && d.grid.last_stage() && q.group == "embedding";
   };
+  const bool zero = d.zero > 0 && opt.sharded();
   FileInfo& mine = p.mine;
   mine.name = rank_file(d.rank());
   mine.rank = d.rank();
@@ -392,33 +418,57 @@ RankFileContent rank_file_content(const Distributed& d, const LanguageModel& mod
   mine.dp_index = d.grid.dp_index;
   mine.ep_index = d.grid.ep_index;
   mine.replicated = holds_replicated;
+  mine.pieces.clear();
   if (holds_experts) std::tie(mine.expert_begin, mine.expert_end) = std::pair{lo, hi};
   RankFileContent c;
-  c.ints = {{"version", kCheckpointVersion}, {"rank", d.rank()},          {"world", d.size()},
-            {"pp", d.grid.pp},               {"pp_index", d.grid.pp_index},
-            {"dp", d.grid.dp},               {"ep", d.grid.ep},           {"dp_index", d.grid.dp_index},
-            {"ep_index", d.grid.ep_index},   {"step", progress.step},     {"tokens", progress.tokens},
-            {"skipped", progress.skipped},   {"consecutive_skips", progress.consecutive_skips},
+  c.ints = {{"version", zero ? kCheckpointVersionSharded : kCheckpointVersion}, {"rank", d.rank()},
+            {"world", d.size()},             {"pp", d.grid.pp},           {"pp_index", d.grid.pp_index},
+            {"dp", d.grid.dp},               {"ep", d.grid.ep},
+            {"dp_index", d.grid.dp_index},   {"ep_index", d.grid.ep_index}, {"step", progress.step},
+            {"tokens", progress.tokens},     {"skipped", progress.skipped},
+            {"consecutive_skips", progress.consecutive_skips},
             {"loader_epoch", static_cast<int64_t>(progress.loader.epoch)},
             {"loader_position", progress.loader.position},
             {"adam_step", opt.steps()},
             {"rng_seed", static_cast<int64_t>(default_generator().seed())},
             {"rng_offset", static_cast<int64_t>(default_generator().offset())},
             {"num_experts", p.experts},      {"expert_begin", mine.expert_begin}, {"expert_end", mine.expert_end}};
+  if (zero) c.ints.emplace_back("zero", d.zero);  // zero 0 files stay version 1, as before
   c.strings = {{"format", kFormat}, {"config_sha256", config.sha256()}};
   if (holds_experts) {
     Tensor index = empty({hi - lo}, DType::i64);
     for (int64_t e = lo; e < hi; ++e) index.data<int64_t>()[e - lo] = e;
     c.datasets.emplace_back("experts", "global_index", index);
   }
+  // An async save snapshots on the host: a GPU tensor's copy frees no device
+  // memory and the writer thread never touches the GPU.
+  auto snapshot = [&](const Tensor& t) {
+    return !copy ? t : t.is_cpu() ? t.detach().clone() : t.detach().to(kCpu);
+  };
   const ParameterList buffers = model.buffers();
   for (const Slot& s : slots(model, buffers, &opt)) {
     const bool expert = p.experts > 0 && is_expert(*s.param);
+    if (zero && s.moment()) {  // this rank's owned elements, flat, where it owns any
+      const ElementRange r = opt.owned(s.index);
+      if (r.size() == 0) continue;
+      const int64_t base = expert ? lo * (s.param->tensor.numel() / (hi - lo)) : 0;  // global flat offset
+      c.datasets.emplace_back(s.group, s.param->name, snapshot(s.tensor));
+      if (s.group == "exp_avg") {
+        Tensor range = empty({2}, DType::i64);
+        range.data<int64_t>()[0] = base + r.begin;
+        range.data<int64_t>()[1] = base + r.end;
+        c.datasets.emplace_back("zero_range", s.param->name, range);
+        mine.pieces.emplace_back(s.param->name, base + r.begin, base + r.end);
+      }
+      continue;
+    }
+    Tensor t = s.tensor;
+    // Mixed precision at zero 1: the f32 master is sharded too; the file holds it
+    // whole (gathered over its replica group, every rank taking part).
+    if (zero && s.group == "params" && opt.master_weights()[s.index].defined())
+      t = alias(comm::all_gather_owned(zero_comm(d, s.index), s.tensor.detach()), s.param->tensor.shape());
     if (expert ? holds_experts : holds_replicated && !tied_copy(*s.param))
-      // An async save snapshots on the host: a GPU tensor's copy frees no device
-      // memory and the writer thread never touches the GPU.
-      c.datasets.emplace_back(s.group, s.param->name,
-                              !copy ? s.tensor : s.tensor.is_cpu() ? s.tensor.detach().clone() : s.tensor.detach().to(kCpu));
+      c.datasets.emplace_back(s.group, s.param->name, snapshot(t));
   }
   return c;
 }
@@ -487,6 +537,27 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
       for (int i = 0; i < 4; ++i) f.sha256 += fmt::format("{:016x}", static_cast<uint64_t>(a[4 + i]));
       files.push_back(f);
     }
+    if (d.zero > 0) {  // each file's optimizer pieces, as JSON text (one i32 per byte)
+      json pieces = json::array();
+      for (const auto& [name, begin, end] : mine.pieces) pieces.push_back({name, begin, end});
+      const std::string text = pieces.dump();
+      Tensor bytes = empty({static_cast<int64_t>(text.size())}, DType::i32);
+      for (size_t i = 0; i < text.size(); ++i) bytes.data<int32_t>()[i] = static_cast<unsigned char>(text[i]);
+      Tensor count = empty({1, 1}, DType::i64);
+      count.data<int64_t>()[0] = bytes.numel();
+      const Tensor counts = d.world->all_gather(count);
+      const Tensor all_bytes = comm::all_gather_owned(*d.world, bytes);
+      int64_t at = 0;
+      for (int k = 0; k < d.size(); ++k) {
+        const int64_t n = counts.data<int64_t>()[k];
+        std::string t;
+        for (int64_t i = 0; i < n; ++i) t += static_cast<char>(all_bytes.data<int32_t>()[at + i]);
+        at += n;
+        for (const json& e : json::parse(t))
+          files[static_cast<size_t>(k)].pieces.emplace_back(e.at(0).get<std::string>(), e.at(1).get<int64_t>(),
+                                                            e.at(2).get<int64_t>());
+      }
+    }
   }
 
   const fs::path final_dir = p.root / p.name;
@@ -498,8 +569,8 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
     cfg.sha256 = sha256_file(p.tmp / kConfig);
     json files_json = json::array();
     for (const FileInfo& f : files) files_json.push_back(file_json(f, true));
-    const json manifest = {{"format", kFormat},
-                           {"version", kCheckpointVersion},
+    json manifest = {{"format", kFormat},
+                           {"version", d.zero > 0 ? kCheckpointVersionSharded : kCheckpointVersion},
                            {"step", p.step},
                            {"tokens", p.tokens},
                            {"world", d.size()},
@@ -513,6 +584,7 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
                            {"lineage", options.lineage},
                            {"files", files_json},
                            {"config", file_json(cfg, false)}};
+    if (d.zero > 0) manifest["zero"] = d.zero;
     write_file_atomically(p.tmp / kManifest, manifest.dump(2) + "\n", false);
     write_file_atomically(p.tmp / kCommit, p.name + "\n", false);
     fsync_path(p.tmp, true);  // both files' renames, before the directory's own rename
@@ -641,7 +713,8 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   const int64_t experts = global_experts(config);
   const auto [lo, hi] = expert_range(d, experts);
   // The files this rank reads: those with replicated tensors (one per pipeline
-  // stage of the saving run: rank 0's at pp = 1) and those holding its experts.
+  // stage of the saving run: rank 0's at pp = 1), those holding its experts, and
+  // (train.zero 1 checkpoints) those holding pieces of the moments it needs.
   std::vector<const FileInfo*> replicated_files, expert_files;
   for (const FileInfo& f : m.files) {
     if (f.replicated) replicated_files.push_back(&f);
@@ -652,9 +725,52 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   const FileInfo* replicated = replicated_files.front();  // rank 0's: the counters when the layout changed
   const bool same_layout = m.world == d.size() && m.ep == d.grid.ep && m.pp == d.grid.pp;
   const FileInfo& own = same_layout ? m.files[static_cast<size_t>(d.rank())] : *replicated;
+
+  // Every tensor as pieces: ranges [begin, end) of its global flattened elements,
+  // each a dataset of some file. A slot needs the range [begin, end) of it.
+  NoGradGuard no_grad;
+  const ParameterList buffers = model.buffers();
+  const std::vector<Slot> all = slots(model, buffers, opt);
+  struct Piece {
+    const FileInfo* file;
+    int64_t begin, end;
+  };
+  struct Need {
+    int64_t begin = 0, end = 0;  // of the global flattened tensor
+    int64_t row = 0;             // elements per expert row (expert tensors)
+    std::vector<Piece> pieces;   // those overlapping [begin, end)
+  };
+  const bool ckpt_has_experts = m.num_experts > 0;
+  auto is_expert_slot = [&](const Slot& s) { return experts > 0 && is_expert(*s.param); };
+  auto range_of = [&](const Slot& s) {
+    Need n;
+    const int64_t local = s.param->tensor.numel();
+    n.row = is_expert_slot(s) ? local / (hi - lo) : 0;
+    const int64_t base = is_expert_slot(s) ? lo * n.row : 0;
+    if (s.moment() && opt && opt->sharded()) {  // a train.zero 1 run: its owned elements
+      const ElementRange r = opt->owned(s.index);
+      std::tie(n.begin, n.end) = std::pair{base + r.begin, base + r.end};
+    } else {
+      std::tie(n.begin, n.end) = std::pair{base, base + local};
+    }
+    return n;
+  };
+  // A zero 1 checkpoint's moment pieces, from the manifest alone.
+  auto moment_pieces = [&](const Slot& s, const Need& n) {
+    std::vector<Piece> out;
+    for (const FileInfo& f : m.files)
+      for (const auto& [name, b, e] : f.pieces)
+        if (name == s.param->name && b < n.end && e > n.begin) out.push_back({&f, b, e});
+    return out;
+  };
+
   std::set<const FileInfo*> needed{&own};
   needed.insert(replicated_files.begin(), replicated_files.end());
   needed.insert(expert_files.begin(), expert_files.end());
+  if (m.zero > 0)
+    for (const Slot& s : all)
+      if (s.moment())
+        for (const Piece& c : moment_pieces(s, range_of(s))) needed.insert(c.file);
   {
     int64_t total = 0;
     for (const FileInfo* f : needed) total += f->bytes;
@@ -683,6 +799,7 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     if (r->attr_int("/", "pp_index")) same("pp_index", f->pp_index);
     same("dp_index", f->dp_index);
     same("ep_index", f->ep_index);
+    if (m.zero > 0) same("zero", m.zero);
     const std::optional<std::string> sha = r->attr_string("/", "config_sha256");
     MT_CHECK(sha && *sha == m.config_sha256, "checkpoint {}: {} was written under another config (SHA-256 {}...) than "
              "{} records ({}...): the file comes from another save; resume from another checkpoint (ckpt.resume: "
@@ -702,20 +819,38 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
       if (readers.at(f)->has_dataset(group, name)) out.push_back(f);
     return out;
   };
-
-  // Names and shapes: every mismatch in one message.
-  std::vector<std::string> missing, unexpected, mismatched;
-  const ParameterList buffers = model.buffers();
-  const std::vector<Slot> all = slots(model, buffers, opt);
-  std::map<std::string, std::set<std::string>> expected;  // group -> names
-  const bool ckpt_has_experts = m.num_experts > 0;
+  std::vector<Need> needs;
   for (const Slot& s : all) {
+    Need n = range_of(s);
+    if (s.moment() && m.zero > 0) {
+      n.pieces = moment_pieces(s, n);
+    } else if (is_expert_slot(s) && ckpt_has_experts) {
+      for (const FileInfo* f : expert_readers(s.group, s.param->name))
+        if (f->expert_begin * n.row < n.end && f->expert_end * n.row > n.begin)
+          n.pieces.push_back({f, f->expert_begin * n.row, f->expert_end * n.row});
+    } else if (const FileInfo* f = replicated_reader(s.group, s.param->name)) {
+      n.pieces.push_back({f, 0, is_expert_slot(s) ? experts * n.row : s.param->tensor.numel()});
+    }
+    needs.push_back(std::move(n));
+  }
+
+  // Names and shapes: every mismatch in one message. Shapes are the parameters'
+  // global ones (a sharded optimizer's flat moments stand for their parameter's).
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::map<std::string, std::set<std::string>> expected;  // group -> names
+  for (size_t k = 0; k < all.size(); ++k) {
+    const Slot& s = all[k];
     expected[s.group].insert(s.param->name);
-    const bool expert = experts > 0 && is_expert(*s.param);
-    std::vector<int64_t> model_dims = s.tensor.shape().vec();
+    const bool expert = is_expert_slot(s);
+    std::vector<int64_t> model_dims = s.param->tensor.shape().vec();
     if (expert) model_dims[0] = experts;  // compare global shapes
     const Shape model_shape(model_dims);
     const std::string what = fmt::format("{}/{}", s.group, s.param->name);
+    if (s.moment() && m.zero > 0) {  // pieces: their coverage is checked when copied
+      if (needs[k].end > needs[k].begin && needs[k].pieces.empty())
+        missing.push_back(fmt::format("{} {}", what, shape_text(model_shape)));
+      continue;
+    }
     if (expert && ckpt_has_experts) {
       const std::vector<const FileInfo*> holders = expert_readers(s.group, s.param->name);
       const hdf5::Reader* r = holders.empty() ? nullptr : readers.at(holders.front()).get();
@@ -740,7 +875,9 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   std::set<std::string> seen;
   for (const hdf5::Reader* r : listed)
     for (const std::string& g : r->groups("/")) {
-      if (g == "experts" || (!opt && (g == "exp_avg" || g == "exp_avg_sq"))) continue;  // moments: not asked for
+      if (g == "experts" || g == "zero_range" || (!opt && (g == "exp_avg" || g == "exp_avg_sq")))
+        continue;  // moments: not asked for
+      if (m.zero > 0 && (g == "exp_avg" || g == "exp_avg_sq")) continue;  // pieces of other ranks' ranges
       for (const std::string& name : r->datasets(g))
         if (!expected[g].count(name) && model.stage_holds(name) && seen.insert(g + "/" + name).second)
           unexpected.push_back(fmt::format("{}/{} {}", g, name, shape_text(r->shape(g, name))));
@@ -756,8 +893,7 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     throw Error(msg);
   }
 
-  // Copy the data in.
-  NoGradGuard no_grad;
+  // Copy the data in: the overlap of each piece with the range each slot needs.
   auto check_dtype = [&](const Tensor& src, const Slot& s, const std::string& file) {
     MT_CHECK(src.dtype() == s.tensor.dtype(), "checkpoint {}: {}/{} in {} is {}, the model's is {} (train.dtype)",
              dir.string(), s.group, s.param->name, file, src.dtype(), s.tensor.dtype());
@@ -766,35 +902,29 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   for (const Slot& s : all) load_total += s.tensor.nbytes();
   data::Progress loading(fmt::format("checkpoint {}: load", dir.filename().string()), load_total,
                          progress_options(d.root()));
-  for (const Slot& s : all) {
+  for (size_t k = 0; k < all.size(); ++k) {
+    const Slot& s = all[k];
+    const Need& n = needs[k];
     MT_ASSERT(s.tensor.is_cpu(), "checkpoint load needs CPU tensors (always contiguous in this project)");
-    const bool expert = experts > 0 && is_expert(*s.param);
-    if (!expert) {
-      const FileInfo* f = replicated_reader(s.group, s.param->name);
-      Tensor src = readers.at(f)->read(s.group, s.param->name);
-      check_dtype(src, s, f->name);
-      copy_(s.tensor, src);
-      loading.update(s.tensor.nbytes());
-      continue;
-    }
-    const int64_t row_bytes = s.tensor.nbytes() / s.tensor.size(0);
-    const std::vector<const FileInfo*> holders = expert_readers(s.group, s.param->name);
+    MT_ASSERT(s.tensor.numel() == n.end - n.begin, "checkpoint load: {}/{} holds {} elements for a range of {}",
+              s.group, s.param->name, s.tensor.numel(), n.end - n.begin);
+    const int64_t esize = dtype_size(s.tensor.dtype());
     int64_t covered = 0;
-    for (const FileInfo* f : holders) {
-      covered += std::min(hi, f->expert_end) - std::max(lo, f->expert_begin);
-      Tensor src = readers.at(f)->read(s.group, s.param->name);
-      check_dtype(src, s, f->name);
-      const int64_t a = std::max(lo, f->expert_begin), b = std::min(hi, f->expert_end);
-      MT_CHECK(src.size(0) == f->expert_end - f->expert_begin, "checkpoint {}: {}/{} in {} has {} expert rows, the "
-               "manifest says {}", dir.string(), s.group, s.param->name, f->name, src.size(0),
-               f->expert_end - f->expert_begin);
-      std::memcpy(static_cast<char*>(s.tensor.raw_data()) + (a - lo) * row_bytes,
-                  static_cast<const char*>(src.raw_data()) + (a - f->expert_begin) * row_bytes,
-                  static_cast<size_t>((b - a) * row_bytes));
+    for (const Piece& c : n.pieces) {
+      Tensor src = readers.at(c.file)->read(s.group, s.param->name);
+      check_dtype(src, s, c.file->name);
+      MT_CHECK(src.numel() == c.end - c.begin, "checkpoint {}: {}/{} in {} has {} elements, {} says it holds [{}, {}) "
+               "of the tensor", dir.string(), s.group, s.param->name, c.file->name, src.numel(), kManifest, c.begin,
+               c.end);
+      const int64_t a = std::max(n.begin, c.begin), b = std::min(n.end, c.end);
+      std::memcpy(static_cast<char*>(s.tensor.raw_data()) + (a - n.begin) * esize,
+                  static_cast<const char*>(src.raw_data()) + (a - c.begin) * esize,
+                  static_cast<size_t>((b - a) * esize));
+      covered += b - a;
     }
-    // Every row of this rank's experts came from some file.
-    MT_CHECK(covered == hi - lo, "checkpoint {}: its files hold {} of the expert rows [{}, {}) of {}/{} this rank "
-             "needs", dir.string(), covered, lo, hi, s.group, s.param->name);
+    // Every element came from some piece (pieces do not overlap: each element has one holder).
+    MT_CHECK(covered == n.end - n.begin, "checkpoint {}: its files hold {} of the {} elements [{}, {}) of {}/{} this "
+             "rank needs", dir.string(), covered, n.end - n.begin, n.begin, n.end, s.group, s.param->name);
     loading.update(s.tensor.nbytes());
   }
   loading.finish();

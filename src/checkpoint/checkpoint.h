@@ -16,6 +16,9 @@
 // Groups: /params, /buffers (router biases), /exp_avg and /exp_avg_sq (AdamW
 // moments, in parameter order, named like the parameter). Every dataset is chunked
 // with HDF5's Fletcher32 checksum; manifest.json lists each file's size and SHA-256.
+// train.zero 1: every rank writes the moments of the elements it owns, flat, with
+// /zero_range/<name> = [begin, end) in the global tensor's flattened elements; the
+// manifest lists each file's pieces ("optimizer_pieces").
 //
 // Save order (collective): rank 0 creates the .tmp directory; every rank writes
 // and fsyncs its file; the sizes and SHA-256s go to rank 0; barrier; rank 0 writes
@@ -24,11 +27,14 @@
 // ckpt.keep_last (never the newest) and leftover .tmp directories; barrier.
 //
 // Load: the files a rank needs (those with replicated tensors, those holding its
-// experts) are checked against the manifest (size, SHA-256) before anything is
-// read; shapes are compared name by name (every missing, unexpected or mismatched
-// tensor listed in one error; a pipeline stage ignores the other stages' names).
-// A different layout (pp, dp, ep) is resharded: each tensor comes from the file
-// that holds it, expert rows by global expert index.
+// experts or pieces of its moments) are checked against the manifest (size,
+// SHA-256) before anything is read; shapes are compared name by name (every
+// missing, unexpected or mismatched tensor listed in one error; a pipeline stage
+// ignores the other stages' names). A different layout (pp, dp, ep, zero) is
+// resharded: every tensor is a set of pieces, each a range of the global
+// tensor's flattened elements in some file (a whole replicated tensor in the
+// stage file that holds it, a file's expert rows, a zero 1 rank's owned
+// elements), and a rank copies the overlap of each piece with the range it needs.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +56,11 @@ struct Distributed;
 }
 using comm::Distributed;
 
+// Version 1: optimizer moments whole (train.zero 0). Version 2 (written only by
+// train.zero 1 runs): moments in pieces, each rank's owned elements in its own
+// file (docs/checkpoints.md). This build reads both and writes 1 at zero 0.
 inline constexpr int64_t kCheckpointVersion = 1;
+inline constexpr int64_t kCheckpointVersionSharded = 2;
 
 // The training loop's counters, saved beside the tensors.
 struct TrainProgress {

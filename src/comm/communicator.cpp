@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -33,6 +34,25 @@ int64_t check_reduce_scatter(const Tensor& t, int size) {
            "group has {} ranks",
            describe(t), size);
   return t.size(0) / size;
+}
+
+int64_t check_counts_v(const char* op, const Tensor& t, const std::vector<int64_t>& counts, int size, int rank,
+                       bool reduce) {
+  if (reduce) check_sum_dtype(op, t);
+  else check_defined(op, t);
+  MT_CHECK(static_cast<int>(counts.size()) == size, "{}: {} counts for a group of {} ranks; pass one per rank", op,
+           counts.size(), size);
+  int64_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    MT_CHECK(counts[r] >= 0 && counts[r] <= INT32_MAX,
+             "{}: the count for rank {} is {}; counts are in [0, 2^31) (split larger exchanges)", op, r, counts[r]);
+    total += counts[r];
+  }
+  MT_CHECK(t.dim() == 1, "{}: {} must be flat (one dim)", op, describe(t));
+  const int64_t want = reduce ? total : counts[static_cast<size_t>(rank)];
+  MT_CHECK(t.numel() == want, "{}: {} has {} elements, the counts [{}] say {} (rank {} of {})", op, describe(t),
+           t.numel(), fmt::join(counts, ", "), want, rank, size);
+  return total;
 }
 
 int64_t check_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows,
@@ -103,9 +123,19 @@ class LocalCommunicator final : public Communicator {
     return t.detach().clone();
   }
 
+  Tensor reduce_scatter_sum_v(const Tensor& t, const std::vector<int64_t>& counts) override {
+    detail::check_counts_v("reduce_scatter_sum_v", t, counts, 1, 0, true);
+    return t.detach().clone();
+  }
+
   Tensor all_gather(const Tensor& t) override {
     detail::check_defined("all_gather", t);
     MT_CHECK(t.dim() >= 1, "all_gather: {} has no row dim (dim 0)", describe(t));
+    return t.detach().clone();
+  }
+
+  Tensor all_gather_v(const Tensor& t, const std::vector<int64_t>& counts) override {
+    detail::check_counts_v("all_gather_v", t, counts, 1, 0, false);
     return t.detach().clone();
   }
 

@@ -91,9 +91,20 @@ class Communicator {
   // taking this rank's n rows, without forming the whole sum. Dtypes as
   // all_reduce_sum.
   virtual Tensor reduce_scatter_sum(const Tensor& t) = 0;
+  // The variable-count form (MPI_Reduce_scatter), for flat tensors: t
+  // [sum(counts)] (the same on every rank) -> [counts[rank]], elements
+  // [sum(counts[0..rank)), + counts[rank]) of the sum over the group. Every rank
+  // passes the same counts (one per rank, each < 2^31). Dtypes as all_reduce_sum.
+  // The sharded optimizer's gradient sums (train.zero 1, docs/parallelism.md).
+  virtual Tensor reduce_scatter_sum_v(const Tensor& t, const std::vector<int64_t>& counts) = 0;
   // [size * n, ...]: the ranks' t ([n, ...], the same shape on every rank,
   // checked) concatenated along dim 0 in rank order. Any dtype.
   virtual Tensor all_gather(const Tensor& t) = 0;
+  // The variable-count form (MPI_Allgatherv), for flat tensors: t [counts[rank]]
+  // -> [sum(counts)], rank r's t at offset sum(counts[0..r)). Every rank passes
+  // the same counts (each < 2^31). Any dtype. Not shape-checked beyond t's own
+  // count: the counts say it all.
+  virtual Tensor all_gather_v(const Tensor& t, const std::vector<int64_t>& counts) = 0;
   // t = root's t, in place (the same shape and dtype on every rank).
   virtual void broadcast(Tensor& t, int root) = 0;
   // Variable all-to-all of rows (dim 0) of `send` [N, ...], any dtype:
@@ -150,6 +161,10 @@ void check_defined(const char* op, const Tensor& t);
 void check_sum_dtype(const char* op, const Tensor& t);
 // Checks t for reduce_scatter_sum over `size` ranks; returns n, the rows per rank.
 int64_t check_reduce_scatter(const Tensor& t, int size);
+// Checks t and counts for reduce_scatter_sum_v (op) or all_gather_v over `size`
+// ranks; returns sum(counts).
+int64_t check_counts_v(const char* op, const Tensor& t, const std::vector<int64_t>& counts, int size, int rank,
+                       bool reduce);
 // Checks the counts and returns the number of elements per row of `send`.
 // Checks the ops of send_recv (defined tensors, peers in [0, size), one kind of device).
 void check_send_recv(const std::vector<P2POp>& ops, int size);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
@@ -15,6 +16,16 @@
 #include "comm/watchdog.h"
 
 namespace moetrain::comm {
+
+// train.zero 1 (docs/parallelism.md, "Distributed optimizer"): the parameters
+// sharing one replica group, as indices into the model's parameter list, and
+// how their elements are split over that group's ranks.
+struct ZeroGroup {
+  Communicator* comm = nullptr;
+  bool expert_shards = false;  // routed-expert shards (their norm is also summed over the ep group)
+  std::vector<size_t> params;
+  FlatShards shards;
+};
 
 struct Distributed {
   Communicator* world = nullptr;
@@ -26,6 +37,8 @@ struct Distributed {
   std::unique_ptr<GradReducer> reducer;           // made at the first overlapped step
   bool overlap_logged = false;                    // the first overlapped step's line is printed
   bool tied_pipeline = false;  // pp > 1 with tied embeddings: first and last stage both hold the table
+  int zero = 0;                                   // train.zero (0 with one rank: nothing to shard)
+  std::vector<ZeroGroup> zero_groups;             // train.zero 1: made with the optimizer
 
   int rank() const { return world->rank(); }
   int size() const { return world->size(); }

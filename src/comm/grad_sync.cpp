@@ -185,6 +185,212 @@ GradSyncStats all_reduce_grads(Communicator& comm, const GradTensors& params, co
   return stats;
 }
 
+FlatShards make_flat_shards(const std::vector<int64_t>& numels, int size) {
+  MT_CHECK(size >= 1, "make_flat_shards: a group of {} ranks", size);
+  FlatShards s;
+  s.offsets.assign(numels.size() + 1, 0);
+  for (size_t i = 0; i < numels.size(); ++i) s.offsets[i + 1] = s.offsets[i] + numels[i];
+  const int64_t total = s.offsets.back();
+  s.bounds.resize(static_cast<size_t>(size) + 1);
+  for (int r = 0; r <= size; ++r)  // total * r / size without overflow for any int64 total below 2^62
+    s.bounds[static_cast<size_t>(r)] = total / size * r + total % size * r / size;
+  return s;
+}
+
+std::pair<int64_t, int64_t> FlatShards::owned(size_t i, int rank) const {
+  const int64_t lo = std::max(offsets[i], bounds[static_cast<size_t>(rank)]);
+  const int64_t hi = std::min(offsets[i + 1], bounds[static_cast<size_t>(rank) + 1]);
+  return hi > lo ? std::pair{lo - offsets[i], hi - offsets[i]} : std::pair<int64_t, int64_t>{0, 0};
+}
+
+namespace {
+
+// A piece of one parameter in a bucket: its elements [begin, begin + count).
+struct Segment {
+  size_t param;
+  int64_t begin, count;
+};
+
+// The buckets of the flat sequence of the parameters `take` selects (in list
+// order), cut every `capacity` elements.
+template <class Take>
+std::vector<std::vector<Segment>> flat_buckets(size_t num_params, const std::vector<int64_t>& numels,
+                                               int64_t capacity, Take take) {
+  std::vector<std::vector<Segment>> buckets(1);
+  int64_t filled = 0;
+  for (size_t i = 0; i < num_params; ++i) {
+    if (!take(i)) continue;
+    for (int64_t at = 0; at < numels[i];) {
+      if (filled == capacity) {
+        buckets.emplace_back();
+        filled = 0;
+      }
+      const int64_t n = std::min(numels[i] - at, capacity - filled);
+      buckets.back().push_back({i, at, n});
+      filled += n;
+      at += n;
+    }
+  }
+  if (buckets.back().empty()) buckets.pop_back();
+  return buckets;
+}
+
+// How many elements of the bucket each rank owns (they lie in rank order).
+std::vector<int64_t> owner_counts(const std::vector<Segment>& bucket, const FlatShards& shards) {
+  std::vector<int64_t> counts(static_cast<size_t>(shards.size()), 0);
+  for (const Segment& g : bucket) {
+    const int64_t lo = shards.offsets[g.param] + g.begin, hi = lo + g.count;
+    for (int r = 0; r < shards.size(); ++r) {
+      const int64_t a = std::max(lo, shards.bounds[static_cast<size_t>(r)]);
+      const int64_t b = std::min(hi, shards.bounds[static_cast<size_t>(r) + 1]);
+      if (b > a) counts[static_cast<size_t>(r)] += b - a;
+    }
+  }
+  return counts;
+}
+
+// The part of segment g that `rank` owns, as [begin, end) in the parameter's elements.
+std::pair<int64_t, int64_t> owned_part(const Segment& g, const FlatShards& shards, int rank) {
+  const int64_t base = shards.offsets[g.param];
+  const int64_t a = std::max(g.begin, shards.bounds[static_cast<size_t>(rank)] - base);
+  const int64_t b = std::min(g.begin + g.count, shards.bounds[static_cast<size_t>(rank) + 1] - base);
+  return {a, std::max(a, b)};
+}
+
+Tensor flat(const Tensor& t, int64_t begin, int64_t count) { return alias(t, Shape{count}, begin); }
+
+}  // namespace
+
+GradSyncStats reduce_scatter_grads(Communicator& comm, const GradTensors& params, const FlatShards& shards,
+                                   const GradSyncOptions& options) {
+  MT_CHECK(options.bucket_bytes > 0, "reduce_scatter_grads: bucket_bytes must be positive, got {}",
+           options.bucket_bytes);
+  MT_CHECK(shards.size() == comm.size() && shards.offsets.size() == params.size() + 1,
+           "reduce_scatter_grads: shards for {} ranks and {} parameters, the group has {} and the list {}",
+           shards.size(), shards.offsets.size() - 1, comm.size(), params.size());
+  NoGradGuard no_grad;
+  std::unordered_set<const TensorImpl*> seen;
+  std::vector<int64_t> numels;
+  for (const GradTensor& p : params) {
+    check_parameter("reduce_scatter_grads", p, params.front(), seen);
+    check_param_grad("reduce_scatter_grads", p);
+    numels.push_back(p.tensor.numel());
+  }
+  Tensor has_grad = zeros(Shape{static_cast<int64_t>(params.size())}, DType::i32);
+  for (size_t i = 0; i < params.size(); ++i) has_grad.data<int32_t>()[i] = params[i].tensor.grad().defined() ? 1 : 0;
+  comm.all_reduce_sum(has_grad);
+  // A rank without a grad where others have one gets one (zeros, then its owned sums).
+  for (size_t i = 0; i < params.size(); ++i)
+    if (has_grad.data<int32_t>()[i] > 0 && !params[i].tensor.grad().defined())
+      params[i].tensor.set_grad(zeros_like(params[i].tensor.detach()));
+
+  GradSyncStats stats;
+  const Device device = params.empty() ? kCpu : params.front().tensor.device();
+  const int me = comm.rank();
+  for (DType dtype : {DType::f32, DType::f64}) {
+    dispatch_float(dtype, "reduce_scatter_grads", [&](auto tag) {
+      using T = decltype(tag);
+      const int64_t capacity = std::max<int64_t>(1, options.bucket_bytes / static_cast<int64_t>(sizeof(T)));
+      const auto buckets = flat_buckets(params.size(), numels, capacity, [&](size_t i) {
+        return has_grad.data<int32_t>()[i] > 0 && bucket_dtype(params[i]) == dtype;
+      });
+      Tensor buffer;
+      for (const std::vector<Segment>& bucket : buckets) {
+        int64_t filled = 0;
+        for (const Segment& g : bucket) filled += g.count;
+        if (!buffer.defined() || buffer.numel() < filled) buffer = empty(Shape{filled}, dtype, device);
+        Tensor view = alias(buffer, Shape{filled});
+        int64_t at = 0;
+        for (const Segment& g : bucket) {  // pack (every grad exists now)
+          const Tensor src = flat(params[g.param].tensor.grad(), g.begin, g.count);
+          if (device.is_cuda()) {
+            copy_(flat(view, at, g.count), src.dtype() == dtype ? src : src.to(dtype));
+          } else if (src.dtype() == DType::bf16) {
+            const bf16* s = src.data<bf16>();
+            T* d = view.data<T>() + at;
+            for (int64_t j = 0; j < g.count; ++j) d[j] = static_cast<T>(s[j].to_float());
+          } else {
+            std::memcpy(view.data<T>() + at, src.data<T>(), static_cast<size_t>(g.count) * sizeof(T));
+          }
+          at += g.count;
+        }
+        const Tensor mine = comm.reduce_scatter_sum_v(view, owner_counts(bucket, shards));
+        at = 0;
+        for (const Segment& g : bucket) {  // unpack what this rank owns: scale * sum, as all_reduce_grads
+          const auto [a, b] = owned_part(g, shards, me);
+          if (b == a) continue;
+          Tensor dst = flat(params[g.param].tensor.grad(), a, b - a);
+          if (device.is_cuda()) {
+            Tensor summed = mul_scalar(flat(mine, at, b - a), options.scale);
+            copy_(dst, summed.dtype() == dst.dtype() ? summed : summed.to(dst.dtype()));
+          } else {
+            const T* src = mine.data<T>() + at;
+            const T sc = static_cast<T>(options.scale);
+            if (dst.dtype() == DType::bf16) {
+              bf16* d = dst.data<bf16>();
+              for (int64_t j = 0; j < b - a; ++j) d[j] = bf16::from_float(static_cast<float>(src[j] * sc));
+            } else {
+              T* d = dst.data<T>();
+              for (int64_t j = 0; j < b - a; ++j) d[j] = src[j] * sc;
+            }
+          }
+          at += b - a;
+        }
+        MT_ASSERT(at == mine.numel(), "reduce_scatter_grads: unpacked {} of the {} owned sums", at, mine.numel());
+        ++stats.num_buckets;
+        stats.bytes += filled * static_cast<int64_t>(sizeof(T));
+      }
+    });
+  }
+  return stats;
+}
+
+void all_gather_params(Communicator& comm, const std::vector<Tensor>& params, const FlatShards& shards,
+                       int64_t bucket_bytes) {
+  MT_CHECK(shards.size() == comm.size() && shards.offsets.size() == params.size() + 1,
+           "all_gather_params: shards for {} ranks and {} parameters, the group has {} and the list {}",
+           shards.size(), shards.offsets.size() - 1, comm.size(), params.size());
+  if (comm.size() == 1) return;
+  NoGradGuard no_grad;
+  std::vector<int64_t> numels;
+  std::vector<DType> dtypes;  // in first-seen order: every rank walks them alike
+  for (const Tensor& t : params) {
+    numels.push_back(t.numel());
+    if (std::find(dtypes.begin(), dtypes.end(), t.dtype()) == dtypes.end()) dtypes.push_back(t.dtype());
+  }
+  const int me = comm.rank();
+  for (DType dtype : dtypes) {
+    const int64_t capacity = std::max<int64_t>(1, bucket_bytes / dtype_size(dtype));
+    const auto buckets =
+        flat_buckets(params.size(), numels, capacity, [&](size_t i) { return params[i].dtype() == dtype; });
+    for (const std::vector<Segment>& bucket : buckets) {
+      const std::vector<int64_t> counts = owner_counts(bucket, shards);
+      Tensor mine = empty(Shape{counts[static_cast<size_t>(me)]}, dtype, params.front().device());
+      int64_t at = 0;
+      for (const Segment& g : bucket) {
+        const auto [a, b] = owned_part(g, shards, me);
+        if (b == a) continue;
+        copy_(flat(mine, at, b - a), flat(params[g.param], a, b - a));
+        at += b - a;
+      }
+      const Tensor all = comm.all_gather_v(mine, counts);
+      at = 0;
+      for (const Segment& g : bucket) {
+        copy_(flat(params[g.param], g.begin, g.count), flat(all, at, g.count));
+        at += g.count;
+      }
+    }
+  }
+}
+
+Tensor all_gather_owned(Communicator& comm, const Tensor& own) {
+  Tensor count = empty({1, 1}, DType::i64);
+  count.data<int64_t>()[0] = own.numel();
+  const Tensor all = comm.all_gather(count);  // [size, 1]
+  const std::vector<int64_t> counts(all.data<int64_t>(), all.data<int64_t>() + comm.size());
+  return comm.all_gather_v(alias(own, Shape{own.numel()}), counts);
+}
+
 struct GradReducer::Bucket {
   Communicator* comm = nullptr;
   DType dtype = DType::f32;     // of the sums: f32 (f32 and bf16 grads) or f64

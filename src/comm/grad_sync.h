@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -46,6 +47,38 @@ struct GradSyncStats {
 // grads are packed on the device and summed through NCCL. GradReducer below does
 // the same sums while backward runs.
 GradSyncStats all_reduce_grads(Communicator& comm, const GradTensors& params, const GradSyncOptions& options = {});
+
+// The distributed optimizer's layout of one group's parameters (train.zero 1,
+// docs/parallelism.md "Distributed optimizer"): their elements, parameter after
+// parameter in list order, form one flat sequence, cut into one contiguous range
+// per rank of the group: rank r owns [bounds[r], bounds[r + 1]), bounds[r] =
+// floor(total * r / size). Element ranges rather than whole parameters: the
+// ranks hold within one element of the same count, whatever the largest tensor.
+struct FlatShards {
+  std::vector<int64_t> offsets;  // [parameters + 1]: where each starts in the flat sequence
+  std::vector<int64_t> bounds;   // [size + 1]
+  int size() const { return static_cast<int>(bounds.size()) - 1; }
+  // The elements [begin, end) of parameter i (its own flat indices) that `rank` owns.
+  std::pair<int64_t, int64_t> owned(size_t i, int rank) const;
+};
+FlatShards make_flat_shards(const std::vector<int64_t>& numels, int size);
+
+// The gradient sums of train.zero 1: like all_reduce_grads (the same "has a grad"
+// flags, bf16 in f32, scale applied in the bucket dtype), but each rank receives
+// only the elements it owns (Communicator::reduce_scatter_sum_v per bucket) and
+// writes scale * sum there; the rest of its grads keep its own, unsummed values.
+// A bucket is a run of at most bucket_bytes of the flat sequence of one bucket
+// dtype (a parameter may span buckets). With two ranks the sums are those of
+// all_reduce_grads bit for bit (a + b); with more, MPI may add in another order.
+GradSyncStats reduce_scatter_grads(Communicator& comm, const GradTensors& params, const FlatShards& shards,
+                                   const GradSyncOptions& options = {});
+// After each rank updated the elements it owns: every rank gets every element
+// (Communicator::all_gather_v per bucket of at most bucket_bytes, per dtype).
+void all_gather_params(Communicator& comm, const std::vector<Tensor>& params, const FlatShards& shards,
+                       int64_t bucket_bytes);
+// One tensor's owned parts (flat, this rank's `own`) concatenated in rank order:
+// [sum of the ranks' counts]. Two collectives (the counts, then the parts).
+Tensor all_gather_owned(Communicator& comm, const Tensor& own);
 
 // The same sums, overlapped with backward (train.overlap_grad_sync), in the
 // manner of DDP's gradient buckets. Buckets are made once, walking the

@@ -204,6 +204,32 @@ class MpiCommunicator final : public Communicator {
     return out;
   }
 
+  Tensor reduce_scatter_sum_v(const Tensor& t, const std::vector<int64_t>& counts) override {
+    detail::check_counts_v("reduce_scatter_sum_v", t, counts, size_, rank_, true);
+    if (t.is_cuda()) return nccl_.reduce_scatter_sum_v(t, counts);
+    const std::vector<int> c(counts.begin(), counts.end());
+    Tensor out = empty(Shape{counts[static_cast<size_t>(rank_)]}, t.dtype());
+    WatchdogWait wait("reduce_scatter_sum_v");
+    check(MPI_Reduce_scatter(t.raw_data(), out.raw_data(), c.data(), sum_type(t.dtype()), MPI_SUM, comm_),
+          "MPI_Reduce_scatter", fmt::format("{}, counts [{}]", describe(t), fmt::join(counts, ", ")));
+    return out;
+  }
+
+  Tensor all_gather_v(const Tensor& t, const std::vector<int64_t>& counts) override {
+    const int64_t total = detail::check_counts_v("all_gather_v", t, counts, size_, rank_, false);
+    if (t.is_cuda()) return nccl_.all_gather_v(t, counts);
+    check_rows_fit("all_gather_v", total);
+    std::vector<int> c(counts.begin(), counts.end()), displs(counts.size());
+    for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + c[r - 1];
+    Tensor out = empty(Shape{total}, t.dtype());
+    RowType element(*this, dtype_size(t.dtype()));
+    WatchdogWait wait("all_gather_v");
+    check(MPI_Allgatherv(t.raw_data(), c[static_cast<size_t>(rank_)], element.type, out.raw_data(), c.data(),
+                         displs.data(), element.type, comm_),
+          "MPI_Allgatherv", fmt::format("{}, counts [{}]", describe(t), fmt::join(counts, ", ")));
+    return out;
+  }
+
   Tensor all_gather(const Tensor& t) override {
     detail::check_defined("all_gather", t);
     if (t.is_cuda()) return nccl_.all_gather(t);

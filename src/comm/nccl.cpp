@@ -263,6 +263,46 @@ Tensor NcclGroup::reduce_scatter_sum(const Tensor& t) {
   return out;
 }
 
+Tensor NcclGroup::reduce_scatter_sum_v(const Tensor& t, const std::vector<int64_t>& counts) {
+  Impl& g = impl_for("reduce_scatter_sum_v", t);
+  const int me = host_.rank();
+  Tensor out = empty(Shape{counts[static_cast<size_t>(me)]}, t.dtype(), t.device());
+  const size_t esize = static_cast<size_t>(dtype_size(t.dtype()));
+  MT_NCCL_CHECK(ncclGroupStart());
+  int64_t at = 0;
+  for (int r = 0; r < host_.size(); ++r) {
+    const int64_t n = counts[static_cast<size_t>(r)];
+    if (n > 0)
+      MT_NCCL_CHECK(ncclReduce(static_cast<const char*>(t.raw_data()) + static_cast<size_t>(at) * esize,
+                               r == me ? out.raw_data() : nullptr, nccl_count(n), nccl_sum_type(t.dtype()), ncclSum,
+                               r, g.comm, g.stream()));
+    at += n;
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+  return out;
+}
+
+Tensor NcclGroup::all_gather_v(const Tensor& t, const std::vector<int64_t>& counts) {
+  Impl& g = impl_for("all_gather_v", t);
+  const int me = host_.rank();
+  int64_t total = 0;
+  for (int64_t n : counts) total += n;
+  Tensor out = empty(Shape{total}, t.dtype(), t.device());
+  const size_t esize = static_cast<size_t>(dtype_size(t.dtype()));
+  MT_NCCL_CHECK(ncclGroupStart());
+  int64_t at = 0;
+  for (int r = 0; r < host_.size(); ++r) {
+    const int64_t n = counts[static_cast<size_t>(r)];
+    if (n > 0)
+      MT_NCCL_CHECK(ncclBroadcast(r == me ? t.raw_data() : nullptr,
+                                  static_cast<char*>(out.raw_data()) + static_cast<size_t>(at) * esize,
+                                  nccl_count(n * static_cast<int64_t>(esize)), ncclUint8, r, g.comm, g.stream()));
+    at += n;
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+  return out;
+}
+
 Tensor NcclGroup::all_gather(const Tensor& t) {
   detail::check_defined("all_gather", t);
   MT_CHECK(t.dim() >= 1, "all_gather: {} has no row dim (dim 0)", describe(t));

@@ -66,6 +66,11 @@ class NcclGroup {
   Tensor reduce_scatter_sum(const Tensor& t);
   // Communicator::send_recv: every send and receive in one group call.
   void send_recv(std::vector<P2POp>& ops);
+  // NCCL has no variable-count collectives: reduce_scatter_sum_v is one
+  // ncclReduce per rank with a non-empty count (rooted there), all_gather_v one
+  // ncclBroadcast per such rank, each inside one ncclGroupStart/End.
+  Tensor reduce_scatter_sum_v(const Tensor& t, const std::vector<int64_t>& counts);
+  Tensor all_gather_v(const Tensor& t, const std::vector<int64_t>& counts);
 
   // The device of the NCCL communicator; -1 before the first collective.
   int device() const;

@@ -28,5 +28,9 @@ Tensor NcclGroup::all_to_all_v(const Tensor&, const std::vector<int64_t>&, const
 }
 Tensor NcclGroup::reduce_scatter_sum(const Tensor&) { cuda::no_cuda("NCCL reduce_scatter_sum"); }
 void NcclGroup::send_recv(std::vector<P2POp>&) { cuda::no_cuda("NCCL send_recv"); }
+Tensor NcclGroup::reduce_scatter_sum_v(const Tensor&, const std::vector<int64_t>&) {
+  cuda::no_cuda("NCCL reduce_scatter_sum_v");
+}
+Tensor NcclGroup::all_gather_v(const Tensor&, const std::vector<int64_t>&) { cuda::no_cuda("NCCL all_gather_v"); }
 
 }  // namespace moetrain::comm

@@ -156,19 +156,43 @@ std::optional<AdamWCoefficients> prepare(const NamedParameter& p, bool mixed, co
 
 }  // namespace
 
-AdamW::AdamW(const ParameterList& params, AdamWOptions options) : params_(params), options_(options) {
+AdamW::AdamW(const ParameterList& params, AdamWOptions options, std::vector<ElementRange> shard)
+    : params_(params), options_(options), shard_(std::move(shard)) {
   MT_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
            "adamw: betas ({}, {}) must be in [0, 1)", options.beta1, options.beta2);
   MT_CHECK(options.eps > 0 && options.weight_decay >= 0, "adamw: eps = {} must be > 0 and weight_decay = {} >= 0",
            options.eps, options.weight_decay);
+  MT_CHECK(shard_.empty() || shard_.size() == params_.size(), "adamw: {} shard ranges for {} parameters",
+           shard_.size(), params_.size());
   NoGradGuard no_grad;
-  for (const NamedParameter& p : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
+    const ElementRange r = owned(i);
+    MT_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= p.tensor.numel(),
+             "adamw: shard range [{}, {}) of {} is outside its {} elements", r.begin, r.end, p.name, p.tensor.numel());
     // A parameter that is bf16 already gets its f32 master from its own values (exact).
     const bool bf = p.tensor.dtype() == DType::bf16;
-    master_.push_back(bf ? p.tensor.detach().to(DType::f32) : Tensor());
-    m_.push_back(zeros_like(bf ? master_.back() : p.tensor));
-    v_.push_back(zeros_like(bf ? master_.back() : p.tensor));
+    const Tensor own = owned_part(i, p.tensor.detach());
+    master_.push_back(bf ? own.to(DType::f32) : Tensor());
+    m_.push_back(zeros_like(bf ? master_.back() : own));
+    v_.push_back(zeros_like(bf ? master_.back() : own));
   }
+}
+
+ElementRange AdamW::owned(size_t i) const {
+  return shard_.empty() ? ElementRange{0, params_[i].tensor.numel()} : shard_[i];
+}
+
+Tensor AdamW::owned_part(size_t i, const Tensor& t) const {
+  if (shard_.empty()) return t;
+  return alias(t, Shape{shard_[i].size()}, shard_[i].begin);
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i)
+    bytes += m_[i].nbytes() + v_[i].nbytes() + (master_[i].defined() ? master_[i].nbytes() : 0);
+  return bytes;
 }
 
 void AdamW::convert_to_bf16(const std::function<bool(const NamedParameter&)>& select) {
@@ -179,7 +203,7 @@ void AdamW::convert_to_bf16(const std::function<bool(const NamedParameter&)>& se
     MT_CHECK(p.tensor.dtype() == DType::f32 && m_[i].dtype() == DType::f32 && v_[i].dtype() == DType::f32,
              "adamw: mixed precision needs f32 parameters and moments; {} is {} (moments {})", p.name,
              describe(p.tensor), describe(m_[i]));
-    master_[i] = p.tensor.detach().clone();
+    master_[i] = owned_part(i, p.tensor.detach()).clone();
     convert_dtype_(p.tensor, DType::bf16);
   }
 }
@@ -187,7 +211,7 @@ void AdamW::convert_to_bf16(const std::function<bool(const NamedParameter&)>& se
 void AdamW::round_parameters_from_master() {
   NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (master_[i].defined()) copy_(params_[i].tensor, master_[i].to(DType::bf16));
+    if (master_[i].defined()) copy_(owned_part(i, params_[i].tensor.detach()), master_[i].to(DType::bf16));
 }
 
 void AdamW::step(double lr) {
@@ -197,8 +221,9 @@ void AdamW::step(double lr) {
     const NamedParameter& p = params_[i];
     Tensor g;
     const std::optional<AdamWCoefficients> k = prepare(p, master_[i].defined(), options_, lr, step_, g);
-    if (!k) continue;
-    Tensor w = p.tensor;
+    if (!k || owned(i).size() == 0) continue;
+    Tensor w = owned_part(i, p.tensor.detach());
+    g = owned_part(i, g);
     if (master_[i].defined()) {
       if (w.is_cuda()) {
         cuda::adamw_update_bf16_master(w, g, master_[i], m_[i], v_[i], *k);
@@ -236,8 +261,10 @@ std::optional<NonFiniteTensor> AdamW::non_finite_update(double lr) const {
     const NamedParameter& p = params_[i];
     Tensor g;
     const std::optional<AdamWCoefficients> k = prepare(p, master_[i].defined(), options_, lr, t, g);
-    if (!k) continue;
-    if (p.tensor.is_cuda()) {
+    if (!k || owned(i).size() == 0) continue;
+    const Tensor w = owned_part(i, p.tensor.detach());
+    g = owned_part(i, g);
+    if (w.is_cuda()) {
       if (!device_counts.defined())
         device_counts = zeros({static_cast<int64_t>(params_.size())}, DType::i64, p.tensor.device());
       MT_CHECK(device_counts.device() == p.tensor.device(),
@@ -246,7 +273,7 @@ std::optional<NonFiniteTensor> AdamW::non_finite_update(double lr) const {
         cuda::adamw_count_non_finite_bf16_master(device_counts, static_cast<int64_t>(i), g, master_[i], m_[i], v_[i],
                                                  *k);
       else
-        cuda::adamw_count_non_finite(device_counts, static_cast<int64_t>(i), p.tensor, g, m_[i], v_[i], *k);
+        cuda::adamw_count_non_finite(device_counts, static_cast<int64_t>(i), w, g, m_[i], v_[i], *k);
       continue;
     }
     std::atomic<int64_t> bad{0};
@@ -254,15 +281,15 @@ std::optional<NonFiniteTensor> AdamW::non_finite_update(double lr) const {
       const bf16* pg = g.data<bf16>();
       const float *pm = master_[i].data<float>(), *m = m_[i].data<float>(), *v = v_[i].data<float>();
       const SafeInputs<float> safe = safe_inputs<float>(*k, kBf16Infinite);
-      cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+      cpu::parallel_for(w.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
         bad += count_non_finite_updates<float, bf16>(pm, pg, m, v, lo, hi, *k, safe);
       });
     } else {
-      dispatch_float(p.tensor.dtype(), "adamw", [&](auto tag) {
+      dispatch_float(w.dtype(), "adamw", [&](auto tag) {
         using T = decltype(tag);
-        const T *pw = p.tensor.data<T>(), *pg = g.data<T>(), *m = m_[i].data<T>(), *v = v_[i].data<T>();
+        const T *pw = w.data<T>(), *pg = g.data<T>(), *m = m_[i].data<T>(), *v = v_[i].data<T>();
         const SafeInputs<T> safe = safe_inputs<T>(*k, static_cast<double>(std::numeric_limits<T>::max()));
-        cpu::parallel_for(p.tensor.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        cpu::parallel_for(w.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
           bad += count_non_finite_updates<T, T>(pw, pg, m, v, lo, hi, *k, safe);
         });
       });
@@ -285,11 +312,10 @@ void AdamW::zero_grad() {
   for (const NamedParameter& p : params_) p.tensor.zero_grad();
 }
 
-double grad_squared_sum(const ParameterList& params) {
-  double total = 0;
+double grad_squared_sum_from(double start, const std::vector<Tensor>& parts) {
+  double total = start;
   Tensor device_total;  // CUDA grads add into one f64 on their device: one wait at the end
-  for (const NamedParameter& p : params) {
-    Tensor g = p.tensor.grad();
+  for (const Tensor& g : parts) {
     if (!g.defined()) continue;
     if (g.is_cuda()) {
       if (!device_total.defined()) device_total = zeros({1}, DType::f64, g.device());
@@ -313,9 +339,15 @@ double grad_squared_sum(const ParameterList& params) {
   return total;
 }
 
-void scale_grads(const ParameterList& params, double coef) {
-  for (const NamedParameter& p : params) {
-    Tensor g = p.tensor.grad();
+double grad_squared_sum(const ParameterList& params) {
+  std::vector<Tensor> grads;
+  grads.reserve(params.size());
+  for (const NamedParameter& p : params) grads.push_back(p.tensor.grad());
+  return grad_squared_sum_from(0.0, grads);
+}
+
+void scale_grad_parts(const std::vector<Tensor>& parts, double coef) {
+  for (Tensor g : parts) {
     if (!g.defined()) continue;
     if (g.is_cuda()) {
       cuda::scale(g, coef);
@@ -336,6 +368,13 @@ void scale_grads(const ParameterList& params, double coef) {
       });
     });
   }
+}
+
+void scale_grads(const ParameterList& params, double coef) {
+  std::vector<Tensor> grads;
+  grads.reserve(params.size());
+  for (const NamedParameter& p : params) grads.push_back(p.tensor.grad());
+  scale_grad_parts(grads, coef);
 }
 
 double clip_grad_norm(const ParameterList& params, double max_norm) {

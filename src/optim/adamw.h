@@ -24,10 +24,23 @@ struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
 };
 
+// Elements [begin, end) of a parameter, flattened in its row-major order: the
+// part of it that this rank's optimizer updates under train.zero 1 (the
+// distributed optimizer, docs/parallelism.md). Empty (begin == end): none.
+struct ElementRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
 class AdamW {
  public:
-  // Parameters with decay == false get no weight decay.
-  AdamW(const ParameterList& params, AdamWOptions options);
+  // Parameters with decay == false get no weight decay. With `shard` (one range
+  // per parameter; train.zero 1) the optimizer owns only those elements: its
+  // moments and master copies are flat [end - begin] tensors, step() updates only
+  // those elements of each parameter (reading the same elements of its
+  // gradient), and the caller gathers the rest from the ranks that own them.
+  // Without, every element ([0, numel)), moments of the parameter's shape.
+  AdamW(const ParameterList& params, AdamWOptions options, std::vector<ElementRange> shard = {});
 
   // One update with learning rate lr, using each parameter's grad()
   // (parameters without a gradient are skipped, their moments untouched).
@@ -59,6 +72,11 @@ class AdamW {
 
   int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return options_; }
+  // Whether a shard was given (train.zero 1), and the elements of parameter i owned.
+  bool sharded() const { return !shard_.empty(); }
+  ElementRange owned(size_t i) const;
+  // Bytes of the moments and master copies this optimizer holds.
+  int64_t state_bytes() const;
   // Moment tensors, in parameter order (checkpoints).
   std::vector<Tensor>& exp_avg() { return m_; }
   std::vector<Tensor>& exp_avg_sq() { return v_; }
@@ -71,20 +89,26 @@ class AdamW {
   // master copy. Call once the parameters and moments are on their device and a
   // resume has loaded them (the moments must be f32).
   void convert_to_bf16(const std::function<bool(const NamedParameter&)>& select);
-  // The f32 master copy of each parameter, in parameter order; undefined for a
-  // parameter that is its own master (f32/f64 training, or kept f32 in bf16).
+  // The f32 master copy of each parameter (sharded: of its owned elements, flat),
+  // in parameter order; undefined for a parameter that is its own master
+  // (f32/f64 training, or kept f32 in bf16).
   const std::vector<Tensor>& master_weights() const { return master_; }
   // What a checkpoint saves as parameter i: its master copy, else the parameter.
+  // Sharded with a master: the owned elements only (flat).
   Tensor master_or_parameter(size_t i) const {
     return master_[i].defined() ? master_[i] : params_[i].tensor;
   }
   // After a checkpoint load wrote new master values: each bf16 parameter becomes
-  // its master rounded to nearest even.
+  // its master rounded to nearest even (sharded: its owned elements).
   void round_parameters_from_master();
+  // The owned elements of t (parameter i or its gradient) as a flat view; t itself
+  // when not sharded.
+  Tensor owned_part(size_t i, const Tensor& t) const;
 
  private:
   ParameterList params_;
   AdamWOptions options_;
+  std::vector<ElementRange> shard_;  // empty: every element of every parameter
   std::vector<Tensor> m_, v_, master_;
   int64_t step_ = 0;
 };
@@ -97,5 +121,11 @@ double clip_grad_norm(const ParameterList& params, double max_norm);
 // grads, and grad *= coef.
 double grad_squared_sum(const ParameterList& params);
 void scale_grads(const ParameterList& params, double coef);
+// The same over parts of the grads (train.zero 1): `parts[k]` is the flat
+// slice of params[k]'s grad to use (undefined: skip; see AdamW::owned_part).
+// The sum is the sequential fold of grad_squared_sum, continued from `start`
+// (on the CPU: the same bits as folding the whole in one go).
+double grad_squared_sum_from(double start, const std::vector<Tensor>& parts);
+void scale_grad_parts(const std::vector<Tensor>& parts, double coef);
 
 }  // namespace moetrain

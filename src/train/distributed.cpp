@@ -25,19 +25,94 @@ bool tied_copy(const Distributed& d, const NamedParameter& p) {
   return d.tied_pipeline && d.grid.last_stage() && p.group == "embedding";
 }
 
-// What comm's gradient sums take: each parameter's name and tensor.
-comm::GradTensors grad_tensors(const ParameterList& params) {
+// The parameters by replica_group (indices in list order), the groups of
+// replicated parameters first, then those of expert shards: the order in which
+// gradients are summed and the norm adds them.
+struct ReplicaGroup {
+  comm::Communicator* comm = nullptr;
+  bool expert_shards = false;
+  std::vector<size_t> params;
+};
+std::vector<ReplicaGroup> replica_groups(const Distributed& d, const ParameterList& params) {
+  std::vector<ReplicaGroup> groups;
+  for (bool experts : {false, true})
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (sharded(d, params[i]) != experts) continue;
+      comm::Communicator* c = replica_group(d, params[i]);
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const ReplicaGroup& g) { return g.comm == c; });
+      if (it == groups.end()) it = groups.insert(groups.end(), ReplicaGroup{c, experts, {}});
+      it->params.push_back(i);
+    }
+  return groups;
+}
+
+comm::GradTensors grad_tensors(const ParameterList& params, const std::vector<size_t>& members) {
   comm::GradTensors out;
-  out.reserve(params.size());
-  for (const NamedParameter& p : params) out.push_back({p.name, p.tensor});
+  for (size_t i : members) out.push_back({params[i].name, params[i].tensor});
   return out;
 }
 
-void split(const Distributed& d, const ParameterList& params, ParameterList& replicated, ParameterList& shards) {
-  for (const NamedParameter& p : params) (sharded(d, p) ? shards : replicated).push_back(p);
+std::vector<Tensor> grads(const ParameterList& params, const std::vector<size_t>& members) {
+  std::vector<Tensor> out;
+  for (size_t i : members) out.push_back(params[i].tensor.grad());
+  return out;
+}
+
+// train.zero 1: the owned part of each grad of a zero group (undefined where none).
+std::vector<Tensor> owned_grads(const comm::ZeroGroup& g, const ParameterList& params) {
+  std::vector<Tensor> parts;
+  const int me = g.comm->rank();
+  for (size_t k = 0; k < g.params.size(); ++k) {
+    const Tensor grad = params[g.params[k]].tensor.grad();
+    const auto [a, b] = g.shards.owned(k, me);
+    parts.push_back(grad.defined() && b > a ? alias(grad, Shape{b - a}, a) : Tensor());
+  }
+  return parts;
+}
+
+// The fold of the squares of a zero group's grads in list order, continued from
+// `start`, rank after rank: rank k continues from rank k-1's running sum (a
+// broadcast of one f64 from each rank that owns elements). Every rank returns
+// the total.
+double chained_squared_sum(const comm::ZeroGroup& g, const ParameterList& params, double start = 0) {
+  const std::vector<Tensor> parts = owned_grads(g, params);
+  const int me = g.comm->rank();
+  double running = start;
+  Tensor passed = zeros({1}, DType::f64);
+  for (int k = 0; k < g.comm->size(); ++k) {
+    if (g.shards.bounds[static_cast<size_t>(k)] == g.shards.bounds[static_cast<size_t>(k) + 1]) continue;  // owns none
+    if (k == me) running = grad_squared_sum_from(running, parts);
+    if (g.comm->size() == 1) break;
+    passed.data<double>()[0] = running;
+    g.comm->broadcast(passed, k);
+    running = passed.data<double>()[0];
+  }
+  return running;
 }
 
 }  // namespace
+
+comm::Communicator* replica_group(const Distributed& d, const NamedParameter& p) {
+  if (sharded(d, p)) return d.grid.dp_group.get();
+  return d.grid.pp > 1 ? d.grid.stage_group.get() : d.world;
+}
+
+std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& params) {
+  d.zero_groups.clear();
+  for (const ReplicaGroup& g : replica_groups(d, params))
+    d.zero_groups.push_back(comm::ZeroGroup{g.comm, g.expert_shards, g.params, {}});
+  std::vector<ElementRange> owned(params.size());
+  for (comm::ZeroGroup& g : d.zero_groups) {
+    std::vector<int64_t> numels;
+    for (size_t i : g.params) numels.push_back(params[i].tensor.numel());
+    g.shards = comm::make_flat_shards(numels, g.comm->size());
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const auto [a, b] = g.shards.owned(k, g.comm->rank());
+      owned[g.params[k]] = {a, b};
+    }
+  }
+  return owned;
+}
 
 Distributed make_distributed(const Config& config) {
   Distributed d;
@@ -72,6 +147,17 @@ Distributed make_distributed(const Config& config) {
                  "pipeline's last backward", config.where("train.overlap_grad_sync"), pp);
   const double bucket_mb = config.get_number("train.grad_bucket_mb");
   d.grad_bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20)));
+  const int64_t zero = config.get_int("train.zero");
+  if (zero > 1)
+    config.fail("train.zero", "is not supported yet: 0 keeps the AdamW state whole on every rank, 1 shards it over "
+                              "the data-parallel replicas (ZeRO stage 1); gradients and parameters are not sharded");
+  if (zero == 1 && d.tied_pipeline)
+    config.fail("train.zero", "1 with train.pp > 1 and model.tie_embeddings is not supported yet (the two stages' "
+                              "copies of the table would need the same shards); untie the embeddings or use zero 0");
+  // One rank: nothing to shard; the optimizer keeps whole tensors (the same numbers).
+  d.zero = d.world->size() > 1 ? static_cast<int>(zero) : 0;
+  if (zero == 1 && d.zero == 0)
+    spdlog::info("train.zero 1 with one rank: nothing to shard; the optimizer state stays whole");
   comm::WatchdogLabel label("process grid");
   d.grid = comm::make_process_grid(*d.world, static_cast<int>(ep), "train.ep", static_cast<int>(pp), "train.pp");
   return d;
@@ -118,23 +204,33 @@ void sync_gradients(Distributed& d, const LanguageModel& model) {
     d.overlap_logged = true;
     return;
   }
-  ParameterList replicated, shards;
-  split(d, model.parameters(), replicated, shards);
-  comm::WatchdogLabel label("gradient sync");
   comm::GradSyncOptions o;
   o.scale = 1.0 / d.grid.replicas();
   o.bucket_bytes = d.grad_bucket_bytes;
-  comm::all_reduce_grads(replica_group(d), grad_tensors(replicated), o);
-  if (!shards.empty()) comm::all_reduce_grads(*d.grid.dp_group, grad_tensors(shards), o);
+  if (d.zero) {  // (tied embeddings under pp are refused at zero 1: make_distributed)
+    comm::WatchdogLabel label("gradient sync (reduce-scatter)");
+    const ParameterList& params = model.parameters();
+    for (const comm::ZeroGroup& g : d.zero_groups) {
+      comm::GradTensors members;
+      for (size_t i : g.params) members.push_back({params[i].name, params[i].tensor});
+      comm::reduce_scatter_grads(*g.comm, members, g.shards, o);
+    }
+    return;
+  }
+  comm::WatchdogLabel label("gradient sync");
+  const ParameterList& params = model.parameters();
+  for (const ReplicaGroup& g : replica_groups(d, params))
+    comm::all_reduce_grads(*g.comm, grad_tensors(params, g.params), o);
   if (d.tied_pipeline && d.grid.tied_group) {
     // Both copies of the tied table get the sum of the embedding's and the head's gradients.
-    ParameterList table;
-    for (const NamedParameter& p : model.parameters())
-      if (p.group == "embedding") table.push_back(p);
+    std::vector<size_t> table;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].group == "embedding") table.push_back(i);
     MT_ASSERT(table.size() == 1, "tied embeddings under pp: {} embedding tables on stage {}", table.size(),
               d.grid.pp_index);
     comm::WatchdogLabel tied("tied embedding gradient");
-    comm::all_reduce_grads(*d.grid.tied_group, grad_tensors(table), {.scale = 1.0, .bucket_bytes = o.bucket_bytes});
+    comm::all_reduce_grads(*d.grid.tied_group, grad_tensors(params, table),
+                           {.scale = 1.0, .bucket_bytes = o.bucket_bytes});
   }
 }
 
@@ -145,7 +241,7 @@ std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distrib
     // The same groups and scale as sync_gradients' blocking sums.
     std::vector<comm::ReducedParameter> params;
     for (const NamedParameter& p : model.parameters())
-      params.push_back({{p.name, p.tensor}, sharded(d, p) ? d.grid.dp_group.get() : d.world});
+      params.push_back({{p.name, p.tensor}, replica_group(d, p)});
     comm::GradSyncOptions o;
     o.scale = 1.0 / d.size();
     o.bucket_bytes = d.grad_bucket_bytes;
@@ -161,12 +257,46 @@ std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distrib
 
 double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm) {
   if (d.size() == 1) return moetrain::clip_grad_norm(model.parameters(), max_norm);
-  ParameterList replicated, shards;
-  split(d, model.parameters(), replicated, shards);
-  std::erase_if(replicated, [&](const NamedParameter& p) { return tied_copy(d, p); });  // counted once, on stage 0
-  double total = grad_squared_sum(replicated);
-  if (!shards.empty()) {
-    Tensor s = full({1}, grad_squared_sum(shards), DType::f64);
+  if (d.zero) {
+    // The groups in the order zero 0 adds them: the replicated parameters first,
+    // then the expert shards' sum, itself summed over the ep group; under pp the
+    // stages' totals summed (tied embeddings under pp are refused at zero 1).
+    const ParameterList& params = model.parameters();
+    comm::WatchdogLabel label("gradient norm (chained over the replicas)");
+    double total = 0;
+    for (const comm::ZeroGroup& g : d.zero_groups)
+      if (!g.expert_shards) total = chained_squared_sum(g, params, total);
+    for (const comm::ZeroGroup& g : d.zero_groups) {
+      if (!g.expert_shards) continue;
+      Tensor s = full({1}, chained_squared_sum(g, params), DType::f64);
+      d.grid.ep_group->all_reduce_sum(s);
+      total += s.data<double>()[0];
+    }
+    if (d.grid.pp > 1) {
+      Tensor s = full({1}, total, DType::f64);
+      d.grid.pipe_group->all_reduce_sum(s);
+      total = s.data<double>()[0];
+    }
+    const double norm = std::sqrt(total);
+    if (max_norm > 0 && norm > max_norm)
+      for (const comm::ZeroGroup& g : d.zero_groups)
+        scale_grad_parts(owned_grads(g, params), max_norm / (norm + 1e-6));
+    return norm;
+  }
+  // The replicated parameters' squares folded in list order (a tied table's
+  // last-stage copy counted once, on stage 0), then each expert shard's fold
+  // summed over the ep group.
+  const ParameterList& params = model.parameters();
+  double total = 0;
+  for (const ReplicaGroup& g : replica_groups(d, params)) {
+    if (!g.expert_shards) {
+      std::vector<size_t> counted;
+      for (size_t i : g.params)
+        if (!tied_copy(d, params[i])) counted.push_back(i);
+      total = grad_squared_sum_from(total, grads(params, counted));
+      continue;
+    }
+    Tensor s = full({1}, grad_squared_sum_from(0.0, grads(params, g.params)), DType::f64);
     comm::WatchdogLabel label("gradient norm");
     d.grid.ep_group->all_reduce_sum(s);
     total += s.data<double>()[0];
@@ -258,6 +388,24 @@ ParameterList receive_state(comm::Communicator& world, int from) {
 
 }  // namespace
 
+void gather_parameters(Distributed& d, const LanguageModel& model) {
+  if (!d.zero) return;
+  comm::WatchdogLabel label("parameter gather (train.zero 1)");
+  const ParameterList& params = model.parameters();
+  for (const comm::ZeroGroup& g : d.zero_groups) {
+    std::vector<Tensor> tensors;
+    for (size_t i : g.params) tensors.push_back(params[i].tensor.detach());
+    comm::all_gather_params(*g.comm, tensors, g.shards, d.grad_bucket_bytes);
+  }
+}
+
+Tensor full_master(Distributed& d, const LanguageModel& model, const AdamW& opt, size_t i) {
+  const Tensor own = opt.master_or_parameter(i);
+  if (!d.zero || !opt.master_weights()[i].defined()) return own;
+  const NamedParameter& p = model.parameters()[i];
+  return alias(comm::all_gather_owned(*replica_group(d, p), own.detach()), p.tensor.shape());
+}
+
 ParameterList full_state(Distributed& d, const LanguageModel& model, const AdamW* opt) {
   ParameterList out;
   NoGradGuard no_grad;
@@ -266,7 +414,7 @@ ParameterList full_state(Distributed& d, const LanguageModel& model, const AdamW
   for (size_t i = 0; i < params.size(); ++i) {
     const NamedParameter& p = params[i];
     NamedParameter q = p;
-    if (opt) q.tensor = opt->master_or_parameter(i);
+    if (opt) q.tensor = full_master(d, model, *opt, i);
     if (sharded(d, p)) q.tensor = d.grid.ep_group->all_gather(q.tensor.detach());
     out.push_back(q);
   }

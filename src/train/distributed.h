@@ -21,10 +21,10 @@
 #include "config/config.h"
 #include "nn/language_model.h"
 #include "nn/moe.h"
+#include "optim/adamw.h"
 
 namespace moetrain {
 
-class AdamW;
 class HybridModel;
 
 // This rank's slice of the experts (its ep index and the ep size).
@@ -39,12 +39,26 @@ Distributed make_distributed(const Config& config);
 // The group a replicated (non-expert) parameter's gradient is summed over: the
 // stage's ranks (the world at pp = 1).
 comm::Communicator& replica_group(Distributed& d);
+// The ranks that hold replicas of parameter p, over which its gradient is summed
+// and (train.zero 1) its optimizer state sharded: the expert-data-parallel group
+// for routed-expert shards (ep > 1), the stage's ranks for everything else
+// (replica_group(d) above: the world at pp = 1). Gradient sync, clipping and the
+// sharded optimizer all ask here.
+comm::Communicator* replica_group(const Distributed& d, const NamedParameter& p);
+
+// train.zero 1: groups the parameters by replica group, splits each group's
+// elements over its ranks (comm::FlatShards) into d.zero_groups, and returns the
+// elements of each parameter this rank owns (for AdamW's shard). Not collective.
+std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& params);
 
 // Prints (root) one line per rank: rank, host, pp/dp/ep index, threads. Collective.
 void log_rank_table(Distributed& d, int threads);
 
 // Gradient sums as described above (bucketed all-reduces). After
 // begin_overlapped_grad_sync it finishes the sums started during backward.
+// train.zero 1 (not overlapped): reduce-scatters instead, each rank receiving the
+// sums of the elements it owns (comm::reduce_scatter_grads); its other grad
+// elements are left unsummed, and only the owned ones are read afterwards.
 void sync_gradients(Distributed& d, const LanguageModel& model);
 // train.overlap_grad_sync with several ranks: call before the backward of the
 // step's last micro-batch and keep the returned guard alive through it, so the
@@ -53,8 +67,15 @@ void sync_gradients(Distributed& d, const LanguageModel& model);
 // rank must take the same decision.
 std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distributed& d, const LanguageModel& model);
 // The global gradient norm (expert shards summed over their ep group); clips every
-// rank's grads by the same factor. Returns the norm before clipping.
+// rank's grads by the same factor. Returns the norm before clipping. train.zero 1:
+// the squares of each replica group's owned elements are folded rank after rank
+// (each continues the running sum of the previous rank, passed on by a broadcast),
+// which is the fold over the whole list that zero 0 does: the same norm bit for
+// bit on the CPU; only owned elements are scaled.
 double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm);
+// train.zero 1, after AdamW updated the owned elements: all-gathers them so every
+// replica holds every updated parameter. Collective.
+void gather_parameters(Distributed& d, const LanguageModel& model);
 // Sums the MoE layers' assignment counts over the world (before the bias update),
 // so every rank moves its router biases identically.
 void all_reduce_moe_stats(Distributed& d, LanguageModel& model);
@@ -63,6 +84,10 @@ double mean_over_world(Distributed& d, double value);
 // The step's loss: the mean over the replicas of the last stage's losses (each
 // rank's at pp = 1); `value` is ignored on the other stages. Collective.
 double mean_loss(Distributed& d, double value);
+// train.zero 1 with mixed precision: parameter i's f32 master at full size (its
+// owned parts all-gathered over the replica group); otherwise
+// opt.master_or_parameter(i). Collective over the replica group when gathering.
+Tensor full_master(Distributed& d, const LanguageModel& model, const AdamW& opt, size_t i);
 // Parameters and buffers at full size (expert shards gathered over the ep group;
 // with pp > 1 every stage's sent to the root), to save on the root; with `opt`, a
 // bf16 parameter's f32 master copy stands for it (mixed precision). Collective;

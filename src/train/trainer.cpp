@@ -251,7 +251,8 @@ void Trainer::open_data() {
 
 void Trainer::build() {
   baseline_rss_ = current_rss_bytes();
-  ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep, dist_.grid.pp});  // the worst stage at pp > 1
+  // The worst stage at pp > 1; at train.zero 1 the moments over each parameter's replicas.
+  ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep, dist_.grid.pp, dist_.zero});
   model_ = build_model(config_, expert_shard(dist_), PipelineStage{dist_.grid.pp_index, dist_.grid.pp});
   if (dist_.grid.pp > 1) whole_model_ = pipelined_model(dist_, *model_);
   if (dist_.grid.ep > 1) model_->set_expert_group(dist_.grid.ep_group.get());
@@ -259,7 +260,13 @@ void Trainer::build() {
   if (train_.decay_embeddings)
     for (NamedParameter& p : params)
       if (p.group == "embedding") p.decay = true;
-  opt_ = std::make_unique<AdamW>(params, train_.adamw);
+  opt_ = std::make_unique<AdamW>(params, train_.adamw,
+                                 dist_.zero ? make_zero_shards(dist_, params) : std::vector<ElementRange>{});
+  if (dist_.zero && dist_.root())  // what the moments (and bf16 runs' masters) take here, against zero 0
+    spdlog::info("train.zero 1: AdamW moments on rank 0: {} of the {} a whole copy takes (sharded over the {} "
+                 "replicas of the replicated parameters{})", human_bytes(static_cast<double>(opt_->state_bytes())),
+                 human_bytes(2.0 * static_cast<double>(count_parameters(params) * dtype_size(model_->dtype()))),
+                 dist_.size(), dist_.grid.ep > 1 ? fmt::format(" and the {} of each expert shard", dist_.grid.dp) : "");
   saver_ = std::make_unique<CheckpointSaver>(dist_, ckpt_.run_dir, config_, ckpt_.async);
   save_options_.keep_last = ckpt_.keep_last;
   if (train_.profile) profile::reset();
@@ -526,7 +533,9 @@ std::optional<std::string> Trainer::update_problem(double lr) {
     ranks_with_problem = flag.data<int32_t>()[0];
   }
   if (ranks_with_problem == 0) return std::nullopt;
-  return bad ? fmt::format("the update (lr {:.3g}) would make {}", lr, describe(*bad))
+  // train.zero 1: the count is of the elements this rank updates, not the whole tensor's.
+  return bad ? fmt::format("the update (lr {:.3g}) would make {}{}", lr, describe(*bad),
+                           opt_->sharded() ? " (counted in the part of it this rank updates, train.zero 1)" : "")
              : fmt::format("the update (lr {:.3g}) would make values non-finite on {} other rank{}", lr,
                            ranks_with_problem, ranks_with_problem == 1 ? "" : "s");
 }
@@ -537,6 +546,7 @@ MoeStepSummary Trainer::update(double lr) {
   MoeStepSummary moe = moe_step(*model_);
   profile::Region region("optimizer");
   opt_->step(lr);
+  gather_parameters(dist_, *model_);  // train.zero 1: every rank updated its part
   return moe;
 }
 

@@ -104,6 +104,7 @@ class Trainer {
   TrainSummary finish();
 
   LanguageModel& model() { return *model_; }
+  const AdamW& optimizer() const { return *opt_; }
   const TrainProgress& progress() const { return progress_; }
 
  private:

@@ -82,6 +82,48 @@ void check_reduce_scatter(Communicator& comm) {
   CHECK(none.shape() == Shape{0, 4});
 }
 
+// The variable-count forms: rank q gets q + 1 elements (rank 0 of a group of
+// several also gets none in a second round), values stamped with the position.
+void check_variable_counts(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  for (bool with_empty : {false, true}) {
+    std::vector<int64_t> counts;
+    for (int q = 0; q < n; ++q) counts.push_back(with_empty && q == 0 && n > 1 ? 0 : q + 1);
+    int64_t total = 0, mine_at = 0;
+    for (int q = 0; q < n; ++q) {
+      if (q == r) mine_at = total;
+      total += counts[static_cast<size_t>(q)];
+    }
+    for (DType dt : {DType::f32, DType::f64, DType::i64}) {
+      INFO("dtype " << dtype_name(dt) << (with_empty ? ", rank 0 gets none" : ""));
+      std::vector<double> all;
+      for (int64_t j = 0; j < total; ++j) all.push_back(scatter_value(r, j, 0));
+      const Tensor sum = comm.reduce_scatter_sum_v(from_vector(all, Shape{total}, dt), counts);
+      REQUIRE(sum.shape() == Shape{counts[static_cast<size_t>(r)]});
+      std::vector<double> got = sum.to_vector();
+      for (int64_t j = 0; j < sum.numel(); ++j) {
+        double expected = 0;
+        for (int q = 0; q < n; ++q) expected += scatter_value(q, mine_at + j, 0);
+        CHECK(got[static_cast<size_t>(j)] == expected);
+      }
+      std::vector<double> mine;
+      for (int64_t j = 0; j < counts[static_cast<size_t>(r)]; ++j) mine.push_back(stamp(r, 0, j, 1));
+      const Tensor gathered = comm.all_gather_v(from_vector(mine, Shape{counts[static_cast<size_t>(r)]}, dt), counts);
+      REQUIRE(gathered.shape() == Shape{total});
+      got = gathered.to_vector();
+      int64_t at = 0;
+      for (int q = 0; q < n; ++q)
+        for (int64_t j = 0; j < counts[static_cast<size_t>(q)]; ++j)
+          CHECK(got[static_cast<size_t>(at++)] == stamp(q, 0, j, 1));
+    }
+  }
+  CHECK_THAT(error_of([&] { comm.all_gather_v(zeros(Shape{3}), std::vector<int64_t>(static_cast<size_t>(n), 2)); }),
+             Catch::Contains("all_gather_v") && Catch::Contains("3 elements"));
+  CHECK_THAT(error_of([&] { comm.reduce_scatter_sum_v(zeros(Shape{2}), {1}); }),
+             Catch::Contains("reduce_scatter_sum_v") &&
+                 (n == 1 ? Catch::Contains("2 elements") : Catch::Contains("counts for a group")));
+}
+
 void check_all_gather(Communicator& comm) {
   const int r = comm.rank(), n = comm.size();
   for (DType dt : {DType::f32, DType::i64, DType::f64}) {
@@ -282,6 +324,7 @@ void check_suite(Communicator& comm) {
   CHECK(!comm.host().empty());
   check_all_reduce(comm);
   check_reduce_scatter(comm);
+  check_variable_counts(comm);
   check_all_gather(comm);
   check_broadcast(comm);
   check_all_to_all_v(comm);
@@ -455,6 +498,28 @@ void check_cuda_collectives(Communicator& comm, Device gpu) {
     }
   }
   CHECK(comm.all_gather(empty(Shape{0, 5}, DType::f32, gpu)).shape() == Shape{0, 5});
+
+  // The variable-count forms (grouped ncclReduce / ncclBroadcast per rank),
+  // rank 0 receiving none: as the CPU path.
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (int q = 0; q < n; ++q) {
+    counts.push_back(n > 1 && q == 0 ? 0 : q + 2);
+    total += counts.back();
+  }
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO("reduce_scatter_sum_v, dtype " << dtype_name(dt));
+    Tensor whole = from_vector(small_ints(r, total, 6), Shape{total}, dt);
+    Tensor part_cuda = comm.reduce_scatter_sum_v(whole.to(gpu), counts);
+    check_same(part_cuda, comm.reduce_scatter_sum_v(whole, counts), gpu);
+  }
+  for (DType dt : {DType::f32, DType::i64, DType::bf16}) {
+    INFO("all_gather_v, dtype " << dtype_name(dt));
+    const int64_t c = counts[static_cast<size_t>(r)];
+    Tensor mine = from_vector(small_ints(r, c, 7), Shape{c}, dt);
+    Tensor gathered_cuda = comm.all_gather_v(mine.to(gpu), counts);
+    check_same(gathered_cuda, comm.all_gather_v(mine, counts), gpu);
+  }
 
   // all_to_all_v: uneven counts with empty pairs (rows_between), every row
   // stamped with source, destination, row and column.

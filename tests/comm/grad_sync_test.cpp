@@ -4,6 +4,8 @@
 // order MPI adds in. GradReducer (overlapped with backward) gives the blocking
 // sums bit for bit: fed by hand in any order, and fed by a real backward through
 // the grad-ready hook with two groups and a parameter unused on some ranks.
+// reduce_scatter_grads (train.zero 1) gives each rank those sums on the elements
+// it owns, and all_gather_params spreads owned elements to every rank.
 #include <catch2/catch.hpp>
 
 #include "comm/grad_sync.h"
@@ -110,7 +112,76 @@ void check_grad_sync(Communicator& comm) {
   }
 }
 
+// reduce_scatter_grads (train.zero 1): each rank's owned elements hold what
+// all_reduce_grads gives there, its other elements its own unsummed grad; then
+// all_gather_params spreads each rank's owned elements to every rank. Buckets of
+// 64 bytes cut parameters apart; the element ranges cut them too.
+void check_reduce_scatter_grads(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  std::vector<int64_t> numels;
+  for (const Spec& s : specs()) numels.push_back(s.shape.numel());
+  const FlatShards shards = make_flat_shards(numels, n);
+  CHECK(shards.bounds.front() == 0);
+  CHECK(shards.bounds.back() == shards.offsets.back());
+  for (int q = 0; q < n; ++q) {  // balanced to one element
+    const int64_t size = shards.bounds[static_cast<size_t>(q) + 1] - shards.bounds[static_cast<size_t>(q)];
+    CHECK(std::abs(static_cast<double>(size) - static_cast<double>(shards.offsets.back()) / n) < 1);
+  }
+  for (int64_t bucket_bytes : {int64_t{64}, int64_t{32} << 20}) {
+    DYNAMIC_SECTION("bucket_bytes " << bucket_bytes) {
+      GradTensors want = make_params(r), got = make_params(r);
+      all_reduce_grads(comm, want, {.scale = 0.5, .bucket_bytes = bucket_bytes});
+      reduce_scatter_grads(comm, got, shards, {.scale = 0.5, .bucket_bytes = bucket_bytes});
+      const GradTensors own = make_params(r);
+      for (size_t p = 0; p < got.size(); ++p) {
+        INFO("parameter " << specs()[p].name);
+        if (specs()[p].has == Has::none) {
+          CHECK(!got[p].tensor.grad().defined());
+          continue;
+        }
+        REQUIRE(got[p].tensor.grad().defined());
+        const auto [a, b] = shards.owned(p, r);
+        const std::vector<double> g = got[p].tensor.grad().to_vector(), w = want[p].tensor.grad().to_vector();
+        const Tensor mine = own[p].tensor.grad();
+        const std::vector<double> m = mine.defined() ? mine.to_vector() : std::vector<double>(g.size(), 0.0);
+        for (size_t i = 0; i < g.size(); ++i) {
+          const bool owned = static_cast<int64_t>(i) >= a && static_cast<int64_t>(i) < b;
+          CHECK(g[i] == (owned ? w[i] : m[i]));
+        }
+      }
+      // Parameters stamped with the rank that owns each element, then gathered.
+      std::vector<Tensor> values;
+      for (size_t p = 0; p < specs().size(); ++p) {
+        const auto [a, b] = shards.owned(p, r);
+        std::vector<double> v(static_cast<size_t>(numels[p]), -1.0);
+        for (int64_t i = a; i < b; ++i)  // below 256: exact in bf16
+          v[static_cast<size_t>(i)] = r * 50 + static_cast<double>(i);
+        values.push_back(from_vector(v, specs()[p].shape, specs()[p].dtype));
+      }
+      all_gather_params(comm, values, shards, bucket_bytes);
+      for (size_t p = 0; p < specs().size(); ++p) {
+        const std::vector<double> v = values[p].to_vector();
+        for (int q = 0; q < n; ++q) {
+          const auto [a, b] = shards.owned(p, q);
+          for (int64_t i = a; i < b; ++i) CHECK(v[static_cast<size_t>(i)] == q * 50 + static_cast<double>(i));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+TEST_CASE("comm: reduce_scatter_grads gives each rank all_reduce_grads' sums of its elements; all_gather_params "
+          "spreads them (one process)", "[comm]") {
+  std::unique_ptr<Communicator> one = single_process();
+  check_reduce_scatter_grads(*one);
+}
+
+TEST_CASE("comm: reduce_scatter_grads gives each rank all_reduce_grads' sums of its elements; all_gather_params "
+          "spreads them", "[comm][mpi]") {
+  check_reduce_scatter_grads(world());
+}
 
 TEST_CASE("comm: all_reduce_grads in buckets equals per-parameter sums (one process)", "[comm]") {
   std::unique_ptr<Communicator> one = single_process();
@@ -314,6 +385,42 @@ TEST_CASE("all_reduce_grads: CUDA gradients are packed and scaled on the device 
     if (cpu[i].tensor.grad().defined())
       CHECK(moetrain::testing::bitwise_equal(gpu[i].tensor.grad().to(kCpu), cpu[i].tensor.grad()));
   }
+}
+
+TEST_CASE("reduce_scatter_grads and all_gather_params: CUDA tensors are packed, scaled and spread on the device as "
+          "on the CPU", "[comm][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  auto comm = single_process();
+  auto make = [](Device d) {
+    GradTensors ps;
+    ps.push_back({"a", randn({33, 7}, DType::f32, 1).to(d).set_requires_grad()});
+    ps.push_back({"b", randn({5}, DType::f32, 2).to(d).set_requires_grad()});  // no grad
+    ps.push_back({"c", randn({9}, DType::f64, 3).to(d).set_requires_grad()});
+    ps.push_back({"e", randn({6}, DType::f32, 6).to(DType::bf16).to(d).set_requires_grad()});
+    ps[0].tensor.set_grad(randn({33, 7}, DType::f32, 4).to(d));
+    ps[2].tensor.set_grad(randn({9}, DType::f64, 5).to(d));
+    ps[3].tensor.set_grad(randn({6}, DType::f32, 7).to(DType::bf16).to(d));
+    return ps;
+  };
+  GradTensors cpu = make(kCpu), gpu = make(kCuda);
+  const FlatShards shards = make_flat_shards({33 * 7, 5, 9, 6}, 1);
+  GradSyncOptions o;
+  o.scale = 0.5;
+  o.bucket_bytes = 64;  // several buckets, parameters cut apart
+  reduce_scatter_grads(*comm, cpu, shards, o);
+  reduce_scatter_grads(*comm, gpu, shards, o);
+  std::vector<Tensor> cpu_values, gpu_values;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO(cpu[i].name);
+    REQUIRE(gpu[i].tensor.grad().defined() == cpu[i].tensor.grad().defined());
+    if (cpu[i].tensor.grad().defined())
+      CHECK(moetrain::testing::bitwise_equal(gpu[i].tensor.grad().to(kCpu), cpu[i].tensor.grad()));
+    cpu_values.push_back(cpu[i].tensor.detach());
+    gpu_values.push_back(gpu[i].tensor.detach());
+  }
+  all_gather_params(*comm, gpu_values, shards, 64);  // one rank: nothing moves
+  for (size_t i = 0; i < cpu.size(); ++i)
+    CHECK(moetrain::testing::bitwise_equal(gpu_values[i].to(kCpu), cpu_values[i]));
 }
 
 TEST_CASE("comm: GradReducer on CUDA gradients equals the CPU one", "[comm][cuda]") {

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "moetrain.h"
+#include "comm/grad_sync.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "testing.h"
@@ -128,6 +129,80 @@ TEST_CASE("adamw: a bf16 parameter's f32 master follows an f32 run bit for bit, 
   opt.round_parameters_from_master();
   CHECK(a.data<bf16>()[5].bits == nearest_even_bf16_bits(static_cast<float>(1.00390625 + 0.001)));
   CHECK(a.data<bf16>()[5].to_float() == 1.0078125f);
+}
+
+// train.zero 1's optimizer on one process: two "ranks", each an AdamW over its own
+// copy of the parameters owning the element ranges make_flat_shards gives it,
+// their owned elements exchanged after each step (what all_gather_params does),
+// against one AdamW over every element. AdamW is elementwise: bit for bit.
+TEST_CASE("adamw: shards of the elements update them as the whole optimizer does, bit for bit (f64, f32, bf16 "
+          "masters)", "[optim][adamw][bf16]") {
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16}) {
+    DYNAMIC_SECTION("dtype " << dtype_name(dtype)) {
+      const DType base = dtype == DType::bf16 ? DType::f32 : dtype;  // bf16: converted from f32, as the trainer does
+      const std::vector<Shape> shapes = {Shape{33, 65}, Shape{7}, Shape{5, 3}};
+      const char* const kNames[] = {"p0", "p1", "p2"};
+      auto make = [&] {
+        ParameterList ps;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          Tensor t = randn(shapes[i], base, 10 + i);
+          t.set_requires_grad(true);
+          ps.push_back({kNames[i], t, i != 1, "x"});
+        }
+        return ps;
+      };
+      ParameterList whole = make(), rank0 = make(), rank1 = make();
+      std::vector<int64_t> numels;
+      for (const Shape& s : shapes) numels.push_back(s.numel());
+      const comm::FlatShards shards = comm::make_flat_shards(numels, 2);  // p0 split, p1 and p2 on rank 1
+      auto shard_of = [&](int r) {
+        std::vector<ElementRange> out;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          const auto [a, b] = shards.owned(i, r);
+          out.push_back({a, b});
+        }
+        return out;
+      };
+      const AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
+      AdamW ref(whole, o), opt0(rank0, o, shard_of(0)), opt1(rank1, o, shard_of(1));
+      CHECK(opt0.sharded());
+      CHECK(!ref.sharded());
+      CHECK(opt0.state_bytes() + opt1.state_bytes() == ref.state_bytes());
+      if (dtype == DType::bf16)
+        for (AdamW* a : {&ref, &opt0, &opt1})
+          a->convert_to_bf16([](const NamedParameter& p) { return p.name != "p1"; });
+      for (int step = 0; step < 4; ++step) {
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          Tensor g = randn(shapes[i], DType::f32, 100 * step + i).to(whole[i].tensor.dtype());
+          for (ParameterList* ps : {&whole, &rank0, &rank1}) (*ps)[i].tensor.set_grad(g.clone());
+        }
+        for (AdamW* a : {&ref, &opt0, &opt1}) CHECK(!a->non_finite_update(3e-2));
+        ref.step(3e-2);
+        opt0.step(3e-2);
+        opt1.step(3e-2);
+        // The exchange: each copy takes the other's owned elements.
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          copy_(opt1.owned_part(i, rank0[i].tensor.detach()), opt1.owned_part(i, rank1[i].tensor.detach()));
+          copy_(opt0.owned_part(i, rank1[i].tensor.detach()), opt0.owned_part(i, rank0[i].tensor.detach()));
+        }
+      }
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        INFO("parameter " << whole[i].name);
+        CHECK(moetrain::testing::bitwise_equal(rank0[i].tensor.detach(), whole[i].tensor.detach()));
+        CHECK(moetrain::testing::bitwise_equal(rank1[i].tensor.detach(), whole[i].tensor.detach()));
+        for (AdamW* a : {&opt0, &opt1}) {
+          const ElementRange r = a->owned(i);
+          auto part = [&](const Tensor& t) { return alias(t, Shape{r.size()}, r.begin); };
+          CHECK(a->exp_avg()[i].shape() == Shape{r.size()});
+          CHECK(moetrain::testing::bitwise_equal(a->exp_avg()[i], part(ref.exp_avg()[i])));
+          CHECK(moetrain::testing::bitwise_equal(a->exp_avg_sq()[i], part(ref.exp_avg_sq()[i])));
+          CHECK(a->master_weights()[i].defined() == ref.master_weights()[i].defined());
+          if (ref.master_weights()[i].defined())
+            CHECK(moetrain::testing::bitwise_equal(a->master_weights()[i], part(ref.master_weights()[i])));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("adamw: a parameter created in bf16 gets an f32 master of its own values", "[optim][adamw][bf16]") {
