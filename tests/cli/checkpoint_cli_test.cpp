@@ -31,13 +31,7 @@ struct Job {
   TempDir tmp;
   string dir = tmp.path();
 
-  Job() {
-    Result r = moetrain::testing::run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) +
-                                               "/data/tinyshakespeare.txt --out " + dir +
-                                               "/data --tokenizer byte --val-tokens 8192");
-    INFO(r.output);
-    REQUIRE(r.code == 0);
-  }
+  Job() { moetrain::testing::prepare_byte_shards(dir); }
   // `moetrain train` of the tiny k3 model for `steps` steps, a checkpoint every 10.
   string train_args(int steps = 60) const {
     return "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + dir +

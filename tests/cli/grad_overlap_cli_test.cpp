@@ -27,13 +27,7 @@ struct OverlapJob {
   TempDir tmp;
   string dir = tmp.path();
 
-  OverlapJob() {
-    Result r = moetrain::testing::run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) +
-                                               "/data/tinyshakespeare.txt --out " + dir +
-                                               "/data --tokenizer byte --val-tokens 8192");
-    INFO(r.output);
-    REQUIRE(r.code == 0);
-  }
+  OverlapJob() { moetrain::testing::prepare_byte_shards(dir); }
   Result train(int np, const string& name, const string& sets) const {
     const string args = "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + dir +
                         "/data/train_*.bin --set data.val= --set train.max_steps=4 --set train.warmup_steps=2 "

@@ -25,13 +25,7 @@ struct PipelineJob {
   TempDir tmp;
   string dir = tmp.path();
 
-  PipelineJob() {
-    Result r = moetrain::testing::run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) +
-                                               "/data/tinyshakespeare.txt --out " + dir +
-                                               "/data --tokenizer byte --val-tokens 8192");
-    INFO(r.output);
-    REQUIRE(r.code == 0);
-  }
+  PipelineJob() { moetrain::testing::prepare_byte_shards(dir); }
   // `replicas` data-parallel copies of each stage: grad_accum keeps the global batch at 8 micro-batches.
   Result train(int np, int pp, int ep, const string& name, const string& sets = "") const {
     const int replicas = std::max(1, np / pp);

@@ -31,13 +31,7 @@ struct ZeroJob {
   TempDir tmp;
   string dir = tmp.path();
 
-  ZeroJob() {
-    Result r = moetrain::testing::run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) +
-                                               "/data/tinyshakespeare.txt --out " + dir +
-                                               "/data --tokenizer byte --val-tokens 8192");
-    INFO(r.output);
-    REQUIRE(r.code == 0);
-  }
+  ZeroJob() { moetrain::testing::prepare_byte_shards(dir); }
   string args(const string& run, const string& sets) const {
     return "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + dir +
            "/data/train_*.bin --set data.val= --set train.max_steps=20 --set train.warmup_steps=5 "
