@@ -258,63 +258,87 @@ TEST_CASE("kda_chunked: f32 agrees with the f64 recurrent form", "[ops][kda]") {
   WARN("f32 vs f64 recurrent: max relative error chunked " << worst_chunked << ", recurrent " << worst_recurrent);
 }
 
-TEST_CASE("kda_chunked: the portable and the AVX2 copies of the kernels agree", "[ops][kda]") {
-  // kda_cpu.cpp compiles the chunked kernels twice (the build's baseline ISA, and AVX2 + FMA
-  // picked at run time). Both must meet the recurrent reference; they differ only by
+// The copies of the chunked kernels this CPU can run (kda_kernels.h), narrowest first.
+static std::vector<cpu::VectorIsa> runnable_isas() {
+  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
+  return isas;
+}
+
+TEST_CASE("kda_chunked: the portable, AVX2 and AVX-512 copies of the kernels agree", "[ops][kda]") {
+  // kda_cpu.cpp compiles the chunked kernels three times (the build's baseline ISA, AVX2 + FMA,
+  // AVX-512; picked at run time). Each must meet the recurrent reference; they differ only by
   // rounding (FMA contraction, vector exp lanes), so they agree to f64 / f32 precision.
-  // On a CPU without AVX2 both runs take the portable copy and agree bitwise.
-  INFO("AVX2 copy in use: " << cpu::kda_chunked_uses_avx2());
-  for (Decay decay : {Decay::lower_bound, Decay::mixed})
-    for (DType dtype : {DType::f64, DType::f32}) {
-      INFO(decay_name(decay) << " " << dtype_name(dtype));
-      Inputs in = make_inputs(2, 150, 2, 4, 16, 8, decay, true, 70);
-      Tensor grad_o = randn(in.v.shape(), DType::f64, 71), grad_state = randn(in.h0.shape(), DType::f64, 72);
-      Run ref = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.3); }, in,
-                    grad_o, grad_state);
-      auto chunked = [&] {
-        return run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.3, 64); },
-                   in.to(dtype), grad_o.to(dtype), grad_state.to(dtype));
-      };
-      Run fast = chunked();
-      cpu::kda_chunked_force_portable(true);
-      Run portable = chunked();
-      cpu::kda_chunked_force_portable(false);
-      const double to_ref = dtype == DType::f64 ? 1e-10 : 2e-5, between = dtype == DType::f64 ? 1e-12 : 2e-6;
-      std::vector<std::pair<Tensor, Tensor>> pairs{{fast.o, portable.o}, {fast.state, portable.state}};
-      std::vector<Tensor> refs{ref.o, ref.state};
-      for (size_t i = 0; i < ref.grads.size(); ++i) {
-        pairs.push_back({fast.grads[i], portable.grads[i]});
-        refs.push_back(ref.grads[i]);
+  // Copies the CPU lacks are skipped (WARN). K = 16 / 64 / 128 (V 8 / 64 / 128): off and on
+  // the 64-byte vector blocks, and the benchmark's sizes.
+  std::vector<cpu::VectorIsa> isas = runnable_isas();
+  if (isas.size() < 3) WARN("this CPU runs " << isas.size() << " of the 3 copies; the others are not checked");
+  struct Case {
+    int64_t T, H, HV, K, V;
+  };
+  for (Case c : {Case{150, 2, 4, 16, 8}, Case{150, 1, 2, 64, 64}, Case{100, 1, 1, 128, 128}})
+    for (Decay decay : {Decay::lower_bound, Decay::mixed})
+      for (DType dtype : {DType::f64, DType::f32}) {
+        INFO(decay_name(decay) << " " << dtype_name(dtype) << " K=" << c.K << " V=" << c.V);
+        Inputs in = make_inputs(2, c.T, c.H, c.HV, c.K, c.V, decay, true, 70);
+        Tensor grad_o = randn(in.v.shape(), DType::f64, 71), grad_state = randn(in.h0.shape(), DType::f64, 72);
+        Run ref = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.3); }, in,
+                      grad_o, grad_state);
+        std::vector<Run> runs;
+        for (cpu::VectorIsa isa : isas) {
+          cpu::kda_chunked_force_isa(isa);
+          REQUIRE(cpu::kda_chunked_isa() == isa);
+          runs.push_back(run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.3, 64); },
+                             in.to(dtype), grad_o.to(dtype), grad_state.to(dtype)));
+        }
+        cpu::kda_chunked_unforce_isa();
+        const double to_ref = dtype == DType::f64 ? 1e-10 : 2e-5, between = dtype == DType::f64 ? 1e-12 : 2e-6;
+        for (size_t r = 0; r < runs.size(); ++r) {
+          INFO("copy " << cpu::vector_isa_name(isas[r]));
+          std::vector<std::pair<Tensor, Tensor>> pairs{{runs[r].o, runs[0].o}, {runs[r].state, runs[0].state}};
+          std::vector<Tensor> refs{ref.o, ref.state};
+          for (size_t i = 0; i < ref.grads.size(); ++i) {
+            pairs.push_back({runs[r].grads[i], runs[0].grads[i]});
+            refs.push_back(ref.grads[i]);
+          }
+          for (size_t i = 0; i < pairs.size(); ++i) {
+            INFO("tensor " << i);
+            CHECK(rel_error(pairs[i].first.to(DType::f64), refs[i]) < to_ref);
+            CHECK(rel_error(pairs[i].first.to(DType::f64), pairs[i].second.to(DType::f64)) < between);
+          }
+        }
       }
-      for (size_t i = 0; i < pairs.size(); ++i) {
-        INFO("tensor " << i);
-        CHECK(rel_error(pairs[i].first.to(DType::f64), refs[i]) < to_ref);
-        CHECK(rel_error(pairs[i].second.to(DType::f64), refs[i]) < to_ref);
-        CHECK(rel_error(pairs[i].first.to(DType::f64), pairs[i].second.to(DType::f64)) < between);
-      }
-    }
 }
 
 TEST_CASE("kda_chunked: results do not depend on the thread count", "[ops][kda]") {
   // One (batch, value head) task runs start to end on one thread with the same code, so
-  // 1, 2 and 3 threads give the same bits (B·HV = 4 tasks: uneven splits included).
+  // 1, 2 and 3 threads give the same bits (B·HV = 4 tasks: uneven splits included), in
+  // every copy of the kernels this CPU runs.
   const int before = cpu::num_threads();
-  Inputs in = make_inputs(1, 150, 2, 4, 64, 64, Decay::lower_bound, true, 80).to(DType::f32);
-  Tensor grad_o = randn(in.v.shape(), DType::f32, 81), grad_state = randn(in.h0.shape(), DType::f32, 82);
-  auto chunked = [&] {
-    return run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.125, 64); }, in,
-               grad_o, grad_state);
-  };
-  cpu::set_num_threads(1);
-  Run one = chunked();
-  for (int threads : {2, 3}) {
-    cpu::set_num_threads(threads);
-    Run many = chunked();
-    INFO(threads << " threads");
-    CHECK(moetrain::testing::bitwise_equal(many.o, one.o));
-    CHECK(moetrain::testing::bitwise_equal(many.state, one.state));
-    for (size_t i = 0; i < one.grads.size(); ++i) CHECK(moetrain::testing::bitwise_equal(many.grads[i], one.grads[i]));
-  }
+  for (int64_t KV : {64, 128})
+    for (cpu::VectorIsa isa : runnable_isas()) {
+      INFO("copy " << cpu::vector_isa_name(isa) << " K=V=" << KV);
+      cpu::kda_chunked_force_isa(isa);
+      Inputs in = make_inputs(1, 150, 2, 4, KV, KV, Decay::lower_bound, true, 80).to(DType::f32);
+      Tensor grad_o = randn(in.v.shape(), DType::f32, 81), grad_state = randn(in.h0.shape(), DType::f32, 82);
+      auto chunked = [&] {
+        return run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.125, 64); }, in,
+                   grad_o, grad_state);
+      };
+      cpu::set_num_threads(1);
+      Run one = chunked();
+      for (int threads : {2, 3}) {
+        cpu::set_num_threads(threads);
+        Run many = chunked();
+        INFO(threads << " threads");
+        CHECK(moetrain::testing::bitwise_equal(many.o, one.o));
+        CHECK(moetrain::testing::bitwise_equal(many.state, one.state));
+        for (size_t i = 0; i < one.grads.size(); ++i)
+          CHECK(moetrain::testing::bitwise_equal(many.grads[i], one.grads[i]));
+      }
+    }
+  cpu::kda_chunked_unforce_isa();
   cpu::set_num_threads(before);
 }
 
