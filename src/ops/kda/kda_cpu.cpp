@@ -289,11 +289,14 @@ inline void transpose_block_wide(const T* src, int64_t lds, T* dst, int64_t ldd)
   for (int i = 0; i < W; ++i) store_vec(dst + i * ldd, r[i]);
 }
 
-template <class T, int Bytes, int MR, int NV>
-inline void tile_gemm_block(int64_t i0, int64_t j0, int64_t k, T alpha, const T* a, int64_t a_row, int64_t a_col,
-                            const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+// op(A)[i, p] = a[i * a_row + p * a_col]: (lda, 1), or (1, lda) when TransA. One of the
+// two strides a compile-time 1, so that the compiler addresses op(A) without a multiply.
+template <class T, int Bytes, bool TransA, int MR, int NV>
+inline void tile_gemm_block(int64_t i0, int64_t j0, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                            int64_t ldb, T beta, T* c, int64_t ldc) {
   using V = Vec<T, Bytes>;
   constexpr int64_t W = Bytes / sizeof(T);
+  const int64_t a_row = TransA ? 1 : lda, a_col = TransA ? lda : 1;
   V acc[MR][NV] = {};
   const T* ap = a + i0 * a_row;
   const T* bp = b + j0;
@@ -326,14 +329,23 @@ inline void tile_gemm_block(int64_t i0, int64_t j0, int64_t k, T alpha, const T*
 
 // Rows [i0, i0 + MR) of C, every column: blocks of NV vectors (NV = 4 only for 64-byte
 // vectors), then of one vector.
-template <class T, int Bytes, int MR>
-inline void tile_gemm_rows(int64_t i0, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row, int64_t a_col,
-                           const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+template <class T, int Bytes, bool TransA, int MR>
+inline void tile_gemm_rows(int64_t i0, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                           int64_t ldb, T beta, T* c, int64_t ldc) {
   constexpr int64_t W = Bytes / sizeof(T), NV = Bytes == 64 ? 4 : 2;
   int64_t j0 = 0;
   for (; j0 + NV * W <= n; j0 += NV * W)
-    tile_gemm_block<T, Bytes, MR, NV>(i0, j0, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
-  for (; j0 < n; j0 += W) tile_gemm_block<T, Bytes, MR, 1>(i0, j0, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
+    tile_gemm_block<T, Bytes, TransA, MR, NV>(i0, j0, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (; j0 < n; j0 += W) tile_gemm_block<T, Bytes, TransA, MR, 1>(i0, j0, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <class T, int Bytes, bool TransA>
+inline void tile_gemm_all_rows(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                               int64_t ldb, T beta, T* c, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 6 <= m; i += 6) tile_gemm_rows<T, Bytes, TransA, 6>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (; i + 4 <= m; i += 4) tile_gemm_rows<T, Bytes, TransA, 4>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (; i < m; ++i) tile_gemm_rows<T, Bytes, TransA, 1>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <class T, int Bytes>
@@ -357,12 +369,8 @@ inline void tile_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     b = pack;
     ldb = n;
   }
-  // op(A)[i, p] = a[i * a_row + p * a_col]
-  const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
-  int64_t i = 0;
-  for (; i + 6 <= m; i += 6) tile_gemm_rows<T, Bytes, 6>(i, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
-  for (; i + 4 <= m; i += 4) tile_gemm_rows<T, Bytes, 4>(i, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
-  for (; i < m; ++i) tile_gemm_rows<T, Bytes, 1>(i, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
+  if (trans_a) tile_gemm_all_rows<T, Bytes, true>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else tile_gemm_all_rows<T, Bytes, false>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Workspace and per-chunk quantities of one task. prepare() loads a chunk and
@@ -433,10 +441,11 @@ class KdaChunk {
       multiply(&kcol_[off], k_.data(), &coldec_[off], r0 * K);
       off += r0 * K;
       const double* gm = &gam_[(r0 + (r1 - r0) / 2) * K];
-      double span = 0;
+      // Every |γ_i - γ_m| <= kReferenceSpan, as a count (a max over doubles would not vectorise).
+      int64_t beyond = 0;
       for (int64_t i = r0; i < r1; ++i)
-        for (int64_t d = 0; d < K; ++d) span = std::max(span, std::abs(gam_[i * K + d] - gm[d]));
-      diag_reference_[r] = span <= kReferenceSpan;
+        for (int64_t d = 0; d < K; ++d) beyond += std::abs(gam_[i * K + d] - gm[d]) > kReferenceSpan;
+      diag_reference_[r] = beyond == 0;
       if (diag_reference_[r]) {
         for (int64_t i = r0; i < r1; ++i) {
           exp_of_difference(&drow_[i * K], &gam_[i * K], gm, K);
@@ -465,16 +474,7 @@ class KdaChunk {
 
     // M = (I + A^kk)^{-1} by forward substitution: M[i,:] = e_i - Σ_{m<i} A^kk[i,m] M[m,:].
     std::fill(M_.begin(), M_.begin() + L * L, T(0));
-    for (int64_t i = 0; i < L; ++i) {
-      T* mi = &M_[i * L];
-      mi[i] = T(1);
-      for (int64_t m = 0; m < i; ++m) {
-        T a = beta_[i] * E_[i * L + m];
-        if (a == T(0)) continue;
-        const T* mm = &M_[m * L];
-        for (int64_t j = 0; j <= m; ++j) mi[j] -= a * mm[j];
-      }
-    }
+    invert_unit_lower();
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = 0; j < L; ++j) Tm_[i * L + j] = M_[i * L + j] * beta_[j];
     mm(false, false, L, K, L, T(1), Tm_.data(), L, kg_.data(), K, T(0), W_.data(), K);
@@ -593,6 +593,56 @@ class KdaChunk {
   }
 
  private:
+  // M = (I + A^kk)^{-1}, A^kk = Diag(β) E strictly lower triangular, row by row:
+  // M[i,:] = e_i - Σ_{m<i} A^kk[i,m] M[m,:], m ascending. Row i is kept in registers
+  // (NR vectors) while the rows above are subtracted: through memory each step would
+  // wait for the previous one's store. Row m of M is zero beyond column m, so the
+  // whole-vector updates also subtract a·0 from entries that are still +0 (or the 1 at
+  // i): the bits of a loop that stops at column m. Rows whose columns need more than
+  // kMaxRowVecs vectors, or L not a multiple of the vector, take that scalar loop.
+  static constexpr int kMaxRowVecs = 8;
+  template <int NR>
+  void invert_row(int64_t i) {
+    using Vt = Vec<T, Bytes>;
+    constexpr int64_t W = Bytes / sizeof(T);
+    const int64_t L = L_;
+    Vt acc[NR];
+    T* mi = &M_[i * L];
+    for (int v = 0; v < NR; ++v) load_vec(acc[v], mi + v * W);
+    for (int64_t m = 0; m < i; ++m) {
+      T a = beta_[i] * E_[i * L + m];
+      if (a == T(0)) continue;
+      const T* mm = &M_[m * L];
+      for (int v = 0; v < NR; ++v) {
+        Vt x;
+        load_vec(x, mm + v * W);
+        acc[v] -= a * x;
+      }
+    }
+    for (int v = 0; v < NR; ++v) store_vec(mi + v * W, acc[v]);
+  }
+  void invert_unit_lower() {
+    constexpr int64_t W = Bytes / sizeof(T);
+    const int64_t L = L_;
+    for (int64_t i = 0; i < L; ++i) {
+      T* mi = &M_[i * L];
+      mi[i] = T(1);
+      const int64_t nr = i / W + 1;  // vectors covering columns 0..i
+      if (L % W == 0 && nr <= kMaxRowVecs) {
+        [&]<int... R>(std::integer_sequence<int, R...>) {
+          ((nr == R + 1 ? invert_row<R + 1>(i) : void()), ...);
+        }(std::make_integer_sequence<int, kMaxRowVecs>{});
+        continue;
+      }
+      for (int64_t m = 0; m < i; ++m) {
+        T a = beta_[i] * E_[i * L + m];
+        if (a == T(0)) continue;
+        const T* mm = &M_[m * L];
+        for (int64_t j = 0; j <= m; ++j) mi[j] -= a * mm[j];
+      }
+    }
+  }
+
   // V^new = U - W S_n with U = Tm V.
   void new_values(const T* S) {
     const int64_t L = L_, K = K_, V = V_;
