@@ -350,31 +350,40 @@ namespace {
 [[gnu::target("avx2,fma"), gnu::flatten]] void exp_approx_avx2(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = cpu::exp_approx(x[i]);
 }
+// The same as the AVX-512 copy compiles it (16 lanes).
+[[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"), gnu::flatten]] void
+exp_approx_avx512(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = cpu::exp_approx(x[i]);
+}
 }  // namespace
 
-TEST_CASE("kda: exp_approx compiled for AVX2 + FMA is within 2 ulp of exp", "[ops][kda]") {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-    WARN("no AVX2 + FMA on this CPU: nothing to check");
-    return;
+TEST_CASE("kda: exp_approx compiled for AVX2 + FMA and for AVX-512 is within 2 ulp of exp", "[ops][kda]") {
+  for (cpu::VectorIsa isa : {cpu::VectorIsa::avx2, cpu::VectorIsa::avx512}) {
+    INFO(cpu::vector_isa_name(isa) << " copy");
+    if (cpu::cpu_vector_isa() < isa) {
+      WARN("no " << cpu::vector_isa_name(isa) << " on this CPU: its copy is not checked");
+      continue;
+    }
+    // The kernels' exponents: <= 0 (pairs i >= j, inter-chunk factors) and up to +40 (the
+    // diagonal sub-chunk reference, kReferenceSpan); below -87.34 exp_approx flushes to 0.
+    std::vector<float> x;
+    for (float v = -87.33f; v < 41.0f; v += 0.000513f) x.push_back(v);
+    for (float v : {-87.4f, -88.0f, -100.0f, -1000.0f, -INFINITY, 0.0f}) x.push_back(v);
+    std::vector<float> y(x.size());
+    if (isa == cpu::VectorIsa::avx2) exp_approx_avx2(y.data(), x.data(), static_cast<int64_t>(x.size()));
+    else exp_approx_avx512(y.data(), x.data(), static_cast<int64_t>(x.size()));
+    double worst = 0;
+    float worst_x = 0;
+    for (size_t i = 0; i + 6 < x.size(); ++i) {
+      double ref = std::exp(static_cast<double>(x[i]));
+      double rel = std::abs(y[i] - ref) / ref;
+      if (rel > worst) worst = rel, worst_x = x[i];
+    }
+    INFO("worst at x = " << worst_x << ": " << worst);
+    CHECK(worst < 2.4e-7);  // 2 ulp of float
+    for (size_t i = x.size() - 6; i + 1 < x.size(); ++i) CHECK(y[i] == 0.0f);  // underflow: 0
+    CHECK(y.back() == 1.0f);
   }
-  // The kernels' exponents: <= 0 (pairs i >= j, inter-chunk factors) and up to +40 (the
-  // diagonal sub-chunk reference, kReferenceSpan); below -87.34 exp_approx flushes to 0.
-  std::vector<float> x;
-  for (float v = -87.33f; v < 41.0f; v += 0.000513f) x.push_back(v);
-  for (float v : {-87.4f, -88.0f, -100.0f, -1000.0f, -INFINITY, 0.0f}) x.push_back(v);
-  std::vector<float> y(x.size());
-  exp_approx_avx2(y.data(), x.data(), static_cast<int64_t>(x.size()));
-  double worst = 0;
-  float worst_x = 0;
-  for (size_t i = 0; i + 6 < x.size(); ++i) {
-    double ref = std::exp(static_cast<double>(x[i]));
-    double rel = std::abs(y[i] - ref) / ref;
-    if (rel > worst) worst = rel, worst_x = x[i];
-  }
-  INFO("worst at x = " << worst_x << ": " << worst);
-  CHECK(worst < 2.4e-7);  // 2 ulp of float
-  for (size_t i = x.size() - 6; i + 1 < x.size(); ++i) CHECK(y[i] == 0.0f);  // underflow: 0
-  CHECK(y.back() == 1.0f);
 }
 #endif
 
