@@ -348,24 +348,37 @@ inline void tile_gemm_all_rows(int64_t m, int64_t n, int64_t k, T alpha, const T
   for (; i < m; ++i) tile_gemm_rows<T, Bytes, TransA, 1>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// Whether tile_gemm multiplies an n-column op(B) itself (else it hands the product to cpu::gemm).
+template <class T, int Bytes>
+constexpr bool tile_gemm_takes(int64_t n, int64_t k) {
+  constexpr int64_t W = Bytes / sizeof(T);
+  return n % (Bytes == 64 ? W : 2 * W) == 0 && k > 0;
+}
+
+// pack[p, j] = b[j, p] for j < n, p < k (n a multiple of the vector): op(B) of a trans_b product.
+template <class T, int Bytes>
+inline void pack_transposed(const T* b, int64_t ldb, int64_t n, int64_t k, T* pack) {
+  constexpr int64_t W = Bytes / sizeof(T);
+  int64_t p0 = 0;
+  for (; p0 + W <= k; p0 += W)
+    for (int64_t j0 = 0; j0 < n; j0 += W) {
+      if constexpr (Bytes == 64) transpose_block_wide(b + j0 * ldb + p0, ldb, pack + p0 * n + j0, n);
+      else transpose_block(b + j0 * ldb + p0, ldb, pack + p0 * n + j0, n);
+    }
+  for (int64_t p = p0; p < k; ++p)
+    for (int64_t j = 0; j < n; ++j) pack[p * n + j] = b[j * ldb + p];
+}
+
 template <class T, int Bytes>
 inline void tile_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
                       const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* pack) {
-  constexpr int64_t W = Bytes / sizeof(T);
   if (m <= 0 || n <= 0) return;
-  if (n % (Bytes == 64 ? W : 2 * W) != 0 || k <= 0) {
+  if (!tile_gemm_takes<T, Bytes>(n, k)) {
     gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  if (trans_b) {  // pack[p, j] = B[j, p]
-    int64_t p0 = 0;
-    for (; p0 + W <= k; p0 += W)
-      for (int64_t j0 = 0; j0 < n; j0 += W) {
-        if constexpr (Bytes == 64) transpose_block_wide(b + j0 * ldb + p0, ldb, pack + p0 * n + j0, n);
-        else transpose_block(b + j0 * ldb + p0, ldb, pack + p0 * n + j0, n);
-      }
-    for (int64_t p = p0; p < k; ++p)
-      for (int64_t j = 0; j < n; ++j) pack[p * n + j] = b[j * ldb + p];
+  if (trans_b) {
+    pack_transposed<T, Bytes>(b, ldb, n, k, pack);
     b = pack;
     ldb = n;
   }
@@ -397,6 +410,8 @@ class KdaChunk {
     for (int64_t r = 0; r < nsub; ++r) col_rows += r * kSubChunk;
     coldec_.resize(static_cast<size_t>(std::max<int64_t>(col_rows, 1) * K));
     kcol_.resize(coldec_.size());
+    kcol_t_.resize(coldec_.size());
+    kdcol_t_.resize(ck);
     col_off_.resize(static_cast<size_t>(nsub));
     diag_reference_.resize(static_cast<size_t>(nsub));
     pairdec_.resize(static_cast<size_t>(nsub * tri(kSubChunk) * K));
@@ -469,6 +484,14 @@ class KdaChunk {
     multiply(qg_.data(), q_.data(), eg_.data(), L * K);
     multiply(kg_.data(), k_.data(), eg_.data(), L * K);
     multiply(kh_.data(), k_.data(), eh_.data(), L * K);
+    // The column operands of both decayed products (E and A^qk), transposed once for both.
+    for (int64_t r = 0; r * kSubChunk < L; ++r) {
+      int64_t r0 = r * kSubChunk, rl = std::min(L, r0 + kSubChunk) - r0;
+      if (r0 > 0 && tile_gemm_takes<T, Bytes>(r0, K))
+        pack_transposed<T, Bytes>(&kcol_[col_off_[r]], K, r0, K, &kcol_t_[col_off_[r]]);
+      if (diag_reference_[r] && tile_gemm_takes<T, Bytes>(rl, K))
+        pack_transposed<T, Bytes>(&kdcol_[r0 * K], K, rl, K, &kdcol_t_[r0 * K]);
+    }
     decayed_products(E_.data(), krow_.data(), kdiag_.data(), k_.data(), /*diagonal=*/false);
     decayed_products(Aqk_.data(), qrow_.data(), qdiag_.data(), q_.data(), /*diagonal=*/true);
 
@@ -659,10 +682,17 @@ class KdaChunk {
     for (int64_t r = 0; r * kSubChunk < L; ++r) {
       int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk), rl = r1 - r0;
       // Off-diagonal block [r0, r1) x [0, r0): one matmul of reference-scaled rows.
-      mm(false, true, rl, r0, K, T(1), xrow + r0 * K, K, &kcol_[col_off_[r]], K, T(0), P + r0 * L, L);
+      // (Each as tile_gemm would multiply it, with the transpose packed in prepare(): the same bits.)
+      if (tile_gemm_takes<T, Bytes>(r0, K))
+        mm(false, false, rl, r0, K, T(1), xrow + r0 * K, K, &kcol_t_[col_off_[r]], r0, T(0), P + r0 * L, L);
+      else
+        mm(false, true, rl, r0, K, T(1), xrow + r0 * K, K, &kcol_[col_off_[r]], K, T(0), P + r0 * L, L);
       if (diag_reference_[r]) {
         // Diagonal block as a matmul; the entries above the diagonal (factors > 1, unused) are zeroed.
-        mm(false, true, rl, rl, K, T(1), xdiag + r0 * K, K, &kdcol_[r0 * K], K, T(0), P + r0 * L + r0, L);
+        if (tile_gemm_takes<T, Bytes>(rl, K))
+          mm(false, false, rl, rl, K, T(1), xdiag + r0 * K, K, &kdcol_t_[r0 * K], rl, T(0), P + r0 * L + r0, L);
+        else
+          mm(false, true, rl, rl, K, T(1), xdiag + r0 * K, K, &kdcol_[r0 * K], K, T(0), P + r0 * L + r0, L);
         for (int64_t i = r0; i < r1; ++i)
           for (int64_t j = diagonal ? i + 1 : i; j < r1; ++j) P[i * L + j] = T(0);
         continue;
@@ -741,6 +771,7 @@ class KdaChunk {
   std::vector<T> qg_, kg_, kh_;          // q̄ ⊙ e^γ, k ⊙ e^γ, k ⊙ e^{γ_C - γ}
   std::vector<T> rowdec_, qrow_, krow_;  // e^{γ_i - γ_n} (n: first row of i's sub-chunk), q̄ and k scaled by it
   std::vector<T> coldec_, kcol_;         // per sub-chunk r, rows j < n_r: e^{γ_n - γ_j} and k scaled by it
+  std::vector<T> kcol_t_, kdcol_t_;      // kcol_ and kdcol_ per sub-chunk, transposed ([K, rows])
   std::vector<int64_t> col_off_;         // offset of sub-chunk r in coldec_/kcol_
   std::vector<bool> diag_reference_;     // per sub-chunk: diagonal block by the middle-row reference
   std::vector<T> drow_, dcol_, qdiag_, kdiag_, kdcol_;  // e^{γ_i - γ_m}, e^{γ_m - γ_i}, q̄ ⊙ drow, k ⊙ drow, k ⊙ dcol
