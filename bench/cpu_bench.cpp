@@ -6,7 +6,7 @@
 // also timed in PyTorch (Debian torch, /usr/bin/python3, same shapes and threads,
 // environment as is) right after ours, with the ratio torch / ours.
 //
-//   build/moetrain_bench_cpu [--steps N] [--no-torch] [--cases gemm,gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe]
+//   build/moetrain_bench_cpu [--steps N] [--no-torch] [--no-profile] [--cases gemm,gpt2-64,...]
 //   build/moetrain_bench_cpu --cases gemm,gemm-step --no-torch     (the f32 GEMM routes side by side)
 //
 // Cases (f32, default thread count = cores / ranks, MOETRAIN_NUM_THREADS to change):
@@ -16,6 +16,7 @@
 //   gpt2-64, gpt2-256  GPT-2 124M train step (forward, backward, AdamW) at B=4, T=64 / 256
 //   k3-small           configs/k3-small.yaml train step at B=4, T=256, plus time per component
 //   kda-2048, kda-8192 chunked KDA op forward+backward (bench/kda_case.h: B=1, H=4, K=V=64, chunk 64)
+//   kda-2048-128, kda-8192-128   the same at K = V = 128
 //   moe                the MoE layer of k3-small (EP=1) forward+backward on B·T = 1024 tokens
 // FLOP counts: the models' own flops_per_token (6N + attention), the KDA chunked
 // FLOP model of bench/kda_case.h, and 3x the MoE layer's forward multiply-adds.
@@ -74,10 +75,12 @@ Result measure(const std::string& name, int steps, double tokens, double flops, 
 
 // Wall time per component of a step (profile regions, core/profile.h), by case.
 std::vector<std::pair<std::string, std::string>> g_breakdowns;
+bool g_profile = true;  // --no-profile: skip the profiled steps
 
 // Runs `steps` more steps with the profiler on (not part of the timing) and keeps
 // the table of time per component.
 void profile_steps(const std::string& name, int steps, const std::function<void()>& step) {
+  if (!g_profile) return;
   profile::reset();
   profile::set_enabled(true);
   for (int s = 0; s < steps; ++s) step();
@@ -127,18 +130,21 @@ Result k3_case(int steps) {
   return r;
 }
 
-Result kda_case(int64_t T, int steps, bool torch) {
-  KdaInputs in = make_kda_inputs(T);
+// K = V = dim; scale K^-1/2 as the layer.
+Result kda_case(int64_t T, int64_t dim, int steps, bool torch) {
+  KdaInputs in = make_kda_inputs(T, dim, dim);
   const Tensors& x = in.leaves;
-  Result r = measure(fmt::format("kda-{}", T), steps, static_cast<double>(T), kda_chunked_flops(T), [&] {
-    KdaResult out = kda(x[0], x[1], x[2], x[3], x[4], Tensor(), 0.125, KdaMode::chunked, kKdaC);
+  const std::string name = dim == kKdaK ? fmt::format("kda-{}", T) : fmt::format("kda-{}-{}", T, dim);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  Result r = measure(name, steps, static_cast<double>(T), kda_chunked_flops(T, dim, dim), [&] {
+    KdaResult out = kda(x[0], x[1], x[2], x[3], x[4], Tensor(), scale, KdaMode::chunked, kKdaC);
     autograd::backward({out.o}, {in.grad_o});
     for (const Tensor& t : x) t.zero_grad();
   });
   if (torch)
     r.torch_ms = torch_ms(fmt::format("kda_torch.py --seq {} --heads {} --dim {} --chunk {} --batch 1 --threads {} "
                                       "--steps {}",
-                                      T, kKdaH, kKdaK, kKdaC, cpu::num_threads(), steps));
+                                      T, kKdaH, dim, kKdaC, cpu::num_threads(), steps));
   return r;
 }
 
@@ -247,14 +253,15 @@ int main(int argc, char** argv) {
   cpu::reexec_with_short_spin(argv);
   int steps = 3;
   bool torch = true;
-  std::string cases = "gemm,gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,moe";
+  std::string cases = "gemm,gpt2-64,gpt2-256,k3-small,kda-2048,kda-8192,kda-2048-128,kda-8192-128,moe";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--no-torch") torch = false;
+    else if (a == "--no-profile") g_profile = false;
     else if (a == "--cases" && i + 1 < argc) cases = argv[++i];
     else {
-      fmt::print(stderr, "usage: {} [--steps N] [--no-torch] [--cases {}]\n", argv[0], cases);
+      fmt::print(stderr, "usage: {} [--steps N] [--no-torch] [--no-profile] [--cases {}]\n", argv[0], cases);
       return 2;
     }
   }
@@ -283,20 +290,22 @@ int main(int argc, char** argv) {
     if (name == "gpt2-64") r = gpt2_case(4, 64, steps, torch);
     else if (name == "gpt2-256") r = gpt2_case(4, 256, steps, torch);
     else if (name == "k3-small") r = k3_case(steps);
-    else if (name == "kda-2048") r = kda_case(2048, steps, torch);
-    else if (name == "kda-8192") r = kda_case(8192, steps, torch);
+    else if (name == "kda-2048") r = kda_case(2048, kKdaK, steps, torch);
+    else if (name == "kda-8192") r = kda_case(8192, kKdaK, steps, torch);
+    else if (name == "kda-2048-128") r = kda_case(2048, 128, steps, torch);
+    else if (name == "kda-8192-128") r = kda_case(8192, 128, steps, torch);
     else if (name == "moe") r = moe_case(steps);
     else {
       fmt::print(stderr, "unknown case '{}'\n", name);
       return 2;
     }
     if (!header) {
-      fmt::print("\n{:<10} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>8}\n", "case", "ms/step", "tok/s", "GFLOP/s",
+      fmt::print("\n{:<13} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>8}\n", "case", "ms/step", "tok/s", "GFLOP/s",
                  "of FMA", "sys ms", "faults", "torch ms", "torch/us");
       header = true;
     }
     const double gflops = r.flops / (r.ms / 1e3) / 1e9;
-    fmt::print("{:<10} {:>9.1f} {:>8.0f} {:>8.1f} {:>6.0f}% {:>9.1f} {:>9} {:>9} {:>8}\n", r.name, r.ms,
+    fmt::print("{:<13} {:>9.1f} {:>8.0f} {:>8.1f} {:>6.0f}% {:>9.1f} {:>9} {:>9} {:>8}\n", r.name, r.ms,
                r.tokens / (r.ms / 1e3), gflops, 100 * gflops / peak.gflops, r.usage.sys_s * 1e3,
                r.usage.minor_faults, r.torch_ms > 0 ? fmt::format("{:.1f}", r.torch_ms) : "-",
                r.torch_ms > 0 ? fmt::format("{:.2f}x", r.torch_ms / r.ms) : "-");

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backend/cpu/blas.h"
+#include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cuda/runtime.h"
 #include "cli/commands.h"
@@ -28,6 +29,11 @@ int print_info(bool require_cuda) {
   const char* gemm = std::getenv("MOETRAIN_GEMM");
   fmt::print("f32 gemm    {} (MOETRAIN_GEMM={}): {}\n", cpu::gemm_route_name(cpu::gemm_route()),
              gemm && *gemm ? gemm : "auto", cpu::gemm_threading());
+  const char* isa = std::getenv("MOETRAIN_ISA");
+  fmt::print("vector isa  {} (MOETRAIN_ISA={}{}; CPU: {}): the copy of the KDA chunked kernels that runs\n",
+             cpu::vector_isa_name(cpu::vector_isa()), isa && *isa ? isa : "auto",
+             gemm && std::string(gemm) == "portable" ? ", capped at avx2 by MOETRAIN_GEMM=portable" : "",
+             cpu::vector_isa_name(cpu::cpu_vector_isa()));
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   const char* spin = std::getenv("GOMP_SPINCOUNT");
   fmt::print("openmp      {}\n", policy ? fmt::format("OMP_WAIT_POLICY={}", policy)

@@ -28,9 +28,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/blas.h"
+#include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/kda/kda_kernels.h"
@@ -189,35 +192,36 @@ void multiply(T* __restrict out, const T* __restrict a, const T* __restrict b, i
 // for the chunk's small tiles (m, n, k <= max(C, K, V)). OpenBLAS spends as much time
 // packing operands, scaling C and taking its buffer lock as multiplying at these sizes;
 // here the operands already sit in L1/L2, so a register-blocked kernel reads them in
-// place: 6 rows of C by 2 vectors of columns in registers (12 accumulators: enough
-// independent FMAs to cover their latency), then 4, then 1, op(A) broadcast element by
-// element, op(B) rows loaded as vectors (B^T is first packed into `pack` [k, n]). The
-// vectors are GCC vector extensions, 32 bytes: one AVX2 register in the AVX2 copy, two
-// SSE2 registers in the portable one. Shapes whose n is not a multiple of the two
-// vectors go to OpenBLAS. Each C element is one in-order sum over p: deterministic.
-template <class T>
-struct Vec32Of;
-template <>
-struct Vec32Of<float> {
-  typedef float type __attribute__((vector_size(32)));
-  typedef int32_t mask __attribute__((vector_size(32)));
+// place: 6 rows of C by NV vectors of columns in registers (enough independent FMAs to
+// cover their latency), then 4 rows, then 1, op(A) broadcast element by element, op(B)
+// rows loaded as vectors (B^T is first packed into `pack` [k, n]). The vectors are GCC
+// vector extensions of Bytes bytes: 32 in the portable copy (two SSE2 registers) and
+// the AVX2 copy (one register; NV = 2, 12 accumulators of 16 registers), 64 in the
+// AVX-512 copy (one register; NV = 4 then 1, up to 24 accumulators of 32 registers).
+// Shapes whose n is not a multiple of one vector go to cpu::gemm. Each C element is
+// one in-order sum over p, whatever the blocking: deterministic, and the blocking
+// does not change the bits (the vector width does not either: lanes are elements).
+template <class T, int Bytes>
+struct VecOf {
+  typedef T type __attribute__((vector_size(Bytes)));
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> lane_int;
+  typedef lane_int mask __attribute__((vector_size(Bytes)));
 };
-template <>
-struct Vec32Of<double> {
-  typedef double type __attribute__((vector_size(32)));
-  typedef int64_t mask __attribute__((vector_size(32)));
-};
+template <class T, int Bytes>
+using Vec = typename VecOf<T, Bytes>::type;
 template <class T>
-using Vec32 = typename Vec32Of<T>::type;
+using Vec32 = Vec<T, 32>;
+template <class T>
+using Vec32Of = VecOf<T, 32>;
 
 // Unaligned vector load / store (memcpy compiles to one vmovups). By reference: a
-// 32-byte vector passed by value has a different ABI with and without AVX.
-template <class T>
-inline void load_vec(Vec32<T>& v, const T* p) {
+// 32- or 64-byte vector passed by value has a different ABI with and without AVX.
+template <class V, class T>
+inline void load_vec(V& v, const T* p) {
   std::memcpy(&v, p, sizeof v);
 }
-template <class T>
-inline void store_vec(T* p, const Vec32<T>& v) {
+template <class V, class T>
+inline void store_vec(T* p, const V& v) {
   std::memcpy(p, &v, sizeof v);
 }
 
@@ -257,72 +261,134 @@ inline void transpose_block(const double* src, int64_t lds, double* dst, int64_t
   }
 }
 
-template <class T, int MR>
-inline void tile_gemm_rows(int64_t i0, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row, int64_t a_col,
-                           const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  using V = Vec32<T>;
-  constexpr int64_t W = sizeof(V) / sizeof(T);
-  for (int64_t j0 = 0; j0 < n; j0 += 2 * W) {
-    V acc[MR][2] = {};
-    const T* ap = a + i0 * a_row;
-    const T* bp = b + j0;
-    for (int64_t p = 0; p < k; ++p, ap += a_col, bp += ldb) {
-      V b0, b1;
-      load_vec(b0, bp);
-      load_vec(b1, bp + W);
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        T x = ap[r * a_row];
-        acc[r][0] += x * b0;
-        acc[r][1] += x * b1;
-      }
-    }
+// The same for a W x W block of 64-byte vectors (16x16 f32, 8x8 f64): log2(W) butterfly
+// stages; at stage h, rows i and i + h (i & h = 0) swap their off-diagonal h-blocks.
+// Two two-source shuffles per row pair and stage (vpermt2ps / vpermt2pd).
+template <class V, class M, int W, int H, int... c>
+inline void butterfly(V& x, V& y, std::integer_sequence<int, c...>) {
+  V a = __builtin_shuffle(x, y, M{((c & H) == 0 ? c : W + c - H)...});
+  V b = __builtin_shuffle(x, y, M{((c & H) == 0 ? c + H : W + c)...});
+  x = a;
+  y = b;
+}
+template <class T>
+inline void transpose_block_wide(const T* src, int64_t lds, T* dst, int64_t ldd) {
+  using V = Vec<T, 64>;
+  using M = typename VecOf<T, 64>::mask;
+  constexpr int W = 64 / sizeof(T);
+  V r[W];
+  for (int i = 0; i < W; ++i) load_vec(r[i], src + i * lds);
+  auto stage = [&]<int H>(std::integral_constant<int, H>) {
+    for (int i = 0; i < W; ++i)
+      if (!(i & H)) butterfly<V, M, W, H>(r[i], r[i + H], std::make_integer_sequence<int, W>{});
+  };
+  if constexpr (W >= 16) stage(std::integral_constant<int, 8>{});
+  stage(std::integral_constant<int, 4>{});
+  stage(std::integral_constant<int, 2>{});
+  stage(std::integral_constant<int, 1>{});
+  for (int i = 0; i < W; ++i) store_vec(dst + i * ldd, r[i]);
+}
+
+// op(A)[i, p] = a[i * a_row + p * a_col]: (lda, 1), or (1, lda) when TransA. One of the
+// two strides a compile-time 1, so that the compiler addresses op(A) without a multiply.
+template <class T, int Bytes, bool TransA, int MR, int NV>
+inline void tile_gemm_block(int64_t i0, int64_t j0, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                            int64_t ldb, T beta, T* c, int64_t ldc) {
+  using V = Vec<T, Bytes>;
+  constexpr int64_t W = Bytes / sizeof(T);
+  const int64_t a_row = TransA ? 1 : lda, a_col = TransA ? lda : 1;
+  V acc[MR][NV] = {};
+  const T* ap = a + i0 * a_row;
+  const T* bp = b + j0;
+  for (int64_t p = 0; p < k; ++p, ap += a_col, bp += ldb) {
+    V bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) load_vec(bv[v], bp + v * W);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      T* c0 = c + (i0 + r) * ldc + j0;
-      V y0 = alpha * acc[r][0], y1 = alpha * acc[r][1];
+      T x = ap[r * a_row];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] += x * bv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    T* c0 = c + (i0 + r) * ldc + j0;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      V y = alpha * acc[r][v];
       if (beta != T(0)) {
-        V x0, x1;
-        load_vec(x0, c0);
-        load_vec(x1, c0 + W);
-        y0 += beta * x0;
-        y1 += beta * x1;
+        V x;
+        load_vec(x, c0 + v * W);
+        y += beta * x;
       }
-      store_vec(c0, y0);
-      store_vec(c0 + W, y1);
+      store_vec(c0 + v * W, y);
     }
   }
 }
 
-template <class T>
+// Rows [i0, i0 + MR) of C, every column: blocks of NV vectors (NV = 4 only for 64-byte
+// vectors), then of one vector.
+template <class T, int Bytes, bool TransA, int MR>
+inline void tile_gemm_rows(int64_t i0, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                           int64_t ldb, T beta, T* c, int64_t ldc) {
+  constexpr int64_t W = Bytes / sizeof(T), NV = Bytes == 64 ? 4 : 2;
+  int64_t j0 = 0;
+  for (; j0 + NV * W <= n; j0 += NV * W)
+    tile_gemm_block<T, Bytes, TransA, MR, NV>(i0, j0, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (; j0 < n; j0 += W) tile_gemm_block<T, Bytes, TransA, MR, 1>(i0, j0, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <class T, int Bytes, bool TransA>
+inline void tile_gemm_all_rows(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                               int64_t ldb, T beta, T* c, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 6 <= m; i += 6) tile_gemm_rows<T, Bytes, TransA, 6>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (; i + 4 <= m; i += 4) tile_gemm_rows<T, Bytes, TransA, 4>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (; i < m; ++i) tile_gemm_rows<T, Bytes, TransA, 1>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Whether tile_gemm multiplies an n-column op(B) itself (else it hands the product to cpu::gemm).
+template <class T, int Bytes>
+constexpr bool tile_gemm_takes(int64_t n, int64_t k) {
+  constexpr int64_t W = Bytes / sizeof(T);
+  return n % (Bytes == 64 ? W : 2 * W) == 0 && k > 0;
+}
+
+// pack[p, j] = b[j, p] for j < n, p < k (n a multiple of the vector): op(B) of a trans_b product.
+template <class T, int Bytes>
+inline void pack_transposed(const T* b, int64_t ldb, int64_t n, int64_t k, T* pack) {
+  constexpr int64_t W = Bytes / sizeof(T);
+  int64_t p0 = 0;
+  for (; p0 + W <= k; p0 += W)
+    for (int64_t j0 = 0; j0 < n; j0 += W) {
+      if constexpr (Bytes == 64) transpose_block_wide(b + j0 * ldb + p0, ldb, pack + p0 * n + j0, n);
+      else transpose_block(b + j0 * ldb + p0, ldb, pack + p0 * n + j0, n);
+    }
+  for (int64_t p = p0; p < k; ++p)
+    for (int64_t j = 0; j < n; ++j) pack[p * n + j] = b[j * ldb + p];
+}
+
+template <class T, int Bytes>
 inline void tile_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
                       const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* pack) {
-  constexpr int64_t W = sizeof(Vec32<T>) / sizeof(T);
   if (m <= 0 || n <= 0) return;
-  if (n % (2 * W) != 0 || k <= 0) {
+  if (!tile_gemm_takes<T, Bytes>(n, k)) {
     gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  if (trans_b) {  // pack[p, j] = B[j, p]
-    int64_t p0 = 0;
-    for (; p0 + W <= k; p0 += W)
-      for (int64_t j0 = 0; j0 < n; j0 += W) transpose_block(b + j0 * ldb + p0, ldb, pack + p0 * n + j0, n);
-    for (int64_t p = p0; p < k; ++p)
-      for (int64_t j = 0; j < n; ++j) pack[p * n + j] = b[j * ldb + p];
+  if (trans_b) {
+    pack_transposed<T, Bytes>(b, ldb, n, k, pack);
     b = pack;
     ldb = n;
   }
-  // op(A)[i, p] = a[i * a_row + p * a_col]
-  const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
-  int64_t i = 0;
-  for (; i + 6 <= m; i += 6) tile_gemm_rows<T, 6>(i, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
-  for (; i + 4 <= m; i += 4) tile_gemm_rows<T, 4>(i, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
-  for (; i < m; ++i) tile_gemm_rows<T, 1>(i, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc);
+  if (trans_a) tile_gemm_all_rows<T, Bytes, true>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else tile_gemm_all_rows<T, Bytes, false>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Workspace and per-chunk quantities of one task. prepare() loads a chunk and
 // computes what depends on the chunk alone; forward() / backward() add the entry state.
-template <class T>
+template <class T, int Bytes>
 class KdaChunk {
  public:
   KdaChunk(int64_t C, int64_t K, int64_t V) : C_(C), K_(K), V_(V) {
@@ -344,6 +410,8 @@ class KdaChunk {
     for (int64_t r = 0; r < nsub; ++r) col_rows += r * kSubChunk;
     coldec_.resize(static_cast<size_t>(std::max<int64_t>(col_rows, 1) * K));
     kcol_.resize(coldec_.size());
+    kcol_t_.resize(coldec_.size());
+    kdcol_t_.resize(ck);
     col_off_.resize(static_cast<size_t>(nsub));
     diag_reference_.resize(static_cast<size_t>(nsub));
     pairdec_.resize(static_cast<size_t>(nsub * tri(kSubChunk) * K));
@@ -388,10 +456,11 @@ class KdaChunk {
       multiply(&kcol_[off], k_.data(), &coldec_[off], r0 * K);
       off += r0 * K;
       const double* gm = &gam_[(r0 + (r1 - r0) / 2) * K];
-      double span = 0;
+      // Every |γ_i - γ_m| <= kReferenceSpan, as a count (a max over doubles would not vectorise).
+      int64_t beyond = 0;
       for (int64_t i = r0; i < r1; ++i)
-        for (int64_t d = 0; d < K; ++d) span = std::max(span, std::abs(gam_[i * K + d] - gm[d]));
-      diag_reference_[r] = span <= kReferenceSpan;
+        for (int64_t d = 0; d < K; ++d) beyond += std::abs(gam_[i * K + d] - gm[d]) > kReferenceSpan;
+      diag_reference_[r] = beyond == 0;
       if (diag_reference_[r]) {
         for (int64_t i = r0; i < r1; ++i) {
           exp_of_difference(&drow_[i * K], &gam_[i * K], gm, K);
@@ -415,21 +484,20 @@ class KdaChunk {
     multiply(qg_.data(), q_.data(), eg_.data(), L * K);
     multiply(kg_.data(), k_.data(), eg_.data(), L * K);
     multiply(kh_.data(), k_.data(), eh_.data(), L * K);
+    // The column operands of both decayed products (E and A^qk), transposed once for both.
+    for (int64_t r = 0; r * kSubChunk < L; ++r) {
+      int64_t r0 = r * kSubChunk, rl = std::min(L, r0 + kSubChunk) - r0;
+      if (r0 > 0 && tile_gemm_takes<T, Bytes>(r0, K))
+        pack_transposed<T, Bytes>(&kcol_[col_off_[r]], K, r0, K, &kcol_t_[col_off_[r]]);
+      if (diag_reference_[r] && tile_gemm_takes<T, Bytes>(rl, K))
+        pack_transposed<T, Bytes>(&kdcol_[r0 * K], K, rl, K, &kdcol_t_[r0 * K]);
+    }
     decayed_products(E_.data(), krow_.data(), kdiag_.data(), k_.data(), /*diagonal=*/false);
     decayed_products(Aqk_.data(), qrow_.data(), qdiag_.data(), q_.data(), /*diagonal=*/true);
 
     // M = (I + A^kk)^{-1} by forward substitution: M[i,:] = e_i - Σ_{m<i} A^kk[i,m] M[m,:].
     std::fill(M_.begin(), M_.begin() + L * L, T(0));
-    for (int64_t i = 0; i < L; ++i) {
-      T* mi = &M_[i * L];
-      mi[i] = T(1);
-      for (int64_t m = 0; m < i; ++m) {
-        T a = beta_[i] * E_[i * L + m];
-        if (a == T(0)) continue;
-        const T* mm = &M_[m * L];
-        for (int64_t j = 0; j <= m; ++j) mi[j] -= a * mm[j];
-      }
-    }
+    invert_unit_lower();
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = 0; j < L; ++j) Tm_[i * L + j] = M_[i * L + j] * beta_[j];
     mm(false, false, L, K, L, T(1), Tm_.data(), L, kg_.data(), K, T(0), W_.data(), K);
@@ -548,6 +616,56 @@ class KdaChunk {
   }
 
  private:
+  // M = (I + A^kk)^{-1}, A^kk = Diag(β) E strictly lower triangular, row by row:
+  // M[i,:] = e_i - Σ_{m<i} A^kk[i,m] M[m,:], m ascending. Row i is kept in registers
+  // (NR vectors) while the rows above are subtracted: through memory each step would
+  // wait for the previous one's store. Row m of M is zero beyond column m, so the
+  // whole-vector updates also subtract a·0 from entries that are still +0 (or the 1 at
+  // i): the bits of a loop that stops at column m. Rows whose columns need more than
+  // kMaxRowVecs vectors, or L not a multiple of the vector, take that scalar loop.
+  static constexpr int kMaxRowVecs = 8;
+  template <int NR>
+  void invert_row(int64_t i) {
+    using Vt = Vec<T, Bytes>;
+    constexpr int64_t W = Bytes / sizeof(T);
+    const int64_t L = L_;
+    Vt acc[NR];
+    T* mi = &M_[i * L];
+    for (int v = 0; v < NR; ++v) load_vec(acc[v], mi + v * W);
+    for (int64_t m = 0; m < i; ++m) {
+      T a = beta_[i] * E_[i * L + m];
+      if (a == T(0)) continue;
+      const T* mm = &M_[m * L];
+      for (int v = 0; v < NR; ++v) {
+        Vt x;
+        load_vec(x, mm + v * W);
+        acc[v] -= a * x;
+      }
+    }
+    for (int v = 0; v < NR; ++v) store_vec(mi + v * W, acc[v]);
+  }
+  void invert_unit_lower() {
+    constexpr int64_t W = Bytes / sizeof(T);
+    const int64_t L = L_;
+    for (int64_t i = 0; i < L; ++i) {
+      T* mi = &M_[i * L];
+      mi[i] = T(1);
+      const int64_t nr = i / W + 1;  // vectors covering columns 0..i
+      if (L % W == 0 && nr <= kMaxRowVecs) {
+        [&]<int... R>(std::integer_sequence<int, R...>) {
+          ((nr == R + 1 ? invert_row<R + 1>(i) : void()), ...);
+        }(std::make_integer_sequence<int, kMaxRowVecs>{});
+        continue;
+      }
+      for (int64_t m = 0; m < i; ++m) {
+        T a = beta_[i] * E_[i * L + m];
+        if (a == T(0)) continue;
+        const T* mm = &M_[m * L];
+        for (int64_t j = 0; j <= m; ++j) mi[j] -= a * mm[j];
+      }
+    }
+  }
+
   // V^new = U - W S_n with U = Tm V.
   void new_values(const T* S) {
     const int64_t L = L_, K = K_, V = V_;
@@ -564,10 +682,17 @@ class KdaChunk {
     for (int64_t r = 0; r * kSubChunk < L; ++r) {
       int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk), rl = r1 - r0;
       // Off-diagonal block [r0, r1) x [0, r0): one matmul of reference-scaled rows.
-      mm(false, true, rl, r0, K, T(1), xrow + r0 * K, K, &kcol_[col_off_[r]], K, T(0), P + r0 * L, L);
+      // (Each as tile_gemm would multiply it, with the transpose packed in prepare(): the same bits.)
+      if (tile_gemm_takes<T, Bytes>(r0, K))
+        mm(false, false, rl, r0, K, T(1), xrow + r0 * K, K, &kcol_t_[col_off_[r]], r0, T(0), P + r0 * L, L);
+      else
+        mm(false, true, rl, r0, K, T(1), xrow + r0 * K, K, &kcol_[col_off_[r]], K, T(0), P + r0 * L, L);
       if (diag_reference_[r]) {
         // Diagonal block as a matmul; the entries above the diagonal (factors > 1, unused) are zeroed.
-        mm(false, true, rl, rl, K, T(1), xdiag + r0 * K, K, &kdcol_[r0 * K], K, T(0), P + r0 * L + r0, L);
+        if (tile_gemm_takes<T, Bytes>(rl, K))
+          mm(false, false, rl, rl, K, T(1), xdiag + r0 * K, K, &kdcol_t_[r0 * K], rl, T(0), P + r0 * L + r0, L);
+        else
+          mm(false, true, rl, rl, K, T(1), xdiag + r0 * K, K, &kdcol_[r0 * K], K, T(0), P + r0 * L + r0, L);
         for (int64_t i = r0; i < r1; ++i)
           for (int64_t j = diagonal ? i + 1 : i; j < r1; ++j) P[i * L + j] = T(0);
         continue;
@@ -634,7 +759,7 @@ class KdaChunk {
 
   void mm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc) {
-    tile_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pack_.data());
+    tile_gemm<T, Bytes>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pack_.data());
   }
 
   int64_t C_, K_, V_, L_ = 0;
@@ -646,6 +771,7 @@ class KdaChunk {
   std::vector<T> qg_, kg_, kh_;          // q̄ ⊙ e^γ, k ⊙ e^γ, k ⊙ e^{γ_C - γ}
   std::vector<T> rowdec_, qrow_, krow_;  // e^{γ_i - γ_n} (n: first row of i's sub-chunk), q̄ and k scaled by it
   std::vector<T> coldec_, kcol_;         // per sub-chunk r, rows j < n_r: e^{γ_n - γ_j} and k scaled by it
+  std::vector<T> kcol_t_, kdcol_t_;      // kcol_ and kdcol_ per sub-chunk, transposed ([K, rows])
   std::vector<int64_t> col_off_;         // offset of sub-chunk r in coldec_/kcol_
   std::vector<bool> diag_reference_;     // per sub-chunk: diagonal block by the middle-row reference
   std::vector<T> drow_, dcol_, qdiag_, kdiag_, kdcol_;  // e^{γ_i - γ_m}, e^{γ_m - γ_i}, q̄ ⊙ drow, k ⊙ drow, k ⊙ dcol
@@ -684,12 +810,12 @@ struct ChunkedBackward {
   const Tensor *grad_o, *grad_final_state, *q, *k, *v, *g, *beta, *chunk_states;
 };
 
-template <class T>
+template <class T, int Bytes>
 void chunked_forward_tasks(const ChunkedForward<T>& a, int64_t lo, int64_t hi) {
   const Dims& d = a.d;
   const int64_t KV = d.K * d.V, C = a.C, N = kda_num_segments(d.T, C);
   T* cs = a.chunk_states ? a.chunk_states->template data<T>() : nullptr;
-  KdaChunk<T> chunk(C, d.K, d.V);
+  KdaChunk<T, Bytes> chunk(C, d.K, d.V);
   for (int64_t task = lo; task < hi; ++task) {
     TaskRows<T> rows = task_rows<T>(d, task, *a.q, *a.k, *a.v, *a.g, *a.beta);
     Rows<T> out = v_rows(a.o->template data<T>(), d, task);
@@ -703,12 +829,12 @@ void chunked_forward_tasks(const ChunkedForward<T>& a, int64_t lo, int64_t hi) {
   }
 }
 
-template <class T>
+template <class T, int Bytes>
 void chunked_backward_tasks(const ChunkedBackward<T>& a, int64_t lo, int64_t hi) {
   const Dims& d = a.d;
   const int64_t KV = d.K * d.V, C = a.C, N = kda_num_segments(d.T, C);
   const T* cs = a.chunk_states->template data<T>();
-  KdaChunk<T> chunk(C, d.K, d.V);
+  KdaChunk<T, Bytes> chunk(C, d.K, d.V);
   std::vector<T> dS(static_cast<size_t>(KV));
   for (int64_t task = lo; task < hi; ++task) {
     TaskRows<T> rows = task_rows<T>(d, task, *a.q, *a.k, *a.v, *a.g, *a.beta);
@@ -726,46 +852,72 @@ void chunked_backward_tasks(const ChunkedBackward<T>& a, int64_t lo, int64_t hi)
   }
 }
 
-std::atomic<bool> g_force_portable{false};
+std::atomic<int> g_forced_isa{-1};  // kda_chunked_force_isa; -1: vector_isa()
 
 #if defined(__x86_64__) && defined(__GNUC__)
-bool cpu_has_avx2_fma() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
+#define MT_KDA_AVX2 gnu::target("avx2,fma"), gnu::flatten
+// prefer-vector-width=512: GCC's tuning would otherwise vectorise the elementwise loops 256 bits wide.
+#define MT_KDA_AVX512 gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"), gnu::flatten
+[[MT_KDA_AVX2]] void chunked_tasks_avx2(const ChunkedForward<float>& a, int64_t lo, int64_t hi) {
+  chunked_forward_tasks<float, 32>(a, lo, hi);
 }
-[[gnu::target("avx2,fma"), gnu::flatten]] void chunked_tasks_avx2(const ChunkedForward<float>& a, int64_t lo,
-                                                                   int64_t hi) {
-  chunked_forward_tasks(a, lo, hi);
+[[MT_KDA_AVX2]] void chunked_tasks_avx2(const ChunkedForward<double>& a, int64_t lo, int64_t hi) {
+  chunked_forward_tasks<double, 32>(a, lo, hi);
 }
-[[gnu::target("avx2,fma"), gnu::flatten]] void chunked_tasks_avx2(const ChunkedForward<double>& a, int64_t lo,
-                                                                   int64_t hi) {
-  chunked_forward_tasks(a, lo, hi);
+[[MT_KDA_AVX2]] void chunked_tasks_avx2(const ChunkedBackward<float>& a, int64_t lo, int64_t hi) {
+  chunked_backward_tasks<float, 32>(a, lo, hi);
 }
-[[gnu::target("avx2,fma"), gnu::flatten]] void chunked_tasks_avx2(const ChunkedBackward<float>& a, int64_t lo,
-                                                                   int64_t hi) {
-  chunked_backward_tasks(a, lo, hi);
+[[MT_KDA_AVX2]] void chunked_tasks_avx2(const ChunkedBackward<double>& a, int64_t lo, int64_t hi) {
+  chunked_backward_tasks<double, 32>(a, lo, hi);
 }
-[[gnu::target("avx2,fma"), gnu::flatten]] void chunked_tasks_avx2(const ChunkedBackward<double>& a, int64_t lo,
-                                                                   int64_t hi) {
-  chunked_backward_tasks(a, lo, hi);
+[[MT_KDA_AVX512]] void chunked_tasks_avx512(const ChunkedForward<float>& a, int64_t lo, int64_t hi) {
+  chunked_forward_tasks<float, 64>(a, lo, hi);
 }
+[[MT_KDA_AVX512]] void chunked_tasks_avx512(const ChunkedForward<double>& a, int64_t lo, int64_t hi) {
+  chunked_forward_tasks<double, 64>(a, lo, hi);
+}
+[[MT_KDA_AVX512]] void chunked_tasks_avx512(const ChunkedBackward<float>& a, int64_t lo, int64_t hi) {
+  chunked_backward_tasks<float, 64>(a, lo, hi);
+}
+[[MT_KDA_AVX512]] void chunked_tasks_avx512(const ChunkedBackward<double>& a, int64_t lo, int64_t hi) {
+  chunked_backward_tasks<double, 64>(a, lo, hi);
+}
+#undef MT_KDA_AVX2
+#undef MT_KDA_AVX512
 #else
-bool cpu_has_avx2_fma() { return false; }
 template <class A>
 void chunked_tasks_avx2(const A&, int64_t, int64_t) {}
+template <class A>
+void chunked_tasks_avx512(const A&, int64_t, int64_t) {}
 #endif
 
-bool use_avx2() { return cpu_has_avx2_fma() && !g_force_portable.load(); }
+VectorIsa chunked_isa() {
+  int forced = g_forced_isa.load();
+  VectorIsa isa = vector_isa();
+  return forced < 0 ? isa : std::min(isa, static_cast<VectorIsa>(forced));
+}
 
 template <class T>
 void run_chunked(const ChunkedForward<T>& a, int64_t lo, int64_t hi) {
-  if (use_avx2()) chunked_tasks_avx2(a, lo, hi);
-  else chunked_forward_tasks(a, lo, hi);
+  switch (chunked_isa()) {
+    case VectorIsa::avx512:
+      return chunked_tasks_avx512(a, lo, hi);
+    case VectorIsa::avx2:
+      return chunked_tasks_avx2(a, lo, hi);
+    case VectorIsa::generic:
+      return chunked_forward_tasks<T, 32>(a, lo, hi);
+  }
 }
 template <class T>
 void run_chunked(const ChunkedBackward<T>& a, int64_t lo, int64_t hi) {
-  if (use_avx2()) chunked_tasks_avx2(a, lo, hi);
-  else chunked_backward_tasks(a, lo, hi);
+  switch (chunked_isa()) {
+    case VectorIsa::avx512:
+      return chunked_tasks_avx512(a, lo, hi);
+    case VectorIsa::avx2:
+      return chunked_tasks_avx2(a, lo, hi);
+    case VectorIsa::generic:
+      return chunked_backward_tasks<T, 32>(a, lo, hi);
+  }
 }
 
 }  // namespace
@@ -908,7 +1060,8 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
   });
 }
 
-bool kda_chunked_uses_avx2() { return use_avx2(); }
-void kda_chunked_force_portable(bool portable) { g_force_portable.store(portable); }
+VectorIsa kda_chunked_isa() { return chunked_isa(); }
+void kda_chunked_force_isa(VectorIsa cap) { g_forced_isa.store(static_cast<int>(cap)); }
+void kda_chunked_unforce_isa() { g_forced_isa.store(-1); }
 
 }  // namespace moetrain::cpu

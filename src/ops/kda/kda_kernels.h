@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cpu/isa.h"
 #include "backend/cuda/runtime.h"
 #include "core/tensor.h"
 
@@ -34,12 +35,14 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
                           const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                           const Tensor& chunk_states, double scale, int64_t chunk_size);
 
-// The chunked kernels run a copy compiled for AVX2 + FMA when the CPU has both
-// (kda_cpu.cpp), else the portable copy; the two round differently (FMA), each is
-// deterministic for a fixed thread count. For tests: which one runs, and forcing the
-// portable one (process-wide).
-bool kda_chunked_uses_avx2();
-void kda_chunked_force_portable(bool portable);
+// The chunked kernels run one of three compiled copies: AVX-512 (F/VL/BW/DQ), AVX2 + FMA,
+// or the portable one, the widest that cpu::vector_isa() allows (backend/cpu/isa.h:
+// CPUID, MOETRAIN_ISA, MOETRAIN_GEMM=portable). The copies round differently (FMA,
+// vector exp), each is deterministic for any thread count. For tests: the copy in use,
+// and a process-wide cap below vector_isa() (unforce: back to vector_isa()).
+VectorIsa kda_chunked_isa();
+void kda_chunked_force_isa(VectorIsa cap);
+void kda_chunked_unforce_isa();
 
 }  // namespace moetrain::cpu
 

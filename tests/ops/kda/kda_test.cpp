@@ -258,63 +258,87 @@ TEST_CASE("kda_chunked: f32 agrees with the f64 recurrent form", "[ops][kda]") {
   WARN("f32 vs f64 recurrent: max relative error chunked " << worst_chunked << ", recurrent " << worst_recurrent);
 }
 
-TEST_CASE("kda_chunked: the portable and the AVX2 copies of the kernels agree", "[ops][kda]") {
-  // kda_cpu.cpp compiles the chunked kernels twice (the build's baseline ISA, and AVX2 + FMA
-  // picked at run time). Both must meet the recurrent reference; they differ only by
+// The copies of the chunked kernels this CPU can run (kda_kernels.h), narrowest first.
+static std::vector<cpu::VectorIsa> runnable_isas() {
+  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
+  return isas;
+}
+
+TEST_CASE("kda_chunked: the portable, AVX2 and AVX-512 copies of the kernels agree", "[ops][kda]") {
+  // kda_cpu.cpp compiles the chunked kernels three times (the build's baseline ISA, AVX2 + FMA,
+  // AVX-512; picked at run time). Each must meet the recurrent reference; they differ only by
   // rounding (FMA contraction, vector exp lanes), so they agree to f64 / f32 precision.
-  // On a CPU without AVX2 both runs take the portable copy and agree bitwise.
-  INFO("AVX2 copy in use: " << cpu::kda_chunked_uses_avx2());
-  for (Decay decay : {Decay::lower_bound, Decay::mixed})
-    for (DType dtype : {DType::f64, DType::f32}) {
-      INFO(decay_name(decay) << " " << dtype_name(dtype));
-      Inputs in = make_inputs(2, 150, 2, 4, 16, 8, decay, true, 70);
-      Tensor grad_o = randn(in.v.shape(), DType::f64, 71), grad_state = randn(in.h0.shape(), DType::f64, 72);
-      Run ref = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.3); }, in,
-                    grad_o, grad_state);
-      auto chunked = [&] {
-        return run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.3, 64); },
-                   in.to(dtype), grad_o.to(dtype), grad_state.to(dtype));
-      };
-      Run fast = chunked();
-      cpu::kda_chunked_force_portable(true);
-      Run portable = chunked();
-      cpu::kda_chunked_force_portable(false);
-      const double to_ref = dtype == DType::f64 ? 1e-10 : 2e-5, between = dtype == DType::f64 ? 1e-12 : 2e-6;
-      std::vector<std::pair<Tensor, Tensor>> pairs{{fast.o, portable.o}, {fast.state, portable.state}};
-      std::vector<Tensor> refs{ref.o, ref.state};
-      for (size_t i = 0; i < ref.grads.size(); ++i) {
-        pairs.push_back({fast.grads[i], portable.grads[i]});
-        refs.push_back(ref.grads[i]);
+  // Copies the CPU lacks are skipped (WARN). K = 16 / 64 / 128 (V 8 / 64 / 128): off and on
+  // the 64-byte vector blocks, and the benchmark's sizes.
+  std::vector<cpu::VectorIsa> isas = runnable_isas();
+  if (isas.size() < 3) WARN("this CPU runs " << isas.size() << " of the 3 copies; the others are not checked");
+  struct Case {
+    int64_t T, H, HV, K, V;
+  };
+  for (Case c : {Case{150, 2, 4, 16, 8}, Case{150, 1, 2, 64, 64}, Case{100, 1, 1, 128, 128}})
+    for (Decay decay : {Decay::lower_bound, Decay::mixed})
+      for (DType dtype : {DType::f64, DType::f32}) {
+        INFO(decay_name(decay) << " " << dtype_name(dtype) << " K=" << c.K << " V=" << c.V);
+        Inputs in = make_inputs(2, c.T, c.H, c.HV, c.K, c.V, decay, true, 70);
+        Tensor grad_o = randn(in.v.shape(), DType::f64, 71), grad_state = randn(in.h0.shape(), DType::f64, 72);
+        Run ref = run([&](const Tensors& x) { return kda_recurrent(x[0], x[1], x[2], x[3], x[4], x[5], 0.3); }, in,
+                      grad_o, grad_state);
+        std::vector<Run> runs;
+        for (cpu::VectorIsa isa : isas) {
+          cpu::kda_chunked_force_isa(isa);
+          REQUIRE(cpu::kda_chunked_isa() == isa);
+          runs.push_back(run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.3, 64); },
+                             in.to(dtype), grad_o.to(dtype), grad_state.to(dtype)));
+        }
+        cpu::kda_chunked_unforce_isa();
+        const double to_ref = dtype == DType::f64 ? 1e-10 : 2e-5, between = dtype == DType::f64 ? 1e-12 : 2e-6;
+        for (size_t r = 0; r < runs.size(); ++r) {
+          INFO("copy " << cpu::vector_isa_name(isas[r]));
+          std::vector<std::pair<Tensor, Tensor>> pairs{{runs[r].o, runs[0].o}, {runs[r].state, runs[0].state}};
+          std::vector<Tensor> refs{ref.o, ref.state};
+          for (size_t i = 0; i < ref.grads.size(); ++i) {
+            pairs.push_back({runs[r].grads[i], runs[0].grads[i]});
+            refs.push_back(ref.grads[i]);
+          }
+          for (size_t i = 0; i < pairs.size(); ++i) {
+            INFO("tensor " << i);
+            CHECK(rel_error(pairs[i].first.to(DType::f64), refs[i]) < to_ref);
+            CHECK(rel_error(pairs[i].first.to(DType::f64), pairs[i].second.to(DType::f64)) < between);
+          }
+        }
       }
-      for (size_t i = 0; i < pairs.size(); ++i) {
-        INFO("tensor " << i);
-        CHECK(rel_error(pairs[i].first.to(DType::f64), refs[i]) < to_ref);
-        CHECK(rel_error(pairs[i].second.to(DType::f64), refs[i]) < to_ref);
-        CHECK(rel_error(pairs[i].first.to(DType::f64), pairs[i].second.to(DType::f64)) < between);
-      }
-    }
 }
 
 TEST_CASE("kda_chunked: results do not depend on the thread count", "[ops][kda]") {
   // One (batch, value head) task runs start to end on one thread with the same code, so
-  // 1, 2 and 3 threads give the same bits (B·HV = 4 tasks: uneven splits included).
+  // 1, 2 and 3 threads give the same bits (B·HV = 4 tasks: uneven splits included), in
+  // every copy of the kernels this CPU runs.
   const int before = cpu::num_threads();
-  Inputs in = make_inputs(1, 150, 2, 4, 64, 64, Decay::lower_bound, true, 80).to(DType::f32);
-  Tensor grad_o = randn(in.v.shape(), DType::f32, 81), grad_state = randn(in.h0.shape(), DType::f32, 82);
-  auto chunked = [&] {
-    return run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.125, 64); }, in,
-               grad_o, grad_state);
-  };
-  cpu::set_num_threads(1);
-  Run one = chunked();
-  for (int threads : {2, 3}) {
-    cpu::set_num_threads(threads);
-    Run many = chunked();
-    INFO(threads << " threads");
-    CHECK(moetrain::testing::bitwise_equal(many.o, one.o));
-    CHECK(moetrain::testing::bitwise_equal(many.state, one.state));
-    for (size_t i = 0; i < one.grads.size(); ++i) CHECK(moetrain::testing::bitwise_equal(many.grads[i], one.grads[i]));
-  }
+  for (int64_t KV : {64, 128})
+    for (cpu::VectorIsa isa : runnable_isas()) {
+      INFO("copy " << cpu::vector_isa_name(isa) << " K=V=" << KV);
+      cpu::kda_chunked_force_isa(isa);
+      Inputs in = make_inputs(1, 150, 2, 4, KV, KV, Decay::lower_bound, true, 80).to(DType::f32);
+      Tensor grad_o = randn(in.v.shape(), DType::f32, 81), grad_state = randn(in.h0.shape(), DType::f32, 82);
+      auto chunked = [&] {
+        return run([&](const Tensors& x) { return kda_chunked(x[0], x[1], x[2], x[3], x[4], x[5], 0.125, 64); }, in,
+                   grad_o, grad_state);
+      };
+      cpu::set_num_threads(1);
+      Run one = chunked();
+      for (int threads : {2, 3}) {
+        cpu::set_num_threads(threads);
+        Run many = chunked();
+        INFO(threads << " threads");
+        CHECK(moetrain::testing::bitwise_equal(many.o, one.o));
+        CHECK(moetrain::testing::bitwise_equal(many.state, one.state));
+        for (size_t i = 0; i < one.grads.size(); ++i)
+          CHECK(moetrain::testing::bitwise_equal(many.grads[i], one.grads[i]));
+      }
+    }
+  cpu::kda_chunked_unforce_isa();
   cpu::set_num_threads(before);
 }
 
@@ -326,31 +350,40 @@ namespace {
 [[gnu::target("avx2,fma"), gnu::flatten]] void exp_approx_avx2(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = cpu::exp_approx(x[i]);
 }
+// The same as the AVX-512 copy compiles it (16 lanes).
+[[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"), gnu::flatten]] void
+exp_approx_avx512(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = cpu::exp_approx(x[i]);
+}
 }  // namespace
 
-TEST_CASE("kda: exp_approx compiled for AVX2 + FMA is within 2 ulp of exp", "[ops][kda]") {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-    WARN("no AVX2 + FMA on this CPU: nothing to check");
-    return;
+TEST_CASE("kda: exp_approx compiled for AVX2 + FMA and for AVX-512 is within 2 ulp of exp", "[ops][kda]") {
+  for (cpu::VectorIsa isa : {cpu::VectorIsa::avx2, cpu::VectorIsa::avx512}) {
+    INFO(cpu::vector_isa_name(isa) << " copy");
+    if (cpu::cpu_vector_isa() < isa) {
+      WARN("no " << cpu::vector_isa_name(isa) << " on this CPU: its copy is not checked");
+      continue;
+    }
+    // The kernels' exponents: <= 0 (pairs i >= j, inter-chunk factors) and up to +40 (the
+    // diagonal sub-chunk reference, kReferenceSpan); below -87.34 exp_approx flushes to 0.
+    std::vector<float> x;
+    for (float v = -87.33f; v < 41.0f; v += 0.000513f) x.push_back(v);
+    for (float v : {-87.4f, -88.0f, -100.0f, -1000.0f, -INFINITY, 0.0f}) x.push_back(v);
+    std::vector<float> y(x.size());
+    if (isa == cpu::VectorIsa::avx2) exp_approx_avx2(y.data(), x.data(), static_cast<int64_t>(x.size()));
+    else exp_approx_avx512(y.data(), x.data(), static_cast<int64_t>(x.size()));
+    double worst = 0;
+    float worst_x = 0;
+    for (size_t i = 0; i + 6 < x.size(); ++i) {
+      double ref = std::exp(static_cast<double>(x[i]));
+      double rel = std::abs(y[i] - ref) / ref;
+      if (rel > worst) worst = rel, worst_x = x[i];
+    }
+    INFO("worst at x = " << worst_x << ": " << worst);
+    CHECK(worst < 2.4e-7);  // 2 ulp of float
+    for (size_t i = x.size() - 6; i + 1 < x.size(); ++i) CHECK(y[i] == 0.0f);  // underflow: 0
+    CHECK(y.back() == 1.0f);
   }
-  // The kernels' exponents: <= 0 (pairs i >= j, inter-chunk factors) and up to +40 (the
-  // diagonal sub-chunk reference, kReferenceSpan); below -87.34 exp_approx flushes to 0.
-  std::vector<float> x;
-  for (float v = -87.33f; v < 41.0f; v += 0.000513f) x.push_back(v);
-  for (float v : {-87.4f, -88.0f, -100.0f, -1000.0f, -INFINITY, 0.0f}) x.push_back(v);
-  std::vector<float> y(x.size());
-  exp_approx_avx2(y.data(), x.data(), static_cast<int64_t>(x.size()));
-  double worst = 0;
-  float worst_x = 0;
-  for (size_t i = 0; i + 6 < x.size(); ++i) {
-    double ref = std::exp(static_cast<double>(x[i]));
-    double rel = std::abs(y[i] - ref) / ref;
-    if (rel > worst) worst = rel, worst_x = x[i];
-  }
-  INFO("worst at x = " << worst_x << ": " << worst);
-  CHECK(worst < 2.4e-7);  // 2 ulp of float
-  for (size_t i = x.size() - 6; i + 1 < x.size(); ++i) CHECK(y[i] == 0.0f);  // underflow: 0
-  CHECK(y.back() == 1.0f);
 }
 #endif
 
