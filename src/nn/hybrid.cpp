@@ -127,7 +127,6 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
     lm_head_ = f.make("lm_head.weight", {c.vocab_size, D}, Init::trunc_normal(s, -3, 3), "lm_head", true);
   }
   f.set_skipping(false);
-  if (!has_table) embed_tokens_ = Tensor();  // a custom init would have returned one; none here, but be sure
 }
 
 HybridModel::~HybridModel() = default;

@@ -18,7 +18,7 @@ Tensor LanguageModel::loss(const Tensor& ids, const Tensor& targets, bool traini
 
 StageOutput LanguageModel::stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets,
                                          bool training) {
-  MT_CHECK(pipeline_stage().whole(), "{} model: stage_forward of a pipeline stage is not implemented", arch());
+  MT_CHECK(pipeline_stage().whole(), "{} model: a pipeline stage needs the model's own stage_forward", arch());
   MT_CHECK(inputs.empty(), "{} model: the whole model receives no activations, got {}", arch(), inputs.size());
   StageOutput out;
   if (targets.defined()) out.loss = loss(ids, targets, training);

@@ -68,6 +68,17 @@ ModelSummary summarize(const Config& config) {
   const uint64_t seed = 0;
   const std::vector<ParamSpec>* specs = nullptr;
   std::function<int64_t(const std::string&)> layer_of;
+  // The layer-range estimates of the model (HybridModel or Gpt2: the same member functions).
+  auto bind_estimates = [&](const auto* p) {
+    const bool mixed = m.mixed_precision;
+    const int64_t T = m.seq_len;
+    m.flops = [p, T](int64_t first, int64_t end, bool head) { return p->flops_per_token(T, first, end, head); };
+    m.activations = [p, mixed](int64_t first, int64_t end, bool head) {
+      return p->activation_bytes_per_token(mixed, first, end, head);
+    };
+    m.boundary = [p](int64_t l) { return p->boundary_values_per_token(l); };
+    layer_of = [p](const std::string& name) { return p->parameter_layer(name); };
+  };
   if (config.get_string("model.arch") == "hybrid") {
     HybridConfig hc = HybridConfig::from(config);
     auto h = std::make_unique<HybridModel>(hc, seed, /*allocate=*/false);
@@ -80,14 +91,7 @@ ModelSummary summarize(const Config& config) {
     m.n_layer = hc.n_layer();
     m.d_model = hc.d_model;
     for (int64_t l = 0; l < m.n_layer; ++l) m.moe_layer.push_back(hc.is_moe_layer(l));
-    const bool mixed = m.mixed_precision;
-    const int64_t T = m.seq_len;
-    m.flops = [p, T](int64_t first, int64_t end, bool head) { return p->flops_per_token(T, first, end, head); };
-    m.activations = [p, mixed](int64_t first, int64_t end, bool head) {
-      return p->activation_bytes_per_token(mixed, first, end, head);
-    };
-    m.boundary = [p](int64_t l) { return p->boundary_values_per_token(l); };
-    layer_of = [p](const std::string& name) { return p->parameter_layer(name); };
+    bind_estimates(p);
     m.model = std::move(h);
   } else {
     Gpt2Config gc = Gpt2Config::from(config);
@@ -98,14 +102,7 @@ ModelSummary summarize(const Config& config) {
     m.n_layer = gc.n_layer;
     m.d_model = gc.d_model;
     m.moe_layer.assign(static_cast<size_t>(m.n_layer), false);
-    const bool mixed = m.mixed_precision;
-    const int64_t T = m.seq_len;
-    m.flops = [p, T](int64_t first, int64_t end, bool head) { return p->flops_per_token(T, first, end, head); };
-    m.activations = [p, mixed](int64_t first, int64_t end, bool head) {
-      return p->activation_bytes_per_token(mixed, first, end, head);
-    };
-    m.boundary = [p](int64_t l) { return p->boundary_values_per_token(l); };
-    layer_of = [p](const std::string& name) { return p->parameter_layer(name); };
+    bind_estimates(p);
     m.model = std::move(g);
   }
   m.arch = m.model->arch();

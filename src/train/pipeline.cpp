@@ -178,7 +178,7 @@ class PipelinedModel final : public LanguageModel {
     exchange(d_, "pipeline (eval): receive activations", -1, {}, peers_.prev, in);
     StageOutput out = stage_.stage_forward(ids.to(device), in, Tensor(), training);
     exchange(d_, "pipeline (eval): send activations", peers_.next, out.activations, -1, {});
-    Tensor logits = d_.grid.last_stage() ? out.logits : empty({B, T, vocab_size()}, logits_dtype(), device);
+    Tensor logits = d_.grid.last_stage() ? out.logits : empty({B, T, vocab_size()}, stage_.dtype(), device);
     comm::WatchdogLabel label("pipeline (eval): logits from the last stage");
     d_.grid.pipe_group->broadcast(logits, d_.grid.pp - 1);
     return logits;
@@ -208,8 +208,6 @@ class PipelinedModel final : public LanguageModel {
     int64_t length() const override { return ids.defined() ? ids.size(1) : 0; }
     int64_t bytes() const override { return ids.defined() ? ids.nbytes() : 0; }
   };
-
-  DType logits_dtype() const { return stage_.dtype(); }
 
   Distributed& d_;
   LanguageModel& stage_;
