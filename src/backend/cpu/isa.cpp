@@ -1,6 +1,7 @@
 #include "backend/cpu/isa.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -24,6 +25,12 @@ VectorIsa cpu_vector_isa() {
 #endif
 }
 
+namespace {
+std::atomic<int> g_test_cap{-1};  // cap_vector_isa_for_testing; -1: none
+}  // namespace
+
+void cap_vector_isa_for_testing(std::optional<VectorIsa> cap) { g_test_cap = cap ? static_cast<int>(*cap) : -1; }
+
 VectorIsa vector_isa() {
   static const VectorIsa isa = [] {
     VectorIsa cap = VectorIsa::avx512;
@@ -38,7 +45,8 @@ VectorIsa vector_isa() {
     if (gemm && std::string(gemm) == "portable") cap = std::min(cap, VectorIsa::avx2);
     return std::min(cap, cpu_vector_isa());
   }();
-  return isa;
+  const int test_cap = g_test_cap.load();
+  return test_cap < 0 ? isa : std::min(isa, static_cast<VectorIsa>(test_cap));
 }
 
 const char* vector_isa_name(VectorIsa isa) {

@@ -15,6 +15,8 @@
 // follow neither variable; they have no AVX-512 copy.)
 #pragma once
 
+#include <optional>
+
 namespace moetrain::cpu {
 
 enum class VectorIsa { generic, avx2, avx512 };
@@ -23,5 +25,8 @@ VectorIsa vector_isa();
 // The best ISA the CPU supports, ignoring the variables.
 VectorIsa cpu_vector_isa();
 const char* vector_isa_name(VectorIsa isa);  // "generic", "avx2", "avx512"
+// Tests: lowers vector_isa() to at most `cap` (nullopt: back to normal), so that one
+// process can run every copy the CPU has. Not for use while kernels run on other threads.
+void cap_vector_isa_for_testing(std::optional<VectorIsa> cap);
 
 }  // namespace moetrain::cpu

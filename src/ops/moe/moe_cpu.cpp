@@ -1,12 +1,117 @@
-// Grouped GEMMs: experts run one after the other, each one BLAS call over all of
-// its rows (BLAS threads inside). Rows of expert e start at the prefix sum of counts.
+// Grouped GEMMs: rows of expert e start at the prefix sum of counts. Two schedules,
+// chosen from the shapes alone (never from the thread count, so the bits do not
+// depend on it):
+//  - small experts (k3-small: 64 experts of ~128 rows x 112 x 128, ~1.8M multiply-adds
+//    each): each expert's product is one call of the register-blocked tile GEMM
+//    (backend/cpu/tile_gemm.h: a BLAS packs both operands for every call, as much work
+//    as the multiply at this size), and the experts are spread over the threads,
+//    largest first, taken dynamically: one expert's GEMM is too small to split;
+//  - larger experts: one after the other, each a cpu::gemm threaded by the route.
+// The tile GEMM runs in the copy cpu::vector_isa() picks (AVX-512, AVX2 + FMA, or
+// portable; backend/cpu/isa.h). Each output element is one in-order sum in either
+// schedule (docs/kernels.md, MoE).
 #include <algorithm>
+#include <numeric>
+#include <vector>
 
 #include "backend/cpu/blas.h"
+#include "backend/cpu/isa.h"
+#include "backend/cpu/tile_gemm.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/moe/moe_kernels.h"
 
 namespace moetrain::cpu {
+namespace {
+
+// Mean multiply-adds per expert (over experts with rows) below which the experts are
+// "small": about two of the blis route's per-thread blocks (backend/cpu/blas.cpp).
+constexpr double kSmallExpertMacs = 4e6;
+
+// One product C = alpha op(A) op(B) + beta C of one expert.
+struct Product {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  int64_t lda, ldb, ldc;
+};
+
+template <class T, int Bytes>
+void tile_product(const Product& p, const T* a, const T* b, T beta, T* c, std::vector<T>& pack) {
+  if (p.trans_b) pack.resize(static_cast<size_t>(p.n * p.k));
+  tile_gemm<T, Bytes>(p.trans_a, p.trans_b, p.m, p.n, p.k, T(1), a, p.lda, b, p.ldb, beta, c, p.ldc, pack.data());
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MT_MOE_AVX2 gnu::target("avx2,fma"), gnu::flatten
+#define MT_MOE_AVX512 gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"), gnu::flatten
+[[MT_MOE_AVX2]] void tile_product_avx2(const Product& p, const float* a, const float* b, float beta, float* c,
+                                       std::vector<float>& pack) {
+  tile_product<float, 32>(p, a, b, beta, c, pack);
+}
+[[MT_MOE_AVX2]] void tile_product_avx2(const Product& p, const double* a, const double* b, double beta, double* c,
+                                       std::vector<double>& pack) {
+  tile_product<double, 32>(p, a, b, beta, c, pack);
+}
+[[MT_MOE_AVX512]] void tile_product_avx512(const Product& p, const float* a, const float* b, float beta, float* c,
+                                           std::vector<float>& pack) {
+  tile_product<float, 64>(p, a, b, beta, c, pack);
+}
+[[MT_MOE_AVX512]] void tile_product_avx512(const Product& p, const double* a, const double* b, double beta,
+                                           double* c, std::vector<double>& pack) {
+  tile_product<double, 64>(p, a, b, beta, c, pack);
+}
+#undef MT_MOE_AVX2
+#undef MT_MOE_AVX512
+#else
+template <class T>
+void tile_product_avx2(const Product& p, const T* a, const T* b, T beta, T* c, std::vector<T>& pack) {
+  tile_product<T, 32>(p, a, b, beta, c, pack);
+}
+template <class T>
+void tile_product_avx512(const Product& p, const T* a, const T* b, T beta, T* c, std::vector<T>& pack) {
+  tile_product<T, 32>(p, a, b, beta, c, pack);
+}
+#endif
+
+// One expert's product: the tile GEMM in this CPU's copy (small experts), or cpu::gemm.
+template <class T>
+void expert_product(bool small, const Product& p, const T* a, const T* b, T* c) {
+  if (!small) return gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, T(1), a, p.lda, b, p.ldb, T(0), c, p.ldc);
+  thread_local std::vector<T> pack;  // B^T of trans_b products
+  switch (vector_isa()) {
+    case VectorIsa::avx512:
+      return tile_product_avx512(p, a, b, T(0), c, pack);
+    case VectorIsa::avx2:
+      return tile_product_avx2(p, a, b, T(0), c, pack);
+    case VectorIsa::generic:
+      return tile_product<T, 32>(p, a, b, T(0), c, pack);
+  }
+}
+
+// Calls fn(e, first_row, small) for every expert with rows: spread over the threads
+// when the experts are small, else in order on the calling thread (the header).
+template <class F>
+void for_each_expert(const std::vector<int64_t>& counts, double macs_per_row, F&& fn) {
+  const int64_t E = static_cast<int64_t>(counts.size());
+  std::vector<int64_t> first(counts.size(), 0);
+  for (int64_t e = 1; e < E; ++e) first[e] = first[e - 1] + counts[e - 1];
+  std::vector<int64_t> busy;
+  for (int64_t e = 0; e < E; ++e)
+    if (counts[e] > 0) busy.push_back(e);
+  if (busy.empty()) return;
+  const int64_t rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const bool small = macs_per_row * static_cast<double>(rows) / static_cast<double>(busy.size()) < kSmallExpertMacs;
+  const int64_t n = static_cast<int64_t>(busy.size());
+  if (!small || n == 1 || num_threads() == 1 || omp_in_parallel()) {
+    for (int64_t e : busy) fn(e, first[e], small);
+    return;
+  }
+  std::stable_sort(busy.begin(), busy.end(), [&](int64_t a, int64_t b) { return counts[a] > counts[b]; });
+#pragma omp parallel for num_threads(num_threads()) schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) fn(busy[i], first[busy[i]], small);
+}
+
+}  // namespace
 
 void grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts) {
   const int64_t in = x.size(1), out = w.size(1);
@@ -15,14 +120,11 @@ void grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const s
     const T* px = x.data<T>();
     const T* pw = w.data<T>();
     T* py = y.data<T>();
-    int64_t row = 0;
-    for (size_t e = 0; e < counts.size(); ++e) {
-      const int64_t m = counts[e];
-      if (m > 0)  // y_e [m, out] = x_e [m, in] w_e^T
-        gemm(false, true, m, out, in, T(1), px + row * in, in, pw + static_cast<int64_t>(e) * out * in, in, T(0),
-             py + row * out, out);
-      row += m;
-    }
+    for_each_expert(counts, static_cast<double>(in * out), [&](int64_t e, int64_t row, bool small) {
+      // y_e [m, out] = x_e [m, in] w_e^T
+      expert_product<T>(small, {false, true, counts[e], out, in, in, in, out}, px + row * in, pw + e * out * in,
+                        py + row * out);
+    });
   });
 }
 
@@ -36,20 +138,16 @@ void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Ten
     const T* pdy = dy.data<T>();
     T* pdx = dx.data<T>();
     T* pdw = dw.data<T>();
-    int64_t row = 0;
-    for (size_t e = 0; e < counts.size(); ++e) {
+    for (int64_t e = 0; e < static_cast<int64_t>(counts.size()); ++e)
+      if (counts[e] == 0) std::fill(pdw + e * out * in, pdw + (e + 1) * out * in, T(0));
+    for_each_expert(counts, 2.0 * static_cast<double>(in * out), [&](int64_t e, int64_t row, bool small) {
+      // dx_e [m, in] = dy_e [m, out] w_e [out, in];  dw_e [out, in] = dy_e^T x_e [m, in]
       const int64_t m = counts[e];
-      T* dw_e = pdw + static_cast<int64_t>(e) * out * in;
-      if (m == 0) {
-        std::fill(dw_e, dw_e + out * in, T(0));
-        continue;
-      }
-      // dx_e [m, in] = dy_e [m, out] w_e [out, in];  dw_e [out, in] = dy_e^T x_e
-      gemm(false, false, m, in, out, T(1), pdy + row * out, out, pw + static_cast<int64_t>(e) * out * in, in, T(0),
-           pdx + row * in, in);
-      gemm(true, false, out, in, m, T(1), pdy + row * out, out, px + row * in, in, T(0), dw_e, in);
-      row += m;
-    }
+      expert_product<T>(small, {false, false, m, in, out, out, in, in}, pdy + row * out, pw + e * out * in,
+                        pdx + row * in);
+      expert_product<T>(small, {true, false, out, in, m, out, in, in}, pdy + row * out, px + row * in,
+                        pdw + e * out * in);
+    });
   });
 }
 
