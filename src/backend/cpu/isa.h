@@ -1,5 +1,6 @@
-// The vector ISA of moetrain's own kernel copies that are picked at run time (the
-// chunked KDA kernels: a portable, an AVX2 + FMA and an AVX-512 copy). The copies
+// The vector ISA of moetrain's own kernel copies that are picked at run time (a
+// portable, an AVX2 + FMA and an AVX-512 copy of: the chunked KDA kernels, the tile
+// GEMM of small MoE experts, the SiTU-GLU loops). The copies
 // round differently (FMA contraction, vector width of the reductions), so the ISA is
 // part of what decides the bits of a run (docs/performance.md#reproducibility).
 //
@@ -11,8 +12,8 @@
 //                                 bits on every AVX2 + FMA CPU, so our kernels run
 //                                 their AVX2 copies too.
 // Read once per process; a bad value throws, naming the variable. (The target_clones
-// copies of the elementwise kernels, AVX2 or generic, are chosen by the loader and
-// follow neither variable; they have no AVX-512 copy.)
+// copies of the other elementwise kernels, AVX2 or generic, are chosen by the loader
+// and follow neither variable; they have no AVX-512 copy.)
 #pragma once
 
 #include <optional>

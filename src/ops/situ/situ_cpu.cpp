@@ -1,9 +1,13 @@
 // SiTU-GLU kernels: elementwise, parallel over contiguous ranges. The β gradient
 // is summed per chunk in double and the chunk sums added in order, so it is
-// reproducible for a fixed thread count.
+// reproducible for a fixed thread count. The loops are compiled three times
+// (portable, AVX2 + FMA, AVX-512) and cpu::vector_isa() picks the copy
+// (backend/cpu/isa.h): each element is computed by the same scalar expression in every
+// copy, only the vector width differs.
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/common/math.h"
@@ -14,10 +18,9 @@ namespace moetrain::cpu {
 namespace {
 
 // The loops over [lo, hi), as functions of their own so that the cap is a template
-// argument (no branch in the loop) and target_clones compiles an AVX2 + FMA copy
-// picked by CPUID at load time (the same CPU always runs the same copy).
+// argument (no branch in the loop), inlined into one function per ISA below.
 template <class T, bool kCap>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void situ_forward_range(
+inline void situ_forward_range(
     const T* __restrict pg, const T* __restrict pu, T* __restrict po, int64_t lo, int64_t hi, T b, T inv_b, T l,
     T inv_l) {
   for (int64_t i = lo; i < hi; ++i) {
@@ -30,7 +33,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void situ_forward_ra
 
 // Returns this range's share of dβ (0 unless kBeta).
 template <class T, bool kCap, bool kBeta>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) double situ_backward_range(
+inline double situ_backward_range(
     const T* __restrict pg, const T* __restrict pu, const T* __restrict dout, T* __restrict dg, T* __restrict du,
     int64_t lo, int64_t hi, T b, T inv_b, T l, T inv_l) {
   double beta_sum = 0;
@@ -55,6 +58,56 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) double situ_backward
   return beta_sum;
 }
 
+// The copies: gnu::flatten inlines the loop (and tanh_of, sigmoid_of) into a function
+// compiled for the ISA, which the compiler vectorises 8 or 16 floats wide.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MT_SITU_COPIES(suffix, flags)                                                                           \
+  template <class T, bool kCap>                                                                                  \
+  [[gnu::target(flags), gnu::flatten]] void situ_forward_##suffix(const T* pg, const T* pu, T* po, int64_t lo, \
+                                                                   int64_t hi, T b, T inv_b, T l, T inv_l) {    \
+    situ_forward_range<T, kCap>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);                                         \
+  }                                                                                                              \
+  template <class T, bool kCap, bool kBeta>                                                                      \
+  [[gnu::target(flags), gnu::flatten]] double situ_backward_##suffix(                                           \
+      const T* pg, const T* pu, const T* dout, T* dg, T* du, int64_t lo, int64_t hi, T b, T inv_b, T l, T inv_l) { \
+    return situ_backward_range<T, kCap, kBeta>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);                \
+  }
+MT_SITU_COPIES(avx2, "avx2,fma")
+MT_SITU_COPIES(avx512, "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")
+#undef MT_SITU_COPIES
+#endif
+
+template <class T, bool kCap>
+void situ_forward_copy(const T* pg, const T* pu, T* po, int64_t lo, int64_t hi, T b, T inv_b, T l, T inv_l) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  switch (vector_isa()) {
+    case VectorIsa::avx512:
+      return situ_forward_avx512<T, kCap>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
+    case VectorIsa::avx2:
+      return situ_forward_avx2<T, kCap>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
+    case VectorIsa::generic:
+      break;
+  }
+#endif
+  situ_forward_range<T, kCap>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
+}
+
+template <class T, bool kCap, bool kBeta>
+double situ_backward_copy(const T* pg, const T* pu, const T* dout, T* dg, T* du, int64_t lo, int64_t hi, T b, T inv_b,
+                          T l, T inv_l) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  switch (vector_isa()) {
+    case VectorIsa::avx512:
+      return situ_backward_avx512<T, kCap, kBeta>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+    case VectorIsa::avx2:
+      return situ_backward_avx2<T, kCap, kBeta>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+    case VectorIsa::generic:
+      break;
+  }
+#endif
+  return situ_backward_range<T, kCap, kBeta>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+}
+
 }  // namespace
 
 void situ_glu_forward(Tensor& out, const Tensor& gate, const Tensor& up, double beta, double lambda) {
@@ -67,8 +120,8 @@ void situ_glu_forward(Tensor& out, const Tensor& gate, const Tensor& up, double 
     const T l = static_cast<T>(lambda), inv_l = lambda > 0 ? static_cast<T>(1.0 / lambda) : T(0);
     const bool cap_up = lambda > 0;
     parallel_for(gate.numel(), 4096, [&](int64_t lo, int64_t hi) {
-      if (cap_up) situ_forward_range<T, true>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
-      else situ_forward_range<T, false>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
+      if (cap_up) situ_forward_copy<T, true>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
+      else situ_forward_copy<T, false>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
     });
   });
 }
@@ -90,10 +143,10 @@ void situ_glu_backward(Tensor& grad_gate, Tensor& grad_up, double* grad_beta, co
     std::vector<double> beta_parts(static_cast<size_t>(nt) + 1, 0.0);
     parallel_for(n, 4096, [&](int64_t lo, int64_t hi) {
       double beta_sum = 0;
-      if (cap_up && grad_beta) beta_sum = situ_backward_range<T, true, true>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
-      else if (cap_up) situ_backward_range<T, true, false>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
-      else if (grad_beta) beta_sum = situ_backward_range<T, false, true>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
-      else situ_backward_range<T, false, false>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+      if (cap_up && grad_beta) beta_sum = situ_backward_copy<T, true, true>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+      else if (cap_up) situ_backward_copy<T, true, false>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+      else if (grad_beta) beta_sum = situ_backward_copy<T, false, true>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+      else situ_backward_copy<T, false, false>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
       if (grad_beta) {
         // Chunks are contiguous and start at distinct offsets: index them by thread.
         int c = omp_in_parallel() ? omp_get_thread_num() : 0;
