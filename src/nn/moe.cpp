@@ -153,15 +153,14 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
   return reshape(y, {B, T, D});
 }
 
-Tensor MoeLayer::combine(Tensor out, const ExpertPlan& plan, const Tensor& weights, int64_t N) const {
-  const int64_t k = c_.top_k, W = out.size(1), M = static_cast<int64_t>(plan.order.size());
-  // Back to (token, slot) order (dropped slots read a zero row), weight, sum over slots.
+Tensor MoeLayer::combine(const Tensor& out, const ExpertPlan& plan, const Tensor& weights, int64_t N) const {
+  const int64_t k = c_.top_k, M = static_cast<int64_t>(plan.order.size());
+  // Each (token, slot) reads its output row (dropped slots: row M, which adds nothing),
+  // weighted and summed over slots in one op (ops/moe/moe.h).
   std::vector<int64_t> slot_row(static_cast<size_t>(N * k), M);
   for (int64_t i = 0; i < M; ++i) slot_row[plan.order[i]] = i;
-  if (plan.dropped > 0) out = concat({out, zeros({1, W}, out.dtype(), out.device())}, 0);
-  Tensor slots = reshape(index_select(out, 0, slot_row), {N, k, W});
   // The f32 routing weights meet bf16 expert outputs in their dtype (mixed precision).
-  return sum(mul(slots, reshape(weights.to(slots.dtype()), {N, k, 1})), 1);  // [N, W]
+  return moe_combine(out, slot_row, weights.to(out.dtype()));  // [N, W]
 }
 
 MoeLoad moe_load(const std::vector<double>& counts) {

@@ -110,7 +110,7 @@ class MoeLayer : public FeedForward {
  private:
   Tensor experts_forward(const Tensor& z_sorted, const std::vector<int64_t>& counts) const;
   // The experts' rows back in (token, slot) order, weighted and summed over the slots: [N, W].
-  Tensor combine(Tensor expert_out, const ExpertPlan& plan, const Tensor& weights, int64_t N) const;
+  Tensor combine(const Tensor& expert_out, const ExpertPlan& plan, const Tensor& weights, int64_t N) const;
 
   MoeConfig c_;
   ExpertShard shard_;

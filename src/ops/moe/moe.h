@@ -16,4 +16,15 @@ namespace moetrain {
 // dw[e] = dy_rows(e)^T x_rows(e) (zero for an expert without rows).
 Tensor grouped_linear(const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts);
 
+// The combine step of an MoE layer (docs/model.md#moe): rows [M, W] are the experts'
+// outputs in expert order, slot_rows [N * k] gives for each (token n, slot s) the row
+// that holds its output (M for a dropped slot: it adds nothing), weights [N, k] the
+// routing weights (rows' dtype); each row is named by at most one slot. Returns y [N, W] with
+//   y[n] = sum over s = 0..k-1 of weights[n, s] * rows[slot_rows[n k + s]],
+// summed in slot order. Backward: d rows[slot_rows[n k + s]] = weights[n, s] * dy[n]
+// (rows no slot names get zero), d weights[n, s] = <rows[slot_rows[n k + s]], dy[n]>
+// (zero for a dropped slot). One pass each way: the gather, the weighting and the sum
+// over slots without the [N, k, W] intermediates of index_select, mul and sum.
+Tensor moe_combine(const Tensor& rows, const std::vector<int64_t>& slot_rows, const Tensor& weights);
+
 }  // namespace moetrain

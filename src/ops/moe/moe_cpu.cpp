@@ -19,6 +19,7 @@
 #include "backend/cpu/tile_gemm.h"
 #include "core/dispatch.h"
 #include "core/parallel.h"
+#include "ops/common/math.h"
 #include "ops/moe/moe_kernels.h"
 
 namespace moetrain::cpu {
@@ -147,6 +148,75 @@ void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Ten
                         pdx + row * in);
       expert_product<T>(small, {true, false, out, in, m, out, in, in}, pdy + row * out, px + row * in,
                         pdw + e * out * in);
+    });
+  });
+}
+
+// The combine: tokens in parallel, each token's slots in order. Every row is named by
+// at most one slot (moe_combine checks), so the backward's row writes never meet.
+void moe_combine_forward(Tensor& y, const Tensor& rows, const Tensor& slot_rows, const Tensor& weights) {
+  const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
+  const int64_t* idx = slot_rows.data<int64_t>();
+  dispatch_float(rows.dtype(), "moe_combine", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pr = rows.data<T>();
+    const T* pw = weights.data<T>();
+    T* py = y.data<T>();
+    parallel_for(N, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t n = lo; n < hi; ++n) {
+        T* __restrict yn = py + n * W;
+        std::fill(yn, yn + W, T(0));
+        for (int64_t s = 0; s < k; ++s) {
+          const int64_t r = idx[n * k + s];
+          if (r == M) continue;  // dropped
+          const T w = pw[n * k + s];
+          const T* __restrict x = pr + r * W;
+          for (int64_t c = 0; c < W; ++c) yn[c] += w * x[c];
+        }
+      }
+    });
+  });
+}
+
+void moe_combine_backward(Tensor& grad_rows, Tensor& grad_weights, const Tensor& dy, const Tensor& rows,
+                          const Tensor& slot_rows, const Tensor& weights) {
+  const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
+  const int64_t* idx = slot_rows.data<int64_t>();
+  std::vector<char> named(static_cast<size_t>(M), 0);
+  for (int64_t i = 0; i < N * k; ++i)
+    if (idx[i] < M) named[idx[i]] = 1;
+  dispatch_float(rows.dtype(), "moe_combine_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pr = rows.data<T>();
+    const T* pw = weights.data<T>();
+    const T* pdy = dy.data<T>();
+    T* gr = grad_rows.data<T>();
+    T* gw = grad_weights.data<T>();
+    for (int64_t r = 0; r < M; ++r)
+      if (!named[r]) std::fill(gr + r * W, gr + (r + 1) * W, T(0));
+    parallel_for(N, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t n = lo; n < hi; ++n) {
+        const T* __restrict g = pdy + n * W;
+        for (int64_t s = 0; s < k; ++s) {
+          const int64_t r = idx[n * k + s];
+          if (r == M) {
+            gw[n * k + s] = T(0);
+            continue;
+          }
+          const T w = pw[n * k + s];
+          const T* __restrict x = pr + r * W;
+          T* __restrict gx = gr + r * W;
+          for (int64_t c = 0; c < W; ++c) gx[c] = w * g[c];
+          T acc[kLanes] = {};  // <x, g> in kLanes lanes, combined in a fixed order (ops/common/math.h)
+          int64_t c = 0;
+          for (; c + kLanes <= W; c += kLanes)
+            for (int l = 0; l < kLanes; ++l) acc[l] += x[c + l] * g[c + l];
+          T dot = T(0);
+          for (; c < W; ++c) dot += x[c] * g[c];
+          for (int l = 0; l < kLanes; ++l) dot += acc[l];
+          gw[n * k + s] = dot;
+        }
+      }
     });
   });
 }

@@ -1,6 +1,10 @@
 // CUDA twin of the grouped expert GEMMs (moe_cpu.cpp): every expert with rows in
 // one cuBLAS grouped-batched GEMM per product (cuda::gemm_grouped; f64 takes a
-// GEMM per expert), on the device's stream; the counts are on the host.
+// GEMM per expert), on the device's stream; the counts are on the host. The
+// combine's kernels: one thread per (token, column) summing the slots in order;
+// backward one thread per (token, slot, column) for the rows (each row is one
+// slot's) and one warp per (token, slot) for the weight's dot product, so no
+// atomics and the same result run to run.
 #include "ops/moe/moe_kernels.h"
 
 #include <vector>
@@ -53,6 +57,76 @@ void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Ten
   }
   gemm_grouped(x.dtype(), false, false, data, dev);
   gemm_grouped(x.dtype(), true, false, weight, dev);
+}
+
+namespace {
+
+template <class T>
+__global__ void moe_combine_kernel(T* y, const T* rows, const int64_t* idx, const T* w, int64_t M, int64_t W,
+                                   int64_t N, int64_t k) {
+  MT_GRID_LOOP(e, N * W) {
+    const int64_t n = e / W, c = e % W;
+    acc_t<T> sum = 0;
+    for (int64_t s = 0; s < k; ++s) {
+      const int64_t r = idx[n * k + s];
+      if (r < M) sum += load(w, n * k + s) * load(rows, r * W + c);
+    }
+    store(y, e, sum);
+  }
+}
+
+template <class T>
+__global__ void moe_combine_rows_grad_kernel(T* grad_rows, const T* dy, const int64_t* idx, const T* w, int64_t M,
+                                             int64_t W, int64_t N, int64_t k) {
+  MT_GRID_LOOP(e, N * k * W) {
+    const int64_t slot = e / W, c = e % W, r = idx[slot];
+    if (r < M) store(grad_rows, r * W + c, load(w, slot) * load(dy, (slot / k) * W + c));
+  }
+}
+
+// One warp per (token, slot): lanes stride the columns, then a warp sum.
+template <class T>
+__global__ void moe_combine_weights_grad_kernel(T* grad_w, const T* dy, const T* rows, const int64_t* idx, int64_t M,
+                                                int64_t W, int64_t N, int64_t k) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x & 31;
+  for (int64_t slot = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5); slot < N * k;
+       slot += warps) {
+    const int64_t r = idx[slot], n = slot / k;
+    acc_t<T> dot = 0;
+    if (r < M)
+      for (int64_t c = lane; c < W; c += 32) dot += load(rows, r * W + c) * load(dy, n * W + c);
+    dot = warp_sum(dot);
+    if (lane == 0) store(grad_w, slot, dot);
+  }
+}
+
+}  // namespace
+
+void moe_combine_forward(Tensor& y, const Tensor& rows, const Tensor& slot_rows, const Tensor& weights) {
+  const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
+  if (N * W == 0) return;
+  dispatch_float_cuda(rows.dtype(), "moe_combine", [&](auto tag) {
+    using T = decltype(tag);
+    launch("moe_combine_kernel", moe_combine_kernel<T>, blocks_for(N * W), kThreads, 0, stream_of(rows), ptr<T>(y),
+           ptr<T>(rows), ptr<int64_t>(slot_rows), ptr<T>(weights), M, W, N, k);
+  });
+}
+
+void moe_combine_backward(Tensor& grad_rows, Tensor& grad_weights, const Tensor& dy, const Tensor& rows,
+                          const Tensor& slot_rows, const Tensor& weights) {
+  const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
+  const int dev = rows.device().index;
+  if (M * W > 0) memset_zero(grad_rows.raw_data(), M * W * dtype_size(rows.dtype()), dev);  // rows no slot names
+  if (N * k == 0) return;
+  dispatch_float_cuda(rows.dtype(), "moe_combine_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (W > 0)
+      launch("moe_combine_rows_grad_kernel", moe_combine_rows_grad_kernel<T>, blocks_for(N * k * W), kThreads, 0,
+             stream_of(rows), ptr<T>(grad_rows), ptr<T>(dy), ptr<int64_t>(slot_rows), ptr<T>(weights), M, W, N, k);
+    launch("moe_combine_weights_grad_kernel", moe_combine_weights_grad_kernel<T>, blocks_for(N * k * 32), kThreads,
+           0, stream_of(rows), ptr<T>(grad_weights), ptr<T>(dy), ptr<T>(rows), ptr<int64_t>(slot_rows), M, W, N, k);
+  });
 }
 
 }  // namespace moetrain::cuda

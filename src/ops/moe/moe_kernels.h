@@ -14,15 +14,24 @@ namespace cpu {
 void grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts);
 void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                              const std::vector<int64_t>& counts);
+// slot_rows: i64 [N * k] where rows lives; y [N, W] written; grad_rows [M, W] and
+// grad_weights [N, k] written (no accumulation).
+void moe_combine_forward(Tensor& y, const Tensor& rows, const Tensor& slot_rows, const Tensor& weights);
+void moe_combine_backward(Tensor& grad_rows, Tensor& grad_weights, const Tensor& dy, const Tensor& rows,
+                          const Tensor& slot_rows, const Tensor& weights);
 
 }  // namespace cpu
 
-// The CUDA twins (moe_cuda.cu, cuBLAS per expert).
+// The CUDA twins (moe_cuda.cu: cuBLAS per expert; the combine's own kernels).
 namespace cuda {
 MT_CUDA_KERNEL(void grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& w,
                                           const std::vector<int64_t>& counts));
 MT_CUDA_KERNEL(void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x,
                                            const Tensor& w, const std::vector<int64_t>& counts));
+MT_CUDA_KERNEL(void moe_combine_forward(Tensor& y, const Tensor& rows, const Tensor& slot_rows,
+                                       const Tensor& weights));
+MT_CUDA_KERNEL(void moe_combine_backward(Tensor& grad_rows, Tensor& grad_weights, const Tensor& dy,
+                                        const Tensor& rows, const Tensor& slot_rows, const Tensor& weights));
 }  // namespace cuda
 
 }  // namespace moetrain

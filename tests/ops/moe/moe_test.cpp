@@ -148,3 +148,62 @@ TEST_CASE("grouped_linear: CUDA matches CPU, experts without rows included", "[o
   moetrain::testing::check_cuda_matches_cpu(fn, {x, w}, {true, true}, DType::f32, {5e-3, 5e-3});
   cuda::set_allow_tf32(false);
 }
+
+namespace {
+// The composition the op replaces: gather (a zero row for dropped slots), weight, sum over slots.
+Tensor combine_by_definition(const Tensor& rows, const std::vector<int64_t>& slot_rows, const Tensor& weights) {
+  const int64_t N = weights.size(0), k = weights.size(1), W = rows.size(1);
+  Tensor padded = concat({rows, zeros({1, W}, rows.dtype())}, 0);
+  Tensor slots = reshape(index_select(padded, 0, slot_rows), {N, k, W});
+  return sum(mul(slots, reshape(weights, {N, k, 1})), 1);
+}
+
+// 5 tokens x top 3 over 12 rows; row 12 means dropped: slots (1, 2) and (3, 0), and all
+// of token 4. Rows 4 and 9 are named by no slot (they get zero gradient), every other
+// row by one slot, as MoeLayer's plan makes them.
+std::vector<int64_t> combine_slots() { return {3, 0, 7, 10, 1, 12, 5, 2, 8, 12, 6, 11, 12, 12, 12}; }
+}  // namespace
+
+TEST_CASE("moe_combine: equals gather, weight and sum over slots; dropped slots add nothing", "[ops][moe]") {
+  const std::vector<int64_t> slots = combine_slots();
+  for (DType dt : {DType::f64, DType::f32}) {
+    Tensor rows = randn({12, 7}, dt, 21), weights = randn({5, 3}, dt, 22);
+    Tensor y = moe_combine(rows, slots, weights);
+    REQUIRE(y.shape() == Shape{5, 7});
+    CHECK(moetrain::testing::max_abs_diff(y.to(DType::f64), combine_by_definition(rows, slots, weights).to(DType::f64)) <
+          (dt == DType::f64 ? 1e-14 : 1e-5));
+    std::vector<double> yv = y.to_vector();
+    for (int64_t c = 0; c < 7; ++c) CHECK(yv[4 * 7 + c] == 0.0);  // token 4: every slot dropped
+  }
+}
+
+TEST_CASE("moe_combine: gradients match finite differences; rows no slot names get zero", "[ops][moe]") {
+  const std::vector<int64_t> slots = combine_slots();
+  Tensor rows = randn({12, 7}, DType::f64, 23), weights = randn({5, 3}, DType::f64, 24);
+  check_gradients([&](const Tensors& in) { return moe_combine(in[0], slots, in[1]); }, {rows, weights});
+  Tensor r = rows.clone().set_requires_grad(), w = weights.clone().set_requires_grad();
+  sum(moe_combine(r, slots, w)).backward();
+  std::vector<double> gr = r.grad().to_vector(), gw = w.grad().to_vector();
+  for (int64_t row : {4, 9})
+    for (int64_t c = 0; c < 7; ++c) CHECK(gr[row * 7 + c] == 0.0);
+  CHECK(gw[1 * 3 + 2] == 0.0);  // a dropped slot's weight gets zero
+}
+
+TEST_CASE("moe_combine: bad slot rows are named", "[ops][moe]") {
+  Tensor rows = randn({4, 3}, DType::f64, 1), weights = randn({2, 2}, DType::f64, 2);
+  CHECK_THROWS_WITH(moe_combine(rows, {0, 1, 2}, weights), Catch::Contains("3 slot rows for weights [2, 2]"));
+  CHECK_THROWS_WITH(moe_combine(rows, {0, 1, 2, 5}, weights), Catch::Contains("slot row 5 outside [0, 4]"));
+  CHECK_THROWS_WITH(moe_combine(rows, {0, 1, 1, 4}, weights), Catch::Contains("row 1 is named by two slots"));
+  CHECK_THROWS_WITH(moe_combine(rows, {0, 1, 2, 3}, randn({2, 2}, DType::f32, 3)), Catch::Contains("moe_combine"));
+}
+
+TEST_CASE("moe_combine: CUDA matches CPU, dropped slots included", "[ops][moe][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  const std::vector<int64_t> slots = combine_slots();
+  Tensor rows = randn({12, 67}, DType::f32, 31).set_requires_grad();
+  Tensor weights = randn({5, 3}, DType::f32, 32).set_requires_grad();
+  auto fn = [slots](const Tensors& in) { return Tensors{moe_combine(in[0], slots, in[1])}; };
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16})
+    moetrain::testing::check_cuda_matches_cpu(fn, {rows, weights}, {true, true}, dtype,
+                                              moetrain::testing::tolerance_for(dtype));
+}
