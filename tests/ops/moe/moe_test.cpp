@@ -81,7 +81,7 @@ GroupedRun reference_grouped(const Tensor& x, const Tensor& w, const Tensor& dy,
 
 }  // namespace
 
-TEST_CASE("grouped_linear: small and large experts match the definition in every vector copy, same bits at 1-3 threads",
+TEST_CASE("grouped_linear: small and large experts match the definition in every vector copy; same bits at 1-3 threads and in both FMA copies",
           "[ops][moe]") {
   // Small experts (k3-small's widths, and widths that are not a multiple of a vector)
   // take the tile GEMM spread over the threads; large ones one threaded GEMM each
@@ -106,6 +106,7 @@ TEST_CASE("grouped_linear: small and large experts match the definition in every
     Tensor x = randn({M, c.in}, DType::f32, 11), w = randn({E, c.out, c.in}, DType::f32, 12);
     Tensor dy = randn({M, c.out}, DType::f32, 13);
     GroupedRun ref = reference_grouped(x, w, dy, c.counts);
+    std::vector<GroupedRun> fma_copies;  // the AVX2 and AVX-512 copies: the same FMAs per element
     for (cpu::VectorIsa isa : isas) {
       cpu::cap_vector_isa_for_testing(isa);
       INFO("in " << c.in << " out " << c.out << ", copy " << cpu::vector_isa_name(isa));
@@ -114,6 +115,7 @@ TEST_CASE("grouped_linear: small and large experts match the definition in every
       CHECK(rel_error(one.y.to(DType::f64), ref.y) < 1e-5);
       CHECK(rel_error(one.dx.to(DType::f64), ref.dx) < 1e-5);
       CHECK(rel_error(one.dw.to(DType::f64), ref.dw) < 1e-5);
+      if (isa != cpu::VectorIsa::generic) fma_copies.push_back(one);
       for (int threads : {2, 3}) {
         cpu::set_num_threads(threads);
         GroupedRun many = run_grouped(x, w, dy, c.counts);
@@ -122,6 +124,12 @@ TEST_CASE("grouped_linear: small and large experts match the definition in every
         CHECK(moetrain::testing::bitwise_equal(many.dx, one.dx));
         CHECK(moetrain::testing::bitwise_equal(many.dw, one.dw));
       }
+    }
+    if (fma_copies.size() == 2) {
+      INFO("in " << c.in << " out " << c.out << ": AVX2 vs AVX-512 copy");
+      CHECK(moetrain::testing::bitwise_equal(fma_copies[0].y, fma_copies[1].y));
+      CHECK(moetrain::testing::bitwise_equal(fma_copies[0].dx, fma_copies[1].dx));
+      CHECK(moetrain::testing::bitwise_equal(fma_copies[0].dw, fma_copies[1].dw));
     }
   }
   cpu::cap_vector_isa_for_testing(std::nullopt);
