@@ -23,7 +23,7 @@ namespace moetrain::cpu {
 // buffer lock as multiplying at these sizes;
 // here the operands already sit in L1/L2, so a register-blocked kernel reads them in
 // place: 6 rows of C by NV vectors of columns in registers (enough independent FMAs to
-// cover their latency), then 4 rows, then 1, op(A) broadcast element by element, op(B)
+// cover their latency), then 4 rows, 2, 1, op(A) broadcast element by element, op(B)
 // rows loaded as vectors (B^T is first packed into `pack` [k, n]). The vectors are GCC
 // vector extensions of Bytes bytes: 32 in the portable copy (two SSE2 registers) and
 // the AVX2 copy (one register; NV = 2, 12 accumulators of 16 registers), 64 in the
@@ -178,6 +178,7 @@ inline void tile_gemm_all_rows(int64_t m, int64_t n, int64_t k, T alpha, const T
   int64_t i = 0;
   for (; i + 6 <= m; i += 6) tile_gemm_rows<T, Bytes, TransA, 6>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   for (; i + 4 <= m; i += 4) tile_gemm_rows<T, Bytes, TransA, 4>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (; i + 2 <= m; i += 2) tile_gemm_rows<T, Bytes, TransA, 2>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   for (; i < m; ++i) tile_gemm_rows<T, Bytes, TransA, 1>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
