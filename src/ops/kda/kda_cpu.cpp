@@ -182,6 +182,12 @@ void exp_of_difference(T* out, const double* a, const double* b, int64_t n) {
   for (int64_t d = 0; d < n; ++d) out[d] = exp_of(out[d]);
 }
 
+// out = 1 / a over n elements.
+template <class T>
+void reciprocal(T* __restrict out, const T* __restrict a, int64_t n) {
+  for (int64_t x = 0; x < n; ++x) out[x] = T(1) / a[x];
+}
+
 // out = a ⊙ b over n elements (separate arrays; restrict lets the loop vectorise).
 template <class T>
 void multiply(T* __restrict out, const T* __restrict a, const T* __restrict b, int64_t n) {
@@ -488,16 +494,6 @@ class KdaChunk {
       int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk);
       const double* gn = &gam_[r0 * K];
       last0 = r0;
-      for (int64_t i = r0; i < r1; ++i) exp_of_difference(&rowdec_[i * K], &gam_[i * K], gn, K);
-      // e^{γ_i} = e^{γ_n} e^{γ_i - γ_n}: one exp row per sub-chunk, both factors <= 1.
-      exp_of_difference(&eg_[r0 * K], gn, zero, K);
-      for (int64_t i = r0 + 1; i < r1; ++i) multiply(&eg_[i * K], &eg_[r0 * K], &rowdec_[i * K], K);
-      multiply(&qrow_[r0 * K], &q_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
-      multiply(&krow_[r0 * K], &k_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
-      col_off_[r] = off;
-      for (int64_t j = 0; j < r0; ++j) exp_of_difference(&coldec_[off + j * K], gn, &gam_[j * K], K);
-      multiply(&kcol_[off], k_.data(), &coldec_[off], r0 * K);
-      off += r0 * K;
       const double* gm = &gam_[(r0 + (r1 - r0) / 2) * K];
       // Every |γ_i - γ_m| <= kReferenceSpan, as a count (a max over doubles would not vectorise).
       int64_t beyond = 0;
@@ -505,19 +501,39 @@ class KdaChunk {
         for (int64_t d = 0; d < K; ++d) beyond += std::abs(gam_[i * K + d] - gm[d]) > kReferenceSpan;
       diag_reference_[r] = beyond == 0;
       if (diag_reference_[r]) {
-        for (int64_t i = r0; i < r1; ++i) {
-          exp_of_difference(&drow_[i * K], &gam_[i * K], gm, K);
-          exp_of_difference(&dcol_[i * K], gm, &gam_[i * K], K);
-        }
+        // One exp row per row: e^{γ_i - γ_m}; e^{γ_m - γ_i} is its reciprocal and e^{γ_i - γ_n}
+        // = e^{γ_i - γ_m} e^{γ_m - γ_n}, all factors within e^±40 (the span just checked).
+        for (int64_t i = r0; i < r1; ++i) exp_of_difference(&drow_[i * K], &gam_[i * K], gm, K);
         int64_t n = (r1 - r0) * K, x = r0 * K;
+        reciprocal(&dcol_[x], &drow_[x], n);
+        std::fill(&rowdec_[x], &rowdec_[x + K], T(1));  // e^{γ_n - γ_n}
+        for (int64_t i = r0 + 1; i < r1; ++i) multiply(&rowdec_[i * K], &drow_[i * K], &dcol_[x], K);
         multiply(&qdiag_[x], &q_[x], &drow_[x], n);
         multiply(&kdiag_[x], &k_[x], &drow_[x], n);
         multiply(&kdcol_[x], &k_[x], &dcol_[x], n);
       } else {
+        for (int64_t i = r0; i < r1; ++i) exp_of_difference(&rowdec_[i * K], &gam_[i * K], gn, K);
         T* pd = &pairdec_[r * tri(kSubChunk) * K];
         for (int64_t i = r0; i < r1; ++i)
           for (int64_t j = r0; j <= i; ++j, pd += K) exp_of_difference(pd, &gam_[i * K], &gam_[j * K], K);
       }
+      // e^{γ_i} = e^{γ_n} e^{γ_i - γ_n}: one exp row per sub-chunk, both factors <= 1.
+      exp_of_difference(&eg_[r0 * K], gn, zero, K);
+      for (int64_t i = r0 + 1; i < r1; ++i) multiply(&eg_[i * K], &eg_[r0 * K], &rowdec_[i * K], K);
+      multiply(&qrow_[r0 * K], &q_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
+      multiply(&krow_[r0 * K], &k_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
+      // Column factors e^{γ_n - γ_j}, j < n: the previous sub-chunk's rows (from p = n - 16) by
+      // exp, the rows before p as e^{γ_n - γ_p} e^{γ_p - γ_j} (the previous sub-chunk's column
+      // factors; both <= 1): 16 exp rows per sub-chunk instead of n.
+      col_off_[r] = off;
+      if (r0 > 0) {
+        int64_t p0 = r0 - kSubChunk;
+        for (int64_t j = p0; j < r0; ++j) exp_of_difference(&coldec_[off + j * K], gn, &gam_[j * K], K);
+        const T* prev = &coldec_[col_off_[r - 1]];
+        for (int64_t j = 0; j < p0; ++j) multiply(&coldec_[off + j * K], &coldec_[off + p0 * K], &prev[j * K], K);
+      }
+      multiply(&kcol_[off], k_.data(), &coldec_[off], r0 * K);
+      off += r0 * K;
     }
     // e^{γ_C - γ_j}: rows of the last sub-chunk directly; earlier rows, with n = last0,
     // as e^{γ_C - γ_n} e^{γ_n - γ_j} (the last sub-chunk's column factors; both <= 1).
