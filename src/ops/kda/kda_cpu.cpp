@@ -203,7 +203,7 @@ void multiply(T* __restrict out, const T* __restrict a, const T* __restrict b, i
 // rows loaded as vectors (B^T is first packed into `pack` [k, n]). The vectors are GCC
 // vector extensions of Bytes bytes: 32 in the portable copy (two SSE2 registers) and
 // the AVX2 copy (one register; NV = 2, 12 accumulators of 16 registers), 64 in the
-// AVX-512 copy (one register; NV = 4 then 1, up to 24 accumulators of 32 registers).
+// AVX-512 copy (one register; NV = 4, then 2, then 1; up to 24 accumulators of 32 registers).
 // Shapes whose n is not a multiple of one vector go to cpu::gemm. Each C element is
 // one in-order sum over p, whatever the blocking: deterministic, and the blocking
 // does not change the bits (the vector width does not either: lanes are elements).
@@ -381,8 +381,10 @@ template <class T, int Bytes, bool TransA>
 inline void tile_gemm_all_rows(Tri tri, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
                                const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* f) {
   int64_t i = 0;
-  for (; i + 6 <= m; i += 6) tile_gemm_rows_tri<T, Bytes, TransA, 6>(tri, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
-  for (; i + 4 <= m; i += 4) tile_gemm_rows_tri<T, Bytes, TransA, 4>(tri, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
+  for (; i + 6 <= m; i += 6)
+    tile_gemm_rows_tri<T, Bytes, TransA, 6>(tri, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
+  for (; i + 4 <= m; i += 4)
+    tile_gemm_rows_tri<T, Bytes, TransA, 4>(tri, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
   for (; i < m; ++i) tile_gemm_rows_tri<T, Bytes, TransA, 1>(tri, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
 }
 
