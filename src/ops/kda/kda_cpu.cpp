@@ -182,6 +182,12 @@ void exp_of_difference(T* out, const double* a, const double* b, int64_t n) {
   for (int64_t d = 0; d < n; ++d) out[d] = exp_of(out[d]);
 }
 
+// out = 1 / a over n elements.
+template <class T>
+void reciprocal(T* __restrict out, const T* __restrict a, int64_t n) {
+  for (int64_t x = 0; x < n; ++x) out[x] = T(1) / a[x];
+}
+
 // out = a ⊙ b over n elements (separate arrays; restrict lets the loop vectorise).
 template <class T>
 void multiply(T* __restrict out, const T* __restrict a, const T* __restrict b, int64_t n) {
@@ -197,7 +203,7 @@ void multiply(T* __restrict out, const T* __restrict a, const T* __restrict b, i
 // rows loaded as vectors (B^T is first packed into `pack` [k, n]). The vectors are GCC
 // vector extensions of Bytes bytes: 32 in the portable copy (two SSE2 registers) and
 // the AVX2 copy (one register; NV = 2, 12 accumulators of 16 registers), 64 in the
-// AVX-512 copy (one register; NV = 4 then 1, up to 24 accumulators of 32 registers).
+// AVX-512 copy (one register; NV = 4, then 2, then 1; up to 24 accumulators of 32 registers).
 // Shapes whose n is not a multiple of one vector go to cpu::gemm. Each C element is
 // one in-order sum over p, whatever the blocking: deterministic, and the blocking
 // does not change the bits (the vector width does not either: lanes are elements).
@@ -289,18 +295,29 @@ inline void transpose_block_wide(const T* src, int64_t lds, T* dst, int64_t ldd)
   for (int i = 0; i < W; ++i) store_vec(dst + i * ldd, r[i]);
 }
 
+// Which part of a product tile_gemm may skip: terms it knows are zero, or C entries
+// nobody reads (docs/kernels.md, KDA, "Triangular products"). a_lower: op(A)[i,p] = 0
+// for p > i; a_upper: op(A)[i,p] = 0 for p < i (so a row block of C sums only the
+// p where its rows can be non-zero); c_lower: only C[i,j] with j <= i is wanted, so
+// column vectors wholly right of a row block's last row are neither computed nor
+// written (they keep whatever they held). Skipping a term a*b with a = ±0 changes no
+// bits of a sum beyond the sign of an exact zero, so the results equal the full product's.
+enum class Tri { none, a_lower, a_upper, c_lower };
+
 // op(A)[i, p] = a[i * a_row + p * a_col]: (lda, 1), or (1, lda) when TransA. One of the
 // two strides a compile-time 1, so that the compiler addresses op(A) without a multiply.
+// Sums p in [p0, p1). With a factor array f (row stride ldc, as C), the product is
+// scaled by it elementwise before beta C is added: C = alpha (op(A) op(B)) ⊙ F + beta C.
 template <class T, int Bytes, bool TransA, int MR, int NV>
-inline void tile_gemm_block(int64_t i0, int64_t j0, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-                            int64_t ldb, T beta, T* c, int64_t ldc) {
+inline void tile_gemm_block(int64_t i0, int64_t j0, int64_t p0, int64_t p1, T alpha, const T* a, int64_t lda,
+                            const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* f) {
   using V = Vec<T, Bytes>;
   constexpr int64_t W = Bytes / sizeof(T);
   const int64_t a_row = TransA ? 1 : lda, a_col = TransA ? lda : 1;
   V acc[MR][NV] = {};
-  const T* ap = a + i0 * a_row;
-  const T* bp = b + j0;
-  for (int64_t p = 0; p < k; ++p, ap += a_col, bp += ldb) {
+  const T* ap = a + i0 * a_row + p0 * a_col;
+  const T* bp = b + p0 * ldb + j0;
+  for (int64_t p = p0; p < p1; ++p, ap += a_col, bp += ldb) {
     V bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) load_vec(bv[v], bp + v * W);
@@ -317,6 +334,11 @@ inline void tile_gemm_block(int64_t i0, int64_t j0, int64_t k, T alpha, const T*
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       V y = alpha * acc[r][v];
+      if (f) {
+        V x;
+        load_vec(x, f + (i0 + r) * ldc + j0 + v * W);
+        y *= x;
+      }
       if (beta != T(0)) {
         V x;
         load_vec(x, c0 + v * W);
@@ -327,25 +349,43 @@ inline void tile_gemm_block(int64_t i0, int64_t j0, int64_t k, T alpha, const T*
   }
 }
 
-// Rows [i0, i0 + MR) of C, every column: blocks of NV vectors (NV = 4 only for 64-byte
-// vectors), then of one vector.
+// Rows [i0, i0 + MR) of C, columns [0, n): blocks of NV vectors (NV = 4, then 2, only
+// for 64-byte vectors), then of one vector.
 template <class T, int Bytes, bool TransA, int MR>
-inline void tile_gemm_rows(int64_t i0, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-                           int64_t ldb, T beta, T* c, int64_t ldc) {
+inline void tile_gemm_rows(int64_t i0, int64_t n, int64_t p0, int64_t p1, T alpha, const T* a, int64_t lda,
+                           const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* f) {
   constexpr int64_t W = Bytes / sizeof(T), NV = Bytes == 64 ? 4 : 2;
   int64_t j0 = 0;
   for (; j0 + NV * W <= n; j0 += NV * W)
-    tile_gemm_block<T, Bytes, TransA, MR, NV>(i0, j0, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  for (; j0 < n; j0 += W) tile_gemm_block<T, Bytes, TransA, MR, 1>(i0, j0, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    tile_gemm_block<T, Bytes, TransA, MR, NV>(i0, j0, p0, p1, alpha, a, lda, b, ldb, beta, c, ldc, f);
+  if constexpr (Bytes == 64)
+    for (; j0 + 2 * W <= n; j0 += 2 * W)
+      tile_gemm_block<T, Bytes, TransA, MR, 2>(i0, j0, p0, p1, alpha, a, lda, b, ldb, beta, c, ldc, f);
+  for (; j0 < n; j0 += W)
+    tile_gemm_block<T, Bytes, TransA, MR, 1>(i0, j0, p0, p1, alpha, a, lda, b, ldb, beta, c, ldc, f);
+}
+
+// Row block [i0, i0 + MR) under `tri`: the p range it sums and the columns it writes.
+template <class T, int Bytes, bool TransA, int MR>
+inline void tile_gemm_rows_tri(Tri tri, int64_t i0, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                               const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* f) {
+  constexpr int64_t W = Bytes / sizeof(T);
+  int64_t p0 = 0, p1 = k, cols = n;
+  if (tri == Tri::a_lower) p1 = std::min(k, i0 + MR);
+  if (tri == Tri::a_upper) p0 = std::min(k, i0);
+  if (tri == Tri::c_lower) cols = std::min(n, (i0 + MR + W - 1) / W * W);
+  tile_gemm_rows<T, Bytes, TransA, MR>(i0, cols, p0, p1, alpha, a, lda, b, ldb, beta, c, ldc, f);
 }
 
 template <class T, int Bytes, bool TransA>
-inline void tile_gemm_all_rows(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-                               int64_t ldb, T beta, T* c, int64_t ldc) {
+inline void tile_gemm_all_rows(Tri tri, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                               const T* b, int64_t ldb, T beta, T* c, int64_t ldc, const T* f) {
   int64_t i = 0;
-  for (; i + 6 <= m; i += 6) tile_gemm_rows<T, Bytes, TransA, 6>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  for (; i + 4 <= m; i += 4) tile_gemm_rows<T, Bytes, TransA, 4>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  for (; i < m; ++i) tile_gemm_rows<T, Bytes, TransA, 1>(i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (; i + 6 <= m; i += 6)
+    tile_gemm_rows_tri<T, Bytes, TransA, 6>(tri, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
+  for (; i + 4 <= m; i += 4)
+    tile_gemm_rows_tri<T, Bytes, TransA, 4>(tri, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
+  for (; i < m; ++i) tile_gemm_rows_tri<T, Bytes, TransA, 1>(tri, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
 }
 
 // Whether tile_gemm multiplies an n-column op(B) itself (else it hands the product to cpu::gemm).
@@ -371,10 +411,21 @@ inline void pack_transposed(const T* b, int64_t ldb, int64_t n, int64_t k, T* pa
 
 template <class T, int Bytes>
 inline void tile_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-                      const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* pack) {
+                      const T* b, int64_t ldb, T beta, T* c, int64_t ldc, T* pack, Tri tri = Tri::none,
+                      const T* f = nullptr) {
   if (m <= 0 || n <= 0) return;
   if (!tile_gemm_takes<T, Bytes>(n, k)) {
-    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (!f) {
+      gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    // The product into `pack` ([m, n], m, n <= its side), then scaled and added.
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, T(0), pack, n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        T y = pack[i * n + j] * f[i * ldc + j];
+        c[i * ldc + j] = beta != T(0) ? y + beta * c[i * ldc + j] : y;
+      }
     return;
   }
   if (trans_b) {
@@ -382,8 +433,8 @@ inline void tile_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     b = pack;
     ldb = n;
   }
-  if (trans_a) tile_gemm_all_rows<T, Bytes, true>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  else tile_gemm_all_rows<T, Bytes, false>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (trans_a) tile_gemm_all_rows<T, Bytes, true>(tri, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
+  else tile_gemm_all_rows<T, Bytes, false>(tri, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
 }
 
 // Workspace and per-chunk quantities of one task. prepare() loads a chunk and
@@ -394,8 +445,8 @@ class KdaChunk {
   KdaChunk(int64_t C, int64_t K, int64_t V) : C_(C), K_(K), V_(V) {
     int64_t nsub = (C + kSubChunk - 1) / kSubChunk;
     auto ck = static_cast<size_t>(C * K), cc = static_cast<size_t>(C * C);
-    for (auto* b : {&q_,     &k_,     &eg_,    &eh_, &qg_, &kg_,  &kh_, &rowdec_, &qrow_, &krow_, &drow_, &dcol_,
-                    &qdiag_, &kdiag_, &kdcol_, &W_,  &dW_, &dkg_, &dq_, &dk_,     &dgam_, &px_,   &py_,   &tmpk_})
+    for (auto* b : {&q_, &k_, &eg_, &eh_, &qg_, &kg_, &kh_, &rowdec_, &qrow_, &krow_, &drow_, &dcol_, &qdiag_,
+                    &kdiag_, &kdcol_, &W_, &dW_, &dq_, &dk_plus_, &dk_minus_, &dkh_})
       b->resize(ck);
     for (auto* b : {&E_, &Aqk_, &M_, &Tm_, &dAqk_, &dTm_, &dM_, &dAkk_, &tmpc_}) b->resize(cc);
     for (auto* b : {&v_, &Vn_, &dVn_}) b->resize(static_cast<size_t>(C * V));
@@ -445,16 +496,6 @@ class KdaChunk {
       int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk);
       const double* gn = &gam_[r0 * K];
       last0 = r0;
-      for (int64_t i = r0; i < r1; ++i) exp_of_difference(&rowdec_[i * K], &gam_[i * K], gn, K);
-      // e^{γ_i} = e^{γ_n} e^{γ_i - γ_n}: one exp row per sub-chunk, both factors <= 1.
-      exp_of_difference(&eg_[r0 * K], gn, zero, K);
-      for (int64_t i = r0 + 1; i < r1; ++i) multiply(&eg_[i * K], &eg_[r0 * K], &rowdec_[i * K], K);
-      multiply(&qrow_[r0 * K], &q_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
-      multiply(&krow_[r0 * K], &k_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
-      col_off_[r] = off;
-      for (int64_t j = 0; j < r0; ++j) exp_of_difference(&coldec_[off + j * K], gn, &gam_[j * K], K);
-      multiply(&kcol_[off], k_.data(), &coldec_[off], r0 * K);
-      off += r0 * K;
       const double* gm = &gam_[(r0 + (r1 - r0) / 2) * K];
       // Every |γ_i - γ_m| <= kReferenceSpan, as a count (a max over doubles would not vectorise).
       int64_t beyond = 0;
@@ -462,19 +503,39 @@ class KdaChunk {
         for (int64_t d = 0; d < K; ++d) beyond += std::abs(gam_[i * K + d] - gm[d]) > kReferenceSpan;
       diag_reference_[r] = beyond == 0;
       if (diag_reference_[r]) {
-        for (int64_t i = r0; i < r1; ++i) {
-          exp_of_difference(&drow_[i * K], &gam_[i * K], gm, K);
-          exp_of_difference(&dcol_[i * K], gm, &gam_[i * K], K);
-        }
+        // One exp row per row: e^{γ_i - γ_m}; e^{γ_m - γ_i} is its reciprocal and e^{γ_i - γ_n}
+        // = e^{γ_i - γ_m} e^{γ_m - γ_n}, all factors within e^±40 (the span just checked).
+        for (int64_t i = r0; i < r1; ++i) exp_of_difference(&drow_[i * K], &gam_[i * K], gm, K);
         int64_t n = (r1 - r0) * K, x = r0 * K;
+        reciprocal(&dcol_[x], &drow_[x], n);
+        std::fill(&rowdec_[x], &rowdec_[x + K], T(1));  // e^{γ_n - γ_n}
+        for (int64_t i = r0 + 1; i < r1; ++i) multiply(&rowdec_[i * K], &drow_[i * K], &dcol_[x], K);
         multiply(&qdiag_[x], &q_[x], &drow_[x], n);
         multiply(&kdiag_[x], &k_[x], &drow_[x], n);
         multiply(&kdcol_[x], &k_[x], &dcol_[x], n);
       } else {
+        for (int64_t i = r0; i < r1; ++i) exp_of_difference(&rowdec_[i * K], &gam_[i * K], gn, K);
         T* pd = &pairdec_[r * tri(kSubChunk) * K];
         for (int64_t i = r0; i < r1; ++i)
           for (int64_t j = r0; j <= i; ++j, pd += K) exp_of_difference(pd, &gam_[i * K], &gam_[j * K], K);
       }
+      // e^{γ_i} = e^{γ_n} e^{γ_i - γ_n}: one exp row per sub-chunk, both factors <= 1.
+      exp_of_difference(&eg_[r0 * K], gn, zero, K);
+      for (int64_t i = r0 + 1; i < r1; ++i) multiply(&eg_[i * K], &eg_[r0 * K], &rowdec_[i * K], K);
+      multiply(&qrow_[r0 * K], &q_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
+      multiply(&krow_[r0 * K], &k_[r0 * K], &rowdec_[r0 * K], (r1 - r0) * K);
+      // Column factors e^{γ_n - γ_j}, j < n: the previous sub-chunk's rows (from p = n - 16) by
+      // exp, the rows before p as e^{γ_n - γ_p} e^{γ_p - γ_j} (the previous sub-chunk's column
+      // factors; both <= 1): 16 exp rows per sub-chunk instead of n.
+      col_off_[r] = off;
+      if (r0 > 0) {
+        int64_t p0 = r0 - kSubChunk;
+        for (int64_t j = p0; j < r0; ++j) exp_of_difference(&coldec_[off + j * K], gn, &gam_[j * K], K);
+        const T* prev = &coldec_[col_off_[r - 1]];
+        for (int64_t j = 0; j < p0; ++j) multiply(&coldec_[off + j * K], &coldec_[off + p0 * K], &prev[j * K], K);
+      }
+      multiply(&kcol_[off], k_.data(), &coldec_[off], r0 * K);
+      off += r0 * K;
     }
     // e^{γ_C - γ_j}: rows of the last sub-chunk directly; earlier rows, with n = last0,
     // as e^{γ_C - γ_n} e^{γ_n - γ_j} (the last sub-chunk's column factors; both <= 1).
@@ -500,7 +561,7 @@ class KdaChunk {
     invert_unit_lower();
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = 0; j < L; ++j) Tm_[i * L + j] = M_[i * L + j] * beta_[j];
-    mm(false, false, L, K, L, T(1), Tm_.data(), L, kg_.data(), K, T(0), W_.data(), K);
+    mm(false, false, L, K, L, T(1), Tm_.data(), L, kg_.data(), K, T(0), W_.data(), K, Tri::a_lower);
   }
 
   // With entry state S [K, V]: writes the chunk's output rows O (row stride ldo) and advances S to S_{n+1}.
@@ -508,7 +569,7 @@ class KdaChunk {
     const int64_t L = L_, K = K_, V = V_;
     new_values(S);
     mm(false, false, L, V, K, T(1), qg_.data(), K, S, V, T(0), o, ldo);            // (Q̄ ⊙ e^γ) S_n
-    mm(false, false, L, V, L, T(1), Aqk_.data(), L, Vn_.data(), V, T(1), o, ldo);  // + A^qk V^new
+    mm(false, false, L, V, L, T(1), Aqk_.data(), L, Vn_.data(), V, T(1), o, ldo, Tri::a_lower);  // + A^qk V^new
     for (int64_t d = 0; d < K; ++d)
       for (int64_t j = 0; j < V; ++j) S[d * V + j] *= egC_[d];
     mm(true, false, K, V, L, T(1), kh_.data(), K, Vn_.data(), V, T(1), S, V);  // + (K ⊙ e^{γ_C-γ})^T V^new
@@ -521,10 +582,10 @@ class KdaChunk {
     const int64_t L = L_, K = K_, V = V_;
     new_values(S);
     // dV^new = A^qk^T dO + (K ⊙ e^{γ_C-γ}) dS
-    mm(true, false, L, V, L, T(1), Aqk_.data(), L, dO, ldo, T(0), dVn_.data(), V);
+    mm(true, false, L, V, L, T(1), Aqk_.data(), L, dO, ldo, T(0), dVn_.data(), V, Tri::a_upper);
     mm(false, false, L, V, K, T(1), kh_.data(), K, dS, V, T(1), dVn_.data(), V);
     // dA^qk = Tril(dO V^new^T)
-    mm(false, true, L, L, V, T(1), dO, ldo, Vn_.data(), V, T(0), dAqk_.data(), L);
+    mm(false, true, L, L, V, T(1), dO, ldo, Vn_.data(), V, T(0), dAqk_.data(), L, Tri::c_lower);
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = i + 1; j < L; ++j) dAqk_[i * L + j] = T(0);
     // dS_n = Diag(e^{γ_C}) dS + (Q̄ ⊙ e^γ)^T dO - W^T dV^new
@@ -534,10 +595,9 @@ class KdaChunk {
     mm(true, false, K, V, L, T(-1), W_.data(), K, dVn_.data(), V, T(1), dSn_.data(), V);
     // dU = dV^new, dW = -dV^new S_n^T; dTm = dU V^T + dW (K ⊙ e^γ)^T; dV = Tm^T dU; d(K ⊙ e^γ) = Tm^T dW
     mm(false, true, L, K, V, T(-1), dVn_.data(), V, S, V, T(0), dW_.data(), K);
-    mm(false, true, L, L, V, T(1), dVn_.data(), V, v_.data(), V, T(0), dTm_.data(), L);
-    mm(false, true, L, L, K, T(1), dW_.data(), K, kg_.data(), K, T(1), dTm_.data(), L);
-    mm(true, false, L, V, L, T(1), Tm_.data(), L, dVn_.data(), V, T(0), dv.at(t0), dv.stride);
-    mm(true, false, L, K, L, T(1), Tm_.data(), L, dW_.data(), K, T(0), dkg_.data(), K);
+    mm(false, true, L, L, V, T(1), dVn_.data(), V, v_.data(), V, T(0), dTm_.data(), L, Tri::c_lower);
+    mm(false, true, L, L, K, T(1), dW_.data(), K, kg_.data(), K, T(1), dTm_.data(), L, Tri::c_lower);
+    mm(true, false, L, V, L, T(1), Tm_.data(), L, dVn_.data(), V, T(0), dv.at(t0), dv.stride, Tri::a_upper);
     // dM = dTm Diag(β) and dβ_j += Σ_i dTm[i,j] M[i,j], on the lower triangle (M is lower triangular).
     std::fill(dbeta_.begin(), dbeta_.begin() + L, T(0));
     for (int64_t i = 0; i < L; ++i) {
@@ -550,8 +610,8 @@ class KdaChunk {
       std::fill(dm + i + 1, dm + L, T(0));
     }
     // dA^kk = -StrictTril(M^T dM M^T); with A^kk = Diag(β) E: dβ_i += Σ_j dA^kk[i,j] E[i,j], dE = Diag(β) dA^kk.
-    mm(true, false, L, L, L, T(1), M_.data(), L, dM_.data(), L, T(0), tmpc_.data(), L);
-    mm(false, true, L, L, L, T(-1), tmpc_.data(), L, M_.data(), L, T(0), dAkk_.data(), L);
+    mm(true, false, L, L, L, T(1), M_.data(), L, dM_.data(), L, T(0), tmpc_.data(), L, Tri::a_upper);
+    mm(false, true, L, L, L, T(-1), tmpc_.data(), L, M_.data(), L, T(0), dAkk_.data(), L, Tri::c_lower);
     for (int64_t i = 0; i < L; ++i) {
       T* x = &dAkk_[i * L];
       const T* e = &E_[i * L];
@@ -563,52 +623,39 @@ class KdaChunk {
       dbeta_[i] += acc;
       std::fill(x + i, x + L, T(0));
     }
-    std::fill(dq_.begin(), dq_.begin() + L * K, T(0));
-    std::fill(dk_.begin(), dk_.begin() + L * K, T(0));
-    std::fill(dgam_.begin(), dgam_.begin() + L * K, T(0));
-    decayed_products_backward(dAkk_.data(), k_.data(), krow_.data(), kdiag_.data(), dk_.data());  // E:    x = k
-    decayed_products_backward(dAqk_.data(), q_.data(), qrow_.data(), qdiag_.data(), dq_.data());  // A^qk: x = q̄
-    // Inter-chunk factors: Q̄ ⊙ e^γ (G = dO S_n^T), K ⊙ e^γ, K ⊙ e^{γ_C-γ} (dK̂ = V^new dS^T), Diag(e^{γ_C}).
+    // dq̄, dk and dγ from here on, in three accumulators for q̄ and k: every term of dq̄ enters
+    // dγ as +q̄ ⊙ term, a term of dk as +k ⊙ term (dk_plus_) or as -k ⊙ term (dk_minus_,
+    // dkh_), so dγ is formed once, in the write-out, instead of by a pass per term. Each
+    // decayed-factor product writes its term through tile_gemm's factor F (no temporaries):
+    // dq̄ = (dO S_n^T) ⊙ e^γ (Q̄ ⊙ e^γ), dk_plus = (Tm^T dW) ⊙ e^γ (K ⊙ e^γ), dkh = (V^new dS^T) ⊙ e^{γ_C-γ}.
+    mm(false, true, L, K, V, T(1), dO, ldo, S, V, T(0), dq_.data(), K, Tri::none, eg_.data());
+    mm(true, false, L, K, L, T(1), Tm_.data(), L, dW_.data(), K, T(0), dk_plus_.data(), K, Tri::a_upper, eg_.data());
+    mm(false, true, L, K, V, T(1), Vn_.data(), V, dS, V, T(0), dkh_.data(), K, Tri::none, eh_.data());
+    std::fill(dk_minus_.begin(), dk_minus_.begin() + L * K, T(0));
+    decayed_products_backward(dAkk_.data(), krow_.data(), kdiag_.data(), k_.data(), dk_plus_.data());  // E:    x = k
+    decayed_products_backward(dAqk_.data(), qrow_.data(), qdiag_.data(), q_.data(), dq_.data());       // A^qk: x = q̄
+    // dγ_C = e^{γ_C} ⊙ rowsum(dS ⊙ S_n) + Σ_i k_i ⊙ dkh_i (K ⊙ e^{γ_C-γ}); γ_C is γ of the last row.
     std::fill(dgamC_.begin(), dgamC_.end(), T(0));
-    mm(false, true, L, K, V, T(1), dO, ldo, S, V, T(0), tmpk_.data(), K);
-    for (int64_t x = 0; x < L * K; ++x) {
-      dq_[x] += tmpk_[x] * eg_[x];
-      dgam_[x] += tmpk_[x] * qg_[x];
-      dk_[x] += dkg_[x] * eg_[x];
-      dgam_[x] += dkg_[x] * kg_[x];
-    }
-    mm(false, true, L, K, V, T(1), Vn_.data(), V, dS, V, T(0), tmpk_.data(), K);
     for (int64_t i = 0; i < L; ++i)
-      for (int64_t d = 0; d < K; ++d) {
-        int64_t x = i * K + d;
-        T p = tmpk_[x] * kh_[x];
-        dk_[x] += tmpk_[x] * eh_[x];
-        dgam_[x] -= p;
-        dgamC_[d] += p;
-      }
+      for (int64_t d = 0; d < K; ++d) dgamC_[d] += k_[i * K + d] * dkh_[i * K + d];
     for (int64_t d = 0; d < K; ++d) {
       T acc = T(0);
       for (int64_t j = 0; j < V; ++j) acc += dS[d * V + j] * S[d * V + j];
       dgamC_[d] += egC_[d] * acc;
-      dgam_[(L - 1) * K + d] += dgamC_[d];  // γ_C is γ of the last row
     }
-    // Write out: dg_i = Σ_{l >= i} dγ_l (reverse cumsum), dq = scale dq̄.
-    // Rows from the last, a running sum per channel (dgamC_ is free again): same order of
-    // additions per channel as a column loop, but contiguous.
-    std::fill(dgamC_.begin(), dgamC_.end(), T(0));
+    // Write out, rows from the last: dγ_i, dg_i = Σ_{l >= i} dγ_l (a running sum per channel,
+    // started at dγ_C), dq = scale dq̄, dk, dβ. The gradient rows never overlap the chunk's
+    // buffers; ivdep says so, else GCC keeps this loop scalar (it was 12% of the time).
     for (int64_t i = L - 1; i >= 0; --i) {
-      T* out = dg.at(t0 + i);
+      T *gi = dg.at(t0 + i), *qi = dq.at(t0 + i), *ki = dk.at(t0 + i);
+#pragma GCC ivdep
       for (int64_t d = 0; d < K; ++d) {
-        dgamC_[d] += dgam_[i * K + d];
-        out[d] = dgamC_[d];
-      }
-    }
-    for (int64_t i = 0; i < L; ++i) {
-      T* q = dq.at(t0 + i);
-      T* k = dk.at(t0 + i);
-      for (int64_t d = 0; d < K; ++d) {
-        q[d] = scale * dq_[i * K + d];
-        k[d] = dk_[i * K + d];
+        int64_t x = i * K + d;
+        T kp = dk_plus_[x], km = dk_minus_[x] + dkh_[x];
+        dgamC_[d] += q_[x] * dq_[x] + k_[x] * (kp - km);
+        gi[d] = dgamC_[d];
+        qi[d] = scale * dq_[x];
+        ki[d] = kp + km;
       }
       *dbeta.at(t0 + i) = dbeta_[i];
     }
@@ -669,7 +716,7 @@ class KdaChunk {
   // V^new = U - W S_n with U = Tm V.
   void new_values(const T* S) {
     const int64_t L = L_, K = K_, V = V_;
-    mm(false, false, L, V, L, T(1), Tm_.data(), L, v_.data(), V, T(0), Vn_.data(), V);
+    mm(false, false, L, V, L, T(1), Tm_.data(), L, v_.data(), V, T(0), Vn_.data(), V, Tri::a_lower);
     mm(false, false, L, V, K, T(-1), W_.data(), K, S, V, T(1), Vn_.data(), V);
   }
 
@@ -711,27 +758,26 @@ class KdaChunk {
   }
 
   // Backward of decayed_products for dP (zero where P is structurally zero):
-  // dx_i += Σ_j dP_ij e^{γ_i-γ_j} ⊙ k_j, dk_j += Σ_i dP_ij e^{γ_i-γ_j} ⊙ x_i,
-  // dγ_i += x_i ⊙ (the dx_i term), dγ_j -= k_j ⊙ (the dk_j term). Accumulates into dx, dk_, dgam_.
-  void decayed_products_backward(const T* dP, const T* x, const T* xrow, const T* xdiag, T* dx) {
+  // dx_i += Σ_j dP_ij e^{γ_i-γ_j} ⊙ k_j, dk_j += Σ_i dP_ij e^{γ_i-γ_j} ⊙ x_i. dγ_i gains
+  // x_i ⊙ (the dx_i term) and dγ_j loses k_j ⊙ (the dk_j term): backward() forms dγ from dx
+  // and dk_minus_, so the dx terms go into dx, the dk terms into dk_minus_, each product
+  // scaled by its decay factors in tile_gemm (F) and added in place.
+  void decayed_products_backward(const T* dP, const T* xrow, const T* xdiag, const T* x, T* dx) {
     const int64_t L = L_, K = K_;
-    std::fill(px_.begin(), px_.begin() + L * K, T(0));
-    std::fill(py_.begin(), py_.begin() + L * K, T(0));
+    T* dkm = dk_minus_.data();
     for (int64_t r = 0; r * kSubChunk < L; ++r) {
       int64_t r0 = r * kSubChunk, r1 = std::min(L, r0 + kSubChunk), rl = r1 - r0;
       if (r0 > 0) {
-        const T* col = &coldec_[col_off_[r]];
-        mm(false, false, rl, K, r0, T(1), dP + r0 * L, L, &kcol_[col_off_[r]], K, T(0), tmpk_.data(), K);
-        for (int64_t x0 = 0; x0 < rl * K; ++x0) px_[r0 * K + x0] += tmpk_[x0] * rowdec_[r0 * K + x0];
-        mm(true, false, r0, K, rl, T(1), dP + r0 * L, L, xrow + r0 * K, K, T(0), tmpk_.data(), K);
-        for (int64_t x0 = 0; x0 < r0 * K; ++x0) py_[x0] += tmpk_[x0] * col[x0];
+        const T *col = &coldec_[col_off_[r]], *kcol = &kcol_[col_off_[r]];
+        mm(false, false, rl, K, r0, T(1), dP + r0 * L, L, kcol, K, T(1), dx + r0 * K, K, Tri::none, &rowdec_[r0 * K]);
+        mm(true, false, r0, K, rl, T(1), dP + r0 * L, L, xrow + r0 * K, K, T(1), dkm, K, Tri::none, col);
       }
       if (diag_reference_[r]) {
         const T* dPd = dP + r0 * L + r0;  // [rl, rl], lower triangular
-        mm(false, false, rl, K, rl, T(1), dPd, L, &kdcol_[r0 * K], K, T(0), tmpk_.data(), K);
-        for (int64_t x0 = 0; x0 < rl * K; ++x0) px_[r0 * K + x0] += tmpk_[x0] * drow_[r0 * K + x0];
-        mm(true, false, rl, K, rl, T(1), dPd, L, xdiag + r0 * K, K, T(0), tmpk_.data(), K);
-        for (int64_t x0 = 0; x0 < rl * K; ++x0) py_[r0 * K + x0] += tmpk_[x0] * dcol_[r0 * K + x0];
+        mm(false, false, rl, K, rl, T(1), dPd, L, &kdcol_[r0 * K], K, T(1), dx + r0 * K, K, Tri::a_lower,
+           &drow_[r0 * K]);
+        mm(true, false, rl, K, rl, T(1), dPd, L, xdiag + r0 * K, K, T(1), dkm + r0 * K, K, Tri::a_upper,
+           &dcol_[r0 * K]);
         continue;
       }
       const T* pd = &pairdec_[r * tri(kSubChunk) * K];
@@ -741,25 +787,20 @@ class KdaChunk {
           if (p == T(0)) continue;
           const T* xi = x + i * K;
           const T* kj = &k_[j * K];
-          T* pxi = &px_[i * K];
-          T* pyj = &py_[j * K];
+          T* dxi = dx + i * K;
+          T* dkj = dkm + j * K;
           for (int64_t d = 0; d < K; ++d) {
             T e = p * pd[d];
-            pxi[d] += e * kj[d];
-            pyj[d] += e * xi[d];
+            dxi[d] += e * kj[d];
+            dkj[d] += e * xi[d];
           }
         }
-    }
-    for (int64_t x0 = 0; x0 < L * K; ++x0) {
-      dx[x0] += px_[x0];
-      dk_[x0] += py_[x0];
-      dgam_[x0] += x[x0] * px_[x0] - k_[x0] * py_[x0];
     }
   }
 
   void mm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc) {
-    tile_gemm<T, Bytes>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pack_.data());
+          int64_t ldb, T beta, T* c, int64_t ldc, Tri tri = Tri::none, const T* f = nullptr) {
+    tile_gemm<T, Bytes>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, pack_.data(), tri, f);
   }
 
   int64_t C_, K_, V_, L_ = 0;
@@ -778,8 +819,8 @@ class KdaChunk {
   std::vector<T> pairdec_;                              // other sub-chunks, pairs j <= i inside it: e^{γ_i - γ_j}
   std::vector<T> E_, Aqk_, M_, Tm_, W_, Vn_;
   // backward
-  std::vector<T> dVn_, dAqk_, dSn_, dW_, dTm_, dkg_, dM_, dAkk_, tmpc_, dq_, dk_, dgam_, dgamC_, dbeta_;
-  std::vector<T> px_, py_, tmpk_;
+  std::vector<T> dVn_, dAqk_, dSn_, dW_, dTm_, dM_, dAkk_, tmpc_, dgamC_, dbeta_;
+  std::vector<T> dq_, dk_plus_, dk_minus_, dkh_;  // [L, K] dq̄ and dk in parts (backward())
 };
 
 
