@@ -80,6 +80,74 @@ TEST_CASE("norms: weight gradient does not depend on the thread count", "[ops][n
   CHECK(moetrain::testing::bitwise_equal(g1, g2));
 }
 
+TEST_CASE("layer_norm: f32 forward and gradients match double loops", "[ops][norm]") {
+  // The vectorised f32 kernels (statistics in double, elementwise in f32) against the
+  // formulas in double, written here; rows off the vector widths.
+  for (int64_t n : {31, 33, 770}) {
+    DYNAMIC_SECTION("n=" << n) {
+      const int64_t rows = 19;
+      Tensor x = add_scalar(randn({rows, n}, DType::f32, n), 0.5), w = randn({n}, DType::f32, n + 1),
+             b = randn({n}, DType::f32, n + 2), gy = randn({rows, n}, DType::f32, n + 3);
+      Tensor xl = x.detach().clone(), wl = w.detach().clone(), bl = b.detach().clone();
+      xl.set_requires_grad(true);
+      wl.set_requires_grad(true);
+      bl.set_requires_grad(true);
+      Tensor y = layer_norm(xl, wl, bl, 1e-5);
+      y.backward(gy);
+      std::vector<double> vx = x.to_vector(), vw = w.to_vector(), vb = b.to_vector(), vg = gy.to_vector(),
+                          vy = y.to_vector(), dx = xl.grad().to_vector(), dw = wl.grad().to_vector(),
+                          db = bl.grad().to_vector();
+      std::vector<double> rdw(static_cast<size_t>(n), 0.0), rdb(static_cast<size_t>(n), 0.0);
+      double worst_y = 0, worst_dx = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const double* xr = vx.data() + r * n;
+        const double* gr = vg.data() + r * n;
+        double mu = 0, var = 0, mg = 0, mgx = 0;
+        for (int64_t j = 0; j < n; ++j) mu += xr[j] / static_cast<double>(n);
+        for (int64_t j = 0; j < n; ++j) var += (xr[j] - mu) * (xr[j] - mu) / static_cast<double>(n);
+        const double rs = 1 / std::sqrt(var + 1e-5);
+        for (int64_t j = 0; j < n; ++j) {
+          const double h = (xr[j] - mu) * rs;
+          worst_y = std::max(worst_y, std::abs(vy[static_cast<size_t>(r * n + j)] - (h * vw[j] + vb[j])));
+          mg += gr[j] * vw[j] / static_cast<double>(n);
+          mgx += gr[j] * vw[j] * h / static_cast<double>(n);
+          rdw[static_cast<size_t>(j)] += gr[j] * h;
+          rdb[static_cast<size_t>(j)] += gr[j];
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const double ref = rs * (gr[j] * vw[j] - mg - (xr[j] - mu) * rs * mgx);
+          worst_dx = std::max(worst_dx, std::abs(dx[static_cast<size_t>(r * n + j)] - ref));
+        }
+      }
+      CHECK(worst_y < 5e-6);
+      CHECK(worst_dx < 2e-5);
+      for (int64_t j = 0; j < n; ++j) {
+        REQUIRE(dw[static_cast<size_t>(j)] == Approx(rdw[static_cast<size_t>(j)]).margin(1e-5));
+        REQUIRE(db[static_cast<size_t>(j)] == Approx(rdb[static_cast<size_t>(j)]).margin(1e-5));
+      }
+    }
+  }
+}
+
+TEST_CASE("layer_norm: forward and all gradients do not depend on the thread count", "[ops][norm]") {
+  Tensor x = randn({257, 771}, DType::f32, 1), w = randn({771}, DType::f32, 2), b = randn({771}, DType::f32, 3);
+  Tensor gy = randn({257, 771}, DType::f32, 4);
+  auto run = [&](int threads) {
+    cpu::set_num_threads(threads);
+    Tensor xl = x.detach().clone(), wl = w.detach().clone(), bl = b.detach().clone();
+    xl.set_requires_grad(true);
+    wl.set_requires_grad(true);
+    bl.set_requires_grad(true);
+    Tensor y = layer_norm(xl, wl, bl, 1e-5);
+    y.backward(gy);
+    return Tensors{y.detach(), xl.grad(), wl.grad(), bl.grad()};
+  };
+  int restore = cpu::num_threads();
+  Tensors one = run(1), two = run(2);
+  cpu::set_num_threads(restore);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(moetrain::testing::bitwise_equal(one[i], two[i]));
+}
+
 TEST_CASE("norms: bad weight shape names the op and shapes", "[ops][norm][errors]") {
   Tensor x = randn({3, 8}, DType::f32, 1), w = randn({7}, DType::f32, 2);
   CHECK_THROWS_WITH(rms_norm(x, w), Catch::Contains("rms_norm") && Catch::Contains("[7]") && Catch::Contains("[3, 8]"));
