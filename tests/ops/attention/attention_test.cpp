@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "ops/attention/attention_kernels.h"
 #include "testing.h"
@@ -53,6 +54,27 @@ TEST_CASE("causal_attention: f32 agrees with f64", "[ops][attention]") {
   Tensor o32 = causal_attention(q, k, v, 0.25);
   Tensor o64 = causal_attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), 0.25);
   CHECK(moetrain::testing::max_abs_diff(o32.to(DType::f64), o64) < 1e-5);
+}
+
+TEST_CASE("causal_attention: f32 gradients agree with f64 and do not depend on the thread count", "[ops][attention]") {
+  // The f32 path runs the vectorised softmax rows (forward and backward's recomputation).
+  Tensor q = randn({2, 70, 3, 16}, DType::f32, 14), k = randn({2, 70, 3, 16}, DType::f32, 15),
+         v = randn({2, 70, 3, 16}, DType::f32, 16), go = randn({2, 70, 3, 16}, DType::f32, 17);
+  auto run = [&](DType dt, int threads) {
+    cpu::set_num_threads(threads);
+    Tensors in = {q.to(dt).detach().clone(), k.to(dt).detach().clone(), v.to(dt).detach().clone()};
+    for (Tensor& t : in) t.set_requires_grad(true);
+    Tensor o = causal_attention(in[0], in[1], in[2], 0.25);
+    o.backward(go.to(dt));
+    return Tensors{o.detach(), in[0].grad(), in[1].grad(), in[2].grad()};
+  };
+  int restore = cpu::num_threads();
+  Tensors one = run(DType::f32, 1), two = run(DType::f32, 2), ref = run(DType::f64, 1);
+  cpu::set_num_threads(restore);
+  for (size_t i = 0; i < one.size(); ++i) {
+    CHECK(moetrain::testing::bitwise_equal(one[i], two[i]));
+    CHECK(moetrain::testing::max_abs_diff(one[i].to(DType::f64), ref[i]) < 2e-5);
+  }
 }
 
 TEST_CASE("causal_attention: gradients match finite differences", "[ops][attention]") {
