@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/blas.h"
+#include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/attention/attention_kernels.h"
@@ -29,26 +30,38 @@ Dims dims_of(const Tensor& q, const Tensor& k, const Tensor& v) {
 }
 
 // P[i, s] = exp(S[i, s] - lse_row(i)) for s ≤ first_pos + i, else 0. With `lse`
-// null the row log-sum-exp is computed (forward) and written to lse_out.
+// null the row log-sum-exp is computed (forward: the row max, then Σ e^{S - max} in
+// double over kLanes lanes, ops/common/math.h) and written to lse_out. Runs in the
+// cpu::vector_isa() copy (run_vector_isa), so the exponentials are 16 or 8 wide.
 template <class T>
-void probabilities(T* S, int64_t tq, int64_t first_pos, int64_t width, const T* lse, T* lse_out) {
+inline void probabilities_rows(T* __restrict S, int64_t tq, int64_t first_pos, int64_t width, const T* lse,
+                               T* lse_out) {
   for (int64_t i = 0; i < tq; ++i) {
     T* row = S + i * width;
-    int64_t valid = first_pos + i + 1;
+    const int64_t valid = first_pos + i + 1;
     T l;
     if (lse) {
       l = lse[i];
     } else {
-      T m = -std::numeric_limits<T>::infinity();
-      for (int64_t s = 0; s < valid; ++s) m = std::max(m, row[s]);
-      T sum = 0;
-      for (int64_t s = 0; s < valid; ++s) sum += exp_of(row[s] - m);
-      l = m + std::log(sum);
+      const T m = max_of(row, valid);
+      l = static_cast<T>(static_cast<double>(m) + std::log(sum_exp(row, valid, m)));
       lse_out[i] = l;
     }
     for (int64_t s = 0; s < valid; ++s) row[s] = exp_of(row[s] - l);
     for (int64_t s = valid; s < width; ++s) row[s] = T(0);
   }
+}
+template <class T>
+void probabilities(T* S, int64_t tq, int64_t first_pos, int64_t width, const T* lse, T* lse_out) {
+  run_vector_isa([](auto... a) { probabilities_rows<T>(a...); }, S, tq, first_pos, width, lse, lse_out);
+}
+
+// dS = P ⊙ (dP - D_row) over a tile [tq, width], in place in dP.
+template <class T>
+inline void softmax_grad_rows(T* __restrict dS, const T* __restrict P, const T* __restrict D, int64_t tq,
+                              int64_t width) {
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t c = 0; c < width; ++c) dS[i * width + c] = P[i * width + c] * (dS[i * width + c] - D[i]);
 }
 
 }  // namespace
@@ -124,11 +137,8 @@ void causal_attention_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, c
             for (int64_t j = 0; j < d.Dv; ++j) acc += gor[j] * orow[j];
             D[static_cast<size_t>(i)] = acc;
           }
-          for (int64_t i = 0; i < tq; ++i)
-            for (int64_t c = 0; c < width; ++c) {
-              size_t at = static_cast<size_t>(i * width + c);
-              dS[at] = P[at] * (dS[at] - D[static_cast<size_t>(i)]);
-            }
+          run_vector_isa([](auto... a) { softmax_grad_rows<T>(a...); }, dS.data(), static_cast<const T*>(P.data()),
+                         static_cast<const T*>(D.data()), tq, width);
           // dQ_tile = scale dS K[0:width];  dK[0:width] += scale dS^T Q_tile;  dV[0:width] += P^T dO_tile
           gemm(false, false, tq, d.Dk, width, s, dS.data(), width, k_head, ldk, T(0), dq + qoff, ldk);
           gemm(true, false, width, d.Dk, tq, s, dS.data(), width, pq + qoff, ldk, T(1), dk_head, ldk);

@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/elementwise/elementwise_kernels.h"
@@ -28,13 +29,20 @@ std::vector<int64_t> broadcast_strides(const Shape& s, int nd) {
   return st;
 }
 
+// o[i] = f(a[i], b[i]) over [lo, hi): contiguous operands, run in the
+// cpu::vector_isa() copy (run_vector_isa), so the loop vectorises 8 or 16 wide.
+template <class T, class F>
+inline void binary_range(F f, T* __restrict o, const T* __restrict a, const T* __restrict b, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) o[i] = f(a[i], b[i]);
+}
+
 template <class T, class F>
 void binary_loop(F f, T* out, const Shape& os, const T* a, const Shape& as, const T* b, const Shape& bs) {
   int64_t n = os.numel();
   if (n == 0) return;
   if (as == os && bs == os) {
     parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) out[i] = f(a[i], b[i]);
+      run_vector_isa([](auto... x) { binary_range<T>(x...); }, f, out, a, b, lo, hi);
     });
     return;
   }
@@ -55,7 +63,10 @@ void binary_loop(F f, T* out, const Shape& os, const T* a, const Shape& as, cons
       T* o = out + r * inner;
       const T* pa = a + oa;
       const T* pb = b + ob;
-      for (int64_t j = 0; j < inner; ++j) o[j] = f(pa[j * ia], pb[j * ib]);
+      if (ia == 1 && ib == 1)  // both rows contiguous (a bias row added to each row of x)
+        run_vector_isa([](auto... x) { binary_range<T>(x...); }, f, o, pa, pb, int64_t{0}, inner);
+      else
+        for (int64_t j = 0; j < inner; ++j) o[j] = f(pa[j * ia], pb[j * ib]);
     }
   });
 }
@@ -154,18 +165,16 @@ void with_op(UnaryOp op, F&& fn) {
 }  // namespace
 
 namespace {
-// One op over [lo, hi), as a function of its own so that target_clones compiles an
-// AVX2 + FMA copy of each op's loop, picked by CPUID at load time.
+// One op over [lo, hi), run in the copy for cpu::vector_isa() (AVX-512, AVX2 + FMA or
+// generic; run_vector_isa), so exp_approx and tanh_of run 16 or 8 wide.
 template <class T, UnaryOp kOp>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void unary_range(const T* __restrict x,
-                                                                             T* __restrict y, int64_t lo,
-                                                                             int64_t hi) {
+inline void unary_range(const T* __restrict x, T* __restrict y, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; ++i) y[i] = unary_value(kOp, x[i]);
 }
 
 template <class T, UnaryOp kOp>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void unary_backward_range(
-    const T* __restrict x, const T* __restrict y, const T* __restrict gy, T* __restrict gx, int64_t lo, int64_t hi) {
+inline void unary_backward_range(const T* __restrict x, const T* __restrict y, const T* __restrict gy,
+                                 T* __restrict gx, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; ++i) gx[i] = gy[i] * unary_derivative(kOp, x[i], y[i]);
 }
 }  // namespace
@@ -176,8 +185,9 @@ void unary_forward(UnaryOp op, Tensor& y, const Tensor& x) {
     const T* px = x.data<T>();
     T* py = y.data<T>();
     with_op(op, [&](auto op_c) {
-      parallel_for(x.numel(), kGrain,
-                   [&](int64_t lo, int64_t hi) { unary_range<T, decltype(op_c)::value>(px, py, lo, hi); });
+      parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+        run_vector_isa([](auto... a) { unary_range<T, decltype(op_c)::value>(a...); }, px, py, lo, hi);
+      });
     });
   });
 }
@@ -191,7 +201,8 @@ void unary_backward(UnaryOp op, Tensor& grad_x, const Tensor& grad_y, const Tens
     T* gx = grad_x.data<T>();
     with_op(op, [&](auto op_c) {
       parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-        unary_backward_range<T, decltype(op_c)::value>(px, py, gy, gx, lo, hi);
+        run_vector_isa([](auto... a) { unary_backward_range<T, decltype(op_c)::value>(a...); }, px, py, gy, gx, lo,
+                       hi);
       });
     });
   });
@@ -220,6 +231,24 @@ void pow_forward(Tensor& y, const Tensor& x, double p) {
     });
   });
 }
+
+namespace {
+// dst[j] = Σ_r src[r, j] over rows in order, in double, for j in [lo, hi).
+template <class T>
+inline void sum_rows(T* __restrict dst, const T* __restrict src, int64_t rows, int64_t n, int64_t lo, int64_t hi) {
+  constexpr int64_t kBlock = 256;
+  double acc[kBlock];
+  for (int64_t j0 = lo; j0 < hi; j0 += kBlock) {
+    const int64_t w = std::min(kBlock, hi - j0);
+    for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = src + r * n + j0;
+      for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(row[j]);
+    }
+    for (int64_t j = 0; j < w; ++j) dst[j0 + j] = static_cast<T>(acc[j]);
+  }
+}
+}  // namespace
 
 // out[j] = sum over the broadcast dims of t. Each thread owns a range of target
 // elements and adds the source rows in a fixed order (accumulating in double).
@@ -254,9 +283,24 @@ void sum_to(Tensor& out, const Tensor& t) {
       }
       return off;
     };
-    std::vector<int64_t> base = offsets(kept_dims), red = offsets(red_dims);
     const T* src = t.data<T>();
     T* dst = out.data<T>();
+    // out is t's trailing dims (a bias gradient: [B, T, N] to [N]): t viewed as
+    // [rows, n] summed over rows in order, the order of the general loop below (the
+    // same bits), with the columns in vectors.
+    const Shape& os = out.shape();
+    int first = 0;
+    while (first < os.ndim() && os[first] == 1) ++first;
+    bool trailing = os.ndim() - first <= nd;
+    for (int i = first; trailing && i < os.ndim(); ++i) trailing = os[i] == ts[nd - (os.ndim() - i)];
+    if (trailing && out.numel() > 0) {
+      const int64_t n = out.numel(), rows = t.numel() / n;
+      parallel_for(n, 256, [&](int64_t lo, int64_t hi) {
+        run_vector_isa([](auto... a) { sum_rows<T>(a...); }, dst, src, rows, n, lo, hi);
+      });
+      return;
+    }
+    std::vector<int64_t> base = offsets(kept_dims), red = offsets(red_dims);
     int64_t n = static_cast<int64_t>(base.size());
     parallel_for(n, 256, [&](int64_t lo, int64_t hi) {
       std::vector<double> acc(static_cast<size_t>(hi - lo), 0.0);
@@ -275,6 +319,17 @@ void broadcast_copy(Tensor& out, const Tensor& x) {
   });
 }
 
+namespace {
+// d[i] += a s[i] (d may be s: no restrict; the vectoriser checks the overlap).
+template <class T>
+inline void add_range(T* d, const T* s, T a, int64_t lo, int64_t hi) {
+  if (a == T(1))
+    for (int64_t i = lo; i < hi; ++i) d[i] += s[i];
+  else
+    for (int64_t i = lo; i < hi; ++i) d[i] += a * s[i];
+}
+}  // namespace
+
 void add_inplace(Tensor& dst, const Tensor& src, double alpha) {
   dispatch_float(dst.dtype(), "add_", [&](auto tag) {
     using T = decltype(tag);
@@ -282,10 +337,7 @@ void add_inplace(Tensor& dst, const Tensor& src, double alpha) {
     const T* s = src.data<T>();
     T a = static_cast<T>(alpha);
     parallel_for(dst.numel(), kGrain, [&](int64_t lo, int64_t hi) {
-      if (a == T(1))
-        for (int64_t i = lo; i < hi; ++i) d[i] += s[i];
-      else
-        for (int64_t i = lo; i < hi; ++i) d[i] += a * s[i];
+      run_vector_isa([](auto... x) { add_range<T>(x...); }, d, s, a, lo, hi);
     });
   });
 }

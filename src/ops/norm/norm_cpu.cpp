@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/common/math.h"
@@ -15,12 +16,15 @@ namespace {
 constexpr int64_t kRowGrain = 8;
 constexpr int64_t kColGrain = 32;
 
-// s[j] = σ(z[j]) for a row, as the sigmoid op computes it; an AVX2 + FMA copy is
-// picked by CPUID at load time (target_clones), so exp_approx runs vectorised.
+// s[j] = σ(z[j]) for a row, as the sigmoid op computes it, in the cpu::vector_isa()
+// copy (run_vector_isa), so exp_approx runs vectorised.
 template <class T>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void sigmoid_row(T* __restrict s, const T* __restrict z,
-                                                                             int64_t n) {
+inline void sigmoid_row_range(T* __restrict s, const T* __restrict z, int64_t n) {
   for (int64_t j = 0; j < n; ++j) s[j] = sigmoid_of(z[j]);
+}
+template <class T>
+void sigmoid_row(T* s, const T* z, int64_t n) {
+  run_vector_isa([](auto... a) { sigmoid_row_range<T>(a...); }, s, z, n);
 }
 
 // dw[j] = sum_r dy[r, j] * xhat(r, j), db[j] = sum_r dy[r, j] (column-owned).
@@ -43,6 +47,105 @@ void param_grads(T* dw, T* db, const T* dy, int64_t rows, int64_t n, XHat xhat) 
 }
 }  // namespace
 
+namespace {
+// LayerNorm rows [lo, hi) of x [rows, n], in the cpu::vector_isa() copy. The mean and
+// the variance (about the mean) are summed in double in kLanes lanes (math.h), a fixed
+// order; y = (x - mean) rstd w + b in T (w, b: null for none).
+template <class T>
+inline void layer_norm_rows(T* __restrict y, T* __restrict mean, T* __restrict rstd, const T* __restrict x,
+                            const T* __restrict w, const T* __restrict b, int64_t n, double eps, int64_t lo,
+                            int64_t hi) {
+  for (int64_t r = lo; r < hi; ++r) {
+    const T* xr = x + r * n;
+    const double mu = sum_of(xr, n) / static_cast<double>(n);
+    double acc[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes)
+      for (int k = 0; k < kLanes; ++k) {
+        const double d = static_cast<double>(xr[j + k]) - mu;
+        acc[k] += d * d;
+      }
+    double var = 0;
+    for (; j < n; ++j) var += (static_cast<double>(xr[j]) - mu) * (static_cast<double>(xr[j]) - mu);
+    for (int k = 0; k < kLanes; ++k) var += acc[k];
+    const double rs = 1.0 / std::sqrt(var / static_cast<double>(n) + eps);
+    mean[r] = static_cast<T>(mu);
+    rstd[r] = static_cast<T>(rs);
+    const T m = static_cast<T>(mu), s = static_cast<T>(rs);
+    T* yr = y + r * n;
+    if (w && b)
+      for (int64_t c = 0; c < n; ++c) yr[c] = (xr[c] - m) * s * w[c] + b[c];
+    else
+      for (int64_t c = 0; c < n; ++c) yr[c] = (xr[c] - m) * s * (w ? w[c] : T(1)) + (b ? b[c] : T(0));
+  }
+}
+
+// LayerNorm's dx for rows [lo, hi): with x̂ = (x - mean) rstd and g = dy w,
+// dx = rstd (g - mean(g) - x̂ mean(g x̂)); the two means summed in double in kLanes
+// lanes, the rest in T.
+template <class T>
+inline void layer_norm_backward_rows(T* __restrict dx, const T* __restrict dy, const T* __restrict x,
+                                     const T* __restrict w, const T* __restrict mean, const T* __restrict rstd,
+                                     int64_t n, int64_t lo, int64_t hi) {
+  for (int64_t r = lo; r < hi; ++r) {
+    const T* xr = x + r * n;
+    const T* gr = dy + r * n;
+    const T m = mean[r], s = rstd[r];
+    double ag[kLanes] = {}, agx[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes)
+      for (int k = 0; k < kLanes; ++k) {
+        const T g = gr[j + k] * (w ? w[j + k] : T(1));
+        ag[k] += static_cast<double>(g);
+        agx[k] += static_cast<double>(g * ((xr[j + k] - m) * s));
+      }
+    double sum_g = 0, sum_gx = 0;
+    for (; j < n; ++j) {
+      const T g = gr[j] * (w ? w[j] : T(1));
+      sum_g += static_cast<double>(g);
+      sum_gx += static_cast<double>(g * ((xr[j] - m) * s));
+    }
+    for (int k = 0; k < kLanes; ++k) {
+      sum_g += ag[k];
+      sum_gx += agx[k];
+    }
+    const T mg = static_cast<T>(sum_g / static_cast<double>(n)), mgx = static_cast<T>(sum_gx / static_cast<double>(n));
+    T* dr = dx + r * n;
+    for (int64_t c = 0; c < n; ++c) {
+      const T g = gr[c] * (w ? w[c] : T(1));
+      dr[c] = s * (g - mg - (xr[c] - m) * s * mgx);
+    }
+  }
+}
+
+// LayerNorm's dw[j] = Σ_r dy[r, j] x̂[r, j], db[j] = Σ_r dy[r, j] for j in [c0, c1),
+// rows in order, in double (column-owned: independent of the thread count).
+template <class T>
+inline void layer_norm_param_grads(T* __restrict dw, T* __restrict db, const T* __restrict dy, const T* __restrict x,
+                                   const T* __restrict mean, const T* __restrict rstd, int64_t rows, int64_t n,
+                                   int64_t c0, int64_t c1) {
+  constexpr int64_t kBlock = 256;
+  double aw[kBlock], ab[kBlock];
+  for (int64_t j0 = c0; j0 < c1; j0 += kBlock) {
+    const int64_t wd = std::min(kBlock, c1 - j0);
+    for (int64_t j = 0; j < wd; ++j) aw[j] = ab[j] = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* g = dy + r * n + j0;
+      const T* xr = x + r * n + j0;
+      const double mu = mean[r], rs = rstd[r];
+      for (int64_t j = 0; j < wd; ++j) {
+        aw[j] += static_cast<double>(g[j]) * ((static_cast<double>(xr[j]) - mu) * rs);
+        ab[j] += static_cast<double>(g[j]);
+      }
+    }
+    for (int64_t j = 0; j < wd; ++j) {
+      if (dw) dw[j0 + j] = static_cast<T>(aw[j]);
+      if (db) db[j0 + j] = static_cast<T>(ab[j]);
+    }
+  }
+}
+}  // namespace
+
 void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                         double eps) {
   dispatch_float(x.dtype(), "layer_norm", [&](auto tag) {
@@ -55,21 +158,7 @@ void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, 
     T* pm = mean.data<T>();
     T* pr = rstd.data<T>();
     parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        const T* xr = px + r * n;
-        double s = 0;
-        for (int64_t j = 0; j < n; ++j) s += xr[j];
-        double mu = s / static_cast<double>(n), v = 0;
-        for (int64_t j = 0; j < n; ++j) v += (xr[j] - mu) * (xr[j] - mu);
-        double rs = 1.0 / std::sqrt(v / static_cast<double>(n) + eps);
-        pm[r] = static_cast<T>(mu);
-        pr[r] = static_cast<T>(rs);
-        T* yr = py + r * n;
-        for (int64_t j = 0; j < n; ++j) {
-          double h = (xr[j] - mu) * rs;
-          yr[j] = static_cast<T>(h * (pw ? pw[j] : T(1)) + (pb ? pb[j] : T(0)));
-        }
-      }
+      run_vector_isa([](auto... a) { layer_norm_rows<T>(a...); }, py, pm, pr, px, pw, pb, n, eps, lo, hi);
     });
   });
 }
@@ -86,26 +175,15 @@ void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const T
     const T* pr = rstd.data<T>();
     T* dx = grad_x.data<T>();
     parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        const T* xr = px + r * n;
-        const T* gr = dy + r * n;
-        double mu = pm[r], rs = pr[r], sum_g = 0, sum_gx = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          double g = static_cast<double>(gr[j]) * (pw ? pw[j] : T(1));
-          sum_g += g;
-          sum_gx += g * (xr[j] - mu) * rs;
-        }
-        double mg = sum_g / static_cast<double>(n), mgx = sum_gx / static_cast<double>(n);
-        T* dr = dx + r * n;
-        for (int64_t j = 0; j < n; ++j) {
-          double g = static_cast<double>(gr[j]) * (pw ? pw[j] : T(1));
-          dr[j] = static_cast<T>(rs * (g - mg - (xr[j] - mu) * rs * mgx));
-        }
-      }
+      run_vector_isa([](auto... a) { layer_norm_backward_rows<T>(a...); }, dx, dy, px, pw, pm, pr, n, lo, hi);
     });
-    if (grad_w || grad_b)
-      param_grads<T>(grad_w ? grad_w->data<T>() : nullptr, grad_b ? grad_b->data<T>() : nullptr, dy, rows, n,
-                     [&](int64_t r, int64_t j) { return (static_cast<double>(px[r * n + j]) - pm[r]) * pr[r]; });
+    if (grad_w || grad_b) {
+      T* dw = grad_w ? grad_w->data<T>() : nullptr;
+      T* db = grad_b ? grad_b->data<T>() : nullptr;
+      parallel_for(n, kColGrain, [&](int64_t c0, int64_t c1) {
+        run_vector_isa([](auto... a) { layer_norm_param_grads<T>(a...); }, dw, db, dy, px, pm, pr, rows, n, c0, c1);
+      });
+    }
   });
 }
 

@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/common/math.h"
@@ -12,19 +13,19 @@
 namespace moetrain::cpu {
 
 namespace {
-// log Σ e^x, max-subtracted; -inf for an all -inf row. target_clones: an AVX2 +
-// FMA copy, picked by CPUID at load time (the vocabulary rows are the bulk of a
-// small model's non-GEMM time).
+// log Σ e^x, max-subtracted; -inf for an all -inf row. Run in the cpu::vector_isa()
+// copy (run_vector_isa: AVX-512, AVX2 + FMA or generic; the vocabulary rows are the
+// bulk of a small model's non-GEMM time). The sums' order is fixed by kLanes, so
+// the AVX-512 and AVX2 copies give the same bits.
 template <class T>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) double row_logsumexp(const T* x, int64_t n) {
+inline double row_logsumexp(const T* x, int64_t n) {
   T m = max_of(x, n);
   if (std::isinf(m) && m < 0) return m;
   return static_cast<double>(m) + std::log(sum_exp(x, n, m));
 }
 // grad = scale · e^{x - lse} over a row (the target's entry is fixed by the caller).
 template <class T>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void row_softmax_scaled(
-    T* __restrict grad, const T* __restrict x, int64_t n, T scale, T lse) {
+inline void row_softmax_scaled(T* __restrict grad, const T* __restrict x, int64_t n, T scale, T lse) {
   for (int64_t j = 0; j < n; ++j) grad[j] = scale * exp_of(x[j] - lse);
 }
 }  // namespace
@@ -93,7 +94,7 @@ void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const 
       std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
       parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
-          double l = row_logsumexp(px + r * v, v);
+          double l = run_vector_isa([](auto... a) { return row_logsumexp<T>(a...); }, px + r * v, v);
           pl[r] = l;
           if (pt[r] != ignore_index) row_loss[static_cast<size_t>(r)] = l - static_cast<double>(px[r * v + pt[r]]);
         }
@@ -130,7 +131,7 @@ void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Ten
           const T* xr = px + r * v;
           double l = pl[r];
           T sc = static_cast<T>(scale), lt = static_cast<T>(l);  // rounding lse to T costs <= 1 ulp of it
-          row_softmax_scaled(gr, xr, v, sc, lt);
+          run_vector_isa([](auto... a) { row_softmax_scaled<T>(a...); }, gr, xr, v, sc, lt);
           gr[pt[r]] = static_cast<T>(scale * (std::exp(static_cast<double>(xr[pt[r]]) - l) - 1.0));
         }
       });

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "backend/cpu/parallel.h"
+#include "backend/cpu/isa.h"
 #include "moetrain.h"
 #include "ops/attention/attention_kernels.h"
 #include "testing.h"
@@ -53,6 +55,53 @@ TEST_CASE("causal_attention: f32 agrees with f64", "[ops][attention]") {
   Tensor o32 = causal_attention(q, k, v, 0.25);
   Tensor o64 = causal_attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), 0.25);
   CHECK(moetrain::testing::max_abs_diff(o32.to(DType::f64), o64) < 1e-5);
+}
+
+TEST_CASE("causal_attention: f32 gradients agree with f64 and do not depend on the thread count", "[ops][attention]") {
+  // The f32 path runs the vectorised softmax rows (forward and backward's recomputation).
+  Tensor q = randn({2, 70, 3, 16}, DType::f32, 14), k = randn({2, 70, 3, 16}, DType::f32, 15),
+         v = randn({2, 70, 3, 16}, DType::f32, 16), go = randn({2, 70, 3, 16}, DType::f32, 17);
+  auto run = [&](DType dt, int threads) {
+    cpu::set_num_threads(threads);
+    Tensors in = {q.to(dt).detach().clone(), k.to(dt).detach().clone(), v.to(dt).detach().clone()};
+    for (Tensor& t : in) t.set_requires_grad(true);
+    Tensor o = causal_attention(in[0], in[1], in[2], 0.25);
+    o.backward(go.to(dt));
+    return Tensors{o.detach(), in[0].grad(), in[1].grad(), in[2].grad()};
+  };
+  int restore = cpu::num_threads();
+  Tensors one = run(DType::f32, 1), two = run(DType::f32, 2), ref = run(DType::f64, 1);
+  cpu::set_num_threads(restore);
+  for (size_t i = 0; i < one.size(); ++i) {
+    CHECK(moetrain::testing::bitwise_equal(one[i], two[i]));
+    CHECK(moetrain::testing::max_abs_diff(one[i].to(DType::f64), ref[i]) < 2e-5);
+  }
+}
+
+TEST_CASE("causal_attention: every vector copy agrees with f64; the FMA copies give the same bits", "[ops][attention]") {
+  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
+  Tensor q = randn({2, 70, 3, 16}, DType::f64, 51), k = randn({2, 70, 3, 16}, DType::f64, 52),
+         v = randn({2, 70, 3, 16}, DType::f64, 53), go = randn({2, 70, 3, 16}, DType::f64, 54);
+  auto run = [&](DType dt) {
+    Tensor ql = q.to(dt).detach().set_requires_grad(), kl = k.to(dt).detach().set_requires_grad(),
+           vl = v.to(dt).detach().set_requires_grad();
+    Tensor o = causal_attention(ql, kl, vl, 0.25);
+    o.backward(go.to(dt));
+    return std::vector<Tensor>{o, ql.grad(), kl.grad(), vl.grad()};
+  };
+  const std::vector<Tensor> ref = run(DType::f64);
+  std::vector<std::vector<Tensor>> copies;
+  for (cpu::VectorIsa isa : isas) {
+    cpu::cap_vector_isa_for_testing(isa);
+    copies.push_back(run(DType::f32));
+    INFO("copy " << cpu::vector_isa_name(isa));
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::rel_error(copies.back()[i].to(DType::f64), ref[i]) < 2e-5);
+  }
+  cpu::cap_vector_isa_for_testing(std::nullopt);
+  if (copies.size() == 3)
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::bitwise_equal(copies[2][i], copies[1][i]));
 }
 
 TEST_CASE("causal_attention: gradients match finite differences", "[ops][attention]") {

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "backend/cpu/parallel.h"
+#include "backend/cpu/isa.h"
 #include "moetrain.h"
 #include "ops/cuda_vs_cpu.h"
 #include "testing.h"
@@ -115,6 +117,79 @@ TEST_CASE("elementwise: sum_to reduces leading and inner broadcast dims", "[ops]
       for (int k = 0; k < 5; ++k) ref += v[(i * 4 + j) * 5 + k];
     CHECK(s[j] == Approx(ref).epsilon(1e-14));
   }
+}
+
+TEST_CASE("elementwise: a bias row added to every row, and its sum_to, equal plain loops bit for bit (f32)",
+          "[ops][elementwise][broadcast]") {
+  // The contiguous-row path of the broadcast loop and sum_to's trailing-dims path
+  // (vectorised copies) against loops written here: + is exact per element, and the
+  // column sums add the rows in order in double, as the kernels promise.
+  for (int64_t n : {1, 31, 33, 257, 1027}) {
+    DYNAMIC_SECTION("n=" << n) {
+      Tensor x = randn({3, 7, n}, DType::f32, n), bias = randn({n}, DType::f32, n + 1);
+      std::vector<double> vx = x.to_vector(), vb = bias.to_vector();  // f32 values, exact in double
+      std::vector<double> sum = add(x, bias).to_vector(), diff = sub(bias, x).to_vector(),
+                          prod = mul(x, bias).to_vector();
+      for (int64_t r = 0; r < 21; ++r)
+        for (int64_t j = 0; j < n; ++j) {
+          const size_t i = static_cast<size_t>(r * n + j);
+          const float a = static_cast<float>(vx[i]), c = static_cast<float>(vb[static_cast<size_t>(j)]);
+          REQUIRE(sum[i] == a + c);  // float arithmetic: one rounding, as the kernel's
+          REQUIRE(diff[i] == c - a);
+          REQUIRE(prod[i] == a * c);
+        }
+      for (const Shape& to : {Shape{n}, Shape{1, n}, Shape{7, n}}) {
+        std::vector<double> got = sum_to(x, to).to_vector();
+        const int64_t kept = to.numel(), rows = 21 * n / kept;
+        for (int64_t j = 0; j < kept; ++j) {
+          double acc = 0;
+          for (int64_t r = 0; r < rows; ++r) acc += vx[static_cast<size_t>(r * kept + j)];
+          REQUIRE(got[static_cast<size_t>(j)] == static_cast<float>(acc));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("elementwise: sum_to and the broadcast add do not depend on the thread count", "[ops][elementwise]") {
+  Tensor x = randn({9, 5, 1031}, DType::f32, 3), bias = randn({1031}, DType::f32, 4);
+  int restore = cpu::num_threads();
+  cpu::set_num_threads(1);
+  Tensor s1 = sum_to(x, {1031}), a1 = add(x, bias), g1 = gelu_tanh(x);
+  cpu::set_num_threads(2);
+  Tensor s2 = sum_to(x, {1031}), a2 = add(x, bias), g2 = gelu_tanh(x);
+  cpu::set_num_threads(restore);
+  CHECK(moetrain::testing::bitwise_equal(s1, s2));
+  CHECK(moetrain::testing::bitwise_equal(a1, a2));
+  CHECK(moetrain::testing::bitwise_equal(g1, g2));
+}
+
+TEST_CASE("elementwise: every vector copy of GELU, the bias add and sum_to agrees with f64; the FMA copies give "
+          "the same bits", "[ops][elementwise]") {
+  // run_vector_isa's generic, AVX2 + FMA and AVX-512 copies (backend/cpu/isa.h): the same
+  // expression per element, so the FMA copies agree bit for bit; sum_to's row order is fixed.
+  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
+  Tensor x = mul_scalar(randn({5, 7, 1031}, DType::f64, 21), 3.0), bias = randn({1031}, DType::f64, 22);
+  Tensor dy = randn({5, 7, 1031}, DType::f64, 23);
+  auto run = [&](DType dt) {
+    Tensor xl = x.to(dt).detach().set_requires_grad(), bl = bias.to(dt).detach().set_requires_grad();
+    Tensor y = gelu_tanh(add(xl, bl));
+    y.backward(dy.to(dt));
+    return std::vector<Tensor>{y, xl.grad(), bl.grad()};
+  };
+  const std::vector<Tensor> ref = run(DType::f64);
+  std::vector<std::vector<Tensor>> copies;
+  for (cpu::VectorIsa isa : isas) {
+    cpu::cap_vector_isa_for_testing(isa);
+    copies.push_back(run(DType::f32));
+    INFO("copy " << cpu::vector_isa_name(isa));
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::rel_error(copies.back()[i].to(DType::f64), ref[i]) < 1e-5);
+  }
+  cpu::cap_vector_isa_for_testing(std::nullopt);
+  if (copies.size() == 3)
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::bitwise_equal(copies[2][i], copies[1][i]));
 }
 
 TEST_CASE("elementwise: bad inputs name the op and the shapes", "[ops][elementwise][errors]") {

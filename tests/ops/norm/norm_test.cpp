@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/isa.h"
 #include "moetrain.h"
 #include "testing.h"
 #include "ops/cuda_vs_cpu.h"
@@ -78,6 +79,100 @@ TEST_CASE("norms: weight gradient does not depend on the thread count", "[ops][n
   Tensor g1 = grad_w(1), g2 = grad_w(2);
   cpu::set_num_threads(restore);
   CHECK(moetrain::testing::bitwise_equal(g1, g2));
+}
+
+TEST_CASE("layer_norm: f32 forward and gradients match double loops", "[ops][norm]") {
+  // The vectorised f32 kernels (statistics in double, elementwise in f32) against the
+  // formulas in double, written here; rows off the vector widths.
+  for (int64_t n : {31, 33, 770}) {
+    DYNAMIC_SECTION("n=" << n) {
+      const int64_t rows = 19;
+      Tensor x = add_scalar(randn({rows, n}, DType::f32, n), 0.5), w = randn({n}, DType::f32, n + 1),
+             b = randn({n}, DType::f32, n + 2), gy = randn({rows, n}, DType::f32, n + 3);
+      Tensor xl = x.detach().clone(), wl = w.detach().clone(), bl = b.detach().clone();
+      xl.set_requires_grad(true);
+      wl.set_requires_grad(true);
+      bl.set_requires_grad(true);
+      Tensor y = layer_norm(xl, wl, bl, 1e-5);
+      y.backward(gy);
+      std::vector<double> vx = x.to_vector(), vw = w.to_vector(), vb = b.to_vector(), vg = gy.to_vector(),
+                          vy = y.to_vector(), dx = xl.grad().to_vector(), dw = wl.grad().to_vector(),
+                          db = bl.grad().to_vector();
+      std::vector<double> rdw(static_cast<size_t>(n), 0.0), rdb(static_cast<size_t>(n), 0.0);
+      double worst_y = 0, worst_dx = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const double* xr = vx.data() + r * n;
+        const double* gr = vg.data() + r * n;
+        double mu = 0, var = 0, mg = 0, mgx = 0;
+        for (int64_t j = 0; j < n; ++j) mu += xr[j] / static_cast<double>(n);
+        for (int64_t j = 0; j < n; ++j) var += (xr[j] - mu) * (xr[j] - mu) / static_cast<double>(n);
+        const double rs = 1 / std::sqrt(var + 1e-5);
+        for (int64_t j = 0; j < n; ++j) {
+          const double h = (xr[j] - mu) * rs;
+          worst_y = std::max(worst_y, std::abs(vy[static_cast<size_t>(r * n + j)] - (h * vw[j] + vb[j])));
+          mg += gr[j] * vw[j] / static_cast<double>(n);
+          mgx += gr[j] * vw[j] * h / static_cast<double>(n);
+          rdw[static_cast<size_t>(j)] += gr[j] * h;
+          rdb[static_cast<size_t>(j)] += gr[j];
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const double ref = rs * (gr[j] * vw[j] - mg - (xr[j] - mu) * rs * mgx);
+          worst_dx = std::max(worst_dx, std::abs(dx[static_cast<size_t>(r * n + j)] - ref));
+        }
+      }
+      CHECK(worst_y < 5e-6);
+      CHECK(worst_dx < 2e-5);
+      for (int64_t j = 0; j < n; ++j) {
+        REQUIRE(dw[static_cast<size_t>(j)] == Approx(rdw[static_cast<size_t>(j)]).margin(1e-5));
+        REQUIRE(db[static_cast<size_t>(j)] == Approx(rdb[static_cast<size_t>(j)]).margin(1e-5));
+      }
+    }
+  }
+}
+
+TEST_CASE("layer_norm: forward and all gradients do not depend on the thread count", "[ops][norm]") {
+  Tensor x = randn({257, 771}, DType::f32, 1), w = randn({771}, DType::f32, 2), b = randn({771}, DType::f32, 3);
+  Tensor gy = randn({257, 771}, DType::f32, 4);
+  auto run = [&](int threads) {
+    cpu::set_num_threads(threads);
+    Tensor xl = x.detach().clone(), wl = w.detach().clone(), bl = b.detach().clone();
+    xl.set_requires_grad(true);
+    wl.set_requires_grad(true);
+    bl.set_requires_grad(true);
+    Tensor y = layer_norm(xl, wl, bl, 1e-5);
+    y.backward(gy);
+    return Tensors{y.detach(), xl.grad(), wl.grad(), bl.grad()};
+  };
+  int restore = cpu::num_threads();
+  Tensors one = run(1), two = run(2);
+  cpu::set_num_threads(restore);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(moetrain::testing::bitwise_equal(one[i], two[i]));
+}
+
+TEST_CASE("layer_norm: every vector copy agrees with f64; the FMA copies give the same bits", "[ops][norm]") {
+  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
+  Tensor x = add_scalar(randn({37, 771}, DType::f64, 31), 0.5), w = randn({771}, DType::f64, 32),
+         b = randn({771}, DType::f64, 33), dy = randn({37, 771}, DType::f64, 34);
+  auto run = [&](DType dt) {
+    Tensor xl = x.to(dt).detach().set_requires_grad(), wl = w.to(dt).detach().set_requires_grad(),
+           bl = b.to(dt).detach().set_requires_grad();
+    Tensor y = layer_norm(xl, wl, bl, 1e-5);
+    y.backward(dy.to(dt));
+    return std::vector<Tensor>{y, xl.grad(), wl.grad(), bl.grad()};
+  };
+  const std::vector<Tensor> ref = run(DType::f64);
+  std::vector<std::vector<Tensor>> copies;
+  for (cpu::VectorIsa isa : isas) {
+    cpu::cap_vector_isa_for_testing(isa);
+    copies.push_back(run(DType::f32));
+    INFO("copy " << cpu::vector_isa_name(isa));
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::rel_error(copies.back()[i].to(DType::f64), ref[i]) < 1e-5);
+  }
+  cpu::cap_vector_isa_for_testing(std::nullopt);
+  if (copies.size() == 3)
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::bitwise_equal(copies[2][i], copies[1][i]));
 }
 
 TEST_CASE("norms: bad weight shape names the op and shapes", "[ops][norm][errors]") {

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "backend/cpu/isa.h"
+#include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "testing.h"
 #include "ops/cuda_vs_cpu.h"
@@ -56,6 +58,67 @@ TEST_CASE("cross_entropy: gradients match finite differences", "[ops][softmax][l
   Tensor targets = from_vector({1, 32, -100, 0, 17, 5}, {2, 3}, DType::i32);
   check_gradients([&](const Tensors& in) { return cross_entropy(in[0], targets); }, {logits});
   check_gradients([&](const Tensors& in) { return cross_entropy(in[0], targets, -100, Reduction::sum); }, {logits});
+}
+
+TEST_CASE("cross_entropy: f32 vocabulary rows match a double loop, value and gradient", "[ops][softmax][loss]") {
+  // The vectorised row kernels (max, Σ e^{x - max} in kLanes double lanes, e^{x - lse})
+  // against double arithmetic written here; widths off the vector widths.
+  for (int64_t v : {33, 1000, 5003}) {
+    DYNAMIC_SECTION("v=" << v) {
+      const int64_t rows = 6;
+      Tensor logits = mul_scalar(randn({rows, v}, DType::f32, v), 3.0);
+      Tensor targets = from_vector({0.0, static_cast<double>(v - 1), -100.0, 5.0, 17.0, 1.0}, {rows}, DType::i64);
+      Tensor l = logits.detach().clone();
+      l.set_requires_grad(true);
+      Tensor loss = cross_entropy(l, targets);
+      loss.backward();
+      std::vector<double> x = logits.to_vector(), g = l.grad().to_vector();
+      std::vector<int64_t> t = {0, v - 1, -100, 5, 17, 1};
+      double ref = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (t[static_cast<size_t>(r)] == -100) {
+          for (int64_t j = 0; j < v; ++j) REQUIRE(g[static_cast<size_t>(r * v + j)] == 0.0);
+          continue;
+        }
+        double m = -INFINITY, z = 0;
+        for (int64_t j = 0; j < v; ++j) m = std::max(m, x[static_cast<size_t>(r * v + j)]);
+        for (int64_t j = 0; j < v; ++j) z += std::exp(x[static_cast<size_t>(r * v + j)] - m);
+        const double lse = m + std::log(z);
+        ref += lse - x[static_cast<size_t>(r * v + t[static_cast<size_t>(r)])];
+        for (int64_t j = 0; j < v; ++j) {
+          const double p = std::exp(x[static_cast<size_t>(r * v + j)] - lse);
+          const double want = (p - (j == t[static_cast<size_t>(r)] ? 1.0 : 0.0)) / 5;
+          REQUIRE(g[static_cast<size_t>(r * v + j)] == Approx(want).epsilon(1e-5).margin(1e-9));
+        }
+      }
+      CHECK(loss.item<double>() == Approx(ref / 5).epsilon(1e-6));
+    }
+  }
+}
+
+TEST_CASE("cross_entropy: every vector copy agrees with f64; the FMA copies give the same bits", "[ops][softmax][loss]") {
+  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
+  Tensor logits = mul_scalar(randn({9, 5003}, DType::f64, 41), 3.0);
+  Tensor targets = from_vector({0, 5002, -100, 5, 17, 1, 4999, 2500, 3}, {9}, DType::i64);
+  auto run = [&](DType dt) {
+    Tensor l = logits.to(dt).detach().set_requires_grad();
+    Tensor loss = cross_entropy(l, targets);
+    loss.backward();
+    return std::vector<Tensor>{loss, l.grad()};
+  };
+  const std::vector<Tensor> ref = run(DType::f64);
+  std::vector<std::vector<Tensor>> copies;
+  for (cpu::VectorIsa isa : isas) {
+    cpu::cap_vector_isa_for_testing(isa);
+    copies.push_back(run(DType::f32));
+    INFO("copy " << cpu::vector_isa_name(isa));
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::rel_error(copies.back()[i].to(DType::f64), ref[i]) < 1e-5);
+  }
+  cpu::cap_vector_isa_for_testing(std::nullopt);
+  if (copies.size() == 3)
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::bitwise_equal(copies[2][i], copies[1][i]));
 }
 
 TEST_CASE("cross_entropy: bad targets are reported", "[ops][softmax][loss][errors]") {
