@@ -42,6 +42,7 @@ SKIP = {
     "launch/gpu-check.sh": "needs a GPU machine",
     "launch/gpu-bundle.sh": "needs the benchmarks' build; tests/launch/gpu_bundle_test.sh runs it (ctest gpu_bundle_clean_env)",
     "build/moetrain_bench": "benchmarks: minutes each, built with -DMOETRAIN_BENCH=ON (bench/README)",
+    "bench/gpt2_peer.py": "benchmark against PyTorch >= 2 from a venv the user makes; minutes per round",
     "launch/evolution.sh": "the ladder trains 8 models (minutes); tests/cli/evolution_test.cpp runs it shortened",
     "build/moetrain generate --init-from path/to/hf-gpt2": "a placeholder path for the user's Hugging Face download",
 }
