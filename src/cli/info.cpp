@@ -30,7 +30,8 @@ int print_info(bool require_cuda) {
   fmt::print("f32 gemm    {} (MOETRAIN_GEMM={}): {}\n", cpu::gemm_route_name(cpu::gemm_route()),
              gemm && *gemm ? gemm : "auto", cpu::gemm_threading());
   const char* isa = std::getenv("MOETRAIN_ISA");
-  fmt::print("vector isa  {} (MOETRAIN_ISA={}{}; CPU: {}): the copy of the KDA chunked kernels that runs\n",
+  fmt::print("vector isa  {} (MOETRAIN_ISA={}{}; CPU: {}): the copy our own vector kernels run (KDA, MoE experts,\n"
+             "            SiTU-GLU, elementwise, norms, softmax, attention; AdamW and the decay gate: avx2 or generic)\n",
              cpu::vector_isa_name(cpu::vector_isa()), isa && *isa ? isa : "auto",
              gemm && std::string(gemm) == "portable" ? ", capped at avx2 by MOETRAIN_GEMM=portable" : "",
              cpu::vector_isa_name(cpu::cpu_vector_isa()));
