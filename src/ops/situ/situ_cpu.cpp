@@ -58,54 +58,18 @@ inline double situ_backward_range(
   return beta_sum;
 }
 
-// The copies: gnu::flatten inlines the loop (and tanh_of, sigmoid_of) into a function
-// compiled for the ISA, which the compiler vectorises 8 or 16 floats wide.
-#if defined(__x86_64__) && defined(__GNUC__)
-#define MT_SITU_COPIES(suffix, flags)                                                                           \
-  template <class T, bool kCap>                                                                                  \
-  [[gnu::target(flags), gnu::flatten]] void situ_forward_##suffix(const T* pg, const T* pu, T* po, int64_t lo, \
-                                                                   int64_t hi, T b, T inv_b, T l, T inv_l) {    \
-    situ_forward_range<T, kCap>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);                                         \
-  }                                                                                                              \
-  template <class T, bool kCap, bool kBeta>                                                                      \
-  [[gnu::target(flags), gnu::flatten]] double situ_backward_##suffix(                                           \
-      const T* pg, const T* pu, const T* dout, T* dg, T* du, int64_t lo, int64_t hi, T b, T inv_b, T l, T inv_l) { \
-    return situ_backward_range<T, kCap, kBeta>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);                \
-  }
-MT_SITU_COPIES(avx2, "avx2,fma")
-MT_SITU_COPIES(avx512, "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")
-#undef MT_SITU_COPIES
-#endif
-
+// The loops in the copy cpu::vector_isa() picks (run_vector_isa, backend/cpu/isa.h:
+// the loop, tanh_of and sigmoid_of inlined into a function compiled for the ISA).
 template <class T, bool kCap>
 void situ_forward_copy(const T* pg, const T* pu, T* po, int64_t lo, int64_t hi, T b, T inv_b, T l, T inv_l) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  switch (vector_isa()) {
-    case VectorIsa::avx512:
-      return situ_forward_avx512<T, kCap>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
-    case VectorIsa::avx2:
-      return situ_forward_avx2<T, kCap>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
-    case VectorIsa::generic:
-      break;
-  }
-#endif
-  situ_forward_range<T, kCap>(pg, pu, po, lo, hi, b, inv_b, l, inv_l);
+  run_vector_isa([](auto... a) { situ_forward_range<T, kCap>(a...); }, pg, pu, po, lo, hi, b, inv_b, l, inv_l);
 }
 
 template <class T, bool kCap, bool kBeta>
 double situ_backward_copy(const T* pg, const T* pu, const T* dout, T* dg, T* du, int64_t lo, int64_t hi, T b, T inv_b,
                           T l, T inv_l) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  switch (vector_isa()) {
-    case VectorIsa::avx512:
-      return situ_backward_avx512<T, kCap, kBeta>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
-    case VectorIsa::avx2:
-      return situ_backward_avx2<T, kCap, kBeta>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
-    case VectorIsa::generic:
-      break;
-  }
-#endif
-  return situ_backward_range<T, kCap, kBeta>(pg, pu, dout, dg, du, lo, hi, b, inv_b, l, inv_l);
+  return run_vector_isa([](auto... a) { return situ_backward_range<T, kCap, kBeta>(a...); }, pg, pu, dout, dg, du, lo,
+                        hi, b, inv_b, l, inv_l);
 }
 
 }  // namespace
