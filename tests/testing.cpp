@@ -171,6 +171,33 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return std::memcmp(ha.raw_data(), hb.raw_data(), static_cast<size_t>(ha.nbytes())) == 0;
 }
 
+std::vector<cpu::VectorIsa> runnable_isas() {
+  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
+  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
+  return isas;
+}
+
+void check_vector_copies(const std::function<std::vector<Tensor>(DType)>& run, double rel_tol) {
+  const std::vector<Tensor> ref = run(DType::f64);
+  std::vector<std::vector<Tensor>> copies;
+  for (cpu::VectorIsa isa : runnable_isas()) {
+    cpu::cap_vector_isa_for_testing(isa);
+    copies.push_back(run(DType::f32));
+    INFO("copy " << cpu::vector_isa_name(isa));
+    for (size_t i = 0; i < ref.size(); ++i) {
+      INFO("tensor " << i);
+      CHECK(rel_error(copies.back()[i].to(DType::f64), ref[i]) < rel_tol);
+    }
+  }
+  cpu::cap_vector_isa_for_testing(std::nullopt);
+  if (copies.size() == 3)
+    for (size_t i = 0; i < ref.size(); ++i) {
+      INFO("AVX2 vs AVX-512 copy, tensor " << i);
+      CHECK(bitwise_equal(copies[2][i], copies[1][i]));
+    }
+}
+
 TempDir::TempDir() {
   const char* base = std::getenv("TMPDIR");
   std::string tmpl = std::string(base && *base ? base : "/tmp") + "/moetrain_test_XXXXXX";

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "backend/cpu/isa.h"
 #include "core/tensor.h"
 #include "nn/parameters.h"
 
@@ -51,6 +52,15 @@ bool gpu_available();
 double rel_error(const Tensor& a, const Tensor& b);
 // Bitwise equality of shape, dtype and contents.
 bool bitwise_equal(const Tensor& a, const Tensor& b);
+
+// The vector copies this CPU runs (backend/cpu/isa.h): generic, then avx2 and avx512
+// where the CPU has them.
+std::vector<cpu::VectorIsa> runnable_isas();
+// run(dtype) returns an op's outputs and gradients. Runs it in f64, then in f32 in every
+// copy this CPU runs (cap_vector_isa_for_testing), and checks each copy's tensors within
+// rel_tol (rel_error) of the f64 ones and, where both run, the AVX2 and AVX-512 copies
+// bit for bit equal (the same FMAs per element, only the vector width differs).
+void check_vector_copies(const std::function<std::vector<Tensor>(DType)>& run, double rel_tol);
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents at scope exit.
 class TempDir {

@@ -79,9 +79,6 @@ TEST_CASE("causal_attention: f32 gradients agree with f64 and do not depend on t
 }
 
 TEST_CASE("causal_attention: every vector copy agrees with f64; the FMA copies give the same bits", "[ops][attention]") {
-  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
   Tensor q = randn({2, 70, 3, 16}, DType::f64, 51), k = randn({2, 70, 3, 16}, DType::f64, 52),
          v = randn({2, 70, 3, 16}, DType::f64, 53), go = randn({2, 70, 3, 16}, DType::f64, 54);
   auto run = [&](DType dt) {
@@ -91,17 +88,7 @@ TEST_CASE("causal_attention: every vector copy agrees with f64; the FMA copies g
     o.backward(go.to(dt));
     return std::vector<Tensor>{o, ql.grad(), kl.grad(), vl.grad()};
   };
-  const std::vector<Tensor> ref = run(DType::f64);
-  std::vector<std::vector<Tensor>> copies;
-  for (cpu::VectorIsa isa : isas) {
-    cpu::cap_vector_isa_for_testing(isa);
-    copies.push_back(run(DType::f32));
-    INFO("copy " << cpu::vector_isa_name(isa));
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::rel_error(copies.back()[i].to(DType::f64), ref[i]) < 2e-5);
-  }
-  cpu::cap_vector_isa_for_testing(std::nullopt);
-  if (copies.size() == 3)
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::bitwise_equal(copies[2][i], copies[1][i]));
+  moetrain::testing::check_vector_copies(run, 2e-5);
 }
 
 TEST_CASE("causal_attention: gradients match finite differences", "[ops][attention]") {

@@ -168,9 +168,6 @@ TEST_CASE("elementwise: every vector copy of GELU, the bias add and sum_to agree
           "the same bits", "[ops][elementwise]") {
   // run_vector_isa's generic, AVX2 + FMA and AVX-512 copies (backend/cpu/isa.h): the same
   // expression per element, so the FMA copies agree bit for bit; sum_to's row order is fixed.
-  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
   Tensor x = mul_scalar(randn({5, 7, 1031}, DType::f64, 21), 3.0), bias = randn({1031}, DType::f64, 22);
   Tensor dy = randn({5, 7, 1031}, DType::f64, 23);
   auto run = [&](DType dt) {
@@ -179,17 +176,7 @@ TEST_CASE("elementwise: every vector copy of GELU, the bias add and sum_to agree
     y.backward(dy.to(dt));
     return std::vector<Tensor>{y, xl.grad(), bl.grad()};
   };
-  const std::vector<Tensor> ref = run(DType::f64);
-  std::vector<std::vector<Tensor>> copies;
-  for (cpu::VectorIsa isa : isas) {
-    cpu::cap_vector_isa_for_testing(isa);
-    copies.push_back(run(DType::f32));
-    INFO("copy " << cpu::vector_isa_name(isa));
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::rel_error(copies.back()[i].to(DType::f64), ref[i]) < 1e-5);
-  }
-  cpu::cap_vector_isa_for_testing(std::nullopt);
-  if (copies.size() == 3)
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::bitwise_equal(copies[2][i], copies[1][i]));
+  moetrain::testing::check_vector_copies(run, 1e-5);
 }
 
 TEST_CASE("elementwise: bad inputs name the op and the shapes", "[ops][elementwise][errors]") {

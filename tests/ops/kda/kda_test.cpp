@@ -259,12 +259,7 @@ TEST_CASE("kda_chunked: f32 agrees with the f64 recurrent form", "[ops][kda]") {
 }
 
 // The copies of the chunked kernels this CPU can run (kda_kernels.h), narrowest first.
-static std::vector<cpu::VectorIsa> runnable_isas() {
-  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
-  return isas;
-}
+using moetrain::testing::runnable_isas;
 
 TEST_CASE("kda_chunked: the portable, AVX2 and AVX-512 copies of the kernels agree", "[ops][kda]") {
   // kda_cpu.cpp compiles the chunked kernels three times (the build's baseline ISA, AVX2 + FMA,

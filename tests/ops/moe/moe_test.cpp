@@ -96,9 +96,7 @@ TEST_CASE("grouped_linear: small and large experts match the definition in every
       {24, 8, {3, 1, 0, 2, 5, 1}},
       {256, 320, {70, 0, 90}},  // ~6-7M multiply-adds per expert: the large path
   };
-  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
+  const std::vector<cpu::VectorIsa> isas = moetrain::testing::runnable_isas();
   const int threads_before = cpu::num_threads();
   for (const Case& c : cases) {
     const int64_t M = std::accumulate(c.counts.begin(), c.counts.end(), int64_t{0});

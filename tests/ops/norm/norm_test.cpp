@@ -150,9 +150,6 @@ TEST_CASE("layer_norm: forward and all gradients do not depend on the thread cou
 }
 
 TEST_CASE("layer_norm: every vector copy agrees with f64; the FMA copies give the same bits", "[ops][norm]") {
-  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
   Tensor x = add_scalar(randn({37, 771}, DType::f64, 31), 0.5), w = randn({771}, DType::f64, 32),
          b = randn({771}, DType::f64, 33), dy = randn({37, 771}, DType::f64, 34);
   auto run = [&](DType dt) {
@@ -162,17 +159,7 @@ TEST_CASE("layer_norm: every vector copy agrees with f64; the FMA copies give th
     y.backward(dy.to(dt));
     return std::vector<Tensor>{y, xl.grad(), wl.grad(), bl.grad()};
   };
-  const std::vector<Tensor> ref = run(DType::f64);
-  std::vector<std::vector<Tensor>> copies;
-  for (cpu::VectorIsa isa : isas) {
-    cpu::cap_vector_isa_for_testing(isa);
-    copies.push_back(run(DType::f32));
-    INFO("copy " << cpu::vector_isa_name(isa));
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::rel_error(copies.back()[i].to(DType::f64), ref[i]) < 1e-5);
-  }
-  cpu::cap_vector_isa_for_testing(std::nullopt);
-  if (copies.size() == 3)
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::bitwise_equal(copies[2][i], copies[1][i]));
+  moetrain::testing::check_vector_copies(run, 1e-5);
 }
 
 TEST_CASE("norms: bad weight shape names the op and shapes", "[ops][norm][errors]") {

@@ -60,9 +60,6 @@ TEST_CASE("situ_glu: every vector copy agrees with the f64 result; the FMA copie
   // ops/situ/situ_cpu.cpp compiles the loops portable, AVX2 + FMA and AVX-512; the same
   // scalar expression per element in each, so the two FMA copies must agree bit for bit
   // (lanes are elements), and every copy with the f64 forward and backward.
-  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
   Tensor gate = mul_scalar(randn({7, 1031}, DType::f64, 7), 5.0), up = mul_scalar(randn({7, 1031}, DType::f64, 8), 30.0);
   Tensor dy = randn({7, 1031}, DType::f64, 9);
   auto run = [&](DType dt) {
@@ -73,17 +70,7 @@ TEST_CASE("situ_glu: every vector copy agrees with the f64 result; the FMA copie
     autograd::backward({y}, {dy.to(dt)});
     return std::vector<Tensor>{y, g.grad(), u.grad(), b.grad()};
   };
-  const std::vector<Tensor> ref = run(DType::f64);
-  std::vector<std::vector<Tensor>> copies;
-  for (cpu::VectorIsa isa : isas) {
-    cpu::cap_vector_isa_for_testing(isa);
-    copies.push_back(run(DType::f32));
-    INFO("copy " << cpu::vector_isa_name(isa));
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(testing::rel_error(copies.back()[i].to(DType::f64), ref[i]) < 1e-5);
-  }
-  cpu::cap_vector_isa_for_testing(std::nullopt);
-  if (copies.size() == 3)
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(testing::bitwise_equal(copies[2][i], copies[1][i]));
+  moetrain::testing::check_vector_copies(run, 1e-5);
 }
 
 TEST_CASE("situ_glu: bad input is reported", "[ops][situ][errors]") {

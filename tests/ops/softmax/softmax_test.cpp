@@ -97,9 +97,6 @@ TEST_CASE("cross_entropy: f32 vocabulary rows match a double loop, value and gra
 }
 
 TEST_CASE("cross_entropy: every vector copy agrees with f64; the FMA copies give the same bits", "[ops][softmax][loss]") {
-  std::vector<cpu::VectorIsa> isas{cpu::VectorIsa::generic};
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx2) isas.push_back(cpu::VectorIsa::avx2);
-  if (cpu::cpu_vector_isa() >= cpu::VectorIsa::avx512) isas.push_back(cpu::VectorIsa::avx512);
   Tensor logits = mul_scalar(randn({9, 5003}, DType::f64, 41), 3.0);
   Tensor targets = from_vector({0, 5002, -100, 5, 17, 1, 4999, 2500, 3}, {9}, DType::i64);
   auto run = [&](DType dt) {
@@ -108,17 +105,7 @@ TEST_CASE("cross_entropy: every vector copy agrees with f64; the FMA copies give
     loss.backward();
     return std::vector<Tensor>{loss, l.grad()};
   };
-  const std::vector<Tensor> ref = run(DType::f64);
-  std::vector<std::vector<Tensor>> copies;
-  for (cpu::VectorIsa isa : isas) {
-    cpu::cap_vector_isa_for_testing(isa);
-    copies.push_back(run(DType::f32));
-    INFO("copy " << cpu::vector_isa_name(isa));
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::rel_error(copies.back()[i].to(DType::f64), ref[i]) < 1e-5);
-  }
-  cpu::cap_vector_isa_for_testing(std::nullopt);
-  if (copies.size() == 3)
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(moetrain::testing::bitwise_equal(copies[2][i], copies[1][i]));
+  moetrain::testing::check_vector_copies(run, 1e-5);
 }
 
 TEST_CASE("cross_entropy: bad targets are reported", "[ops][softmax][loss][errors]") {
