@@ -654,35 +654,30 @@ void chunked_backward_tasks(const ChunkedBackward<T>& a, int64_t lo, int64_t hi)
 std::atomic<int> g_forced_isa{-1};  // kda_chunked_force_isa; -1: vector_isa()
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define MT_KDA_AVX2 gnu::target("avx2,fma"), gnu::flatten
-// prefer-vector-width=512: GCC's tuning would otherwise vectorise the elementwise loops 256 bits wide.
-#define MT_KDA_AVX512 gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"), gnu::flatten
-[[MT_KDA_AVX2]] void chunked_tasks_avx2(const ChunkedForward<float>& a, int64_t lo, int64_t hi) {
+[[MT_TARGET_AVX2]] void chunked_tasks_avx2(const ChunkedForward<float>& a, int64_t lo, int64_t hi) {
   chunked_forward_tasks<float, 32>(a, lo, hi);
 }
-[[MT_KDA_AVX2]] void chunked_tasks_avx2(const ChunkedForward<double>& a, int64_t lo, int64_t hi) {
+[[MT_TARGET_AVX2]] void chunked_tasks_avx2(const ChunkedForward<double>& a, int64_t lo, int64_t hi) {
   chunked_forward_tasks<double, 32>(a, lo, hi);
 }
-[[MT_KDA_AVX2]] void chunked_tasks_avx2(const ChunkedBackward<float>& a, int64_t lo, int64_t hi) {
+[[MT_TARGET_AVX2]] void chunked_tasks_avx2(const ChunkedBackward<float>& a, int64_t lo, int64_t hi) {
   chunked_backward_tasks<float, 32>(a, lo, hi);
 }
-[[MT_KDA_AVX2]] void chunked_tasks_avx2(const ChunkedBackward<double>& a, int64_t lo, int64_t hi) {
+[[MT_TARGET_AVX2]] void chunked_tasks_avx2(const ChunkedBackward<double>& a, int64_t lo, int64_t hi) {
   chunked_backward_tasks<double, 32>(a, lo, hi);
 }
-[[MT_KDA_AVX512]] void chunked_tasks_avx512(const ChunkedForward<float>& a, int64_t lo, int64_t hi) {
+[[MT_TARGET_AVX512]] void chunked_tasks_avx512(const ChunkedForward<float>& a, int64_t lo, int64_t hi) {
   chunked_forward_tasks<float, 64>(a, lo, hi);
 }
-[[MT_KDA_AVX512]] void chunked_tasks_avx512(const ChunkedForward<double>& a, int64_t lo, int64_t hi) {
+[[MT_TARGET_AVX512]] void chunked_tasks_avx512(const ChunkedForward<double>& a, int64_t lo, int64_t hi) {
   chunked_forward_tasks<double, 64>(a, lo, hi);
 }
-[[MT_KDA_AVX512]] void chunked_tasks_avx512(const ChunkedBackward<float>& a, int64_t lo, int64_t hi) {
+[[MT_TARGET_AVX512]] void chunked_tasks_avx512(const ChunkedBackward<float>& a, int64_t lo, int64_t hi) {
   chunked_backward_tasks<float, 64>(a, lo, hi);
 }
-[[MT_KDA_AVX512]] void chunked_tasks_avx512(const ChunkedBackward<double>& a, int64_t lo, int64_t hi) {
+[[MT_TARGET_AVX512]] void chunked_tasks_avx512(const ChunkedBackward<double>& a, int64_t lo, int64_t hi) {
   chunked_backward_tasks<double, 64>(a, lo, hi);
 }
-#undef MT_KDA_AVX2
-#undef MT_KDA_AVX512
 #else
 template <class A>
 void chunked_tasks_avx2(const A&, int64_t, int64_t) {}

@@ -48,19 +48,22 @@ Tensor moe_combine(const Tensor& rows, const std::vector<int64_t>& slot_rows, co
            "moe_combine: {} slot rows for weights {} (one per token and slot: {})", slot_rows.size(), weights.shape(),
            N * k);
   std::vector<char> named(static_cast<size_t>(M), 0);
+  int64_t num_named = 0;
   for (int64_t r : slot_rows) {
     MT_CHECK(r >= 0 && r <= M, "moe_combine: slot row {} outside [0, {}] for rows {} ({} = dropped)", r, M,
              rows.shape(), M);
     MT_CHECK(r == M || !named[r], "moe_combine: row {} is named by two slots (each row holds one slot's output)", r);
-    if (r < M) named[r] = 1;
+    if (r < M) named[r] = 1, ++num_named;
   }
+  const bool all_named = num_named == M;  // else the backward's unnamed rows start from zeros
   Tensor rc = rows.contiguous(), wc = weights.contiguous();
   // The kernel reads the slot rows where rows lives.
   Tensor index = from_span<int64_t>(slot_rows, {N * k}).to(rows.device());
   Tensor y = empty({N, rows.size(1)}, rows.dtype(), rows.device());
   MT_ON_DEVICE(rows, moe_combine_forward, y, rc, index, wc);
-  return record("moe_combine", y, {rows, weights}, [rc, wc, index](const Tensor& dy) {
-    Tensor grad_rows = empty(rc.shape(), dy.dtype(), dy.device());
+  return record("moe_combine", y, {rows, weights}, [rc, wc, index, all_named](const Tensor& dy) {
+    Tensor grad_rows =
+        all_named ? empty(rc.shape(), dy.dtype(), dy.device()) : zeros(rc.shape(), dy.dtype(), dy.device());
     Tensor grad_weights = empty(wc.shape(), dy.dtype(), dy.device());
     Tensor dyc = dy.contiguous();
     MT_ON_DEVICE(dyc, moe_combine_backward, grad_rows, grad_weights, dyc, rc, index, wc);

@@ -37,40 +37,30 @@ struct Product {
 };
 
 template <class T, int Bytes>
-void tile_product(const Product& p, const T* a, const T* b, T beta, T* c, std::vector<T>& pack) {
+void tile_product(const Product& p, const T* a, const T* b, T* c, std::vector<T>& pack) {
   if (p.trans_b) pack.resize(static_cast<size_t>(p.n * p.k));
-  tile_gemm<T, Bytes>(p.trans_a, p.trans_b, p.m, p.n, p.k, T(1), a, p.lda, b, p.ldb, beta, c, p.ldc, pack.data());
+  tile_gemm<T, Bytes>(p.trans_a, p.trans_b, p.m, p.n, p.k, T(1), a, p.lda, b, p.ldb, T(0), c, p.ldc, pack.data());
 }
 
+// The AVX2 + FMA and AVX-512 copies (MT_TARGET_*: backend/cpu/isa.h). Not
+// run_vector_isa: the copies differ in their vector width (Bytes), not only their target.
 #if defined(__x86_64__) && defined(__GNUC__)
-#define MT_MOE_AVX2 gnu::target("avx2,fma"), gnu::flatten
-#define MT_MOE_AVX512 gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"), gnu::flatten
-[[MT_MOE_AVX2]] void tile_product_avx2(const Product& p, const float* a, const float* b, float beta, float* c,
-                                       std::vector<float>& pack) {
-  tile_product<float, 32>(p, a, b, beta, c, pack);
+template <class T>
+[[MT_TARGET_AVX2]] void tile_product_avx2(const Product& p, const T* a, const T* b, T* c, std::vector<T>& pack) {
+  tile_product<T, 32>(p, a, b, c, pack);
 }
-[[MT_MOE_AVX2]] void tile_product_avx2(const Product& p, const double* a, const double* b, double beta, double* c,
-                                       std::vector<double>& pack) {
-  tile_product<double, 32>(p, a, b, beta, c, pack);
+template <class T>
+[[MT_TARGET_AVX512]] void tile_product_avx512(const Product& p, const T* a, const T* b, T* c, std::vector<T>& pack) {
+  tile_product<T, 64>(p, a, b, c, pack);
 }
-[[MT_MOE_AVX512]] void tile_product_avx512(const Product& p, const float* a, const float* b, float beta, float* c,
-                                           std::vector<float>& pack) {
-  tile_product<float, 64>(p, a, b, beta, c, pack);
-}
-[[MT_MOE_AVX512]] void tile_product_avx512(const Product& p, const double* a, const double* b, double beta,
-                                           double* c, std::vector<double>& pack) {
-  tile_product<double, 64>(p, a, b, beta, c, pack);
-}
-#undef MT_MOE_AVX2
-#undef MT_MOE_AVX512
 #else
 template <class T>
-void tile_product_avx2(const Product& p, const T* a, const T* b, T beta, T* c, std::vector<T>& pack) {
-  tile_product<T, 32>(p, a, b, beta, c, pack);
+void tile_product_avx2(const Product& p, const T* a, const T* b, T* c, std::vector<T>& pack) {
+  tile_product<T, 32>(p, a, b, c, pack);
 }
 template <class T>
-void tile_product_avx512(const Product& p, const T* a, const T* b, T beta, T* c, std::vector<T>& pack) {
-  tile_product<T, 32>(p, a, b, beta, c, pack);
+void tile_product_avx512(const Product& p, const T* a, const T* b, T* c, std::vector<T>& pack) {
+  tile_product<T, 32>(p, a, b, c, pack);
 }
 #endif
 
@@ -81,11 +71,11 @@ void expert_product(bool small, const Product& p, const T* a, const T* b, T* c) 
   thread_local std::vector<T> pack;  // B^T of trans_b products
   switch (vector_isa()) {
     case VectorIsa::avx512:
-      return tile_product_avx512(p, a, b, T(0), c, pack);
+      return tile_product_avx512(p, a, b, c, pack);
     case VectorIsa::avx2:
-      return tile_product_avx2(p, a, b, T(0), c, pack);
+      return tile_product_avx2(p, a, b, c, pack);
     case VectorIsa::generic:
-      return tile_product<T, 32>(p, a, b, T(0), c, pack);
+      return tile_product<T, 32>(p, a, b, c, pack);
   }
 }
 
@@ -182,9 +172,6 @@ void moe_combine_backward(Tensor& grad_rows, Tensor& grad_weights, const Tensor&
                           const Tensor& slot_rows, const Tensor& weights) {
   const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
   const int64_t* idx = slot_rows.data<int64_t>();
-  std::vector<char> named(static_cast<size_t>(M), 0);
-  for (int64_t i = 0; i < N * k; ++i)
-    if (idx[i] < M) named[idx[i]] = 1;
   dispatch_float(rows.dtype(), "moe_combine_backward", [&](auto tag) {
     using T = decltype(tag);
     const T* pr = rows.data<T>();
@@ -192,8 +179,6 @@ void moe_combine_backward(Tensor& grad_rows, Tensor& grad_weights, const Tensor&
     const T* pdy = dy.data<T>();
     T* gr = grad_rows.data<T>();
     T* gw = grad_weights.data<T>();
-    for (int64_t r = 0; r < M; ++r)
-      if (!named[r]) std::fill(gr + r * W, gr + (r + 1) * W, T(0));
     parallel_for(N, 16, [&](int64_t lo, int64_t hi) {
       for (int64_t n = lo; n < hi; ++n) {
         const T* __restrict g = pdy + n * W;

@@ -116,8 +116,6 @@ void moe_combine_forward(Tensor& y, const Tensor& rows, const Tensor& slot_rows,
 void moe_combine_backward(Tensor& grad_rows, Tensor& grad_weights, const Tensor& dy, const Tensor& rows,
                           const Tensor& slot_rows, const Tensor& weights) {
   const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
-  const int dev = rows.device().index;
-  if (M * W > 0) memset_zero(grad_rows.raw_data(), M * W * dtype_size(rows.dtype()), dev);  // rows no slot names
   if (N * k == 0) return;
   dispatch_float_cuda(rows.dtype(), "moe_combine_backward", [&](auto tag) {
     using T = decltype(tag);
