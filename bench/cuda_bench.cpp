@@ -3,16 +3,20 @@
 // measured in the same run (the "peak" row), and of the datasheet bf16 dense
 // peak when the GPU is a known one. Every time is CUDA events around the work
 // on the device's stream, after a warm-up.
-//   build/moetrain_bench_cuda [--steps N] [--out FILE.md]
+//   build/moetrain_bench_cuda [--steps N] [--out FILE.md] [--components FILE.md]
 // Each row is printed and appended to FILE.md as soon as it is measured (flushed),
 // so a run stopped at a time limit keeps its rows. No CUDA device: exit 69
 // (kExitNoDevice), distinct from the loader's 127.
-// Cases: GEMMs (peak, GPT-2 small's shapes, f32 with and without TF32), causal
-// attention forward+backward at T = 4096 / 8192 (tensor cores; and the scalar
-// kernels at 4096), chunked KDA forward+backward (scalar and TF32 tensor-core
-// state products) and the recurrent form, and GPT-2 small /
-// k3-small training steps (forward, backward, AdamW) with tokens/s and MFU, and
-// the router's expert selection on the GPU against the host path it replaced.
+// Cases, most important first: training steps (forward, backward, AdamW) of
+// GPT-2 small at B = 8 and 16, T = 1024, and k3-small at B = 4, in bf16 mixed
+// precision as train.dtype bf16 runs them, with tokens/s and MFU; each one's
+// per-component device time (the profiler on CUDA events) goes to --components.
+// Then GEMMs (GPT-2 small's shapes, the head padded and not, f32 with and
+// without TF32), causal attention forward+backward at T = 4096 / 8192 (tensor
+// cores; and the scalar kernels at 4096), chunked KDA forward+backward (scalar
+// and TF32 tensor-core state products) and the recurrent form, the router's
+// expert selection on the GPU against the host path it replaced, and the f32
+// (TF32) training steps for comparison.
 // A case whose op has no CUDA kernel yet prints the error instead of a number.
 #include <cstdio>
 #include <fstream>
@@ -26,9 +30,11 @@
 #include "backend/cuda/cublas.h"
 #include "backend/cuda/runtime.h"
 #include "config/config.h"
+#include "core/profile.h"
 #include "moetrain.h"
 #include "nn/gpt2.h"
 #include "nn/moe.h"
+#include "nn/parameters.h"
 #include "ops/attention/attention_kernels.h"
 #include "ops/kda/kda_kernels.h"
 #include "optim/adamw.h"
@@ -144,28 +150,55 @@ Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_c
   });
 }
 
-Row train_row(const std::string& name, std::unique_ptr<LanguageModel> model, int64_t vocab, int64_t B, int64_t T,
-              int steps) {
-  std::string shape = fmt::format("B{} T{} f32 (tf32 GEMMs and KDA products)", B, T);
-  return guarded(name + " train step", shape, [&] {
-    cuda::set_allow_tf32(true);  // what train.tf32 sets
+// A training step (forward, backward, AdamW) as the trainer runs it on a GPU.
+// bf16: train.dtype bf16 (bf16 parameters and activations, f32 master weights and
+// moments, the parameters the trainer keeps in f32 kept so, the KDA state
+// products on TF32 tensor cores); otherwise f32 with train.tf32. The FLOPs are
+// the model's own count (6N + attention per token), so the datasheet column is
+// the step's MFU. After the timed steps, `profiled` more run with the profiler on
+// the device's event clock (core/profile.h): their per-component table is `table`.
+struct TrainResult {
+  Row row;
+  std::string table;
+};
+
+TrainResult train_row(const std::string& name, std::unique_ptr<LanguageModel> model, int64_t vocab, int64_t B,
+                      int64_t T, int steps, bool bf16, int profiled) {
+  const std::string shape =
+      fmt::format("B{} T{} {}", B, T, bf16 ? "bf16 (f32 masters)" : "f32 (tf32 GEMMs and KDA products)");
+  TrainResult out{Row{name + " train step", shape}, {}};
+  out.row = guarded(name + " train step", shape, [&] {
+    cuda::set_allow_tf32(!bf16);  // what train.tf32 sets
     cuda::set_kda_tensor_cores(true);
     AdamW opt(model->parameters(), {});
     for (const NamedParameter& p : model->parameters()) move_to_device_(p.tensor, kGpu);
     for (const Tensor& t : opt.exp_avg()) move_to_device_(t, kGpu);
     for (const Tensor& t : opt.exp_avg_sq()) move_to_device_(t, kGpu);
+    if (bf16) opt.convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
     Generator gen(7);
     Tensor ids = randint({B, T}, vocab, DType::i32, gen).to(kGpu), targets = randint({B, T}, vocab, DType::i32, gen).to(kGpu);
     Row r{name + " train step", shape, 0, model->flops_per_token(T) * B * T, static_cast<double>(B * T)};
-    r.ms = time_ms(steps, [&] {
+    auto step = [&] {
       opt.zero_grad();
       model->loss(ids, targets).backward();
+      profile::Region region("optimizer");  // as the trainer names it
       opt.step(1e-4);
-    });
+    };
+    r.ms = time_ms(steps, step);
+    if (profiled > 0) {
+      profile::set_device_clock(cuda::event_clock(0));
+      profile::reset();
+      profile::set_enabled(true);
+      for (int s = 0; s < profiled; ++s) step();
+      profile::set_enabled(false);
+      out.table = profile::format_table(profile::entries(), profiled);
+      profile::set_device_clock(nullptr);
+    }
     cuda::set_allow_tf32(false);
     cuda::set_kda_tensor_cores(false);
     return r;
   });
+  return out;
 }
 
 // The router's expert selection for N tokens, E experts, top-k (f32 scores, a
@@ -186,6 +219,9 @@ Row router_row(int64_t N, int64_t E, int64_t k, int steps, bool on_gpu) {
   });
 }
 
+// Steps of each training row run again under the profiler for its component table.
+constexpr int kProfiledSteps = 2;
+
 // No CUDA device visible: as `moetrain info --require-cuda`, distinct from the loader's 127.
 constexpr int kExitNoDevice = 69;
 
@@ -200,13 +236,14 @@ double datasheet_bf16_tflops(const std::string& name) {
 
 int main(int argc, char** argv) {
   int steps = 10;
-  std::string out_path;
+  std::string out_path, components_path;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else if (a == "--components" && i + 1 < argc) components_path = argv[++i];
     else {
-      fmt::print(stderr, "usage: moetrain_bench_cuda [--steps N] [--out FILE.md]\n");
+      fmt::print(stderr, "usage: moetrain_bench_cuda [--steps N] [--out FILE.md] [--components FILE.md]\n");
       return 2;
     }
   }
@@ -219,18 +256,21 @@ int main(int argc, char** argv) {
   // Each row is printed (and appended to --out) the moment it is measured, flushed:
   // a run stopped at a time limit keeps the rows it finished.
   std::FILE* out = out_path.empty() ? nullptr : std::fopen(out_path.c_str(), "w");
-  if (!out_path.empty() && !out) {
-    fmt::print(stderr, "moetrain_bench_cuda: cannot write {}\n", out_path);
-    return 2;
-  }
-  auto emit = [&](const std::string& text) {
+  std::FILE* components = components_path.empty() ? nullptr : std::fopen(components_path.c_str(), "w");
+  for (const auto& [path, file] : {std::pair{out_path, out}, std::pair{components_path, components}})
+    if (!path.empty() && !file) {
+      fmt::print(stderr, "moetrain_bench_cuda: cannot write {}\n", path);
+      return 2;
+    }
+  auto write = [](std::FILE* file, const std::string& text) {
     fmt::print("{}", text);
     std::fflush(stdout);
-    if (out) {
-      std::fputs(text.c_str(), out);
-      std::fflush(out);
+    if (file) {
+      std::fputs(text.c_str(), file);
+      std::fflush(file);
     }
   };
+  auto emit = [&](const std::string& text) { write(out, text); };
   const double sheet = datasheet_bf16_tflops(gpu);
   double peak = 0;
   auto line = [&](const Row& r) {
@@ -254,12 +294,35 @@ int main(int argc, char** argv) {
   emit("| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) |\n|---|---|---|---|---|---|---|\n");
   for (const Row& r : probes) emit(line(r));
   auto row = [&](const Row& r) { emit(line(r)); };
+  // Training steps first (what the targets are about), each followed by its
+  // per-component table in --components, then the kernel families.
+  auto train = [&](TrainResult t) {
+    row(t.row);
+    if (!t.table.empty())
+      write(components, fmt::format("{} {} ({} profiled steps, device time per step, ms)\n```\n{}\n```\n\n",
+                                    t.row.name, t.row.shape, kProfiledSteps, t.table));
+  };
+  auto k3_row = [&](int64_t B, bool bf16) {
+    TrainResult t{Row{"k3-small train step", fmt::format("B{} T1024", B)}, {}};
+    t.row = guarded(t.row.name, t.row.shape, [&] {  // loading the config may fail too: the row says so
+      const Config k3 = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
+      t = train_row("k3-small", build_model(k3), k3.get_int("model.vocab_size"), B, 1024, steps, bf16, kProfiledSteps);
+      return t.row;
+    });
+    return t;
+  };
+  for (int64_t B : {8, 16}) {
+    Gpt2Config c;  // GPT-2 small, 124M
+    train(train_row("gpt2-small", std::make_unique<Gpt2>(c, 1), c.vocab_size, B, 1024, steps, true, kProfiledSteps));
+  }
+  train(k3_row(4, true));
   // GPT-2 small's GEMMs at B*T = 8192 tokens (qkv, attention proj, fc, mlp proj, head).
   const int64_t N = 8192;
   row(gemm_row("gemm gpt2 qkv", DType::bf16, N, 2304, 768, steps));
   row(gemm_row("gemm gpt2 fc", DType::bf16, N, 3072, 768, steps));
   row(gemm_row("gemm gpt2 mlp proj", DType::bf16, N, 768, 3072, steps));
   row(gemm_row("gemm gpt2 head", DType::bf16, N, 50304, 768, steps));
+  row(gemm_row("gemm gpt2 head (unpadded vocab)", DType::bf16, N, 50257, 768, steps));
   row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps));
   row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps, true));
   for (int64_t T : {4096, 8192}) row(attention_row(T, 16, 128, steps));
@@ -269,14 +332,13 @@ int main(int argc, char** argv) {
   row(kda_row(8192, steps, KdaMode::chunked, true, 16));  // twice the scan blocks
   row(kda_row(4096, steps, KdaMode::recurrent));
   for (bool on_gpu : {true, false}) row(router_row(8192, 896, 16, steps, on_gpu));  // K3's router
+  // The f32 step (TF32 GEMMs) beside the bf16 one: its MFU column is against the bf16 peak, so compare times.
   {
-    Gpt2Config c;  // GPT-2 small, 124M
-    row(train_row("gpt2-small", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps));
+    Gpt2Config c;
+    train(train_row("gpt2-small", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps, false, 0));
   }
-  row(guarded("k3-small train step", "B4 T1024", [&] {
-    Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
-    return train_row("k3-small", build_model(config), config.get_int("model.vocab_size"), 4, 1024, steps);
-  }));
+  train(k3_row(4, false));
   if (out) std::fclose(out);
+  if (components) std::fclose(components);
   return 0;
 }

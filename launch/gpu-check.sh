@@ -11,10 +11,11 @@
 #   sass     one cuobjdump -sass pass: kernels, HMMA per kernel -> sass.txt (beside the tests: CPU only)
 #   tests    moetrain_tests "[cuda]" --durations yes          -> tests.log (line-buffered)
 #   bench    moetrain_bench_cuda: one row per line, flushed   -> bench.md
+#            and each training row's per-component device times -> components.md
 #   tests_mpi moetrain_tests "[cuda][mpi]" under mpirun, only with 2+ GPUs and an mpirun -> tests-mpi.log
 # steps.tsv gets a line per step as it ends (step, status, exit code, seconds,
 # note): ok, failed, timeout or skipped; gpu-check.log is this script's output.
-# Six files (seven with tests-mpi.log): the device tool brings back at most eight.
+# Seven files (eight with tests-mpi.log): the device tool brings back at most eight.
 # Exits 0 when every step passed, 1 otherwise (2: usage, bundle unusable).
 #
 # Knobs (environment): MOETRAIN_GPU_BUDGET total seconds (520: a 540 s call); T_SETUP T_DEVICE
@@ -164,7 +165,7 @@ if [ "${gpu:-0}" -gt 0 ]; then
     --durations yes --use-colour no
   tail -3 "$out/tests.log"
   run_step bench "${T_BENCH:-160}" "$out/gpu-check.log" "$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-5}" \
-    --out "$out/bench.md"
+    --out "$out/bench.md" --components "$out/components.md"
   ngpu=$(grep -o 'built in, [0-9]* device' "$dev" | grep -o '[0-9]*' | tail -1)
   if [ "${ngpu:-1}" -gt 1 ]; then
     if command -v mpirun >/dev/null; then

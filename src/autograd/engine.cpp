@@ -1,6 +1,5 @@
 #include "autograd/engine.h"
 
-#include <chrono>
 #include <optional>
 #include <queue>
 #include <unordered_map>
@@ -140,7 +139,6 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   MT_CHECK(roots.size() == grads.size(), "backward: {} roots but {} gradients", roots.size(), grads.size());
   NoGradGuard no_grad;
   profile::BackwardPass profiled;
-  const bool profiling = profile::enabled();
   // Grad-ready hooks: the outermost pass tracks leaves; nested ones report theirs to it.
   std::optional<ReadyTracker> ready_leaves;
   if (t_hook && t_depth == 0) ready_leaves.emplace(*t_hook);
@@ -200,7 +198,7 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
-    const auto started = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    profile::NodeScope timed(node->region);  // profiling on: this iteration's time goes to the node's region
     Pending& p = pending[node];
     bool any = false;
     for (const Tensor& g : p.grads) any = any || g.defined();
@@ -234,9 +232,6 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
       }
     }
     if (ready_leaves) ready_leaves->node_done();
-    if (profiling)
-      profile::add_backward(node->region,
-                            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
   if (ready_leaves) ready_leaves->pass_done();
 }

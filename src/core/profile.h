@@ -1,9 +1,10 @@
 // Where a step's time goes, by component. Code marks a component with a Region
-// ("kda", "moe", ...); while profiling is on, a Region adds its forward wall time
+// ("kda", "moe", ...); while profiling is on, a Region adds its forward time
 // (exclusive of Regions nested in it) to its name, every autograd node records the
 // Region it was created in, and the engine adds the time of that node's backward
-// to the same name. Time outside any Region counts as "other". Off by default:
-// then a Region costs one branch and nodes record the name only.
+// to the same name. Time outside any Region counts as "other". Times are the
+// host's clock, or the device's where a DeviceClock is installed (below). Off by
+// default: then a Region costs one branch and nodes record the name only.
 // Single-threaded bookkeeping: Regions are entered by the thread that drives the
 // model (kernels may still use OpenMP inside them).
 // In core/ because backend/, below autograd/, reads it too: the CUDA allocator
@@ -30,13 +31,15 @@ class Region {
   Region& operator=(const Region&) = delete;
 
  private:
-  const char* saved_;
-  bool timed_;
+  const char* saved_;  // the enclosing region's name
+  const char* saved_target_;  // what was charged before: a region's forward or backward
+  bool saved_backward_;
 };
 
 // The autograd engine wraps a backward pass in a BackwardPass (its wall time is
-// not forward time of the region that called backward()) and reports each node's
-// backward; the pass's time outside nodes counts as "autograd".
+// not forward time of the region that called backward()) and each node's
+// backward in a NodeScope, whose time goes to the node's region; the pass's time
+// outside nodes counts as "autograd".
 class BackwardPass {
  public:
   BackwardPass();
@@ -45,10 +48,41 @@ class BackwardPass {
   BackwardPass& operator=(const BackwardPass&) = delete;
 
  private:
-  bool timed_;
-  double nodes_s_at_start_;
+  const char* saved_region_;
+  bool saved_backward_;
 };
-void add_backward(const char* region, double seconds);
+
+class NodeScope {
+ public:
+  explicit NodeScope(const char* region);
+  ~NodeScope();
+  NodeScope(const NodeScope&) = delete;
+  NodeScope& operator=(const NodeScope&) = delete;
+
+ private:
+  const char* saved_region_;
+  bool saved_backward_;
+};
+
+// Where the work runs asynchronously (CUDA kernels on a stream), the host's clock
+// times the launches, not the work. A backend may install a DeviceClock: while
+// one is installed, each switch between components records a mark behind the
+// work queued so far, and each component is charged the device time between its
+// marks, read when profiling is switched off or the entries are read (and every
+// few thousand marks, so a long profile holds few). docs/training.md, train.profile.
+class DeviceClock {
+ public:
+  virtual ~DeviceClock() = default;
+  // Records a mark behind the work queued so far; returns its handle.
+  virtual int64_t mark() = 0;
+  // Waits for the marks and returns the seconds between consecutive ones
+  // (marks.size() - 1 values). Every handle but the last is released.
+  virtual std::vector<double> intervals(const std::vector<int64_t>& marks) = 0;
+  virtual void release(int64_t mark) = 0;
+};
+// nullptr (the default): the host's steady clock. Set while profiling is off.
+void set_device_clock(DeviceClock* clock);
+DeviceClock* device_clock();
 
 struct Entry {
   std::string region;

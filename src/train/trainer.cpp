@@ -374,6 +374,8 @@ void Trainer::place_on_device() {
     for (const Tensor& t : opt_->exp_avg()) move_to_device_(t, device_);
     for (const Tensor& t : opt_->exp_avg_sq()) move_to_device_(t, device_);
     spdlog::info("training on {} ({})", device_, cuda::device_name(device_.index));
+    // train.profile: times on the GPU, between CUDA events (docs/training.md), not the host's launch times.
+    if (train_.profile) profile::set_device_clock(cuda::event_clock(device_.index));
   }
   if (!train_.mixed_precision) return;
   // Parameters become bf16 on the device; AdamW keeps their f32 values as master

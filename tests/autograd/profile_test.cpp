@@ -66,3 +66,122 @@ TEST_CASE("profile: nodes record their region; backward time goes to it", "[auto
   }
   CHECK(profile::entries().empty());
 }
+
+namespace {
+
+// A device clock whose time the test sets: each mark reads `now`, then advances it
+// by `tick` (so every switch between components costs a known time).
+class FakeClock final : public profile::DeviceClock {
+ public:
+  double now = 0, tick = 0;
+  int64_t live = 0, max_live = 0, reads = 0;
+
+  int64_t mark() override {
+    times_.push_back(now);
+    now += tick;
+    max_live = std::max(max_live, ++live);
+    return static_cast<int64_t>(times_.size()) - 1;
+  }
+  std::vector<double> intervals(const std::vector<int64_t>& marks) override {
+    ++reads;
+    std::vector<double> out;
+    for (size_t i = 0; i + 1 < marks.size(); ++i) {
+      out.push_back(times_[static_cast<size_t>(marks[i + 1])] - times_[static_cast<size_t>(marks[i])]);
+      --live;
+    }
+    return out;
+  }
+  void release(int64_t) override { --live; }
+
+ private:
+  std::vector<double> times_;
+};
+
+double total_s(const std::vector<profile::Entry>& entries) {
+  double t = 0;
+  for (const profile::Entry& e : entries) t += e.forward_s + e.backward_s;
+  return t;
+}
+
+struct ClockGuard {
+  explicit ClockGuard(profile::DeviceClock* c) { profile::set_device_clock(c); }
+  ~ClockGuard() { profile::set_device_clock(nullptr); }
+};
+
+}  // namespace
+
+TEST_CASE("profile: a device clock charges each component the device time between its marks",
+          "[autograd][profile]") {
+  FakeClock clock;
+  ClockGuard installed(&clock);
+  profile::reset();
+  profile::set_enabled(true);
+  clock.now += 2;  // outside any region: "other"
+  {
+    profile::Region a("a");
+    clock.now += 3;
+    {
+      profile::Region b("b");
+      clock.now += 5;
+    }
+    clock.now += 7;  // a again, after b
+  }
+  clock.now += 11;
+  profile::set_enabled(false);
+  auto entries = profile::entries();
+  const profile::Entry* a = find(entries, "a");
+  const profile::Entry* b = find(entries, "b");
+  const profile::Entry* other = find(entries, "other");
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(other);
+  CHECK(a->forward_s == 10);
+  CHECK(b->forward_s == 5);
+  CHECK(other->forward_s == 13);
+  CHECK(a->backward_s == 0);
+  CHECK(clock.live == 0);  // every mark released once profiling stopped
+
+  // Backward: every switch costs one tick, so each node's scope is charged exactly
+  // its tick and the total is conserved.
+  Tensor x = randn({8, 8}, DType::f32, 2);
+  x.set_requires_grad(true);
+  profile::reset();
+  clock.tick = 1;
+  const double start = clock.now;  // the first mark's time
+  profile::set_enabled(true);
+  Tensor y;
+  {
+    profile::Region r("tanh");
+    y = tanh(x);
+  }
+  sum(y).backward();
+  profile::set_enabled(false);
+  entries = profile::entries();
+  const profile::Entry* t = find(entries, "tanh");
+  REQUIRE(t);
+  CHECK(t->forward_s == 1);
+  CHECK(t->backward_s == 1);  // tanh's node: one interval, from its scope's mark to the next
+  REQUIRE(find(entries, "autograd"));
+  CHECK(total_s(entries) == clock.now - clock.tick - start);  // from the first mark to the last
+  CHECK(clock.live == 0);
+}
+
+TEST_CASE("profile: a long profile reads its device marks as it goes", "[autograd][profile]") {
+  FakeClock clock;
+  ClockGuard installed(&clock);
+  clock.tick = 0.5;
+  profile::reset();
+  const double start = clock.now;
+  profile::set_enabled(true);
+  for (int i = 0; i < 10000; ++i) profile::Region r(i % 2 ? "odd" : "even");
+  const auto midway = profile::entries();  // reading while on charges what is recorded so far
+  CHECK(total_s(midway) == clock.now - clock.tick - start);  // from the first mark to the last
+  profile::set_enabled(false);
+  CHECK(clock.max_live <= 4096);
+  CHECK(clock.reads >= 4);
+  CHECK(clock.live == 0);
+  const auto entries = profile::entries();
+  CHECK(find(entries, "odd")->forward_s == 5000 * 0.5);
+  CHECK(find(entries, "even")->forward_s == 5000 * 0.5);
+  CHECK(total_s(entries) == clock.now - clock.tick - start);
+}

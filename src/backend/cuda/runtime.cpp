@@ -5,6 +5,7 @@
 #include <array>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -177,6 +178,62 @@ double EventTimer::stop_ms() {
   float ms = 0;
   MT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), stop));
   return ms;
+}
+
+namespace {
+
+class EventClock final : public profile::DeviceClock {
+ public:
+  explicit EventClock(int device) : device_(device) {}
+
+  int64_t mark() override {
+    int64_t id;
+    if (free_.empty()) {
+      cudaEvent_t e = nullptr;
+      MT_CUDA_CHECK(cudaEventCreate(&e));
+      id = static_cast<int64_t>(events_.size());
+      events_.push_back(e);
+    } else {
+      id = free_.back();
+      free_.pop_back();
+    }
+    MT_CUDA_CHECK(cudaEventRecord(events_[static_cast<size_t>(id)], stream(device_)));
+    return id;
+  }
+
+  std::vector<double> intervals(const std::vector<int64_t>& marks) override {
+    std::vector<double> out;
+    if (marks.empty()) return out;
+    MT_CUDA_CHECK(cudaEventSynchronize(events_[static_cast<size_t>(marks.back())]));
+    for (size_t i = 0; i + 1 < marks.size(); ++i) {
+      float ms = 0;
+      MT_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[static_cast<size_t>(marks[i])],
+                                         events_[static_cast<size_t>(marks[i + 1])]));
+      out.push_back(ms * 1e-3);
+      free_.push_back(marks[i]);
+    }
+    return out;
+  }
+
+  void release(int64_t mark) override { free_.push_back(mark); }
+
+ private:
+  int device_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<int64_t> free_;
+};
+
+}  // namespace
+
+profile::DeviceClock* event_clock(int device) {
+  set_device(device);
+  // Never deleted, like the device state: no event is destroyed after the driver unloads.
+  static std::array<EventClock*, kMaxDevices> clocks{};
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  EventClock*& c = clocks[static_cast<size_t>(device)];
+  if (!c) c = new EventClock(device);
+  return c;
 }
 
 void no_cuda(const char* what) { MT_THROW("{}: not available", what); }

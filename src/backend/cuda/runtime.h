@@ -20,6 +20,9 @@
 #include "core/memory.h"  // device_malloc, device_free, the copies, fill
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
+namespace moetrain::profile {
+class DeviceClock;
+}
 
 namespace moetrain::cuda {
 
@@ -76,6 +79,11 @@ class EventTimer {
   void* start_ = nullptr;  // cudaEvent_t
   void* stop_ = nullptr;
 };
+
+// The profiler's device clock (core/profile.h) for `device`: CUDA events recorded on
+// its stream, kept in a pool and reused. One per device, alive to the end of the
+// process; install it with profile::set_device_clock while profiling is off.
+profile::DeviceClock* event_clock(int device);
 
 // Thrown by the CUDA kernel entry points of a build without CUDA (never reached
 // in practice: no tensor can live on a GPU there).

@@ -18,6 +18,7 @@ std::string device_name(int) { no_cuda("device_name"); }
 int select_device(int) { no_cuda("select_device"); }
 void set_device(int) { no_cuda("set_device"); }
 CUstream_st* stream(int) { no_cuda("stream"); }
+profile::DeviceClock* event_clock(int) { no_cuda("event_clock"); }
 void synchronize(int) { no_cuda("synchronize"); }
 void* device_malloc(int64_t, int) { no_cuda("allocating a cuda tensor"); }
 void device_free(void*, int) {}
