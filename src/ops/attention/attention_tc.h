@@ -10,11 +10,14 @@
 // (dK/dV); warp w owns rows (keys) 16w..16w+15 of it. Per tile of the other
 // side, in phases:
 //   forward: S = Q Kᵀ (warps) -> online softmax, P in bf16, O rescaled
-//            (thread per row) -> O += P V (warps)
+//            (warp w's lanes along each of its rows) -> O += P V (warps)
 //   dK, dV:  Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (warps) -> Pᵀ = e^{scale Sᵀ - lse},
-//            dSᵀ = Pᵀ (dPᵀ - delta) in bf16 (thread per key) -> dV += Pᵀ dO,
-//            dK += dSᵀ Q (warps)
+//            dSᵀ = Pᵀ (dPᵀ - delta) in bf16 (every thread, elementwise) ->
+//            dV += Pᵀ dO, dK += dSᵀ Q (warps)
 //   dQ:      S = Q Kᵀ, dP = dO Vᵀ -> dS -> dQ += dS K
+// Shared rows are padded (kTcPad) and a warp's lanes walk rows along their
+// columns, so no phase has bank conflicts in the model of tests/ops/smem_banks.h
+// (docs/cuda.md, "Attention on tensor cores").
 // Accumulators (O, dK, dV, dQ) live in f32 shared memory between phases (the
 // softmax rescales O's rows, which a register fragment cannot expose); every
 // sum runs in a fixed order, so a run repeats itself bit for bit. delta =

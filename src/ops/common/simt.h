@@ -13,7 +13,11 @@
 //                     the same additions on the host), the same bits in every lane.
 // A lane writes only what it owns and reads nothing another lane writes within one
 // lanes/warp_sum/warp_max call; across calls the warp is in step (the shuffles
-// synchronise it on the GPU, and lanes() ends with __syncwarp).
+// synchronise it on the GPU, and lanes() ends with __syncwarp). Code between the
+// calls runs in every lane on the GPU but once per warp on the host, so it must
+// give every lane the same values and read nothing that the very next call
+// writes (a race the host cannot see; later calls are ordered after that one's
+// synchronisation).
 // On the GPU (DeviceBlock) each() is `f(threadIdx.x); __syncthreads();` and
 // each_warp() `f(threadIdx.x / 32); __syncthreads();`; on the host (HostBlock)
 // they are loops (natural, reversed or shuffled order: HostOrder below), so tests
@@ -44,7 +48,7 @@ namespace moetrain::simt {
 // run concurrently; a body that keeps the phase rule above gives the same bits in
 // every order, one that breaks it (a missing barrier) depends on the order. The
 // [simt] tests run every body in all three orders and require identical outputs
-// (tests/ops/common/simt_order_test.cpp shows a planted race failing that).
+// (tests/ops/common/simt_test.cpp shows a planted race failing that).
 enum class HostOrder { natural, reversed, shuffled };
 
 // The host's block: each(f) runs f(tid) for every thread of the block in `order`:
