@@ -47,11 +47,13 @@ inline constexpr int kTcWarps = 4;  // warp w owns rows 16w..16w+15 of a tile
 inline constexpr int kTcThreads = 32 * kTcWarps;
 inline constexpr int kTcMaxDim = 256;
 // Every shared row is padded by kTcPad elements (docs/cuda.md, "Attention on tensor
-// cores"): 16 bytes on a bf16 row, 32 on an f32 row. A row of dim + 8 elements
-// starts 4 banks (bf16; 8 for f32) past a multiple of 32 banks from the row
-// before, so the 8 rows a tile access reads together fall on different banks; and
-// dim + 8 is still a multiple of 8 elements (wmma's ldm), every tile 32-byte
-// aligned. kTcPad = 0 gives the unpadded layout, which the bank tests compare with.
+// cores"): 16 bytes on a bf16 row, 32 on an f32 row. With dim a multiple of 16,
+// a row of dim + 8 elements is an odd multiple of 4 banks (bf16) or of 8 banks
+// (f32) modulo 32, so 8 consecutive bf16 rows start in the 8 different groups of
+// 4 banks (4 f32 rows in the 4 groups of 8): the rows a tile access reads
+// together fall on different banks. dim + 8 is still a multiple of 8 elements
+// (wmma's ldm) and every tile 32-byte aligned. kTcPad = 0 gives the unpadded
+// layout, which the bank tests compare with.
 inline constexpr int kTcPad = 8;
 
 // The host's tensor core: D += A B on 16x16 tiles of operands already rounded

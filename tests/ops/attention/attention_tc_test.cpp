@@ -294,7 +294,8 @@ LayoutWays layout_ways(int Dk, int Dv, int pad) {
                                 elementwise_ways(offset_of(b.dS, bb), b.ld_t, simt::kTcTile, 2),
                                 row_stat_ways(offset_of(b.lse, bb), key_tile),
                                 row_stat_ways(offset_of(b.delta, bb), key_tile)});
-    if (key_tile) r.backward_rows = std::max(r.backward_rows, elementwise_ways(offset_of(b.P, bb), b.ld_t, simt::kTcTile, 2));
+    if (key_tile)
+      r.backward_rows = std::max(r.backward_rows, elementwise_ways(offset_of(b.P, bb), b.ld_t, simt::kTcTile, 2));
     r.staging = std::max({r.staging, elementwise_ways(offset_of(b.Q, bb), b.ld_k, Dk, 2),
                           elementwise_ways(offset_of(b.K, bb), b.ld_k, Dk, 2),
                           elementwise_ways(offset_of(b.V, bb), b.ld_v, Dv, 2),

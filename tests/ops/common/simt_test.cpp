@@ -114,7 +114,10 @@ TEST_CASE("simt: warp_sum and warp_max reduce the lanes' values by the GPU's but
           "[ops][simt]") {
   // Values of many magnitudes, so that the order of the additions shows in the bits.
   std::vector<float> x(32);
-  for (int i = 0; i < 32; ++i) x[static_cast<size_t>(i)] = std::ldexp(1.0f + 0.37f * static_cast<float>(i % 5), (i * 7) % 23 - 11) * (i % 3 == 0 ? -1.0f : 1.0f);
+  for (int i = 0; i < 32; ++i) {
+    const float mantissa = 1.0f + 0.37f * static_cast<float>(i % 5), sign = i % 3 == 0 ? -1.0f : 1.0f;
+    x[static_cast<size_t>(i)] = sign * std::ldexp(mantissa, (i * 7) % 23 - 11);
+  }
   // Lane 0's chain of __shfl_xor_sync additions: after step `off`, lane i holds
   // the sum of the lanes that agree with i in the bits above off; lane 0 adds
   // lane off's partial to its own.
