@@ -4,6 +4,20 @@
 //   blk.each_warp(f)  f(warp) for every warp, then a barrier: warp-collective
 //                     work (the tensor-core tile products of attention_tc.h),
 //                     which every lane of the warp calls with the same arguments.
+// Inside each_warp, lane-parallel work of the warp (all 32 lanes call these with
+// the same arguments, the same number of times):
+//   blk.lanes(f)      f(lane) for every lane of the warp;
+//   blk.warp_sum(f), blk.warp_max(f)
+//                     f(lane) for every lane, then its 32 values reduced by a
+//                     butterfly (xor 16, 8, 4, 2, 1: __shfl_xor_sync on the GPU,
+//                     the same additions on the host), the same bits in every lane.
+// A lane writes only what it owns and reads nothing another lane writes within one
+// lanes/warp_sum/warp_max call; across calls the warp is in step (the shuffles
+// synchronise it on the GPU, and lanes() ends with __syncwarp). Code between the
+// calls runs in every lane on the GPU but once per warp on the host, so it must
+// give every lane the same values and read nothing that the very next call
+// writes (a race the host cannot see; later calls are ordered after that one's
+// synchronisation).
 // On the GPU (DeviceBlock) each() is `f(threadIdx.x); __syncthreads();` and
 // each_warp() `f(threadIdx.x / 32); __syncthreads();`; on the host (HostBlock)
 // they are loops (natural, reversed or shuffled order: HostOrder below), so tests
@@ -34,7 +48,7 @@ namespace moetrain::simt {
 // run concurrently; a body that keeps the phase rule above gives the same bits in
 // every order, one that breaks it (a missing barrier) depends on the order. The
 // [simt] tests run every body in all three orders and require identical outputs
-// (tests/ops/common/simt_order_test.cpp shows a planted race failing that).
+// (tests/ops/common/simt_test.cpp shows a planted race failing that).
 enum class HostOrder { natural, reversed, shuffled };
 
 // The host's block: each(f) runs f(tid) for every thread of the block in `order`:
@@ -54,8 +68,33 @@ struct HostBlock {
   void each_warp(F&& f) const {
     run(threads / 32, f);
   }
+  template <class F>
+  void lanes(F&& f) const {
+    run(32, f);
+  }
+  template <class F>
+  float warp_sum(F&& f) const {
+    return butterfly(f, [](float x, float y) { return x + y; });
+  }
+  template <class F>
+  float warp_max(F&& f) const {
+    return butterfly(f, [](float x, float y) { return std::fmax(x, y); });
+  }
 
  private:
+  // The GPU's butterfly: in step `off` lane i adds (maxes) lane i ^ off's value to
+  // its own, v_i + v_(i^off) in that operand order, as `v += __shfl_xor_sync(.., v, off)`.
+  template <class F, class Op>
+  float butterfly(F& f, Op op) const {
+    float v[32], next[32];
+    auto lane_value = [&](int lane) { v[lane] = f(lane); };
+    run(32, lane_value);
+    for (int off = 16; off > 0; off /= 2) {
+      for (int i = 0; i < 32; ++i) next[i] = op(v[i], v[i ^ off]);
+      for (int i = 0; i < 32; ++i) v[i] = next[i];
+    }
+    return v[0];  // every lane's: x + y = y + x and max are exact in either order
+  }
   template <class F>
   void run(int n, F& f) const {
     const uint64_t phase = phases++;
@@ -91,6 +130,23 @@ struct DeviceBlock {
   __device__ void each_warp(F&& f) const {
     f(static_cast<int>(threadIdx.x >> 5));
     __syncthreads();
+  }
+  template <class F>
+  __device__ void lanes(F&& f) const {
+    f(static_cast<int>(threadIdx.x & 31));
+    __syncwarp();
+  }
+  template <class F>
+  __device__ float warp_sum(F&& f) const {
+    float v = f(static_cast<int>(threadIdx.x & 31));
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+  }
+  template <class F>
+  __device__ float warp_max(F&& f) const {
+    float v = f(static_cast<int>(threadIdx.x & 31));
+    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
   }
 };
 #endif

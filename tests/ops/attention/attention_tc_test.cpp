@@ -3,8 +3,12 @@
 // sums) against the CPU attention kernels on the same bf16-rounded inputs. This
 // runs on every machine: what a GPU run of attention_tc_cuda.cu adds is the
 // launch, wmma's fragment handling and the hardware's summation order, checked by
-// the bf16 [cuda] cases in attention_test.cpp.
+// the bf16 [cuda] cases in attention_test.cpp. The [banks] cases count the
+// bodies' shared-memory bank conflicts (ops/smem_banks.h's model) from the
+// bodies' own layouts.
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -12,6 +16,7 @@
 #include "ops/attention/attention_kernels.h"
 #include "ops/attention/attention_tc.h"
 #include "ops/simt_orders.h"
+#include "ops/smem_banks.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -139,4 +144,224 @@ TEST_CASE("attention (tensor-core bodies): shared memory fits the GPU for the he
     CHECK(simt::TcBackwardSmem<E>(nullptr, Dk, Dv, true).bytes <= limit);
     CHECK(simt::TcBackwardSmem<E>(nullptr, Dk, Dv, false).bytes <= limit);
   }
+}
+
+namespace {
+
+using Lanes = std::array<int64_t, 32>;
+constexpr int kIdle = -1;
+
+// The byte offset of p from the start of the kernel's shared memory.
+template <class X>
+int64_t offset_of(const X* p, const unsigned char* base) {
+  return reinterpret_cast<const unsigned char*>(p) - base;
+}
+
+// Worst passes of the elementwise phases over a [kTcTile][dim] array of row
+// stride ld and `es`-byte elements (staging, zeroing, P and dS, the stores):
+// warp w's lanes at element e = 32w + lane + k·threads, cell tc_cell(e, dim).
+int elementwise_ways(int64_t at, int ld, int dim, int es) {
+  int worst = 1;
+  for (int w = 0; w < simt::kTcWarps; ++w)
+    for (int k = 0; k < simt::kTcTile * dim; k += simt::kTcThreads) {
+      Lanes a;
+      for (int l = 0; l < 32; ++l) {
+        const int e = 32 * w + l + k;
+        const simt::TcCell x = simt::tc_cell(e, dim);
+        a[static_cast<size_t>(l)] = e < simt::kTcTile * dim ? at + (int64_t{x.row} * ld + x.col) * es : kIdle;
+      }
+      worst = std::max(worst, testing::bank_ways(a, es));
+    }
+  return worst;
+}
+
+// The row statistics (lse, delta) as the backward's elementwise phases read them:
+// by column (dK/dV: queries along the row) or by row (dQ).
+int row_stat_ways(int64_t at, bool by_col) {
+  int worst = 1;
+  for (int w = 0; w < simt::kTcWarps; ++w)
+    for (int k = 0; k < simt::kTcTile * simt::kTcTile; k += simt::kTcThreads) {
+      Lanes a;
+      for (int l = 0; l < 32; ++l) {
+        const simt::TcCell x = simt::tc_cell(32 * w + l + k, simt::kTcTile);
+        a[static_cast<size_t>(l)] = at + 4 * (by_col ? x.col : x.row);
+      }
+      worst = std::max(worst, testing::bank_ways(a, 4));
+    }
+  return worst;
+}
+
+// The forward's softmax phase: warp w's lanes on row i, columns tc_lane_col(lane, j)
+// of S (f32) and P (bf16), then columns lane + 32j of O.
+struct SoftmaxWays {
+  int S = 1, P = 1, O = 1;
+};
+SoftmaxWays softmax_ways(const simt::TcForwardSmem<uint16_t>& s, const unsigned char* base, int Dv) {
+  SoftmaxWays r;
+  for (int i = 0; i < simt::kTcTile; ++i) {
+    for (int j = 0; j < simt::kTcLaneCols; ++j) {
+      Lanes aS, aP;
+      for (int l = 0; l < 32; ++l) {
+        const int c = simt::tc_lane_col(l, j);
+        aS[static_cast<size_t>(l)] = offset_of(s.S + i * s.ld_t + c, base);
+        aP[static_cast<size_t>(l)] = offset_of(s.P + i * s.ld_t + c, base);
+      }
+      r.S = std::max(r.S, testing::bank_ways(aS, 4));
+      r.P = std::max(r.P, testing::bank_ways(aP, 2));
+    }
+    for (int d0 = 0; d0 < Dv; d0 += 32) {
+      Lanes aO;
+      for (int l = 0; l < 32; ++l)
+        aO[static_cast<size_t>(l)] = d0 + l < Dv ? offset_of(s.O + i * s.ld_v + d0 + l, base) : kIdle;
+      r.O = std::max(r.O, testing::bank_ways(aO, 4));
+    }
+  }
+  return r;
+}
+
+// Tile accesses of the products, for every 16x16 tile of an array. How wmma
+// moves a fragment is not documented, so three patterns a 16x16 bf16 tile can
+// take are counted: ldmatrix.x4 (8 lanes a phase, each a 16-byte row piece: rows
+// lane % 16, column 8·(lane / 16)), and mma.m16n8k16's register layouts, A
+// (lane reads row lane / 4, columns 2·(lane % 4) and +1, 4 bytes) and B from a
+// row-major array (row 2·(lane % 4), column lane / 4, 2 bytes). An f32
+// accumulator tile: the accumulator layout (row lane / 4, columns 2·(lane % 4)
+// and +1), as one 8-byte access or two 4-byte ones.
+struct TileWays {
+  int ldmatrix = 1, frag_a = 1, frag_b = 1, acc8 = 1, acc4 = 1;
+};
+void operand_tile_ways(TileWays& r, const uint16_t* array, int ld, int dim, const unsigned char* base) {
+  for (int row0 = 0; row0 < simt::kTcTile; row0 += 16)
+    for (int col0 = 0; col0 < dim; col0 += 16) {
+      const uint16_t* t = array + row0 * ld + col0;
+      Lanes lm, fa, fb;
+      for (int l = 0; l < 32; ++l) {
+        lm[static_cast<size_t>(l)] = offset_of(t + (l % 16) * ld + 8 * (l / 16), base);
+        fa[static_cast<size_t>(l)] = offset_of(t + (l / 4) * ld + 2 * (l % 4), base);
+        fb[static_cast<size_t>(l)] = offset_of(t + 2 * (l % 4) * ld + l / 4, base);
+      }
+      r.ldmatrix = std::max(r.ldmatrix, testing::bank_ways(lm, 16));
+      r.frag_a = std::max(r.frag_a, testing::bank_ways(fa, 4));
+      r.frag_b = std::max(r.frag_b, testing::bank_ways(fb, 2));
+    }
+}
+void acc_tile_ways(TileWays& r, const float* array, int ld, int dim, const unsigned char* base) {
+  for (int row0 = 0; row0 < simt::kTcTile; row0 += 16)
+    for (int col0 = 0; col0 < dim; col0 += 16) {
+      const float* t = array + row0 * ld + col0;
+      Lanes a;
+      for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = offset_of(t + (l / 4) * ld + 2 * (l % 4), base);
+      r.acc8 = std::max(r.acc8, testing::bank_ways(a, 8));
+      r.acc4 = std::max(r.acc4, testing::bank_ways(a, 4));
+    }
+}
+
+struct LayoutWays {
+  SoftmaxWays softmax;
+  int backward_rows = 1;  // S, dP, P, dS, lse, delta in the backward's elementwise phases
+  int staging = 1;        // staging, zeroing and the stores
+  TileWays tiles;
+};
+
+// Every shared access of the three bodies for heads Dk, Dv with row padding `pad`,
+// from the bodies' own layouts (TcForwardSmem, TcBackwardSmem with the GPU's
+// 2-byte operands) and cell maps (tc_cell, tc_lane_col).
+LayoutWays layout_ways(int Dk, int Dv, int pad) {
+  using E = uint16_t;
+  LayoutWays r;
+  const simt::TcForwardSmem<E> f(nullptr, Dk, Dv, pad);
+  std::vector<unsigned char> fwd(f.bytes);
+  const simt::TcForwardSmem<E> s(fwd.data(), Dk, Dv, pad);
+  const unsigned char* fb = fwd.data();
+  r.softmax = softmax_ways(s, fb, Dv);
+  r.staging = std::max({elementwise_ways(offset_of(s.Q, fb), s.ld_k, Dk, 2),
+                        elementwise_ways(offset_of(s.K, fb), s.ld_k, Dk, 2),
+                        elementwise_ways(offset_of(s.V, fb), s.ld_v, Dv, 2),
+                        elementwise_ways(offset_of(s.O, fb), s.ld_v, Dv, 4)});
+  operand_tile_ways(r.tiles, s.Q, s.ld_k, Dk, fb);
+  operand_tile_ways(r.tiles, s.K, s.ld_k, Dk, fb);
+  operand_tile_ways(r.tiles, s.V, s.ld_v, Dv, fb);
+  operand_tile_ways(r.tiles, s.P, s.ld_t, simt::kTcTile, fb);
+  acc_tile_ways(r.tiles, s.S, s.ld_t, simt::kTcTile, fb);
+  acc_tile_ways(r.tiles, s.O, s.ld_v, Dv, fb);
+  for (bool key_tile : {true, false}) {
+    const simt::TcBackwardSmem<E> g(nullptr, Dk, Dv, key_tile, pad);
+    std::vector<unsigned char> bwd(g.bytes);
+    const simt::TcBackwardSmem<E> b(bwd.data(), Dk, Dv, key_tile, pad);
+    const unsigned char* bb = bwd.data();
+    r.backward_rows = std::max({r.backward_rows, elementwise_ways(offset_of(b.S, bb), b.ld_t, simt::kTcTile, 4),
+                                elementwise_ways(offset_of(b.dP, bb), b.ld_t, simt::kTcTile, 4),
+                                elementwise_ways(offset_of(b.dS, bb), b.ld_t, simt::kTcTile, 2),
+                                row_stat_ways(offset_of(b.lse, bb), key_tile),
+                                row_stat_ways(offset_of(b.delta, bb), key_tile)});
+    if (key_tile)
+      r.backward_rows = std::max(r.backward_rows, elementwise_ways(offset_of(b.P, bb), b.ld_t, simt::kTcTile, 2));
+    r.staging = std::max({r.staging, elementwise_ways(offset_of(b.Q, bb), b.ld_k, Dk, 2),
+                          elementwise_ways(offset_of(b.K, bb), b.ld_k, Dk, 2),
+                          elementwise_ways(offset_of(b.V, bb), b.ld_v, Dv, 2),
+                          elementwise_ways(offset_of(b.dO, bb), b.ld_v, Dv, 2),
+                          elementwise_ways(offset_of(b.dXk, bb), b.ld_k, Dk, 4)});
+    for (const E* op : {b.Q, b.K}) operand_tile_ways(r.tiles, op, b.ld_k, Dk, bb);
+    for (const E* op : {b.V, b.dO}) operand_tile_ways(r.tiles, op, b.ld_v, Dv, bb);
+    operand_tile_ways(r.tiles, b.dS, b.ld_t, simt::kTcTile, bb);
+    acc_tile_ways(r.tiles, b.S, b.ld_t, simt::kTcTile, bb);
+    acc_tile_ways(r.tiles, b.dP, b.ld_t, simt::kTcTile, bb);
+    acc_tile_ways(r.tiles, b.dXk, b.ld_k, Dk, bb);
+    if (key_tile) {
+      operand_tile_ways(r.tiles, b.P, b.ld_t, simt::kTcTile, bb);
+      acc_tile_ways(r.tiles, b.dXv, b.ld_v, Dv, bb);
+      r.staging = std::max(r.staging, elementwise_ways(offset_of(b.dXv, bb), b.ld_v, Dv, 4));
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("attention (tensor-core bodies): shared-memory accesses are free of bank conflicts (at most 2-way)",
+          "[ops][attention][simt][banks]") {
+  for (auto [Dk, Dv] : {std::pair{16, 16}, std::pair{32, 48}, std::pair{64, 64}, std::pair{128, 128},
+                        std::pair{192, 128}, std::pair{256, 256}}) {
+    DYNAMIC_SECTION("Dk=" << Dk << " Dv=" << Dv) {
+      const LayoutWays w = layout_ways(Dk, Dv, simt::kTcPad);
+      // The row phases: a warp's lanes on consecutive elements of one row.
+      CHECK(w.softmax.S == 1);
+      CHECK(w.softmax.P == 1);
+      CHECK(w.softmax.O == 1);
+      CHECK(w.backward_rows == 1);
+      // Staging and stores: a warp straddles two rows where 32 does not divide the head dim.
+      CHECK(w.staging <= 2);
+      // Tiles: the padded rows put a tile's 8 rows on distinct banks. Only two
+      // 4-byte accumulator accesses of a lane stay 2-way (they touch even words only).
+      CHECK(w.tiles.ldmatrix == 1);
+      CHECK(w.tiles.frag_a == 1);
+      CHECK(w.tiles.frag_b == 1);
+      CHECK(w.tiles.acc8 == 1);
+      CHECK(w.tiles.acc4 <= 2);
+    }
+  }
+}
+
+TEST_CASE("attention (tensor-core bodies): the unpadded layout the bank model measures is conflicted",
+          "[ops][attention][simt][banks]") {
+  // The same model on the unpadded rows (kTcPad = 0), GPT-2's heads: the tiles'
+  // rows share banks (8-way for ldmatrix, 4-way for 8-byte accumulator accesses).
+  const LayoutWays w = layout_ways(64, 64, 0);
+  CHECK(w.tiles.ldmatrix == 8);
+  CHECK(w.tiles.frag_a == 8);
+  CHECK(w.tiles.frag_b == 4);
+  CHECK(w.tiles.acc8 == 4);
+  CHECK(w.tiles.acc4 == 8);
+  // The old row phases walked row i in thread i: a warp reads one column of 32
+  // rows of S, 64 floats apart, all in one bank.
+  const simt::TcForwardSmem<uint16_t> f(nullptr, 64, 64, 0);
+  std::vector<unsigned char> buf(f.bytes);
+  const simt::TcForwardSmem<uint16_t> s(buf.data(), 64, 64, 0);
+  Lanes column_of_S, column_of_P;
+  for (int l = 0; l < 32; ++l) {
+    column_of_S[static_cast<size_t>(l)] = offset_of(s.S + l * s.ld_t, buf.data());
+    column_of_P[static_cast<size_t>(l)] = offset_of(s.P + l * s.ld_t, buf.data());
+  }
+  CHECK(testing::bank_ways(column_of_S, 4) == 32);
+  CHECK(testing::bank_ways(column_of_P, 2) == 32);
 }

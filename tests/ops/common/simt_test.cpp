@@ -2,14 +2,20 @@
 // for: a body that keeps the phase rule gives the same bits in every order; a body
 // with a planted race (a barrier missing between a phase that writes shared memory
 // and the read of another thread's value) passes in the natural order, which
-// happens to run the writer first, and the shuffled order exposes it.
+// happens to run the writer first, and the shuffled order exposes it. Also the
+// warp's lane primitives (lanes, warp_sum, warp_max) and the shared-memory bank
+// model the layout tests use (ops/smem_banks.h).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "ops/common/simt.h"
 #include "ops/simt_orders.h"
+#include "ops/smem_banks.h"
 
 using namespace moetrain;
 using moetrain::testing::host_block;
@@ -102,4 +108,78 @@ TEST_CASE("simt: a planted race (a missing barrier) passes in the natural order,
   CHECK(sums(HostOrder::shuffled, false, threads) != right);
   CHECK(sums(HostOrder::reversed, false, threads) != right);
   CHECK_FALSE(testing::same_bits(sums(HostOrder::natural, false, threads), sums(HostOrder::shuffled, false, threads)));
+}
+
+TEST_CASE("simt: warp_sum and warp_max reduce the lanes' values by the GPU's butterfly, in every lane order",
+          "[ops][simt]") {
+  // Values of many magnitudes, so that the order of the additions shows in the bits.
+  std::vector<float> x(32);
+  for (int i = 0; i < 32; ++i) {
+    const float mantissa = 1.0f + 0.37f * static_cast<float>(i % 5), sign = i % 3 == 0 ? -1.0f : 1.0f;
+    x[static_cast<size_t>(i)] = sign * std::ldexp(mantissa, (i * 7) % 23 - 11);
+  }
+  // Lane 0's chain of __shfl_xor_sync additions: after step `off`, lane i holds
+  // the sum of the lanes that agree with i in the bits above off; lane 0 adds
+  // lane off's partial to its own.
+  float tree[32];
+  for (int i = 0; i < 32; ++i) tree[i] = x[static_cast<size_t>(i)];
+  for (int off = 16; off > 0; off /= 2)
+    for (int i = 0; i < off; ++i) tree[i] = tree[i] + tree[i + off];
+  float in_order = 0.0f;
+  for (float v : x) in_order += v;
+  REQUIRE(tree[0] != in_order);  // the inputs tell the two orders apart
+  for (HostOrder order : {HostOrder::natural, HostOrder::reversed, HostOrder::shuffled}) {
+    const simt::HostBlock blk = host_block(128, order);
+    std::vector<int> seen;
+    const float sum = blk.warp_sum([&](int lane) {
+      seen.push_back(lane);
+      return x[static_cast<size_t>(lane)];
+    });
+    CHECK(std::memcmp(&sum, &tree[0], sizeof(float)) == 0);
+    CHECK(blk.warp_max([&](int lane) { return x[static_cast<size_t>(lane)]; }) ==
+          *std::max_element(x.begin(), x.end()));
+    std::vector<int> sorted = seen;
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < 32; ++i) REQUIRE(sorted[static_cast<size_t>(i)] == i);
+    if (order == HostOrder::reversed) CHECK(seen.front() == 31);
+  }
+}
+
+TEST_CASE("simt: lanes() runs every lane once in the block's order; a lane race shows in the orders", "[ops][simt]") {
+  // Lane 0 publishes a value its neighbours read in the same lanes() call: right
+  // only when lane 0 happens to run first.
+  auto racy = [](HostOrder order) {
+    const simt::HostBlock blk = host_block(32, order);
+    std::vector<float> shared(32, -1.0f), out(32, 0.0f);
+    blk.each_warp([&](int) {
+      blk.lanes([&](int lane) {
+        if (lane == 0) shared[0] = 5.0f;
+        out[static_cast<size_t>(lane)] = shared[0];
+      });
+    });
+    return out;
+  };
+  CHECK(racy(HostOrder::natural) == std::vector<float>(32, 5.0f));
+  CHECK_FALSE(testing::same_bits(racy(HostOrder::natural), racy(HostOrder::reversed)));
+  CHECK_FALSE(testing::same_bits(racy(HostOrder::natural), racy(HostOrder::shuffled)));
+}
+
+TEST_CASE("smem banks: the model counts the passes of a warp's shared-memory access", "[ops][simt]") {
+  std::array<int64_t, 32> a{};
+  for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = 4 * l;  // consecutive words
+  CHECK(testing::bank_ways(a, 4) == 1);
+  for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = 4 * 64 * l;  // a column of a 64-float row-major array
+  CHECK(testing::bank_ways(a, 4) == 32);
+  for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = 4 * 65 * l;  // the same, rows padded by one word
+  CHECK(testing::bank_ways(a, 4) == 1);
+  for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = 128;  // one word for all: a broadcast
+  CHECK(testing::bank_ways(a, 4) == 1);
+  for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = 2 * l;  // 2-byte lanes, two per word
+  CHECK(testing::bank_ways(a, 2) == 1);
+  for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = 8 * l;  // 8 bytes a lane: half-warps of 32 words
+  CHECK(testing::bank_ways(a, 8) == 1);
+  for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = 8 * l * 2;  // every other pair: 2 words per bank
+  CHECK(testing::bank_ways(a, 8) == 2);
+  for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = l < 16 ? -1 : 4 * 32 * l;  // idle lanes do not count
+  CHECK(testing::bank_ways(a, 4) == 16);
 }
