@@ -219,6 +219,102 @@ Row router_row(int64_t N, int64_t E, int64_t k, int steps, bool on_gpu) {
   });
 }
 
+// Memory-bound kernel families against the copy roofline: the bytes each must
+// move at least (every input read once, every output written once, in the
+// dtypes a bf16 run uses), over its time, as a share of what a device-to-device
+// copy reaches in the same run. Forward and backward together where there is one.
+struct BwRow {
+  std::string name, shape;
+  double ms = -1, bytes = 0;
+  std::string note;
+};
+
+BwRow bw_guarded(const std::string& name, const std::string& shape, double bytes, const std::function<double()>& fn) {
+  BwRow r{name, shape, -1, bytes, {}};
+  try {
+    r.ms = fn();
+  } catch (const std::exception& e) {
+    r.note = e.what();
+    if (r.note.size() > 160) r.note = r.note.substr(0, 157) + "...";
+  }
+  return r;
+}
+
+Tensor bf16_leaf(Shape s, uint64_t seed) {
+  return randn(s, DType::f32, seed).to(kGpu).to(DType::bf16).detach().set_requires_grad();
+}
+
+BwRow copy_row(int64_t bytes, int steps) {
+  return bw_guarded("copy (roofline probe)", fmt::format("{} MiB device to device", bytes >> 20), 2.0 * bytes, [&] {
+    Tensor a = empty({bytes / 4}, DType::f32, kGpu), b = empty({bytes / 4}, DType::f32, kGpu);
+    return time_ms(steps, [&] { cuda::copy_device_to_device(b.raw_data(), a.raw_data(), bytes, 0); });
+  });
+}
+
+BwRow layer_norm_row(int64_t N, int64_t D, int steps) {
+  // forward reads x, writes y; backward reads dy and x, writes dx (w, b: D each, left out)
+  return bw_guarded("layer_norm fwd+bwd", fmt::format("[{}, {}] bf16", N, D), 5.0 * N * D * 2, [&] {
+    Tensor x = bf16_leaf({N, D}, 1), w = bf16_leaf({D}, 2), b = bf16_leaf({D}, 3);
+    Tensor g = randn({N, D}, DType::f32, 4).to(kGpu).to(DType::bf16);
+    return time_ms(steps, [&] {
+      autograd::backward({layer_norm(x, w, b)}, {g});
+      for (Tensor* t : {&x, &w, &b}) t->zero_grad();
+    });
+  });
+}
+
+BwRow cross_entropy_row(int64_t N, int64_t V, int steps) {
+  // forward reads the logits; backward reads them again and writes their gradient
+  return bw_guarded("cross_entropy fwd+bwd", fmt::format("[{}, {}] bf16 logits", N, V), 3.0 * N * V * 2, [&] {
+    Tensor logits = bf16_leaf({N, V}, 5);
+    Generator gen(8);
+    Tensor targets = randint({N}, V, DType::i32, gen).to(kGpu);
+    return time_ms(steps, [&] {
+      cross_entropy(logits, targets).backward();
+      logits.zero_grad();
+    });
+  });
+}
+
+BwRow embedding_row(int64_t N, int64_t V, int64_t D, int steps) {
+  // forward gathers N rows and writes them; backward reads their gradient and
+  // writes the [V, D] table's gradient once
+  return bw_guarded("embedding fwd+bwd", fmt::format("{} ids into [{}, {}] bf16", N, V, D),
+                    (3.0 * N * D + 1.0 * V * D) * 2, [&] {
+    Tensor wte = bf16_leaf({V, D}, 6);
+    Generator gen(9);
+    Tensor ids = randint({N}, V, DType::i32, gen);  // host ids, as the trainer's batches
+    Tensor g = randn({N, D}, DType::f32, 10).to(kGpu).to(DType::bf16);
+    return time_ms(steps, [&] {
+      autograd::backward({embedding(wte, ids)}, {g});
+      wte.zero_grad();
+    });
+  });
+}
+
+BwRow adamw_row(int steps) {
+  // per element: gradient read (2 bytes bf16, 4 f32), master or f32 weight read
+  // and written, both moments read and written, the bf16 copy written
+  Gpt2Config c;
+  Gpt2 model(c, 1);
+  double bytes = 0;
+  for (const NamedParameter& p : model.parameters())
+    bytes += static_cast<double>(p.tensor.numel()) * (stays_f32_in_mixed_precision(p) ? 28.0 : 2 + 8 + 8 + 8 + 2);
+  return bw_guarded("AdamW step", fmt::format("GPT-2 small, {:.0f}M parameters, bf16 (f32 masters)",
+                                              static_cast<double>(count_parameters(model.parameters())) / 1e6),
+                    bytes, [&] {
+    AdamW opt(model.parameters(), {});
+    for (const NamedParameter& p : model.parameters()) move_to_device_(p.tensor, kGpu);
+    for (const Tensor& t : opt.exp_avg()) move_to_device_(t, kGpu);
+    for (const Tensor& t : opt.exp_avg_sq()) move_to_device_(t, kGpu);
+    opt.convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
+    uint64_t seed = 11;
+    for (const NamedParameter& p : model.parameters())
+      p.tensor.set_grad(mul_scalar(randn(p.tensor.shape(), DType::f32, seed++), 1e-3).to(kGpu).to(p.tensor.dtype()));
+    return time_ms(steps, [&] { opt.step(1e-4); });
+  });
+}
+
 // Steps of each training row run again under the profiler for its component table.
 constexpr int kProfiledSteps = 2;
 
@@ -332,6 +428,24 @@ int main(int argc, char** argv) {
   row(kda_row(8192, steps, KdaMode::chunked, true, 16));  // twice the scan blocks
   row(kda_row(4096, steps, KdaMode::recurrent));
   for (bool on_gpu : {true, false}) row(router_row(8192, 896, 16, steps, on_gpu));  // K3's router
+  // The memory-bound families, each against the copy rate of this run.
+  {
+    const BwRow probe = copy_row(int64_t{1} << 30, steps);
+    const double copy_gbs = probe.ms > 0 ? probe.bytes / (probe.ms * 1e-3) / 1e9 : 0;
+    emit("\n| memory-bound case | shape | ms | GB/s | of copy |\n|---|---|---|---|---|\n");
+    auto bw = [&](const BwRow& r) {
+      if (r.ms < 0) return emit(fmt::format("| {} | {} | n/a | | {} |\n", r.name, r.shape, r.note));
+      const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
+      emit(fmt::format("| {} | {} | {:.3f} | {:.0f} | {} |\n", r.name, r.shape, r.ms, gbs,
+                       copy_gbs > 0 ? fmt::format("{:.0f}%", 100 * gbs / copy_gbs) : ""));
+    };
+    bw(probe);
+    bw(layer_norm_row(8192, 768, steps));
+    bw(cross_entropy_row(8192, 50304, steps));
+    bw(embedding_row(8192, 50304, 768, steps));
+    bw(adamw_row(steps));
+    emit("\n| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) |\n|---|---|---|---|---|---|---|\n");
+  }
   // The f32 step (TF32 GEMMs) beside the bf16 one: its MFU column is against the bf16 peak, so compare times.
   {
     Gpt2Config c;
