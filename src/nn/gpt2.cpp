@@ -150,9 +150,10 @@ double Gpt2::activation_bytes_per_token(bool mixed_precision, int64_t first, int
   const double size = static_cast<double>(dtype_size(c.dtype));
   const double blocks = static_cast<double>(end - first) *
                         (13.0 * static_cast<double>(c.d_model) + 2.0 * static_cast<double>(c.d_ff));
-  // Logits and their gradient; f32 in bf16 runs.
+  // Logits and their gradient; bf16 in bf16 runs (the cross-entropy reads bf16
+  // logits and writes a bf16 gradient, docs/cuda.md#mixed-precision).
   const double logits = head ? 2.0 * static_cast<double>(c.vocab_size) : 0.0;
-  return mixed_precision ? blocks * 2.0 + logits * 4.0 : (blocks + logits) * size;
+  return mixed_precision ? (blocks + logits) * 2.0 : (blocks + logits) * size;
 }
 
 int64_t Gpt2::parameter_layer(const std::string& name) const {
