@@ -217,3 +217,16 @@ TEST_CASE("padded vocabulary: the hybrid refuses model.vocab_pad_multiple, namin
   CHECK(zero.find("zero.yaml:2") != string::npos);
   CHECK(zero.find("model.vocab_pad_multiple") != string::npos);
 }
+
+TEST_CASE("gpt2 padded vocabulary: GPT-2 small at vocab_pad_multiple 64 (and 128) has 50304 rows and "
+          "124,475,904 parameters", "[nn][gpt2][padded_vocab]") {
+  for (int64_t pad : {64, 128}) {
+    Gpt2Config c;  // GPT-2 small
+    c.vocab_pad_multiple = pad;
+    Gpt2 model(c, 1, /*allocate=*/false);  // shapes only
+    CHECK(model.padded_vocab_size() == 50304);
+    int64_t n = 0;
+    for (const ParamSpec& s : model.param_specs()) n += s.shape.numel();
+    CHECK(n == 124439808 + (50304 - 50257) * 768);  // docs/model.md: 124,475,904
+  }
+}
