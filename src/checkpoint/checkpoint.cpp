@@ -888,8 +888,16 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
                                   unexpected.size(), mismatched.size());
     for (const auto& s : missing) msg += "\n  missing in the checkpoint: " + s;
     for (const auto& s : unexpected) msg += "\n  not in the model: " + s;
-    for (const auto& s : mismatched) msg += "\n  shape differs: " + s;
+    bool wte_rows = false;  // GPT-2's padded vocabulary changes wte's rows
+    for (const auto& s : mismatched) {
+      msg += "\n  shape differs: " + s;
+      wte_rows = wte_rows || s.rfind("params/wte.weight:", 0) == 0;
+    }
     msg += "\nresume with the config the checkpoint was saved with (" + checkpoint_config_path(dir.string()) + ")";
+    if (wte_rows)
+      msg += "; model.vocab_pad_multiple sets wte's rows, so a checkpoint resumes only with the padding it was saved "
+             "with: to change it, export the checkpoint (moetrain export, which writes the model.vocab_size real "
+             "rows) and start a run from the export with model.init_from (docs/checkpoints.md)";
     throw Error(msg);
   }
 

@@ -31,7 +31,15 @@ Gpt2::Gpt2(const Gpt2Config& c, uint64_t seed, bool allocate) : config_(c), fact
   ParamFactory& f = factory_;
   const Init w = Init::normal(c.init_std), resid = Init::normal(resid_std), zero = Init::zeros(), one = Init::ones();
 
-  wte_ = f.make("wte.weight", {c.vocab_size, D}, w, "embedding", false);
+  MT_CHECK(c.vocab_pad_multiple >= 1, "gpt2: vocab_pad_multiple = {} must be at least 1", c.vocab_pad_multiple);
+  const int64_t V = c.vocab_size, Vp = c.padded_vocab_size();
+  // Padded (docs/model.md#padded-vocabulary): the real rows drawn as the unpadded
+  // model draws them (the generator advances by V D, so every later parameter is
+  // the same too), the padding rows 0.
+  const Init wte_init = Vp == V ? w : Init::custom([V, Vp, D, std = c.init_std](const Shape&, DType dt, Generator& g) {
+    return concat({randn({V, D}, dt, g, 0.0, std), zeros({Vp - V, D}, dt)}, 0);
+  });
+  wte_ = f.make("wte.weight", {Vp, D}, wte_init, "embedding", false);
   wpe_ = f.make("wpe.weight", {c.n_ctx, D}, w, "embedding", false);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     std::string p = "h." + std::to_string(l) + ".";
@@ -99,13 +107,22 @@ Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tenso
                     v_cache);
 }
 
-// logits = LN_f(x) wte^T (tied head)
+// logits = LN_f(x) wte^T (tied head), over the padded vocabulary
 Tensor Gpt2::head(const Tensor& x) {
   profile::Region region("embedding/head");
   return linear(layer_norm(x, lnf_w_, lnf_b_, config_.layer_norm_eps), wte_);
 }
 
-Tensor Gpt2::forward(const Tensor& ids, bool training) {
+// The real columns only: what sampling, evaluation and HF comparisons see.
+Tensor Gpt2::without_padding(const Tensor& logits) const {
+  if (config_.padded_vocab_size() == config_.vocab_size) return logits;
+  profile::Region region("embedding/head");
+  return slice(logits, 2, 0, config_.vocab_size);
+}
+
+Tensor Gpt2::forward(const Tensor& ids, bool training) { return without_padding(forward_padded(ids, training)); }
+
+Tensor Gpt2::forward_padded(const Tensor& ids, bool training) {
   Tensor x = embed(ids, 0, training);
   for (const Block& b : blocks_) {
     if (config_.activation_checkpointing && training) {
@@ -127,8 +144,11 @@ int64_t Gpt2Cache::bytes() const {
 
 std::string Gpt2::describe() const {
   const Gpt2Config& c = config_;
+  const std::string vocab = c.padded_vocab_size() == c.vocab_size
+                                ? std::to_string(c.vocab_size)
+                                : fmt::format("{} (padded to {})", c.vocab_size, c.padded_vocab_size());
   return fmt::format("{} layers, {} heads, d_model {}, d_ff {}, n_ctx {}, vocab {}, {}", c.n_layer, c.n_head, c.d_model,
-                     c.d_ff, c.n_ctx, c.vocab_size, dtype_name(c.dtype));
+                     c.d_ff, c.n_ctx, vocab, dtype_name(c.dtype));
 }
 
 Tensor Gpt2::forward_cached(const Tensor& ids, DecodeCache& cache) {
@@ -150,9 +170,10 @@ double Gpt2::activation_bytes_per_token(bool mixed_precision, int64_t first, int
   const double size = static_cast<double>(dtype_size(c.dtype));
   const double blocks = static_cast<double>(end - first) *
                         (13.0 * static_cast<double>(c.d_model) + 2.0 * static_cast<double>(c.d_ff));
-  // Logits and their gradient; f32 in bf16 runs.
-  const double logits = head ? 2.0 * static_cast<double>(c.vocab_size) : 0.0;
-  return mixed_precision ? blocks * 2.0 + logits * 4.0 : (blocks + logits) * size;
+  // Logits and their gradient over the padded vocabulary; bf16 in bf16 runs (the
+  // cross-entropy reads bf16 logits and writes a bf16 gradient, docs/cuda.md#mixed-precision).
+  const double logits = head ? 2.0 * static_cast<double>(c.padded_vocab_size()) : 0.0;
+  return mixed_precision ? (blocks + logits) * 2.0 : (blocks + logits) * size;
 }
 
 int64_t Gpt2::parameter_layer(const std::string& name) const {
@@ -170,7 +191,7 @@ Tensor Gpt2::forward_cached(const Tensor& ids, Gpt2Cache& cache) {
   Tensor x = embed(ids, cache.tokens, false);
   for (size_t l = 0; l < blocks_.size(); ++l) x = block_forward(blocks_[l], x, false, &cache.k[l], &cache.v[l]);
   cache.tokens += ids.size(1);
-  return head(x);
+  return without_padding(head(x));
 }
 
 double Gpt2::flops_per_token(int64_t seq_len) const { return flops_per_token(seq_len, 0, config_.n_layer, true); }

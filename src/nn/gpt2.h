@@ -19,6 +19,11 @@ class Config;
 
 struct Gpt2Config {
   int64_t vocab_size = 50257;
+  // wte's rows (and the head's columns): vocab_size rounded up to a multiple of
+  // this (model.vocab_pad_multiple; docs/model.md#padded-vocabulary). The padding
+  // rows start at zero and stay there: they are outside the loss's softmax, never
+  // sampled, and not exported.
+  int64_t vocab_pad_multiple = 1;
   int64_t n_layer = 12;
   int64_t n_head = 12;
   int64_t d_model = 768;
@@ -31,6 +36,7 @@ struct Gpt2Config {
   bool activation_checkpointing = false;
 
   int64_t head_dim() const { return d_model / n_head; }
+  int64_t padded_vocab_size() const { return (vocab_size + vocab_pad_multiple - 1) / vocab_pad_multiple * vocab_pad_multiple; }
   // From the model.* keys (and train.dtype, train.activation_checkpointing).
   static Gpt2Config from(const Config& config);
 };
@@ -59,18 +65,24 @@ class Gpt2 : public LanguageModel {
  public:
   // GPT-2 init (seeded): linear weights and embeddings N(0, init_std), the two
   // residual output projections N(0, init_std / sqrt(2 n_layer)), biases 0, LayerNorm (1, 0).
+  // A padded vocabulary's wte rows past vocab_size are 0; the others, and every
+  // other parameter, are those of the unpadded model of the same seed.
   // allocate = false: shapes only (the ledger); the model cannot run.
   Gpt2(const Gpt2Config& config, uint64_t seed, bool allocate = true);
 
   std::string arch() const override { return "gpt2"; }
   std::string describe() const override;
   int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t padded_vocab_size() const override { return config_.padded_vocab_size(); }
   int64_t max_positions() const override { return config_.n_ctx; }
   DType dtype() const override { return config_.dtype; }
   int64_t hidden_size() const override { return config_.d_model; }
 
-  // ids [B, T] (i32/i64/u16), T <= n_ctx -> logits [B, T, vocab_size].
+  // ids [B, T] (i32/i64/u16), T <= n_ctx -> logits [B, T, vocab_size] (the padding
+  // columns of a padded vocabulary cut off).
   Tensor forward(const Tensor& ids, bool training = true) override;
+  // ids -> logits [B, T, padded_vocab_size()]: the head's output as it is (the loss's input).
+  Tensor forward_padded(const Tensor& ids, bool training = true) override;
   // Appends ids [B, T] after the cached positions and returns their logits
   // [B, T, vocab_size]; records nothing (runs under NoGradGuard).
   Tensor forward_cached(const Tensor& ids, Gpt2Cache& cache);
@@ -102,7 +114,8 @@ class Gpt2 : public LanguageModel {
   using Block = Gpt2BlockWeights;
   Tensor embed(const Tensor& ids, int64_t first_position, bool training);
   Tensor block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache);
-  Tensor head(const Tensor& x);
+  Tensor head(const Tensor& x);                          // [B, T, padded_vocab_size()]
+  Tensor without_padding(const Tensor& logits) const;  // [B, T, vocab_size]
 
   Gpt2Config config_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_;

@@ -7,6 +7,7 @@ namespace moetrain {
 Gpt2Config Gpt2Config::from(const Config& config) {
   Gpt2Config c;
   c.vocab_size = config.get_int("model.vocab_size");
+  c.vocab_pad_multiple = config.get_int("model.vocab_pad_multiple");
   c.n_layer = config.get_int("model.n_layer");
   c.n_head = config.get_int("model.n_head");
   c.d_model = config.get_int("model.d_model");

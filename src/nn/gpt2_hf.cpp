@@ -111,7 +111,7 @@ std::string gpt2_hf_weights_path(const std::string& path) {
   return path;
 }
 
-void load_gpt2_hf_weights(ParameterList& params, const HfTensorSource& file) {
+void load_gpt2_hf_weights(ParameterList& params, const HfTensorSource& file, int64_t vocab_size) {
   std::map<std::string, std::string> by_name;  // our name -> the file's
   for (const std::string& n : file.names()) {
     std::string name = n.rfind("transformer.", 0) == 0 ? n.substr(12) : n;
@@ -127,12 +127,22 @@ void load_gpt2_hf_weights(ParameterList& params, const HfTensorSource& file) {
     auto it = by_name.find(p.name);
     MT_CHECK(it != by_name.end(), "{}: missing tensor {} (expected a GPT-2 with {} layers)", file.where(p.name), p.name,
              n_layer);
-    const Shape on_disk = is_conv1d(p.name) ? Shape{p.tensor.size(1), p.tensor.size(0)} : p.tensor.shape();
+    // A padded vocabulary (docs/model.md#padded-vocabulary): the file holds the
+    // vocab_size real rows of wte, the model's padding rows are set to 0.
+    const bool padded_wte = p.name == "wte.weight" && vocab_size >= 0 && p.tensor.size(0) > vocab_size;
+    const Shape on_disk = is_conv1d(p.name) ? Shape{p.tensor.size(1), p.tensor.size(0)}
+                          : padded_wte      ? Shape{vocab_size, p.tensor.size(1)}
+                                            : p.tensor.shape();
     const Shape shape = *file.shape(it->second);
     MT_CHECK(shape == on_disk, "{}: tensor {} is {} but the model expects {}{}", file.where(it->second), it->second,
-             shape, on_disk, is_conv1d(p.name) ? " (Conv1D layout [in, out])" : "");
+             shape, on_disk,
+             is_conv1d(p.name) ? " (Conv1D layout [in, out])"
+             : padded_wte      ? fmt::format(" (model.vocab_size {}; the model pads wte to {} rows, the file holds the "
+                                             "real ones)", vocab_size, p.tensor.size(0))
+                               : std::string());
     Tensor t = read_as(file, it->second, p.tensor.dtype());
     if (is_conv1d(p.name)) t = transpose(t, 0, 1);  // Conv1D [in, out] -> [out, in]
+    if (padded_wte) t = concat({t, zeros({p.tensor.size(0) - vocab_size, p.tensor.size(1)}, t.dtype())}, 0);
     copy_(p.tensor, t);
     used.insert(p.name);
   }
@@ -142,16 +152,18 @@ void load_gpt2_hf_weights(ParameterList& params, const HfTensorSource& file) {
 
 void Gpt2HfAdapter::import_weights(ParameterList& state, const HfTensorSource& source, ExpertShard shard) const {
   MT_CHECK(shard.size == 1, "GPT-2 has no experts to shard (expert shard {} of {})", shard.index, shard.size);
-  load_gpt2_hf_weights(state, source);
+  load_gpt2_hf_weights(state, source, c_.vocab_size);
 }
 
 std::unique_ptr<HfAdapter> Gpt2::hf_adapter() const { return std::make_unique<Gpt2HfAdapter>(config_); }
 
-std::vector<std::pair<std::string, Tensor>> gpt2_hf_tensors(const ParameterList& params) {
+std::vector<std::pair<std::string, Tensor>> gpt2_hf_tensors(const ParameterList& params, int64_t vocab_size) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   NoGradGuard no_grad;
   for (const NamedParameter& p : params) {
     Tensor t = p.tensor.detach();
+    // A padded vocabulary: the real rows only, so transformers loads vocab_size rows.
+    if (p.name == "wte.weight" && vocab_size >= 0 && t.size(0) > vocab_size) t = slice(t, 0, 0, vocab_size);
     tensors.emplace_back(p.name, is_conv1d(p.name) ? transpose(t, 0, 1) : t);
   }
   return tensors;

@@ -32,10 +32,14 @@ HfArchitecture gpt2_hf_architecture(const std::string& path);
 std::string gpt2_hf_weights_path(const std::string& path);
 
 // Copies HF-named GPT-2 weights into `params` (converting dtypes, e.g. bf16 to f32).
-void load_gpt2_hf_weights(ParameterList& params, const HfTensorSource& source);
+// vocab_size >= 0 with a wte of more rows (a padded vocabulary,
+// docs/model.md#padded-vocabulary): the file's wte has vocab_size rows, copied into
+// the first ones; the padding rows are set to 0.
+void load_gpt2_hf_weights(ParameterList& params, const HfTensorSource& source, int64_t vocab_size = -1);
 
-// The parameters in HF layout (the Conv1D weights transposed to [in, out]), HF names.
-std::vector<std::pair<std::string, Tensor>> gpt2_hf_tensors(const ParameterList& params);
+// The parameters in HF layout (the Conv1D weights transposed to [in, out]), HF names;
+// vocab_size >= 0: wte cut to its first vocab_size rows (a padded vocabulary's real rows).
+std::vector<std::pair<std::string, Tensor>> gpt2_hf_tensors(const ParameterList& params, int64_t vocab_size = -1);
 
 // The config.json text: GPT2LMHeadModel; dtype from `dtype` (f32 or bf16).
 std::string gpt2_hf_config_json(const Gpt2Config& c, DType dtype);
@@ -47,7 +51,7 @@ class Gpt2HfAdapter : public HfAdapter {
   std::vector<std::string> features_outside_hf() const override { return {}; }
   std::string config_json(DType dtype) const override { return gpt2_hf_config_json(c_, dtype); }
   std::vector<std::pair<std::string, Tensor>> export_tensors(const ParameterList& state) const override {
-    return gpt2_hf_tensors(state);
+    return gpt2_hf_tensors(state, c_.vocab_size);
   }
   void import_weights(ParameterList& state, const HfTensorSource& source, ExpertShard shard) const override;
 

@@ -287,7 +287,7 @@ StageOutput HybridModel::stage_forward(const Tensor& ids, const Tensors& inputs,
     return out;
   }
   profile::Region region("embedding/head");
-  if (logits.dtype() == DType::bf16) logits = logits.to(DType::f32);  // as LanguageModel::loss
+  // bf16 logits as they are, an f32 loss: as LanguageModel::loss.
   out.loss = add_aux(cross_entropy(logits, targets.to(logits.device())));
   return out;
 }
@@ -373,11 +373,12 @@ double HybridModel::activation_bytes_per_token(bool mixed_precision) const {
 double HybridModel::activation_bytes_per_token(bool mixed_precision, int64_t first, int64_t end, bool head) const {
   // Rough: ~16 D-wide tensors per sublayer pair, the FFN hidden (3 F), KDA/MLA
   // intermediates (~12 P), AttnRes sources are shared; plus logits and their gradient.
-  // In bf16 runs (mixed_precision) the wide tensors are bf16; the KDA layer's
-  // internals, the router's scores and the logits stay f32 (docs/model.md#mixed-precision).
+  // In bf16 runs (mixed_precision) the wide tensors and the logits with their
+  // gradient are bf16 (the cross-entropy reads bf16 logits); the KDA layer's
+  // internals and the router's scores stay f32 (docs/model.md#mixed-precision).
   const double D = static_cast<double>(c_.d_model), F = static_cast<double>(c_.ffn.d_ff);
   const double P = static_cast<double>(c_.kda.value_heads() * c_.kda.head_dim);
-  double wide = 0, kept_f32 = head ? 2.0 * static_cast<double>(c_.vocab_size) : 0.0;
+  double wide = head ? 2.0 * static_cast<double>(c_.vocab_size) : 0.0, kept_f32 = 0;
   // MoE layers replace the dense FFN hidden by what their backward keeps per token:
   // the router's scores over all E (the sigmoid keeps its output; this term
   // dominates at many experts and small widths), per routed slot the dispatched

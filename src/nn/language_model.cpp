@@ -7,13 +7,17 @@
 namespace moetrain {
 
 Tensor LanguageModel::loss(const Tensor& ids, const Tensor& targets, bool training) {
-  Tensor logits = forward(ids, training);
+  Tensor logits = forward_padded(ids, training);  // [B, T, padded_vocab_size()]
   profile::Region region("embedding/head");
   // Targets follow the logits (the trainer moves both; eval passes host batches).
-  // Mixed precision: bf16 logits are widened, so the loss and its gradient's
-  // softmax are f32 (the logged loss keeps more than bf16's 3 digits).
-  if (logits.dtype() == DType::bf16) logits = logits.to(DType::f32);
-  return cross_entropy(logits, targets.to(logits.device()));
+  // Mixed precision: cross_entropy reads bf16 logits as they are and gives an
+  // f32 loss (the logged loss keeps more than bf16's 3 digits) and a bf16
+  // gradient, with no f32 copy of the [B*T, V] logits (docs/cuda.md#mixed-precision).
+  // Host targets are range-checked here, before they move: on CUDA the op does not
+  // read them back (docs/cuda.md#cross-entropy-on-bf16-logits).
+  if (logits.is_cuda() && !targets.is_cuda())
+    check_cross_entropy_targets(targets, vocab_size(), -100, padded_vocab_size() - vocab_size());
+  return cross_entropy(logits, targets.to(logits.device()), -100, Reduction::mean, vocab_size());
 }
 
 StageOutput LanguageModel::stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets,

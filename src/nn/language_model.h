@@ -41,12 +41,20 @@ class LanguageModel {
   virtual std::string arch() const = 0;      // "gpt2", "hybrid"
   virtual std::string describe() const = 0;  // one line: layers, widths, dtype
   virtual int64_t vocab_size() const = 0;
+  // Columns of the LM head: vocab_size() rounded up (model.vocab_pad_multiple,
+  // docs/model.md#padded-vocabulary). The columns past vocab_size() are padding:
+  // outside the loss's softmax, never sampled, not exported.
+  virtual int64_t padded_vocab_size() const { return vocab_size(); }
   virtual int64_t max_positions() const = 0;  // longest sequence the model accepts
   virtual DType dtype() const = 0;
 
   // ids [B, T] -> logits [B, T, vocab_size].
   virtual Tensor forward(const Tensor& ids, bool training = true) = 0;
-  // Mean next-token cross-entropy of forward(ids) against targets [B, T].
+  // ids [B, T] -> logits [B, T, padded_vocab_size()]: the head's output before
+  // forward() cuts the padding columns off (no copy); what loss() reads.
+  virtual Tensor forward_padded(const Tensor& ids, bool training = true) { return forward(ids, training); }
+  // Mean next-token cross-entropy of forward(ids) against targets [B, T], over
+  // the vocab_size() real classes (the padding columns take no part).
   virtual Tensor loss(const Tensor& ids, const Tensor& targets, bool training = true);
 
   // Decoding: appends ids [B, T] after the cached tokens and returns their logits;
@@ -68,8 +76,8 @@ class LanguageModel {
   // Training FLOPs per token (forward + backward) at sequence length seq_len.
   virtual double flops_per_token(int64_t seq_len) const = 0;
   // Saved activations per token of a training micro-batch (an estimate, bytes).
-  // mixed_precision (train.dtype bf16): the model's wide activations are bf16,
-  // what docs/model.md#mixed-precision keeps in f32 (KDA internals, router scores, logits) stays 4 bytes.
+  // mixed_precision (train.dtype bf16): the model's wide activations and the logits
+  // are bf16, what docs/model.md#mixed-precision keeps in f32 (KDA internals, router scores) stays 4 bytes.
   virtual double activation_bytes_per_token(bool mixed_precision) const = 0;
   // Bytes of the decoding cache of one sequence after `length` tokens (what
   // new_cache() holds then, from the shapes alone): linear in the length for

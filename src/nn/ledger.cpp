@@ -107,7 +107,7 @@ ModelSummary summarize(const Config& config) {
   }
   m.arch = m.model->arch();
   m.description = m.model->describe();
-  m.vocab = m.model->vocab_size();
+  m.vocab = m.model->padded_vocab_size();  // the embedding's rows (a padded vocabulary counts its padding)
   int64_t expert_params = 0, embedding_table = 0;
   for (const ParamSpec& s : *specs) {
     PlacedParam p;

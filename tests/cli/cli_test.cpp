@@ -286,9 +286,11 @@ TEST_CASE("cli: ledger counts bf16 runs' activations at 2 bytes where they are b
     REQUIRE(f32.code == 0);
     REQUIRE(bf16.code == 0);
     const double a32 = number(f32.output, "activation_bytes_per_rank"), a16 = number(bf16.output, "activation_bytes_per_rank");
-    // The wide tensors halve; the logits (and KDA internals, router scores) stay f32.
+    // The wide tensors and the logits halve (the cross-entropy reads bf16 logits);
+    // KDA internals and router scores stay f32, so GPT-2 halves exactly, k3-tiny less.
     CHECK(a16 < a32);
-    CHECK(a16 > a32 / 2);
+    if (string(config) == "gpt2-small") CHECK(a16 == Approx(a32 / 2).epsilon(1e-12));
+    else CHECK(a16 > a32 / 2);
     // Weights + grads in bf16 and an f32 master: the same 16 bytes per parameter.
     CHECK(number(bf16.output, "state_bytes_per_rank") == number(f32.output, "state_bytes_per_rank"));
   }

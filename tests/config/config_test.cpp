@@ -170,7 +170,7 @@ TEST_CASE("config: set() validates like an override and records its origin", "[c
   CHECK(c.get_int("model.n_head") == 16);
 
   CHECK(config_error([&] { c.set("model.n_embd", "1024", "huggingface config.json"); }) ==
-        "huggingface config.json: unknown key 'model.n_embd'; section 'model' has: arch, vocab_size, n_layer, "
+        "huggingface config.json: unknown key 'model.n_embd'; section 'model' has: arch, vocab_size, vocab_pad_multiple, n_layer, "
         "n_head, d_model, n_ctx, d_ff, layer_norm_eps, dropout, init_std, init_from, mixer, attn_mixer, "
             "attn_every, attn_offset, attn_last, layer_mixers, ffn, situ_beta, situ_linear_beta, "
             "situ_learnable_beta, attn_res, attn_res_block_size, tie_embeddings, rms_norm_eps, embed_init_std, "
@@ -195,7 +195,7 @@ TEST_CASE("config: unknown keys suggest the nearest key, also across sections", 
   CHECK(load_error(dir, "optimizer:\n  lr: 1\n") ==
         bad + ":1:1: unknown section 'optimizer'; the sections are: model, data, train, run, ckpt, dist, fault");
   CHECK(load_error(dir, "model:\n  d_model: 64\n  attention_kind: flash\n") ==
-        bad + ":3:3: unknown key 'model.attention_kind'; section 'model' has: arch, vocab_size, n_layer, n_head, "
+        bad + ":3:3: unknown key 'model.attention_kind'; section 'model' has: arch, vocab_size, vocab_pad_multiple, n_layer, n_head, "
               "d_model, n_ctx, d_ff, layer_norm_eps, dropout, init_std, init_from, mixer, attn_mixer, attn_every, "
                 "attn_offset, attn_last, layer_mixers, ffn, situ_beta, situ_linear_beta, situ_learnable_beta, "
                 "attn_res, attn_res_block_size, tie_embeddings, rms_norm_eps, embed_init_std, kda, mla, moe");
@@ -390,7 +390,7 @@ TEST_CASE("config: to_yaml is nested, in schema order, and loads back to the sam
          {"train.decay_embeddings", "true"}},
         "test");
   std::string yaml = c.to_yaml();
-  CHECK(yaml.starts_with("model:\n  arch: gpt2\n  vocab_size: 50257\n  n_layer: 12\n"));
+  CHECK(yaml.starts_with("model:\n  arch: gpt2\n  vocab_size: 50257\n  vocab_pad_multiple: 1\n  n_layer: 12\n"));
   CHECK(yaml.find("\n\ndata:\n  train: \"123\"\n  val: \"true\"\n") != std::string::npos);
   CHECK(yaml.find("  init_from: \"-leading dash\"\n") != std::string::npos);
   CHECK(yaml.find("  layer_norm_eps: 1.0e-30\n") != std::string::npos);

@@ -268,6 +268,13 @@ run: {{dir: {run}}}
 """
 
 
+def read_safetensors_shape(path, name):
+    """The shape of one tensor from a .safetensors header (8-byte length, then JSON)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))[name]["shape"]
+
+
 def train_and_export(name, yaml_text):
     run_dir = os.path.join(WORK, "run_" + name)
     cfg = os.path.join(WORK, name + ".yaml")
@@ -280,7 +287,10 @@ def train_and_export(name, yaml_text):
 
 
 def moetrain_to_hf(tokens):
+    # gpt2_padded: wte padded to 288 rows (model.vocab_pad_multiple, docs/model.md#padded-vocabulary);
+    # the export holds the 256 real ones, so transformers loads vocab_size 256 exactly.
     cases = [("gpt2", GPT2_YAML, "gpt2"),
+             ("gpt2_padded", GPT2_YAML.replace("vocab_size: 256,", "vocab_size: 256, vocab_pad_multiple: 96,"), "gpt2"),
              ("kimi", KIMI_YAML.replace("{tie}", "false").replace("{top_k}", "2"), "kimi_linear"),
              ("kimi_tied", KIMI_YAML.replace("{tie}", "true").replace("{top_k}", "2"), "kimi_linear"),
              ("kimi_top1", KIMI_YAML.replace("{tie}", "false").replace("{top_k}", "1"), "kimi_linear")]
@@ -291,6 +301,10 @@ def moetrain_to_hf(tokens):
             fail("%s: exported model_type %s, expected %s" % (name, cfg["model_type"], model_type))
         if "model_type moetrain_hybrid" in log:
             fail("%s: the export says moetrain_hybrid: %s" % (name, log))
+        if name == "gpt2_padded":
+            shape = read_safetensors_shape(os.path.join(out, "model.safetensors"), "wte.weight")
+            if cfg["vocab_size"] != 256 or shape != [256, 32]:
+                fail("gpt2_padded: exported vocab_size %s, wte %s; expected 256 and [256, 32]" % (cfg["vocab_size"], shape))
         if name == "kimi_top1" and cfg["moe_renormalize"] is not False:
             fail("kimi_top1: exported moe_renormalize %s; one expert's weight is not renormalised" % cfg["moe_renormalize"])
         with no_warnings(name + ": from_pretrained"):

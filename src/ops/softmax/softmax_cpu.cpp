@@ -82,7 +82,7 @@ void softmax_backward(Tensor& grad_x, const Tensor& grad_y, const Tensor& y, boo
 }
 
 void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const Tensor& logits,
-                           const Tensor& targets, int64_t ignore_index) {
+                           const Tensor& targets, int64_t ignore_index, int64_t num_classes) {
   dispatch_float(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
@@ -94,7 +94,7 @@ void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const 
       std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
       parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
-          double l = run_vector_isa([](auto... a) { return row_logsumexp<T>(a...); }, px + r * v, v);
+          double l = run_vector_isa([](auto... a) { return row_logsumexp<T>(a...); }, px + r * v, num_classes);
           pl[r] = l;
           if (pt[r] != ignore_index) row_loss[static_cast<size_t>(r)] = l - static_cast<double>(px[r * v + pt[r]]);
         }
@@ -111,7 +111,7 @@ void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const 
 }
 
 void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            double scale, int64_t ignore_index) {
+                            double scale, int64_t ignore_index, int64_t num_classes) {
   dispatch_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
     dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
@@ -131,7 +131,8 @@ void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Ten
           const T* xr = px + r * v;
           double l = pl[r];
           T sc = static_cast<T>(scale), lt = static_cast<T>(l);  // rounding lse to T costs <= 1 ulp of it
-          run_vector_isa([](auto... a) { row_softmax_scaled<T>(a...); }, gr, xr, v, sc, lt);
+          run_vector_isa([](auto... a) { row_softmax_scaled<T>(a...); }, gr, xr, num_classes, sc, lt);
+          std::fill(gr + num_classes, gr + v, T(0));  // padding columns: outside the softmax
           gr[pt[r]] = static_cast<T>(scale * (std::exp(static_cast<double>(xr[pt[r]]) - l) - 1.0));
         }
       });

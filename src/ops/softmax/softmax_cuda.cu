@@ -1,11 +1,14 @@
 // CUDA kernels of the softmax family (twins of softmax_cpu.cpp): one block per
 // row, max-subtracted exponentials summed in acc_t<T> (f32 for f32 and bf16,
-// f64 for f64). Cross-entropy keeps lse in f64 like the CPU kernel and reduces
-// the row losses in a fixed order (deterministic), entirely on the device: the
-// loss and its incoming gradient never visit the host.
+// f64 for f64). Cross-entropy runs the shared bodies of cross_entropy_simt.h: it
+// reads bf16 logits as they are (f32 arithmetic, an f32 loss, a bf16 gradient
+// rounded once), keeps lse in f64 like the CPU kernel and reduces the row losses
+// in a fixed order (deterministic), entirely on the device: the loss and its
+// incoming gradient never visit the host.
 #include <algorithm>
 
 #include "ops/common/cuda_helpers.cuh"
+#include "ops/softmax/cross_entropy_simt.h"
 #include "ops/softmax/softmax_kernels.h"
 
 namespace moetrain::cuda {
@@ -58,59 +61,34 @@ __global__ void softmax_backward_kernel(T* dx, const T* dy, const T* y, int64_t 
   }
 }
 
-// lse[r] = log Σ e^{x[r]} (f64; -inf for an all -inf row); row_loss[r] = lse -
-// x[r, target] for counted rows, 0 for ignored ones.
+// Cross-entropy: the bodies of ops/softmax/cross_entropy_simt.h (which the host
+// tests run against the CPU op), one block of kThreads per row.
 template <class T, class I>
-__global__ void cross_entropy_rows_kernel(double* lse, double* row_loss, const T* x, const I* targets, int64_t rows,
-                                          int64_t v, int64_t ignore_index) {
-  using A = acc_t<T>;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * v;
-    A m = row_max(xr, v), s = 0;
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += exp_a(load(xr, j) - m);
-    s = block_sum(s);
-    if (threadIdx.x == 0) {
-      double l = isinf(m) && m < 0 ? static_cast<double>(m) : static_cast<double>(m) + ::log(static_cast<double>(s));
-      lse[r] = l;
-      int64_t t = static_cast<int64_t>(targets[r]);
-      row_loss[r] = t == ignore_index ? 0.0 : l - static_cast<double>(load(xr, t));
-    }
-  }
+__global__ void cross_entropy_rows_kernel(simt::CrossEntropyArgs<T, I> a) {
+  extern __shared__ __align__(16) unsigned char ce_shared[];
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x)
+    simt::cross_entropy_row(simt::DeviceBlock{static_cast<int>(blockDim.x)}, a, r,
+                            reinterpret_cast<double*>(ce_shared));
 }
 
-// loss[0] = Σ_r row_loss[r] / divisor, in a fixed order (one block).
-template <class T>
-__global__ void cross_entropy_total_kernel(T* loss, const double* row_loss, int64_t rows, double divisor) {
-  double s = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) s += row_loss[r];
-  s = block_sum(s);
-  if (threadIdx.x == 0) store(loss, 0, static_cast<acc_t<T>>(s / divisor));
+constexpr int kTotalThreads = 256;  // a power of two (the body's tree)
+
+// loss[0] = Σ_r row_loss[r] / divisor and counted[0], in a fixed order (one block).
+template <class L, class I>
+__global__ void cross_entropy_total_kernel(L* loss, double* counted, const double* row_loss, const I* targets,
+                                           int64_t rows, int64_t ignore_index, bool mean) {
+  __shared__ double partial[2 * kTotalThreads];
+  simt::cross_entropy_total(simt::DeviceBlock{static_cast<int>(blockDim.x)}, loss, counted, row_loss, targets, rows,
+                            ignore_index, mean, partial);
 }
 
-// grad[r, :] = scale e^{x - lse} with scale = grad_loss · inv_divisor; the target
-// entry scale (e^{x_t - lse} - 1) in f64; ignored rows 0.
+// scale = grad_loss / divisor, both read on the device (no host round trip).
 template <class T, class I>
-__global__ void cross_entropy_backward_kernel(T* grad, const T* x, const I* targets, const double* lse,
-                                              const T* grad_loss, double inv_divisor, int64_t rows, int64_t v,
-                                              int64_t ignore_index) {
-  using A = acc_t<T>;
-  double scale = static_cast<double>(load(grad_loss, 0)) * inv_divisor;
-  A sc = static_cast<A>(scale);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    T* gr = grad + r * v;
-    const T* xr = x + r * v;
-    int64_t t = static_cast<int64_t>(targets[r]);
-    if (t == ignore_index) {
-      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) store(gr, j, A(0));
-      continue;
-    }
-    double l = lse[r];
-    A lt = static_cast<A>(l);
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-      if (j == t) store(gr, j, static_cast<A>(scale * (::exp(static_cast<double>(load(xr, j)) - l) - 1.0)));
-      else store(gr, j, sc * exp_a(load(xr, j) - lt));
-    }
-  }
+__global__ void cross_entropy_backward_kernel(simt::CrossEntropyArgs<T, I> a, const simt::ce_acc_t<T>* grad_loss,
+                                              const double* counted, bool mean) {
+  const double scale = static_cast<double>(grad_loss[0]) / simt::cross_entropy_divisor(counted[0], mean);
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x)
+    simt::cross_entropy_backward_row(simt::DeviceBlock{static_cast<int>(blockDim.x)}, a, r, scale);
 }
 
 struct RowsCols {
@@ -143,36 +121,57 @@ void softmax_backward(Tensor& grad_x, const Tensor& grad_y, const Tensor& y, boo
   });
 }
 
-void cross_entropy_forward(Tensor& lse, Tensor& loss, const Tensor& logits, const Tensor& targets,
-                           int64_t ignore_index, double divisor) {
+void cross_entropy_forward(Tensor& lse, Tensor& loss, Tensor& counted, const Tensor& logits, const Tensor& targets,
+                           int64_t ignore_index, int64_t num_classes, bool mean) {
   auto [rows, v] = rows_cols(logits);
   Tensor row_loss = empty({rows}, DType::f64, logits.device());
   dispatch_float_cuda(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
+    using L = simt::ce_acc_t<T>;
     dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
       using I = decltype(itag);
       cudaStream_t s = stream_of(logits);
       if (rows > 0) {
-        launch("cross_entropy_rows_kernel", cross_entropy_rows_kernel<T, I>, row_blocks(rows), kThreads, 0, s,
-               ptr<double>(lse), ptr<double>(row_loss), ptr<T>(logits), ptr<I>(targets), rows, v, ignore_index);
+        simt::CrossEntropyArgs<T, I> a;
+        a.logits = ptr<T>(logits);
+        a.targets = ptr<I>(targets);
+        a.lse = ptr<double>(lse);
+        a.row_loss = ptr<double>(row_loss);
+        a.rows = rows;
+        a.v = v;
+        a.num_classes = num_classes;
+        a.ignore_index = ignore_index;
+        const size_t bytes = static_cast<size_t>(simt::cross_entropy_shared_elements(kThreads)) * sizeof(double);
+        launch_with_shared(cross_entropy_rows_kernel<T, I>, row_blocks(rows), kThreads, bytes, s,
+                           "cross_entropy_rows_kernel", "a smaller block", a);
       }
-      launch("cross_entropy_total_kernel", cross_entropy_total_kernel<T>, 1, 1024, 0, s, ptr<T>(loss),
-             ptr<double>(row_loss), rows, divisor);
+      launch("cross_entropy_total_kernel", cross_entropy_total_kernel<L, I>, 1, kTotalThreads, 0, s, ptr<L>(loss),
+             ptr<double>(counted), ptr<double>(row_loss), ptr<I>(targets), rows, ignore_index, mean);
     });
   });
 }
 
 void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& grad_loss, double inv_divisor, int64_t ignore_index) {
+                            const Tensor& grad_loss, const Tensor& counted, bool mean, int64_t ignore_index,
+                            int64_t num_classes) {
   auto [rows, v] = rows_cols(logits);
   if (rows == 0 || v == 0) return;
   dispatch_float_cuda(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
+    using L = simt::ce_acc_t<T>;
     dispatch_index(targets.dtype(), "cross_entropy_backward", [&](auto itag) {
       using I = decltype(itag);
+      simt::CrossEntropyArgs<T, I> a;
+      a.logits = ptr<T>(logits);
+      a.targets = ptr<I>(targets);
+      a.lse = ptr<double>(lse);  // read only by the backward body
+      a.grad = ptr<T>(grad_logits);
+      a.rows = rows;
+      a.v = v;
+      a.num_classes = num_classes;
+      a.ignore_index = ignore_index;
       launch("cross_entropy_backward_kernel", cross_entropy_backward_kernel<T, I>, row_blocks(rows), kThreads, 0,
-             stream_of(logits), ptr<T>(grad_logits), ptr<T>(logits), ptr<I>(targets), ptr<double>(lse),
-             ptr<T>(grad_loss), inv_divisor, rows, v, ignore_index);
+             stream_of(logits), a, ptr<L>(grad_loss), ptr<double>(counted), mean);
     });
   });
 }

@@ -108,6 +108,51 @@ TEST_CASE("cross_entropy: every vector copy agrees with f64; the FMA copies give
   moetrain::testing::check_vector_copies(run, 1e-5);
 }
 
+TEST_CASE("cross_entropy: num_classes leaves the padding columns out of the softmax", "[ops][softmax][loss]") {
+  // Logits [.., V] with V - C padding columns give the loss of the first C columns
+  // alone, and gradient 0 in the padding, whatever the padding holds.
+  for (DType dt : {DType::f64, DType::f32})
+    for (int64_t v : {33, 5003}) {
+      DYNAMIC_SECTION(fmt::format("{} v={}", dt, v)) {
+        const int64_t c = v - 7;
+        Tensor logits = mul_scalar(randn({2, 3, v}, DType::f64, static_cast<uint64_t>(v)), 3.0).to(dt);
+        Tensor targets = from_vector({0, static_cast<double>(c - 1), -100, 5, 17, 1}, {2, 3}, DType::i64);
+        Tensor padded = logits.detach().clone().set_requires_grad();
+        Tensor loss = cross_entropy(padded, targets, -100, Reduction::mean, c);
+        loss.backward();
+        Tensor real = slice(logits, 2, 0, c).contiguous().detach().set_requires_grad();
+        Tensor want = cross_entropy(real, targets);
+        want.backward();
+        CHECK(loss.item<double>() == want.item<double>());
+        std::vector<double> g = padded.grad().to_vector(), gr = real.grad().to_vector();
+        for (int64_t r = 0; r < 6; ++r)
+          for (int64_t j = 0; j < v; ++j)
+            REQUIRE(g[static_cast<size_t>(r * v + j)] == (j < c ? gr[static_cast<size_t>(r * c + j)] : 0.0));
+        // Huge padding logits change nothing.
+        Tensor spiked = concat({slice(logits, 2, 0, c), full({2, 3, 7}, 1e4, dt)}, 2);
+        CHECK(cross_entropy(spiked, targets, -100, Reduction::mean, c).item<double>() == want.item<double>());
+      }
+    }
+}
+
+TEST_CASE("cross_entropy: num_classes gradients match finite differences", "[ops][softmax][loss]") {
+  Tensor logits = randn({2, 3, 33}, DType::f64, 6);
+  Tensor targets = from_vector({1, 29, -100, 0, 17, 5}, {2, 3}, DType::i32);
+  check_gradients([&](const Tensors& in) { return cross_entropy(in[0], targets, -100, Reduction::mean, 30); },
+                  {logits});
+  check_gradients([&](const Tensors& in) { return cross_entropy(in[0], targets, -100, Reduction::sum, 30); },
+                  {logits});
+}
+
+TEST_CASE("cross_entropy: the loss is f32 for f32 logits and f64 for f64", "[ops][softmax][loss]") {
+  Tensor targets = from_vector({1, 2}, {2}, DType::i64);
+  CHECK(cross_entropy(randn({2, 5}, DType::f32, 1), targets).dtype() == DType::f32);
+  CHECK(cross_entropy(randn({2, 5}, DType::f64, 1), targets).dtype() == DType::f64);
+  // bf16 computes on CUDA only; on the CPU the error says so.
+  CHECK_THROWS_WITH(cross_entropy(randn({2, 5}, DType::f32, 1).to(DType::bf16), targets),
+                    Catch::Contains("bf16 only on CUDA"));
+}
+
 TEST_CASE("cross_entropy: bad targets are reported", "[ops][softmax][loss][errors]") {
   Tensor logits = randn({2, 10}, DType::f32, 1);
   CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 10}, {2}, DType::i64)),
@@ -115,6 +160,12 @@ TEST_CASE("cross_entropy: bad targets are reported", "[ops][softmax][loss][error
   CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 2, 3}, {3}, DType::i64)),
                     Catch::Contains("cross_entropy") && Catch::Contains("[2, 10]"));
   CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 2}, {2}, DType::f32)), Catch::Contains("i32 or i64"));
+  // A padded vocabulary: a target in the padding, and num_classes out of range.
+  CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 8}, {2}, DType::i64), -100, Reduction::mean, 8),
+                    Catch::Contains("target 8") && Catch::Contains("[0, 8)") &&
+                        Catch::Contains("the 2 columns past them are a padded vocabulary's padding"));
+  CHECK_THROWS_WITH(cross_entropy(logits, from_vector({1, 2}, {2}, DType::i64), -100, Reduction::mean, 11),
+                    Catch::Contains("num_classes = 11") && Catch::Contains("[1, 10]") && Catch::Contains("[2, 10]"));
 }
 
 TEST_CASE("softmax and log_softmax: CUDA matches CPU", "[ops][softmax][cuda]") {
