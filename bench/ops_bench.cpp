@@ -134,6 +134,22 @@ void BM_unfused_decay_gate(benchmark::State& st) {
     return mul_scalar(sigmoid(mul(exp(reshape(A, {kHeads, 1})), add(f, reshape(b, {kHeads, kHeadDim})))), -5.0);
   });
 }
+// GPT-2's residual add and LayerNorm, h = x + d and LN(h), both used after (here
+// by one add, the same in both rows): the fused op against add then layer_norm.
+void BM_fused_add_layer_norm(benchmark::State& st) {
+  Tensor x = leaf({kRows, kCols}, 1), d = leaf({kRows, kCols}, 2), w = leaf({kCols}, 3), b = leaf({kCols}, 4);
+  forward_backward(st, {x, d, w, b}, [&] {
+    ResidualNorm r = add_layer_norm(x, d, w, b);
+    return add(r.sum, r.normed);
+  });
+}
+void BM_unfused_add_layer_norm(benchmark::State& st) {
+  Tensor x = leaf({kRows, kCols}, 1), d = leaf({kRows, kCols}, 2), w = leaf({kCols}, 3), b = leaf({kCols}, 4);
+  forward_backward(st, {x, d, w, b}, [&] {
+    Tensor h = add(x, d);
+    return add(h, layer_norm(h, w, b));
+  });
+}
 // KDA's output: RMSNorm(o) ⊙ σ(z) per head.
 void BM_fused_gated_rms_norm(benchmark::State& st) {
   Tensor x = leaf({kRows, kHeads, kHeadDim}, 1), z = leaf({kRows, kHeads, kHeadDim}, 2), w = leaf({kHeadDim}, 3);
@@ -228,6 +244,8 @@ BENCHMARK(BM_unfused_decay_gate)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_fused_decay_gate)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_unfused_gated_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_fused_gated_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_unfused_add_layer_norm)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_fused_add_layer_norm)->UseRealTime()->MinWarmUpTime(0.2);
 
 // Grouped by dtype, so each model is built once.
 BENCHMARK(BM_adamw_step)->Arg(0)->Apply(adamw_args);

@@ -74,14 +74,14 @@ Tensor Gpt2::embed(const Tensor& ids, int64_t first_position, bool training) {
   return dropout(x, training ? config_.dropout : 0.0);
 }
 
-Tensor gpt2_block(const Gpt2BlockWeights& b, const Tensor& x, int64_t n_head, double eps, double p,
-                  Tensor* k_cache, Tensor* v_cache) {
+Gpt2BlockParts gpt2_block_parts(const Gpt2BlockWeights& b, const Tensor& x, const Tensor& ln1, int64_t n_head,
+                                double eps, double p, Tensor* k_cache, Tensor* v_cache) {
   MT_CHECK(x.dim() == 3 && n_head >= 1 && x.size(2) % n_head == 0,
            "gpt2_block: x {} must be [B, T, D] with D divisible by n_head = {}", x.shape(), n_head);
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2), H = n_head, hd = D / H;
   // Attention: qkv = LN_1(x) W_attn^T + b, split into q | k | v, per head [B, T, H, hd].
   std::optional<profile::Region> region(std::in_place, "attention");
-  Tensor qkv = linear(layer_norm(x, b.ln1_w, b.ln1_b, eps), b.attn_w, b.attn_b);  // [B, T, 3D]
+  Tensor qkv = linear(ln1, b.attn_w, b.attn_b);  // [B, T, 3D]
   Tensors parts = split(qkv, {D, D, D}, -1);
   Tensor q = reshape(parts[0], {B, T, H, hd}), k = reshape(parts[1], {B, T, H, hd}),
          v = reshape(parts[2], {B, T, H, hd});
@@ -94,12 +94,25 @@ Tensor gpt2_block(const Gpt2BlockWeights& b, const Tensor& x, int64_t n_head, do
     *v_cache = v;
   }
   Tensor o = reshape(causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {B, T, D});
-  Tensor h = add(x, dropout(linear(o, b.attn_proj_w, b.attn_proj_b), p));
-  // MLP: x + gelu(LN_2(h) W_fc^T + b_fc) W_proj^T + b_proj
+  Tensor attn = dropout(linear(o, b.attn_proj_w, b.attn_proj_b), p);
+  // MLP: x + gelu(LN_2(h) W_fc^T + b_fc) W_proj^T + b_proj; h = x + attn and LN_2(h) in one op.
   region.reset();
   region.emplace("mlp");
-  Tensor m = gelu_tanh(linear(layer_norm(h, b.ln2_w, b.ln2_b, eps), b.fc_w, b.fc_b));
-  return add(h, dropout(linear(m, b.mlp_proj_w, b.mlp_proj_b), p));
+  ResidualNorm h = add_layer_norm(x, attn, b.ln2_w, b.ln2_b, eps);
+  Tensor m = gelu_tanh(linear(h.normed, b.fc_w, b.fc_b));
+  return {h.sum, dropout(linear(m, b.mlp_proj_w, b.mlp_proj_b), p)};
+}
+
+Tensor gpt2_block(const Gpt2BlockWeights& b, const Tensor& x, int64_t n_head, double eps, double p,
+                  Tensor* k_cache, Tensor* v_cache) {
+  MT_CHECK(x.dim() == 3, "gpt2_block: x {} must be [B, T, D]", x.shape());
+  Tensor ln1;
+  {
+    profile::Region region("attention");
+    ln1 = layer_norm(x, b.ln1_w, b.ln1_b, eps);
+  }
+  Gpt2BlockParts out = gpt2_block_parts(b, x, ln1, n_head, eps, p, k_cache, v_cache);
+  return add(out.h, out.mlp_delta);
 }
 
 Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache) {
@@ -107,10 +120,38 @@ Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tenso
                     v_cache);
 }
 
-// logits = LN_f(x) wte^T (tied head), over the padded vocabulary
-Tensor Gpt2::head(const Tensor& x) {
+// The blocks on the embeddings x, then LN_f: x_{l+1} = h_l + mlp_l is formed by
+// add_layer_norm together with LN_1 of block l + 1, or LN_f after the last block
+// (docs/cuda.md, "Fused residual add and norm"). Returns LN_f(x_L).
+Tensor Gpt2::blocks_then_final_norm(Tensor x, bool training, Gpt2Cache* cache) {
+  const double eps = config_.layer_norm_eps, p = training ? config_.dropout : 0.0;
+  if (blocks_.empty()) {
+    profile::Region region("embedding/head");
+    return layer_norm(x, lnf_w_, lnf_b_, eps);
+  }
+  Tensor normed;
+  {
+    profile::Region region("attention");
+    normed = layer_norm(x, blocks_[0].ln1_w, blocks_[0].ln1_b, eps);
+  }
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Tensor* k_cache = cache ? &cache->k[l] : nullptr;
+    Tensor* v_cache = cache ? &cache->v[l] : nullptr;
+    Gpt2BlockParts out = gpt2_block_parts(blocks_[l], x, normed, config_.n_head, eps, p, k_cache, v_cache);
+    const bool last = l + 1 == blocks_.size();
+    profile::Region region(last ? "embedding/head" : "attention");
+    ResidualNorm next = add_layer_norm(out.h, out.mlp_delta, last ? lnf_w_ : blocks_[l + 1].ln1_w,
+                                       last ? lnf_b_ : blocks_[l + 1].ln1_b, eps);
+    x = next.sum;
+    normed = next.normed;
+  }
+  return normed;
+}
+
+// logits = LN_f(x) wte^T (tied head), from LN_f(x), over the padded vocabulary
+Tensor Gpt2::head(const Tensor& final_normed) {
   profile::Region region("embedding/head");
-  return linear(layer_norm(x, lnf_w_, lnf_b_, config_.layer_norm_eps), wte_);
+  return linear(final_normed, wte_);
 }
 
 // The real columns only: what sampling, evaluation and HF comparisons see.
@@ -124,15 +165,19 @@ Tensor Gpt2::forward(const Tensor& ids, bool training) { return without_padding(
 
 Tensor Gpt2::forward_padded(const Tensor& ids, bool training) {
   Tensor x = embed(ids, 0, training);
-  for (const Block& b : blocks_) {
-    if (config_.activation_checkpointing && training) {
-      x = checkpoint([this, &b](const Tensors& in) { return Tensors{block_forward(b, in[0], true, nullptr, nullptr)}; },
-                     {x})[0];
-    } else {
-      x = block_forward(b, x, training, nullptr, nullptr);
-    }
+  if (!(config_.activation_checkpointing && training)) return head(blocks_then_final_norm(x, training, nullptr));
+  // Checkpointed blocks keep one tensor, x, at each boundary: the add between
+  // blocks stays unfused there (the same values: add_layer_norm is add then
+  // layer_norm, bit for bit on the CPU).
+  for (const Block& b : blocks_)
+    x = checkpoint([this, &b](const Tensors& in) { return Tensors{block_forward(b, in[0], true, nullptr, nullptr)}; },
+                   {x})[0];
+  Tensor normed;
+  {
+    profile::Region region("embedding/head");
+    normed = layer_norm(x, lnf_w_, lnf_b_, config_.layer_norm_eps);
   }
-  return head(x);
+  return head(normed);
 }
 
 int64_t Gpt2Cache::bytes() const {
@@ -188,10 +233,9 @@ Tensor Gpt2::forward_cached(const Tensor& ids, Gpt2Cache& cache) {
     cache.k.resize(static_cast<size_t>(config_.n_layer));
     cache.v.resize(static_cast<size_t>(config_.n_layer));
   }
-  Tensor x = embed(ids, cache.tokens, false);
-  for (size_t l = 0; l < blocks_.size(); ++l) x = block_forward(blocks_[l], x, false, &cache.k[l], &cache.v[l]);
+  Tensor normed = blocks_then_final_norm(embed(ids, cache.tokens, false), false, &cache);
   cache.tokens += ids.size(1);
-  return without_padding(head(x));
+  return without_padding(head(normed));
 }
 
 double Gpt2::flops_per_token(int64_t seq_len) const { return flops_per_token(seq_len, 0, config_.n_layer, true); }

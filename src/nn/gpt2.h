@@ -53,6 +53,16 @@ struct Gpt2BlockWeights {
 Tensor gpt2_block(const Gpt2BlockWeights& w, const Tensor& x, int64_t n_head, double layer_norm_eps,
                   double dropout_p, Tensor* k_cache = nullptr, Tensor* v_cache = nullptr);
 
+// The block without its last residual add, for a caller that fuses that add with
+// the next LayerNorm (add_layer_norm): given ln1 = LN_1(x), returns h and the MLP
+// branch, y = h + mlp_delta. LN_2(h) is fused with h = x + attn here.
+struct Gpt2BlockParts {
+  Tensor h, mlp_delta;
+};
+Gpt2BlockParts gpt2_block_parts(const Gpt2BlockWeights& w, const Tensor& x, const Tensor& ln1, int64_t n_head,
+                                double layer_norm_eps, double dropout_p, Tensor* k_cache = nullptr,
+                                Tensor* v_cache = nullptr);
+
 // Keys and values of the earlier positions, per layer, for decoding.
 struct Gpt2Cache : DecodeCache {
   std::vector<Tensor> k, v;  // per layer [B, length, H, head_dim]
@@ -114,7 +124,8 @@ class Gpt2 : public LanguageModel {
   using Block = Gpt2BlockWeights;
   Tensor embed(const Tensor& ids, int64_t first_position, bool training);
   Tensor block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache);
-  Tensor head(const Tensor& x);                          // [B, T, padded_vocab_size()]
+  Tensor blocks_then_final_norm(Tensor x, bool training, Gpt2Cache* cache);
+  Tensor head(const Tensor& final_normed);              // [B, T, padded_vocab_size()]
   Tensor without_padding(const Tensor& logits) const;  // [B, T, vocab_size]
 
   Gpt2Config config_;

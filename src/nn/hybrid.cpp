@@ -174,15 +174,18 @@ Tensors HybridModel::run_layers(Tensors state, int64_t first, int64_t end, Decod
   const double eps = c_.rms_norm_eps;
   // Profile regions (core/profile.h): each mixer with its pre-norm, each FFN
   // with its pre-norm, AttnRes, embedding and head.
-  auto mixer = [&](size_t l, const Tensor& normed_input, const Tensor& norm_weight) {
+  // The sublayers on their normed input (the norm given: `normed`, or made here from `input`).
+  auto mixer = [&](size_t l, const Tensor& input, const Tensor& norm_weight, Tensor normed = Tensor()) {
     const Layer& L = *layers_[l];
     profile::Region region(mixer_kind_name(L.mixer->kind()));
-    return L.mixer->forward(rms_norm(normed_input, norm_weight, eps), cache ? cache->mixers[l].get() : nullptr);
+    if (!normed.defined()) normed = rms_norm(input, norm_weight, eps);
+    return L.mixer->forward(normed, cache ? cache->mixers[l].get() : nullptr);
   };
-  auto ffn = [&](size_t l, const Tensor& normed_input) {
+  auto ffn = [&](size_t l, const Tensor& input, Tensor normed = Tensor()) {
     const Layer& L = *layers_[l];
     profile::Region region(L.ffn->component());
-    return L.ffn->forward(rms_norm(normed_input, L.post_attention_layernorm, eps), training);
+    if (!normed.defined()) normed = rms_norm(input, L.post_attention_layernorm, eps);
+    return L.ffn->forward(normed, training);
   };
   auto res = [&](const Tensors& sources, const Tensor& proj, const Tensor& norm) {
     profile::Region region("attnres");
@@ -190,11 +193,28 @@ Tensors HybridModel::run_layers(Tensors state, int64_t first, int64_t end, Decod
   };
   Tensor hidden = state.back();
   if (!c_.attn_res) {
-    // Standard pre-norm residual stream (Kimi-Linear).
+    // Standard pre-norm residual stream (Kimi-Linear). Each residual add and the
+    // RMSNorm of its sum are one op (add_rms_norm): the mixer's add with the FFN's
+    // pre-norm, the FFN's add with the next layer's input norm (not after the
+    // range's last layer: the final norm or the next stage's layer takes the sum).
+    Tensor normed;  // rms_norm(hidden, input_layernorm of layer l), made by layer l - 1's add
     for (auto l = static_cast<size_t>(first); l < static_cast<size_t>(end); ++l) {
       const Layer& L = *layers_[l];
-      hidden = add(hidden, mixer(l, hidden, L.input_layernorm));
-      hidden = add(hidden, ffn(l, hidden));
+      Tensor a = mixer(l, hidden, L.input_layernorm, normed);
+      ResidualNorm h;
+      {
+        profile::Region region(L.ffn->component());
+        h = add_rms_norm(hidden, a, L.post_attention_layernorm, eps);
+      }
+      Tensor f = ffn(l, h.sum, h.normed);
+      if (l + 1 < static_cast<size_t>(end)) {
+        profile::Region region(mixer_kind_name(layers_[l + 1]->mixer->kind()));
+        ResidualNorm next = add_rms_norm(h.sum, f, layers_[l + 1]->input_layernorm, eps);
+        hidden = next.sum;
+        normed = next.normed;
+      } else {
+        hidden = add(h.sum, f);
+      }
     }
     return {hidden};
   }

@@ -30,9 +30,11 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   Tensor flat = alias(index.to(weight.device()), {index.numel()});
   Tensor y = empty(ids.shape().appended(dim), weight.dtype(), weight.device());
   MT_ON_DEVICE(weight, index_select_forward, y, weight, flat, 1, dim);
-  return record("embedding", y, {weight}, [weight, flat, dim](const Tensor& g) {
+  // Backward takes the host ids on both devices (view_kernels.h).
+  Tensor host_flat = alias(host, {index.numel()});
+  return record("embedding", y, {weight}, [weight, host_flat, dim](const Tensor& g) {
     Tensor grad_w = zeros_like(weight);
-    MT_ON_DEVICE(g, index_select_backward, grad_w, g, flat, 1, dim);
+    MT_ON_DEVICE(g, index_select_backward, grad_w, g, host_flat, 1, dim);
     return Grads{grad_w};
   });
 }

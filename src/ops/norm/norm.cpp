@@ -4,6 +4,7 @@
 //   L2 norm:   dx = r (dy - y (y · dy))
 //   gated RMSNorm, y = ŷ ⊙ σ(z) with ŷ the RMSNorm: the RMSNorm formulas with
 //              dy σ(z) for dy, and dz = dy ŷ σ(z)(1 - σ(z))
+//   residual add + norm, h = x + d, y = norm(h): dx = dd = dh + (the norm's dx at h)
 #include "ops/norm/norm.h"
 
 #include "autograd/node.h"
@@ -79,5 +80,58 @@ Tensor gated_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& gate,
 }
 
 Tensor l2_norm(const Tensor& x, double eps) { return scaled_norm("l2_norm", x, Tensor(), Tensor(), 1.0, eps); }
+
+namespace {
+void check_residual(const char* op, const Tensor& x, const Tensor& delta) {
+  check_float(op, "x", x);
+  check_rank(op, "x", x, -1);
+  MT_CHECK(delta.defined(), "{}: the residual delta is undefined (x is {})", op, x.shape());
+  MT_CHECK(delta.shape() == x.shape(), "{}: the residual delta is {} but x is {}; they must have the same shape", op,
+           delta.shape(), x.shape());
+  check_same_kind(op, x, delta);
+}
+}  // namespace
+
+ResidualNorm add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+                            double eps) {
+  check_residual("add_layer_norm", x, delta);
+  check_weight("add_layer_norm", "weight", x, weight);
+  check_weight("add_layer_norm", "bias", x, bias);
+  Tensor h = empty_like(x), y = empty_like(x);
+  Shape stats = x.shape().drop_last();
+  Tensor mean = empty(stats, stats_dtype(x), x.device()), rstd = empty(stats, stats_dtype(x), x.device());
+  MT_ON_DEVICE(x, add_layer_norm_forward, h, y, mean, rstd, x, delta, weight, bias, eps);
+  const Tensor saved_h = h.detach();  // an output: saved detached (autograd/node.h)
+  Tensors out = autograd::record(
+      "add_layer_norm", {h, y}, {x, delta, weight, bias}, [saved_h, weight, bias, mean, rstd](const Tensors& g) {
+        Tensor grad_x = empty_like(saved_h), grad_w, grad_b;
+        if (weight.defined() && weight.requires_grad()) grad_w = empty_like(weight);
+        if (bias.defined() && bias.requires_grad()) grad_b = empty_like(bias);
+        Tensor* gw = grad_w.defined() ? &grad_w : nullptr;
+        Tensor* gb = grad_b.defined() ? &grad_b : nullptr;
+        MT_ON_DEVICE(saved_h, add_layer_norm_backward, grad_x, gw, gb, g[0], g[1], saved_h, weight, mean, rstd);
+        return Grads{grad_x, grad_x, grad_w, grad_b};
+      });
+  return {out[0], out[1]};
+}
+
+ResidualNorm add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps) {
+  check_residual("add_rms_norm", x, delta);
+  check_weight("add_rms_norm", "weight", x, weight);
+  const double scale = rms_scale(x);
+  Tensor h = empty_like(x), y = empty_like(x);
+  Tensor rstd = empty(x.shape().drop_last(), stats_dtype(x), x.device());
+  MT_ON_DEVICE(x, add_scaled_norm_forward, h, y, rstd, x, delta, weight, scale, eps);
+  const Tensor saved_h = h.detach();
+  Tensors out =
+      autograd::record("add_rms_norm", {h, y}, {x, delta, weight}, [saved_h, weight, rstd, scale](const Tensors& g) {
+        Tensor grad_x = empty_like(saved_h), grad_w;
+        if (weight.defined() && weight.requires_grad()) grad_w = empty_like(weight);
+        Tensor* gw = grad_w.defined() ? &grad_w : nullptr;
+        MT_ON_DEVICE(saved_h, add_scaled_norm_backward, grad_x, gw, g[0], g[1], saved_h, weight, rstd, scale);
+        return Grads{grad_x, grad_x, grad_w};
+      });
+  return {out[0], out[1]};
+}
 
 }  // namespace moetrain

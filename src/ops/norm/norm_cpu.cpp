@@ -144,6 +144,62 @@ inline void layer_norm_param_grads(T* __restrict dw, T* __restrict db, const T* 
     }
   }
 }
+
+// The fused add + LayerNorm, rows [lo, hi): h = x + d in T, then layer_norm_rows on
+// that row while it is in cache: the unfused add then layer_norm, bit for bit.
+template <class T>
+inline void add_layer_norm_rows(T* __restrict h, T* __restrict y, T* __restrict mean, T* __restrict rstd,
+                                const T* __restrict x, const T* __restrict d, const T* __restrict w,
+                                const T* __restrict b, int64_t n, double eps, int64_t lo, int64_t hi) {
+  for (int64_t r = lo; r < hi; ++r) {
+    T* hr = h + r * n;
+    const T *xr = x + r * n, *dr = d + r * n;
+    for (int64_t c = 0; c < n; ++c) hr[c] = xr[c] + dr[c];
+    layer_norm_rows<T>(y, mean, rstd, h, w, b, n, eps, r, r + 1);
+  }
+}
+
+// Its backward, rows [lo, hi): LayerNorm's dx at h (layer_norm_backward_rows), then
+// + grad_h in T: the sum the autograd engine forms for h's two uses, bit for bit
+// (one addition of two terms, which commutes).
+template <class T>
+inline void add_layer_norm_backward_rows(T* __restrict dx, const T* __restrict grad_h, const T* __restrict dy,
+                                         const T* __restrict h, const T* __restrict w, const T* __restrict mean,
+                                         const T* __restrict rstd, int64_t n, int64_t lo, int64_t hi) {
+  for (int64_t r = lo; r < hi; ++r) {
+    layer_norm_backward_rows<T>(dx, dy, h, w, mean, rstd, n, r, r + 1);
+    T* dr = dx + r * n;
+    const T* gr = grad_h + r * n;
+    for (int64_t c = 0; c < n; ++c) dr[c] = dr[c] + gr[c];
+  }
+}
+
+// One row of RMSNorm / L2 norm (scaled_norm_forward): rstd in double, y = x rstd w,
+// times gate[j] (σ(z), null for none).
+template <class T>
+void scaled_norm_row(T* yr, T& rstd, const T* xr, const T* pw, const T* gate, int64_t n, double scale, double eps) {
+  double ss = 0;
+  for (int64_t j = 0; j < n; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+  double rs = 1.0 / std::sqrt(ss * scale + eps);
+  rstd = static_cast<T>(rs);
+  if (gate) {
+    for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<T>(xr[j] * rs * (pw ? pw[j] : T(1))) * gate[j];
+  } else {
+    for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<T>(xr[j] * rs * (pw ? pw[j] : T(1)));
+  }
+}
+
+// dx of one row of the scaled norm for the (gated) upstream gradient gr: with
+// x̂ = x r and g = gr w, dx = r (g - x̂ scale Σ_j g_j x̂_j), the dot in double.
+template <class T>
+void scaled_norm_dx_row(T* dr, const T* gr, const T* xr, const T* pw, double rs, int64_t n, double scale) {
+  double dot = 0;
+  for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(gr[j]) * (pw ? pw[j] : T(1)) * xr[j] * rs;
+  for (int64_t j = 0; j < n; ++j) {
+    double g = static_cast<double>(gr[j]) * (pw ? pw[j] : T(1));
+    dr[j] = static_cast<T>(rs * (g - xr[j] * rs * scale * dot));
+  }
+}
 }  // namespace
 
 void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b,
@@ -200,18 +256,8 @@ void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor&
     parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
       std::vector<T> gate(pz ? static_cast<size_t>(n) : 0);
       for (int64_t r = lo; r < hi; ++r) {
-        const T* xr = px + r * n;
-        double ss = 0;
-        for (int64_t j = 0; j < n; ++j) ss += static_cast<double>(xr[j]) * xr[j];
-        double rs = 1.0 / std::sqrt(ss * scale + eps);
-        pr[r] = static_cast<T>(rs);
-        T* yr = py + r * n;
-        if (pz) {
-          sigmoid_row(gate.data(), pz + r * n, n);
-          for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<T>(xr[j] * rs * (pw ? pw[j] : T(1))) * gate[j];
-        } else {
-          for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<T>(xr[j] * rs * (pw ? pw[j] : T(1)));
-        }
+        if (pz) sigmoid_row(gate.data(), pz + r * n, n);
+        scaled_norm_row(py + r * n, pr[r], px + r * n, pw, pz ? gate.data() : nullptr, n, scale, eps);
       }
     });
   });
@@ -244,14 +290,8 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const 
           T* gr = gated.data<T>() + r * n;
           for (int64_t j = 0; j < n; ++j) gr[j] = dy[r * n + j] * sig[static_cast<size_t>(j)];
         }
-        const T* gr = dyg + r * n;
-        double rs = pr[r], dot = 0;
-        for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(gr[j]) * (pw ? pw[j] : T(1)) * xr[j] * rs;
-        T* dr = dx + r * n;
-        for (int64_t j = 0; j < n; ++j) {
-          double g = static_cast<double>(gr[j]) * (pw ? pw[j] : T(1));
-          dr[j] = static_cast<T>(rs * (g - xr[j] * rs * scale * dot));
-        }
+        const double rs = pr[r];
+        scaled_norm_dx_row(dx + r * n, dyg + r * n, xr, pw, rs, n, scale);
         if (dz)
           for (int64_t j = 0; j < n; ++j) {
             const T s = sig[static_cast<size_t>(j)], h = static_cast<T>(xr[j] * rs) * (pw ? pw[j] : T(1));
@@ -262,6 +302,86 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const 
     if (grad_w)
       param_grads<T>(grad_w->data<T>(), static_cast<T*>(nullptr), dyg, rows, n,
                      [&](int64_t r, int64_t j) { return static_cast<double>(px[r * n + j]) * pr[r]; });
+  });
+}
+
+void add_layer_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& d,
+                            const Tensor& w, const Tensor& b, double eps) {
+  dispatch_float(x.dtype(), "add_layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+    const T *px = x.data<T>(), *pd = d.data<T>();
+    const T* pw = w.defined() ? w.data<T>() : nullptr;
+    const T* pb = b.defined() ? b.data<T>() : nullptr;
+    T *ph = h.data<T>(), *py = y.data<T>(), *pm = mean.data<T>(), *pr = rstd.data<T>();
+    parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+      run_vector_isa([](auto... a) { add_layer_norm_rows<T>(a...); }, ph, py, pm, pr, px, pd, pw, pb, n, eps, lo,
+                     hi);
+    });
+  });
+}
+
+void add_layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const Tensor& grad_h,
+                             const Tensor& grad_y, const Tensor& h, const Tensor& w, const Tensor& mean,
+                             const Tensor& rstd) {
+  dispatch_float(h.dtype(), "add_layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    int64_t n = h.size(-1), rows = h.numel() / std::max<int64_t>(n, 1);
+    const T* ph = h.data<T>();
+    const T* pw = w.defined() ? w.data<T>() : nullptr;
+    const T *dy = grad_y.data<T>(), *gh = grad_h.data<T>(), *pm = mean.data<T>(), *pr = rstd.data<T>();
+    T* dx = grad_x.data<T>();
+    parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+      run_vector_isa([](auto... a) { add_layer_norm_backward_rows<T>(a...); }, dx, gh, dy, ph, pw, pm, pr, n, lo,
+                     hi);
+    });
+    if (grad_w || grad_b) {
+      T* dw = grad_w ? grad_w->data<T>() : nullptr;
+      T* db = grad_b ? grad_b->data<T>() : nullptr;
+      parallel_for(n, kColGrain, [&](int64_t c0, int64_t c1) {
+        run_vector_isa([](auto... a) { layer_norm_param_grads<T>(a...); }, dw, db, dy, ph, pm, pr, rows, n, c0, c1);
+      });
+    }
+  });
+}
+
+void add_scaled_norm_forward(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& d, const Tensor& w,
+                             double scale, double eps) {
+  dispatch_float(x.dtype(), "add_rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+    const T *px = x.data<T>(), *pd = d.data<T>();
+    const T* pw = w.defined() ? w.data<T>() : nullptr;
+    T *ph = h.data<T>(), *py = y.data<T>(), *pr = rstd.data<T>();
+    parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        T* hr = ph + r * n;
+        for (int64_t c = 0; c < n; ++c) hr[c] = px[r * n + c] + pd[r * n + c];
+        scaled_norm_row(py + r * n, pr[r], hr, pw, static_cast<const T*>(nullptr), n, scale, eps);
+      }
+    });
+  });
+}
+
+void add_scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_h, const Tensor& grad_y,
+                              const Tensor& h, const Tensor& w, const Tensor& rstd, double scale) {
+  dispatch_float(h.dtype(), "add_rms_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    int64_t n = h.size(-1), rows = h.numel() / std::max<int64_t>(n, 1);
+    const T* ph = h.data<T>();
+    const T* pw = w.defined() ? w.data<T>() : nullptr;
+    const T *dy = grad_y.data<T>(), *gh = grad_h.data<T>(), *pr = rstd.data<T>();
+    T* dx = grad_x.data<T>();
+    parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        T* dr = dx + r * n;
+        scaled_norm_dx_row(dr, dy + r * n, ph + r * n, pw, static_cast<double>(pr[r]), n, scale);
+        for (int64_t c = 0; c < n; ++c) dr[c] = dr[c] + gh[r * n + c];
+      }
+    });
+    if (grad_w)
+      param_grads<T>(grad_w->data<T>(), static_cast<T*>(nullptr), dy, rows, n,
+                     [&](int64_t r, int64_t j) { return static_cast<double>(ph[r * n + j]) * pr[r]; });
   });
 }
 

@@ -9,6 +9,7 @@
 
 #include "ops/common/cuda_helpers.cuh"
 #include "ops/norm/norm_kernels.h"
+#include "ops/norm/norm_simt.h"
 
 namespace moetrain::cuda {
 
@@ -184,6 +185,24 @@ __global__ void scaled_norm_grad_x_kernel(T* dx, T* dz, const T* dy, const T* x,
   }
 }
 
+// The fused residual add + norm: one block of kAddNormThreads (a power of two:
+// the bodies' tree sums) per row, rows beyond the grid looping inside the blocks.
+constexpr int kAddNormThreads = 128;
+
+template <class T>
+__global__ void add_norm_forward_kernel(simt::AddNormArgs<T> a) {
+  __shared__ acc_t<T> sh[2 * kAddNormThreads];
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x)
+    simt::add_norm_forward_row(simt::DeviceBlock{kAddNormThreads}, a, r, sh);
+}
+
+template <class T>
+__global__ void add_norm_backward_kernel(simt::AddNormArgs<T> a) {
+  __shared__ acc_t<T> sh[2 * kAddNormThreads];
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x)
+    simt::add_norm_backward_row(simt::DeviceBlock{kAddNormThreads}, a, r, sh);
+}
+
 template <class T> const T* ptr_or_null(const Tensor& t) { return t.defined() ? ptr<T>(t) : nullptr; }
 template <class T> T* ptr_or_null(Tensor* t) { return t ? ptr<T>(*t) : nullptr; }
 
@@ -253,6 +272,112 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const 
     if (grad_w)
       norm_param_grads<T>(ptr<T>(*grad_w), static_cast<T*>(nullptr), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(z),
                           static_cast<const acc_t<T>*>(nullptr), ptr<acc_t<T>>(rstd), rows, n, x.device(), s);
+  });
+}
+
+namespace {
+template <class T>
+simt::AddNormArgs<T> add_norm_args(const Tensor& like, const Tensor& w, bool centre, double scale, double eps) {
+  auto [rows, n] = rows_cols(like);
+  simt::AddNormArgs<T> a;
+  a.w = ptr_or_null<T>(w);
+  a.rows = rows;
+  a.n = n;
+  a.centre = centre;
+  a.scale = scale;
+  a.eps = eps;
+  return a;
+}
+
+template <class T>
+void launch_add_norm_forward(const simt::AddNormArgs<T>& a, cudaStream_t s) {
+  launch("add_norm_forward_kernel", add_norm_forward_kernel<T>, row_blocks(a.rows), kAddNormThreads, 0, s, a);
+}
+template <class T>
+void launch_add_norm_backward(const simt::AddNormArgs<T>& a, cudaStream_t s) {
+  launch("add_norm_backward_kernel", add_norm_backward_kernel<T>, row_blocks(a.rows), kAddNormThreads, 0, s, a);
+}
+}  // namespace
+
+void add_layer_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& d,
+                            const Tensor& w, const Tensor& b, double eps) {
+  auto [rows, n] = rows_cols(x);
+  if (rows == 0 || n == 0) return;
+  dispatch_float_cuda(x.dtype(), "add_layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    simt::AddNormArgs<T> a = add_norm_args<T>(x, w, true, 1.0, eps);
+    a.x = ptr<T>(x);
+    a.d = ptr<T>(d);
+    a.b = ptr_or_null<T>(b);
+    a.h = ptr<T>(h);
+    a.y = ptr<T>(y);
+    a.mean = ptr<acc_t<T>>(mean);
+    a.rstd = ptr<acc_t<T>>(rstd);
+    launch_add_norm_forward(a, stream_of(x));
+  });
+}
+
+void add_layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const Tensor& grad_h,
+                             const Tensor& grad_y, const Tensor& h, const Tensor& w, const Tensor& mean,
+                             const Tensor& rstd) {
+  auto [rows, n] = rows_cols(h);
+  if (n == 0) return;
+  dispatch_float_cuda(h.dtype(), "add_layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cudaStream_t s = stream_of(h);
+    if (rows > 0) {
+      simt::AddNormArgs<T> a = add_norm_args<T>(h, w, true, 1.0, 0.0);
+      a.h = ptr<T>(h);
+      a.mean = ptr<acc_t<T>>(mean);
+      a.rstd = ptr<acc_t<T>>(rstd);
+      a.grad_h = ptr<T>(grad_h);
+      a.grad_y = ptr<T>(grad_y);
+      a.grad_x = ptr<T>(grad_x);
+      launch_add_norm_backward(a, s);
+    }
+    if (grad_w || grad_b)
+      norm_param_grads<T>(ptr_or_null<T>(grad_w), ptr_or_null<T>(grad_b), ptr<T>(grad_y), ptr<T>(h),
+                          static_cast<const T*>(nullptr), ptr<acc_t<T>>(mean), ptr<acc_t<T>>(rstd), rows, n,
+                          h.device(), s);
+  });
+}
+
+void add_scaled_norm_forward(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& d, const Tensor& w,
+                             double scale, double eps) {
+  auto [rows, n] = rows_cols(x);
+  if (rows == 0 || n == 0) return;
+  dispatch_float_cuda(x.dtype(), "add_rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    simt::AddNormArgs<T> a = add_norm_args<T>(x, w, false, scale, eps);
+    a.x = ptr<T>(x);
+    a.d = ptr<T>(d);
+    a.h = ptr<T>(h);
+    a.y = ptr<T>(y);
+    a.rstd = ptr<acc_t<T>>(rstd);
+    launch_add_norm_forward(a, stream_of(x));
+  });
+}
+
+void add_scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_h, const Tensor& grad_y,
+                              const Tensor& h, const Tensor& w, const Tensor& rstd, double scale) {
+  auto [rows, n] = rows_cols(h);
+  if (n == 0) return;
+  dispatch_float_cuda(h.dtype(), "add_rms_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cudaStream_t s = stream_of(h);
+    if (rows > 0) {
+      simt::AddNormArgs<T> a = add_norm_args<T>(h, w, false, scale, 0.0);
+      a.h = ptr<T>(h);
+      a.rstd = ptr<acc_t<T>>(rstd);
+      a.grad_h = ptr<T>(grad_h);
+      a.grad_y = ptr<T>(grad_y);
+      a.grad_x = ptr<T>(grad_x);
+      launch_add_norm_backward(a, s);
+    }
+    if (grad_w)
+      norm_param_grads<T>(ptr<T>(*grad_w), static_cast<T*>(nullptr), ptr<T>(grad_y), ptr<T>(h),
+                          static_cast<const T*>(nullptr), static_cast<const acc_t<T>*>(nullptr), ptr<acc_t<T>>(rstd),
+                          rows, n, h.device(), s);
   });
 }
 

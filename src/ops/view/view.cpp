@@ -176,8 +176,9 @@ Tensors split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
 
 namespace {
 // Reads the indices on the host (a copy, and a wait, for CUDA indices): an out of
-// range index is a clear error here instead of a wild read in a kernel.
-void check_indices(const char* op, const Tensor& index, int64_t limit) {
+// range index is a clear error here instead of a wild read in a kernel. Returns
+// the host copy (the backward kernels take it).
+Tensor check_indices(const char* op, const Tensor& index, int64_t limit) {
   Tensor host = index.to(kCpu);
   dispatch_index(index.dtype(), op, [&](auto tag) {
     using I = decltype(tag);
@@ -186,6 +187,7 @@ void check_indices(const char* op, const Tensor& index, int64_t limit) {
       MT_CHECK(p[i] >= 0 && p[i] < limit, "{}: index {} at position {} is out of range [0, {})", op,
                static_cast<int64_t>(p[i]), i, limit);
   });
+  return host;
 }
 }  // namespace
 
@@ -197,16 +199,16 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& ids) {
   check_defined("index_select", x);
   check_rank("index_select", "index", ids, 1);
   int d = x.shape().normalize_dim(dim);
-  check_indices("index_select", ids, x.size(d));
+  Tensor host_index = check_indices("index_select", ids, x.size(d));
   // The kernel reads the indices where x lives.
   Tensor index = ids.to(x.device());
   int64_t outer = x.shape().numel(0, d), inner = x.shape().numel(d + 1, x.dim());
   Tensor y = empty(x.shape().with(d, index.numel()), x.dtype(), x.device());
   MT_ON_DEVICE(x, index_select_forward, y, x, index, outer, inner);
   Shape in_shape = x.shape();
-  return record("index_select", y, {x}, [in_shape, index, outer, inner](const Tensor& g) {
+  return record("index_select", y, {x}, [in_shape, host_index, outer, inner](const Tensor& g) {
     Tensor gx = zeros(in_shape, g.dtype(), g.device());
-    MT_ON_DEVICE(g, index_select_backward, gx, g, index, outer, inner);
+    MT_ON_DEVICE(g, index_select_backward, gx, g, host_index, outer, inner);
     return Grads{gx};
   });
 }

@@ -1,11 +1,14 @@
 // CUDA kernels of the shape ops (CPU twins: view_cpu.cpp). Copies move
 // elements of 1, 2, 4 or 8 bytes whatever the dtype; the index-add of
-// index_select's backward gives each thread one column of one outer row and adds
-// the rows in index order, like the CPU kernel: no atomics, so the result does
-// not depend on scheduling (at the cost of parallelism when outer * inner is small).
+// index_select's backward runs the body of ops/view/view_simt.h: the host
+// buckets the indices by destination row, one thread per (named row, column)
+// sums that row's upstream rows in index order in f32 (f64 for f64) and adds
+// the sum once: no atomics, no per-token rounding, the result does not depend
+// on scheduling.
 #include "ops/view/view_kernels.h"
 
 #include "backend/cuda/kernel_utils.cuh"
+#include "ops/view/view_simt.h"
 
 namespace moetrain::cuda {
 
@@ -49,16 +52,13 @@ __global__ void index_select_kernel(E* out, const E* x, const I* idx, int64_t ou
   }
 }
 
-template <class T, class I>
-__global__ void index_add_kernel(T* gx, const T* g, const I* idx, int64_t outer, int64_t n, int64_t mid,
-                                 int64_t inner) {
-  MT_GRID_LOOP(e, outer * inner) {
-    int64_t c = e % inner, o = e / inner;
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t dst = (o * mid + static_cast<int64_t>(idx[i])) * inner + c;
-      store(gx, dst, load(gx, dst) + load(g, (o * n + i) * inner + c));
-    }
-  }
+constexpr int kIndexAddThreads = 128;
+
+template <class T>
+__global__ void index_add_kernel(simt::IndexAddArgs<T> a) {
+  const int64_t total = a.elements(), step = static_cast<int64_t>(gridDim.x) * kIndexAddThreads;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kIndexAddThreads; first < total; first += step)
+    simt::index_add_block(simt::DeviceBlock{kIndexAddThreads}, a, first);
 }
 
 }  // namespace
@@ -127,13 +127,30 @@ void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor&
                            int64_t inner) {
   int64_t n = index.numel(), mid = grad_x.numel() / std::max<int64_t>(outer * inner, 1);
   if (outer * inner == 0 || n == 0) return;
+  MT_ASSERT(!index.is_cuda(), "index_select_backward: the CUDA kernel takes host indices (its plan is made there)");
+  simt::IndexAddPlan plan = dispatch_index(index.dtype(), "index_select", [&](auto itag) {
+    using I = decltype(itag);
+    return simt::index_add_plan(index.data<I>(), n, mid);
+  });
+  // One upload of the plan (rows, offsets, positions).
+  const Tensor packed =
+      from_span<int64_t>(plan.packed, {static_cast<int64_t>(plan.packed.size())}).to(grad_x.device());
+  const int64_t* dev = ptr<int64_t>(packed);
   dispatch_float_cuda(grad_x.dtype(), "index_select_backward", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_index(index.dtype(), "index_select", [&](auto itag) {
-      using I = decltype(itag);
-      launch("index_add_kernel", index_add_kernel<T, I>, blocks_for(outer * inner, 128), 128, 0, stream_of(grad_x),
-             ptr<T>(grad_x), ptr<T>(grad_out), ptr<I>(index), outer, n, mid, inner);
-    });
+    simt::IndexAddArgs<T> a;
+    a.grad_x = ptr<T>(grad_x);
+    a.grad_out = ptr<T>(grad_out);
+    a.rows = dev;
+    a.offsets = dev + plan.U;
+    a.positions = dev + 2 * plan.U + 1;
+    a.outer = outer;
+    a.n = n;
+    a.mid = mid;
+    a.inner = inner;
+    a.U = plan.U;
+    launch("index_add_kernel", index_add_kernel<T>, blocks_for(a.elements(), kIndexAddThreads), kIndexAddThreads, 0,
+           stream_of(grad_x), a);
   });
 }
 

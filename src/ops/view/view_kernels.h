@@ -15,14 +15,18 @@ void permute_copy(Tensor& out, const Tensor& x, const std::vector<int64_t>& dims
 void copy_into_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, int64_t at);
 void copy_from_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, int64_t at);
 // out[o, i, :] = x[o, index[i], :]   and   grad_x[o, index[i], :] += grad_out[o, i, :]
+// (backward: index on the host, for both twins)
 void index_select_forward(Tensor& out, const Tensor& x, const Tensor& index, int64_t outer, int64_t inner);
 void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor& index, int64_t outer,
                            int64_t inner);
 
 }  // namespace cpu
 
-// The CUDA twins (view_cuda.cu). index_select_backward adds in index order per
-// column (deterministic, no atomics).
+// The CUDA twins (view_cuda.cu). index_select_backward takes the index on the
+// host, as the CPU kernel does (the ops keep the host copy they checked): it
+// buckets the positions by destination row there, uploads that plan once, and
+// sums each named row's upstream rows in index order in f32 (f64 for f64),
+// adding once per element (ops/view/view_simt.h): deterministic, no atomics.
 namespace cuda {
 MT_CUDA_KERNEL(void permute_copy(Tensor& out, const Tensor& x, const std::vector<int64_t>& dims));
 MT_CUDA_KERNEL(void copy_into_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, int64_t at));

@@ -214,3 +214,117 @@ TEST_CASE("norms: CUDA handles 3-d inputs, many rows and a weight without grad",
   check_cuda_matches_cpu([](const Tensors& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {xl, wl, bl},
                          {true, true, true}, DType::f32, tol);
 }
+
+// The fused residual add + norm against the unfused ops it replaces.
+namespace {
+struct AddNormRun {
+  Tensors out;    // h, y
+  Tensors grads;  // x, d, w (, b)
+};
+
+// add_layer_norm (rms = false) or add_rms_norm, fused or as add then the norm, with
+// gradients from dh and dy (h is used by a later op too, as in a residual stream).
+AddNormRun run_add_norm(bool rms, bool fused, const Tensor& x0, const Tensor& d0, const Tensor& w0,
+                        const Tensor& b0, const Tensor& dh, const Tensor& dy) {
+  Tensor x = x0.detach().clone(), d = d0.detach().clone(), w = w0.detach().clone(), b = b0.detach().clone();
+  for (Tensor* t : {&x, &d, &w, &b}) t->set_requires_grad(true);
+  Tensor h, y;
+  if (fused) {
+    ResidualNorm r = rms ? add_rms_norm(x, d, w, 1e-5) : add_layer_norm(x, d, w, b, 1e-5);
+    h = r.sum;
+    y = r.normed;
+  } else {
+    h = add(x, d);
+    y = rms ? rms_norm(h, w, 1e-5) : layer_norm(h, w, b, 1e-5);
+  }
+  autograd::backward({h, y}, {dh, dy});
+  return {{h, y}, rms ? Tensors{x.grad(), d.grad(), w.grad()} : Tensors{x.grad(), d.grad(), w.grad(), b.grad()}};
+}
+}  // namespace
+
+TEST_CASE("add_layer_norm, add_rms_norm: the same bits as add then the norm on the CPU, every vector copy",
+          "[ops][norm][add_norm]") {
+  // f32 and f64; widths off the 8 lanes; a tiny residual next to a large x (rounding in the add).
+  for (DType dt : {DType::f32, DType::f64})
+    for (int64_t cols : {1, 7, 33, 768}) {
+      Tensor x = mul_scalar(randn({2, 5, cols}, dt, 40 + static_cast<uint64_t>(cols)), 3.0);
+      Tensor d = mul_scalar(randn({2, 5, cols}, dt, 41), 1e-3), w = randn({cols}, dt, 42), b = randn({cols}, dt, 43);
+      Tensor dh = randn({2, 5, cols}, dt, 44), dy = randn({2, 5, cols}, dt, 45);
+      for (bool rms : {false, true})
+        for (cpu::VectorIsa isa : moetrain::testing::runnable_isas()) {
+          INFO(fmt::format("{} cols={} {} copy {}", dt, cols, rms ? "rms" : "layer", cpu::vector_isa_name(isa)));
+          cpu::cap_vector_isa_for_testing(isa);
+          AddNormRun fused = run_add_norm(rms, true, x, d, w, b, dh, dy);
+          AddNormRun plain = run_add_norm(rms, false, x, d, w, b, dh, dy);
+          cpu::cap_vector_isa_for_testing(std::nullopt);
+          for (size_t i = 0; i < plain.out.size(); ++i) CHECK(moetrain::testing::bitwise_equal(fused.out[i], plain.out[i]));
+          for (size_t i = 0; i < plain.grads.size(); ++i) {
+            INFO("gradient " << i);
+            CHECK(moetrain::testing::bitwise_equal(fused.grads[i], plain.grads[i]));
+          }
+        }
+    }
+}
+
+TEST_CASE("add_layer_norm, add_rms_norm: gradients of both outputs match finite differences",
+          "[ops][norm][add_norm]") {
+  Tensor x = randn({2, 3, 33}, DType::f64, 50), d = randn({2, 3, 33}, DType::f64, 51);
+  Tensor w = randn({33}, DType::f64, 52), b = randn({33}, DType::f64, 53);
+  auto both = [](const ResidualNorm& r) { return Tensors{r.sum, r.normed}; };
+  check_gradients([&](const Tensors& in) { return both(add_layer_norm(in[0], in[1], in[2], in[3], 1e-5)); },
+                  {x, d, w, b});
+  check_gradients([&](const Tensors& in) { return both(add_layer_norm(in[0], in[1], Tensor(), Tensor(), 1e-5)); },
+                  {x, d});
+  check_gradients([&](const Tensors& in) { return both(add_rms_norm(in[0], in[1], in[2], 1e-5)); }, {x, d, w});
+  check_gradients([&](const Tensors& in) { return both(add_rms_norm(in[0], in[1], Tensor(), 1e-5)); }, {x, d});
+  // Only the normed output used: grad_x is the norm's input gradient alone.
+  check_gradients([&](const Tensors& in) { return add_layer_norm(in[0], in[1], in[2], in[3], 1e-5).normed; },
+                  {x, d, w, b});
+}
+
+TEST_CASE("add_layer_norm, add_rms_norm: errors name the shapes", "[ops][norm][add_norm][errors]") {
+  Tensor x = randn({3, 8}, DType::f32, 1), w = randn({8}, DType::f32, 2);
+  CHECK_THROWS_WITH(add_layer_norm(x, randn({3, 7}, DType::f32, 3), w, w),
+                    Catch::Contains("add_layer_norm") && Catch::Contains("[3, 7]") && Catch::Contains("[3, 8]"));
+  CHECK_THROWS_WITH(add_rms_norm(x, randn({8}, DType::f32, 3), w),
+                    Catch::Contains("add_rms_norm") && Catch::Contains("[8]") && Catch::Contains("[3, 8]"));
+  CHECK_THROWS_WITH(add_rms_norm(x, x, randn({7}, DType::f32, 4)),
+                    Catch::Contains("add_rms_norm") && Catch::Contains("[7]") && Catch::Contains("[3, 8]"));
+  CHECK_THROWS_WITH(add_layer_norm(x, x.to(DType::f64), w, w), Catch::Contains("add_layer_norm"));
+  CHECK_THROWS_WITH(add_layer_norm(x, Tensor(), w, w), Catch::Contains("add_layer_norm") && Catch::Contains("[3, 8]"));
+}
+
+// The CUDA kernels (the bodies of ops/norm/norm_simt.h) against the unfused CPU ops.
+TEST_CASE("add_layer_norm, add_rms_norm: CUDA matches add then the norm on the CPU", "[ops][norm][add_norm][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64})
+    for (int64_t cols : {1, 31, 33, 257, 768, 4099}) {
+      DYNAMIC_SECTION(fmt::format("{} cols={}", dt, cols)) {
+        Tensor x = mul_scalar(randn({3, 7, cols}, DType::f64, static_cast<uint64_t>(cols)), 3.0);
+        Tensor d = randn({3, 7, cols}, DType::f64, 5), w = randn({cols}, DType::f64, 2),
+               b = randn({cols}, DType::f64, 3);
+        CudaCompare tol = tolerance_for(dt);
+        // The CUDA side runs the fused op, the CPU side add + norm (the same function of
+        // the inputs; check_cuda_matches_cpu tells the two apart by device).
+        auto layer = [](const Tensors& in) {
+          if (in[0].is_cuda()) {
+            ResidualNorm r = add_layer_norm(in[0], in[1], in[2], in[3], 1e-5);
+            return Tensors{r.sum, r.normed};
+          }
+          Tensor h = add(in[0], in[1]);
+          return Tensors{h, layer_norm(h, in[2], in[3], 1e-5)};
+        };
+        auto rms = [](const Tensors& in) {
+          if (in[0].is_cuda()) {
+            ResidualNorm r = add_rms_norm(in[0], in[1], in[2], 1e-5);
+            return Tensors{r.sum, r.normed};
+          }
+          Tensor h = add(in[0], in[1]);
+          return Tensors{h, rms_norm(h, in[2], 1e-5)};
+        };
+        check_cuda_matches_cpu(layer, {x, d, w, b}, {true, true, true, true}, dt, tol);
+        check_cuda_matches_cpu(rms, {x, d, w}, {true, true, false}, dt, tol);
+      }
+    }
+}

@@ -1,0 +1,110 @@
+// The body of the CUDA index_select backward (view_cuda.cu), written once for
+// the GPU and the host (ops/common/simt.h), so tests/ops/view/index_add_simt_test.cpp
+// runs it on the CPU against cpu::index_select_backward.
+//
+// The host buckets the indices by destination row (index_add_plan below, a CSR:
+// the distinct rows named, ascending, each with the positions that name it, in
+// order) and uploads it once; one thread per (outer, named row, column) sums
+// that row's upstream rows in position order in the arithmetic type (f32 for
+// bf16, f64 for f64) and adds the sum to grad_x once: one rounding per element
+// whatever the number of tokens, every element written by one thread, so the
+// result does not depend on scheduling and has no atomics. Rows no index names
+// are not touched.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "ops/common/simt.h"
+#include "ops/common/simt_types.h"
+
+namespace moetrain::simt {
+
+// The CSR of an index: rows[u] the u-th distinct value, ascending; positions
+// offsets[u] .. offsets[u + 1] - 1 of `positions` the i with index[i] == rows[u],
+// ascending. Packed as one array for one upload: [rows (U) | offsets (U + 1) |
+// positions (n)].
+struct IndexAddPlan {
+  int64_t U = 0, n = 0;
+  std::vector<int64_t> packed;
+  const int64_t* rows() const { return packed.data(); }
+  const int64_t* offsets() const { return packed.data() + U; }
+  const int64_t* positions() const { return packed.data() + 2 * U + 1; }
+};
+
+// Indices in [0, mid) (checked by the op). A counting sort over the rows when
+// mid is not much larger than n (the embedding: mid = V), else a stable sort of
+// the positions by index (index_select over a long flat tensor: no O(mid) array).
+template <class I>
+IndexAddPlan index_add_plan(const I* index, int64_t n, int64_t mid) {
+  IndexAddPlan p;
+  p.n = n;
+  std::vector<int64_t> order(static_cast<size_t>(n));  // positions grouped by row, ascending within a row
+  std::vector<int64_t> rows, offsets;
+  if (mid <= 4 * n + 4096) {
+    std::vector<int64_t> start(static_cast<size_t>(mid) + 1, 0);
+    for (int64_t i = 0; i < n; ++i) ++start[static_cast<size_t>(index[i]) + 1];
+    for (int64_t r = 0; r < mid; ++r) {
+      if (start[static_cast<size_t>(r) + 1] > 0) {
+        rows.push_back(r);
+        offsets.push_back(start[static_cast<size_t>(r)]);
+      }
+      start[static_cast<size_t>(r) + 1] += start[static_cast<size_t>(r)];
+    }
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(start[static_cast<size_t>(index[i])]++)] = i;
+  } else {
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return index[a] < index[b]; });
+    for (int64_t k = 0; k < n; ++k)
+      if (k == 0 || index[order[static_cast<size_t>(k)]] != index[order[static_cast<size_t>(k - 1)]]) {
+        rows.push_back(static_cast<int64_t>(index[order[static_cast<size_t>(k)]]));
+        offsets.push_back(k);
+      }
+  }
+  p.U = static_cast<int64_t>(rows.size());
+  p.packed.reserve(static_cast<size_t>(2 * p.U + 1 + n));
+  p.packed.insert(p.packed.end(), rows.begin(), rows.end());
+  p.packed.insert(p.packed.end(), offsets.begin(), offsets.end());
+  p.packed.push_back(n);
+  p.packed.insert(p.packed.end(), order.begin(), order.end());
+  return p;
+}
+
+// One call: grad_out viewed as [outer, n, inner], grad_x as [outer, mid, inner];
+// the plan's arrays where the kernel runs.
+template <class T>
+struct IndexAddArgs {
+  T* grad_x = nullptr;
+  const T* grad_out = nullptr;
+  const int64_t *rows = nullptr, *offsets = nullptr, *positions = nullptr;
+  int64_t outer = 0, n = 0, mid = 0, inner = 0, U = 0;
+  MT_HOST_DEVICE int64_t elements() const { return outer * U * inner; }
+};
+
+// Element e of [outer, U, inner]: grad_x[o, rows[u], c] += Σ_k grad_out[o, positions[k], c]
+// over k in offsets[u] .. offsets[u + 1] - 1, in that order, rounded once.
+template <class T>
+MT_HOST_DEVICE inline void index_add_element(const IndexAddArgs<T>& a, int64_t e) {
+  using A = acc_of_t<T>;
+  const int64_t c = e % a.inner, r = e / a.inner, u = r % a.U, o = r / a.U;
+  A acc = 0;
+  for (int64_t k = a.offsets[u]; k < a.offsets[u + 1]; ++k)
+    acc += acc_load(a.grad_out[(o * a.n + a.positions[k]) * a.inner + c]);
+  T& dst = a.grad_x[(o * a.mid + a.rows[u]) * a.inner + c];
+  acc_store(dst, acc_load(dst) + acc);
+}
+
+// One block's elements first .. first + threads - 1 (those below elements()):
+// consecutive threads take consecutive columns (coalesced), and for narrow rows
+// (inner 1: the router's index_select) consecutive named rows.
+MT_SIMT_BODY
+template <class Block, class T>
+MT_HOST_DEVICE void index_add_block(const Block& blk, const IndexAddArgs<T>& a, int64_t first) {
+  const int64_t total = a.elements();
+  blk.each([&](int tid) {
+    if (first + tid < total) index_add_element(a, first + tid);
+  });
+}
+
+}  // namespace moetrain::simt
