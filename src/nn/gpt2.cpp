@@ -90,8 +90,8 @@ Tensor gpt2_block(const Gpt2BlockWeights& b, const Tensor& x, int64_t n_head, do
   // MLP: x + gelu(LN_2(h) W_fc^T + b_fc) W_proj^T + b_proj
   region.reset();
   region.emplace("mlp");
-  Tensor m = gelu_tanh(linear(layer_norm(h, b.ln2_w, b.ln2_b, eps), b.fc_w, b.fc_b));
-  return add(h, dropout(linear(m, b.mlp_proj_w, b.mlp_proj_b), p));
+  Tensor m = mlp_gelu(layer_norm(h, b.ln2_w, b.ln2_b, eps), b.fc_w, b.fc_b, b.mlp_proj_w, b.mlp_proj_b);  // one op
+  return add(h, dropout(m, p));
 }
 
 Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache) {
