@@ -2,6 +2,7 @@
 //   matmul (GPT-2-small shapes)      vs raw cblas_sgemm on the same buffers
 //   elementwise / norm / softmax     vs memcpy of the same bytes (GB/s)
 //   fused KDA gates (fwd + bwd)      vs the unfused ops they replace
+//   GPT-2's MLP as mlp_gelu (fwd + bwd) vs linear, gelu_tanh, linear as three ops
 //   AdamW::non_finite_update         vs AdamW::step on GPT-2 small's 124M parameters
 // Run: build/moetrain_bench_ops [--benchmark_filter=...]; the ratio table is printed last.
 #include <benchmark/benchmark.h>
@@ -160,6 +161,22 @@ void BM_unfused_gated_rms_norm(benchmark::State& st) {
   forward_backward(st, {x, z, w}, [&] { return mul(rms_norm(x, w), sigmoid(z)); });
 }
 
+// GPT-2 small's MLP on 1024 tokens, 768 -> 3072 -> 768: mlp_gelu against the
+// matmul + add + gelu_tanh + matmul + add it replaces (the same bits on the CPU;
+// the difference is the passes over the [1024, 3072] hidden and the bias sums).
+void BM_fused_mlp_gelu(benchmark::State& st) {
+  Tensor x = leaf({kRows, kCols}, 1), wf = leaf({4 * kCols, kCols}, 2, 0.02), bf = leaf({4 * kCols}, 3),
+         wp = leaf({kCols, 4 * kCols}, 4, 0.02), bp = leaf({kCols}, 5);
+  forward_backward(st, {x, wf, bf, wp, bp}, [&] { return mlp_gelu(x, wf, bf, wp, bp); });
+}
+void BM_unfused_mlp_gelu(benchmark::State& st) {
+  Tensor x = leaf({kRows, kCols}, 1), wf = leaf({4 * kCols, kCols}, 2, 0.02), bf = leaf({4 * kCols}, 3),
+         wp = leaf({kCols, 4 * kCols}, 4, 0.02), bp = leaf({kCols}, 5);
+  forward_backward(st, {x, wf, bf, wp, bp}, [&] {
+    return add(matmul(gelu_tanh(add(matmul(x, wf, false, true), bf)), wp, false, true), bp);
+  });
+}
+
 // The router's top-16 of 896 experts for 8192 tokens on the CPU (K3's router):
 // what a CUDA step paid on the host per MoE layer before the selection moved to
 // the GPU (moetrain_bench_cuda times both there).
@@ -246,6 +263,8 @@ BENCHMARK(BM_unfused_gated_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_fused_gated_rms_norm)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_unfused_add_layer_norm)->UseRealTime()->MinWarmUpTime(0.2);
 BENCHMARK(BM_fused_add_layer_norm)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_unfused_mlp_gelu)->UseRealTime()->MinWarmUpTime(0.2);
+BENCHMARK(BM_fused_mlp_gelu)->UseRealTime()->MinWarmUpTime(0.2);
 
 // Grouped by dtype, so each model is built once.
 BENCHMARK(BM_adamw_step)->Arg(0)->Apply(adamw_args);

@@ -99,8 +99,8 @@ Gpt2BlockParts gpt2_block_parts(const Gpt2BlockWeights& b, const Tensor& x, cons
   region.reset();
   region.emplace("mlp");
   ResidualNorm h = add_layer_norm(x, attn, b.ln2_w, b.ln2_b, eps);
-  Tensor m = gelu_tanh(linear(h.normed, b.fc_w, b.fc_b));
-  return {h.sum, dropout(linear(m, b.mlp_proj_w, b.mlp_proj_b), p)};
+  Tensor m = mlp_gelu(h.normed, b.fc_w, b.fc_b, b.mlp_proj_w, b.mlp_proj_b);  // one op
+  return {h.sum, dropout(m, p)};
 }
 
 Tensor gpt2_block(const Gpt2BlockWeights& b, const Tensor& x, int64_t n_head, double eps, double p,

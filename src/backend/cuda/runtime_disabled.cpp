@@ -1,6 +1,7 @@
 // The CUDA runtime entry points of a build without the CUDA backend
 // (MOETRAIN_CUDA=OFF or no nvcc found): asking for a GPU is a user error.
 #include "backend/cuda/cublas.h"
+#include "backend/cuda/cublaslt.h"
 #include "backend/cuda/runtime.h"
 
 #include "core/error.h"
@@ -35,6 +36,9 @@ void convert(void*, DType, const void*, DType, int64_t, int) { no_cuda("dtype co
 // cuda tensors exist).
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+bool lt_matmul(const LtGemm&, int) { no_cuda("cuBLASLt matmul"); }
+GeluForm lt_gelu_form(int) { no_cuda("cuBLASLt GELU probe"); }
+LtStats lt_stats() { return {}; }  // no cuBLASLt call happens without CUDA
 EventTimer::EventTimer(int device) : device_(device) { no_cuda("EventTimer"); }
 EventTimer::~EventTimer() = default;
 void EventTimer::start() { no_cuda("EventTimer"); }

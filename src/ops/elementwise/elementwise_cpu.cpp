@@ -9,6 +9,7 @@
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/elementwise/elementwise_kernels.h"
+#include "ops/common/gelu.h"
 #include "ops/common/math.h"
 
 namespace moetrain::cpu {
@@ -76,9 +77,6 @@ T softplus_of(T x) {  // log(1 + e^x) = max(x, 0) + log1p(e^-|x|)
   return std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x)));
 }
 
-template <class T> constexpr T kGeluC = T(0.7978845608028654);  // sqrt(2/pi)
-template <class T> constexpr T kGeluA = T(0.044715);
-
 template <class T>
 inline T unary_value(UnaryOp op, T x) {
   switch (op) {
@@ -92,10 +90,7 @@ inline T unary_value(UnaryOp op, T x) {
     case UnaryOp::relu: return x > T(0) ? x : T(0);
     case UnaryOp::silu: return x * sigmoid_of(x);
     case UnaryOp::softplus: return softplus_of(x);
-    case UnaryOp::gelu_tanh: {
-      T u = kGeluC<T> * (x + kGeluA<T> * x * x * x);
-      return T(0.5) * x * (T(1) + tanh_of(u));
-    }
+    case UnaryOp::gelu_tanh: return gelu_tanh_of(x);
   }
   return x;
 }
@@ -117,11 +112,7 @@ inline T unary_derivative(UnaryOp op, T x, T y) {
       return s * (T(1) + x * (T(1) - s));
     }
     case UnaryOp::softplus: return sigmoid_of(x);
-    case UnaryOp::gelu_tanh: {  // 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)
-      T u = kGeluC<T> * (x + kGeluA<T> * x * x * x);
-      T t = tanh_of(u);
-      return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * kGeluC<T> * (T(1) + T(3) * kGeluA<T> * x * x);
-    }
+    case UnaryOp::gelu_tanh: return gelu_tanh_derivative_of(x);
   }
   return T(0);
 }

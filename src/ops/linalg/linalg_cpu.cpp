@@ -1,6 +1,13 @@
+// CPU kernels of the linalg family: matmul through BLAS; linear with a bias (and
+// GELU) as one GEMM and one vectorised pass, its backward as one pass (GELU's
+// derivative and the bias gradient) and two GEMMs.
+#include <algorithm>
+
 #include "backend/cpu/blas.h"
+#include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "ops/common/gelu.h"
 #include "ops/linalg/linalg_kernels.h"
 
 namespace moetrain::cpu {
@@ -34,6 +41,128 @@ void matmul_forward(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a,
     } else {
       for (int64_t i = 0; i < batch; ++i) one(i);
     }
+  });
+}
+
+namespace {
+
+// One pass over y [rows, n] after the GEMM: y += b (kGelu false), or z = y + b,
+// y = gelu_tanh(z) (kGelu true). The elementwise add and gelu_tanh's arithmetic
+// (ops/common/math.h), so the same bits as linear then gelu_tanh unfused.
+template <class T, bool kGelu>
+inline void bias_act_rows(T* __restrict y, T* __restrict z, const T* __restrict b, int64_t n, int64_t lo, int64_t hi) {
+  for (int64_t r = lo; r < hi; ++r) {
+    T* yr = y + r * n;
+    if constexpr (kGelu) {
+      T* zr = z + r * n;
+      for (int64_t j = 0; j < n; ++j) {
+        const T v = yr[j] + b[j];
+        zr[j] = v;
+        yr[j] = gelu_tanh_of(v);
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) yr[j] = yr[j] + b[j];
+    }
+  }
+}
+
+// Columns [lo, hi) of grad_z = grad_y (kGelu false: gz is grad_y itself, not written)
+// or grad_y gelu_tanh'(z) (written to gz), and grad_b[j] = Σ_r grad_z[r, j] in double,
+// rows in order: sum_to's order (elementwise_cpu.cpp), so the same bits.
+template <class T, bool kGelu>
+inline void bias_grad_columns(T* gz, T* __restrict gb, const T* gy, const T* __restrict z, int64_t rows, int64_t n,
+                              int64_t lo, int64_t hi) {
+  constexpr int64_t kBlock = 256;
+  double acc[kBlock];
+  for (int64_t j0 = lo; j0 < hi; j0 += kBlock) {
+    const int64_t w = std::min(kBlock, hi - j0);
+    for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = r * n + j0;
+      if constexpr (kGelu) {
+        for (int64_t j = 0; j < w; ++j) {
+          const T g = gy[at + j] * gelu_tanh_derivative_of(z[at + j]);
+          gz[at + j] = g;
+          acc[j] += static_cast<double>(g);
+        }
+      } else {
+        for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(gy[at + j]);
+      }
+    }
+    if (gb)
+      for (int64_t j = 0; j < w; ++j) gb[j0 + j] = static_cast<T>(acc[j]);
+  }
+}
+
+}  // namespace
+
+void linear_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor& b, Activation act) {
+  dispatch_float(x.dtype(), "linear", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+    T* py = y.data<T>();
+    // x w^T over all rows: matmul_forward's call for a rank-2 b.
+    gemm(false, true, rows, out, in, T(1), x.data<T>(), in, w.data<T>(), in, T(0), py, out);
+    const T* pb = b.data<T>();
+    const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(out, 1));
+    if (act == Activation::gelu_tanh) {
+      T* pz = z.data<T>();
+      parallel_for(rows, grain, [&](int64_t lo, int64_t hi) {
+        run_vector_isa([](auto... a) { bias_act_rows<T, true>(a...); }, py, pz, pb, out, lo, hi);
+      });
+    } else {
+      parallel_for(rows, grain, [&](int64_t lo, int64_t hi) {
+        run_vector_isa([](auto... a) { bias_act_rows<T, false>(a...); }, py, static_cast<T*>(nullptr), pb, out, lo,
+                       hi);
+      });
+    }
+  });
+}
+
+void linear_backward(Tensor& grad_x, Tensor& grad_w, Tensor& grad_b, const Tensor& grad_y, const Tensor& x,
+                     const Tensor& w, const Tensor& z, Activation act) {
+  dispatch_float(x.dtype(), "linear_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+    const T* gy = grad_y.data<T>();
+    // grad_z: grad_y itself, or a new buffer for grad_y gelu'(z), made in the pass
+    // that sums grad_b.
+    const bool gelu = act == Activation::gelu_tanh;
+    Tensor gz_buf = gelu ? empty_like(grad_y) : Tensor{};
+    const T* gz = gelu ? gz_buf.data<T>() : gy;
+    if (gelu || grad_b.defined()) {
+      T* gb = grad_b.defined() ? grad_b.data<T>() : nullptr;
+      T* gzw = gelu ? gz_buf.data<T>() : nullptr;
+      const T* pz = gelu ? z.data<T>() : nullptr;
+      parallel_for(out, 256, [&](int64_t lo, int64_t hi) {
+        if (gelu)
+          run_vector_isa([](auto... a) { bias_grad_columns<T, true>(a...); }, gzw, gb, gy, pz, rows, out, lo, hi);
+        else
+          run_vector_isa([](auto... a) { bias_grad_columns<T, false>(a...); }, gzw, gb, gy, pz, rows, out, lo, hi);
+      });
+    }
+    // matmul's backward for x [R, in] times w^T (linalg.cpp): the same GEMMs.
+    if (grad_w.defined())
+      gemm(true, false, out, in, rows, T(1), gz, out, x.data<T>(), in, T(0), grad_w.data<T>(), in);
+    if (grad_x.defined())
+      gemm(false, false, rows, in, out, T(1), gz, out, w.data<T>(), in, T(0), grad_x.data<T>(), in);
+  });
+}
+
+void gelu_input_backward(Tensor& grad_z, Tensor& grad_b, const Tensor& grad_y, const Tensor& w, const Tensor& z) {
+  dispatch_float(z.dtype(), "gelu_input_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t in = w.size(1), out = w.size(0), rows = z.numel() / in;
+    // grad of gelu(z): linear_backward's grad_x GEMM; then its GELU pass (the same bits).
+    Tensor grad_m = empty_like(z);
+    gemm(false, false, rows, in, out, T(1), grad_y.data<T>(), out, w.data<T>(), in, T(0), grad_m.data<T>(), in);
+    T* gz = grad_z.data<T>();
+    T* gb = grad_b.defined() ? grad_b.data<T>() : nullptr;
+    const T* gm = grad_m.data<T>();
+    const T* pz = z.data<T>();
+    parallel_for(in, 256, [&](int64_t lo, int64_t hi) {
+      run_vector_isa([](auto... a) { bias_grad_columns<T, true>(a...); }, gz, gb, gm, pz, rows, in, lo, hi);
+    });
   });
 }
 

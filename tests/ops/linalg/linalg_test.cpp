@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cuda/cublas.h"
+#include "backend/cuda/cublaslt.h"
 #include "moetrain.h"
 #include "ops/cuda_vs_cpu.h"
 #include "testing.h"
@@ -290,5 +292,282 @@ TEST_CASE("matmul: CUDA (cuBLAS) matches CPU for all layouts and transposes, wit
     Tensor w = randn({257, 129}, DType::f32, 6).set_requires_grad(), b = randn({257}, DType::f32, 7).set_requires_grad();
     check_cuda_matches_cpu([](const Tensors& in) { return Tensors{linear(in[0], in[1], in[2])}; }, {x, w, b},
                            {true, true, true}, DType::f32, tolerance_for(DType::f32));
+  }
+}
+
+// linear with a bias and linear_gelu are single ops (ops/linalg/linalg.cpp); the
+// compositions they replace are matmul, add and gelu_tanh, whose CPU arithmetic
+// they repeat (the same GEMMs, the same bias add, gelu_tanh's formula, sum_to's
+// order for the bias gradient), so on the CPU they must agree bit for bit, in
+// every vector copy this CPU runs.
+namespace {
+
+Tensors run_with_grads(const std::function<Tensor(const Tensors&)>& fn, const Tensors& inputs, const Tensor& dy) {
+  Tensors leaves;
+  for (const Tensor& t : inputs) leaves.push_back(t.detach().clone().set_requires_grad());
+  Tensor y = fn(leaves);
+  y.backward(dy);
+  Tensors out{y.detach()};
+  for (const Tensor& l : leaves) out.push_back(l.grad());
+  return out;
+}
+
+Tensor unfused_linear(const Tensors& in) { return add(matmul(in[0], in[1], false, true), in[2]); }
+Tensor unfused_linear_gelu(const Tensors& in) { return gelu_tanh(unfused_linear(in)); }
+
+}  // namespace
+
+TEST_CASE("linear and linear_gelu: the same bits as matmul + add (+ gelu_tanh) on the CPU", "[ops][linalg][linear]") {
+  struct Case {
+    Shape x;
+    int64_t out;
+  };
+  // 300 outputs cross the bias-gradient pass's 256-column blocks; 1 row; a rank-3 input.
+  for (Case c : {Case{{2, 17, 33}, 300}, Case{{5, 64}, 31}, Case{{1, 7}, 3}}) {
+    for (DType dt : {DType::f32, DType::f64}) {
+      for (cpu::VectorIsa isa : moetrain::testing::runnable_isas()) {
+        DYNAMIC_SECTION(fmt::format("{}", c.x) << " -> " << c.out << " " << dtype_name(dt) << " " << cpu::vector_isa_name(isa)) {
+          cpu::cap_vector_isa_for_testing(isa);
+          const int64_t in = c.x[c.x.ndim() - 1];
+          // Pre-activations around the GELU's bend: values of order 1.
+          Tensor x = randn(c.x, dt, 41), w = mul_scalar(randn({c.out, in}, dt, 42), 1.0 / std::sqrt(double(in)));
+          Tensor b = randn({c.out}, dt, 43), dy = randn(c.x.with(-1, c.out), dt, 44);
+          Tensors fused = run_with_grads([](const Tensors& i) { return linear(i[0], i[1], i[2]); }, {x, w, b}, dy);
+          Tensors ref = run_with_grads(unfused_linear, {x, w, b}, dy);
+          Tensors fused_gelu =
+              run_with_grads([](const Tensors& i) { return linear_gelu(i[0], i[1], i[2]); }, {x, w, b}, dy);
+          Tensors ref_gelu = run_with_grads(unfused_linear_gelu, {x, w, b}, dy);
+          cpu::cap_vector_isa_for_testing(std::nullopt);
+          for (size_t k = 0; k < fused.size(); ++k) {
+            INFO("output/gradient " << k);
+            CHECK(moetrain::testing::bitwise_equal(fused[k], ref[k]));
+            CHECK(moetrain::testing::bitwise_equal(fused_gelu[k], ref_gelu[k]));
+          }
+          // And the GELU really ran: gelu_tanh(x W^T + b) by a double loop, to f32 rounding.
+          std::vector<double> vx = x.to(DType::f64).to_vector(), vw = w.to(DType::f64).to_vector(),
+                              vb = b.to(DType::f64).to_vector(), vy = fused_gelu[0].to(DType::f64).to_vector();
+          const int64_t rows = x.numel() / in;
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t o = 0; o < c.out; ++o) {
+              double acc = vb[static_cast<size_t>(o)];
+              for (int64_t i = 0; i < in; ++i)
+                acc += vx[static_cast<size_t>(r * in + i)] * vw[static_cast<size_t>(o * in + i)];
+              const double want = 0.5 * acc * (1 + std::tanh(0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)));
+              REQUIRE(std::abs(vy[static_cast<size_t>(r * c.out + o)] - want) <= (dt == DType::f64 ? 1e-12 : 1e-5));
+            }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("linear_gelu: gradients match finite differences", "[ops][linalg][linear]") {
+  // Scaled so the pre-activations sit where GELU bends (|z| ~ 1-2).
+  Tensor x = randn({3, 31}, DType::f64, 51), w = mul_scalar(randn({5, 31}, DType::f64, 52), 0.3),
+         b = randn({5}, DType::f64, 53);
+  check_gradients([](const Tensors& in) { return linear_gelu(in[0], in[1], in[2]); }, {x, w, b});
+  Tensor x3 = randn({2, 3, 7}, DType::f64, 54), w3 = mul_scalar(randn({6, 7}, DType::f64, 55), 0.5),
+         b3 = randn({6}, DType::f64, 56);
+  check_gradients([](const Tensors& in) { return linear_gelu(in[0], in[1], in[2]); }, {x3, w3, b3});
+  // One input at a time: the others need no gradient, and none is computed for them.
+  for (int only = 0; only < 3; ++only) {
+    GradCheckOptions opts;
+    opts.check = {only == 0, only == 1, only == 2};
+    check_gradients([](const Tensors& in) { return linear_gelu(in[0], in[1], in[2]); }, {x3, w3, b3}, opts);
+    check_gradients([](const Tensors& in) { return linear(in[0], in[1], in[2]); }, {x3, w3, b3}, opts);
+  }
+}
+
+TEST_CASE("mlp_gelu: the same bits as linear(linear_gelu(..)) and the unfused ops on the CPU", "[ops][linalg][linear]") {
+  struct Case {
+    Shape x;
+    int64_t hidden, out;
+  };
+  for (Case c : {Case{{2, 9, 33}, 300, 35}, Case{{4, 16}, 64, 16}}) {
+    for (DType dt : {DType::f32, DType::f64}) {
+      for (cpu::VectorIsa isa : moetrain::testing::runnable_isas()) {
+        DYNAMIC_SECTION(fmt::format("{}", c.x) << " " << dtype_name(dt) << " " << cpu::vector_isa_name(isa)) {
+          cpu::cap_vector_isa_for_testing(isa);
+          const int64_t in = c.x[c.x.ndim() - 1];
+          Tensor x = randn(c.x, dt, 91), wf = mul_scalar(randn({c.hidden, in}, dt, 92), 1.0 / std::sqrt(double(in)));
+          Tensor bf = randn({c.hidden}, dt, 93), wp = mul_scalar(randn({c.out, c.hidden}, dt, 94), 0.1);
+          Tensor bp = randn({c.out}, dt, 95), dy = randn(c.x.with(-1, c.out), dt, 96);
+          Tensors fused = run_with_grads(
+              [](const Tensors& i) { return mlp_gelu(i[0], i[1], i[2], i[3], i[4]); }, {x, wf, bf, wp, bp}, dy);
+          Tensors two_ops = run_with_grads(
+              [](const Tensors& i) { return linear(linear_gelu(i[0], i[1], i[2]), i[3], i[4]); }, {x, wf, bf, wp, bp},
+              dy);
+          Tensors unfused = run_with_grads(
+              [](const Tensors& i) {
+                return add(matmul(gelu_tanh(unfused_linear({i[0], i[1], i[2]})), i[3], false, true), i[4]);
+              },
+              {x, wf, bf, wp, bp}, dy);
+          cpu::cap_vector_isa_for_testing(std::nullopt);
+          for (size_t k = 0; k < fused.size(); ++k) {
+            INFO("output/gradient " << k);
+            CHECK(moetrain::testing::bitwise_equal(fused[k], two_ops[k]));
+            CHECK(moetrain::testing::bitwise_equal(fused[k], unfused[k]));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("mlp_gelu: gradients match finite differences", "[ops][linalg][linear]") {
+  Tensor x = randn({2, 3, 7}, DType::f64, 101), wf = mul_scalar(randn({9, 7}, DType::f64, 102), 0.5),
+         bf = randn({9}, DType::f64, 103), wp = mul_scalar(randn({5, 9}, DType::f64, 104), 0.5),
+         bp = randn({5}, DType::f64, 105);
+  auto fn = [](const Tensors& in) { return mlp_gelu(in[0], in[1], in[2], in[3], in[4]); };
+  check_gradients(fn, {x, wf, bf, wp, bp});
+  for (int only = 0; only < 5; ++only) {  // one input at a time
+    GradCheckOptions opts;
+    opts.check = {only == 0, only == 1, only == 2, only == 3, only == 4};
+    check_gradients(fn, {x, wf, bf, wp, bp}, opts);
+  }
+}
+
+TEST_CASE("mlp_gelu: bad arguments name the op and the shapes", "[ops][linalg][linear][errors]") {
+  Tensor x = randn({3, 8}, DType::f32, 1), wf = randn({6, 8}, DType::f32, 2), bf = randn({6}, DType::f32, 3);
+  Tensor wp = randn({4, 6}, DType::f32, 4), bp = randn({4}, DType::f32, 5);
+  CHECK_THROWS_WITH(mlp_gelu(x, wf, bf, randn({4, 5}, DType::f32, 6), bp),
+                    Catch::Contains("mlp_gelu") && Catch::Contains("[4, 5]") && Catch::Contains("[6, 8]"));
+  CHECK_THROWS_WITH(mlp_gelu(x, wf, bf, wp, randn({5}, DType::f32, 7)),
+                    Catch::Contains("mlp_gelu") && Catch::Contains("[5]") && Catch::Contains("[4, 6]"));
+  CHECK_THROWS_WITH(mlp_gelu(x, wf, bf, wp, Tensor{}), Catch::Contains("mlp_gelu") && Catch::Contains("biases"));
+  CHECK_THROWS_WITH(mlp_gelu(randn({3, 7}, DType::f32, 8), wf, bf, wp, bp),
+                    Catch::Contains("mlp_gelu") && Catch::Contains("[3, 7]") && Catch::Contains("[6, 8]"));
+  CHECK_THROWS_WITH(mlp_gelu(x, wf, bf, wp.to(DType::f64), bp), Catch::Contains("mlp_gelu") && Catch::Contains("f64"));
+}
+
+TEST_CASE("linear_gelu: bad arguments name the op and the shapes", "[ops][linalg][linear][errors]") {
+  Tensor x = randn({3, 8}, DType::f32, 1), w = randn({4, 8}, DType::f32, 2);
+  CHECK_THROWS_WITH(linear_gelu(x, w, Tensor{}), Catch::Contains("linear_gelu") && Catch::Contains("bias") &&
+                                                      Catch::Contains("[4, 8]"));
+  CHECK_THROWS_WITH(linear_gelu(x, w, randn({5}, DType::f32, 3)),
+                    Catch::Contains("linear_gelu") && Catch::Contains("[5]") && Catch::Contains("[4, 8]"));
+  CHECK_THROWS_WITH(linear_gelu(x, randn({4, 7}, DType::f32, 4), randn({4}, DType::f32, 5)),
+                    Catch::Contains("linear_gelu") && Catch::Contains("[3, 8]") && Catch::Contains("[4, 7]"));
+  CHECK_THROWS_WITH(linear_gelu(x, w, randn({4}, DType::f64, 6)),
+                    Catch::Contains("linear_gelu") && Catch::Contains("f64"));
+  CHECK_THROWS_WITH(linear(x, w, randn({4}, DType::f64, 6)), Catch::Contains("linear") && Catch::Contains("f64"));
+}
+
+// cuBLASLt's epilogues against the CPU twin. Tolerances, relative to the largest
+// value: f32 1e-3 forward / 2e-3 backward (the GEMM's order, and the GELU epilogue's
+// own tanh, which may be the GPU's approximate tanh, ~5e-4 relative, where ours is
+// within a few ulp); TF32 5e-3 (10-bit mantissa operands, as the grouped GEMM's
+// TF32 test); bf16 the project's 1e-2 / 2e-2.
+// Shapes cuBLASLt takes (every leading dim a multiple of 16 bytes) must run the
+// epilogues (counted by cuda::lt_stats), odd ones (out = 50257, GPT-2's vocabulary)
+// the plain cuBLAS path.
+TEST_CASE("linear and linear_gelu: CUDA (cuBLASLt epilogues) matches CPU in f32, TF32 and bf16",
+          "[ops][linalg][linear][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  using moetrain::testing::check_cuda_matches_cpu;
+  using moetrain::testing::CudaCompare;
+  REQUIRE(cuda::lt_gelu_form(0) == cuda::GeluForm::tanh);  // else the fused GELU path is off on this GPU
+  auto lin = [](const Tensors& in) { return Tensors{linear(in[0], in[1], in[2])}; };
+  auto lin_gelu = [](const Tensors& in) { return Tensors{linear_gelu(in[0], in[1], in[2])}; };
+  auto mlp = [](const Tensors& in) { return Tensors{mlp_gelu(in[0], in[1], in[2], in[3], in[4])}; };
+  struct Case {
+    const char* name;
+    DType dtype;
+    bool tf32;
+    CudaCompare tol;
+  };
+  for (Case c : {Case{"f32", DType::f32, false, {1e-3, 2e-3}}, Case{"tf32", DType::f32, true, {5e-3, 5e-3}},
+                 Case{"bf16", DType::bf16, false, {1e-2, 2e-2}}}) {
+    DYNAMIC_SECTION(c.name) {
+      cuda::set_allow_tf32(c.tf32);
+      // Aligned: rows 2 x 17 = 34 (rows need no alignment), in 128, out 256.
+      Tensor x = randn({2, 17, 128}, DType::f32, 71), w = mul_scalar(randn({256, 128}, DType::f32, 72), 0.1),
+             b = randn({256}, DType::f32, 73);
+      const cuda::LtStats before = cuda::lt_stats();
+      check_cuda_matches_cpu(lin, {x, w, b}, {true, true, true}, c.dtype, c.tol);
+      check_cuda_matches_cpu(lin_gelu, {x, w, b}, {true, true, true}, c.dtype, c.tol);
+      const cuda::LtStats after = cuda::lt_stats();
+      // GPT-2's MLP as one op: GELU_AUX_BIAS, BIAS, BGRADB (projection), DGELU_BGRAD.
+      Tensor wp = mul_scalar(randn({64, 256}, DType::f32, 77), 0.1), bp = randn({64}, DType::f32, 78);
+      check_cuda_matches_cpu(mlp, {x, w, b, wp, bp}, {true, true, true, true, true}, c.dtype, c.tol);
+      const cuda::LtStats after_mlp = cuda::lt_stats();
+      CHECK(after_mlp.runs[int(cuda::LtEpilogue::gelu_aux_bias)] == after.runs[int(cuda::LtEpilogue::gelu_aux_bias)] + 1);
+      CHECK(after_mlp.runs[int(cuda::LtEpilogue::bias)] == after.runs[int(cuda::LtEpilogue::bias)] + 1);
+      CHECK(after_mlp.runs[int(cuda::LtEpilogue::bgrad_a)] == after.runs[int(cuda::LtEpilogue::bgrad_a)] + 1);
+      CHECK(after_mlp.runs[int(cuda::LtEpilogue::dgelu_bgrad)] == after.runs[int(cuda::LtEpilogue::dgelu_bgrad)] + 1);
+      CHECK(after_mlp.fallbacks == after.fallbacks);
+      CHECK(after.runs[int(cuda::LtEpilogue::bias)] == before.runs[int(cuda::LtEpilogue::bias)] + 1);
+      CHECK(after.runs[int(cuda::LtEpilogue::gelu_aux_bias)] == before.runs[int(cuda::LtEpilogue::gelu_aux_bias)] + 1);
+      CHECK(after.runs[int(cuda::LtEpilogue::bgrad_a)] == before.runs[int(cuda::LtEpilogue::bgrad_a)] + 2);
+      CHECK(after.fallbacks == before.fallbacks);
+      // Odd: out = 50257 (ldc and the bias gradient's GEMM refused), in = 33.
+      Tensor xo = randn({3, 33}, DType::f32, 74), wo = mul_scalar(randn({50257, 33}, DType::f32, 75), 0.2),
+             bo = randn({50257}, DType::f32, 76);
+      check_cuda_matches_cpu(lin, {xo, wo, bo}, {true, true, true}, c.dtype, c.tol);
+      check_cuda_matches_cpu(lin_gelu, {xo, wo, bo}, {true, true, true}, c.dtype, c.tol);
+      const cuda::LtStats odd = cuda::lt_stats();
+      for (int e = 0; e < 4; ++e) CHECK(odd.runs[e] == after_mlp.runs[e]);
+      CHECK(odd.fallbacks == after_mlp.fallbacks + 4);  // two forwards, two weight gradients
+      cuda::set_allow_tf32(false);
+    }
+  }
+}
+
+namespace {
+// Host reference of the DGELU_BGRAD epilogue in row-major terms: C = (A B) * gelu'(aux),
+// bias[j] = Σ_i C[i, j]; in double from the same (rounded) inputs.
+void dgelu_bgrad_reference(const std::vector<double>& a, const std::vector<double>& b, const std::vector<double>& aux,
+                           int64_t m, int64_t n, int64_t k, std::vector<double>& c, std::vector<double>& bias) {
+  c.assign(static_cast<size_t>(m * n), 0.0);
+  bias.assign(static_cast<size_t>(n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) acc += a[static_cast<size_t>(i * k + p)] * b[static_cast<size_t>(p * n + j)];
+      const double x = aux[static_cast<size_t>(i * n + j)], cc = 0.7978845608028654, ca = 0.044715;
+      const double t = std::tanh(cc * (x + ca * x * x * x));
+      const double d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * cc * (1 + 3 * ca * x * x);
+      c[static_cast<size_t>(i * n + j)] = acc * d;
+      bias[static_cast<size_t>(j)] += acc * d;
+    }
+}
+}  // namespace
+
+TEST_CASE("cuBLASLt DGELU_BGRAD: the GELU gradient and the bias gradient against a host loop",
+          "[ops][linalg][cuda]") {
+  // The epilogue of mlp_gelu's backward, at the wrapper against a loop in double.
+  if (!moetrain::testing::gpu_available()) return;
+  REQUIRE(cuda::lt_gelu_form(0) == cuda::GeluForm::tanh);
+  const int64_t m = 40, n = 64, k = 96;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    DYNAMIC_SECTION(dtype_name(dt)) {
+      Tensor a = randn({m, k}, DType::f32, 81).to(dt), b = mul_scalar(randn({k, n}, DType::f32, 82), 0.1).to(dt),
+             aux = randn({m, n}, DType::f32, 83).to(dt);
+      Tensor ga = a.to(kCuda), gb = b.to(kCuda), gaux = aux.to(kCuda);
+      Tensor gc = empty({m, n}, dt, kCuda), gbias = empty({n}, dt, kCuda);
+      cuda::LtGemm g;
+      g.dtype = dt;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.a = ga.raw_data();
+      g.lda = k;
+      g.b = gb.raw_data();
+      g.ldb = n;
+      g.c = gc.raw_data();
+      g.ldc = n;
+      g.epilogue = cuda::LtEpilogue::dgelu_bgrad;
+      g.bias = gbias.raw_data();
+      g.aux = gaux.raw_data();
+      g.ld_aux = n;
+      REQUIRE(cuda::lt_refusal(g).empty());
+      REQUIRE(cuda::lt_matmul(g, 0));
+      std::vector<double> c, bias;
+      dgelu_bgrad_reference(a.to(DType::f32).to_vector(), b.to(DType::f32).to_vector(), aux.to(DType::f32).to_vector(),
+                            m, n, k, c, bias);
+      const double tol = dt == DType::bf16 ? 2e-2 : 1e-3;  // as above: the epilogue's tanh
+      CHECK(moetrain::testing::rel_error(gc.to(kCpu).to(DType::f64), from_vector(c, {m, n}, DType::f64)) <= tol);
+      CHECK(moetrain::testing::rel_error(gbias.to(kCpu).to(DType::f64), from_vector(bias, {n}, DType::f64)) <= tol);
+    }
   }
 }
