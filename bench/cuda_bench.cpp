@@ -113,34 +113,42 @@ Row attention_row(int64_t T, int64_t H, int64_t D, int steps, bool tensor_cores 
 }
 
 // The recurrent row counts the chunked form's FLOPs too, so the two rates compare times.
-// tensor_cores: the chunked form's products on TF32 tensor cores (ops/kda/kda_tc.h),
-// their scans on column tiles of `columns` (0: the default, 32 here).
-Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_cores = false, int columns = 0) {
+// tensor_cores: the chunked form's products on TF32 tensor cores (ops/kda/kda_tc.h).
+// columns: the chunked scans' tile of columns of S: 0 the fixed tile of before the
+// automatic choice (64 columns scalar, 32 on tensor cores), kKdaAutoColumns the
+// automatic choice from the shape and the SM count (kda_scan_columns), else that
+// tile; the shape names the tile run.
+constexpr int kKdaAutoColumns = -1;
+Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_cores = false, int columns = 0,
+            int64_t B = 1) {
   const int64_t H = 16, K = 128;
   const std::string name = fmt::format("kda {} fwd+bwd", kda_mode_name(mode));
-  std::string shape = fmt::format("B1 T{} H{} K=V={}{}{}", T, H, K, mode == KdaMode::chunked ? " chunk 64" : "",
-                                  tensor_cores ? fmt::format(" tf32 tensor cores{}", columns > 0
-                                                                 ? fmt::format(", {} columns", columns)
-                                                                 : std::string())
-                                               : std::string());
+  const int fixed = columns == 0 ? (tensor_cores ? 32 : 64) : std::max(columns, 0);
   cuda::set_kda_tensor_cores(tensor_cores);
-  cuda::set_kda_tensor_core_columns(columns);
+  cuda::set_kda_scan_columns(fixed);
   struct Restore {
     ~Restore() {
       cuda::set_kda_tensor_cores(false);
-      cuda::set_kda_tensor_core_columns(0);
+      cuda::set_kda_scan_columns(0);
     }
   } restore;
+  const std::string shape = fmt::format("B{} T{} H{} K=V={}{}{}", B, T, H, K,
+                                        mode == KdaMode::chunked ? " chunk 64" : "",
+                                        tensor_cores ? " tf32 tensor cores" : "");
   return guarded(name, shape, [&] {
+    const std::string tiled =
+        mode == KdaMode::chunked ? fmt::format("{}, {} columns{}", shape, cuda::kda_chunked_scan_columns(B * H, K, K, 64),
+                                               columns == kKdaAutoColumns ? " (automatic)" : "")
+                                 : shape;
     auto leaf = [&](Shape s, uint64_t seed, double scale) {
       return mul_scalar(randn(s, DType::f32, seed), scale).to(kGpu).detach().set_requires_grad();
     };
-    Tensor q = leaf({1, T, H, K}, 1, 0.1), k = leaf({1, T, H, K}, 2, 0.1), v = leaf({1, T, H, K}, 3, 1.0);
-    Tensor g = leaf({1, T, H, K}, 4, 0.01), beta = leaf({1, T, H}, 5, 0.5);
-    Tensor grad = randn({1, T, H, K}, DType::f32, 6).to(kGpu);
+    Tensor q = leaf({B, T, H, K}, 1, 0.1), k = leaf({B, T, H, K}, 2, 0.1), v = leaf({B, T, H, K}, 3, 1.0);
+    Tensor g = leaf({B, T, H, K}, 4, 0.01), beta = leaf({B, T, H}, 5, 0.5);
+    Tensor grad = randn({B, T, H, K}, DType::f32, 6).to(kGpu);
     // Chunked forward+backward FLOPs are dominated by the chunk GEMMs (docs/model.md#kda-chunked-form):
-    // ~ 6 * T * 64 * K * H * 4.
-    Row r{name, shape, 0, 6.0 * T * 64 * K * H * 4};
+    // ~ 6 * B * T * 64 * K * H * 4.
+    Row r{name, tiled, 0, 6.0 * B * T * 64 * K * H * 4};
     r.ms = time_ms(steps, [&] {
       KdaResult out = kda(q, k, v, g, beta, Tensor(), 1.0 / std::sqrt(static_cast<double>(K)), mode, 64);
       autograd::backward({out.o}, {grad});
@@ -430,6 +438,9 @@ int main(int argc, char** argv) {
   for (int64_t T : {4096, 8192}) row(kda_row(T, steps, KdaMode::chunked, true));
   row(kda_row(8192, steps, KdaMode::chunked, true, 16));  // twice the scan blocks
   row(kda_row(4096, steps, KdaMode::recurrent));
+  for (bool tc : {false, true}) row(kda_row(8192, steps, KdaMode::chunked, tc, kKdaAutoColumns));
+  for (bool tc : {false, true}) row(kda_row(1024, steps, KdaMode::chunked, tc, kKdaAutoColumns, 8));
+  row(kda_row(1024, steps, KdaMode::chunked, false, 0, 8));  // B8 on the fixed tile, beside the automatic one
   for (bool on_gpu : {true, false}) row(router_row(8192, 896, 16, steps, on_gpu));  // K3's router
   // The memory-bound families, each against the copy rate of this run.
   {

@@ -3,8 +3,9 @@
 // block per (batch element, value head), steps in order; the backward's
 // per-value-head dq/dk are then summed over each group of value heads in a fixed
 // order. Chunked form: a block per (task, chunk) prepares every chunk at once, a
-// block per (task, 32..64 columns of S) scans the chunks (forward) or scans them
-// back (backward), a block per (task, chunk) writes O (forward) or the chunk's
+// block per (task, tile of 8..64 columns of S: kda_scan_columns of ops/kda/kda_tc.h,
+// from the shape and the multiprocessor count) scans the chunks (forward) or scans
+// them back (backward), a block per (task, chunk) writes O (forward) or the chunk's
 // gradients (backward).
 #include <algorithm>
 #include <atomic>
@@ -116,14 +117,18 @@ __global__ void __launch_bounds__(kThreads) kda_chunk_grad_tc_kernel(simt::KdaCh
 }
 
 std::atomic<bool> g_kda_tensor_cores{false};
-std::atomic<int> g_kda_tile_columns{0};  // 0: kda_tc_tile_columns' choice
+std::atomic<int> g_kda_scan_columns{0};  // 0: kda_scan_columns' choice
 
-int64_t tile_columns(int64_t V) { return simt::kda_tc_tile_columns(V, g_kda_tile_columns.load()); }
+// The scans' column tile (ops/kda/kda_tc.h: kda_scan_columns) for this device's multiprocessors.
+int64_t scan_columns(int64_t tasks, int64_t V, simt::KdaScanPath path) {
+  return simt::kda_scan_columns(tasks, V, device_attribute(cudaDevAttrMultiProcessorCount), path,
+                                g_kda_scan_columns.load());
+}
 
-// Whether a chunked call (f32 arithmetic) takes the tensor-core bodies.
-bool use_tensor_cores(int64_t K, int64_t V, int64_t C) {
+// Whether a chunked call (f32 arithmetic) of `tasks` scans takes the tensor-core bodies.
+bool use_tensor_cores(int64_t tasks, int64_t K, int64_t V, int64_t C) {
   if (!g_kda_tensor_cores.load() || !simt::kda_tc_shape_ok(K, V, C)) return false;
-  const int64_t BV = tile_columns(V);
+  const int64_t BV = scan_columns(tasks, V, simt::KdaScanPath::tensor_cores);
   const int64_t need = std::max({simt::kda_tc_scan_shared_elements(K, C, BV),
                                  simt::kda_tc_backward_scan_shared_elements(K, C, BV),
                                  simt::kda_tc_output_shared_elements(C, V)}) *
@@ -157,7 +162,7 @@ struct ChunkRun {
   DType acc = dtype_of<A>::value;
   Device device;
   int64_t tasks, chunks;
-  int columns;  // threads of a scan block: columns of S
+  int columns;  // threads of a scalar scan block: its tile of columns of S
   size_t shared;
   Tensor gamma, Aqk, N, W, Qd, Kd, U, Vnew, decay, Ekk, work;
 
@@ -175,7 +180,7 @@ struct ChunkRun {
              "usual choice)", op, C, shared);
     MT_CHECK(tasks * chunks <= 0x7fffffff, "{}: {} (batch, head, chunk) blocks exceed the CUDA grid", op,
              tasks * chunks);
-    columns = static_cast<int>(std::clamp<int64_t>((V + 31) / 32 * 32, 32, 64));
+    columns = static_cast<int>(scan_columns(tasks, V, simt::KdaScanPath::scalar));
     gamma = empty({tasks, chunks, C * K}, DType::f64, device);
     Aqk = scratch(C * C);
     N = scratch(C * C);
@@ -340,11 +345,11 @@ void kda_chunked_forward(Tensor& o, Tensor& state, Tensor* chunk_states, const T
     a.states = ptr<A>(states);
     if (a.tasks() == 0) return;
     cudaStream_t s = stream_of(q);
-    const bool tensor_cores = std::is_same_v<A, float> && use_tensor_cores(a.K, a.V, a.C);
+    const bool tensor_cores = std::is_same_v<A, float> && use_tensor_cores(run.tasks, a.K, a.V, a.C);
     run.prepare(s, tensor_cores);
     if constexpr (std::is_same_v<A, float>) {
       if (tensor_cores) {
-        const int64_t BV = tile_columns(a.V);
+        const int64_t BV = scan_columns(run.tasks, a.V, simt::KdaScanPath::tensor_cores);
         launch_with_shared(kda_chunk_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
                            simt::kda_tc_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
                            "kda_chunked (tensor cores)", "a smaller K", a, BV);
@@ -404,11 +409,11 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
     a.grad_state0 = ptr<T>(grad_h0);
     if (a.tasks() == 0) return;
     cudaStream_t s = stream_of(q);
-    const bool tensor_cores = std::is_same_v<A, float> && use_tensor_cores(a.K, a.V, a.C);
+    const bool tensor_cores = std::is_same_v<A, float> && use_tensor_cores(run.tasks, a.K, a.V, a.C);
     run.prepare(s, tensor_cores);
     if constexpr (std::is_same_v<A, float>) {
       if (tensor_cores) {
-        const int64_t BV = tile_columns(a.V);
+        const int64_t BV = scan_columns(run.tasks, a.V, simt::KdaScanPath::tensor_cores);
         launch_with_shared(kda_chunk_backward_scan_tc_kernel<T>, run.tc_scan_grid(BV), simt::kKdaTcThreads,
                            simt::kda_tc_backward_scan_shared_elements(a.K, a.C, BV) * sizeof(float), s,
                            "kda_chunked_backward (tensor cores)", "a smaller K", a, BV);
@@ -436,10 +441,16 @@ void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, Tensor
 
 void set_kda_tensor_cores(bool enabled) { g_kda_tensor_cores.store(enabled); }
 
-void set_kda_tensor_core_columns(int columns) {
-  MT_CHECK(columns == 0 || columns == 16 || columns == 32,
-           "set_kda_tensor_core_columns: {} columns; expected 16, 32 or 0 (the default choice)", columns);
-  g_kda_tile_columns.store(columns);
+void set_kda_scan_columns(int columns) {
+  MT_CHECK(columns == 0 || columns == 8 || columns == 16 || columns == 32 || columns == 64,
+           "set_kda_scan_columns: {} columns; expected 8, 16, 32, 64 or 0 (the automatic choice)", columns);
+  g_kda_scan_columns.store(columns);
+}
+
+int kda_chunked_scan_columns(int64_t tasks, int64_t K, int64_t V, int64_t chunk_size) {
+  const bool tensor_cores = use_tensor_cores(tasks, K, V, chunk_size);
+  return static_cast<int>(
+      scan_columns(tasks, V, tensor_cores ? simt::KdaScanPath::tensor_cores : simt::KdaScanPath::scalar));
 }
 
 void linear_attention_forward(Tensor& o, Tensor& state, Tensor* checkpoints, const Tensor& q, const Tensor& k,

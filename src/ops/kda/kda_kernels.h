@@ -72,7 +72,16 @@ MT_CUDA_KERNEL(void kda_chunked_backward(Tensor& grad_q, Tensor& grad_k, Tensor&
 // the CPU); the trainer turns it on for bf16 runs and train.tf32. Applies where
 // K, V and C are multiples of 16 on sm_80 and later; elsewhere the scalar bodies run.
 MT_CUDA_KERNEL(void set_kda_tensor_cores(bool enabled));
-// Columns of S per tensor-core scan block: 16 or 32 (where it divides V), or 0 for
-// the default (32, else 16). For benchmarks: fewer columns make more blocks.
-MT_CUDA_KERNEL(void set_kda_tensor_core_columns(int columns));
+// Columns of S per chunked scan block, both paths: 0 (the default) for the
+// automatic choice from the shape and the device's multiprocessor count
+// (ops/kda/kda_tc.h: kda_scan_columns), or 8, 16, 32 or 64 where the path takes it
+// (the tensor-core scans 16 or 32 dividing V; the scalar ones any up to V rounded
+// up to 8), else the automatic choice. For benchmarks and tests: the results do not
+// depend on it.
+MT_CUDA_KERNEL(void set_kda_scan_columns(int columns));
+// The tile of columns that kda_chunked's scans take on the current device for f32
+// or bf16 inputs of `tasks` = B x HV value heads, K, V and chunk C (the path as
+// set_kda_tensor_cores and the shape decide; set_kda_scan_columns' override): what
+// moetrain_bench_cuda prints beside its rows.
+MT_CUDA_KERNEL(int kda_chunked_scan_columns(int64_t tasks, int64_t K, int64_t V, int64_t chunk_size));
 }  // namespace moetrain::cuda

@@ -36,12 +36,47 @@ inline constexpr int kKdaTcThreads = 32 * kKdaTcWarps;
 
 // Whether the tensor-core bodies take a shape: K, V and C multiples of 16.
 inline bool kda_tc_shape_ok(int64_t K, int64_t V, int64_t C) { return K % 16 == 0 && V % 16 == 0 && C % 16 == 0; }
-// Columns of S per scan block: `wanted` (16 or 32) when it divides V, else 32
-// (more blocks for the few tasks of a long sequence than 64), 16 when V is not a
-// multiple of 32.
-inline int64_t kda_tc_tile_columns(int64_t V, int64_t wanted = 0) {
-  if (wanted > 0 && V % wanted == 0) return wanted;
-  return V % 32 == 0 ? 32 : 16;
+// The column tile of the chunked scans (kda_chunk_scan / kda_chunk_backward_scan
+// of kda_simt.h, or kda_chunk_scan_tc / kda_chunk_backward_scan_tc below): the
+// columns of S one scan block takes. A scan block runs its columns through every
+// chunk in order, so the grid, tasks x ceil(V / columns) blocks, is all the
+// parallelism the scan has (docs/cuda.md#kda-and-linear-attention). The tiles a
+// path takes: the scalar bodies any of 64, 32, 16, 8 (a thread per column: the
+// block is the tile; never wider than V rounded up to 8, so at most 7 threads of a
+// lone tile idle), the tensor-core bodies 32 or 16 dividing V (16x16 output tiles).
+// Every column is computed alone, in the same order whatever the tile: the tile
+// changes no bit of the result (tested in tests/ops/kda/kda_simt_test.cpp).
+enum class KdaScanPath { scalar, tensor_cores };
+
+inline constexpr int64_t kKdaScanTiles[] = {64, 32, 16, 8};  // widest first
+
+// Whether `path` takes a tile of `columns` for value width V.
+inline bool kda_scan_tile_ok(KdaScanPath path, int64_t V, int64_t columns) {
+  if (path == KdaScanPath::tensor_cores) return (columns == 16 || columns == 32) && V % columns == 0;
+  return (columns == 8 || columns == 16 || columns == 32 || columns == 64) && columns <= (V + 7) / 8 * 8;
+}
+
+// Scan blocks of a tile: tasks x ceil(V / columns).
+inline int64_t kda_scan_blocks(int64_t tasks, int64_t V, int64_t columns) {
+  return tasks * ((V + columns - 1) / columns);
+}
+
+// The tile for `tasks` = B x HV scans of value width V on a device of `sms`
+// multiprocessors: `wanted` where the path takes it (cuda::set_kda_scan_columns,
+// for experiments); else the widest tile the path takes that gives at least two
+// blocks per multiprocessor, else (too few columns for that) the narrowest, the
+// most blocks the shape has. Wider tiles where they suffice: fewer blocks reload
+// the chunk's W, K̂ (and, backward, A^qk, Q̂) per column. The tensor-core path
+// needs V a multiple of 16 (kda_tc_shape_ok); a scalar shape any V >= 1.
+inline int64_t kda_scan_columns(int64_t tasks, int64_t V, int64_t sms, KdaScanPath path, int64_t wanted = 0) {
+  if (wanted > 0 && kda_scan_tile_ok(path, V, wanted)) return wanted;
+  int64_t narrowest = 0;
+  for (int64_t columns : kKdaScanTiles) {
+    if (!kda_scan_tile_ok(path, V, columns)) continue;
+    if (kda_scan_blocks(tasks, V, columns) >= 2 * sms) return columns;
+    narrowest = columns;
+  }
+  return narrowest > 0 ? narrowest : 8;  // V = 0 (scalar): no columns, any tile
 }
 
 // f32 elements of `sh` for the bodies below.

@@ -150,10 +150,12 @@ Results run_bodies(const Problem& p, const Dims& d, double scale, int threads, H
 // The chunked forward and backward bodies (chunks of C), as kda_cuda.cu runs kda_chunked;
 // tensor_cores (T = float): the scans and the output by the bodies of ops/kda/kda_tc.h,
 // kda_chunk_prepare and kda_chunk_grad with their tile products (HostTf32, blocks
-// of 4 warps), as with cuda::set_kda_tensor_cores(true).
+// of 4 warps), as with cuda::set_kda_tensor_cores(true). columns: the scans' tile of
+// columns of S (kda_scan_columns' choice on a GPU; a scalar scan block has that many
+// threads); 0: `threads` (scalar), 32 where it divides V, else 16 (tensor cores).
 template <class T>
 Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_t C, int threads,
-                           bool tensor_cores = false, HostOrder order = HostOrder::natural) {
+                           bool tensor_cores = false, HostOrder order = HostOrder::natural, int64_t columns = 0) {
   const DType dt = dtype_v<T>;
   simt::KdaChunkArgs<T, T> a;
   set_inputs<T>(a, p, d, scale);
@@ -184,6 +186,8 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   a.decay = decay.data<T>();
   const simt::HostBlock blk = testing::host_block(threads, order);
   const simt::HostBlock tc_blk = testing::host_block(simt::kKdaTcThreads, order);
+  const int64_t BV = columns > 0 ? columns : tensor_cores ? (d.V % 32 == 0 ? 32 : 16) : threads;
+  const simt::HostBlock scan_blk = testing::host_block(static_cast<int>(BV), order);
   std::vector<T> shared(static_cast<size_t>(simt::kda_chunk_shared_elements(C)));
   auto prepare = [&](int64_t task, int64_t n) {
     if constexpr (std::is_same_v<T, float>) {
@@ -194,7 +198,6 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   const long long exps0 = simt::host_exp_calls;
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) prepare(task, n);
-  const int64_t BV = simt::kda_tc_tile_columns(d.V);
   std::vector<float> tc_shared;
   if constexpr (std::is_same_v<T, float>) {
     if (tensor_cores) {
@@ -210,7 +213,7 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   }
   if (!tensor_cores) {
     for (int64_t task = 0; task < tasks; ++task)
-      for (int64_t column0 = 0; column0 < d.V; column0 += threads) simt::kda_chunk_scan(blk, a, task, column0);
+      for (int64_t column0 = 0; column0 < d.V; column0 += BV) simt::kda_chunk_scan(scan_blk, a, task, column0);
     for (int64_t task = 0; task < tasks; ++task)
       for (int64_t n = 0; n < chunks; ++n) simt::kda_chunk_output(blk, a, task, n);
   }
@@ -264,8 +267,8 @@ Results run_chunked_bodies(const Problem& p, const Dims& d, double scale, int64_
   }
   if (!tensor_cores)
     for (int64_t task = 0; task < tasks; ++task)
-      for (int64_t column0 = 0; column0 < d.V; column0 += threads)
-        simt::kda_chunk_backward_scan(blk, a, task, column0);
+      for (int64_t column0 = 0; column0 < d.V; column0 += BV)
+        simt::kda_chunk_backward_scan(scan_blk, a, task, column0);
   for (int64_t task = 0; task < tasks; ++task)
     for (int64_t n = 0; n < chunks; ++n) {
       if constexpr (std::is_same_v<T, float>) {
@@ -464,6 +467,120 @@ TEST_CASE("kda: the tensor-core chunked bodies (TF32), run on the host, match th
         compare(tc, ref, 5e-3);
         CHECK(rel_error(tc.o, ref.o) > 1e-6);  // the TF32 path ran: it rounds differently
       }
+}
+
+TEST_CASE("kda: the chunked scans give the same bits on every column tile, forward and gradients",
+          "[ops][kda][simt]") {
+  // A scan block takes a tile of columns of S (kda_cuda.cu picks it with
+  // kda_scan_columns); every column is scanned alone, in the same order, so the
+  // tile may not change a bit. Each tile in the three thread orders against the CPU
+  // chunked kernels, then the tiles against each other. Scalar tiles of 64 to 8
+  // columns, V off them (12, 20, 33: a last tile partly idle) and the K3 head
+  // (K = V = 128); tensor-core tiles of 32 and 16 where they divide V (48: 16 only).
+  const Dims shapes[] = {
+      {2, 70, 2, 4, 20, 12}, {1, 129, 1, 1, 7, 33}, {1, 70, 1, 2, 16, 20}, {1, 80, 1, 1, 128, 128}};
+  for (const Dims& d : shapes) {
+    DYNAMIC_SECTION("scalar B" << d.B << " T" << d.T << " H" << d.H << " HV" << d.HV << " K" << d.K << " V" << d.V) {
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d.K));
+      const Problem p64 = make_problem(d, true, DType::f64, 61), p32 = make_problem(d, true, DType::f32, 61);
+      const Results ref = run_cpu_chunked(p64, d, scale, 64);
+      Results first64, first32;
+      for (int64_t columns : {64, 32, 16, 8}) {
+        INFO("columns " << columns);
+        Results r64 = run_in_all_orders(
+            [&](HostOrder o) { return run_chunked_bodies<double>(p64, d, scale, 64, 32, false, o, columns); });
+        Results r32 = run_in_all_orders(
+            [&](HostOrder o) { return run_chunked_bodies<float>(p32, d, scale, 64, 32, false, o, columns); });
+        compare(r64, ref, 1e-10);
+        compare(r32, ref, 2e-4);
+        if (columns == 64) {
+          first64 = r64;
+          first32 = r32;
+        }
+        CHECK(same_bits(r64, first64));
+        CHECK(same_bits(r32, first32));
+      }
+    }
+  }
+  const Dims tc_shapes[] = {{1, 129, 1, 1, 16, 48}, {1, 150, 1, 2, 64, 32}, {1, 80, 1, 1, 128, 128}};
+  for (const Dims& d : tc_shapes) {
+    DYNAMIC_SECTION("tensor cores B" << d.B << " T" << d.T << " H" << d.H << " HV" << d.HV << " K" << d.K << " V"
+                                     << d.V) {
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d.K));
+      const Problem p32 = make_problem(d, true, DType::f32, 62);
+      const Results ref = run_cpu_chunked(make_problem(d, true, DType::f64, 62), d, scale, 64);
+      Results first;
+      int tiles = 0;
+      for (int64_t columns : {32, 16}) {
+        if (d.V % columns != 0) continue;  // the tensor-core scans take whole tiles only
+        INFO("columns " << columns);
+        Results r = run_in_all_orders(
+            [&](HostOrder o) { return run_chunked_bodies<float>(p32, d, scale, 64, 32, true, o, columns); });
+        compare(r, ref, 5e-3);
+        CHECK(rel_error(r.o, ref.o) > 1e-6);  // the TF32 path ran
+        if (tiles++ == 0) first = r;
+        CHECK(same_bits(r, first));
+      }
+      CHECK(tiles == (d.V % 32 == 0 ? 2 : 1));
+    }
+  }
+}
+
+TEST_CASE("kda: the chunked scans' column tile gives two blocks per multiprocessor where the shape allows",
+          "[ops][kda][simt]") {
+  using simt::KdaScanPath;
+  const KdaScanPath scalar = KdaScanPath::scalar, tc = KdaScanPath::tensor_cores;
+  // An H200 (132 multiprocessors: 264 blocks wanted), tasks = B x H: the realistic
+  // shapes of docs/cuda.md's table, worked out by hand. B1 H16 V128: 16 tasks of 128
+  // columns have at most 256 scalar tiles of 8, 128 tensor-core tiles of 16: the
+  // narrowest. B8: 128 tasks, tiles of 64 give 256 < 264, of 32 give 512.
+  struct Case {
+    int64_t B, H, V, scalar_columns, tc_columns;
+  };
+  const Case cases[] = {
+      {1, 16, 128, 8, 16},  // bench's B1 T8192
+      {8, 16, 128, 32, 32},  // bench's B8 T1024
+      {2, 16, 128, 8, 16},   // 32 tasks: scalar 16 gives 256 < 264
+      {1, 32, 64, 8, 16},    // 32 tasks of 64 columns
+      {8, 4, 64, 8, 16},     // k3-small (B8, 4 heads of 64)
+      {1, 96, 128, 32, 32},  // kimi-k3 (96 heads): 64 gives 192
+      {8, 32, 64, 32, 32},   // 256 tasks: 64 gives 256 < 264
+  };
+  for (const Case& c : cases) {
+    INFO("B" << c.B << " H" << c.H << " V" << c.V);
+    CHECK(simt::kda_scan_columns(c.B * c.H, c.V, 132, scalar) == c.scalar_columns);
+    CHECK(simt::kda_scan_columns(c.B * c.H, c.V, 132, tc) == c.tc_columns);
+  }
+  // The rule over many shapes, with the block count worked out here: a tile the path
+  // takes (scalar: 8..64, at most V rounded up to 8; tensor cores: 16 or 32 dividing
+  // V), at least 2 x SMs blocks unless no tile gets there (then the narrowest), and no
+  // wider tile that also gets there.
+  const int64_t scalar_tiles[] = {64, 32, 16, 8}, tc_tiles[] = {32, 16};
+  for (int64_t sms : {1, 16, 108, 132})
+    for (int64_t tasks : {1, 2, 3, 8, 16, 17, 32, 64, 96, 128, 256, 300})
+      for (int64_t V = 1; V <= 256; V += (V < 40 ? 1 : 8))
+        for (KdaScanPath path : {scalar, tc}) {
+          if (path == tc && V % 16 != 0) continue;  // kda_tc_shape_ok
+          const int64_t columns = simt::kda_scan_columns(tasks, V, sms, path);
+          INFO("sms " << sms << " tasks " << tasks << " V " << V << " tensor cores " << (path == tc) << " columns "
+                      << columns);
+          auto blocks = [&](int64_t t) { return tasks * ((V + t - 1) / t); };
+          auto takes = [&](int64_t t) { return path == tc ? V % t == 0 : t <= (V + 7) / 8 * 8; };
+          const int64_t narrowest = path == tc ? 16 : 8;
+          REQUIRE((path == tc ? (columns == 16 || columns == 32) : (columns >= 8 && columns <= 64)));
+          REQUIRE(takes(columns));
+          if (blocks(columns) < 2 * sms) CHECK(columns == narrowest);
+          for (int64_t t : path == tc ? std::vector<int64_t>(tc_tiles, tc_tiles + 2)
+                                      : std::vector<int64_t>(scalar_tiles, scalar_tiles + 4))
+            if (t > columns && takes(t)) CHECK(blocks(t) < 2 * sms);
+        }
+  // The override (cuda::set_kda_scan_columns): taken where the path takes it, else
+  // the automatic choice.
+  CHECK(simt::kda_scan_columns(16, 128, 132, scalar, 64) == 64);
+  CHECK(simt::kda_scan_columns(16, 128, 132, tc, 32) == 32);
+  CHECK(simt::kda_scan_columns(16, 128, 132, tc, 8) == 16);   // no tensor-core tile of 8
+  CHECK(simt::kda_scan_columns(16, 48, 132, tc, 32) == 16);   // 32 does not divide 48
+  CHECK(simt::kda_scan_columns(16, 20, 132, scalar, 64) == 8);  // wider than V needs
 }
 
 TEST_CASE("kda: TF32 rounding of the host tensor core", "[ops][kda][simt]") {

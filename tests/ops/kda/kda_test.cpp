@@ -432,20 +432,20 @@ TEST_CASE("kda: CUDA matches CPU, both modes, forward and every gradient", "[ops
   }
   // The chunked form on tensor cores (TF32 products, ops/kda/kda_tc.h) for f32 and bf16:
   // shapes with K, V multiples of 16 (V = 48: tiles of 16 columns).
-  // Column tiles of 32 and 16 (set_kda_tensor_core_columns) where V allows.
+  // Column tiles of 32 and 16 (set_kda_scan_columns) where V allows.
   cuda::set_kda_tensor_cores(true);
   struct Restore {
     ~Restore() {
       cuda::set_kda_tensor_cores(false);
-      cuda::set_kda_tensor_core_columns(0);
+      cuda::set_kda_scan_columns(0);
     }
   } restore;
   for (Case c : {Case{2, 70, 2, 4, 32, 16}, Case{1, 100, 2, 2, 128, 128}, Case{1, 129, 1, 1, 16, 48}}) {
     Inputs tc = make_inputs(c.B, c.T, c.H, c.HV, c.K, c.V, Decay::lower_bound, true, 72);
     for (DType dtype : {DType::f32, DType::bf16})
       for (int64_t chunk : {int64_t{16}, int64_t{64}}) {
-        const int columns = chunk == 16 ? 16 : 0;
-        cuda::set_kda_tensor_core_columns(columns);
+        const int columns = chunk == 16 ? 16 : 32;  // 32 where it divides V, else the automatic tile
+        cuda::set_kda_scan_columns(columns);
         INFO(fmt::format("tensor cores {} {} chunk {} columns {}", tc.v.shape(), dtype, chunk, columns));
         const double scale = 1.0 / std::sqrt(static_cast<double>(c.K));
         moetrain::testing::check_cuda_matches_cpu(
@@ -465,6 +465,43 @@ TEST_CASE("kda: CUDA matches CPU, both modes, forward and every gradient", "[ops
                                  state_gpu, 0.35);
   CHECK(rel_error(o_gpu.to(kCpu), o) < 1e-12);
   CHECK(rel_error(state_gpu.to(kCpu), state) < 1e-12);
+}
+
+TEST_CASE("kda: CUDA chunked results do not depend on the scans' column tile", "[ops][kda][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  // Every column of S is scanned alone, in the same order whatever the tile
+  // (ops/kda/kda_tc.h: kda_scan_columns): the same bits for every tile a path takes,
+  // forward and every gradient; V = 128 (all tiles) and 48 (not a multiple of 32 or 64).
+  struct Restore {
+    ~Restore() {
+      cuda::set_kda_tensor_cores(false);
+      cuda::set_kda_scan_columns(0);
+    }
+  } restore;
+  for (int64_t V : {128, 48}) {
+    Inputs in = make_inputs(1, 100, 2, 2, 32, V, Decay::lower_bound, true, 73);
+    for (bool tensor_cores : {false, true}) {
+      cuda::set_kda_tensor_cores(tensor_cores);
+      Tensors first;
+      for (int columns : {0, 8, 16, 32, 64}) {
+        if (tensor_cores && (columns == 8 || columns == 64 || (columns > 0 && V % columns != 0))) continue;
+        cuda::set_kda_scan_columns(columns);
+        INFO(fmt::format("V {} tensor cores {} columns {}", V, tensor_cores, columns));
+        Tensors x;
+        for (const Tensor& t : in.list()) x.push_back(t.to(DType::f32).to(kCuda).detach().set_requires_grad());
+        KdaResult r = kda(x[0], x[1], x[2], x[3], x[4], x[5], 0.25, KdaMode::chunked, 64);
+        autograd::backward({r.o, r.final_state}, {randn(r.o.shape(), DType::f32, 5).to(kCuda),
+                                                  randn(r.final_state.shape(), DType::f32, 6).to(kCuda)});
+        Tensors got{r.o.to(kCpu), r.final_state.to(kCpu)};
+        for (const Tensor& t : x) got.push_back(t.grad().to(kCpu));
+        if (first.empty()) first = got;
+        for (size_t i = 0; i < got.size(); ++i) {
+          INFO("output or gradient " << i);
+          CHECK(moetrain::testing::bitwise_equal(got[i], first[i]));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("kda: mode dispatch", "[ops][kda]") {
