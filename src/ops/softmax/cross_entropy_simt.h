@@ -36,35 +36,9 @@
 
 #include "core/dtype.h"
 #include "ops/common/simt.h"
-
-#if defined(__CUDACC__)
-#include <cuda_bf16.h>
-#endif
+#include "ops/common/simt_types.h"  // acc_of_t, acc_load, acc_store
 
 namespace moetrain::simt {
-
-template <class T>
-struct CeAcc {
-  using type = float;  // f32 and bf16
-};
-template <>
-struct CeAcc<double> {
-  using type = double;
-};
-template <class T>
-using ce_acc_t = typename CeAcc<T>::type;
-
-MT_HOST_DEVICE inline float ce_widen(float x) { return x; }
-MT_HOST_DEVICE inline double ce_widen(double x) { return x; }
-MT_HOST_DEVICE inline void ce_narrow(float& dst, float v) { dst = v; }
-MT_HOST_DEVICE inline void ce_narrow(double& dst, double v) { dst = v; }
-// bf16: moetrain::bf16 on the host (round to nearest even, as the GPU's __float2bfloat16_rn).
-inline float ce_widen(moetrain::bf16 x) { return x.to_float(); }
-inline void ce_narrow(moetrain::bf16& dst, float v) { dst = moetrain::bf16::from_float(v); }
-#if defined(__CUDACC__)
-__device__ inline float ce_widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline void ce_narrow(__nv_bfloat16& dst, float v) { dst = __float2bfloat16_rn(v); }
-#endif
 
 MT_HOST_DEVICE inline double ce_log(double x) {
 #if defined(__CUDA_ARCH__)
@@ -95,7 +69,7 @@ inline int64_t cross_entropy_shared_elements(int threads) { return 2 * static_ca
 MT_SIMT_BODY
 template <class Block, class T, class I>
 MT_HOST_DEVICE void cross_entropy_row(const Block& blk, const CrossEntropyArgs<T, I>& a, int64_t r, double* sh) {
-  using A = ce_acc_t<T>;
+  using A = acc_of_t<T>;
   const int threads = blk.threads;
   const A neg_inf = static_cast<A>(-INFINITY);
   double* m = sh;            // [threads] running maxima (values of A)
@@ -105,7 +79,7 @@ MT_HOST_DEVICE void cross_entropy_row(const Block& blk, const CrossEntropyArgs<T
     A mt = neg_inf;
     double st = 0;
     for (int64_t j = tid; j < a.num_classes; j += threads) {
-      const A xj = ce_widen(x[j]);
+      const A xj = acc_load(x[j]);
       if (xj > mt) {  // the max grows: rescale the sum (e^{-inf} = 0 for the first column)
         st = st * static_cast<double>(exp_a(mt - xj)) + 1.0;
         mt = xj;
@@ -148,7 +122,7 @@ MT_HOST_DEVICE void cross_entropy_row(const Block& blk, const CrossEntropyArgs<T
     const int64_t t = static_cast<int64_t>(a.targets[r]);
     a.row_loss[r] = t == a.ignore_index                   ? 0.0
                     : t < 0 || t >= a.num_classes         ? static_cast<double>(NAN)
-                                                          : l - static_cast<double>(ce_widen(x[t]));
+                                                          : l - static_cast<double>(acc_load(x[t]));
   });
 }
 
@@ -198,7 +172,7 @@ MT_SIMT_BODY
 template <class Block, class T, class I>
 MT_HOST_DEVICE void cross_entropy_backward_row(const Block& blk, const CrossEntropyArgs<T, I>& a, int64_t r,
                                                double scale) {
-  using A = ce_acc_t<T>;
+  using A = acc_of_t<T>;
   const int threads = blk.threads;
   const T* x = a.logits + r * a.v;
   T* g = a.grad + r * a.v;
@@ -206,7 +180,7 @@ MT_HOST_DEVICE void cross_entropy_backward_row(const Block& blk, const CrossEntr
   const bool ignored = t == a.ignore_index;
   if (!ignored && (t < 0 || t >= a.num_classes)) {
     blk.each([&](int tid) {
-      for (int64_t j = tid; j < a.v; j += threads) ce_narrow(g[j], static_cast<A>(NAN));
+      for (int64_t j = tid; j < a.v; j += threads) acc_store(g[j], static_cast<A>(NAN));
     });
     return;
   }
@@ -216,10 +190,10 @@ MT_HOST_DEVICE void cross_entropy_backward_row(const Block& blk, const CrossEntr
     for (int64_t j = tid; j < a.v; j += threads) {
       A gj = 0;
       if (!ignored && j < a.num_classes) {
-        if (j == t) gj = static_cast<A>(scale * (exp_a(static_cast<double>(ce_widen(x[j])) - l) - 1.0));
-        else gj = sc * exp_a(ce_widen(x[j]) - lt);
+        if (j == t) gj = static_cast<A>(scale * (exp_a(static_cast<double>(acc_load(x[j])) - l) - 1.0));
+        else gj = sc * exp_a(acc_load(x[j]) - lt);
       }
-      ce_narrow(g[j], gj);
+      acc_store(g[j], gj);
     }
   });
 }

@@ -84,7 +84,7 @@ __global__ void cross_entropy_total_kernel(L* loss, double* counted, const doubl
 
 // scale = grad_loss / divisor, both read on the device (no host round trip).
 template <class T, class I>
-__global__ void cross_entropy_backward_kernel(simt::CrossEntropyArgs<T, I> a, const simt::ce_acc_t<T>* grad_loss,
+__global__ void cross_entropy_backward_kernel(simt::CrossEntropyArgs<T, I> a, const simt::acc_of_t<T>* grad_loss,
                                               const double* counted, bool mean) {
   const double scale = static_cast<double>(grad_loss[0]) / simt::cross_entropy_divisor(counted[0], mean);
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x)
@@ -127,7 +127,7 @@ void cross_entropy_forward(Tensor& lse, Tensor& loss, Tensor& counted, const Ten
   Tensor row_loss = empty({rows}, DType::f64, logits.device());
   dispatch_float_cuda(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    using L = simt::ce_acc_t<T>;
+    using L = simt::acc_of_t<T>;
     dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
       using I = decltype(itag);
       cudaStream_t s = stream_of(logits);
@@ -158,7 +158,7 @@ void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Ten
   if (rows == 0 || v == 0) return;
   dispatch_float_cuda(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
-    using L = simt::ce_acc_t<T>;
+    using L = simt::acc_of_t<T>;
     dispatch_index(targets.dtype(), "cross_entropy_backward", [&](auto itag) {
       using I = decltype(itag);
       simt::CrossEntropyArgs<T, I> a;

@@ -44,10 +44,10 @@ double as_double(T x) {
 
 // Runs rows, total and backward (grad_loss g) on the host as the kernels run them.
 template <class T>
-BodyRun<simt::ce_acc_t<T>> run_bodies(const std::vector<T>& logits, const std::vector<int64_t>& targets, int64_t v,
+BodyRun<simt::acc_of_t<T>> run_bodies(const std::vector<T>& logits, const std::vector<int64_t>& targets, int64_t v,
                                       int64_t num_classes, int64_t ignore_index, double g, int threads,
                                       simt::HostOrder order, bool mean = true) {
-  using L = simt::ce_acc_t<T>;
+  using L = simt::acc_of_t<T>;
   const int64_t rows = static_cast<int64_t>(targets.size());
   BodyRun<L> out;
   out.lse.assign(static_cast<size_t>(rows), -7);
