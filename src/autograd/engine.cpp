@@ -138,7 +138,7 @@ GradReadyHookGuard::~GradReadyHookGuard() { t_hook = nullptr; }
 void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   MT_CHECK(roots.size() == grads.size(), "backward: {} roots but {} gradients", roots.size(), grads.size());
   NoGradGuard no_grad;
-  profile::BackwardPass profiled;
+  profile::BackwardScope profiled("autograd");  // the pass's time outside nodes
   // Grad-ready hooks: the outermost pass tracks leaves; nested ones report theirs to it.
   std::optional<ReadyTracker> ready_leaves;
   if (t_hook && t_depth == 0) ready_leaves.emplace(*t_hook);
@@ -198,7 +198,7 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
-    profile::NodeScope timed(node->region);  // profiling on: this iteration's time goes to the node's region
+    profile::BackwardScope timed(node->region);  // profiling on: this iteration's time goes to the node's region
     Pending& p = pending[node];
     bool any = false;
     for (const Tensor& g : p.grads) any = any || g.defined();

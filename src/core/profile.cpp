@@ -111,17 +111,12 @@ Region::~Region() {
   g_current = saved_;
 }
 
-BackwardPass::BackwardPass() : saved_region_(g_target.region), saved_backward_(g_target.backward) {
-  switch_to({"autograd", true});
-}
-
-BackwardPass::~BackwardPass() { switch_to({saved_region_, saved_backward_}); }
-
-NodeScope::NodeScope(const char* region) : saved_region_(g_target.region), saved_backward_(g_target.backward) {
+BackwardScope::BackwardScope(const char* region)
+    : saved_region_(g_target.region), saved_backward_(g_target.backward) {
   switch_to({region, true});
 }
 
-NodeScope::~NodeScope() { switch_to({saved_region_, saved_backward_}); }
+BackwardScope::~BackwardScope() { switch_to({saved_region_, saved_backward_}); }
 
 std::vector<Entry> entries() {
   if (g_enabled && g_clock) {

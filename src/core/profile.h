@@ -36,28 +36,17 @@ class Region {
   bool saved_backward_;
 };
 
-// The autograd engine wraps a backward pass in a BackwardPass (its wall time is
-// not forward time of the region that called backward()) and each node's
-// backward in a NodeScope, whose time goes to the node's region; the pass's time
-// outside nodes counts as "autograd".
-class BackwardPass {
+// Backward time: the autograd engine opens a BackwardScope("autograd") around a
+// backward pass (its wall time is not forward time of the region that called
+// backward()) and a BackwardScope(node's region) around each node's backward, so
+// a node's time goes to the region it was made in and the pass's time outside
+// nodes to "autograd".
+class BackwardScope {
  public:
-  BackwardPass();
-  ~BackwardPass();
-  BackwardPass(const BackwardPass&) = delete;
-  BackwardPass& operator=(const BackwardPass&) = delete;
-
- private:
-  const char* saved_region_;
-  bool saved_backward_;
-};
-
-class NodeScope {
- public:
-  explicit NodeScope(const char* region);
-  ~NodeScope();
-  NodeScope(const NodeScope&) = delete;
-  NodeScope& operator=(const NodeScope&) = delete;
+  explicit BackwardScope(const char* region);
+  ~BackwardScope();
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
 
  private:
   const char* saved_region_;
