@@ -34,19 +34,19 @@ namespace {
 
 constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
 
-struct DeviceState {
+struct LtDevice {
   std::once_flag once;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::once_flag gelu_once;
   GeluForm gelu = GeluForm::unknown;
 };
-std::array<DeviceState, kMaxDevices> g_device;
+std::array<LtDevice, kMaxDevices> g_lt_device;
 
-DeviceState& state(int device) {
+LtDevice& lt_device(int device) {
   MT_CHECK(device >= 0 && device < kMaxDevices, "cuda:{}: no such device", device);
   set_device(device);
-  DeviceState& s = g_device[static_cast<size_t>(device)];
+  LtDevice& s = g_lt_device[static_cast<size_t>(device)];
   std::call_once(s.once, [&s, device] {
     MT_CUBLASLT_CHECK(cublasLtCreate(&s.handle));
     s.workspace = device_malloc(kWorkspaceBytes, device);  // kept for the process's life
@@ -89,7 +89,7 @@ void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const
 
 bool with_aux(LtEpilogue e) { return e == LtEpilogue::gelu_aux_bias || e == LtEpilogue::dgelu_bgrad; }
 
-Plan make_plan(const LtGemm& g, DeviceState& s) {
+Plan make_plan(const LtGemm& g, LtDevice& s) {
   const bool tf32 = g.dtype == DType::f32 && allow_tf32();
   const cudaDataType_t type = g.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
   Plan p;
@@ -136,7 +136,7 @@ Plan make_plan(const LtGemm& g, DeviceState& s) {
 // The matmul itself, without the GELU check (the probe runs through here).
 bool run(const LtGemm& g, int device) {
   if (!lt_refusal(g).empty()) return false;
-  DeviceState& s = state(device);
+  LtDevice& s = lt_device(device);
   const bool tf32 = g.dtype == DType::f32 && allow_tf32();
   const PlanKey key{device, static_cast<int>(g.dtype), tf32, g.trans_a, g.trans_b, g.m, g.n, g.k,
                     g.lda, g.ldb, g.ldc, static_cast<int>(g.epilogue), with_aux(g.epilogue) ? g.ld_aux : 0};
@@ -212,7 +212,7 @@ void count_fallback() {
 }  // namespace
 
 GeluForm lt_gelu_form(int device) {
-  DeviceState& s = state(device);
+  LtDevice& s = lt_device(device);
   std::call_once(s.gelu_once, [&s, device] {
     s.gelu = probe_gelu(device);
     if (s.gelu == GeluForm::tanh)
