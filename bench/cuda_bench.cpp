@@ -194,13 +194,20 @@ TrainResult train_row(const std::string& name, std::unique_ptr<LanguageModel> mo
     };
     r.ms = time_ms(steps, step);
     if (profiled > 0) {
+      struct Off {  // a step that throws leaves the profiler off and on the host clock for the next rows
+        ~Off() {
+          try {
+            profile::set_device_clock(nullptr);  // reads the events: a GPU in an error state throws here too
+          } catch (const std::exception&) {
+          }
+        }
+      } off;
       profile::set_device_clock(cuda::event_clock(0));
       profile::reset();
       profile::set_enabled(true);
       for (int s = 0; s < profiled; ++s) step();
       profile::set_enabled(false);
       out.table = profile::format_table(profile::entries(), profiled);
-      profile::set_device_clock(nullptr);
     }
     cuda::set_allow_tf32(false);
     cuda::set_kda_tensor_cores(false);
