@@ -1,13 +1,17 @@
 // core/profile.h with the autograd engine: nodes carry the Region they were made
 // in, their backward is charged there, nested Regions take their own forward time,
-// off means nothing is recorded.
+// off means nothing is recorded; a device clock (a fake one here, CUDA events in
+// the [cuda] case) charges the device's time between marks.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 
 #include "autograd/node.h"
+#include "backend/cuda/runtime.h"
 #include "core/profile.h"
 #include "moetrain.h"
+#include "testing.h"
 
 using namespace moetrain;
 
@@ -184,4 +188,45 @@ TEST_CASE("profile: a long profile reads its device marks as it goes", "[autogra
   CHECK(find(entries, "odd")->forward_s == 5000 * 0.5);
   CHECK(find(entries, "even")->forward_s == 5000 * 0.5);
   CHECK(total_s(entries) == clock.now - clock.tick - start);
+}
+
+TEST_CASE("profile: on a GPU the event clock charges each region the device time of its kernels",
+          "[autograd][profile][cuda]") {
+  if (!testing::gpu_available()) return;
+  const Device gpu{DeviceKind::cuda, 0};
+  Tensor a = randn({2048, 2048}, DType::f32, 1).to(gpu), b = randn({2048, 2048}, DType::f32, 2).to(gpu);
+  auto big = [&] {
+    for (int i = 0; i < 4; ++i) a = tanh(matmul(a, b));
+  };
+  auto small = [&] { b = add(b, b); };
+  big();  // warm-up: cuBLAS handles, allocator blocks
+  small();
+  cuda::synchronize(0);
+  cuda::EventTimer timer(0);
+  timer.start();
+  big();
+  small();
+  const double alone_s = timer.stop_ms() * 1e-3;
+
+  ClockGuard installed(cuda::event_clock(0));
+  profile::reset();
+  profile::set_enabled(true);
+  {
+    profile::Region r("big");
+    big();
+  }
+  {
+    profile::Region r("small");
+    small();
+  }
+  profile::set_enabled(false);
+  const auto entries = profile::entries();
+  const profile::Entry* e_big = find(entries, "big");
+  const profile::Entry* e_small = find(entries, "small");
+  REQUIRE(e_big);
+  REQUIRE(e_small);
+  // Host launch times would be microseconds for both; the device's are the kernels'.
+  CHECK(e_big->forward_s > 10 * e_small->forward_s);
+  CHECK(e_big->forward_s + e_small->forward_s > 0.5 * alone_s);
+  CHECK(e_big->forward_s + e_small->forward_s < 2.0 * alone_s);
 }
