@@ -4,6 +4,7 @@
 //   fused KDA gates (fwd + bwd)      vs the unfused ops they replace
 //   GPT-2's MLP as mlp_gelu (fwd + bwd) vs linear, gelu_tanh, linear as three ops
 //   AdamW::non_finite_update         vs AdamW::step on GPT-2 small's 124M parameters
+//   index_add_plan (the CUDA embedding/gather backward's host plan) vs memcpy (GB/s)
 // Run: build/moetrain_bench_ops [--benchmark_filter=...]; the ratio table is printed last.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -18,6 +19,7 @@
 #include "moetrain.h"
 #include "nn/gpt2.h"
 #include "nn/moe.h"
+#include "ops/view/view_simt.h"
 #include "optim/adamw.h"
 
 using namespace moetrain;
@@ -273,6 +275,35 @@ BENCHMARK(BM_adamw_check_then_step)->Arg(0)->Apply(adamw_args);
 BENCHMARK(BM_adamw_step)->Arg(1)->Apply(adamw_args);
 BENCHMARK(BM_adamw_check)->Arg(1)->Apply(adamw_args);
 BENCHMARK(BM_adamw_check_then_step)->Arg(1)->Apply(adamw_args);
+
+// The CUDA index_select backward's host plan (ops/view/view_simt.h: the indices
+// bucketed by destination row on the host before each backward's upload; it runs
+// without a GPU), at GPT-2's embedding (8,192 ids into 50,304 rows: the counting
+// sort) and at k3's router gather (8,192 tokens x top-16 of 896 experts, positions
+// in the flat [N x E] scores, row by row as the router names them: the stable
+// sort). GB/s of the indices read and the plan written (8 bytes a position, 16 a
+// named row), against memcpy's.
+void BM_index_add_plan(benchmark::State& st) {
+  const int64_t n = st.range(0), mid = st.range(1), experts = st.range(2);
+  Generator gen(5);
+  std::vector<int64_t> index(static_cast<size_t>(n));
+  const Tensor draws = randint({n}, experts > 0 ? experts : mid, DType::i64, gen);
+  const int64_t* d = draws.data<int64_t>();
+  const int64_t k = experts > 0 ? n / (mid / experts) : 0;  // positions per router row
+  for (int64_t i = 0; i < n; ++i) index[static_cast<size_t>(i)] = experts > 0 ? (i / k) * experts + d[i] : d[i];
+  int64_t bytes = 0;
+  for (auto _ : st) {
+    const simt::IndexAddPlan plan = simt::index_add_plan(index.data(), n, mid);
+    benchmark::DoNotOptimize(plan.packed.data());
+    bytes = 8 * n + 8 * static_cast<int64_t>(plan.packed.size());
+  }
+  set_bytes(st, bytes);
+}
+BENCHMARK(BM_index_add_plan)
+    ->Args({8192, 50304, 0})
+    ->Args({8192 * 16, 8192 * 896, 896})
+    ->UseRealTime()
+    ->MinWarmUpTime(0.2);
 
 // Console output plus a record of each run's counters, for the ratio table.
 class RatioReporter : public benchmark::ConsoleReporter {
