@@ -278,11 +278,11 @@ BENCHMARK(BM_adamw_check_then_step)->Arg(1)->Apply(adamw_args);
 
 // The CUDA index_select backward's host plan (ops/view/view_simt.h: the indices
 // bucketed by destination row on the host before each backward's upload; it runs
-// without a GPU), at GPT-2's embedding (8,192 ids into 50,304 rows: the counting
-// sort) and at k3's router gather (8,192 tokens x top-16 of 896 experts, positions
-// in the flat [N x E] scores, row by row as the router names them: the stable
-// sort). GB/s of the indices read and the plan written (8 bytes a position, 16 a
-// named row), against memcpy's.
+// without a GPU), at GPT-2's embedding (8,192 ids into 50,304 rows) and at k3's
+// router gather (8,192 tokens x top-16 of 896 experts, positions in the flat
+// [N x E] scores, row by row as the router names them); both have mid > 4 n, so
+// both take the sorted plan. GB/s of the indices read and the plan written (8
+// bytes a position, 16 a named row), against memcpy's.
 void BM_index_add_plan(benchmark::State& st) {
   const int64_t n = st.range(0), mid = st.range(1), experts = st.range(2);
   Generator gen(5);

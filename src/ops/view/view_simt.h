@@ -34,7 +34,7 @@ struct IndexAddPlan {
 };
 
 // Indices in [0, mid) (checked by the op). A counting sort over the rows when
-// mid is not much larger than n (the embedding: mid = V), else a stable sort of
+// mid is not much larger than n (the embedding: mid = V), else a radix sort of
 // the positions by index (index_select over a long flat tensor: no O(mid) array).
 template <class I>
 IndexAddPlan index_add_plan(const I* index, int64_t n, int64_t mid) {
@@ -54,11 +54,33 @@ IndexAddPlan index_add_plan(const I* index, int64_t n, int64_t mid) {
     }
     for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(start[static_cast<size_t>(index[i])]++)] = i;
   } else {
-    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return index[a] < index[b]; });
+    // An LSD radix sort of (index, position) pairs, 11 bits of the index a pass:
+    // stable, so a row's positions stay ascending; O(n) a pass and no O(mid)
+    // array. (A comparison sort took 5.7 ms on the router's gather, ops_bench's
+    // BM_index_add_plan.)
+    constexpr int kBits = 11;
+    constexpr int64_t kBuckets = int64_t{1} << kBits;
+    std::vector<int64_t> key(static_cast<size_t>(n)), key_tmp(static_cast<size_t>(n)), order_tmp(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      key[static_cast<size_t>(i)] = static_cast<int64_t>(index[i]);
+      order[static_cast<size_t>(i)] = i;
+    }
+    std::vector<int64_t> count(static_cast<size_t>(kBuckets) + 1);
+    for (int shift = 0; ((mid - 1) >> shift) > 0; shift += kBits) {
+      std::fill(count.begin(), count.end(), 0);
+      for (int64_t i = 0; i < n; ++i) ++count[static_cast<size_t>(((key[static_cast<size_t>(i)] >> shift) & (kBuckets - 1)) + 1)];
+      for (int64_t b = 0; b < kBuckets; ++b) count[static_cast<size_t>(b) + 1] += count[static_cast<size_t>(b)];
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t to = static_cast<size_t>(count[static_cast<size_t>((key[static_cast<size_t>(i)] >> shift) & (kBuckets - 1))]++);
+        key_tmp[to] = key[static_cast<size_t>(i)];
+        order_tmp[to] = order[static_cast<size_t>(i)];
+      }
+      key.swap(key_tmp);
+      order.swap(order_tmp);
+    }
     for (int64_t k = 0; k < n; ++k)
-      if (k == 0 || index[order[static_cast<size_t>(k)]] != index[order[static_cast<size_t>(k - 1)]]) {
-        rows.push_back(static_cast<int64_t>(index[order[static_cast<size_t>(k)]]));
+      if (k == 0 || key[static_cast<size_t>(k)] != key[static_cast<size_t>(k - 1)]) {
+        rows.push_back(key[static_cast<size_t>(k)]);
         offsets.push_back(k);
       }
   }
