@@ -307,7 +307,8 @@ StageOutput HybridModel::stage_forward(const Tensor& ids, const Tensors& inputs,
     return out;
   }
   profile::Region region("embedding/head");
-  // bf16 logits as they are, an f32 loss: as LanguageModel::loss.
+  // bf16 logits as they are, an f32 loss; host targets checked before they move: as LanguageModel::loss.
+  if (logits.is_cuda() && !targets.is_cuda()) check_cross_entropy_targets(targets, vocab_size(), -100, 0);
   out.loss = add_aux(cross_entropy(logits, targets.to(logits.device())));
   return out;
 }

@@ -126,7 +126,13 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
   MT_CHECK(x.dim() == 3 && x.size(2) == d_model_, "moe layer: x {} must be [B, T, {}]", x.shape(), d_model_);
   const int64_t B = x.size(0), T = x.size(1), N = B * T, D = d_model_, E = c_.num_experts, k = c_.top_k;
   Tensor xf = reshape(x, {N, D});
-  Routing r = router.route(xf);
+  // On a GPU the selected ids travel to the host (the plan below needs them) while
+  // the work that does not need them is queued: the latent projection and the
+  // shared experts (docs/cuda.md, "Host synchronisation").
+  PendingRouting pending = router.begin_route(xf);
+  Tensor z = c_.latent_dim > 0 ? linear(xf, down_proj) : xf;  // [N, W]
+  Tensor shared_y = shared ? shared->forward(xf) : Tensor();
+  Routing r = router.finish_route(std::move(pending));
   const int64_t capacity =
       c_.capacity_factor > 0
           ? static_cast<int64_t>(std::ceil(c_.capacity_factor * static_cast<double>(N * k) / static_cast<double>(E)))
@@ -137,7 +143,6 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
     stats_.dropped += plan.dropped;
   }
   // Dispatch: z rows in expert order (row i is token order[i] / k).
-  Tensor z = c_.latent_dim > 0 ? linear(xf, down_proj) : xf;  // [N, W]
   std::vector<int64_t> token(plan.order.size());
   for (size_t i = 0; i < plan.order.size(); ++i) token[i] = plan.order[i] / k;
   Tensor out = dispatch(index_select(z, 0, token), plan.counts,
@@ -147,7 +152,7 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
     if (latent_norm.defined()) y = rms_norm(y, latent_norm, c_.latent_norm_eps);
     y = linear(y, up_proj);
   }
-  if (shared) y = add(y, shared->forward(xf));
+  if (shared) y = add(y, shared_y);
   aux_loss_ = training ? router.aux_loss(r, B, T) : Tensor();
   if (routing) *routing = std::move(r);
   return reshape(y, {B, T, D});

@@ -15,19 +15,24 @@
 
 namespace moetrain {
 
-Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c) {
+PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c) {
   MT_CHECK(x.dim() == 2 && gate_weight.dim() == 2 && x.size(1) == gate_weight.size(1),
            "moe router: x {} must be [N, D] and gate.weight {} [E, D]", x.shape(), gate_weight.shape());
-  const int64_t N = x.size(0), E = gate_weight.size(0), k = c.top_k;
-  Routing r;
   // Mixed precision: gate.weight stays f32 and x is widened to it, so logits,
   // scores and top-k are f32 (docs/model.md#moe-router); otherwise x already has the weight's dtype.
-  r.logits = linear(x.to(gate_weight.dtype()), gate_weight);  // [N, E]
-  r.scores = c.score == RouterScore::sigmoid ? sigmoid(r.logits) : softmax(r.logits);
-  {
-    NoGradGuard no_grad;
-    r.experts = select_experts(r.scores.detach(), bias, k, c.n_group, c.topk_group);
-  }
+  Tensor logits = linear(x.to(gate_weight.dtype()), gate_weight);  // [N, E]
+  Tensor scores = c.score == RouterScore::sigmoid ? sigmoid(logits) : softmax(logits);
+  NoGradGuard no_grad;
+  SelectedExperts experts = start_select_experts(scores.detach(), bias, c.top_k, c.n_group, c.topk_group);
+  return {std::move(logits), std::move(scores), std::move(experts)};
+}
+
+Routing finish_route(PendingRouting&& pending, const MoeConfig& c) {
+  const int64_t N = pending.scores.size(0), E = pending.scores.size(1), k = c.top_k;
+  Routing r;
+  r.logits = std::move(pending.logits);
+  r.scores = std::move(pending.scores);
+  r.experts = pending.experts.ids();
   std::vector<int64_t> flat(r.experts.size());
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j = 0; j < k; ++j) flat[n * k + j] = n * E + r.experts[n * k + j];
@@ -36,6 +41,10 @@ Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, co
   if (c.routed_scaling_factor != 1.0) w = mul_scalar(w, c.routed_scaling_factor);
   r.weights = w;
   return r;
+}
+
+Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c) {
+  return finish_route(begin_route(x, gate_weight, bias, c), c);
 }
 
 Router::Router(const MoeConfig& c, int64_t D, double init_std, ParamFactory& f, const std::string& p) : c_(c) {

@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "nn/moe_config.h"
 #include "nn/param_factory.h"
+#include "ops/router/router.h"
 
 namespace moetrain {
 
@@ -26,6 +27,17 @@ struct Routing {
 // (renormalised when k > 1).
 Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c);
 
+// route() in two steps (docs/cuda.md, "Host synchronisation"): begin_route queues
+// the logits, the scores and the selection (on a GPU the ids start their way to the
+// host); finish_route waits for the ids and gathers the weights. The MoE layer
+// queues the work that does not need the ids in between.
+struct PendingRouting {
+  Tensor logits, scores;
+  SelectedExperts experts;
+};
+PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c);
+Routing finish_route(PendingRouting&& pending, const MoeConfig& c);
+
 class Router {
  public:
   // prefix e.g. "model.layers.3.mlp."
@@ -33,6 +45,8 @@ class Router {
 
   // x [N, D].
   Routing route(const Tensor& x) const { return moetrain::route(x, gate_weight, bias, c_); }
+  PendingRouting begin_route(const Tensor& x) const { return moetrain::begin_route(x, gate_weight, bias, c_); }
+  Routing finish_route(PendingRouting&& pending) const { return moetrain::finish_route(std::move(pending), c_); }
   // The auxiliary losses of a routing of B sequences of T tokens: the sequence-wise
   // balance loss (moe.aux_loss_weight) plus the z-loss (moe.z_loss_weight); a scalar
   // to add to the loss, undefined when both weights are 0.

@@ -112,8 +112,9 @@ class Schedule {
     const data::Batch& b = batches_[static_cast<size_t>(next_forward_++)];
     for (Tensor& t : inputs) t.set_requires_grad(true);
     const PipelineStage s = stage_.pipeline_stage();
-    const Tensor ids = s.first() ? b.inputs.to(device_) : Tensor();
-    const Tensor targets = s.last() ? b.targets.to(device_) : Tensor();
+    // Host batches: the embedding and the loss move them (docs/cuda.md, "Host synchronisation").
+    const Tensor ids = s.first() ? b.inputs : Tensor();
+    const Tensor targets = s.last() ? b.targets : Tensor();
     StageOutput out = stage_.stage_forward(ids, inputs, targets, true);
     if (s.last()) result_.loss_sum += out.loss.item<double>();
     flight_.push_back({std::move(inputs), std::move(out)});

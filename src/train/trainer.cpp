@@ -479,11 +479,19 @@ double Trainer::forward_backward(int64_t step) {
     faults_.after_backward(step, model_->parameters());
     return r.loss_sum / static_cast<double>(train_.grad_accum);
   }
-  double loss_sum = 0;
+  // No wait for the GPU until the step's loss is read, once, after the last
+  // backward (docs/cuda.md, "Host synchronisation"): the batch stays on the host
+  // (the embedding and the loss move what they need and keep the host copies for
+  // their checks), and the micro-batch losses are summed where they are.
+  Tensor loss_sum;
   for (int64_t micro = 0; micro < train_.grad_accum; ++micro) {
     data::Batch batch = next_batch();
-    Tensor loss = model_->loss(batch.inputs.to(device_), batch.targets.to(device_), true);
-    loss_sum += loss.item<double>();
+    Tensor loss = model_->loss(batch.inputs, batch.targets, true);
+    {
+      NoGradGuard no_grad;
+      const Tensor l = loss.detach().to(DType::f64);
+      loss_sum = loss_sum.defined() ? add(loss_sum, l) : l;
+    }
     // The last micro-batch's backward sums finished gradient buckets as it goes
     // (train.overlap_grad_sync); not on a fault-injection step, whose NaN is
     // written after backward (every rank knows the step, so all agree).
@@ -493,7 +501,7 @@ double Trainer::forward_backward(int64_t step) {
     (train_.grad_accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(train_.grad_accum)) : loss).backward();
   }
   faults_.after_backward(step, model_->parameters());
-  return loss_sum / static_cast<double>(train_.grad_accum);
+  return loss_sum.item<double>() / static_cast<double>(train_.grad_accum);
 }
 
 // train.nan_policy: a step that would not be finite changes nothing (no update, no

@@ -3,6 +3,7 @@
 #include "backend/cuda/runtime.h"
 
 #include <array>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -10,6 +11,8 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/pending_copy.h"
+#include "backend/cuda/staging_ring.h"
 #include "core/error.h"
 #include "core/profile.h"
 
@@ -76,6 +79,35 @@ class CudaMemory final : public RawMemory {
   int device_;
 };
 
+// Host-to-device copies go through a pinned ring (staging_ring.h; docs/cuda.md,
+// "Host synchronisation"): copies up to kStagedCopyMax bytes return without waiting
+// for the GPU; larger ones (weights, checkpoints: not the training step) and every
+// copy after a failed pinned allocation wait for the stream, as plain copies do.
+constexpr int64_t kStagingBytes = int64_t{32} << 20;
+constexpr int64_t kStagedCopyMax = int64_t{8} << 20;
+// PendingCopy's pinned blocks: powers of two from 64 KiB, kept for reuse.
+constexpr int64_t kPinnedMin = int64_t{64} << 10;
+
+struct Staging {
+  std::mutex mutex;  // every member below
+  unsigned char* base = nullptr;
+  bool unavailable = false;  // the pinned ring could not be allocated: copies wait
+  StagingRing<cudaEvent_t> ring{kStagingBytes};
+  std::vector<cudaEvent_t> free_events;
+  std::vector<std::pair<void*, int64_t>> free_pinned;  // (block, capacity)
+
+  cudaEvent_t event() {
+    if (!free_events.empty()) {
+      cudaEvent_t e = free_events.back();
+      free_events.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+};
+
 struct DeviceState {
   explicit DeviceState(int device)
       : memory(device), allocator(memory, fmt::format("cuda:{} ({})", device, device_name(device))) {
@@ -86,7 +118,20 @@ struct DeviceState {
   CudaMemory memory;
   CachingAllocator allocator;
   std::mutex mutex;  // allocator calls
+  Staging staging;
 };
+
+// Whether an event has passed, without waiting. cudaEventQuery's "not ready" is
+// cleared, so the next launch check does not report it.
+bool event_passed(cudaEvent_t e) {
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  MT_CUDA_CHECK(r);
+  return true;
+}
 
 std::array<std::once_flag, kMaxDevices> g_once;
 std::array<DeviceState*, kMaxDevices> g_state{};
@@ -134,10 +179,101 @@ void empty_cache(int device) {
 }
 
 void copy_host_to_device(void* dst, const void* src, int64_t nbytes, int device) {
-  cudaStream_t st = state(device).stream;
+  if (nbytes <= 0) return;
+  DeviceState& ds = state(device);
+  cudaStream_t st = ds.stream;
+  Staging& s = ds.staging;
+  if (nbytes <= kStagedCopyMax) {
+    std::lock_guard lock(s.mutex);
+    if (!s.base && !s.unavailable) {
+      void* p = nullptr;
+      if (cudaHostAlloc(&p, static_cast<size_t>(kStagingBytes), cudaHostAllocDefault) == cudaSuccess) {
+        s.base = static_cast<unsigned char*>(p);
+      } else {
+        cudaGetLastError();  // not sticky: copies go on without the ring
+        s.unavailable = true;
+      }
+    }
+    if (s.base) {
+      s.ring.reap([&](cudaEvent_t e) {
+        if (!event_passed(e)) return false;
+        s.free_events.push_back(e);
+        return true;
+      });
+      const int64_t at = s.ring.acquire(nbytes, [&](cudaEvent_t e) {
+        MT_CUDA_CHECK(cudaEventSynchronize(e));
+        s.free_events.push_back(e);
+      });
+      std::memcpy(s.base + at, src, static_cast<size_t>(nbytes));
+      MT_CUDA_CHECK(cudaMemcpyAsync(dst, s.base + at, static_cast<size_t>(nbytes), cudaMemcpyHostToDevice, st));
+      cudaEvent_t done = s.event();
+      MT_CUDA_CHECK(cudaEventRecord(done, st));
+      s.ring.push(at, nbytes, done);
+      return;
+    }
+  }
   MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyHostToDevice, st));
   // The source is pageable host memory the caller may free or change next.
   MT_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+PendingCopy::PendingCopy(const void* src, int64_t nbytes, int device) : bytes_(nbytes), device_(device) {
+  MT_CHECK(nbytes > 0, "PendingCopy: {} bytes", nbytes);
+  DeviceState& ds = state(device);
+  Staging& s = ds.staging;
+  {
+    std::lock_guard lock(s.mutex);
+    auto best = s.free_pinned.end();
+    for (auto it = s.free_pinned.begin(); it != s.free_pinned.end(); ++it)
+      if (it->second >= nbytes && (best == s.free_pinned.end() || it->second < best->second)) best = it;
+    if (best != s.free_pinned.end()) {
+      host_ = best->first;
+      capacity_ = best->second;
+      s.free_pinned.erase(best);
+    }
+    event_ = s.event();
+  }
+  try {
+    if (!host_) {
+      capacity_ = kPinnedMin;
+      while (capacity_ < nbytes) capacity_ *= 2;
+      MT_CUDA_CHECK(cudaHostAlloc(&host_, static_cast<size_t>(capacity_), cudaHostAllocDefault));
+    }
+    MT_CUDA_CHECK(cudaMemcpyAsync(host_, src, static_cast<size_t>(nbytes), cudaMemcpyDeviceToHost, ds.stream));
+    MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), ds.stream));
+  } catch (...) {
+    // A copy that was queued may still write the block: wait for the stream first.
+    cudaStreamSynchronize(ds.stream);
+    std::lock_guard lock(s.mutex);
+    s.free_events.push_back(static_cast<cudaEvent_t>(event_));
+    if (host_) s.free_pinned.emplace_back(host_, capacity_);
+    throw;
+  }
+}
+
+PendingCopy::PendingCopy(PendingCopy&& other) noexcept
+    : host_(other.host_), event_(other.event_), bytes_(other.bytes_), capacity_(other.capacity_),
+      device_(other.device_), arrived_(other.arrived_) {
+  other.host_ = nullptr;
+  other.event_ = nullptr;
+}
+
+const void* PendingCopy::wait() {
+  if (!arrived_) {
+    MT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+    arrived_ = true;
+  }
+  return host_;
+}
+
+PendingCopy::~PendingCopy() {
+  if (!host_ && !event_) return;
+  // Never throws: an abandoned copy is waited for before its block is reused.
+  if (!arrived_ && event_) cudaEventSynchronize(static_cast<cudaEvent_t>(event_));
+  Staging& s = g_state[static_cast<size_t>(device_)]->staging;
+  std::lock_guard lock(s.mutex);
+  if (event_) s.free_events.push_back(static_cast<cudaEvent_t>(event_));
+  if (host_) s.free_pinned.emplace_back(host_, capacity_);
 }
 
 void copy_device_to_host(void* dst, const void* src, int64_t nbytes, int device) {

@@ -2,6 +2,7 @@
 // (MOETRAIN_CUDA=OFF or no nvcc found): asking for a GPU is a user error.
 #include "backend/cuda/cublas.h"
 #include "backend/cuda/cublaslt.h"
+#include "backend/cuda/pending_copy.h"
 #include "backend/cuda/runtime.h"
 
 #include "core/error.h"
@@ -39,6 +40,10 @@ bool allow_tf32() { return false; }
 bool lt_matmul(const LtGemm&, int) { no_cuda("cuBLASLt matmul"); }
 GeluForm lt_gelu_form(int) { no_cuda("cuBLASLt GELU probe"); }
 LtStats lt_stats() { return {}; }  // no cuBLASLt call happens without CUDA
+PendingCopy::PendingCopy(const void*, int64_t, int) { no_cuda("copy from cuda"); }
+PendingCopy::~PendingCopy() = default;
+PendingCopy::PendingCopy(PendingCopy&&) noexcept {}
+const void* PendingCopy::wait() { no_cuda("copy from cuda"); }
 EventTimer::EventTimer(int device) : device_(device) { no_cuda("EventTimer"); }
 EventTimer::~EventTimer() = default;
 void EventTimer::start() { no_cuda("EventTimer"); }

@@ -1,12 +1,30 @@
 #include "ops/router/router.h"
 
+#include <cstring>
+
+#include "backend/cuda/pending_copy.h"
 #include "ops/common/on_device.h"
 #include "ops/router/router_kernels.h"
 
 namespace moetrain {
 
-std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, int64_t k, int64_t n_group,
-                                    int64_t topk_group) {
+SelectedExperts::SelectedExperts(std::vector<int64_t> ids, std::unique_ptr<cuda::PendingCopy> pending, int64_t count)
+    : ids_(std::move(ids)), pending_(std::move(pending)), count_(count) {}
+SelectedExperts::SelectedExperts(SelectedExperts&&) noexcept = default;
+SelectedExperts& SelectedExperts::operator=(SelectedExperts&&) noexcept = default;
+SelectedExperts::~SelectedExperts() = default;
+
+const std::vector<int64_t>& SelectedExperts::ids() {
+  if (pending_) {
+    const auto* p = static_cast<const int64_t*>(pending_->wait());
+    ids_.assign(p, p + count_);
+    pending_.reset();  // the pinned block goes back to the pool
+  }
+  return ids_;
+}
+
+SelectedExperts start_select_experts(const Tensor& scores, const Tensor& bias, int64_t k, int64_t n_group,
+                                     int64_t topk_group) {
   MT_CHECK(scores.dim() == 2, "select_experts: scores must be [N, E], got {}", scores.shape());
   const int64_t N = scores.size(0), E = scores.size(1);
   MT_CHECK(bias.shape() == Shape{E}, "select_experts: bias {} must be [{}]", bias.shape(), E);
@@ -18,8 +36,17 @@ std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, in
            E, n_group, topk_group, k);
   Tensor experts = empty({N, k}, DType::i64, scores.device());
   MT_ON_DEVICE(scores, select_experts, experts, scores, bias, k, n_group, topk_group);
-  const Tensor host = experts.is_cuda() ? experts.to(kCpu) : experts;  // N·k ids come back from the GPU
-  return std::vector<int64_t>(host.data<int64_t>(), host.data<int64_t>() + N * k);
+  if (experts.is_cuda() && N > 0)  // N·k ids come back from the GPU while the host goes on
+    return SelectedExperts({}, std::make_unique<cuda::PendingCopy>(experts.raw_data(), N * k * 8,
+                                                                    scores.device().index),
+                           N * k);
+  const Tensor host = experts.to(kCpu);
+  return SelectedExperts(std::vector<int64_t>(host.data<int64_t>(), host.data<int64_t>() + N * k), nullptr, N * k);
+}
+
+std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, int64_t k, int64_t n_group,
+                                    int64_t topk_group) {
+  return start_select_experts(scores, bias, k, n_group, topk_group).ids();
 }
 
 }  // namespace moetrain
