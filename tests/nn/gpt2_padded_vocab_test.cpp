@@ -11,6 +11,7 @@
 #include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
 #include "moetrain.h"
+#include "nn/fixtures.h"
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
 #include "nn/hybrid.h"
@@ -24,23 +25,8 @@ using std::string;
 
 namespace {
 
-Gpt2Config tiny(int64_t pad_multiple, DType dtype = DType::f64) {
-  Gpt2Config c;
-  c.vocab_size = 37;
-  c.vocab_pad_multiple = pad_multiple;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.d_model = 8;
-  c.n_ctx = 16;
-  c.d_ff = 32;
-  c.dtype = dtype;
-  return c;
-}
-
-Tensor random_ids(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
-  Generator gen(seed);
-  return randint({B, T}, vocab, DType::i32, gen);
-}
+Gpt2Config tiny(int64_t pad_multiple, DType dtype = DType::f64) { return testing::tiny_gpt2(dtype, pad_multiple); }
+using testing::random_ids;
 
 // Rows [lo, hi) of a 2-D tensor as doubles.
 std::vector<double> rows(const Tensor& t, int64_t lo, int64_t hi) {

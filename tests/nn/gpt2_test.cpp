@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "moetrain.h"
+#include "nn/fixtures.h"
 #include "nn/gpt2.h"
 #include "testing.h"
 
@@ -8,21 +9,8 @@ using namespace moetrain;
 using moetrain::testing::max_abs_diff;
 
 namespace {
-Gpt2Config tiny(DType dtype = DType::f64) {
-  Gpt2Config c;
-  c.vocab_size = 37;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.d_model = 8;
-  c.n_ctx = 16;
-  c.d_ff = 32;
-  c.dtype = dtype;
-  return c;
-}
-Tensor random_ids(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
-  Generator gen(seed);
-  return randint({B, T}, vocab, DType::i32, gen);
-}
+Gpt2Config tiny(DType dtype = DType::f64) { return testing::tiny_gpt2(dtype); }
+using testing::random_ids;
 }  // namespace
 
 // [slow]: 124M parameters allocated; not rerun under the sanitizers (launch/test.sh).

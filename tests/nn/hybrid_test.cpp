@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "moetrain.h"
+#include "nn/fixtures.h"
 #include "nn/hybrid.h"
 #include "nn/kda_layer.h"
 #include "testing.h"
@@ -52,10 +53,7 @@ HybridConfig tiny(DType dtype, bool attn_res = true, bool chunked = true) {
   return c;
 }
 
-Tensor random_ids(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
-  Generator gen(seed);
-  return randint({B, T}, vocab, DType::i32, gen);
-}
+using testing::random_ids;
 
 // AttnRes pseudo-queries start at zero and the softplus gate at its fla init; move
 // every parameter off its init so no gradient is trivially zero.
