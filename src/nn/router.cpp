@@ -1,5 +1,5 @@
 // The MoE router (nn/router.h). Differentiable parts are compositions of
-// gradient-checked ops (linear, sigmoid/softmax, index_select); the selection is
+// gradient-checked ops (linear, sigmoid/softmax, gather_last); the selection is
 // ops/router's select_experts.
 #include "nn/router.h"
 
@@ -11,6 +11,7 @@
 #include "ops/reduce/reduce.h"
 #include "ops/router/router.h"
 #include "ops/softmax/softmax.h"
+#include "ops/topk/topk.h"
 #include "ops/view/view.h"
 
 namespace moetrain {
@@ -22,24 +23,24 @@ PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Ten
   // scores and top-k are f32 (docs/model.md#moe-router); otherwise x already has the weight's dtype.
   Tensor logits = linear(x.to(gate_weight.dtype()), gate_weight);  // [N, E]
   Tensor scores = c.score == RouterScore::sigmoid ? sigmoid(logits) : softmax(logits);
-  NoGradGuard no_grad;
-  SelectedExperts experts = start_select_experts(scores.detach(), bias, c.top_k, c.n_group, c.topk_group);
-  return {std::move(logits), std::move(scores), std::move(experts)};
+  SelectedExperts experts = [&] {
+    NoGradGuard no_grad;
+    return start_select_experts(scores.detach(), bias, c.top_k, c.n_group, c.topk_group);
+  }();
+  // The selected s, read with the ids where they were made (no host indices):
+  // its gradient is a plain per-row scatter.
+  Tensor w = gather_last(scores, experts.tensor());  // [N, k]
+  if (c.renormalize && c.top_k > 1) w = div(w, add_scalar(sum(w, -1, true), 1e-20));
+  if (c.routed_scaling_factor != 1.0) w = mul_scalar(w, c.routed_scaling_factor);
+  return {std::move(logits), std::move(scores), std::move(w), std::move(experts)};
 }
 
-Routing finish_route(PendingRouting&& pending, const MoeConfig& c) {
-  const int64_t N = pending.scores.size(0), E = pending.scores.size(1), k = c.top_k;
+Routing finish_route(PendingRouting&& pending, const MoeConfig&) {
   Routing r;
   r.logits = std::move(pending.logits);
   r.scores = std::move(pending.scores);
+  r.weights = std::move(pending.weights);
   r.experts = pending.experts.ids();
-  std::vector<int64_t> flat(r.experts.size());
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t j = 0; j < k; ++j) flat[n * k + j] = n * E + r.experts[n * k + j];
-  Tensor w = reshape(index_select(reshape(r.scores, {N * E}), 0, flat), {N, k});  // selected s
-  if (c.renormalize && k > 1) w = div(w, add_scalar(sum(w, -1, true), 1e-20));
-  if (c.routed_scaling_factor != 1.0) w = mul_scalar(w, c.routed_scaling_factor);
-  r.weights = w;
   return r;
 }
 

@@ -28,11 +28,11 @@ struct Routing {
 Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c);
 
 // route() in two steps (docs/cuda.md, "Host synchronisation"): begin_route queues
-// the logits, the scores and the selection (on a GPU the ids start their way to the
-// host); finish_route waits for the ids and gathers the weights. The MoE layer
-// queues the work that does not need the ids in between.
+// the logits, the scores, the selection and the weights (on a GPU the ids start
+// their way to the host); finish_route waits for the ids. The MoE layer queues
+// the work that does not need them in between.
 struct PendingRouting {
-  Tensor logits, scores;
+  Tensor logits, scores, weights;
   SelectedExperts experts;
 };
 PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c);

@@ -1,24 +1,24 @@
 #include "ops/router/router.h"
 
-#include <cstring>
-
 #include "backend/cuda/pending_copy.h"
 #include "ops/common/on_device.h"
 #include "ops/router/router_kernels.h"
 
 namespace moetrain {
 
-SelectedExperts::SelectedExperts(std::vector<int64_t> ids, std::unique_ptr<cuda::PendingCopy> pending, int64_t count)
-    : ids_(std::move(ids)), pending_(std::move(pending)), count_(count) {}
+SelectedExperts::SelectedExperts(Tensor selected, std::unique_ptr<cuda::PendingCopy> pending)
+    : selected_(std::move(selected)), pending_(std::move(pending)) {}
 SelectedExperts::SelectedExperts(SelectedExperts&&) noexcept = default;
 SelectedExperts& SelectedExperts::operator=(SelectedExperts&&) noexcept = default;
 SelectedExperts::~SelectedExperts() = default;
 
 const std::vector<int64_t>& SelectedExperts::ids() {
-  if (pending_) {
-    const auto* p = static_cast<const int64_t*>(pending_->wait());
-    ids_.assign(p, p + count_);
+  if (!have_ids_) {
+    const int64_t count = selected_.numel();
+    const auto* p = pending_ ? static_cast<const int64_t*>(pending_->wait()) : selected_.data<int64_t>();
+    ids_.assign(p, p + count);
     pending_.reset();  // the pinned block goes back to the pool
+    have_ids_ = true;
   }
   return ids_;
 }
@@ -36,12 +36,10 @@ SelectedExperts start_select_experts(const Tensor& scores, const Tensor& bias, i
            E, n_group, topk_group, k);
   Tensor experts = empty({N, k}, DType::i64, scores.device());
   MT_ON_DEVICE(scores, select_experts, experts, scores, bias, k, n_group, topk_group);
+  std::unique_ptr<cuda::PendingCopy> pending;
   if (experts.is_cuda() && N > 0)  // N·k ids come back from the GPU while the host goes on
-    return SelectedExperts({}, std::make_unique<cuda::PendingCopy>(experts.raw_data(), N * k * 8,
-                                                                    scores.device().index),
-                           N * k);
-  const Tensor host = experts.to(kCpu);
-  return SelectedExperts(std::vector<int64_t>(host.data<int64_t>(), host.data<int64_t>() + N * k), nullptr, N * k);
+    pending = std::make_unique<cuda::PendingCopy>(experts.raw_data(), N * k * 8, scores.device().index);
+  return SelectedExperts(std::move(experts), std::move(pending));
 }
 
 std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, int64_t k, int64_t n_group,

@@ -30,17 +30,21 @@ std::vector<int64_t> select_experts(const Tensor& scores, const Tensor& bias, in
 // ids() waits for them (the first time). CPU scores are selected at once.
 class SelectedExperts {
  public:
-  SelectedExperts(std::vector<int64_t> ids, std::unique_ptr<cuda::PendingCopy> pending, int64_t count);
+  // `selected` [N, k] i64 where the scores are; `pending` its copy on the way to the host (CUDA).
+  SelectedExperts(Tensor selected, std::unique_ptr<cuda::PendingCopy> pending);
   SelectedExperts(SelectedExperts&&) noexcept;
   SelectedExperts& operator=(SelectedExperts&&) noexcept;
   ~SelectedExperts();
-  // The N·k ids, as select_experts returns them.
+  // The ids [N, k] (i64) on the scores' device, usable at once (gather_last).
+  const Tensor& tensor() const { return selected_; }
+  // The N·k ids on the host, as select_experts returns them (waits the first time).
   const std::vector<int64_t>& ids();
 
  private:
+  Tensor selected_;
   std::vector<int64_t> ids_;
   std::unique_ptr<cuda::PendingCopy> pending_;
-  int64_t count_ = 0;
+  bool have_ids_ = false;
 };
 SelectedExperts start_select_experts(const Tensor& scores, const Tensor& bias, int64_t k, int64_t n_group = 1,
                                      int64_t topk_group = 1);

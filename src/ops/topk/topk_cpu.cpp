@@ -38,8 +38,22 @@ void topk_forward(Tensor& values, Tensor& indices, const Tensor& x, int64_t k) {
   });
 }
 
-void topk_backward(Tensor& grad_x, const Tensor& grad, const Tensor& indices) {
-  dispatch_float(grad.dtype(), "topk_backward", [&](auto tag) {
+void gather_last_forward(Tensor& out, const Tensor& x, const Tensor& index) {
+  dispatch_float(x.dtype(), "gather_last", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t k = index.size(-1), n = x.size(-1), rows = index.numel() / std::max<int64_t>(k, 1);
+    const T* px = x.data<T>();
+    const int64_t* pi = index.data<int64_t>();
+    T* po = out.data<T>();
+    parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(k, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+        for (int64_t j = 0; j < k; ++j) po[r * k + j] = px[r * n + pi[r * k + j]];
+    });
+  });
+}
+
+void scatter_last(Tensor& grad_x, const Tensor& grad, const Tensor& indices) {
+  dispatch_float(grad.dtype(), "scatter_last", [&](auto tag) {
     using T = decltype(tag);
     int64_t k = grad.size(-1), n = grad_x.size(-1), rows = grad_x.numel() / std::max<int64_t>(n, 1);
     const T* g = grad.data<T>();
@@ -48,7 +62,7 @@ void topk_backward(Tensor& grad_x, const Tensor& grad, const Tensor& indices) {
     parallel_for(rows, 64, [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         std::fill(gx + r * n, gx + (r + 1) * n, T(0));
-        for (int64_t j = 0; j < k; ++j) gx[r * n + pi[r * k + j]] = g[r * k + j];
+        for (int64_t j = 0; j < k; ++j) gx[r * n + pi[r * k + j]] += g[r * k + j];
       }
     });
   });

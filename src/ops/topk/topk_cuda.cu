@@ -37,10 +37,22 @@ __global__ void topk_forward_kernel(T* values, int64_t* indices, const T* x, int
 }
 
 template <class T>
-__global__ void topk_scatter_kernel(T* gx, const T* g, const int64_t* indices, int64_t rows, int64_t n, int64_t k) {
+__global__ void gather_last_kernel(T* out, const T* x, const int64_t* index, int64_t rows, int64_t n, int64_t k) {
   MT_GRID_LOOP(w, rows * k) {
-    int64_t r = w / k;
-    gx[r * n + indices[w]] = g[w];
+    const int64_t r = w / k, i = index[w];
+    store(out, w, i >= 0 && i < n ? load(x, r * n + i) : acc_t<T>(NAN));
+  }
+}
+
+// One thread per row adds the row's k gradients in j order (a repeated index sums
+// deterministically, no atomics); grad_x was zeroed.
+template <class T>
+__global__ void scatter_last_kernel(T* gx, const T* g, const int64_t* indices, int64_t rows, int64_t n, int64_t k) {
+  MT_GRID_LOOP(r, rows) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t i = indices[r * k + j];
+      if (i >= 0 && i < n) store(gx, r * n + i, load(gx, r * n + i) + load(g, r * k + j));
+    }
   }
 }
 
@@ -58,14 +70,24 @@ void topk_forward(Tensor& values, Tensor& indices, const Tensor& x, int64_t k) {
   });
 }
 
-void topk_backward(Tensor& grad_x, const Tensor& grad, const Tensor& indices) {
+void gather_last_forward(Tensor& out, const Tensor& x, const Tensor& index) {
+  const int64_t k = index.size(-1), n = x.size(-1), rows = index.numel() / std::max<int64_t>(k, 1);
+  if (rows * k == 0) return;
+  dispatch_float_cuda(x.dtype(), "gather_last", [&](auto tag) {
+    using T = decltype(tag);
+    launch("gather_last_kernel", gather_last_kernel<T>, blocks_for(rows * k), kThreads, 0, stream_of(x), ptr<T>(out),
+           ptr<T>(x), ptr<int64_t>(index), rows, n, k);
+  });
+}
+
+void scatter_last(Tensor& grad_x, const Tensor& grad, const Tensor& indices) {
   int64_t k = grad.size(-1), n = grad_x.size(-1), rows = grad_x.numel() / std::max<int64_t>(n, 1);
   cudaStream_t s = stream_of(grad_x);
   MT_CUDA_CHECK(cudaMemsetAsync(grad_x.raw_data(), 0, static_cast<size_t>(grad_x.nbytes()), s));
   if (rows * k == 0) return;
-  dispatch_float_cuda(grad.dtype(), "topk_backward", [&](auto tag) {
+  dispatch_float_cuda(grad.dtype(), "scatter_last", [&](auto tag) {
     using T = decltype(tag);
-    launch("topk_scatter_kernel", topk_scatter_kernel<T>, blocks_for(rows * k), kThreads, 0, s, ptr<T>(grad_x),
+    launch("scatter_last_kernel", scatter_last_kernel<T>, blocks_for(rows), kThreads, 0, s, ptr<T>(grad_x),
            ptr<T>(grad), ptr<int64_t>(indices), rows, n, k);
   });
 }

@@ -58,3 +58,54 @@ TEST_CASE("topk: CUDA matches CPU (values, indices, gradient), ties and NaN incl
         }
       }
 }
+
+TEST_CASE("gather_last: reads each row at its indices, any rank, repeated indices included", "[ops][topk][gather]") {
+  Tensor x = randn({2, 3, 7}, DType::f64, 4);
+  const std::vector<double> idx = {6, 0, 0, 3, 2, 2, 5, 1, 4, 4, 4, 0, 1, 2, 3, 6, 5, 0};  // [2, 3, 3]
+  Tensor index = from_vector(idx, {2, 3, 3}, DType::i64);
+  Tensor out = gather_last(x, index);
+  REQUIRE(out.shape() == Shape{2, 3, 3});
+  const std::vector<double> vx = x.to_vector(), vo = out.to_vector();
+  for (int r = 0; r < 6; ++r)
+    for (int j = 0; j < 3; ++j) CHECK(vo[r * 3 + j] == vx[r * 7 + static_cast<int>(idx[r * 3 + j])]);
+}
+
+TEST_CASE("gather_last: the gradient adds back at the indices (finite differences, repeats summed)",
+          "[ops][topk][gather]") {
+  Tensor x = randn({4, 9}, DType::f64, 5);
+  Tensor index = from_vector({8, 1, 1, 0, 3, 4, 7, 2, 2, 2, 5, 5}, {4, 3}, DType::i64);
+  check_gradients([index](const Tensors& in) { return gather_last(in[0], index); }, {x});
+  // Repeats: the row's gradient at a twice-read entry is the sum of both reads'.
+  Tensor xr = randn({1, 4}, DType::f64, 6).set_requires_grad();
+  gather_last(xr, from_vector({2, 2, 0}, {1, 3}, DType::i64)).backward(from_vector({1.5, 0.25, -1}, {1, 3},
+                                                                                   DType::f64));
+  CHECK(xr.grad().to_vector() == std::vector<double>{-1, 0, 1.75, 0});
+}
+
+TEST_CASE("gather_last: bad indices and shapes are reported", "[ops][topk][gather][errors]") {
+  Tensor x = randn({2, 5}, DType::f32, 1);
+  CHECK_THROWS_WITH(gather_last(x, from_vector({0, 5}, {2, 1}, DType::i64)),
+                    Catch::Contains("index 5 at position 1") && Catch::Contains("outside [0, 5)"));
+  CHECK_THROWS_WITH(gather_last(x, from_vector({0, -1}, {2, 1}, DType::i64)), Catch::Contains("index -1"));
+  CHECK_THROWS_WITH(gather_last(x, from_vector({0, 1}, {2, 1}, DType::i32)), Catch::Contains("must be i64"));
+  CHECK_THROWS_WITH(gather_last(x, from_vector({0, 1, 2}, {3, 1}, DType::i64)),
+                    Catch::Contains("must be x's shape [2, 5] but for the last dim"));
+}
+
+TEST_CASE("gather_last: CUDA matches CPU (values, gradient with repeats); outside indices read NaN",
+          "[ops][topk][gather][cuda]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    Tensor x = randn({33, 70}, DType::f64, 8);
+    Generator gen(9);
+    Tensor index = randint({33, 16}, 70, DType::i64, gen);  // repeats within rows happen
+    check_cuda_matches_cpu([index](const Tensors& in) { return gather_last(in[0], index.to(in[0].device())); },
+                           {x}, {true}, dt, tolerance_for(dt));
+  }
+  Tensor bad = from_vector({0, 70, -3}, {1, 3}, DType::i64).to(kCuda);
+  const std::vector<double> v = gather_last(randn({1, 70}, DType::f32, 1).to(kCuda), bad).to(kCpu).to_vector();
+  CHECK(!std::isnan(v[0]));
+  CHECK(std::isnan(v[1]));
+  CHECK(std::isnan(v[2]));
+}
