@@ -261,8 +261,9 @@ struct TcBackwardSmem : TcStrides {
 
 // The head dims whose kernels keep their accumulators in registers: the
 // attention heads of configs/*.yaml (GPT-2 Shakespeare 32, k3-tiny's and
-// k3-shakespeare's MLA 48/32, GPT-2 64, k3-small's MLA 96/64, 128, K3's MLA
-// 192/128). f(TcDims<Dk, Dv>{}) for such a pair, then true; false for others.
+// k3-shakespeare's MLA 48/32, GPT-2 64, k3-small's MLA 96/64, K3's MLA
+// 192/128) and 128/128 (no config of ours yet, the common large head).
+// f(TcDims<Dk, Dv>{}) for such a pair, then true; false for others.
 template <int DK, int DV>
 struct TcDims {
   static constexpr int Dk = DK, Dv = DV;
