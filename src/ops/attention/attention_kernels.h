@@ -35,6 +35,10 @@ MT_CUDA_KERNEL(void causal_attention_backward(Tensor& grad_q, Tensor& grad_k, Te
 // set_attention_tensor_cores(false) sends every call to the scalar kernels
 // (benchmarks, A/B checks); process-wide.
 MT_CUDA_KERNEL(void set_attention_tensor_cores(bool enabled));
+// set_attention_register_accumulators(false) sends the head dims whose
+// tensor-core kernels keep their accumulators in registers to the shared-memory
+// accumulators instead (A/B checks of the two paths on a GPU); process-wide.
+MT_CUDA_KERNEL(void set_attention_register_accumulators(bool enabled));
 MT_CUDA_KERNEL(bool attention_tensor_cores_apply(const Tensor& q, int64_t Dk, int64_t Dv));
 MT_CUDA_KERNEL(void attention_tc_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                                          double scale));

@@ -9,8 +9,9 @@
 // A block of 4 warps takes a tile of 64 query rows (forward, dQ) or 64 keys
 // (dK/dV); warp w owns rows (keys) 16w..16w+15 of it. Per tile of the other
 // side, in phases:
-//   forward: S = Q Kᵀ (warps) -> online softmax, P in bf16, O rescaled
-//            (warp w's lanes along each of its rows) -> O += P V (warps)
+//   forward: S = Q Kᵀ (warps) -> online softmax, P in bf16, O's rows rescaled
+//            by warp w's lanes (shared path) or their factors written to the
+//            warp's factor tile (register path) -> O (rescaled) += P V (warps)
 //   dK, dV:  Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (warps) -> Pᵀ = e^{scale Sᵀ - lse},
 //            dSᵀ = Pᵀ (dPᵀ - delta) in bf16 (every thread, elementwise) ->
 //            dV += Pᵀ dO, dK += dSᵀ Q (warps)
@@ -18,9 +19,23 @@
 // Shared rows are padded (kTcPad) and a warp's lanes walk rows along their
 // columns, so no phase has bank conflicts in the model of tests/ops/smem_banks.h
 // (docs/cuda.md, "Attention on tensor cores").
-// Accumulators (O, dK, dV, dQ) live in f32 shared memory between phases (the
-// softmax rescales O's rows, which a register fragment cannot expose); every
-// sum runs in a fixed order, so a run repeats itself bit for bit. delta =
+// Accumulators (O, dK, dV, dQ) live in one of two places (TcAccumulators):
+//   registers: a body instantiated for its head dims (DK, DV template
+//     arguments, the pairs of tc_register_dims) keeps warp w's 16 rows of each
+//     accumulator in wmma fragments across the whole loop (Blk::PerWarp,
+//     simt.h), indexed only in unrolled loops. The forward's online softmax
+//     rescales O's rows through a fragment of the same type: warp w writes its
+//     16 row factors alpha_i into its own 16x16 f32 tile (row i = alpha_i in
+//     every column), loads it as an accumulator and multiplies elementwise
+//     (M::mul), since two fragments of one type map their elements to (row,
+//     col) alike, whatever that map is. At the end each warp stores its
+//     fragments through its own rows of S (free by then) and its lanes write
+//     them to global memory.
+//   shared: every other shape (DK = DV = 0): f32 arrays in shared memory that
+//     each tile loads, adds to and stores back.
+// Both do the same f32 operations in the same order (a product added to the
+// rescaled O, O / l, dK·scale), so the host runs of the two agree bit for bit;
+// every sum runs in a fixed order, so a run repeats itself bit for bit. delta =
 // rowsum(dO ⊙ O) comes from attention_cuda.cu's kernel. Layout as in
 // attention_cuda.cu: q [B, T, H, Dk], k [B, Tk, H, Dk], v [B, Tk, H, Dv];
 // query t sits at position off + t (off = Tk - T) and sees keys s <= off + t.
@@ -93,6 +108,12 @@ struct HostMma {
     for (int i = 0; i < 16; ++i)
       for (int j = 0; j < 16; ++j) p[i * ld + j] = t.x[i][j];
   }
+  // d *= s elementwise (the forward's row rescale: s holds a row's factor in
+  // every column).
+  static void mul(Acc& d, const Acc& s) {
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j) d.x[i][j] *= s.x[i][j];
+  }
   static void mma(Acc& d, const Tile& a, const Tile& b) {
     for (int i = 0; i < 16; ++i)
       for (int j = 0; j < 16; ++j) {
@@ -125,6 +146,10 @@ struct DeviceMma {
   }
   __device__ static void store_acc(float* p, const Acc& t, int ld) {
     nvcuda::wmma::store_matrix_sync(p, t, ld, nvcuda::wmma::mem_row_major);
+  }
+  __device__ static void mul(Acc& d, const Acc& s) {
+#pragma unroll
+    for (int i = 0; i < d.num_elements; ++i) d.x[i] *= s.x[i];
   }
   template <class B>
   __device__ static void mma(Acc& d, const TileA& a, const B& b) {
@@ -169,26 +194,36 @@ struct Carver {
   }
 };
 
+// Where a body keeps its accumulators (the header comment above).
+enum class TcAccumulators { shared, registers };
+
 // Row strides (elements) of the shared arrays: ld_k for rows of Dk (Q, K, dQ,
-// dK), ld_v for rows of Dv (V, dO, O, dV), ld_t for rows of a tile (S, P, dP, dS).
+// dK), ld_v for rows of Dv (V, dO, O, dV), ld_t for rows of a tile (S, P, dP,
+// dS), ld_a for the forward's row factors (16 columns).
 struct TcStrides {
-  int ld_k, ld_v, ld_t;
-  MT_HOST_DEVICE TcStrides(int Dk, int Dv, int pad) : ld_k(Dk + pad), ld_v(Dv + pad), ld_t(kTcTile + pad) {}
+  int ld_k, ld_v, ld_t, ld_a;
+  MT_HOST_DEVICE TcStrides(int Dk, int Dv, int pad)
+      : ld_k(Dk + pad), ld_v(Dv + pad), ld_t(kTcTile + pad), ld_a(16 + pad) {}
 };
 
+// O: the shared accumulator (shared path only); alpha: the register path's
+// row factors, [kTcTile][16] (warp w's tile is rows 16w..16w+15).
 template <class E>
 struct TcForwardSmem : TcStrides {
   E *Q, *K, *V, *P;
-  float *S, *O, *m, *l;
+  float *S, *O, *alpha, *m, *l;
   size_t bytes;
-  MT_HOST_DEVICE TcForwardSmem(unsigned char* base, int Dk, int Dv, int pad = kTcPad) : TcStrides(Dk, Dv, pad) {
+  MT_HOST_DEVICE TcForwardSmem(unsigned char* base, int Dk, int Dv, TcAccumulators acc, int pad = kTcPad)
+      : TcStrides(Dk, Dv, pad) {
+    const bool shared = acc == TcAccumulators::shared;
     Carver c{base};
     Q = c.take<E>(kTcTile * ld_k);
     K = c.take<E>(kTcTile * ld_k);
     V = c.take<E>(kTcTile * ld_v);
     P = c.take<E>(kTcTile * ld_t);
     S = c.take<float>(kTcTile * ld_t);
-    O = c.take<float>(kTcTile * ld_v);
+    O = shared ? c.take<float>(kTcTile * ld_v) : nullptr;
+    alpha = shared ? nullptr : c.take<float>(kTcTile * ld_a);
     m = c.take<float>(kTcTile);
     l = c.take<float>(kTcTile);
     bytes = c.used;
@@ -196,14 +231,17 @@ struct TcForwardSmem : TcStrides {
 };
 
 // The backward kernels' arrays; dX is the accumulated gradient (dK and dV for
-// the key-tile kernel, dQ in dX_k for the query-tile kernel).
+// the key-tile kernel, dQ in dX_k for the query-tile kernel), in shared memory
+// on the shared path only.
 template <class E>
 struct TcBackwardSmem : TcStrides {
   E *Q, *K, *V, *dO, *P, *dS;
   float *S, *dP, *dXk, *dXv, *lse, *delta;
   size_t bytes;
-  MT_HOST_DEVICE TcBackwardSmem(unsigned char* base, int Dk, int Dv, bool key_tile, int pad = kTcPad)
+  MT_HOST_DEVICE TcBackwardSmem(unsigned char* base, int Dk, int Dv, bool key_tile, TcAccumulators acc,
+                                int pad = kTcPad)
       : TcStrides(Dk, Dv, pad) {
+    const bool shared = acc == TcAccumulators::shared;
     Carver c{base};
     Q = c.take<E>(kTcTile * ld_k);
     K = c.take<E>(kTcTile * ld_k);
@@ -213,13 +251,42 @@ struct TcBackwardSmem : TcStrides {
     dS = c.take<E>(kTcTile * ld_t);
     S = c.take<float>(kTcTile * ld_t);
     dP = c.take<float>(kTcTile * ld_t);
-    dXk = c.take<float>(kTcTile * ld_k);
-    dXv = key_tile ? c.take<float>(kTcTile * ld_v) : nullptr;
+    dXk = shared ? c.take<float>(kTcTile * ld_k) : nullptr;
+    dXv = shared && key_tile ? c.take<float>(kTcTile * ld_v) : nullptr;
     lse = c.take<float>(kTcTile);
     delta = c.take<float>(kTcTile);
     bytes = c.used;
   }
 };
+
+// The head dims whose kernels keep their accumulators in registers: the
+// attention heads of configs/*.yaml (GPT-2 Shakespeare 32, k3-tiny's and
+// k3-shakespeare's MLA 48/32, GPT-2 64, k3-small's MLA 96/64, K3's MLA
+// 192/128) and 128/128 (no config of ours yet, the common large head).
+// f(TcDims<Dk, Dv>{}) for such a pair, then true; false for others.
+template <int DK, int DV>
+struct TcDims {
+  static constexpr int Dk = DK, Dv = DV;
+};
+template <class F>
+bool tc_register_dims(int Dk, int Dv, F&& f) {
+  if (Dk == 32 && Dv == 32) return f(TcDims<32, 32>{}), true;
+  if (Dk == 48 && Dv == 32) return f(TcDims<48, 32>{}), true;
+  if (Dk == 64 && Dv == 64) return f(TcDims<64, 64>{}), true;
+  if (Dk == 96 && Dv == 64) return f(TcDims<96, 64>{}), true;
+  if (Dk == 128 && Dv == 128) return f(TcDims<128, 128>{}), true;
+  if (Dk == 192 && Dv == 128) return f(TcDims<192, 128>{}), true;
+  return false;
+}
+
+// Warp w's N accumulator fragments: 16 rows by 16N columns. Indexed only
+// with compile-time indices (unrolled loops): registers on the GPU.
+template <class M, int N>
+struct TcFrags {
+  typename M::Acc f[N];
+};
+template <class M>
+struct TcFrags<M, 0> {};  // the shared path's placeholder
 
 // The row phases use every thread of the block, and a warp's lanes touch
 // consecutive elements of a row (docs/cuda.md, "Attention on tensor cores"):
@@ -306,18 +373,71 @@ MT_HOST_DEVICE void tc_accumulate(float* acc_rows, const typename M::E* P, int l
   }
 }
 
-// Forward of query tile `tile` of head bh = b·H + h: o and lse.
+// The register path's tc_accumulate: acc.f[j] += P_w Y[:, 16j..16j+15] for
+// warp w. Each fragment sees the products in kk order, as in tc_accumulate.
 MT_SIMT_BODY
-template <class M, class Blk, class T>
+template <class M, int N>
+MT_HOST_DEVICE void tc_accumulate_frags(TcFrags<M, N>& acc, const typename M::E* P, int ld_p,
+                                        const typename M::E* Y, int ld, int w) {
+MT_UNROLL
+  for (int kk = 0; kk < kTcTile; kk += 16) {
+    typename M::TileA p;
+    M::load_a(p, P + 16 * w * ld_p + kk, ld_p);
+MT_UNROLL
+    for (int j = 0; j < N; ++j) {
+      typename M::TileB y;
+      M::load_b(y, Y + kk * ld + 16 * j, ld);
+      M::mma(acc.f[j], p, y);
+    }
+  }
+}
+
+MT_SIMT_BODY
+template <class M, int N>
+MT_HOST_DEVICE void tc_zero_frags(TcFrags<M, N>& acc) {
+MT_UNROLL
+  for (int j = 0; j < N; ++j) M::zero(acc.f[j]);
+}
+
+// Warp w's fragments out through `scratch` (its 16 rows of stride ld_s, 64
+// columns): four fragments at a time stored, then the lanes walk each row
+// (lane on columns lane, lane + 32) calling put(row, col, value), row and
+// col within the warp's 16 x 16N block.
+MT_SIMT_BODY
+template <class M, int N, class Blk, class Put>
+MT_HOST_DEVICE void tc_store_frags(const Blk& blk, TcFrags<M, N>& acc, float* scratch, int ld_s, Put&& put) {
+MT_UNROLL
+  for (int j0 = 0; j0 < N; j0 += 4) {
+MT_UNROLL
+    for (int jj = 0; jj < 4; ++jj)
+      if (j0 + jj < N) M::store_acc(scratch + 16 * jj, acc.f[j0 + jj], ld_s);
+    blk.warp_sync();  // the fragments' elements are other lanes' stores
+    const int cols = 16 * (N - j0 < 4 ? N - j0 : 4);
+    blk.lanes([&](int lane) {
+      for (int r = 0; r < 16; ++r)
+        for (int c = lane; c < cols; c += 32) put(r, 16 * j0 + c, scratch[r * ld_s + c]);
+    });
+  }
+}
+
+// Forward of query tile `tile` of head bh = b·H + h: o and lse. DK, DV > 0:
+// the register path for those head dims; 0: the shared path (a.Dk, a.Dv).
+MT_SIMT_BODY
+template <class M, int DK = 0, int DV = 0, class Blk, class T>
 MT_HOST_DEVICE void tc_attention_forward(const Blk& blk, const TcAttention<T>& a, int64_t tile, int64_t bh,
                                          unsigned char* smem) {
-  const int Dk = a.Dk, Dv = a.Dv, n = blk.threads;
+  constexpr bool kRegs = DV > 0;
+  const int Dk = kRegs ? DK : a.Dk, Dv = kRegs ? DV : a.Dv, n = blk.threads;
   const int64_t b = bh / a.H, h = bh % a.H, r0 = tile * kTcTile;
-  const TcForwardSmem<typename M::E> s(smem, Dk, Dv);
-  const int ldk = s.ld_k, ldv = s.ld_v, ldt = s.ld_t;
+  const TcForwardSmem<typename M::E> s(smem, Dk, Dv, kRegs ? TcAccumulators::registers : TcAccumulators::shared);
+  const int ldk = s.ld_k, ldv = s.ld_v, ldt = s.ld_t, lda = s.ld_a;
   const int64_t q0 = a.query_row(b, 0, h), k0 = a.key_row(b, 0, h);
+  typename Blk::template PerWarp<TcFrags<M, DV / 16>> o_acc(blk);  // O: warp w's 16 rows
   tc_stage<M>(blk, s.Q, ldk, a.q, q0, a.H, r0, a.Tq, Dk);
-  tc_zero(blk, s.O, ldv, Dv);
+  if constexpr (kRegs)
+    blk.each_warp([&](int w) { tc_zero_frags(o_acc.at(w)); });
+  else
+    tc_zero(blk, s.O, ldv, Dv);
   blk.each([&](int tid) {
     if (tid < kTcTile) {
       s.m[tid] = -INFINITY;
@@ -358,7 +478,11 @@ MT_HOST_DEVICE void tc_attention_forward(const Blk& blk, const TcAttention<T>& a
           return part;
         });
         blk.lanes([&](int lane) {
-          for (int d = lane; d < Dv; d += 32) s.O[i * ldv + d] *= alpha;
+          if constexpr (kRegs) {
+            if (lane < 16) s.alpha[i * lda + lane] = alpha;
+          } else {
+            for (int d = lane; d < Dv; d += 32) s.O[i * ldv + d] *= alpha;
+          }
           if (lane == 0) {
             s.l[i] = s.l[i] * alpha + sum;
             s.m[i] = mx;
@@ -366,16 +490,41 @@ MT_HOST_DEVICE void tc_attention_forward(const Blk& blk, const TcAttention<T>& a
         });
       }
     });
-    blk.each_warp([&](int w) { tc_accumulate<M>(s.O, s.P, ldt, s.V, ldv, Dv, w); });
+    blk.each_warp([&](int w) {
+      if constexpr (kRegs) {
+        auto& o = o_acc.at(w);
+        typename M::Acc rescale;  // row i of warp w's tile: alpha_i in every column
+        M::load_acc(rescale, s.alpha + 16 * w * lda, lda);
+MT_UNROLL
+        for (int j = 0; j < DV / 16; ++j) M::mul(o.f[j], rescale);
+        tc_accumulate_frags(o, s.P, ldt, s.V, ldv, w);
+      } else {
+        tc_accumulate<M>(s.O, s.P, ldt, s.V, ldv, Dv, w);
+      }
+    });
   }
-  blk.each([&](int tid) {
-    for (int e = tid; e < kTcTile * Dv; e += n) {
-      const TcCell x = tc_cell(e, Dv);
-      const int64_t t = r0 + x.row;
-      if (t < a.Tq) narrow(a.o[(q0 + t * a.H) * Dv + x.col], s.O[x.row * ldv + x.col] / s.l[x.row]);
-    }
-    if (tid < kTcTile && r0 + tid < a.Tq) a.lse[bh * a.Tq + r0 + tid] = s.m[tid] + log_a(s.l[tid]);
-  });
+  if constexpr (kRegs) {
+    // S is free: its last readers (the softmax) ran before the last barrier.
+    blk.each_warp([&](int w) {
+      tc_store_frags<M>(blk, o_acc.at(w), s.S + 16 * w * ldt, ldt, [&](int r, int c, float x) {
+        const int64_t t = r0 + 16 * w + r;
+        if (t < a.Tq) narrow(a.o[(q0 + t * a.H) * Dv + c], x / s.l[16 * w + r]);
+      });
+      blk.lanes([&](int lane) {
+        const int i = 16 * w + lane;
+        if (lane < 16 && r0 + i < a.Tq) a.lse[bh * a.Tq + r0 + i] = s.m[i] + log_a(s.l[i]);
+      });
+    });
+  } else {
+    blk.each([&](int tid) {
+      for (int e = tid; e < kTcTile * Dv; e += n) {
+        const TcCell x = tc_cell(e, Dv);
+        const int64_t t = r0 + x.row;
+        if (t < a.Tq) narrow(a.o[(q0 + t * a.H) * Dv + x.col], s.O[x.row * ldv + x.col] / s.l[x.row]);
+      }
+      if (tid < kTcTile && r0 + tid < a.Tq) a.lse[bh * a.Tq + r0 + tid] = s.m[tid] + log_a(s.l[tid]);
+    });
+  }
 }
 
 // lse and delta of query rows r0..r0+63 into shared memory (0 past Tq).
@@ -391,20 +540,32 @@ MT_HOST_DEVICE void tc_stage_row_stats(const Blk& blk, float* lse, float* delta,
   });
 }
 
-// dK and dV of key tile `tile` of head bh: loops over the query tiles that see it.
+// dK and dV of key tile `tile` of head bh: loops over the query tiles that see
+// it. DK, DV as in tc_attention_forward.
 MT_SIMT_BODY
-template <class M, class Blk, class T>
+template <class M, int DK = 0, int DV = 0, class Blk, class T>
 MT_HOST_DEVICE void tc_attention_grad_kv(const Blk& blk, const TcAttention<T>& a, int64_t tile, int64_t bh,
                                          unsigned char* smem) {
-  const int Dk = a.Dk, Dv = a.Dv, n = blk.threads;
+  constexpr bool kRegs = DV > 0;
+  const int Dk = kRegs ? DK : a.Dk, Dv = kRegs ? DV : a.Dv, n = blk.threads;
   const int64_t b = bh / a.H, h = bh % a.H, s0 = tile * kTcTile;
-  const TcBackwardSmem<typename M::E> s(smem, Dk, Dv, true);
+  const TcBackwardSmem<typename M::E> s(smem, Dk, Dv, true,
+                                        kRegs ? TcAccumulators::registers : TcAccumulators::shared);
   const int ldk = s.ld_k, ldv = s.ld_v, ldt = s.ld_t;
   const int64_t q0 = a.query_row(b, 0, h), k0 = a.key_row(b, 0, h);
+  typename Blk::template PerWarp<TcFrags<M, DK / 16>> dk_acc(blk);  // warp w's 16 keys
+  typename Blk::template PerWarp<TcFrags<M, DV / 16>> dv_acc(blk);
   tc_stage<M>(blk, s.K, ldk, a.k, k0, a.H, s0, a.Tk, Dk);
   tc_stage<M>(blk, s.V, ldv, a.v, k0, a.H, s0, a.Tk, Dv);
-  tc_zero(blk, s.dXk, ldk, Dk);
-  tc_zero(blk, s.dXv, ldv, Dv);
+  if constexpr (kRegs) {
+    blk.each_warp([&](int w) {
+      tc_zero_frags(dk_acc.at(w));
+      tc_zero_frags(dv_acc.at(w));
+    });
+  } else {
+    tc_zero(blk, s.dXk, ldk, Dk);
+    tc_zero(blk, s.dXv, ldv, Dv);
+  }
   // Query t sees key s when t >= s - off: start at the tile holding the first such t.
   for (int64_t r0 = max_i(0, s0 - a.off) / kTcTile * kTcTile; r0 < a.Tq; r0 += kTcTile) {
     tc_stage<M>(blk, s.Q, ldk, a.q, q0, a.H, r0, a.Tq, Dk);
@@ -426,9 +587,29 @@ MT_HOST_DEVICE void tc_attention_grad_kv(const Blk& blk, const TcAttention<T>& a
       }
     });
     blk.each_warp([&](int w) {
-      tc_accumulate<M>(s.dXv, s.P, ldt, s.dO, ldv, Dv, w);  // dV += Pᵀ dO
-      tc_accumulate<M>(s.dXk, s.dS, ldt, s.Q, ldk, Dk, w);  // dK += dSᵀ Q (times scale below)
+      if constexpr (kRegs) {
+        tc_accumulate_frags(dv_acc.at(w), s.P, ldt, s.dO, ldv, w);  // dV += Pᵀ dO
+        tc_accumulate_frags(dk_acc.at(w), s.dS, ldt, s.Q, ldk, w);  // dK += dSᵀ Q (times scale below)
+      } else {
+        tc_accumulate<M>(s.dXv, s.P, ldt, s.dO, ldv, Dv, w);  // dV += Pᵀ dO
+        tc_accumulate<M>(s.dXk, s.dS, ldt, s.Q, ldk, Dk, w);  // dK += dSᵀ Q (times scale below)
+      }
     });
+  }
+  if constexpr (kRegs) {
+    // S is free: the elementwise phase, its last reader, ran before the last barrier.
+    blk.each_warp([&](int w) {
+      float* scratch = s.S + 16 * w * ldt;
+      tc_store_frags<M>(blk, dk_acc.at(w), scratch, ldt, [&](int r, int c, float x) {
+        const int64_t key = s0 + 16 * w + r;
+        if (key < a.Tk) narrow(a.grad_k[(k0 + key * a.H) * Dk + c], x * a.scale);
+      });
+      tc_store_frags<M>(blk, dv_acc.at(w), scratch, ldt, [&](int r, int c, float x) {
+        const int64_t key = s0 + 16 * w + r;
+        if (key < a.Tk) narrow(a.grad_v[(k0 + key * a.H) * Dv + c], x);
+      });
+    });
+    return;
   }
   blk.each([&](int tid) {
     for (int e = tid; e < kTcTile * Dk; e += n) {
@@ -444,20 +625,26 @@ MT_HOST_DEVICE void tc_attention_grad_kv(const Blk& blk, const TcAttention<T>& a
   });
 }
 
-// dQ of query tile `tile` of head bh.
+// dQ of query tile `tile` of head bh; DK, DV as in tc_attention_forward.
 MT_SIMT_BODY
-template <class M, class Blk, class T>
+template <class M, int DK = 0, int DV = 0, class Blk, class T>
 MT_HOST_DEVICE void tc_attention_grad_q(const Blk& blk, const TcAttention<T>& a, int64_t tile, int64_t bh,
                                         unsigned char* smem) {
-  const int Dk = a.Dk, Dv = a.Dv, n = blk.threads;
+  constexpr bool kRegs = DV > 0;
+  const int Dk = kRegs ? DK : a.Dk, Dv = kRegs ? DV : a.Dv, n = blk.threads;
   const int64_t b = bh / a.H, h = bh % a.H, r0 = tile * kTcTile;
-  const TcBackwardSmem<typename M::E> s(smem, Dk, Dv, false);
+  const TcBackwardSmem<typename M::E> s(smem, Dk, Dv, false,
+                                        kRegs ? TcAccumulators::registers : TcAccumulators::shared);
   const int ldk = s.ld_k, ldv = s.ld_v, ldt = s.ld_t;
   const int64_t q0 = a.query_row(b, 0, h), k0 = a.key_row(b, 0, h);
+  typename Blk::template PerWarp<TcFrags<M, DK / 16>> dq_acc(blk);  // warp w's 16 rows
   tc_stage<M>(blk, s.Q, ldk, a.q, q0, a.H, r0, a.Tq, Dk);
   tc_stage<M>(blk, s.dO, ldv, a.grad_o, q0, a.H, r0, a.Tq, Dv);
   tc_stage_row_stats(blk, s.lse, s.delta, a, bh, r0);
-  tc_zero(blk, s.dXk, ldk, Dk);
+  if constexpr (kRegs)
+    blk.each_warp([&](int w) { tc_zero_frags(dq_acc.at(w)); });
+  else
+    tc_zero(blk, s.dXk, ldk, Dk);
   const int64_t kv_end = a.off + min_i(a.Tq, r0 + kTcTile);
   for (int64_t c0 = 0; c0 < kv_end; c0 += kTcTile) {
     tc_stage<M>(blk, s.K, ldk, a.k, k0, a.H, c0, a.Tk, Dk);
@@ -476,7 +663,22 @@ MT_HOST_DEVICE void tc_attention_grad_q(const Blk& blk, const TcAttention<T>& a,
         s.dS[at] = M::operand(p * (s.dP[at] - s.delta[x.row]));
       }
     });
-    blk.each_warp([&](int w) { tc_accumulate<M>(s.dXk, s.dS, ldt, s.K, ldk, Dk, w); });  // dQ += dS K
+    blk.each_warp([&](int w) {  // dQ += dS K
+      if constexpr (kRegs)
+        tc_accumulate_frags(dq_acc.at(w), s.dS, ldt, s.K, ldk, w);
+      else
+        tc_accumulate<M>(s.dXk, s.dS, ldt, s.K, ldk, Dk, w);
+    });
+  }
+  if constexpr (kRegs) {
+    // S is free: the elementwise phase, its last reader, ran before the last barrier.
+    blk.each_warp([&](int w) {
+      tc_store_frags<M>(blk, dq_acc.at(w), s.S + 16 * w * ldt, ldt, [&](int r, int c, float x) {
+        const int64_t t = r0 + 16 * w + r;
+        if (t < a.Tq) narrow(a.grad_q[(q0 + t * a.H) * Dk + c], x * a.scale);
+      });
+    });
+    return;
   }
   blk.each([&](int tid) {
     for (int e = tid; e < kTcTile * Dk; e += n) {

@@ -18,6 +18,16 @@
 // give every lane the same values and read nothing that the very next call
 // writes (a race the host cannot see; later calls are ordered after that one's
 // synchronisation).
+//   blk.warp_sync()   orders the warp's shared-memory accesses before it against
+//                     those after it (__syncwarp on the GPU, nothing on the host):
+//                     between a warp-collective store (wmma's store_matrix_sync)
+//                     and lanes() that read what it stored.
+// State a warp keeps across phases (attention_tc.h's accumulator fragments):
+//   typename Blk::template PerWarp<X> st(blk);  st.at(w) is warp w's X.
+// On the GPU every thread holds one X in registers and at(w) returns it (w is
+// the thread's own warp); on the host, where warps run one after another, the
+// holder keeps one X per warp. An X holding fragments must be indexed with
+// compile-time indices only (unrolled loops), or nvcc moves it to local memory.
 // On the GPU (DeviceBlock) each() is `f(threadIdx.x); __syncthreads();` and
 // each_warp() `f(threadIdx.x / 32); __syncthreads();`; on the host (HostBlock)
 // they are loops (natural, reversed or shuffled order: HostOrder below), so tests
@@ -37,9 +47,12 @@
 #define MT_HOST_DEVICE __host__ __device__
 // Before a body template: its host instantiation may call the device's each().
 #define MT_SIMT_BODY _Pragma("nv_exec_check_disable")
+// Before a loop over a fragment array (PerWarp below): unrolled on the GPU.
+#define MT_UNROLL _Pragma("unroll")
 #else
 #define MT_HOST_DEVICE
 #define MT_SIMT_BODY
+#define MT_UNROLL
 #endif
 
 namespace moetrain::simt {
@@ -72,6 +85,13 @@ struct HostBlock {
   void lanes(F&& f) const {
     run(32, f);
   }
+  void warp_sync() const {}
+  template <class X>
+  struct PerWarp {
+    std::vector<X> x;
+    explicit PerWarp(const HostBlock& blk) : x(static_cast<size_t>(blk.threads / 32)) {}
+    X& at(int w) { return x[static_cast<size_t>(w)]; }
+  };
   template <class F>
   float warp_sum(F&& f) const {
     return butterfly(f, [](float x, float y) { return x + y; });
@@ -136,6 +156,13 @@ struct DeviceBlock {
     f(static_cast<int>(threadIdx.x & 31));
     __syncwarp();
   }
+  __device__ void warp_sync() const { __syncwarp(); }
+  template <class X>
+  struct PerWarp {
+    X x;
+    __device__ explicit PerWarp(const DeviceBlock&) {}
+    __device__ X& at(int) { return x; }
+  };
   template <class F>
   __device__ float warp_sum(F&& f) const {
     float v = f(static_cast<int>(threadIdx.x & 31));

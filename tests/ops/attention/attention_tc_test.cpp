@@ -3,9 +3,11 @@
 // sums) against the CPU attention kernels on the same bf16-rounded inputs. This
 // runs on every machine: what a GPU run of attention_tc_cuda.cu adds is the
 // launch, wmma's fragment handling and the hardware's summation order, checked by
-// the bf16 [cuda] cases in attention_test.cpp. The [banks] cases count the
-// bodies' shared-memory bank conflicts (ops/smem_banks.h's model) from the
-// bodies' own layouts.
+// the bf16 [cuda] cases in attention_test.cpp and the one here that sets the
+// register path against the shared one. Both accumulator paths
+// (simt::TcAccumulators) run here; the register path must give the shared
+// path's bits. The [banks] cases count the bodies' shared-memory bank conflicts
+// (ops/smem_banks.h's model) from the bodies' own layouts.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <array>
@@ -23,6 +25,7 @@ using namespace moetrain;
 using moetrain::testing::rel_error;
 using moetrain::testing::run_in_all_orders;
 using simt::HostOrder;
+using simt::TcAccumulators;
 
 namespace {
 
@@ -36,8 +39,11 @@ struct Outputs {
 
 // The three bodies on the host, as attention_tc_cuda.cu launches them: a block per
 // (tile, b·h); delta = rowsum(dO ⊙ O) from the bf16 O, as attention_cuda.cu does.
-Outputs run_bodies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_o, double scale,
-                   HostOrder order) {
+// DK = DV = 0: the shared path; else the register path for those head dims (all
+// three bodies, the dK/dV one included where the GPU keeps the shared path).
+template <int DK, int DV>
+Outputs run_bodies_with(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_o, double scale,
+                        HostOrder order) {
   const int64_t B = q.size(0), T = q.size(1), Tk = k.size(1), H = q.size(2);
   const int Dk = static_cast<int>(q.size(3)), Dv = static_cast<int>(v.size(3));
   Tensor o = empty({B, T, H, Dv}, DType::bf16), lse = empty({B, H, T}, DType::f32);
@@ -62,11 +68,13 @@ Outputs run_bodies(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   a.grad_v = gv.data<bf16>();
   const simt::HostBlock blk = testing::host_block(simt::kTcThreads, order);
   const int64_t tiles_q = (T + simt::kTcTile - 1) / simt::kTcTile, tiles_k = (Tk + simt::kTcTile - 1) / simt::kTcTile;
-  std::vector<unsigned char> fwd(simt::TcForwardSmem<float>(nullptr, Dk, Dv).bytes),
-      kv(simt::TcBackwardSmem<float>(nullptr, Dk, Dv, true).bytes),
-      dq(simt::TcBackwardSmem<float>(nullptr, Dk, Dv, false).bytes);
+  const TcAccumulators acc = DV > 0 ? TcAccumulators::registers : TcAccumulators::shared;
+  std::vector<unsigned char> fwd(simt::TcForwardSmem<float>(nullptr, Dk, Dv, acc).bytes),
+      kv(simt::TcBackwardSmem<float>(nullptr, Dk, Dv, true, acc).bytes),
+      dq(simt::TcBackwardSmem<float>(nullptr, Dk, Dv, false, acc).bytes);
   for (int64_t bh = 0; bh < B * H; ++bh)
-    for (int64_t t = 0; t < tiles_q; ++t) simt::tc_attention_forward<simt::HostMma>(blk, a, t, bh, fwd.data());
+    for (int64_t t = 0; t < tiles_q; ++t)
+      simt::tc_attention_forward<simt::HostMma, DK, DV>(blk, a, t, bh, fwd.data());
   // delta[b, h, t] = Σ_d dO O, in f32 from the stored bf16 values.
   Tensor delta = zeros({B, H, T}, DType::f32);
   const Tensor of = o.to(DType::f32), gof = grad_o.to(DType::f32);
@@ -81,11 +89,30 @@ Outputs run_bodies(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
       }
   a.delta = delta.data<float>();
   for (int64_t bh = 0; bh < B * H; ++bh) {
-    for (int64_t t = 0; t < tiles_k; ++t) simt::tc_attention_grad_kv<simt::HostMma>(blk, a, t, bh, kv.data());
-    for (int64_t t = 0; t < tiles_q; ++t) simt::tc_attention_grad_q<simt::HostMma>(blk, a, t, bh, dq.data());
+    for (int64_t t = 0; t < tiles_k; ++t)
+      simt::tc_attention_grad_kv<simt::HostMma, DK, DV>(blk, a, t, bh, kv.data());
+    for (int64_t t = 0; t < tiles_q; ++t)
+      simt::tc_attention_grad_q<simt::HostMma, DK, DV>(blk, a, t, bh, dq.data());
   }
   return {of, lse, gq.to(DType::f32), gk.to(DType::f32), gv.to(DType::f32)};
 }
+
+bool tc_has_register_path(int64_t Dk, int64_t Dv) {
+  return simt::tc_register_dims(static_cast<int>(Dk), static_cast<int>(Dv), [](auto) {});
+}
+
+Outputs run_bodies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_o, double scale,
+                   HostOrder order, TcAccumulators acc = TcAccumulators::shared) {
+  if (acc == TcAccumulators::shared) return run_bodies_with<0, 0>(q, k, v, grad_o, scale, order);
+  Outputs out;
+  const bool found = simt::tc_register_dims(static_cast<int>(q.size(3)), static_cast<int>(v.size(3)), [&](auto d) {
+    out = run_bodies_with<decltype(d)::Dk, decltype(d)::Dv>(q, k, v, grad_o, scale, order);
+  });
+  REQUIRE(found);
+  return out;
+}
+
+const char* tc_acc_name(TcAccumulators acc) { return acc == TcAccumulators::shared ? "shared" : "registers"; }
 
 bool same_bits(const Outputs& a, const Outputs& b) {
   return testing::same_bits({&a.o, &a.lse, &a.grad_q, &a.grad_k, &a.grad_v},
@@ -112,24 +139,62 @@ TEST_CASE("attention (tensor-core bodies on the host): match the CPU kernels", "
       {1, 130, 130, 2, 32, 48},  // three tiles, Dk != Dv
       {1, 20, 85, 2, 16, 32},    // 65 cached keys: key tiles beyond the query tile
       {1, 64, 64, 1, 192, 128},  // MLA-like Dk > Dv, one full tile
+      {1, 100, 100, 2, 96, 64},  // k3-small's MLA, two tiles
   };
-  for (const Case& c : cases) {
-    DYNAMIC_SECTION(fmt::format("B={} T={} Tk={} H={} Dk={} Dv={}", c.B, c.T, c.Tk, c.H, c.Dk, c.Dv)) {
-      Tensor q = randn({c.B, c.T, c.H, c.Dk}, DType::f64, 1).to(DType::bf16);
-      Tensor k = randn({c.B, c.Tk, c.H, c.Dk}, DType::f64, 2).to(DType::bf16);
-      Tensor v = randn({c.B, c.Tk, c.H, c.Dv}, DType::f64, 3).to(DType::bf16);
-      Tensor grad_o = randn({c.B, c.T, c.H, c.Dv}, DType::f64, 4).to(DType::bf16);
-      const double scale = 1.5 / std::sqrt(static_cast<double>(c.Dk));  // peaked rows as well as flat ones
-      Outputs tc = run_in_all_orders([&](HostOrder o) { return run_bodies(q, k, v, grad_o, scale, o); });
-      Outputs ref = run_cpu(q, k, v, grad_o, scale);
-      // Scores are exact products of bf16 values summed in f32: lse agrees to f32
-      // rounding. P (forward) and dS (backward) are rounded to bf16 before their
-      // products, and O and the gradients are stored in bf16.
-      CHECK(rel_error(tc.lse, ref.lse) < 1e-5);
-      CHECK(rel_error(tc.o, ref.o) < 1e-2);
-      CHECK(rel_error(tc.grad_v, ref.grad_v) < 2e-2);
-      CHECK(rel_error(tc.grad_k, ref.grad_k) < 3e-2);
-      CHECK(rel_error(tc.grad_q, ref.grad_q) < 3e-2);
+  for (const Case& c : cases)
+    for (TcAccumulators acc : {TcAccumulators::shared, TcAccumulators::registers}) {
+      if (acc == TcAccumulators::registers && !tc_has_register_path(c.Dk, c.Dv)) continue;
+      DYNAMIC_SECTION(fmt::format("{} B={} T={} Tk={} H={} Dk={} Dv={}", tc_acc_name(acc), c.B, c.T, c.Tk, c.H,
+                                  c.Dk, c.Dv)) {
+        Tensor q = randn({c.B, c.T, c.H, c.Dk}, DType::f64, 1).to(DType::bf16);
+        Tensor k = randn({c.B, c.Tk, c.H, c.Dk}, DType::f64, 2).to(DType::bf16);
+        Tensor v = randn({c.B, c.Tk, c.H, c.Dv}, DType::f64, 3).to(DType::bf16);
+        Tensor grad_o = randn({c.B, c.T, c.H, c.Dv}, DType::f64, 4).to(DType::bf16);
+        const double scale = 1.5 / std::sqrt(static_cast<double>(c.Dk));  // peaked rows as well as flat ones
+        Outputs tc = run_in_all_orders([&](HostOrder o) { return run_bodies(q, k, v, grad_o, scale, o, acc); });
+        Outputs ref = run_cpu(q, k, v, grad_o, scale);
+        // Scores are exact products of bf16 values summed in f32: lse agrees to f32
+        // rounding. P (forward) and dS (backward) are rounded to bf16 before their
+        // products, and O and the gradients are stored in bf16.
+        CHECK(rel_error(tc.lse, ref.lse) < 1e-5);
+        CHECK(rel_error(tc.o, ref.o) < 1e-2);
+        CHECK(rel_error(tc.grad_v, ref.grad_v) < 2e-2);
+        CHECK(rel_error(tc.grad_k, ref.grad_k) < 3e-2);
+        CHECK(rel_error(tc.grad_q, ref.grad_q) < 3e-2);
+      }
+    }
+}
+
+TEST_CASE("attention (tensor-core bodies on the host): register accumulators give the shared path's bits",
+          "[ops][attention][simt]") {
+  // Every register pair (simt::tc_register_dims) on partial tiles, several
+  // query tiles and cached keys (Tq != Tk): the same f32 operations in the same
+  // order, so the same bits; the register bodies also in all three thread orders.
+  const std::vector<std::pair<int64_t, int64_t>> pairs = {{32, 32}, {48, 32}, {64, 64}, {96, 64}, {128, 128},
+                                                          {192, 128}};
+  struct Shape {
+    int64_t B, T, Tk, H;
+  };
+  const std::vector<Shape> shapes = {{2, 37, 37, 2}, {1, 130, 130, 1}, {1, 20, 85, 1}, {1, 70, 135, 2}};
+  for (auto [Dk, Dv] : pairs) {
+    REQUIRE(tc_has_register_path(Dk, Dv));
+    for (const Shape& sh : shapes) {
+      DYNAMIC_SECTION(fmt::format("B={} T={} Tk={} H={} Dk={} Dv={}", sh.B, sh.T, sh.Tk, sh.H, Dk, Dv)) {
+        const uint64_t seed = static_cast<uint64_t>(Dk * 1000 + sh.Tk);
+        Tensor q = randn({sh.B, sh.T, sh.H, Dk}, DType::f64, seed).to(DType::bf16);
+        Tensor k = randn({sh.B, sh.Tk, sh.H, Dk}, DType::f64, seed + 1).to(DType::bf16);
+        Tensor v = randn({sh.B, sh.Tk, sh.H, Dv}, DType::f64, seed + 2).to(DType::bf16);
+        Tensor grad_o = randn({sh.B, sh.T, sh.H, Dv}, DType::f64, seed + 3).to(DType::bf16);
+        const double scale = 1.5 / std::sqrt(static_cast<double>(Dk));
+        const Outputs shared = run_bodies(q, k, v, grad_o, scale, HostOrder::natural, TcAccumulators::shared);
+        const Outputs regs = run_in_all_orders(
+            [&](HostOrder o) { return run_bodies(q, k, v, grad_o, scale, o, TcAccumulators::registers); });
+        CHECK(testing::same_bits(regs.o, shared.o));
+        CHECK(testing::same_bits(regs.lse, shared.lse));
+        CHECK(testing::same_bits(regs.grad_q, shared.grad_q));
+        CHECK(testing::same_bits(regs.grad_k, shared.grad_k));
+        CHECK(testing::same_bits(regs.grad_v, shared.grad_v));
+      }
     }
   }
 }
@@ -139,10 +204,33 @@ TEST_CASE("attention (tensor-core bodies): shared memory fits the GPU for the he
   // 128/128 heads must run on the tensor cores; the largest kernel is dK/dV.
   const size_t limit = 227 * 1024;
   using E = uint16_t;  // the GPU's operands are 2 bytes (bf16)
-  for (auto [Dk, Dv] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{192, 128}}) {
-    CHECK(simt::TcForwardSmem<E>(nullptr, Dk, Dv).bytes <= limit);
-    CHECK(simt::TcBackwardSmem<E>(nullptr, Dk, Dv, true).bytes <= limit);
-    CHECK(simt::TcBackwardSmem<E>(nullptr, Dk, Dv, false).bytes <= limit);
+  for (auto [Dk, Dv] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{192, 128}})
+    for (TcAccumulators acc : {TcAccumulators::shared, TcAccumulators::registers}) {
+      CHECK(simt::TcForwardSmem<E>(nullptr, Dk, Dv, acc).bytes <= limit);
+      CHECK(simt::TcBackwardSmem<E>(nullptr, Dk, Dv, true, acc).bytes <= limit);
+      CHECK(simt::TcBackwardSmem<E>(nullptr, Dk, Dv, false, acc).bytes <= limit);
+    }
+}
+
+TEST_CASE("attention (tensor-core bodies): the register path's layouts drop the shared accumulators",
+          "[ops][attention][simt]") {
+  // Forward: O [64][Dv + 8] f32 gives way to the row factors [64][16 + 8] f32;
+  // dK/dV: dK [64][Dk + 8] and dV [64][Dv + 8] f32 go; dQ: dQ [64][Dk + 8] f32 goes.
+  // Every array is a multiple of 128 bytes here, so no alignment padding moves.
+  using E = uint16_t;
+  for (auto [Dk, Dv] : {std::pair{32, 32}, std::pair{64, 64}, std::pair{96, 64}, std::pair{192, 128}}) {
+    const size_t f32_rows = 64 * sizeof(float);
+    const size_t o = f32_rows * static_cast<size_t>(Dv + 8), dk = f32_rows * static_cast<size_t>(Dk + 8),
+                 alpha = f32_rows * (16 + 8);
+    CHECK(simt::TcForwardSmem<E>(nullptr, Dk, Dv, TcAccumulators::shared).bytes -
+              simt::TcForwardSmem<E>(nullptr, Dk, Dv, TcAccumulators::registers).bytes ==
+          o - alpha);
+    CHECK(simt::TcBackwardSmem<E>(nullptr, Dk, Dv, true, TcAccumulators::shared).bytes -
+              simt::TcBackwardSmem<E>(nullptr, Dk, Dv, true, TcAccumulators::registers).bytes ==
+          dk + o);
+    CHECK(simt::TcBackwardSmem<E>(nullptr, Dk, Dv, false, TcAccumulators::shared).bytes -
+              simt::TcBackwardSmem<E>(nullptr, Dk, Dv, false, TcAccumulators::registers).bytes ==
+          dk);
   }
 }
 
@@ -192,9 +280,10 @@ int row_stat_ways(int64_t at, bool by_col) {
 }
 
 // The forward's softmax phase: warp w's lanes on row i, columns tc_lane_col(lane, j)
-// of S (f32) and P (bf16), then columns lane + 32j of O.
+// of S (f32) and P (bf16), then columns lane + 32j of O (shared path) or lanes
+// 0..15 on row i of the row factors (register path).
 struct SoftmaxWays {
-  int S = 1, P = 1, O = 1;
+  int S = 1, P = 1, O = 1, alpha = 1;
 };
 SoftmaxWays softmax_ways(const simt::TcForwardSmem<uint16_t>& s, const unsigned char* base, int Dv) {
   SoftmaxWays r;
@@ -209,7 +298,13 @@ SoftmaxWays softmax_ways(const simt::TcForwardSmem<uint16_t>& s, const unsigned 
       r.S = std::max(r.S, testing::bank_ways(aS, 4));
       r.P = std::max(r.P, testing::bank_ways(aP, 2));
     }
-    for (int d0 = 0; d0 < Dv; d0 += 32) {
+    if (s.alpha) {
+      Lanes aA;
+      for (int l = 0; l < 32; ++l)
+        aA[static_cast<size_t>(l)] = l < 16 ? offset_of(s.alpha + i * s.ld_a + l, base) : kIdle;
+      r.alpha = std::max(r.alpha, testing::bank_ways(aA, 4));
+    }
+    for (int d0 = 0; s.O && d0 < Dv; d0 += 32) {
       Lanes aO;
       for (int l = 0; l < 32; ++l)
         aO[static_cast<size_t>(l)] = d0 + l < Dv ? offset_of(s.O + i * s.ld_v + d0 + l, base) : kIdle;
@@ -256,38 +351,59 @@ void acc_tile_ways(TileWays& r, const float* array, int ld, int dim, const unsig
     }
 }
 
+// The register path's stores: warp w's lanes read its 16 rows of S (the
+// scratch the fragments were stored to), lane on columns lane and lane + 32.
+int scratch_ways(const float* S, int ld_t, const unsigned char* base) {
+  int worst = 1;
+  for (int r = 0; r < simt::kTcTile; ++r)
+    for (int c0 = 0; c0 < simt::kTcTile; c0 += 32) {
+      Lanes a;
+      for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = offset_of(S + r * ld_t + c0 + l, base);
+      worst = std::max(worst, testing::bank_ways(a, 4));
+    }
+  return worst;
+}
+
 struct LayoutWays {
   SoftmaxWays softmax;
+  int scratch = 1;        // the register path's stores through S
   int backward_rows = 1;  // S, dP, P, dS, lse, delta in the backward's elementwise phases
   int staging = 1;        // staging, zeroing and the stores
   TileWays tiles;
 };
 
-// Every shared access of the three bodies for heads Dk, Dv with row padding `pad`,
-// from the bodies' own layouts (TcForwardSmem, TcBackwardSmem with the GPU's
-// 2-byte operands) and cell maps (tc_cell, tc_lane_col).
-LayoutWays layout_ways(int Dk, int Dv, int pad) {
+// Every shared access of the three bodies for heads Dk, Dv with row padding `pad`
+// and accumulators `acc`, from the bodies' own layouts (TcForwardSmem,
+// TcBackwardSmem with the GPU's 2-byte operands) and cell maps (tc_cell,
+// tc_lane_col).
+LayoutWays layout_ways(int Dk, int Dv, int pad, TcAccumulators acc) {
   using E = uint16_t;
   LayoutWays r;
-  const simt::TcForwardSmem<E> f(nullptr, Dk, Dv, pad);
+  const bool shared = acc == TcAccumulators::shared;
+  const simt::TcForwardSmem<E> f(nullptr, Dk, Dv, acc, pad);
   std::vector<unsigned char> fwd(f.bytes);
-  const simt::TcForwardSmem<E> s(fwd.data(), Dk, Dv, pad);
+  const simt::TcForwardSmem<E> s(fwd.data(), Dk, Dv, acc, pad);
   const unsigned char* fb = fwd.data();
   r.softmax = softmax_ways(s, fb, Dv);
   r.staging = std::max({elementwise_ways(offset_of(s.Q, fb), s.ld_k, Dk, 2),
                         elementwise_ways(offset_of(s.K, fb), s.ld_k, Dk, 2),
-                        elementwise_ways(offset_of(s.V, fb), s.ld_v, Dv, 2),
-                        elementwise_ways(offset_of(s.O, fb), s.ld_v, Dv, 4)});
+                        elementwise_ways(offset_of(s.V, fb), s.ld_v, Dv, 2)});
   operand_tile_ways(r.tiles, s.Q, s.ld_k, Dk, fb);
   operand_tile_ways(r.tiles, s.K, s.ld_k, Dk, fb);
   operand_tile_ways(r.tiles, s.V, s.ld_v, Dv, fb);
   operand_tile_ways(r.tiles, s.P, s.ld_t, simt::kTcTile, fb);
   acc_tile_ways(r.tiles, s.S, s.ld_t, simt::kTcTile, fb);
-  acc_tile_ways(r.tiles, s.O, s.ld_v, Dv, fb);
+  if (shared) {
+    r.staging = std::max(r.staging, elementwise_ways(offset_of(s.O, fb), s.ld_v, Dv, 4));
+    acc_tile_ways(r.tiles, s.O, s.ld_v, Dv, fb);
+  } else {
+    acc_tile_ways(r.tiles, s.alpha, s.ld_a, 16, fb);  // the row factors, loaded as a fragment
+    r.scratch = scratch_ways(s.S, s.ld_t, fb);
+  }
   for (bool key_tile : {true, false}) {
-    const simt::TcBackwardSmem<E> g(nullptr, Dk, Dv, key_tile, pad);
+    const simt::TcBackwardSmem<E> g(nullptr, Dk, Dv, key_tile, acc, pad);
     std::vector<unsigned char> bwd(g.bytes);
-    const simt::TcBackwardSmem<E> b(bwd.data(), Dk, Dv, key_tile, pad);
+    const simt::TcBackwardSmem<E> b(bwd.data(), Dk, Dv, key_tile, acc, pad);
     const unsigned char* bb = bwd.data();
     r.backward_rows = std::max({r.backward_rows, elementwise_ways(offset_of(b.S, bb), b.ld_t, simt::kTcTile, 4),
                                 elementwise_ways(offset_of(b.dP, bb), b.ld_t, simt::kTcTile, 4),
@@ -299,16 +415,20 @@ LayoutWays layout_ways(int Dk, int Dv, int pad) {
     r.staging = std::max({r.staging, elementwise_ways(offset_of(b.Q, bb), b.ld_k, Dk, 2),
                           elementwise_ways(offset_of(b.K, bb), b.ld_k, Dk, 2),
                           elementwise_ways(offset_of(b.V, bb), b.ld_v, Dv, 2),
-                          elementwise_ways(offset_of(b.dO, bb), b.ld_v, Dv, 2),
-                          elementwise_ways(offset_of(b.dXk, bb), b.ld_k, Dk, 4)});
+                          elementwise_ways(offset_of(b.dO, bb), b.ld_v, Dv, 2)});
     for (const E* op : {b.Q, b.K}) operand_tile_ways(r.tiles, op, b.ld_k, Dk, bb);
     for (const E* op : {b.V, b.dO}) operand_tile_ways(r.tiles, op, b.ld_v, Dv, bb);
     operand_tile_ways(r.tiles, b.dS, b.ld_t, simt::kTcTile, bb);
     acc_tile_ways(r.tiles, b.S, b.ld_t, simt::kTcTile, bb);
     acc_tile_ways(r.tiles, b.dP, b.ld_t, simt::kTcTile, bb);
-    acc_tile_ways(r.tiles, b.dXk, b.ld_k, Dk, bb);
-    if (key_tile) {
-      operand_tile_ways(r.tiles, b.P, b.ld_t, simt::kTcTile, bb);
+    if (shared) {
+      acc_tile_ways(r.tiles, b.dXk, b.ld_k, Dk, bb);
+      r.staging = std::max(r.staging, elementwise_ways(offset_of(b.dXk, bb), b.ld_k, Dk, 4));
+    } else {
+      r.scratch = std::max(r.scratch, scratch_ways(b.S, b.ld_t, bb));
+    }
+    if (key_tile) operand_tile_ways(r.tiles, b.P, b.ld_t, simt::kTcTile, bb);
+    if (key_tile && shared) {
       acc_tile_ways(r.tiles, b.dXv, b.ld_v, Dv, bb);
       r.staging = std::max(r.staging, elementwise_ways(offset_of(b.dXv, bb), b.ld_v, Dv, 4));
     }
@@ -321,32 +441,35 @@ LayoutWays layout_ways(int Dk, int Dv, int pad) {
 TEST_CASE("attention (tensor-core bodies): shared-memory accesses are free of bank conflicts (at most 2-way)",
           "[ops][attention][simt][banks]") {
   for (auto [Dk, Dv] : {std::pair{16, 16}, std::pair{32, 48}, std::pair{64, 64}, std::pair{128, 128},
-                        std::pair{192, 128}, std::pair{256, 256}}) {
-    DYNAMIC_SECTION("Dk=" << Dk << " Dv=" << Dv) {
-      const LayoutWays w = layout_ways(Dk, Dv, simt::kTcPad);
-      // The row phases: a warp's lanes on consecutive elements of one row.
-      CHECK(w.softmax.S == 1);
-      CHECK(w.softmax.P == 1);
-      CHECK(w.softmax.O == 1);
-      CHECK(w.backward_rows == 1);
-      // Staging and stores: a warp straddles two rows where 32 does not divide the head dim.
-      CHECK(w.staging <= 2);
-      // Tiles: the padded rows put a tile's 8 rows on distinct banks. Only two
-      // 4-byte accumulator accesses of a lane stay 2-way (they touch even words only).
-      CHECK(w.tiles.ldmatrix == 1);
-      CHECK(w.tiles.frag_a == 1);
-      CHECK(w.tiles.frag_b == 1);
-      CHECK(w.tiles.acc8 == 1);
-      CHECK(w.tiles.acc4 <= 2);
+                        std::pair{192, 128}, std::pair{256, 256}})
+    for (TcAccumulators acc : {TcAccumulators::shared, TcAccumulators::registers}) {
+      DYNAMIC_SECTION(tc_acc_name(acc) << " Dk=" << Dk << " Dv=" << Dv) {
+        const LayoutWays w = layout_ways(Dk, Dv, simt::kTcPad, acc);
+        // The row phases: a warp's lanes on consecutive elements of one row.
+        CHECK(w.softmax.S == 1);
+        CHECK(w.softmax.P == 1);
+        CHECK(w.softmax.O == 1);
+        CHECK(w.softmax.alpha == 1);
+        CHECK(w.scratch == 1);
+        CHECK(w.backward_rows == 1);
+        // Staging and stores: a warp straddles two rows where 32 does not divide the head dim.
+        CHECK(w.staging <= 2);
+        // Tiles: the padded rows put a tile's 8 rows on distinct banks. Only two
+        // 4-byte accumulator accesses of a lane stay 2-way (they touch even words only).
+        CHECK(w.tiles.ldmatrix == 1);
+        CHECK(w.tiles.frag_a == 1);
+        CHECK(w.tiles.frag_b == 1);
+        CHECK(w.tiles.acc8 == 1);
+        CHECK(w.tiles.acc4 <= 2);
+      }
     }
-  }
 }
 
 TEST_CASE("attention (tensor-core bodies): the unpadded layout the bank model measures is conflicted",
           "[ops][attention][simt][banks]") {
   // The same model on the unpadded rows (kTcPad = 0), GPT-2's heads: the tiles'
   // rows share banks (8-way for ldmatrix, 4-way for 8-byte accumulator accesses).
-  const LayoutWays w = layout_ways(64, 64, 0);
+  const LayoutWays w = layout_ways(64, 64, 0, TcAccumulators::shared);
   CHECK(w.tiles.ldmatrix == 8);
   CHECK(w.tiles.frag_a == 8);
   CHECK(w.tiles.frag_b == 4);
@@ -354,9 +477,9 @@ TEST_CASE("attention (tensor-core bodies): the unpadded layout the bank model me
   CHECK(w.tiles.acc4 == 8);
   // The old row phases walked row i in thread i: a warp reads one column of 32
   // rows of S, 64 floats apart, all in one bank.
-  const simt::TcForwardSmem<uint16_t> f(nullptr, 64, 64, 0);
+  const simt::TcForwardSmem<uint16_t> f(nullptr, 64, 64, TcAccumulators::shared, 0);
   std::vector<unsigned char> buf(f.bytes);
-  const simt::TcForwardSmem<uint16_t> s(buf.data(), 64, 64, 0);
+  const simt::TcForwardSmem<uint16_t> s(buf.data(), 64, 64, TcAccumulators::shared, 0);
   Lanes column_of_S, column_of_P;
   for (int l = 0; l < 32; ++l) {
     column_of_S[static_cast<size_t>(l)] = offset_of(s.S + l * s.ld_t, buf.data());
@@ -364,4 +487,47 @@ TEST_CASE("attention (tensor-core bodies): the unpadded layout the bank model me
   }
   CHECK(testing::bank_ways(column_of_S, 4) == 32);
   CHECK(testing::bank_ways(column_of_P, 2) == 32);
+}
+
+TEST_CASE("attention (tensor cores, CUDA): register accumulators give the shared path's bits and match the CPU",
+          "[ops][attention][cuda]") {
+  if (!moetrain::testing::gpu_available()) return;
+  struct GpuCase {
+    int64_t B, T, Tk, H, Dk, Dv;
+  };
+  // GPT-2's heads, k3-small's MLA with cached keys, K3's MLA (its dK/dV kernel
+  // keeps the shared path, its forward and dQ take registers).
+  for (const GpuCase& c : {GpuCase{2, 100, 100, 3, 64, 64}, GpuCase{1, 37, 101, 2, 96, 64},
+                           GpuCase{1, 130, 130, 2, 192, 128}}) {
+    DYNAMIC_SECTION(fmt::format("B={} T={} Tk={} H={} Dk={} Dv={}", c.B, c.T, c.Tk, c.H, c.Dk, c.Dv)) {
+      Tensor q = randn({c.B, c.T, c.H, c.Dk}, DType::f64, 21).to(DType::bf16);
+      Tensor k = randn({c.B, c.Tk, c.H, c.Dk}, DType::f64, 22).to(DType::bf16);
+      Tensor v = randn({c.B, c.Tk, c.H, c.Dv}, DType::f64, 23).to(DType::bf16);
+      Tensor grad_o = randn({c.B, c.T, c.H, c.Dv}, DType::f64, 24).to(DType::bf16);
+      const double scale = 1.5 / std::sqrt(static_cast<double>(c.Dk));
+      auto run_gpu = [&](bool registers) {
+        cuda::set_attention_register_accumulators(registers);
+        CHECK(cuda::attention_tensor_cores_apply(q.to(kCuda), c.Dk, c.Dv));
+        Tensor qg = q.to(kCuda).detach().set_requires_grad(), kg = k.to(kCuda).detach().set_requires_grad(),
+               vg = v.to(kCuda).detach().set_requires_grad();
+        Tensor o = causal_attention(qg, kg, vg, scale);
+        o.backward(grad_o.to(kCuda));
+        Outputs out{o.detach().to(kCpu).to(DType::f32), Tensor(), qg.grad().to(kCpu).to(DType::f32),
+                    kg.grad().to(kCpu).to(DType::f32), vg.grad().to(kCpu).to(DType::f32)};
+        cuda::set_attention_register_accumulators(true);
+        return out;
+      };
+      const Outputs regs = run_gpu(true), shared = run_gpu(false);
+      // The same f32 operations in the same order on the same tensor-core products.
+      CHECK(testing::same_bits(regs.o, shared.o));
+      CHECK(testing::same_bits(regs.grad_q, shared.grad_q));
+      CHECK(testing::same_bits(regs.grad_k, shared.grad_k));
+      CHECK(testing::same_bits(regs.grad_v, shared.grad_v));
+      const Outputs ref = run_cpu(q, k, v, grad_o, scale);
+      CHECK(rel_error(regs.o, ref.o) < 1e-2);
+      CHECK(rel_error(regs.grad_v, ref.grad_v) < 2e-2);
+      CHECK(rel_error(regs.grad_k, ref.grad_k) < 3e-2);
+      CHECK(rel_error(regs.grad_q, ref.grad_q) < 3e-2);
+    }
+  }
 }
