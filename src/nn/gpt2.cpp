@@ -36,10 +36,7 @@ Gpt2::Gpt2(const Gpt2Config& c, uint64_t seed, bool allocate) : config_(c), fact
   // Padded (docs/model.md#padded-vocabulary): the real rows drawn as the unpadded
   // model draws them (the generator advances by V D, so every later parameter is
   // the same too), the padding rows 0.
-  const Init wte_init = Vp == V ? w : Init::custom([V, Vp, D, std = c.init_std](const Shape&, DType dt, Generator& g) {
-    return concat({randn({V, D}, dt, g, 0.0, std), zeros({Vp - V, D}, dt)}, 0);
-  });
-  wte_ = f.make("wte.weight", {Vp, D}, wte_init, "embedding", false);
+  wte_ = f.make("wte.weight", {Vp, D}, Init::first_rows(w, V), "embedding", false);
   wpe_ = f.make("wpe.weight", {c.n_ctx, D}, w, "embedding", false);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     std::string p = "h." + std::to_string(l) + ".";

@@ -20,14 +20,19 @@ Tensor ParamFactory::make(const std::string& name, const Shape& shape, const Ini
   }
   Tensor t;
   try {
+    // Init::drawn_rows: the drawn rows, then the zero ones.
+    const bool part = init.drawn_rows >= 0 && shape.ndim() >= 1 && init.drawn_rows < shape[0];
+    const Shape drawn = part ? shape.with(0, init.drawn_rows) : shape;
     switch (init.kind) {
       case Init::Kind::zeros: t = zeros(shape, dtype_); break;
       case Init::Kind::ones: t = ones(shape, dtype_); break;
       case Init::Kind::constant: t = full(shape, init.value, dtype_); break;
-      case Init::Kind::normal: t = randn(shape, dtype_, gen_, 0.0, init.std); break;
-      case Init::Kind::trunc_normal: t = trunc_normal(shape, dtype_, gen_, 0.0, init.std, init.a, init.b); break;
+      case Init::Kind::normal: t = randn(drawn, dtype_, gen_, 0.0, init.std); break;
+      case Init::Kind::trunc_normal: t = trunc_normal(drawn, dtype_, gen_, 0.0, init.std, init.a, init.b); break;
       case Init::Kind::custom: t = init.fn(shape, dtype_, gen_); break;
     }
+    if (part && (init.kind == Init::Kind::normal || init.kind == Init::Kind::trunc_normal))
+      t = concat({t, zeros(shape.with(0, shape[0] - init.drawn_rows), dtype_)}, 0);
   } catch (const OutOfMemoryError& e) {
     throw OutOfMemoryError(fmt::format("parameter '{}': {}", name, e.what()));
   }
@@ -59,7 +64,7 @@ Tensor ParamFactory::make_rows(const std::string& name, const Shape& full_shape,
   Shape local = full_shape.with(0, hi - lo);
   specs_.push_back({name, local, group, decay});
   if (!allocate_) return Tensor();
-  if (init.kind == Init::Kind::normal || init.kind == Init::Kind::trunc_normal) {
+  if ((init.kind == Init::Kind::normal || init.kind == Init::Kind::trunc_normal) && init.drawn_rows < 0) {
     // Element i of the full tensor draws Philox counter first + i: generate only
     // rows [lo, hi) from their own counters, the same values the full tensor has
     // there, without materialising the other ranks' rows.
@@ -89,9 +94,11 @@ Tensor ParamFactory::skip(const std::string& name, const Shape& full_shape, cons
     case Init::Kind::ones:
     case Init::Kind::constant: return Tensor();  // no random numbers drawn
     case Init::Kind::normal:
-    case Init::Kind::trunc_normal:  // one counter per element (core/rng.h)
-      gen_.reserve(static_cast<uint64_t>(full_shape.numel()));
+    case Init::Kind::trunc_normal: {  // one counter per element (core/rng.h)
+      const bool part = init.drawn_rows >= 0 && full_shape.ndim() >= 1 && init.drawn_rows < full_shape[0];
+      gen_.reserve(static_cast<uint64_t>(part ? full_shape.with(0, init.drawn_rows).numel() : full_shape.numel()));
       return Tensor();
+    }
     case Init::Kind::custom: {
       Tensor t = init.fn(full_shape, dtype_, gen_);
       MT_CHECK(t.shape() == full_shape, "model construction: init of '{}' gave {}, expected {}", name, t.shape(),

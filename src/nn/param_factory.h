@@ -24,6 +24,11 @@ struct Init {
   double value = 0;          // constant
   double std = 0;            // normal / trunc_normal
   double a = -2, b = 2;      // trunc_normal bounds in units of std
+  // normal / trunc_normal: >= 0 draws rows [0, drawn_rows) only, as a tensor of that
+  // many rows would be drawn (the generator advances by their elements, so later
+  // parameters keep their values), and zeroes the rows after them: a padded
+  // vocabulary's table (docs/model.md#padded-vocabulary). -1: every row drawn.
+  int64_t drawn_rows = -1;
   std::function<Tensor(const Shape&, DType, Generator&)> fn;  // custom
 
   static Init zeros() { return Init(); }
@@ -44,6 +49,11 @@ struct Init {
     i.a = a;
     i.b = b;
     return i;
+  }
+  // `base` (normal or trunc_normal) on the first `rows` rows, zeros after (drawn_rows).
+  static Init first_rows(Init base, int64_t rows) {
+    base.drawn_rows = rows;
+    return base;
   }
   static Init custom(std::function<Tensor(const Shape&, DType, Generator&)> f) {
     Init i = with(Kind::custom);
