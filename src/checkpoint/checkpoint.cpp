@@ -888,16 +888,20 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
                                   unexpected.size(), mismatched.size());
     for (const auto& s : missing) msg += "\n  missing in the checkpoint: " + s;
     for (const auto& s : unexpected) msg += "\n  not in the model: " + s;
-    bool wte_rows = false;  // GPT-2's padded vocabulary changes wte's rows
+    // A padded vocabulary (docs/model.md#padded-vocabulary) changes the rows of the
+    // tables with one row per token id: GPT-2's wte, the hybrid's embedding and head.
+    std::vector<std::string> vocab_tables;
     for (const auto& s : mismatched) {
       msg += "\n  shape differs: " + s;
-      wte_rows = wte_rows || s.rfind("params/wte.weight:", 0) == 0;
+      for (const char* table : {"wte.weight", "model.embed_tokens.weight", "lm_head.weight"})
+        if (s.rfind(fmt::format("params/{}:", table), 0) == 0) vocab_tables.emplace_back(table);
     }
     msg += "\nresume with the config the checkpoint was saved with (" + checkpoint_config_path(dir.string()) + ")";
-    if (wte_rows)
-      msg += "; model.vocab_pad_multiple sets wte's rows, so a checkpoint resumes only with the padding it was saved "
-             "with: to change it, export the checkpoint (moetrain export, which writes the model.vocab_size real "
-             "rows) and start a run from the export with model.init_from (docs/checkpoints.md)";
+    if (!vocab_tables.empty())
+      msg += fmt::format("; model.vocab_pad_multiple sets the rows of {}, so a checkpoint resumes only with the padding "
+                         "it was saved with: to change it, export the checkpoint (moetrain export, which writes the "
+                         "model.vocab_size real rows) and start a run from the export with model.init_from "
+                         "(docs/checkpoints.md)", fmt::join(vocab_tables, " and "));
     throw Error(msg);
   }
 

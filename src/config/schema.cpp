@@ -73,7 +73,7 @@ std::vector<KeySpec> make_schema() {
     // model: the network. Defaults are GPT-2 small (124M).
     choice ("model.arch",           "gpt2",  {"gpt2", "hybrid"}, "gpt2 = GPT-2 (docs/model.md#gpt-2-block); hybrid = the K3-style decoder of KDA / MLA / attention mixers (docs/model.md#block-attnres to #full-decoder)"),
     integer("model.vocab_size",     "50257", at_least(1),  "rows of the token embedding; must cover every id the tokenizer produces"),
-    integer("model.vocab_pad_multiple", "1", at_least(1), "gpt2: pad the vocabulary to a multiple of this (Megatron's --make-vocab-size-divisible-by; 64 or 128 give the LM head GEMM aligned shapes, 50257 -> 50304): wte gets the padded number of rows, the padding rows start at 0 and stay there, take no part in the loss, are never sampled and not exported (docs/model.md#padded-vocabulary); 1 = no padding"),
+    integer("model.vocab_pad_multiple", "1", at_least(1), "pad the vocabulary to a multiple of this (Megatron's --make-vocab-size-divisible-by; 64 or 128 give the LM head GEMM aligned shapes, 50257 -> 50304): the token embedding (gpt2 wte; hybrid embed_tokens and an untied lm_head) gets the padded number of rows, the padding rows start at 0 and stay there, take no part in the loss, are never sampled and not exported (docs/model.md#padded-vocabulary); 1 = no padding"),
     integer("model.n_layer",        "12",    in(1, 4096),  "number of transformer blocks"),
     integer("model.n_head",         "12",    at_least(1),  "attention heads per block; must divide model.d_model"),
     integer("model.d_model",        "768",   at_least(1),  "width of the residual stream (GPT-2's n_embd); a multiple of model.n_head"),

@@ -79,13 +79,18 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
            "hybrid model: pipeline stage {} of {} over {} layers (each stage needs at least one layer)", stage.index,
            stage.count, c.n_layer());
   layers_range_ = moetrain::stage_layers(c.n_layer(), stage.count, stage.index);
-  const int64_t D = c.d_model;
+  MT_CHECK(c.vocab_pad_multiple >= 1, "hybrid model: vocab_pad_multiple = {} must be at least 1",
+           c.vocab_pad_multiple);
+  const int64_t D = c.d_model, V = c.vocab_size, Vp = c.padded_vocab_size();
   ParamFactory& f = factory_;
   // Declarations of other stages advance the generator only (ParamFactory::set_skipping).
   const bool has_table = stage.first() || (stage.last() && c.tie_embeddings);
   f.set_skipping(!has_table);
-  embed_tokens_ = f.make("model.embed_tokens.weight", {c.vocab_size, D}, Init::normal(c.embed_init_std), "embedding",
-                         false);
+  // Padded (docs/model.md#padded-vocabulary): the table and the untied head draw
+  // their V real rows as the unpadded model does (the generator advances by V D,
+  // so every later parameter is the same too); the padding rows are 0.
+  embed_tokens_ = f.make("model.embed_tokens.weight", {Vp, D}, Init::first_rows(Init::normal(c.embed_init_std), V),
+                         "embedding", false);
   for (int64_t l = 0; l < c.n_layer(); ++l) {
     f.set_skipping(l < layers_range_.first || l >= layers_range_.end);
     const std::string p = fmt::format("model.layers.{}.", l);
@@ -124,7 +129,7 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
   norm_ = f.make("model.norm.weight", {D}, Init::ones(), "norm", false);
   if (!c.tie_embeddings) {
     const double s = 1.0 / std::sqrt(static_cast<double>(D));
-    lm_head_ = f.make("lm_head.weight", {c.vocab_size, D}, Init::trunc_normal(s, -3, 3), "lm_head", true);
+    lm_head_ = f.make("lm_head.weight", {Vp, D}, Init::first_rows(Init::trunc_normal(s, -3, 3), V), "lm_head", true);
   }
   f.set_skipping(false);
 }
@@ -142,9 +147,12 @@ std::string HybridModel::describe() const {
   }
   std::string extra;
   for (const auto& [name, count] : others) extra += fmt::format(", {} {}", count, name);
+  const std::string vocab = c_.padded_vocab_size() == c_.vocab_size
+                                ? std::to_string(c_.vocab_size)
+                                : fmt::format("{} (padded to {})", c_.vocab_size, c_.padded_vocab_size());
   return fmt::format("{} layers ({} kda, {} mla, {} attention{}), d_model {}, ffn {} {}, vocab {}, attn_res {}, {}",
                      c_.n_layer(), kda, mla, attn, extra, c_.d_model, ffn_kind_name(c_.ffn.kind), c_.ffn.d_ff,
-                     c_.vocab_size, c_.attn_res ? fmt::format("S={}", c_.attn_res_block_size) : std::string("off"),
+                     vocab, c_.attn_res ? fmt::format("S={}", c_.attn_res_block_size) : std::string("off"),
                      dtype_name(c_.dtype));
 }
 
@@ -254,6 +262,13 @@ Tensor HybridModel::head(const Tensors& state) {
   return linear(rms_norm(hidden, norm_, c_.rms_norm_eps), c_.tie_embeddings ? embed_tokens_ : lm_head_);
 }
 
+// The real columns only: what sampling, evaluation and HF comparisons see.
+Tensor HybridModel::without_padding(const Tensor& logits) const {
+  if (c_.padded_vocab_size() == c_.vocab_size) return logits;
+  profile::Region region("embedding/head");
+  return slice(logits, 2, 0, c_.vocab_size);
+}
+
 bool HybridModel::stage_holds(const std::string& name) const {
   if (stage_.whole()) return true;
   const std::string layer_prefix = "model.layers.";
@@ -301,19 +316,24 @@ StageOutput HybridModel::stage_forward(const Tensor& ids, const Tensors& inputs,
     out.loss = add_aux(Tensor());
     return out;
   }
-  Tensor logits = head(state);
+  Tensor logits = head(state);  // [B, T, padded_vocab_size()]
   if (!targets.defined()) {
-    out.logits = logits;
+    out.logits = without_padding(logits);  // what the pipeline broadcasts: [B, T, vocab_size]
     return out;
   }
   profile::Region region("embedding/head");
-  // bf16 logits as they are, an f32 loss; host targets checked before they move: as LanguageModel::loss.
-  if (logits.is_cuda() && !targets.is_cuda()) check_cross_entropy_targets(targets, vocab_size(), -100, 0);
-  out.loss = add_aux(cross_entropy(logits, targets.to(logits.device())));
+  // bf16 logits as they are, an f32 loss over the vocab_size() real classes (the
+  // padding columns outside the softmax); host targets checked before they move:
+  // as LanguageModel::loss.
+  if (logits.is_cuda() && !targets.is_cuda())
+    check_cross_entropy_targets(targets, vocab_size(), -100, padded_vocab_size() - vocab_size());
+  out.loss = add_aux(cross_entropy(logits, targets.to(logits.device()), -100, Reduction::mean, vocab_size()));
   return out;
 }
 
-Tensor HybridModel::forward(const Tensor& ids, bool training) { return run(ids, nullptr, training); }
+Tensor HybridModel::forward(const Tensor& ids, bool training) { return without_padding(run(ids, nullptr, training)); }
+
+Tensor HybridModel::forward_padded(const Tensor& ids, bool training) { return run(ids, nullptr, training); }
 
 Tensor HybridModel::loss(const Tensor& ids, const Tensor& targets, bool training) {
   Tensor l = LanguageModel::loss(ids, targets, training);
@@ -342,14 +362,16 @@ std::unique_ptr<DecodeCache> HybridModel::new_cache() const { return std::make_u
 
 Tensor HybridModel::forward_cached(const Tensor& ids, DecodeCache& cache) {
   NoGradGuard no_grad;
-  return run(ids, &cache, false);
+  return without_padding(run(ids, &cache, false));
 }
 
 double HybridModel::flops_per_token(int64_t T) const { return flops_per_token(T, 0, c_.n_layer(), true); }
 
 double HybridModel::flops_per_token(int64_t T, int64_t first, int64_t end, bool head) const {
   // 6 x (active matrix parameters, LM head included, embedding table excluded)
-  // plus each mixer's sequence terms (Mixer::sequence_flops_per_token).
+  // plus each mixer's sequence terms (Mixer::sequence_flops_per_token). A padded
+  // vocabulary's head GEMM runs over all padded_vocab_size() columns, so the head
+  // counts Vp D (lm_head.weight's shape, or the tied table's).
   double matmul = 0;
   for (const ParamSpec& s : factory_.specs()) {
     if (s.group == "embedding" || s.shape.ndim() < 2) continue;
@@ -359,7 +381,7 @@ double HybridModel::flops_per_token(int64_t T, int64_t first, int64_t end, bool 
     if (s.group == "experts") n *= static_cast<double>(c_.moe.top_k) / static_cast<double>(c_.moe.num_experts);
     matmul += n;
   }
-  if (head && c_.tie_embeddings) matmul += static_cast<double>(c_.vocab_size * c_.d_model);
+  if (head && c_.tie_embeddings) matmul += static_cast<double>(c_.padded_vocab_size() * c_.d_model);
   double seq = 0;
   for (int64_t l = first; l < end; ++l) seq += layers_[static_cast<size_t>(l)]->mixer->sequence_flops_per_token(T);
   return 6.0 * matmul + seq;
@@ -399,7 +421,8 @@ double HybridModel::activation_bytes_per_token(bool mixed_precision, int64_t fir
   // internals and the router's scores stay f32 (docs/model.md#mixed-precision).
   const double D = static_cast<double>(c_.d_model), F = static_cast<double>(c_.ffn.d_ff);
   const double P = static_cast<double>(c_.kda.value_heads() * c_.kda.head_dim);
-  double wide = head ? 2.0 * static_cast<double>(c_.vocab_size) : 0.0, kept_f32 = 0;
+  // The logits and their gradient span the padded vocabulary (the head's output).
+  double wide = head ? 2.0 * static_cast<double>(c_.padded_vocab_size()) : 0.0, kept_f32 = 0;
   // MoE layers replace the dense FFN hidden by what their backward keeps per token:
   // the router's scores over all E (the sigmoid keeps its output; this term
   // dominates at many experts and small widths), per routed slot the dispatched

@@ -32,6 +32,10 @@ class Config;
 
 struct HybridConfig {
   int64_t vocab_size = 256;
+  // The embedding table and LM head get vocab_size rounded up to a multiple of
+  // this (model.vocab_pad_multiple; docs/model.md#padded-vocabulary). The padding
+  // rows start at 0 and take no part in the loss, sampling or the HF export.
+  int64_t vocab_pad_multiple = 1;
   int64_t d_model = 256;
   int64_t n_ctx = 1024;  // longest sequence accepted (no position embeddings; a sanity bound)
   std::vector<MixerKind> mixers;  // one per layer
@@ -50,6 +54,7 @@ struct HybridConfig {
   DType dtype = DType::f32;
 
   int64_t n_layer() const { return static_cast<int64_t>(mixers.size()); }
+  int64_t padded_vocab_size() const { return (vocab_size + vocab_pad_multiple - 1) / vocab_pad_multiple * vocab_pad_multiple; }
   bool is_moe_layer(int64_t l) const { return moe.num_experts > 0 && l >= moe.first_dense_layers; }
   // From the model.* keys; errors name the key (Config::fail).
   static HybridConfig from(const Config& config);
@@ -69,6 +74,8 @@ class HybridModel : public LanguageModel {
   // AttnRes read, norm and head, and with tied embeddings its own copy of the
   // table); the others are declared to keep the generator's sequence, so every
   // parameter has the value it has in the whole model of the same seed.
+  // A padded vocabulary's embedding and head rows past vocab_size are 0; the
+  // others, and every other parameter, are those of the unpadded model of the same seed.
   HybridModel(const HybridConfig& config, uint64_t seed, bool allocate = true, ExpertShard shard = {},
               PipelineStage stage = {});
   ~HybridModel() override;
@@ -76,6 +83,7 @@ class HybridModel : public LanguageModel {
   std::string arch() const override { return "hybrid"; }
   std::string describe() const override;
   int64_t vocab_size() const override { return c_.vocab_size; }
+  int64_t padded_vocab_size() const override { return c_.padded_vocab_size(); }
   int64_t max_positions() const override { return c_.n_ctx; }
   DType dtype() const override { return c_.dtype; }
   int64_t hidden_size() const override { return c_.d_model; }
@@ -88,7 +96,10 @@ class HybridModel : public LanguageModel {
   bool stage_holds(const std::string& name) const override;
   StageLayers pipeline_stage_layers() const override { return layers_range_; }
 
+  // ids -> logits [B, T, vocab_size] (the padding columns of a padded vocabulary cut off).
   Tensor forward(const Tensor& ids, bool training = true) override;
+  // ids -> logits [B, T, padded_vocab_size()]: the head's output as it is (the loss's input).
+  Tensor forward_padded(const Tensor& ids, bool training = true) override;
   // Cross-entropy plus the MoE layers' auxiliary losses (when their weights are > 0).
   Tensor loss(const Tensor& ids, const Tensor& targets, bool training = true) override;
   std::unique_ptr<DecodeCache> new_cache() const override;
@@ -127,7 +138,8 @@ class HybridModel : public LanguageModel {
   // running sum; or the residual stream): the state after them.
   Tensors run_layers(Tensors state, int64_t first, int64_t end, DecodeCache* cache, bool training);
   // The final AttnRes read, norm and LM head on the state after the last layer.
-  Tensor head(const Tensors& state);
+  Tensor head(const Tensors& state);                   // [B, T, padded_vocab_size()]
+  Tensor without_padding(const Tensor& logits) const;  // [B, T, vocab_size]
 
   HybridConfig c_;
   ParamFactory factory_;

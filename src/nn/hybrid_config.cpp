@@ -11,11 +11,7 @@ namespace moetrain {
 HybridConfig HybridConfig::from(const Config& config) {
   HybridConfig c;
   c.vocab_size = config.get_int("model.vocab_size");
-  // The padded vocabulary is GPT-2's (docs/model.md#padded-vocabulary); the hybrid's
-  // configs count the padding as vocabulary (k3-small: model.vocab_size 50304).
-  if (config.get_int("model.vocab_pad_multiple") != 1)
-    config.fail("model.vocab_pad_multiple", "is implemented for model.arch gpt2 only; for the hybrid set "
-                "model.vocab_size to the padded size (configs/k3-small.yaml: 50304) and leave this at 1");
+  c.vocab_pad_multiple = config.get_int("model.vocab_pad_multiple");  // >= 1 (the schema)
   c.d_model = config.get_int("model.d_model");
   c.n_ctx = config.get_int("model.n_ctx");
   const int64_t n_layer = config.get_int("model.n_layer");

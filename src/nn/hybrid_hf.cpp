@@ -27,6 +27,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// The tensors with one row per token id: padded_vocab_size() rows in a padded model.
+bool is_vocab_table(const std::string& name) { return name == "model.embed_tokens.weight" || name == "lm_head.weight"; }
+
 // Layer index of "model.layers.{l}.rest", or -1.
 int64_t layer_of(const std::string& name, std::string* rest = nullptr) {
   static const std::string kPrefix = "model.layers.";
@@ -603,23 +606,26 @@ std::vector<HfPiece> hybrid_hf_pieces(const std::string& name, const Shape& shap
   return {{hf, hf_shape, -1}};
 }
 
-std::vector<std::pair<std::string, Tensor>> hybrid_hf_tensors(const ParameterList& state) {
+std::vector<std::pair<std::string, Tensor>> hybrid_hf_tensors(const ParameterList& state, int64_t vocab_size) {
   std::vector<std::pair<std::string, Tensor>> out;
   NoGradGuard no_grad;
   const std::vector<bool> moe = hybrid_moe_layers(state);
   bool has_head = false;
-  const NamedParameter* embed = nullptr;
+  Tensor embed;
   for (const NamedParameter& p : state) {
     Tensor t = p.tensor.detach().to(kCpu);
     has_head = has_head || p.name == "lm_head.weight";
-    if (p.name == "model.embed_tokens.weight") embed = &p;
+    // A padded vocabulary (docs/model.md#padded-vocabulary): the real rows only, so
+    // transformers loads vocab_size rows.
+    if (is_vocab_table(p.name) && vocab_size >= 0 && t.size(0) > vocab_size) t = slice(t, 0, 0, vocab_size);
+    if (p.name == "model.embed_tokens.weight") embed = t;
     for (const HfPiece& piece : hybrid_hf_pieces(p.name, t.shape(), moe)) {
       Tensor part = piece.row >= 0 ? slice(t, 0, piece.row, piece.row + 1) : t;
       out.emplace_back(piece.name, reshape(part, piece.shape).contiguous());
     }
   }
   // Tied: transformers' class has its own lm_head.weight, so the file carries a copy.
-  if (!has_head && embed) out.emplace_back("lm_head.weight", embed->tensor.detach().to(kCpu).contiguous());
+  if (!has_head && embed.defined()) out.emplace_back("lm_head.weight", embed.contiguous());
   return out;
 }
 
@@ -647,7 +653,8 @@ bool same_values(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-void load_hybrid_hf_weights(ParameterList& state, const HfTensorSource& weights, ExpertShard shard) {
+void load_hybrid_hf_weights(ParameterList& state, const HfTensorSource& weights, ExpertShard shard,
+                            int64_t vocab_size) {
   NoGradGuard no_grad;
   const std::vector<std::string> names = weights.names();
   // Files from before the export (internal names): exactly state's names and shapes.
@@ -675,18 +682,30 @@ void load_hybrid_hf_weights(ParameterList& state, const HfTensorSource& weights,
       dims[0] *= shard.size;
       shape = Shape(dims);
     }
+    // A padded vocabulary (docs/model.md#padded-vocabulary): the file holds the
+    // vocab_size real rows (copied into the first ones), the padding rows are set to 0.
+    const bool padded = is_vocab_table(p.name) && vocab_size >= 0 && shape[0] > vocab_size;
+    const Tensor model_rows = padded ? slice(p.tensor.detach(), 0, 0, vocab_size) : p.tensor.detach();
+    if (padded) shape = model_rows.shape();
     for (const HfPiece& piece : hybrid_hf_pieces(p.name, shape, moe)) {
       const std::string name = find_in_source(weights, piece.name);
       MT_CHECK(!name.empty(), "{}: missing tensor {} {} (the weights belong to another architecture or size; see "
                "docs/export.md for the names)", weights.where(piece.name), piece.name, piece.shape);
       const Shape on_disk = *weights.shape(name);
-      MT_CHECK(on_disk == piece.shape, "{}: tensor {} is {} but the model expects {}", weights.where(name), name, on_disk,
-               piece.shape);
+      MT_CHECK(on_disk == piece.shape, "{}: tensor {} is {} but the model expects {}{}", weights.where(name), name,
+               on_disk, piece.shape,
+               padded ? fmt::format(" (model.vocab_size {}; the model pads it to {} rows, the file holds the real ones)",
+                                    vocab_size, p.tensor.size(0))
+                      : std::string());
       used.insert(name);
       if (shard_rows && (piece.row < lo || piece.row >= lo + p.tensor.size(0))) continue;  // another rank's expert
       Tensor t = read_as(weights, name, p.tensor.dtype());
-      Tensor dst = piece.row >= 0 ? slice(p.tensor.detach(), 0, piece.row - lo, piece.row - lo + 1) : p.tensor.detach();
+      Tensor dst = piece.row >= 0 ? slice(model_rows, 0, piece.row - lo, piece.row - lo + 1) : model_rows;
       copy_(dst, reshape(t, dst.shape()));
+    }
+    if (padded) {
+      const int64_t rows = p.tensor.size(0);
+      copy_(slice(p.tensor.detach(), 0, vocab_size, rows), zeros(shape.with(0, rows - vocab_size), p.tensor.dtype()));
     }
   }
   // A tied model reads an export made for transformers (lm_head.weight, a copy of the

@@ -68,7 +68,9 @@ std::vector<bool> hybrid_moe_layers(const ParameterList& state);
 
 // The tensors of `state` under HF names and layouts, in model order (experts split);
 // lm_head.weight as a copy of the embedding when the state has none (tied).
-std::vector<std::pair<std::string, Tensor>> hybrid_hf_tensors(const ParameterList& state);
+// vocab_size >= 0 with more rows in the embedding or head (a padded vocabulary,
+// docs/model.md#padded-vocabulary): those cut to their first vocab_size rows.
+std::vector<std::pair<std::string, Tensor>> hybrid_hf_tensors(const ParameterList& state, int64_t vocab_size = -1);
 
 // Copies HF-named hybrid weights into `state` (parameters and buffers, converted to their
 // dtypes; experts assembled from experts.{j}.*). Strict: every tensor of `state` must be
@@ -81,7 +83,11 @@ std::vector<std::pair<std::string, Tensor>> hybrid_hf_tensors(const ParameterLis
 // shard: the routed-expert tensors of `state` (group "experts", [E / size, ...]) hold
 // global experts [index * E / size, (index + 1) * E / size) (expert parallelism); the
 // file's other experts are checked for shape and skipped.
-void load_hybrid_hf_weights(ParameterList& state, const HfTensorSource& weights, ExpertShard shard = {});
+// vocab_size >= 0 with an embedding or head of more rows (a padded vocabulary,
+// docs/model.md#padded-vocabulary): the file's have vocab_size rows, copied into the
+// first ones; the rest are set to 0.
+void load_hybrid_hf_weights(ParameterList& state, const HfTensorSource& weights, ExpertShard shard = {},
+                            int64_t vocab_size = -1);
 
 class HybridHfAdapter : public HfAdapter {
  public:
@@ -90,12 +96,12 @@ class HybridHfAdapter : public HfAdapter {
   std::vector<std::string> features_outside_hf() const override { return hybrid_features_outside_kimi_linear(c_); }
   std::string config_json(DType dtype) const override { return hybrid_hf_config_json(c_, dtype); }
   std::vector<std::pair<std::string, Tensor>> export_tensors(const ParameterList& state) const override {
-    return hybrid_hf_tensors(state);
+    return hybrid_hf_tensors(state, c_.vocab_size);
   }
   // A_log, dt_bias and the router bias (Kimi creates them in f32).
   bool keeps_f32(const std::string& hf_name) const override;
   void import_weights(ParameterList& state, const HfTensorSource& source, ExpertShard shard) const override {
-    load_hybrid_hf_weights(state, source, shard);
+    load_hybrid_hf_weights(state, source, shard, c_.vocab_size);
   }
 
  private:

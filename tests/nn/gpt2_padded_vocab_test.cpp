@@ -14,7 +14,6 @@
 #include "nn/fixtures.h"
 #include "nn/gpt2.h"
 #include "nn/gpt2_hf.h"
-#include "nn/hybrid.h"
 #include "testing.h"
 #include "train/sampling.h"
 #include "train/trainer.h"
@@ -189,15 +188,8 @@ TEST_CASE("gpt2 padded vocabulary: trained with the CLI it follows the unpadded 
   CHECK(resumed.output.find("model.init_from") != string::npos);
 }
 
-TEST_CASE("padded vocabulary: the hybrid refuses model.vocab_pad_multiple, naming the file, line and key",
+TEST_CASE("gpt2 padded vocabulary: model.vocab_pad_multiple 0 is refused by the schema, naming the file, line and key",
           "[nn][gpt2][padded_vocab][errors]") {
-  const Config config = Config::load_string("model:\n  arch: hybrid\n  vocab_size: 300\n  vocab_pad_multiple: 64\n",
-                                            "pad.yaml");
-  const string what = moetrain::testing::error_of<ConfigError>([&] { HybridConfig::from(config); });
-  CHECK(what.find("pad.yaml:4") != string::npos);
-  CHECK(what.find("model.vocab_pad_multiple") != string::npos);
-  CHECK(what.find("model.arch gpt2 only") != string::npos);
-  // And 0 is refused by the schema for every architecture.
   const string zero = moetrain::testing::error_of<ConfigError>(
       [] { Config::load_string("model:\n  vocab_pad_multiple: 0\n", "zero.yaml"); });
   CHECK(zero.find("zero.yaml:2") != string::npos);

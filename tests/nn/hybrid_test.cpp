@@ -15,45 +15,8 @@ using moetrain::testing::max_abs_diff;
 
 namespace {
 
-// Every feature at once: KDA (lower-bound gate, GVA), KDA (softplus gate, low-rank
-// output gate), MLA with query LoRA and output gate, plain attention, SiTU-GLU with
-// a learnable beta, AttnRes blocks of 2 layers (a partial last block); layers 2-4
-// are latent MoE layers (4 experts, top 2, one shared expert).
-HybridConfig tiny(DType dtype, bool attn_res = true, bool chunked = true) {
-  HybridConfig c;
-  c.vocab_size = 23;
-  c.d_model = 12;
-  c.n_ctx = 64;
-  c.mixers = {MixerKind::kda, MixerKind::mla, MixerKind::kda, MixerKind::attention, MixerKind::kda};
-  c.attention_n_head = 3;
-  c.kda.n_head = 2;
-  c.kda.n_value_head = 4;
-  c.kda.head_dim = 3;
-  c.kda.chunked = chunked;
-  c.kda.chunk_size = 4;
-  c.mla.n_head = 2;
-  c.mla.q_lora_rank = 5;
-  c.mla.kv_lora_rank = 4;
-  c.mla.qk_nope_head_dim = 3;
-  c.mla.qk_rope_head_dim = 2;
-  c.mla.v_head_dim = 3;
-  c.ffn.d_ff = 10;
-  c.ffn.situ_learnable_beta = true;
-  c.moe.num_experts = 4;
-  c.moe.top_k = 2;
-  c.moe.expert_d_ff = 3;
-  c.moe.latent_dim = 4;
-  c.moe.num_shared_experts = 1;
-  c.moe.first_dense_layers = 2;
-  c.attn_res = attn_res;
-  c.attn_res_block_size = 2;
-  c.embed_init_std = 1.0;
-  c.init_std = 0.3;  // large enough that every path moves the loss
-  c.dtype = dtype;
-  return c;
-}
-
 using testing::random_ids;
+using testing::tiny_hybrid;
 
 // AttnRes pseudo-queries start at zero and the softplus gate at its fla init; move
 // every parameter off its init so no gradient is trivially zero.
@@ -86,7 +49,7 @@ TEST_CASE("hybrid: K3's mixer schedule (MLA at l % 4 == 3 and the last layer)", 
 TEST_CASE("hybrid: every parameter gradient matches finite differences (f64)", "[nn][hybrid]") {
   for (bool attn_res : {true, false}) {
     INFO("attn_res " << attn_res);
-    HybridModel model(tiny(DType::f64, attn_res), 7);
+    HybridModel model(tiny_hybrid(DType::f64, attn_res), 7);
     perturb(model, 100);
     Tensor ids = random_ids(2, 6, 23, 1), targets = random_ids(2, 6, 23, 2);
     const testing::GradCheckResult r =
@@ -99,7 +62,7 @@ TEST_CASE("hybrid: every parameter gradient matches finite differences (f64)", "
 TEST_CASE("hybrid: decoding with caches gives the logits of the full forward", "[nn][hybrid]") {
   for (bool chunked : {true, false}) {
     INFO("chunked " << chunked);
-    HybridModel model(tiny(DType::f64, true, chunked), 3);
+    HybridModel model(tiny_hybrid(DType::f64, true, chunked), 3);
     perturb(model, 200);
     Tensor ids = random_ids(2, 11, 23, 4);
     Tensor full_logits;
@@ -119,7 +82,7 @@ TEST_CASE("hybrid: decoding with caches gives the logits of the full forward", "
 }
 
 TEST_CASE("hybrid: decoding caches: KDA constant, MLA and attention linear in length", "[nn][hybrid]") {
-  HybridConfig c = tiny(DType::f32);
+  HybridConfig c = tiny_hybrid(DType::f32);
   c.mixers = {MixerKind::kda, MixerKind::kda};
   HybridModel kda_only(c, 1);
   c.mixers = {MixerKind::mla, MixerKind::attention};
@@ -135,7 +98,7 @@ TEST_CASE("hybrid: decoding caches: KDA constant, MLA and attention linear in le
 }
 
 TEST_CASE("hybrid: f32 agrees with f64", "[nn][hybrid]") {
-  HybridModel m64(tiny(DType::f64), 5), m32(tiny(DType::f32), 5);
+  HybridModel m64(tiny_hybrid(DType::f64), 5), m32(tiny_hybrid(DType::f32), 5);
   Tensor ids = random_ids(2, 9, 23, 6), targets = random_ids(2, 9, 23, 7);
   NoGradGuard no_grad;
   double l64 = m64.loss(ids, targets).item<double>(), l32 = m32.loss(ids, targets).item<double>();
@@ -222,7 +185,7 @@ TEST_CASE("hybrid: the lower-bound gate's initial decays (model.kda.dt_bias_init
 namespace {
 
 HybridConfig ladder(DType dtype, bool attn_res, bool chunked) {
-  HybridConfig c = tiny(dtype, attn_res, chunked);
+  HybridConfig c = tiny_hybrid(dtype, attn_res, chunked);
   c.mixers = {MixerKind::linear_attention, MixerKind::deltanet, MixerKind::gated_deltanet, MixerKind::kda,
               MixerKind::linear_attention};
   c.kda.n_value_head = 0;  // linear attention has one value head per head; the delta rules keep GVA below
@@ -301,7 +264,7 @@ TEST_CASE("hybrid: the ladder's mixers: chunked equals recurrent, decoding equal
 TEST_CASE("hybrid: decode_cache_bytes is what the cache holds", "[nn][hybrid][evolution]") {
   for (bool use_ladder : {false, true}) {
     INFO("ladder " << use_ladder);
-    HybridConfig c = use_ladder ? ladder(DType::f32, true, true) : tiny(DType::f32);
+    HybridConfig c = use_ladder ? ladder(DType::f32, true, true) : tiny_hybrid(DType::f32);
     HybridModel m(c, 1);
     for (int64_t n : {1, 6}) {
       std::unique_ptr<DecodeCache> cache = m.new_cache();
@@ -315,7 +278,7 @@ TEST_CASE("hybrid: decode_cache_bytes is what the cache holds", "[nn][hybrid][ev
 
 TEST_CASE("hybrid: under mixed precision the routers and KDA's A_log, dt_bias, convs and output norm stay f32",
           "[nn][hybrid][bf16]") {
-  HybridModel model(tiny(DType::f32), 1);
+  HybridModel model(tiny_hybrid(DType::f32), 1);
   std::map<std::string, bool> stays;
   for (const NamedParameter& p : model.parameters()) stays[p.name] = stays_f32_in_mixed_precision(p);
   for (const char* name : {"model.layers.0.self_attn.A_log", "model.layers.0.self_attn.dt_bias",
