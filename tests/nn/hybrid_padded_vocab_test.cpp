@@ -3,8 +3,9 @@
 // logits, loss, gradients; padding rows 0 with gradient 0), decoding and sampling on the
 // real columns, the pipeline's last stage (loss over the real classes, logits without
 // padding), the HF export's vocab_size rows read back into padded and unpadded models,
-// training with the Trainer (the unpadded run's losses, padding rows still 0), a
-// checkpoint resumed with another padding refused, and the key read and range-checked.
+// training with the Trainer (the unpadded run's losses, padding rows still 0) and the
+// CLI (export, generate), a checkpoint resumed with another padding refused, the
+// parameter count of k3-small padded, and the key read and range-checked.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -262,6 +263,44 @@ TEST_CASE("hybrid padded vocabulary: trained with the Trainer it follows the unp
   CHECK(what.find("model.vocab_pad_multiple sets the rows of model.embed_tokens.weight and lm_head.weight") !=
         string::npos);
   CHECK(what.find("model.init_from") != string::npos);
+}
+
+TEST_CASE("hybrid padded vocabulary: the CLI trains a padded k3-tiny, exports vocab_size rows and generates from "
+          "the export", "[nn][hybrid][padded_vocab][cli]") {
+  TempDir tmp;
+  const string dir = tmp.path();
+  testing::prepare_byte_shards(dir);
+  const auto trained = testing::run_moetrain(
+      "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set model.vocab_size=300 "
+      "--set model.vocab_pad_multiple=64 --set model.n_layer=4 --set model.attn_res_block_size=2 --set data.train=" +
+      dir + "/data/train_*.bin --set data.val= --set train.batch_size=2 --set train.seq_len=16 "
+      "--set train.max_steps=20 --set train.warmup_steps=1 --set train.eval_every=0 --set train.threads=1 "
+      "--set run.dir=" + dir + "/run");
+  INFO(trained.output);
+  REQUIRE(trained.code == 0);
+  CHECK(trained.output.find("vocab 300 (padded to 320)") != string::npos);
+  SafetensorsFile f = SafetensorsFile::open(dir + "/run/model/model.safetensors");
+  CHECK(f.entry("model.embed_tokens.weight").shape == Shape{300, 64});
+  CHECK(f.entry("lm_head.weight").shape == Shape{300, 64});
+  // generate builds the padded model of config.resolved.yaml and reads the 300 rows into it
+  // (20 steps push the logits of the ids the bytes never use, 256..299, below the bytes').
+  const auto gen = testing::run_moetrain("generate --checkpoint " + dir +
+                                         "/run/model --prompt 'ROMEO:' --temperature 0 --max-new-tokens 8");
+  INFO(gen.output);
+  CHECK(gen.code == 0);
+  CHECK(gen.output.find("ROMEO:") != string::npos);
+}
+
+TEST_CASE("hybrid padded vocabulary: k3-small's vocabulary as 50257 padded to 50304 has k3-small's 67,105,636 "
+          "parameters", "[nn][hybrid][padded_vocab]") {
+  const Config config = Config::load(string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml",
+                                     {"model.vocab_size=50257", "model.vocab_pad_multiple=64"});
+  HybridModel model(HybridConfig::from(config), 1, /*allocate=*/false);  // shapes only
+  CHECK(model.vocab_size() == 50257);
+  CHECK(model.padded_vocab_size() == 50304);
+  int64_t n = 0;
+  for (const ParamSpec& s : model.param_specs()) n += s.shape.numel();
+  CHECK(n == 67105636);  // docs/model.md#shipped-configs, k3-small (vocab_size 50304)
 }
 
 TEST_CASE("hybrid padded vocabulary: model.vocab_pad_multiple is read; 0 and -3 are errors naming the key",
