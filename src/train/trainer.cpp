@@ -300,6 +300,18 @@ void Trainer::check_config_changes(const std::string& dir, int64_t step) {
                    e.what());
     return;
   }
+  // The token tables' rows are ids: another vocabulary cannot resume, even when
+  // the row counts agree (50257 padded to 64 has the 50304 rows of an unpadded
+  // 50304; docs/checkpoints.md#resume-rules).
+  const int64_t saved_vocab = saved->get_int("model.vocab_size"), vocab = config_.get_int("model.vocab_size");
+  if (saved_vocab != vocab)
+    config_.fail("model.vocab_size",
+                 fmt::format("is {} but {} was saved with {}: the embedding and head rows are token ids, so the "
+                             "checkpoint resumes only with its vocabulary (with model.vocab_pad_multiple the row "
+                             "counts can agree while rows past the smaller vocabulary are trained ids in one and "
+                             "padding in the other); resume with model.vocab_size {}, or export the checkpoint "
+                             "(moetrain export) and start from it with model.init_from",
+                             vocab, dir, saved_vocab, saved_vocab));
   std::vector<std::string> changed;
   for (const KeySpec& spec : config_schema()) {
     const std::string before = saved->value_yaml(spec.key), now = config_.value_yaml(spec.key);

@@ -263,6 +263,16 @@ TEST_CASE("hybrid padded vocabulary: trained with the Trainer it follows the unp
   CHECK(what.find("model.vocab_pad_multiple sets the rows of model.embed_tokens.weight and lm_head.weight") !=
         string::npos);
   CHECK(what.find("model.init_from") != string::npos);
+  // The padded run's checkpoint (300 ids in 320 rows) resumed as an unpadded 320-id
+  // vocabulary: the same shapes, so only the saved vocab_size can tell.
+  const string silent = testing::error_of([&] {
+    Trainer trainer(config(1, "padded", {"ckpt.resume=auto", "train.max_steps=6", "ckpt.schedule_change=apply",
+                                         "model.vocab_size=320"}));
+    trainer.resume();
+  });
+  CHECK(silent.find("model.vocab_size") != string::npos);
+  CHECK(silent.find("is 320 but") != string::npos);
+  CHECK(silent.find("saved with 300") != string::npos);
 }
 
 TEST_CASE("hybrid padded vocabulary: the CLI trains a padded k3-tiny, exports vocab_size rows and generates from "
