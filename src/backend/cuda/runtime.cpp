@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -223,9 +224,10 @@ PendingCopy::PendingCopy(const void* src, int64_t nbytes, int device) : bytes_(n
   Staging& s = ds.staging;
   {
     std::lock_guard lock(s.mutex);
+    // The smallest block that fits; among equal ones the last returned (still warm).
     auto best = s.free_pinned.end();
-    for (auto it = s.free_pinned.begin(); it != s.free_pinned.end(); ++it)
-      if (it->second >= nbytes && (best == s.free_pinned.end() || it->second < best->second)) best = it;
+    for (auto it = s.free_pinned.rbegin(); it != s.free_pinned.rend(); ++it)
+      if (it->second >= nbytes && (best == s.free_pinned.end() || it->second < best->second)) best = std::prev(it.base());
     if (best != s.free_pinned.end()) {
       host_ = best->first;
       capacity_ = best->second;
