@@ -35,7 +35,7 @@ PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Ten
   return {std::move(logits), std::move(scores), std::move(w), std::move(experts)};
 }
 
-Routing finish_route(PendingRouting&& pending, const MoeConfig&) {
+Routing finish_route(PendingRouting&& pending) {
   Routing r;
   r.logits = std::move(pending.logits);
   r.scores = std::move(pending.scores);
@@ -45,7 +45,7 @@ Routing finish_route(PendingRouting&& pending, const MoeConfig&) {
 }
 
 Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c) {
-  return finish_route(begin_route(x, gate_weight, bias, c), c);
+  return finish_route(begin_route(x, gate_weight, bias, c));
 }
 
 Router::Router(const MoeConfig& c, int64_t D, double init_std, ParamFactory& f, const std::string& p) : c_(c) {

@@ -36,7 +36,7 @@ struct PendingRouting {
   SelectedExperts experts;
 };
 PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c);
-Routing finish_route(PendingRouting&& pending, const MoeConfig& c);
+Routing finish_route(PendingRouting&& pending);
 
 class Router {
  public:
@@ -46,7 +46,7 @@ class Router {
   // x [N, D].
   Routing route(const Tensor& x) const { return moetrain::route(x, gate_weight, bias, c_); }
   PendingRouting begin_route(const Tensor& x) const { return moetrain::begin_route(x, gate_weight, bias, c_); }
-  Routing finish_route(PendingRouting&& pending) const { return moetrain::finish_route(std::move(pending), c_); }
+  Routing finish_route(PendingRouting&& pending) const { return moetrain::finish_route(std::move(pending)); }
   // The auxiliary losses of a routing of B sequences of T tokens: the sequence-wise
   // balance loss (moe.aux_loss_weight) plus the z-loss (moe.z_loss_weight); a scalar
   // to add to the loss, undefined when both weights are 0.

@@ -19,6 +19,7 @@
 #include "nn/hybrid.h"
 #include "nn/hybrid_hf.h"
 #include "ops/view/view.h"
+#include "nn/fixtures.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -32,33 +33,8 @@ namespace {
 // query LoRA and output gate, plain attention, AttnRes blocks of 2 layers, latent MoE
 // layers 2-4 (4 experts, top 2, one shared expert) with router biases.
 HybridConfig tiny(DType dtype, bool learnable_beta = true) {
-  HybridConfig c;
-  c.vocab_size = 23;
-  c.d_model = 12;
-  c.n_ctx = 64;
-  c.mixers = {MixerKind::kda, MixerKind::mla, MixerKind::kda, MixerKind::attention, MixerKind::kda};
-  c.attention_n_head = 3;
-  c.kda.n_head = 2;
-  c.kda.n_value_head = 4;
-  c.kda.head_dim = 3;
-  c.kda.chunk_size = 4;
-  c.mla.n_head = 2;
-  c.mla.q_lora_rank = 5;
-  c.mla.kv_lora_rank = 4;
-  c.mla.qk_nope_head_dim = 3;
-  c.mla.qk_rope_head_dim = 2;
-  c.mla.v_head_dim = 3;
-  c.ffn.d_ff = 10;
+  HybridConfig c = testing::tiny_hybrid(dtype);
   c.ffn.situ_learnable_beta = learnable_beta;
-  c.moe.num_experts = 4;
-  c.moe.top_k = 2;
-  c.moe.expert_d_ff = 3;
-  c.moe.latent_dim = 4;
-  c.moe.num_shared_experts = 1;
-  c.moe.first_dense_layers = 2;
-  c.attn_res_block_size = 2;
-  c.init_std = 0.3;
-  c.dtype = dtype;
   return c;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "moetrain.h"
 #include "nn/gpt2.h"
@@ -63,6 +64,11 @@ inline HybridConfig tiny_hybrid(DType dtype = DType::f64, bool attn_res = true, 
   c.init_std = 0.3;  // large enough that every path moves the loss
   c.dtype = dtype;
   return c;
+}
+
+// Rows [lo, hi) of a 2-D tensor (any device) as doubles.
+inline std::vector<double> rows_of(const Tensor& t, int64_t lo, int64_t hi) {
+  return slice(t.detach().to(kCpu), 0, lo, hi).contiguous().to_vector();
 }
 
 // [B, T] i32 ids in [0, vocab), from their own seed.

@@ -27,10 +27,7 @@ namespace {
 Gpt2Config tiny(int64_t pad_multiple, DType dtype = DType::f64) { return testing::tiny_gpt2(dtype, pad_multiple); }
 using testing::random_ids;
 
-// Rows [lo, hi) of a 2-D tensor as doubles.
-std::vector<double> rows(const Tensor& t, int64_t lo, int64_t hi) {
-  return slice(t.detach(), 0, lo, hi).contiguous().to_vector();
-}
+using testing::rows_of;
 
 // `moetrain train` of a byte-level GPT-2 with vocab_size 300 (padded to 320 with
 // pad = 64), f32, on the shards of prepare_byte_shards(dir).
@@ -58,8 +55,8 @@ TEST_CASE("gpt2 padded vocabulary: the unpadded model's parameters, logits, loss
     INFO(a.name);
     if (a.name == "wte.weight") {
       CHECK(b.tensor.shape() == Shape{64, 8});
-      CHECK(rows(b.tensor, 0, 37) == rows(a.tensor, 0, 37));
-      CHECK(rows(b.tensor, 37, 64) == std::vector<double>(27 * 8, 0.0));
+      CHECK(rows_of(b.tensor, 0, 37) == rows_of(a.tensor, 0, 37));
+      CHECK(rows_of(b.tensor, 37, 64) == std::vector<double>(27 * 8, 0.0));
     } else {
       CHECK(moetrain::testing::bitwise_equal(a.tensor, b.tensor));
     }
@@ -80,9 +77,9 @@ TEST_CASE("gpt2 padded vocabulary: the unpadded model's parameters, logits, loss
     const NamedParameter &a = plain.parameters()[i], &b = padded.parameters()[i];
     INFO(a.name);
     if (a.name == "wte.weight") {
-      const std::vector<double> ga = rows(a.tensor.grad(), 0, 37), gb = rows(b.tensor.grad(), 0, 37);
+      const std::vector<double> ga = rows_of(a.tensor.grad(), 0, 37), gb = rows_of(b.tensor.grad(), 0, 37);
       for (size_t k = 0; k < ga.size(); ++k) REQUIRE(gb[k] == Approx(ga[k]).margin(1e-13));
-      CHECK(rows(b.tensor.grad(), 37, 64) == std::vector<double>(27 * 8, 0.0));
+      CHECK(rows_of(b.tensor.grad(), 37, 64) == std::vector<double>(27 * 8, 0.0));
     } else {
       CHECK(moetrain::testing::max_abs_diff(a.tensor.grad(), b.tensor.grad()) < 1e-13);
     }
@@ -129,7 +126,7 @@ TEST_CASE("gpt2 padded vocabulary: HF export writes vocab_size rows and reads ba
         const Tensor &x = a.parameters()[i].tensor, &y = b.parameters()[i].tensor;
         INFO(a.parameters()[i].name);
         if (x.shape() == y.shape()) CHECK(moetrain::testing::bitwise_equal(x, y));
-        else CHECK(rows(x, 0, 37) == rows(y, 0, 37));
+        else CHECK(rows_of(x, 0, 37) == rows_of(y, 0, 37));
       }
     }
   }
@@ -174,8 +171,8 @@ TEST_CASE("gpt2 padded vocabulary: trained with the CLI it follows the unpadded 
     const NamedParameter& wte = trainer.model().parameters()[0];
     REQUIRE(wte.name == "wte.weight");
     REQUIRE(wte.tensor.shape() == Shape{320, 32});
-    CHECK(rows(wte.tensor, 300, 320) == std::vector<double>(20 * 32, 0.0));
-    CHECK(rows(wte.tensor, 0, 300) != std::vector<double>(300 * 32, 0.0));
+    CHECK(rows_of(wte.tensor, 300, 320) == std::vector<double>(20 * 32, 0.0));
+    CHECK(rows_of(wte.tensor, 0, 300) != std::vector<double>(300 * 32, 0.0));
   }
 
   // The unpadded run's checkpoint resumed with padding: refused, saying what to do.

@@ -38,10 +38,6 @@ HybridConfig tiny_padded(int64_t pad_multiple, bool tied, DType dtype = DType::f
 
 bool is_vocab_table(const string& name) { return name == "model.embed_tokens.weight" || name == "lm_head.weight"; }
 
-// Rows [lo, hi) of a 2-D tensor as doubles.
-std::vector<double> table_rows(const Tensor& t, int64_t lo, int64_t hi) {
-  return slice(t.detach().to(kCpu), 0, lo, hi).contiguous().to_vector();
-}
 
 std::vector<double> zero_rows(int64_t n, int64_t width) { return std::vector<double>(static_cast<size_t>(n * width), 0.0); }
 
@@ -72,8 +68,8 @@ TEST_CASE("hybrid padded vocabulary: the unpadded model's parameters, logits, lo
         if (is_vocab_table(a.name)) {
           ++tables;
           CHECK(b.tensor.shape() == Shape{kVp, kD});
-          CHECK(table_rows(b.tensor, 0, kV) == table_rows(a.tensor, 0, kV));
-          CHECK(table_rows(b.tensor, kV, kVp) == zero_rows(kVp - kV, kD));
+          CHECK(testing::rows_of(b.tensor, 0, kV) == testing::rows_of(a.tensor, 0, kV));
+          CHECK(testing::rows_of(b.tensor, kV, kVp) == zero_rows(kVp - kV, kD));
         } else {
           CHECK(testing::bitwise_equal(a.tensor, b.tensor));
         }
@@ -100,9 +96,9 @@ TEST_CASE("hybrid padded vocabulary: the unpadded model's parameters, logits, lo
         INFO(a.name);
         REQUIRE(b.tensor.grad().defined());
         if (is_vocab_table(a.name)) {
-          const std::vector<double> ga = table_rows(a.tensor.grad(), 0, kV), gb = table_rows(b.tensor.grad(), 0, kV);
+          const std::vector<double> ga = testing::rows_of(a.tensor.grad(), 0, kV), gb = testing::rows_of(b.tensor.grad(), 0, kV);
           for (size_t k = 0; k < ga.size(); ++k) REQUIRE(gb[k] == Approx(ga[k]).margin(1e-13));
-          CHECK(table_rows(b.tensor.grad(), kV, kVp) == zero_rows(kVp - kV, kD));
+          CHECK(testing::rows_of(b.tensor.grad(), kV, kVp) == zero_rows(kVp - kV, kD));
         } else {
           CHECK(testing::max_abs_diff(a.tensor.grad(), b.tensor.grad()) < 1e-13);
         }
@@ -193,8 +189,8 @@ TEST_CASE("hybrid padded vocabulary: HF export writes vocab_size rows; padded an
           const Tensor &x = a.parameters()[i].tensor, &y = b.parameters()[i].tensor;
           INFO(a.parameters()[i].name);
           if (is_vocab_table(a.parameters()[i].name)) {
-            CHECK(table_rows(y, 0, kV) == table_rows(x, 0, kV));
-            if (pad > 1) CHECK(table_rows(y, kV, kVp) == zero_rows(kVp - kV, kD));
+            CHECK(testing::rows_of(y, 0, kV) == testing::rows_of(x, 0, kV));
+            if (pad > 1) CHECK(testing::rows_of(y, kV, kVp) == zero_rows(kVp - kV, kD));
           } else {
             CHECK(testing::bitwise_equal(x, y));
           }
@@ -244,8 +240,8 @@ TEST_CASE("hybrid padded vocabulary: trained with the Trainer it follows the unp
       INFO(name);
       const Tensor& t = named(params, name).tensor;
       REQUIRE(t.shape() == Shape{trainer.model().padded_vocab_size(), 64});
-      if (pad > 1) CHECK(table_rows(t, 300, 320) == zero_rows(20, 64));
-      CHECK(table_rows(t, 0, 300) != zero_rows(300, 64));
+      if (pad > 1) CHECK(testing::rows_of(t, 300, 320) == zero_rows(20, 64));
+      CHECK(testing::rows_of(t, 0, 300) != zero_rows(300, 64));
     }
   }
   REQUIRE(losses[0].size() == 4);

@@ -22,12 +22,11 @@ class PendingCopy {
 
   // Blocks until the bytes have arrived; they stay valid while this object lives.
   const void* wait();
-  int64_t bytes() const { return bytes_; }
 
  private:
   void* host_ = nullptr;   // pinned, from the device's pool (capacity_ bytes)
   void* event_ = nullptr;  // cudaEvent_t, recorded after the copy
-  int64_t bytes_ = 0, capacity_ = 0;
+  int64_t capacity_ = 0;
   int device_ = -1;
   bool arrived_ = false;
 };

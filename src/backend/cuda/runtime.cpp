@@ -218,7 +218,7 @@ void copy_host_to_device(void* dst, const void* src, int64_t nbytes, int device)
   MT_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
-PendingCopy::PendingCopy(const void* src, int64_t nbytes, int device) : bytes_(nbytes), device_(device) {
+PendingCopy::PendingCopy(const void* src, int64_t nbytes, int device) : device_(device) {
   MT_CHECK(nbytes > 0, "PendingCopy: {} bytes", nbytes);
   DeviceState& ds = state(device);
   Staging& s = ds.staging;
@@ -254,8 +254,8 @@ PendingCopy::PendingCopy(const void* src, int64_t nbytes, int device) : bytes_(n
 }
 
 PendingCopy::PendingCopy(PendingCopy&& other) noexcept
-    : host_(other.host_), event_(other.event_), bytes_(other.bytes_), capacity_(other.capacity_),
-      device_(other.device_), arrived_(other.arrived_) {
+    : host_(other.host_), event_(other.event_), capacity_(other.capacity_), device_(other.device_),
+      arrived_(other.arrived_) {
   other.host_ = nullptr;
   other.event_ = nullptr;
 }

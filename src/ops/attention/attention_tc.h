@@ -286,7 +286,7 @@ struct TcFrags {
   typename M::Acc f[N];
 };
 template <class M>
-struct TcFrags<M, 0> {};  // the shared path's placeholder
+struct TcFrags<M, 0> {};  // the shared path: its accumulators are in shared memory
 
 // The row phases use every thread of the block, and a warp's lanes touch
 // consecutive elements of a row (docs/cuda.md, "Attention on tensor cores"):
