@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,27 @@ std::pair<int64_t, double> compare(const ZeroRun& a, const ZeroRun& b) {
 }
 
 int world_size() { return comm::world().size(); }
+
+// Why each step was skipped, without its numbers: which check refused it ("loss #,
+// gradient norm nan"), "" for a step taken. The numbers in a reason (the loss to 17
+// digits) follow the parameters: in a replica group of four they differ between
+// zero 0 and zero 1 in the last digit (measured on an Intel Xeon: 6.029141353768241
+// against 6.0291413537682415), so only groups of at most two compare them exactly.
+std::vector<string> skip_kinds(const ZeroRun& z) {
+  static const std::regex number("[-+]?[0-9]+(\\.[0-9]*)?([eE][-+]?[0-9]+)?");
+  std::vector<string> kinds;
+  for (const string& why : z.skipped) kinds.push_back(std::regex_replace(why, number, "#"));
+  return kinds;
+}
+
+// The worst relative difference of two runs' losses (skipped steps included).
+double worst_loss_difference(const ZeroRun& a, const ZeroRun& b) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]) / std::max(1e-3, std::abs(a.losses[i])));
+  return worst;
+}
 
 }  // namespace
 
@@ -169,15 +191,28 @@ TEST_CASE("train.zero 1 skips a step with a NaN gradient or a non-finite update 
     CHECK(z1.skipped[0].empty());
     CHECK_THAT(z1.skipped[1], Catch::Contains("gradient norm nan"));
     CHECK(z1.skipped[2].empty());
-    CHECK(z1.skipped == z0.skipped);
-    if (world <= 2) CHECK(compare(z0, z1).first == 0);
+    CHECK(z1.skipped[3].empty());
+    // The same steps skipped for the same reason; the numbers exactly only where
+    // every sum is a + b (see skip_kinds), else to f64 rounding.
+    CHECK(skip_kinds(z1) == skip_kinds(z0));
+    if (world <= 2) {
+      CHECK(z1.skipped == z0.skipped);
+      CHECK(compare(z0, z1).first == 0);
+    } else {
+      CHECK(worst_loss_difference(z0, z1) < 1e-12);
+      CHECK(compare(z0, z1).second < 1e-11);
+    }
   }
   SECTION("an update that overflows f32 (train.lr 1e38, train.check_update)") {
     const std::vector<string> huge = {"train.lr=1e38", "train.min_lr=1e38", "train.warmup_steps=0"};
     const ZeroRun z0 = train_zero(dir, 0, "f32", ep, false, 2, huge);
     const ZeroRun z1 = train_zero(dir, 1, "f32", ep, false, 2, huge);
-    REQUIRE(z1.skipped.size() == 2);
-    for (const string& why : z1.skipped) CHECK_THAT(why, Catch::Contains("the update (lr 1e+38) would make"));
+    // Every step skipped by the update check at both settings (the parameter the
+    // reason names is the first bad one in the part a rank updates: zero 1's differs).
+    for (const ZeroRun* z : {&z0, &z1}) {
+      REQUIRE(z->skipped.size() == 2);
+      for (const string& why : z->skipped) CHECK_THAT(why, Catch::Contains("the update (lr 1e+38) would make"));
+    }
     CHECK(compare(z0, z1).first == 0);  // nothing moved, at zero 0 or 1
   }
 }
