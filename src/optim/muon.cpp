@@ -1,0 +1,172 @@
+// Muon (docs/model.md#muon) from the tensor ops: no kernels of its own. The
+// products go through matmul (BLAS on the CPU, cuBLAS strided-batched GEMMs on
+// CUDA), the Frobenius norms through sum (accumulated in double), the rest through
+// the elementwise ops; every temporary lives for one parameter's update.
+#include "optim/muon.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/grad_mode.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linalg/linalg.h"
+#include "ops/reduce/reduce.h"
+#include "ops/view/view.h"
+
+namespace moetrain {
+
+namespace {
+
+bool is_float(DType t) { return t == DType::f32 || t == DType::f64; }
+
+// A matrix [A, B] or a batch [E, A, B] (what Muon updates).
+bool is_matrix_or_batch(const Tensor& t) { return t.dim() == 2 || t.dim() == 3; }
+
+}  // namespace
+
+void validate(const MuonOptions& o) {
+  MT_CHECK(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
+           "muon: momentum = {} is outside [0, 1); 0.95 is the usual value", o.momentum);
+  MT_CHECK(o.ns_steps >= 1, "muon: ns_steps = {} must be >= 1 (5 is the usual value)", o.ns_steps);
+  MT_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+           "muon: weight_decay = {} must be finite and >= 0", o.weight_decay);
+  MT_CHECK(std::isfinite(o.eps) && o.eps > 0, "muon: eps = {} must be finite and > 0 (1e-7 is the usual value)",
+           o.eps);
+}
+
+double muon_update_scale(int64_t rows, int64_t cols) {
+  return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+}
+
+Tensor newton_schulz(const Tensor& x, int64_t steps, double eps) {
+  MT_CHECK(is_matrix_or_batch(x) && is_float(x.dtype()),
+           "newton_schulz: x is {}; expected an f32 or f64 matrix [A, B] or batch [E, A, B]", describe(x));
+  MT_CHECK(steps >= 1, "newton_schulz: steps = {} must be >= 1", steps);
+  MT_CHECK(std::isfinite(eps) && eps > 0, "newton_schulz: eps = {} must be finite and > 0", eps);
+  NoGradGuard no_grad;
+  const Tensor in = x.detach();
+  if (in.numel() == 0) return zeros_like(in);
+  const int64_t A = in.size(-2), B = in.size(-1), E = in.dim() == 3 ? in.size(0) : 1;
+  // Per matrix: X = x / (‖x‖_F + eps).
+  const Tensor norm = sqrt(sum(reshape(square(in), {E, A * B}), 1));  // [E]
+  const Tensor denom = add_scalar(norm, eps);
+  Tensor X = div(in, in.dim() == 3 ? reshape(denom, {E, 1, 1}) : reshape(denom, {1, 1}));
+  // Wide (A <= B): P = X Xᵀ [A, A], X = a X + Q X with Q = b P + c P².
+  // Tall (A > B): the same on Y = Xᵀ: P = Y Yᵀ = Xᵀ X [B, B] and
+  // Y = a Y + Q Y, i.e. X = a X + (Q Y)ᵀ = a X + X Qᵀ; the transposes are
+  // matmul's flags, so no copy of X is made.
+  const bool tall = A > B;
+  for (int64_t i = 0; i < steps; ++i) {
+    const Tensor P = tall ? matmul(X, X, true, false) : matmul(X, X, false, true);
+    const Tensor Q = add(mul_scalar(P, kMuonNsB), mul_scalar(matmul(P, P), kMuonNsC));
+    X = add(mul_scalar(X, kMuonNsA), tall ? matmul(X, Q, false, true) : matmul(Q, X));
+  }
+  return X;
+}
+
+void muon_update(const Tensor& param, const Tensor& grad, const Tensor& momentum, double lr,
+                 const MuonOptions& options) {
+  validate(options);
+  MT_CHECK(param.defined() && is_matrix_or_batch(param) && is_float(param.dtype()),
+           "muon: the parameter is {}; expected an f32 or f64 matrix [A, B] or batch [E, A, B]",
+           param.defined() ? describe(param) : std::string("undefined"));
+  for (const auto& [what, t] : {std::pair<const char*, const Tensor&>{"gradient", grad}, {"momentum", momentum}})
+    MT_CHECK(t.defined() && t.shape() == param.shape() && t.dtype() == param.dtype() && t.device() == param.device(),
+             "muon: the parameter is {} but its {} is {}; expected the same shape, dtype and device", describe(param),
+             what, t.defined() ? describe(t) : std::string("undefined"));
+  MT_CHECK(std::isfinite(lr) && lr >= 0, "muon: lr = {} must be finite and >= 0", lr);
+  NoGradGuard no_grad;
+  const Tensor w = param.detach(), g = grad.detach(), m = momentum.detach();
+  if (w.numel() == 0) return;
+  const double mu = options.momentum;
+  copy_(m, add(mul_scalar(m, mu), g));                             // M = μ M + G
+  const Tensor n = options.nesterov ? add(g, mul_scalar(m, mu)) : m;  // G + μ M, or M
+  const Tensor x = newton_schulz(n, options.ns_steps, options.eps);
+  const double decay = 1.0 - lr * options.weight_decay;
+  if (decay != 1.0) copy_(w, mul_scalar(w, decay));  // W (1 − η λ)
+  add_(w, x, -lr * muon_update_scale(w.size(-2), w.size(-1)));  // − η · 0.2 √max(A, B) · X
+}
+
+Muon::Muon(const ParameterList& params, MuonOptions options) : params_(params), options_(options) {
+  validate(options_);
+  NoGradGuard no_grad;
+  for (const NamedParameter& p : params_) {
+    const DType dt = p.tensor.dtype();
+    MT_CHECK(is_matrix_or_batch(p.tensor) && (is_float(dt) || dt == DType::bf16),
+             "muon: {} is {}; Muon updates f32, f64 or bf16 matrices [A, B] and expert batches [E, A, B]; "
+             "give 1-D parameters, embeddings, the LM head and norms to AdamW (docs/model.md#muon)",
+             p.name, describe(p.tensor));
+    // A parameter that is bf16 already gets its f32 master from its own values (exact).
+    const bool bf = dt == DType::bf16;
+    master_.push_back(bf ? p.tensor.detach().to(DType::f32) : Tensor());
+    m_.push_back(zeros_like(bf ? master_.back() : p.tensor.detach()));
+  }
+}
+
+const Tensor& Muon::momentum(const std::string& name) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].name == name) return m_[i];
+  MT_THROW("muon: no parameter named {} among its {} parameters", name, params_.size());
+}
+
+int64_t Muon::state_bytes() const {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i) bytes += m_[i].nbytes() + (master_[i].defined() ? master_[i].nbytes() : 0);
+  return bytes;
+}
+
+void Muon::convert_to_bf16(const std::function<bool(const NamedParameter&)>& select) {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
+    if (master_[i].defined() || !select(p)) continue;
+    MT_CHECK(p.tensor.dtype() == DType::f32 && m_[i].dtype() == DType::f32,
+             "muon: mixed precision needs f32 parameters and momentum; {} is {} (momentum {})", p.name,
+             describe(p.tensor), describe(m_[i]));
+    master_[i] = p.tensor.detach().clone();
+    convert_dtype_(p.tensor, DType::bf16);
+  }
+}
+
+void Muon::round_parameters_from_master() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (master_[i].defined()) copy_(params_[i].tensor.detach(), master_[i].to(DType::bf16));
+}
+
+void Muon::step(double lr) {
+  MT_CHECK(std::isfinite(lr) && lr >= 0, "muon: lr = {} must be finite and >= 0", lr);
+  NoGradGuard no_grad;
+  // Every gradient is checked before any parameter changes: a refused step writes nothing.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
+    const Tensor g = p.tensor.grad();
+    if (!g.defined()) continue;
+    const DType want = master_[i].defined() ? DType::bf16 : p.tensor.dtype();
+    MT_CHECK(g.dtype() == want && g.device() == p.tensor.device() && g.shape() == p.tensor.shape(),
+             "muon: {} is {} but its gradient is {}; expected a {} gradient of the same shape and device", p.name,
+             describe(p.tensor), describe(g), want);
+  }
+  ++step_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
+    const Tensor g = p.tensor.grad();
+    if (!g.defined()) continue;
+    MuonOptions o = options_;
+    if (!p.decay) o.weight_decay = 0;
+    if (!master_[i].defined()) {
+      muon_update(p.tensor, g, m_[i], lr, o);
+      continue;
+    }
+    // Mixed precision: the bf16 gradient widened to f32 (exact), the f32 master
+    // updated as an f32 parameter would be, the bf16 parameter rounded from it.
+    muon_update(master_[i], g.to(DType::f32), m_[i], lr, o);
+    copy_(p.tensor.detach(), master_[i].to(DType::bf16));
+  }
+}
+
+void Muon::zero_grad() {
+  for (const NamedParameter& p : params_) p.tensor.zero_grad();
+}
+
+}  // namespace moetrain
