@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <iterator>
+#include <filesystem>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "io/durable.h"
+#include "io/paths.h"
 
 namespace moetrain {
 
@@ -45,10 +46,10 @@ int64_t step_of(const std::string& line) {
   return j["step"].get<int64_t>();
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+constexpr const char* kWhat = "the metrics file (JSON lines)";
+
+// The whole file; a directory, FIFO or device at its path is refused (Error naming it, exit 2), never read.
+std::string read_all(const std::string& path) { return read_regular_file(path, kWhat); }
 
 // One write(2) of the whole text at the end of fd; a short write is cut back off.
 void append_whole(int fd, const std::string& text, const std::string& path) {
@@ -110,15 +111,30 @@ MetricsRepair repair_metrics(const std::string& path, int64_t step, const std::s
 }
 
 int64_t count_metrics_records(const std::string& path) {
-  std::ifstream in(path);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  std::istringstream in(read_all(path));
   int64_t n = 0;
   for (std::string line; std::getline(in, line);) n += step_of(line) >= 0;
   return n;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, std::string run_id) : path_(path), run_id_(std::move(run_id)) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw IoError(fmt::format("{}: cannot open the metrics file for appending: {}", path, std::strerror(errno)));
+  // O_NONBLOCK: a FIFO put there since repair_metrics looked is refused below, not waited on.
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int err = errno;
+    if (err == EISDIR || err == ENXIO) require_regular_file(path, kWhat);  // a directory, a FIFO: Error naming it
+    throw IoError(fmt::format("{}: cannot open the metrics file for appending: {}", path, std::strerror(err)));
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) == 0 && !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw Error(fmt::format("{}: not a regular file ({}); expected {}", path, file_kind_name(st.st_mode), kWhat));
+  }
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
 }
 
 MetricsWriter::~MetricsWriter() {
