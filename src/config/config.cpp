@@ -508,6 +508,11 @@ class Config::Loader {
       throw ConfigError(fmt::format("{}: include: expected a file name or a list of file names, got {}",
                                     location(file, key.Mark()), shown(scalar_of(value))));
     for (const YAML::Node& item : items) {
+      for (unsigned char c : item.Scalar())
+        if (c < 0x20 || c == 0x7f)  // a NUL would cut the name the system sees: another file would be read
+          throw ConfigError(fmt::format("{}: include: {} holds the control character \\x{:02x}; a file name cannot "
+                                        "hold control characters: remove it",
+                                        location(file, item.Mark()), format_string(item.Scalar()), c));
       fs::path name(item.Scalar());
       std::string path = name.is_absolute() ? name.string() : (fs::path(file).parent_path() / name).lexically_normal().string();
       std::string site = location(file, item.Mark());

@@ -196,7 +196,7 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
   // Inputs first: nothing is written unless every input can be read.
   PrepareSummary summary;
   for (const std::string& input : o.inputs) {
-    require_regular_file(input, "a text file (inputs are text files)");
+    require_regular_file(input, "a text file");
     struct stat st {};
     if (::stat(input.c_str(), &st) != 0) MT_THROW("{}: cannot open input: {}", input, std::strerror(errno));
     MT_CHECK(::access(input.c_str(), R_OK) == 0, "{}: cannot read input: {}", input, std::strerror(errno));

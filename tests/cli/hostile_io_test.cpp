@@ -183,6 +183,8 @@ TEST_CASE("hostile io: a FIFO or a device where a file is read is refused at onc
 
   const string shard = make_fifo(tmp / "train_000000.bin");
   const string in_h5 = make_fifo(tmp / "in.h5");
+  const string loop = tmp / "loop.h5";
+  fs::create_symlink(loop, loop);
   const string text = tmp.write("text.txt", "hello world\n");
   const string text_fifo = make_fifo(tmp / "text_fifo.txt");
   const string tokenizer_dir = tmp / "gpt2";
@@ -209,6 +211,8 @@ TEST_CASE("hostile io: a FIFO or a device where a file is read is refused at onc
       {"eval --data FIFO", "eval -c " + cfg + " --data " + shard, 2, {shard, "not a regular file (a FIFO)"}},
       {"op --in FIFO", "op situ_glu --in " + in_h5 + " --out " + tmp / "out.h5", 2,
        {in_h5 + ": not a regular file (a FIFO); expected an HDF5 file"}},
+      {"op --in a loop of links", "op situ_glu --in " + loop + " --out " + tmp / "out.h5", 2,
+       {loop + ": cannot open an HDF5 file: Too many levels of symbolic links"}},
       {"prepare input FIFO", "prepare " + text_fifo + " --out " + tmp / "data" + " --tokenizer byte", 2,
        {text_fifo, "not a regular file (a FIFO)"}},
       {"GPT-2 tokenizer files that are FIFOs",
@@ -259,6 +263,10 @@ TEST_CASE("hostile io: control characters in path keys and a second YAML documen
                Catch::Contains(key + " = \"a\\tb\": holds the control character \\x09 at offset 1"));
   CHECK_THAT(error([] { Config::load_string("", "c.yaml", {"run.dir=\"a\\nb\""}); }),
              Catch::Contains("run.dir") && Catch::Contains("\\x0a"));
+  // An include: name with a NUL would read the file named by the part before it.
+  CHECK(error([] { Config::load_string("include: \"base.yaml\\0.bak\"\n", "c.yaml"); }) ==
+        "c.yaml:1:10: include: \"base.yaml\\x00.bak\" holds the control character \\x00; a file name cannot hold "
+        "control characters: remove it");
   // The sample prompt is text: a newline there is what it is for.
   CHECK(Config::load_string("", "c.yaml", {"train.sample_prompt=\"a\\nb\\tc\""}).get_string("train.sample_prompt") ==
         "a\nb\tc");
