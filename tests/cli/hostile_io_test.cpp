@@ -37,11 +37,12 @@ namespace {
 
 using Result = moetrain::testing::CommandOutput;
 
-// The command under a hard time limit and an address-space limit: a regression that
-// blocks on a FIFO ends as exit 137, one that reads /dev/zero as a failed allocation.
+// The command under a hard time limit: a regression that blocks on a FIFO (a stop
+// signal does not end that open) or reads /dev/zero ends as exit 137, not a hung test.
+// (No address-space limit: sanitizer and CUDA builds reserve terabytes of it.)
 Result run_bounded(const string& args) {
-  return moetrain::testing::capture_command("ulimit -v 8000000; timeout -s KILL 60 " +
-                                            string(MOETRAIN_BINARY_DIR) + "/moetrain " + args);
+  return moetrain::testing::capture_command("timeout -s KILL 30 " + string(MOETRAIN_BINARY_DIR) + "/moetrain " +
+                                            args);
 }
 
 struct Case {
