@@ -18,6 +18,7 @@
 //   - buffers (the router bias) are read from params/ but get no gradient;
 //   - all float inputs share one dtype (f32 or f64), which is the compute dtype.
 // Errors name the input file, the group and the dataset or attribute; exit code 2.
+// --out must be a new path or a regular file other than --in (io/paths.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -34,6 +35,7 @@
 #include "cli/commands.h"
 #include "core/format.h"
 #include "io/hdf5.h"
+#include "io/paths.h"
 #include "nn/gpt2.h"
 #include "nn/hybrid_hf.h"
 #include "nn/kda_layer.h"
@@ -518,6 +520,8 @@ int run_op(const Options& o) {
     MT_CHECK(o.device == "cpu", "op: unknown --device '{}'; expected cpu or cuda", o.device);
   }
 
+  // Before any work: the final rename must not replace a device, a FIFO or the input itself.
+  check_output_file(o.out, "op --out", {o.in});
   hdf5::Reader in(o.in);
   MT_CHECK(in.has_group(o.group), "op {}: {} has no group {} (groups at the root: {})", o.op, o.in,
            hdf5::normalize_group(o.group), fmt::join(in.groups("/"), ", "));

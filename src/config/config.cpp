@@ -28,6 +28,8 @@
 #include <openssl/evp.h>
 #include <yaml-cpp/yaml.h>
 
+#include "io/paths.h"
+
 namespace moetrain {
 
 namespace fs = std::filesystem;
@@ -209,7 +211,7 @@ std::string format_string(const std::string& s) {
   bool plain = !s.empty() && (std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_' || s[0] == '/') &&
                !kSpecial.count(lower(s));
   for (char c : s)
-    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_./-*", c));
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || (c != '\0' && std::strchr("_./-*", c)));
   if (plain) return s;
   std::string out = "\"";
   for (char c : s) {
@@ -273,6 +275,22 @@ bool f32_holds(double v) {
 constexpr const char* kF32Range =
     "outside what f32 can hold; must be 0 or of magnitude in [1.1754944e-38, 3.4028235e38]";
 
+// String keys name paths (run.dir, data.train, model.init_from, ...), globs, mixer
+// lists or checkpoints: a control character there is a mistake (a YAML "\0" or
+// "\n" escape), and a NUL would cut the path the system sees. Only text keys
+// (the sample prompt) may hold them.
+std::optional<std::string> control_character_error(const KeySpec& spec, const std::string& text) {
+  if (spec.key == "train.sample_prompt") return std::nullopt;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f)
+      return fmt::format("{} = {}: holds the control character \\x{:02x} at offset {}; a path or name cannot hold "
+                         "control characters (a NUL would cut it): remove it",
+                         spec.key, format_string(text), c, i);
+  }
+  return std::nullopt;
+}
+
 // Parses and validates one value for `spec`. On error returns the message
 // after the location: "model.n_layer: expected an integer, got 'twelve'" or
 // "model.n_layer = 0: must be in [1, 4096]".
@@ -316,7 +334,10 @@ std::optional<std::string> parse_value(const KeySpec& spec, const Scalar& s, Con
       out = t == "true";
       return std::nullopt;
     }
-    case ConfigType::string: out = s.text; return std::nullopt;
+    case ConfigType::string:
+      if (std::optional<std::string> e = control_character_error(spec, s.text)) return e;
+      out = s.text;
+      return std::nullopt;
     case ConfigType::choice: {
       if (std::find(spec.choices.begin(), spec.choices.end(), s.text) != spec.choices.end()) {
         out = s.text;
@@ -341,14 +362,21 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
-std::string read_text_file(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) throw ConfigError(fmt::format("{}: {} is a directory, expected a YAML file", path, what));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open {}: {}", path, what, std::strerror(errno)));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+// A config is a few KiB of YAML; this bounds what a wrong path (a log, a dataset,
+// /proc/kcore) costs to read before the YAML parser refuses it.
+constexpr int64_t kMaxConfigFileBytes = int64_t{4} << 20;
+
+// The text of a config file, refused (ConfigError, exit 2) when it is not a regular
+// file (a FIFO would block for ever, /dev/zero never end) or holds more than
+// kMaxConfigFileBytes. `site` ("base.yaml:2:10", empty for -c) prefixes the message.
+std::string read_text_file(const std::string& path, const std::string& site) {
+  try {
+    return read_regular_file(path, "a YAML config file", kMaxConfigFileBytes);
+  } catch (const IoError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(site.empty() ? e.what() : fmt::format("{}: include: {}", site, e.what()));
+  }
 }
 
 // Defaults parsed once; a default that fails its own spec is our bug.
@@ -384,7 +412,7 @@ class Config::Loader {
       throw ConfigError(fmt::format("{}: include file '{}' not found (include paths are relative to the including file)",
                                     include_site, path));
     }
-    return load_text(read_text_file(path, "config file"), path);
+    return load_text(read_text_file(path, include_site), path);
   }
 
   std::vector<Assignment> load_text(const std::string& text, const std::string& file) {
@@ -440,7 +468,13 @@ class Config::Loader {
       s.quoted = true;  // "data.val=" clears a string
     } else {
       try {
-        s = scalar_of(YAML::Load(value_yaml));
+        // Every document, so a second one ("4\n---\n5") is refused rather than dropped.
+        const std::vector<YAML::Node> docs = YAML::LoadAll(value_yaml);
+        if (docs.size() > 1)
+          throw ConfigError(fmt::format("{}: {}: the value holds {} YAML documents (a line '---' or '...' starts "
+                                        "another); a value is one scalar: quote it, or set one value per --set",
+                                        origin, key, docs.size()));
+        s = scalar_of(docs.empty() ? YAML::Node() : docs[0]);
       } catch (const YAML::Exception& e) {
         throw ConfigError(fmt::format("{}: {}: cannot read '{}' as a YAML value ({}); quote it", origin, key,
                                       value_yaml, e.msg));
@@ -474,6 +508,11 @@ class Config::Loader {
       throw ConfigError(fmt::format("{}: include: expected a file name or a list of file names, got {}",
                                     location(file, key.Mark()), shown(scalar_of(value))));
     for (const YAML::Node& item : items) {
+      for (unsigned char c : item.Scalar())
+        if (c < 0x20 || c == 0x7f)  // a NUL would cut the name the system sees: another file would be read
+          throw ConfigError(fmt::format("{}: include: {} holds the control character \\x{:02x}; a file name cannot "
+                                        "hold control characters: remove it",
+                                        location(file, item.Mark()), format_string(item.Scalar()), c));
       fs::path name(item.Scalar());
       std::string path = name.is_absolute() ? name.string() : (fs::path(file).parent_path() / name).lexically_normal().string();
       std::string site = location(file, item.Mark());
@@ -702,6 +741,7 @@ std::string Config::sha256() const {
 
 void Config::save(const std::string& path) const {
   const std::string yaml = to_yaml();
+  check_output_file(path, "cannot save the config to");  // never renamed over a device, FIFO or directory
   fs::path target(path);
   fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   static std::atomic<unsigned> counter{0};

@@ -20,6 +20,9 @@
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "io/durable.h"
+#include "io/paths.h"
+
+#include <spdlog/spdlog.h>
 
 namespace moetrain::data {
 
@@ -31,6 +34,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The staging directory in out_dir: "<prefix><host>.<pid>" (io/paths.h temp_entry_name).
+constexpr const char* kStagingPrefix = ".prepare.tmp.";
+
 // Reads a file in chunks of about chunk_bytes that end at a find_split_point,
 // so each chunk tokenizes as it would inside the whole file. A chunk grows
 // until a split point appears (or the file ends).
@@ -38,8 +44,13 @@ class ChunkReader {
  public:
   ChunkReader(const std::string& path, size_t chunk_bytes)
       : path_(path), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)) {
-    file_ = std::fopen(path.c_str(), "rb");
-    if (!file_) MT_THROW("{}: cannot open input: {}", path, std::strerror(errno));
+    const int fd = open_regular_file(path, "a text file");  // never waits on a FIFO
+    file_ = ::fdopen(fd, "rb");
+    if (!file_) {
+      const int err = errno;
+      ::close(fd);
+      throw IoError(fmt::format("{}: cannot open input: {}", path, std::strerror(err)));
+    }
   }
   ~ChunkReader() {
     if (file_) std::fclose(file_);
@@ -185,9 +196,9 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
   // Inputs first: nothing is written unless every input can be read.
   PrepareSummary summary;
   for (const std::string& input : o.inputs) {
+    require_regular_file(input, "a text file");
     struct stat st {};
     if (::stat(input.c_str(), &st) != 0) MT_THROW("{}: cannot open input: {}", input, std::strerror(errno));
-    MT_CHECK(S_ISREG(st.st_mode), "{}: not a regular file; inputs are text files", input);
     MT_CHECK(::access(input.c_str(), R_OK) == 0, "{}: cannot read input: {}", input, std::strerror(errno));
     summary.num_bytes += static_cast<int64_t>(st.st_size);
   }
@@ -208,8 +219,16 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
            o.out_dir, stale.size(), o.name.empty() ? "val_/train_" : o.name + "_", stale.front(),
            stale.size() > 1 ? ", ..." : "");
 
+  // Each shard is renamed over its name in out_dir: a directory, device or FIFO of a shard's name is refused
+  // now, before any work; the names of the shards written are checked again before the first rename.
+  for (const std::string& old : stale) check_output_file(old, "prepare --out: the shard");
+
+  // The staging directories of earlier runs into this out_dir that were killed on this host.
+  for (const fs::path& left : remove_stale_temp_entries(o.out_dir, kStagingPrefix))
+    spdlog::info("removed {}, the staging directory of an earlier prepare that did not finish", left.string());
+
   // Staging directory: removed on every exit, renamed-from on success.
-  const std::string staging = fmt::format("{}/.prepare.tmp.{}", o.out_dir, ::getpid());
+  const std::string staging = o.out_dir + "/" + temp_entry_name(kStagingPrefix);
   fs::remove_all(staging, ec);
   if (::mkdir(staging.c_str(), 0777) != 0)
     throw IoError(fmt::format("{}: cannot create the staging directory: {}", staging, std::strerror(errno)));
@@ -272,6 +291,8 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
       if (::unlink(old.c_str()) != 0 && errno != ENOENT)
         throw IoError(fmt::format("{}: cannot remove the stale shard: {}", old, std::strerror(errno)));
   }
+  for (const PreparedShard& s : sink.written())
+    check_output_file(o.out_dir + "/" + s.path, "prepare --out: the shard");  // before the first rename
   for (const PreparedShard& s : sink.written()) {
     const std::string from = staging + "/" + s.path, to = o.out_dir + "/" + s.path;
     if (::rename(from.c_str(), to.c_str()) != 0)

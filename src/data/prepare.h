@@ -14,8 +14,11 @@
 // Robustness. Inputs are checked before anything is written (exist, regular
 // files; for GPT-2 well-formed UTF-8 unless replace_invalid_utf8, see
 // data/utf8.h). Shards are written into a hidden staging directory inside
-// out_dir and renamed into place only after all of them are complete; a
-// failure leaves out_dir as it was. Existing shards of the same prefix are an
+// out_dir (.prepare.tmp.<host>.<pid>) and renamed into place only after all of
+// them are complete; a failure leaves out_dir as it was. The staging directories
+// that runs killed on this host left in out_dir are removed at the start. A shard
+// name taken by a directory, FIFO or device is an error before anything is
+// written. Existing shards of the same prefix are an
 // error unless overwrite, which then removes those not rewritten (so no stale
 // train_000007.bin from a bigger earlier run stays behind).
 //

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "io/paths.h"
 
 namespace moetrain::data {
 
@@ -53,6 +54,7 @@ void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
   MT_CHECK(static_cast<int64_t>(tokens.size()) <= kShardMaxTokens,
            "{}: {} tokens exceed the {} a shard header can count; write more, smaller shards", path, tokens.size(),
            kShardMaxTokens);
+  check_output_file(path, "token shard");  // the rename must not replace a device, a FIFO or a directory
   static std::atomic<uint64_t> counter{0};
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
@@ -84,12 +86,10 @@ void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
 }
 
 TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) MT_THROW("{}: cannot open token shard: {}", path_, std::strerror(errno));
+  fd_ = open_regular_file(path_, "a token shard");  // a FIFO or a device is refused, never waited on
   try {
     struct stat st {};
     if (::fstat(fd_, &st) != 0) MT_THROW("{}: cannot stat token shard: {}", path_, std::strerror(errno));
-    MT_CHECK(S_ISREG(st.st_mode), "{}: not a regular file; expected a token shard", path_);
     const auto size = static_cast<int64_t>(st.st_size);
     MT_CHECK(size >= kShardHeaderBytes,
              "{}: truncated header: the file has {} bytes, a token shard starts with a {}-byte header", path_, size,

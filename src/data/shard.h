@@ -26,11 +26,13 @@ inline constexpr int64_t kShardMaxTokens = 2147483647;  // the header's int32 co
 
 // Writes a shard atomically: to a temporary name in the same directory, then
 // fsync and rename, so `path` is either absent/old or complete, never partial.
-// Throws moetrain::Error naming `path` for too many tokens; IoError (exit code 5) with
+// Throws moetrain::Error naming `path` for too many tokens or a `path` that exists and
+// is not a regular file (io/paths.h check_output_file); IoError (exit code 5) with
 // the system's message when creating, writing, syncing or renaming fails.
 void write_shard(const std::string& path, std::span<const uint16_t> tokens);
 
-// A shard opened read-only and checked at open: the file exists, holds a whole
+// A shard opened read-only and checked at open: the file exists and is a regular
+// file (a FIFO or a device is refused, not waited on: io/paths.h), holds a whole
 // header, has the magic and version above, and exactly 1024 + 2N bytes. A failed
 // check throws moetrain::Error: one line naming the file, the byte offset where
 // one applies, and what was expected. Tokens are read with pread, window by

@@ -13,17 +13,14 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "data/utf8.h"
+#include "io/paths.h"
 
 namespace moetrain::data {
 
@@ -49,13 +46,9 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
 
 namespace {
 
+// GPT-2's encoder.json has 1 MiB, vocab.bpe 0.5 MiB: 64 MiB is no tokenizer file.
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) MT_THROW("{}: cannot open: {}", path, std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) MT_THROW("{}: read error: {}", path, std::strerror(errno));
-  return std::move(ss).str();
+  return read_regular_file(path, "a tokenizer file", int64_t{64} << 20);
 }
 
 // encoder.py's bytes_to_unicode(): printable Latin-1 bytes map to themselves,

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "io/paths.h"
 
 namespace moetrain {
 
@@ -38,6 +39,7 @@ void fsync_path(const fs::path& path, bool directory) {
 }
 
 void write_file_atomically(const fs::path& path, const std::string& text, bool sync_directory) {
+  check_output_file(path.string(), "cannot write");
   const fs::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
   // The first failing call's errno, named with the final path and the temp file.
   auto fail = [&](const char* what, int err, int fd) {
@@ -64,13 +66,26 @@ void write_file_atomically(const fs::path& path, const std::string& text, bool s
   if (sync_directory) fsync_path(path.parent_path().empty() ? fs::path(".") : path.parent_path(), true);
 }
 
-fs::path temp_directory_for(const fs::path& dir) {
+namespace {
+// "DIR/" -> "DIR"
+fs::path without_trailing_slash(const fs::path& dir) {
   fs::path d = dir.lexically_normal();
-  if (d.filename().empty()) d = d.parent_path();  // "DIR/"
-  return fs::path(fmt::format("{}.tmp.{}", d.string(), ::getpid()));
+  return d.filename().empty() ? d.parent_path() : d;
+}
+}  // namespace
+
+fs::path temp_directory_for(const fs::path& dir) {
+  const fs::path d = without_trailing_slash(dir);
+  return d.parent_path() / temp_entry_name(d.filename().string() + ".tmp.");
+}
+
+std::vector<fs::path> remove_stale_temp_directories(const fs::path& dir) {
+  const fs::path d = without_trailing_slash(dir);
+  return remove_stale_temp_entries(d.parent_path(), d.filename().string() + ".tmp.");
 }
 
 void replace_directory(const fs::path& built, const fs::path& dir) {
+  check_output_directory(dir.string(), "cannot replace");
   const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
   std::error_code ec;
   fs::path old;

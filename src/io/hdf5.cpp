@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <mutex>
 
+#include "io/paths.h"
+
 namespace moetrain::hdf5 {
 
 namespace {
@@ -191,7 +193,9 @@ std::string join(const std::string& group, const std::string& name) {
 
 Reader::Reader(const std::string& path) : path_(path) {
   init_library();
-  MT_CHECK(std::filesystem::exists(path), "HDF5 file {}: no such file", path);
+  std::error_code ec;  // exists() without it throws for a parent without permission: exit 1, not 2
+  MT_CHECK(std::filesystem::exists(path, ec) || ec, "HDF5 file {}: no such file", path);
+  require_regular_file(path, "an HDF5 file");  // HDF5 would block on a FIFO, read a device for ever
   htri_t is = H5Fis_hdf5(path.c_str());
   if (is <= 0) {
     std::string why = library_error();
@@ -444,6 +448,7 @@ std::optional<bool> Reader::attr_bool(const std::string& group, const std::strin
 // ---------------------------------------------------------------- Writer
 
 Writer::Writer(const std::string& path) : path_(path), tmp_(fmt::format("{}.tmp.{}", path, ::getpid())) {
+  check_output_file(path, "HDF5 file");  // commit() renames over it: never over a device, FIFO or directory
   init_library();
   file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (file_ < 0) {

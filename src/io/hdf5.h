@@ -39,7 +39,8 @@ std::string join(const std::string& group, const std::string& name);
 
 class Reader {
  public:
-  // Opens read-only; throws naming the path when it is missing or not HDF5.
+  // Opens read-only; throws naming the path when it is missing, not a regular file
+  // (a directory, a FIFO, a device: io/paths.h require_regular_file) or not HDF5.
   explicit Reader(const std::string& path);
   ~Reader();
   Reader(const Reader&) = delete;
@@ -81,7 +82,8 @@ class Reader {
 
 class Writer {
  public:
-  // Creates `path.tmp.<pid>` (path itself is untouched until commit()).
+  // Creates `path.tmp.<pid>` (path itself is untouched until commit()). Throws Error
+  // first when `path` exists and is not a regular file (io/paths.h check_output_file).
   explicit Writer(const std::string& path);
   ~Writer();  // without commit(): closes and removes the temp file
   Writer(const Writer&) = delete;

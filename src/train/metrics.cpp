@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <iterator>
+#include <filesystem>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "io/durable.h"
+#include "io/paths.h"
 
 namespace moetrain {
 
@@ -45,9 +46,29 @@ int64_t step_of(const std::string& line) {
   return j["step"].get<int64_t>();
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+constexpr const char* kWhat = "the metrics file (JSON lines)";
+
+// The whole file; a directory, FIFO or device at its path is refused (Error naming it, exit 2), never read.
+std::string read_all(const std::string& path) { return read_regular_file(path, kWhat); }
+
+// Opens `path` for appending (created if missing) and returns the descriptor. A
+// directory, FIFO or device there is refused (Error naming it, exit 2): O_NONBLOCK
+// keeps the open of a FIFO from waiting for a reader.
+int open_for_appending(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EISDIR || err == ENXIO) require_regular_file(path, kWhat);  // a directory, a FIFO: Error naming it
+    throw IoError(fmt::format("{}: cannot open for appending: {}", path, std::strerror(err)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(fmt::format("{}: not a regular file ({}); expected {}", path, file_kind_name(st.st_mode), kWhat));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
 }
 
 // One write(2) of the whole text at the end of fd; a short write is cut back off.
@@ -95,8 +116,7 @@ MetricsRepair repair_metrics(const std::string& path, int64_t step, const std::s
                  text.size() - begin);
   if (r.dropped == 0 && !r.torn_line) return r;
   if (!dropped.empty() && !aside_path.empty()) {
-    const int fd = ::open(aside_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) throw IoError(fmt::format("{}: cannot open for appending: {}", aside_path, std::strerror(errno)));
+    const int fd = open_for_appending(aside_path);
     try {
       append_whole(fd, dropped, aside_path);
     } catch (...) {
@@ -110,16 +130,16 @@ MetricsRepair repair_metrics(const std::string& path, int64_t step, const std::s
 }
 
 int64_t count_metrics_records(const std::string& path) {
-  std::ifstream in(path);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  std::istringstream in(read_all(path));
   int64_t n = 0;
   for (std::string line; std::getline(in, line);) n += step_of(line) >= 0;
   return n;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, std::string run_id) : path_(path), run_id_(std::move(run_id)) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw IoError(fmt::format("{}: cannot open the metrics file for appending: {}", path, std::strerror(errno)));
-}
+MetricsWriter::MetricsWriter(const std::string& path, std::string run_id)
+    : path_(path), run_id_(std::move(run_id)), fd_(open_for_appending(path)) {}
 
 MetricsWriter::~MetricsWriter() {
   if (fd_ >= 0) ::close(fd_);

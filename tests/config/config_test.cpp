@@ -303,7 +303,8 @@ TEST_CASE("config: includes that are missing, malformed or cyclic", "[config][er
 
   CHECK(config_error([&] { Config::load(dir.path() + "/none.yaml"); })
             .starts_with("config file '" + dir.path() + "/none.yaml' not found (relative paths start at the current directory, "));
-  CHECK(config_error([&] { Config::load(dir.path()); }) == dir.path() + ": config file is a directory, expected a YAML file");
+  CHECK(config_error([&] { Config::load(dir.path()); }) ==
+        dir.path() + ": not a regular file (a directory); expected a YAML config file");
 }
 
 TEST_CASE("config: bad overrides", "[config][errors]") {
@@ -468,10 +469,10 @@ TEST_CASE("config: save replaces the file whole and leaves nothing behind on err
                                          Catch::EndsWith("No such file or directory (create the directory first)"));
   CHECK_FALSE(std::filesystem::exists(missing));
 
-  // The target is a directory: the rename fails after the temp file was written.
+  // The target is a directory: refused before anything is written (io/paths.h check_output_file).
   std::filesystem::create_directory(dir.path() + "/taken");
   std::ofstream(dir.path() + "/taken/keep") << "x";
-  CHECK_THROWS_WITH(c.save(dir.path() + "/taken"), Catch::Contains("cannot rename into place"));
+  CHECK_THROWS_WITH(c.save(dir.path() + "/taken"), Catch::Contains("exists and is not a regular file (a directory)"));
   CHECK(std::filesystem::is_directory(dir.path() + "/taken"));
   CHECK(entries() == std::vector<std::string>{"config.yaml", "taken"});
 }
