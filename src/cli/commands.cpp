@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/parallel.h"
+#include "config/cli_options.h"
 #include "core/error.h"
 #include "core/signals.h"
 
@@ -97,6 +98,8 @@ int run(int argc, char** argv) {
   // The common options work after the subcommand too: `moetrain train --threads 2 -c ...`.
   for (CLI::App* sub : app.get_subcommands({}))
     sub->add_option("--threads", threads, threads_help)->check(non_negative());
+  // "--seed -1", "--temperature nan": refused, not wrapped or sampled with.
+  check_numeric_options(app);
 
   try {
     app.parse(argc, argv);

@@ -5,6 +5,7 @@
 // a second). `--plan N` searches the layouts of N devices instead (docs/parallelism.md#the-ledger-flags).
 // Exit codes: 0; 1 when --plan finds no layout that fits; 2 for bad flags or configs.
 #include <cctype>
+#include <cmath>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -34,7 +35,7 @@ double parse_size(const std::string& flag, const std::string& text, bool per_sec
       {"B", 1},       {"KB", 1e3},  {"MB", 1e6},  {"GB", 1e9},  {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0},
       {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   for (const auto& [name, scale] : units)
-    if (used > 0 && value >= 0 && unit == name) return value * scale;
+    if (used > 0 && value >= 0 && std::isfinite(value) && unit == name) return value * scale;
   throw Error(fmt::format("ledger: {} {}: expected a size with a unit, e.g. {}", flag, text,
                           per_second ? "450GB/s" : "140GiB or 141GB"));
 }

@@ -1,4 +1,5 @@
-// `moetrain train -c CONFIG [--set key=value ...] [--device cpu|cuda] [--print-config]`. Exit code 0
+// `moetrain train -c CONFIG [--set key=value ...] [--device cpu|cuda] [--print-config]`. model.init_from
+// naming a Hugging Face directory sets the architecture from its config.json (train/model_source.h). Exit code 0
 // when the run finished or SIGUSR1 stopped it with a checkpoint, kExitPreempted
 // (75) when SIGTERM/SIGINT/SIGHUP/SIGUSR2 did (core/signals.h).
 #include <CLI/CLI.hpp>
@@ -6,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "config/cli_options.h"
+#include "train/model_source.h"
 #include "train/trainer.h"
 
 namespace moetrain::cli {
@@ -20,6 +22,9 @@ void add_train_command(CLI::App& app, Commands& commands) {
     ConfigOptions with_device = *options;
     if (!device->empty()) with_device.overrides.push_back("train.device=" + *device);
     Config config = load_from(with_device);
+    // model.init_from: DIR takes the architecture of DIR/config.json, as generate and eval's --init-from
+    // do; a key of the YAML that contradicts it is an error naming both.
+    adopt_init_from_architecture(config);
     if (options->print_config) {
       fmt::print("{}", config.to_yaml());
       return 0;

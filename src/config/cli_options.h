@@ -1,6 +1,7 @@
 // Command-line glue for the config: -c/--config FILE, repeatable --set KEY=VALUE
 // and --print-config on a subcommand, the same on every command that reads a
-// config (train, eval, ...). Typical use in a cli/<name>.cpp:
+// config (train, eval, ...); and the numbers of every option read as strictly as
+// the schema reads config values. Typical use in a cli/<name>.cpp:
 //
 //   auto opts = add_config_options(cmd);
 //   commands.push_back({cmd, [opts] {
@@ -36,5 +37,19 @@ struct ConfigOptions {
 // The config the options describe: the file with its includes and overrides,
 // or the defaults with the overrides when no file was given.
 Config load_from(const ConfigOptions& options);
+
+// Makes every numeric option of `app` and its subcommands (CLI11's types INT, UINT,
+// FLOAT) read its text as the schema reads a config value (config.cpp), ahead of the
+// option's other checks; a refusal is "--seed: ..." (a CLI11 ValidationError):
+//   integers: decimal digits with an optional sign, within the 64-bit range, and not
+//     negative for an unsigned target: "-1" and "18446744073709551616" for --seed are
+//     refused instead of wrapped to 18446744073709551615 (CLI11 reads them with an
+//     unchecked strtoull), "1e23" and "2^64" as not integers; a leading 0 is decimal
+//     (CLI11 alone reads 010 as octal 8, 0x10 as 16);
+//   numbers: finite, and 0 or of magnitude in [FLT_MIN, FLT_MAX] (as number keys, which
+//     reach f32 code): "nan", "inf" or "1e39" for --temperature are refused instead of
+//     sampling uniform bytes.
+// Call it once all options exist, before parsing.
+void check_numeric_options(CLI::App& app);
 
 }  // namespace moetrain

@@ -67,11 +67,43 @@ void adopt_hf_architecture(Config& config, const std::string& dir) {
   for (const auto& [key, value] : hf.keys) {
     if (!set_explicitly(config, key)) continue;
     const std::string ours = resolved_value(config, key), theirs = resolved_value(adopted, key);
+    if (ours != theirs && key == "model.layer_mixers" && !config.is_set_explicitly(key)) {
+      // The schedule came from the period keys: name the one the config set, and the schedule it gives.
+      std::string by = "model.mixer";
+      for (const char* k : {"model.attn_every", "model.attn_offset", "model.attn_last", "model.attn_mixer"})
+        if (config.is_set_explicitly(k)) by = k;
+      config.fail(by, fmt::format("gives the layer schedule {} (with model.n_layer = {}), which conflicts with "
+                                  "model.layer_mixers = {} in {} (model_type {}); remove the schedule keys from the "
+                                  "config", ours, config.get_int("model.n_layer"), theirs, json, hf.model_type));
+    }
     if (ours != theirs)
       config.fail(key, fmt::format("conflicts with {} = {} in {} (model_type {}); remove it from the config", key,
                                    theirs, json, hf.model_type));
   }
   config = std::move(adopted);
+}
+
+// Weights without a config.json take their shape from the config's model section;
+// when they do not fit it the adapter's message ("tensor wte.weight is [256, 16] but the
+// model expects [50257, 768]") gets where that shape came from and what to do.
+void load_init_weights(const Config& config, LanguageModel& model, const std::string& init, ExpertShard shard) {
+  try {
+    load_hf_weights(model, init, shard);
+  } catch (const IoError&) {
+    throw;
+  } catch (const NumericalError&) {
+    throw;
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error& e) {
+    if (is_hf_model_dir(init)) throw;  // the shape came from its config.json, which the message names
+    throw Error(fmt::format(
+        "{}; {} has no config.json, so the model's shape came from the config: model.arch = {} ({}), model.n_layer = "
+        "{} ({}), model.d_model = {} ({}); put the config.json that came with the weights beside them, or make the "
+        "config's model section describe them (-c CONFIG)", e.what(), init, config.get_string("model.arch"),
+        config.where("model.arch"), config.get_int("model.n_layer"), config.where("model.n_layer"),
+        config.get_int("model.d_model"), config.where("model.d_model")));
+  }
 }
 
 // A weight file with NaN or infinities would give `loss nan`, garbage samples or a run
@@ -125,6 +157,11 @@ bool is_training_checkpoint(const std::string& dir) {
 
 }  // namespace
 
+void adopt_init_from_architecture(Config& config) {
+  const std::string init = config.get_string("model.init_from");
+  if (!init.empty() && is_hf_model_dir(init)) adopt_hf_architecture(config, init);
+}
+
 Config resolve_config(const ModelSource& source) {
   MT_CHECK(source.checkpoint.empty() || (source.init_from.empty() && source.config_path.empty()),
            "give either --checkpoint or -c/--init-from, not both");
@@ -159,8 +196,20 @@ Config resolve_config(const ModelSource& source) {
   }
   Config config = source.config_path.empty() ? Config::defaults() : Config::load(source.config_path);
   if (!source.init_from.empty()) config.set("model.init_from", fmt::format("'{}'", source.init_from), "--init-from");
-  std::string init = config.get_string("model.init_from");
-  if (!init.empty() && is_hf_model_dir(init)) adopt_hf_architecture(config, init);
+  adopt_init_from_architecture(config);
+  const std::string init = config.get_string("model.init_from");
+  // Without a config.json and a YAML only the defaults (GPT-2 124M) would say the shape,
+  // and the weights would fail against them tensor by tensor: say what is missing instead.
+  const bool overrides_model = std::any_of(source.overrides.begin(), source.overrides.end(),
+                                           [](const std::string& o) { return o.rfind("model.", 0) == 0; });
+  if (!init.empty() && source.config_path.empty() && !overrides_model && std::filesystem::exists(init) &&
+      !is_hf_model_dir(init))
+    throw Error(fmt::format(
+        "{}: {} {}, so nothing says the model's shape; put the config.json that came with the weights {}, or pass "
+        "-c CONFIG whose model section describes them (configs/gpt2-small.yaml for OpenAI's GPT-2 124M)",
+        config.where("model.init_from"), init,
+        std::filesystem::is_directory(init) ? "holds no config.json" : "is a weight file, which carries no config.json",
+        std::filesystem::is_directory(init) ? "into it" : "beside them and pass that directory"));
   if (!source.overrides.empty()) config.apply_overrides(source.overrides);
   return config;
 }
@@ -180,7 +229,7 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
                stage.count);
       MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
                config.where("model.init_from"), init);
-      load_hf_weights(*model, init, shard);  // this rank's experts only
+      load_init_weights(config, *model, init, shard);  // this rank's experts only
       check_loaded_weights(config, *model);
     }
     return model;
@@ -196,7 +245,7 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
   if (!init.empty()) {
     MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
              config.where("model.init_from"), init);
-    load_hf_weights(*model, init);
+    load_init_weights(config, *model, init, {});
     check_loaded_weights(config, *model);
   }
   return model;

@@ -29,8 +29,19 @@ struct ModelSource {
 
 // The resolved config of a source (architecture keys from config.json where the
 // weights come from Hugging Face; a training checkpoint's own config, on one
-// process). Throws when the sources conflict.
+// process). Throws when the sources conflict, and when --init-from names weights
+// without a config.json (a bare .safetensors file, or a directory lacking one) and
+// neither -c nor a --set model.* key says the model's shape.
 Config resolve_config(const ModelSource& source);
+
+// model.init_from naming a Hugging Face directory (a config.json in it): the
+// architecture of its config.json (gpt2, kimi_linear, moetrain_hybrid) replaces the
+// config's model keys; a key the config set explicitly (its file or --set) to another
+// value is a ConfigError naming the key, where it was set and the config.json; a
+// config.json that cannot be read or is refused names it (exit 2). Nothing happens
+// when model.init_from is empty or a file. resolve_config (generate, eval, export)
+// and `moetrain train` both read a model.init_from through here.
+void adopt_init_from_architecture(Config& config);
 
 // What generate, eval and export run: the resolved config and the model with its
 // weights (a training checkpoint's resharded onto one process: every expert).
