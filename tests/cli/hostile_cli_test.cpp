@@ -279,7 +279,7 @@ TEST_CASE("hostile cli: weights without config.json and no -c exit 2 saying so; 
   }
 }
 
-TEST_CASE("hostile cli: train.zero 1 at pp 2 x dp 2 shards each stage's AdamW state over its 2 replicas", "[cli][mpi]") {
+TEST_CASE("hostile cli: train.zero 1 at pp 2 x dp 2 shards each stage's AdamW state over its 2 replicas", "[cli][slow]") {
   TempDir tmp;
   moetrain::testing::prepare_byte_shards(tmp.path());
   const string args = "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" +
