@@ -2,21 +2,24 @@
 #include "nn/hf_adapter.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "io/paths.h"
 #include "nn/gpt2_hf.h"
 #include "nn/hybrid_hf.h"
 
 namespace moetrain {
 
+// A config.json of a few kilobytes; the cap keeps /dev/zero-sized mistakes out.
+constexpr int64_t kMaxHfConfigBytes = int64_t{16} << 20;
+
 nlohmann::json read_hf_config(const std::string& path) {
-  std::ifstream in(path);
-  MT_CHECK(in.good(), "{}: cannot open the Hugging Face config", path);
+  // Regular files only: a FIFO would block open(2), a device never end.
+  const std::string text = read_regular_file(path, "a Hugging Face config.json", kMaxHfConfigBytes);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     MT_THROW("{}: not valid JSON: {}", path, e.what());
   }
