@@ -585,6 +585,7 @@ void Trainer::end_step(StepResult& r, Clock::time_point t0) {
 }
 
 void Trainer::record(const StepResult& r) {
+  if (run_) run_->check_held();  // before this step's metrics (and its checkpoint, below in train())
   if (r.skipped) {
     if (metrics_) metrics_->write({{"step", r.step}, {"skipped", true}, {"skipped_steps", progress_.skipped}});
     return;
@@ -661,6 +662,7 @@ void Trainer::sample() {
 }
 
 void Trainer::save() {
+  if (run_) run_->check_held();
   progress_.loader = stream_->state();
   log_saved(saver_->save(*model_, *opt_, progress_, faults_.save_options(progress_.step, save_options_)));
   last_saved_step_ = progress_.step;
@@ -732,8 +734,19 @@ TrainSummary Trainer::summary() const {
 
 TrainSummary Trainer::finish() {
   report_end();
-  if (train_.sample_every > 0 || train_.max_steps == 0) sample();
   const std::filesystem::path model_dir = std::filesystem::path(ckpt_.run_dir) / "model";
+  // The last step was skipped: the model's loss, gradients or update were not finite
+  // for it (a diverged run that reached max_steps before max_consecutive_skips).
+  // Such a model is not published: every rank knows the count, so all stop here.
+  if (progress_.consecutive_skips > 0)
+    throw NumericalError(fmt::format(
+        "the run reached train.max_steps = {} inside a run of {} skipped step{} (train.nan_policy = skip): at its "
+        "last step the model's loss, gradients or update were not finite, so no model is written to {}{}; lower "
+        "train.lr (now {}), check model.init_std and the data, or export an earlier checkpoint", train_.max_steps,
+        progress_.consecutive_skips, progress_.consecutive_skips == 1 ? "" : "s", model_dir.string(),
+        std::filesystem::exists(model_dir) ? " (the one there is an earlier run's)" : "", train_.schedule.lr));
+  if (train_.sample_every > 0 || train_.max_steps == 0) sample();
+  if (run_) run_->check_held();
   // The model directory is built aside and renamed into place, its config.resolved.yaml included.
   if (dist_.grid.ep > 1 || dist_.grid.pp > 1 || train_.mixed_precision) {
     // Collective: experts from the whole ep group, the stages' parameters from the
