@@ -254,7 +254,7 @@ TEST_CASE("cli: a damaged manifest in the newest checkpoint stops ckpt.resume au
     CHECK(!fs::exists(job.path("run", "checkpoints/abandoned")));
   }
   // The way out the message names works: the older checkpoint, named.
-  Result older = job.train("run", 30, "--set ckpt.resume=step_00000010");
+  Result older = job.train("run", 20, "--set ckpt.resume=step_00000010");
   INFO(older.output);
   CHECK(older.code == 0);
   CHECK(older.output.find("resumed from " + job.path("run", "checkpoints/step_00000010")) != string::npos);
@@ -276,7 +276,6 @@ TEST_CASE("cli: a rank file or manifest that is a directory, a link to /dev/zero
       {"rank_00000.h5", "ln -s /nonexistent", "is a link to nothing, not a file"},
       {"manifest.json", "mkdir", "is a directory, not a file"},
       {"manifest.json", "ln -s /dev/zero", "is a device (through a symbolic link), not a file"},
-      {"config.resolved.yaml", "ln -s /dev/zero", "is a device (through a symbolic link), not a file"},
   };
   for (const Case& c : cases) {
     INFO(c.file << " " << c.make);
@@ -299,8 +298,8 @@ TEST_CASE("cli: a rank file or manifest that is a directory, a link to /dev/zero
 TEST_CASE("checkpoint: hand-edited fields of a checkpoint are refused (exit 2 naming the file and the field)",
           "[checkpoint]") {
   Job job;
-  REQUIRE(job.train("run", 10).code == 0);
-  const string ckpt = job.path("run", "checkpoints/step_00000010");
+  REQUIRE(job.train("run", 20).code == 0);
+  const string ckpt = job.path("run", "checkpoints/step_00000020");
   const string saved = job.dir + "/saved";
   fs::copy(job.path("run"), saved, fs::copy_options::recursive);
   auto restore = [&] {
@@ -316,7 +315,7 @@ TEST_CASE("checkpoint: hand-edited fields of a checkpoint are refused (exit 2 na
   struct Case {
     std::function<void()> edit;
     string says;
-    bool resume = false;  // the optimizer's state (exp_avg_sq) is read by a resume, not by export
+    bool resume = false;  // the optimizer's state (exp_avg_sq) is read by a resume (at max_steps: load only), not by export
   };
   const std::vector<Case> cases = {
       {[&] { manifest_set("version", 1.5); }, manifest + ": field \"version\" is 1.5, not one this build reads"},
@@ -325,19 +324,19 @@ TEST_CASE("checkpoint: hand-edited fields of a checkpoint are refused (exit 2 na
       {[&] { manifest_set("step", -10); }, manifest + ": field \"step\" = -10 is outside [0, "},
       {[&] { manifest_set("pp", 2); }, manifest + ": field \"pp\" = 2 is outside [1, 1]"},
       {[&] { manifest_set("world", 0); }, manifest + ": field \"world\" = 0 is outside [1, "},
-      {[&] { manifest_set("tokens", 7); }, rank + " records tokens = 1280, but manifest.json says 7"},
+      {[&] { manifest_set("tokens", 7); }, rank + " records tokens = 2560, but manifest.json says 7"},
       {[&] { manifest_set("dtype", "f64"); }, "params/wte.weight in " + rank + " is f32, but manifest.json records "
                                               "dtype = 'f64'"},
       {[&] { edit_rank_file(ckpt, "int", "version", "3"); }, rank + " records version = 3, but manifest.json says 1"},
       {[&] { edit_rank_file(ckpt, "str", "format", "other"); }, rank + " records format = 'other', expected "
                                                                  "'moetrain-checkpoint'"},
-      {[&] { edit_rank_file(ckpt, "int", "adam_step", "11"); }, rank + " records adam_step = 11, outside [0, step = "
-                                                                 "10]"},
+      {[&] { edit_rank_file(ckpt, "int", "adam_step", "21"); }, rank + " records adam_step = 21, outside [0, step = "
+                                                                 "20]"},
       {[&] { edit_rank_file(ckpt, "int", "adam_step", "-1"); }, rank + " records adam_step = -1, outside [0, step = "
-                                                                 "10]"},
+                                                                 "20]"},
       {[&] { edit_rank_file(ckpt, "int", "loader_epoch", "-1"); }, rank + " records loader_epoch = -1, outside"},
       {[&] { edit_rank_file(ckpt, "int", "loader_position", "-5"); }, rank + " records loader_position = -5, outside"},
-      {[&] { edit_rank_file(ckpt, "int", "skipped", "11"); }, rank + " records skipped = 11, outside [0, step = 10]"},
+      {[&] { edit_rank_file(ckpt, "int", "skipped", "21"); }, rank + " records skipped = 21, outside [0, step = 20]"},
       {[&] { edit_rank_file(ckpt, "int", "consecutive_skips", "1"); }, rank + " records consecutive_skips = 1, "
                                                                         "outside [0, skipped = 0]"},
       {[&] { edit_rank_file(ckpt, "data", "exp_avg_sq/wte.weight", "-1"); }, "exp_avg_sq/wte.weight in " + rank +
