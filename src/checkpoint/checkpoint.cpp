@@ -222,7 +222,7 @@ Manifest read_manifest(const fs::path& dir) {
              "field \"version\" is {}, not one this build reads ({} or {})", version.dump(), kCheckpointVersion,
              kCheckpointVersionSharded);
     m.version = version.get<int64_t>();
-    m.zero = optional_integer(j, "zero", 0, 0, 1);
+    m.zero = optional_integer(j, "zero", 0, 0, kMax);
     MT_CHECK((m.zero > 0) == (m.version == kCheckpointVersionSharded), "version {} with zero = {}: version {} is "
              "the sharded optimizer's (zero 1)", m.version, m.zero, kCheckpointVersionSharded);
     m.step = integer(j, "step", 0, kMax);
