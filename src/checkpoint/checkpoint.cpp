@@ -380,17 +380,37 @@ std::vector<std::pair<int64_t, fs::path>> committed(const fs::path& root, bool l
   return out;
 }
 
-// The run and lineage a checkpoint's manifest names ("" when it has none), or why
-// the manifest cannot be read (then both "").
+// The run and lineage a checkpoint's manifest names ("" when it has none: written
+// before lineages), or why the manifest cannot be read (then both ""): missing, not
+// a regular file, not a JSON object, or fields that contradict the checkpoint
+// (format, version, step against the directory's name, run_id and lineage not
+// strings). The rest of the manifest is checked when the checkpoint is loaded.
 struct ManifestIds {
   std::string run_id, lineage, problem;
 };
 ManifestIds manifest_ids(const fs::path& dir) {
+  const fs::path path = dir / kManifest;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return {"", "", fmt::format("{} is missing", path.string())};
+  if (const std::string what = not_regular_file(path); !what.empty())
+    return {"", "", fmt::format("{} is {}, not a file", path.string(), what)};
   try {
-    const Manifest m = read_manifest(dir);
-    return {m.run_id, m.lineage, ""};
-  } catch (const Error& e) {
-    return {"", "", e.what()};
+    const json j = json::parse(read_text(path));
+    MT_CHECK(j.is_object(), "not a JSON object");
+    if (j.contains("format"))
+      MT_CHECK(j["format"] == kFormat, "field \"format\" is {}, expected \"{}\"", j["format"].dump(), kFormat);
+    if (j.contains("version"))
+      MT_CHECK(j["version"].is_number_integer() &&
+                   (j["version"] == kCheckpointVersion || j["version"] == kCheckpointVersionSharded),
+               "field \"version\" is {}, not one this build reads", j["version"].dump());
+    if (j.contains("step"))
+      MT_CHECK(j["step"].is_number_integer() && j["step"] == step_of(dir.filename().string()),
+               "field \"step\" is {}, the directory's name says {}", j["step"].dump(), step_of(dir.filename().string()));
+    for (const char* key : {"run_id", "lineage"})
+      MT_CHECK(!j.contains(key) || j[key].is_string(), "field \"{}\" is {}, expected a string", key, j[key].dump());
+    return {j.value("run_id", std::string()), j.value("lineage", std::string()), ""};
+  } catch (const std::exception& e) {
+    return {"", "", fmt::format("{}: {}", path.string(), e.what())};
   }
 }
 
