@@ -405,7 +405,8 @@ ManifestIds manifest_ids(const fs::path& dir) {
                "field \"version\" is {}, not one this build reads", j["version"].dump());
     if (j.contains("step"))
       MT_CHECK(j["step"].is_number_integer() && j["step"] == step_of(dir.filename().string()),
-               "field \"step\" is {}, the directory's name says {}", j["step"].dump(), step_of(dir.filename().string()));
+               "field \"step\" is {}, the directory's name says {}", j["step"].dump(),
+               step_of(dir.filename().string()));
     for (const char* key : {"run_id", "lineage"})
       MT_CHECK(!j.contains(key) || j[key].is_string(), "field \"{}\" is {}, expected a string", key, j[key].dump());
     return {j.value("run_id", std::string()), j.value("lineage", std::string()), ""};

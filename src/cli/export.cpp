@@ -63,10 +63,16 @@ void check_out(const ExportCommandOptions& o) {
   const fs::path out(o.out);
   const bool out_exists = fs::exists(fs::symlink_status(out, ec));
   if (out_exists)
-    MT_CHECK(fs::is_directory(out, ec), "--out {} is {}, not a directory: export writes a directory (model.safetensors, "
-             "config.json, ...); remove it or choose another --out", o.out,
+    MT_CHECK(fs::is_directory(out, ec), "--out {} is {}, not a directory: export writes a directory "
+             "(model.safetensors, config.json, ...); remove it or choose another --out", o.out,
              fs::is_symlink(fs::symlink_status(out, ec)) && !fs::exists(out, ec) ? "a link to nothing" : "a file");
-  const fs::path source = fs::weakly_canonical(o.checkpoint, ec), target = fs::weakly_canonical(out, ec);
+  // Links and ".." resolved; where that fails (a component not searchable), the absolute path as written.
+  auto resolved = [](const fs::path& p) {
+    std::error_code e;
+    const fs::path r = fs::weakly_canonical(p, e);
+    return e ? fs::absolute(p, e).lexically_normal() : r;
+  };
+  const fs::path source = resolved(o.checkpoint), target = resolved(out);
   MT_CHECK(target != source, "--out {} is the --checkpoint directory; write the export elsewhere", o.out);
   // Replacing --out deletes what it holds: never the source, never a run's checkpoints.
   auto inside = [](const fs::path& a, const fs::path& b) {  // a inside b (or b itself)

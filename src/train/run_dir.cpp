@@ -190,8 +190,8 @@ void RunDirectory::check_held() {
              "auto", dir_, ::stat(dir_.c_str(), &st) != 0 ? "moved or deleted" : "replaced by another directory");
   if (::stat(lock.c_str(), &st) == 0 && file_id(st) == lock_id_) return;
   if (!dir_locked_)
-    MT_THROW("{} was deleted or replaced while this run held run.dir {}, and this file system cannot lock the directory "
-             "itself: another run may have started there, so this one stops before writing more; the committed "
+    MT_THROW("{} was deleted or replaced while this run held run.dir {}, and this file system cannot lock the "
+             "directory itself: another run may have started there, so this one stops before writing more; the committed "
              "checkpoints are intact: once no other run uses {}, continue with ckpt.resume: auto", lock, dir_, dir_);
   take_lock_file();  // the directory's lock kept every other run out
   spdlog::warn("{} was deleted or replaced while this run held run.dir {}; the run holds the directory's own lock, so "

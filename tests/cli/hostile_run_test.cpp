@@ -325,7 +325,8 @@ TEST_CASE("checkpoint: hand-edited fields of a checkpoint are refused (exit 2 na
   struct Case {
     std::function<void()> edit;
     string says;
-    bool resume = false;  // the optimizer's state (exp_avg_sq) is read by a resume (at max_steps: load only), not by export
+    // The optimizer's state (exp_avg_sq) is read by a resume (at max_steps: a load, no step), not by export.
+    bool resume = false;
   };
   const std::vector<Case> cases = {
       {[&] { manifest_set("version", 1.5); }, manifest + ": field \"version\" is 1.5, not one this build reads"},
@@ -386,7 +387,8 @@ TEST_CASE("cli: deleting run.lock under a live run lets no second run in; the fi
   // second run starts on the same directory; then the first is asked to save and exit.
   Result second = moetrain::testing::capture_command(
       "{ " + bin + job.args("shared", 100000, "--set ckpt.every=0") + " > " + first + " 2>&1 & pid=$!; " +
-      records(3) + "rm " + job.path("shared", "run.lock") + "; " + bin + job.args("shared", 20, "--set ckpt.resume=auto") +
+      records(3) + "rm " + job.path("shared", "run.lock") + "; " + bin +
+      job.args("shared", 20, "--set ckpt.resume=auto") +
       "; echo \"rc=$?\"; n=$(wc -l < " + job.path("shared", "metrics.jsonl") + "); " + records(0) + "i=0; while [ " +
       "\"$(wc -l < " + job.path("shared", "metrics.jsonl") + ")\" -le $((n + 2)) ] && [ $i -lt 1200 ]; do sleep 0.05; "
       "i=$((i+1)); done; kill -USR1 $pid; wait $pid; echo \"first=$?\"; }");
