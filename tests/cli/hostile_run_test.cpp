@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -446,5 +447,43 @@ TEST_CASE("checkpoint: the run directory's lock survives a deleted run.lock; wit
     fs::create_directories(dir);
     const string replaced = moetrain::testing::error_of([&] { held.check_held(); });
     CHECK_THAT(replaced, Catch::Contains("run.dir " + dir + " was replaced by another directory"));
+  }
+}
+
+TEST_CASE("cli: a checkpoint save never replaces a file, link or uncommitted directory of its step's name (exit 2 "
+          "naming it)", "[cli]") {
+  Job job;
+  REQUIRE(job.train("run", 10).code == 0);
+  const string target = job.path("run", "checkpoints/step_00000020");
+  struct Case {
+    string what, says;
+    std::function<void()> make;
+  };
+  const Case cases[] = {
+      {"a file", "(a file)", [&] { write_bytes(target, "someone's notes\n"); }},
+      {"a link", "(a link)", [&] { fs::create_directory_symlink(job.path("elsewhere"), target); }},
+      {"a directory without COMMIT", "(a directory without COMMIT)",
+       [&] {
+         fs::create_directories(target);
+         write_bytes(target + "/notes.txt", "someone's notes\n");
+       }},
+  };
+  fs::create_directories(job.path("elsewhere"));
+  write_bytes(job.path("elsewhere/keep.txt"), "kept\n");
+  for (const Case& c : cases) {
+    INFO(c.what);
+    fs::remove_all(target);
+    c.make();
+    Result r = job.train("run", 20, "--set ckpt.resume=auto --set ckpt.schedule_change=apply");
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("checkpoint " + target + ": something that is not a committed checkpoint " + c.says +
+                        " has that name; this save cannot replace it: move it out of " +
+                        job.path("run", "checkpoints")) != string::npos);
+    CHECK(fs::exists(fs::symlink_status(target)));
+    if (c.what == "a file") CHECK(read_bytes(target) == "someone's notes\n");
+    if (c.what == "a directory without COMMIT") CHECK(read_bytes(target + "/notes.txt") == "someone's notes\n");
+    CHECK(read_bytes(job.path("elsewhere/keep.txt")) == "kept\n");
+    CHECK(fs::exists(job.path("run", "checkpoints/step_00000010/COMMIT")));
   }
 }
