@@ -11,6 +11,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <regex>
@@ -52,6 +53,24 @@ constexpr const char* kConfig = "config.resolved.yaml";
 std::string rank_file(int rank) { return fmt::format("rank_{:05d}.h5", rank); }
 
 // ---------------------------------------------------------------- files
+
+// What `path` is when it is not a regular file (a directory, a device such as
+// /dev/zero, a FIFO, a dangling link; links to regular files are followed), or "".
+// A checkpoint's files are read whole and hashed: anything else would fail
+// deep inside the read (exit 1) or never end (a device, a FIFO).
+// TODO(h-io merge): the same check as io's require_regular_file.
+std::string not_regular_file(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status target = fs::status(path, ec);
+  const bool link = fs::is_symlink(fs::symlink_status(path, ec));
+  if (fs::is_regular_file(target)) return "";
+  const std::string what = !fs::exists(target)      ? "a link to nothing"
+                           : fs::is_directory(target) ? "a directory"
+                           : fs::is_character_file(target) || fs::is_block_file(target) ? "a device"
+                           : fs::is_fifo(target)      ? "a FIFO"
+                                                      : "not a regular file";
+  return link && fs::exists(target) ? what + " (through a symbolic link)" : what;
+}
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -126,6 +145,20 @@ std::vector<Slot> slots(const LanguageModel& model, const ParameterList& buffers
 
 std::string shape_text(const Shape& s) { return fmt::format("{}", s); }
 
+// Elements below zero (NaN is not; the non-finite check names those) of a CPU tensor.
+int64_t count_negative(const Tensor& t) {
+  const Tensor f = t.dtype() == DType::f32 || t.dtype() == DType::f64 ? t : t.to(DType::f32);
+  int64_t n = 0;
+  if (f.dtype() == DType::f64) {
+    const double* p = f.data<double>();
+    for (int64_t i = 0; i < f.numel(); ++i) n += p[i] < 0;
+  } else {
+    const float* p = f.data<float>();
+    for (int64_t i = 0; i < f.numel(); ++i) n += p[i] < 0;
+  }
+  return n;
+}
+
 // ---------------------------------------------------------------- manifest
 
 struct FileInfo {
@@ -141,7 +174,8 @@ struct FileInfo {
 };
 
 struct Manifest {
-  int64_t version = 0, step = 0, world = 0, pp = 1, dp = 0, ep = 0, num_experts = 0, zero = 0;
+  int64_t version = 0, step = 0, tokens = -1, world = 0, pp = 1, dp = 0, ep = 0, num_experts = 0, zero = 0;
+  std::string dtype;  // "" in checkpoints that do not record it
   std::string config_sha256;
   std::string run_id, lineage;  // "" in checkpoints written before lineages
   std::vector<FileInfo> files;
@@ -150,53 +184,109 @@ struct Manifest {
 
 Manifest read_manifest(const fs::path& dir) {
   const fs::path path = dir / kManifest;
-  MT_CHECK(fs::exists(path), "checkpoint {}: {} is missing (a checkpoint directory has {}, {} and rank files)",
-           dir.string(), kManifest, kManifest, kCommit);
+  MT_CHECK(fs::exists(fs::symlink_status(path)), "checkpoint {}: {} is missing (a checkpoint directory has {}, {} "
+           "and rank files)", dir.string(), kManifest, kManifest, kCommit);
+  if (const std::string what = not_regular_file(path); !what.empty())
+    MT_THROW("checkpoint {}: {} is {}, not a file; the checkpoint is damaged: resume from another one (ckpt.resume: "
+             "step_...)", dir.string(), path.string(), what);
   Manifest m;
   try {
     const json j = json::parse(read_text(path));
-    MT_CHECK(j.at("format").get<std::string>() == kFormat, "format is '{}', expected '{}'",
-             j.at("format").get<std::string>(), kFormat);
-    m.version = j.at("version").get<int64_t>();
-    MT_CHECK(m.version == kCheckpointVersion || m.version == kCheckpointVersionSharded,
-             "version {} is not one this build reads ({} or {})", m.version, kCheckpointVersion,
+    MT_CHECK(j.is_object(), "expected a JSON object, found {}", j.type_name());
+    // Integers as integers: nlohmann would read 1.9 as 1 and -1 as a huge unsigned.
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    auto as_integer = [](const json& v, const std::string& key, int64_t lo, int64_t hi) {
+      MT_CHECK(v.is_number_integer(), "field \"{}\" is {}, expected an integer", key, v.dump());
+      MT_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(kMax),
+               "field \"{}\" = {} is outside [{}, {}]", key, v.dump(), lo, hi);
+      const int64_t x = v.get<int64_t>();
+      MT_CHECK(x >= lo && x <= hi, "field \"{}\" = {} is outside [{}, {}]", key, x, lo, hi);
+      return x;
+    };
+    auto integer = [&](const json& o, const std::string& key, int64_t lo, int64_t hi) {
+      return as_integer(o.at(key), key, lo, hi);
+    };
+    auto optional_integer = [&](const json& o, const std::string& key, int64_t fallback, int64_t lo, int64_t hi) {
+      return o.contains(key) ? integer(o, key, lo, hi) : fallback;
+    };
+    auto text = [](const json& o, const std::string& key) {
+      const json& v = o.at(key);
+      MT_CHECK(v.is_string(), "field \"{}\" is {}, expected a string", key, v.dump());
+      return v.get<std::string>();
+    };
+    const std::string format = text(j, "format");
+    MT_CHECK(format == kFormat, "field \"format\" is '{}', expected '{}'", format, kFormat);
+    const json& version = j.at("version");
+    MT_CHECK(version.is_number_integer() &&
+                 (version == kCheckpointVersion || version == kCheckpointVersionSharded),
+             "field \"version\" is {}, not one this build reads ({} or {})", version.dump(), kCheckpointVersion,
              kCheckpointVersionSharded);
-    m.zero = j.value("zero", int64_t{0});
+    m.version = version.get<int64_t>();
+    m.zero = optional_integer(j, "zero", 0, 0, kMax);
     MT_CHECK((m.zero > 0) == (m.version == kCheckpointVersionSharded), "version {} with zero = {}: version {} is "
              "the sharded optimizer's (zero 1)", m.version, m.zero, kCheckpointVersionSharded);
-    m.step = j.at("step").get<int64_t>();
-    m.world = j.at("world").get<int64_t>();
-    m.dp = j.at("dp").get<int64_t>();
-    m.ep = j.at("ep").get<int64_t>();
-    m.pp = j.value("pp", int64_t{1});  // checkpoints written before pipeline parallelism: 1
-    m.num_experts = j.at("num_experts").get<int64_t>();
-    m.config_sha256 = j.at("config_sha256").get<std::string>();
+    m.step = integer(j, "step", 0, kMax);
+    m.tokens = optional_integer(j, "tokens", -1, 0, kMax);  // -1: not recorded
+    m.world = integer(j, "world", 1, 1 << 24);
+    m.dp = integer(j, "dp", 1, m.world);
+    m.ep = integer(j, "ep", 1, m.world);
+    m.pp = optional_integer(j, "pp", 1, 1, m.world);  // checkpoints written before pipeline parallelism: 1
+    MT_CHECK(m.pp * m.dp * m.ep == m.world, "pp {} x dp {} x ep {} is not the world of {}", m.pp, m.dp, m.ep,
+             m.world);
+    m.num_experts = integer(j, "num_experts", 0, kMax);
+    m.dtype = j.contains("dtype") ? text(j, "dtype") : std::string();
+    m.config_sha256 = text(j, "config_sha256");
     m.run_id = j.value("run_id", std::string());
     m.lineage = j.value("lineage", std::string());
-    auto file = [](const json& f) {
-      FileInfo i;
-      i.name = f.at("name").get<std::string>();
-      i.bytes = f.at("bytes").get<int64_t>();
-      i.sha256 = f.at("sha256").get<std::string>();
-      if (f.contains("rank")) {
-        i.rank = f.at("rank").get<int>();
-        i.pp_index = f.value("pp_index", 0);
-        i.dp_index = f.at("dp_index").get<int>();
-        i.ep_index = f.at("ep_index").get<int>();
-        i.replicated = f.at("replicated").get<bool>();
-        i.expert_begin = f.at("experts").at(0).get<int64_t>();
-        i.expert_end = f.at("experts").at(1).get<int64_t>();
-        if (f.contains("optimizer_pieces"))
-          for (const auto& [name, range] : f.at("optimizer_pieces").items())
-            i.pieces.emplace_back(name, range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+    const int64_t experts = m.num_experts, world = m.world, pp = m.pp, dp = m.dp, ep = m.ep;
+    auto file = [&](const json& f, const std::string& where) {
+      try {
+        MT_CHECK(f.is_object(), "expected an object, found {}", f.dump());
+        FileInfo i;
+        i.name = text(f, "name");
+        i.bytes = integer(f, "bytes", 0, kMax);
+        i.sha256 = text(f, "sha256");
+        MT_CHECK(i.sha256.size() == 64 && i.sha256.find_first_not_of("0123456789abcdef") == std::string::npos,
+                 "field \"sha256\" is '{}', not 64 lowercase hex digits", i.sha256);
+        if (f.contains("rank")) {
+          i.rank = static_cast<int>(integer(f, "rank", 0, world - 1));
+          i.pp_index = static_cast<int>(optional_integer(f, "pp_index", 0, 0, pp - 1));
+          i.dp_index = static_cast<int>(integer(f, "dp_index", 0, dp - 1));
+          i.ep_index = static_cast<int>(integer(f, "ep_index", 0, ep - 1));
+          MT_CHECK(f.at("replicated").is_boolean(), "field \"replicated\" is {}, expected true or false",
+                   f.at("replicated").dump());
+          i.replicated = f.at("replicated").get<bool>();
+          const json& range = f.at("experts");
+          MT_CHECK(range.is_array() && range.size() == 2, "field \"experts\" is {}, expected [begin, end)",
+                   range.dump());
+          i.expert_begin = as_integer(range.at(0), "experts[0]", 0, experts);
+          i.expert_end = as_integer(range.at(1), "experts[1]", i.expert_begin, experts);
+          if (f.contains("optimizer_pieces"))
+            for (const auto& [name, r] : f.at("optimizer_pieces").items()) {
+              MT_CHECK(r.is_array() && r.size() == 2, "field \"optimizer_pieces\" of {} is {}, expected [begin, end)",
+                       name, r.dump());
+              const int64_t b = as_integer(r.at(0), "optimizer_pieces." + name + "[0]", 0, kMax);
+              const int64_t e = as_integer(r.at(1), "optimizer_pieces." + name + "[1]", b, kMax);
+              i.pieces.emplace_back(name, b, e);
+            }
+        }
+        MT_CHECK(i.name.find('/') == std::string::npos && i.name != "." && i.name != "..", "bad file name '{}'",
+                 i.name);
+        return i;
+      } catch (const Error& e) {
+        MT_THROW("{}: {}", where, e.what());
       }
-      MT_CHECK(i.name.find('/') == std::string::npos && i.name != "." && i.name != "..", "bad file name '{}'", i.name);
-      return i;
     };
-    for (const json& f : j.at("files")) m.files.push_back(file(f));
-    m.config = file(j.at("config"));
+    MT_CHECK(j.at("files").is_array(), "field \"files\" is not an array");
+    for (const json& f : j.at("files")) m.files.push_back(file(f, fmt::format("files[{}]", m.files.size())));
+    m.config = file(j.at("config"), "config");
     MT_CHECK(static_cast<int64_t>(m.files.size()) == m.world, "lists {} rank files for a world of {}", m.files.size(),
              m.world);
+    // Rank r's file is files[r]: a load of the same layout takes its own by index.
+    for (size_t r = 0; r < m.files.size(); ++r)
+      MT_CHECK(m.files[r].rank == static_cast<int>(r) && m.files[r].name == rank_file(static_cast<int>(r)),
+               "files[{}] is {} of rank {}, expected {} of rank {}", r, m.files[r].name, m.files[r].rank,
+               rank_file(static_cast<int>(r)), r);
   } catch (const json::exception& e) {
     MT_THROW("checkpoint {}: {} is not a valid manifest: {}", dir.string(), path.string(), e.what());
   } catch (const Error& e) {
@@ -247,8 +337,11 @@ std::string first_bad_dataset(const fs::path& path) {
 // Size and SHA-256 against the manifest; throws naming the file (and dataset).
 void verify_file(const fs::path& dir, const FileInfo& f, data::Progress* progress = nullptr) {
   const fs::path path = dir / f.name;
-  MT_CHECK(fs::exists(path), "checkpoint {}: {} is missing (listed in {}); the checkpoint is damaged, resume from "
-           "another one (ckpt.resume: step_...)", dir.string(), f.name, kManifest);
+  MT_CHECK(fs::exists(fs::symlink_status(path)), "checkpoint {}: {} is missing (listed in {}); the checkpoint is "
+           "damaged, resume from another one (ckpt.resume: step_...)", dir.string(), f.name, kManifest);
+  if (const std::string what = not_regular_file(path); !what.empty())
+    MT_THROW("checkpoint {}: {} (listed in {}) is {}, not a file; the checkpoint is damaged, resume from another one "
+             "(ckpt.resume: step_...)", dir.string(), path.string(), kManifest, what);
   const auto bytes = static_cast<int64_t>(fs::file_size(path));
   if (bytes != f.bytes)
     MT_THROW("checkpoint {}: {} has {} bytes, {} says {} (truncated or overwritten){}; the checkpoint is damaged, "
@@ -287,13 +380,38 @@ std::vector<std::pair<int64_t, fs::path>> committed(const fs::path& root, bool l
   return out;
 }
 
-// The lineage a checkpoint's manifest names ("" when it has none or cannot be read).
-std::pair<std::string, std::string> run_and_lineage(const fs::path& dir) {
+// The run and lineage a checkpoint's manifest names ("" when it has none: written
+// before lineages), or why the manifest cannot be read (then both ""): missing, not
+// a regular file, not a JSON object, or fields that contradict the checkpoint
+// (format, version, step against the directory's name, run_id and lineage not
+// strings). The rest of the manifest is checked when the checkpoint is loaded.
+struct ManifestIds {
+  std::string run_id, lineage, problem;
+};
+ManifestIds manifest_ids(const fs::path& dir) {
+  const fs::path path = dir / kManifest;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return {"", "", fmt::format("{} is missing", path.string())};
+  if (const std::string what = not_regular_file(path); !what.empty())
+    return {"", "", fmt::format("{} is {}, not a file", path.string(), what)};
   try {
-    const json j = json::parse(read_text(dir / kManifest));
-    return {j.value("run_id", std::string()), j.value("lineage", std::string())};
-  } catch (const std::exception&) {
-    return {};
+    const json j = json::parse(read_text(path));
+    MT_CHECK(j.is_object(), "not a JSON object");
+    if (j.contains("format"))
+      MT_CHECK(j["format"] == kFormat, "field \"format\" is {}, expected \"{}\"", j["format"].dump(), kFormat);
+    if (j.contains("version"))
+      MT_CHECK(j["version"].is_number_integer() &&
+                   (j["version"] == kCheckpointVersion || j["version"] == kCheckpointVersionSharded),
+               "field \"version\" is {}, not one this build reads", j["version"].dump());
+    if (j.contains("step"))
+      MT_CHECK(j["step"].is_number_integer() && j["step"] == step_of(dir.filename().string()),
+               "field \"step\" is {}, the directory's name says {}", j["step"].dump(),
+               step_of(dir.filename().string()));
+    for (const char* key : {"run_id", "lineage"})
+      MT_CHECK(!j.contains(key) || j[key].is_string(), "field \"{}\" is {}, expected a string", key, j[key].dump());
+    return {j.value("run_id", std::string()), j.value("lineage", std::string()), ""};
+  } catch (const std::exception& e) {
+    return {"", "", fmt::format("{}: {}", path.string(), e.what())};
   }
 }
 
@@ -591,7 +709,15 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
     if (options.kill_at == CheckpointKillPoint::before_rename) kill_self("after COMMIT, before the rename");
     std::error_code ec;
     fs::path old;
-    if (fs::exists(final_dir)) {  // resumed from an older step: this save replaces the later one
+    const fs::file_status there = fs::symlink_status(final_dir, ec);
+    // Only a committed checkpoint (a real directory with COMMIT) is ever replaced;
+    // anything else of that name is not ours to delete.
+    if (fs::exists(there) && !(fs::is_directory(there) && fs::exists(final_dir / kCommit, ec)))
+      MT_THROW("checkpoint {}: something that is not a committed checkpoint ({}) has that name; this save cannot "
+               "replace it: move it out of {} and resume (ckpt.resume: auto)", final_dir.string(),
+               fs::is_directory(there) ? "a directory without COMMIT" : fs::is_symlink(there) ? "a link" : "a file",
+               p.root.string());
+    if (fs::exists(there)) {  // resumed from an older step: this save replaces the later one
       old = p.root / fmt::format("{}.old.{:x}", p.name, p.nonce);
       spdlog::warn("replacing checkpoint {} (saved again at the same step)", final_dir.string());
       fs::rename(final_dir, old, ec);
@@ -693,7 +819,10 @@ std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& run_di
     c.step = step;
     c.name = dir.filename().string();
     c.dir = dir.string();
-    std::tie(c.run_id, c.lineage) = run_and_lineage(dir);
+    ManifestIds ids = manifest_ids(dir);
+    c.run_id = std::move(ids.run_id);
+    c.lineage = std::move(ids.lineage);
+    c.manifest_problem = std::move(ids.problem);
     out.push_back(std::move(c));
   }
   return out;
@@ -792,14 +921,38 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
                "save; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f->name, key,
                v ? fmt::format("{}", *v) : std::string("nothing"), kManifest, want);
     };
+    const std::optional<std::string> format = r->attr_string("/", "format");
+    MT_CHECK(format == std::string(kFormat), "checkpoint {}: {} records format = '{}', expected '{}': not a moetrain "
+             "checkpoint file; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f->name,
+             format.value_or("nothing"), kFormat);
+    same("version", m.version);
     same("step", m.step);
     same("world", m.world);
+    if (r->attr_int("/", "pp")) same("pp", m.pp);
+    same("dp", m.dp);
     same("ep", m.ep);
+    same("num_experts", m.num_experts);
+    if (m.tokens >= 0) same("tokens", m.tokens);
     same("rank", f->rank);
     if (r->attr_int("/", "pp_index")) same("pp_index", f->pp_index);
     same("dp_index", f->dp_index);
     same("ep_index", f->ep_index);
     if (m.zero > 0) same("zero", m.zero);
+    // The counters this file carries: what a resume continues from.
+    auto within = [&](const char* key, int64_t lo, int64_t hi, const std::string& bounds) {
+      const std::optional<int64_t> v = r->attr_int("/", key);
+      MT_CHECK(v && *v >= lo && *v <= hi, "checkpoint {}: {} records {} = {}, outside {}: the file is damaged or was "
+               "edited; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f->name, key,
+               v ? fmt::format("{}", *v) : std::string("nothing"), bounds);
+      return *v;
+    };
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    within("tokens", 0, kMax, "[0, ...)");
+    const int64_t skipped = within("skipped", 0, m.step, fmt::format("[0, step = {}]", m.step));
+    within("consecutive_skips", 0, skipped, fmt::format("[0, skipped = {}]", skipped));
+    within("loader_epoch", 0, kMax, "[0, ...)");
+    within("loader_position", 0, kMax, "[0, ...)");
+    within("adam_step", 0, m.step, fmt::format("[0, step = {}]", m.step));
     const std::optional<std::string> sha = r->attr_string("/", "config_sha256");
     MT_CHECK(sha && *sha == m.config_sha256, "checkpoint {}: {} was written under another config (SHA-256 {}...) than "
              "{} records ({}...): the file comes from another save; resume from another checkpoint (ckpt.resume: "
@@ -924,7 +1077,17 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     int64_t covered = 0;
     for (const Piece& c : n.pieces) {
       Tensor src = readers.at(c.file)->read(s.group, s.param->name);
+      if (s.group == "params" && !m.dtype.empty())
+        MT_CHECK(fmt::format("{}", src.dtype()) == m.dtype, "checkpoint {}: params/{} in {} is {}, but {} records "
+                 "dtype = '{}': the files do not match their manifest; resume from another checkpoint (ckpt.resume: "
+                 "step_...)", dir.string(), s.param->name, c.file->name, src.dtype(), kManifest, m.dtype);
       check_dtype(src, s, c.file->name);
+      if (s.group == "exp_avg_sq")
+        if (const int64_t negative = count_negative(src); negative > 0)
+          MT_THROW("checkpoint {}: exp_avg_sq/{} in {} holds {} negative values of {} (AdamW's second moments are "
+                   "means of squares, never negative): the file is damaged or was edited; resume from another "
+                   "checkpoint (ckpt.resume: step_...)", dir.string(), s.param->name, c.file->name, negative,
+                   src.numel());
       MT_CHECK(src.numel() == c.end - c.begin, "checkpoint {}: {}/{} in {} has {} elements, {} says it holds [{}, {}) "
                "of the tensor", dir.string(), s.group, s.param->name, c.file->name, src.numel(), kManifest, c.begin,
                c.end);

@@ -139,6 +139,7 @@ struct CommittedCheckpoint {
   std::string name;  // step_00000030
   std::string dir;   // <run>/checkpoints/step_00000030
   std::string run_id, lineage;
+  std::string manifest_problem;  // why manifest.json cannot be read (missing, not JSON, a field out of range), or ""
 };
 // The step directories of <run>/checkpoints that have COMMIT, oldest first; with
 // `log`, one line per incomplete one (.tmp directories of saves that died).

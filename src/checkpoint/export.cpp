@@ -2,6 +2,7 @@
 // docs/export.md).
 #include "checkpoint/export.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -138,6 +139,35 @@ struct TempDirGuard {
   }
 };
 
+// Removes the temp directories `<dir>.tmp.<pid>` (temp_directory_for) that exports
+// killed before their rename left: exactly that name, a directory (not a link), and
+// no process with that pid on this machine. A failure to remove one is logged: it
+// costs only space.
+// TODO(h-io merge): io's stale temp-dir sweep.
+void remove_dead_temp_directories(const fs::path& dir) {
+  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  const std::string prefix = dir.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.size() > 9 || pid_text.find_first_not_of("0123456789") != std::string::npos ||
+        pid_text[0] == '0')
+      continue;
+    const auto pid = static_cast<pid_t>(std::stol(pid_text));
+    std::error_code st;
+    if (!fs::is_directory(it->symlink_status(st)) || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to signal: alive
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
+    if (rm) spdlog::warn("export: cannot remove {}, left by an export that did not finish (pid {}): {}",
+                         it->path().string(), pid, rm.message());
+    else spdlog::info("export: removed {}, left by an export that did not finish (pid {} is gone)",
+                      it->path().string(), pid);
+  }
+}
+
 void write_safetensors_dir(const fs::path& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
                            int64_t max_shard_bytes, const std::function<void(int64_t)>& on_written) {
   // Greedy in model order, as transformers' max_shard_size: a tensor larger than the
@@ -205,7 +235,8 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   fs::path out = fs::path(dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "DIR/"
   if (fs::exists(out)) {
-    MT_CHECK(fs::is_directory(out), "export: {} exists and is not a directory", dir);
+    MT_CHECK(fs::is_directory(out), "export: {} is a file, not a directory: an export is a directory; remove it or "
+             "choose another path", dir);
     MT_CHECK(o.replace || fs::is_empty(out),
              "export: {} exists and is not empty; choose another --out or pass --force to replace it", dir);
   }
@@ -217,6 +248,7 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
 
   fs::path parent = out.parent_path();
   if (!parent.empty()) moetrain::create_directories(parent);
+  remove_dead_temp_directories(out);
   TempDirGuard tmp{temp_directory_for(out)};
   std::error_code ec;
   fs::remove_all(tmp.path, ec);  // a leftover of an earlier process with our pid

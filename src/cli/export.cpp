@@ -3,8 +3,10 @@
 // Hugging Face names and config.json (checkpoint/export.h, docs/export.md).
 //
 // --out must not exist or be empty, unless --force (then it is replaced once the new
-// directory is complete); --out may not be --checkpoint itself. Bad input exits 2 with a
-// message naming the path; a failed write exits 5 naming the file and the system's
+// directory is complete); --out may not be --checkpoint itself, contain it, hold a
+// run's files (run.lock, checkpoints, ...) that --force would delete, be a file, or
+// lie inside a run directory a live run holds. Bad input exits 2 with a message
+// naming the paths; a failed write exits 5 naming the file and the system's
 // message (--out is then as it was); a tensor with NaN or infinities in the model, or
 // after rounding to --dtype, exits 3 naming it before anything is written.
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "train/model_source.h"
+#include "train/run_dir.h"
 
 namespace moetrain::cli {
 
@@ -28,8 +31,73 @@ struct ExportCommandOptions {
   bool force = false, no_progress = false, print_config = false;
 };
 
+namespace fs = std::filesystem;
+
+// The first thing under `dir` that belongs to a training run or a
+// checkpoint, which --force would delete with it, or "". Directory links are not
+// followed; past kLimit entries the directory is taken as not a model directory.
+std::string run_content_in(const fs::path& dir) {
+  constexpr int64_t kLimit = 10000;
+  static const char* const kMarks[] = {"run.lock", "run.json", "metrics.jsonl", "checkpoints", "COMMIT",
+                                       "manifest.json"};
+  auto mark = [](const fs::path& p) {
+    for (const char* m : kMarks)
+      if (p.filename() == m) return true;
+    return false;
+  };
+  std::error_code ec;
+  int64_t seen = 0;
+  for (fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
+       !ec && it != end; it.increment(ec)) {
+    if (mark(it->path())) return it->path().string();
+    if (++seen > kLimit)
+      return fmt::format("more than {} entries (a model directory holds a few files)", kLimit);
+  }
+  if (ec) return fmt::format("{} (cannot be listed: {})", dir.string(), ec.message());
+  return "";
+}
+
+// --out against --checkpoint and against runs, before anything is loaded (exit 2, naming both paths).
+void check_out(const ExportCommandOptions& o) {
+  std::error_code ec;
+  const fs::path out(o.out);
+  const bool out_exists = fs::exists(fs::symlink_status(out, ec));
+  if (out_exists)
+    MT_CHECK(fs::is_directory(out, ec), "--out {} is {}, not a directory: export writes a directory "
+             "(model.safetensors, config.json, ...); remove it or choose another --out", o.out,
+             fs::is_symlink(fs::symlink_status(out, ec)) && !fs::exists(out, ec) ? "a link to nothing" : "a file");
+  // Links and ".." resolved; where that fails (a component not searchable), the absolute path as written.
+  auto resolved = [](const fs::path& p) {
+    std::error_code e;
+    const fs::path r = fs::weakly_canonical(p, e);
+    return e ? fs::absolute(p, e).lexically_normal() : r;
+  };
+  const fs::path source = resolved(o.checkpoint), target = resolved(out);
+  MT_CHECK(target != source, "--out {} is the --checkpoint directory; write the export elsewhere", o.out);
+  // Replacing --out deletes what it holds: never the source, never a run's checkpoints.
+  auto inside = [](const fs::path& a, const fs::path& b) {  // a inside b (or b itself)
+    auto ai = a.begin(), bi = b.begin();
+    for (; bi != b.end(); ++ai, ++bi)
+      if (ai == a.end() || *ai != *bi) return false;
+    return true;
+  };
+  MT_CHECK(!inside(source, target), "--out {} contains the --checkpoint {}: replacing --out would delete the "
+           "source; write the export elsewhere", o.out, o.checkpoint);
+  if (out_exists && o.force && !fs::is_empty(out, ec)) {
+    const std::string found = run_content_in(out);
+    MT_CHECK(found.empty(), "--out {} holds {}, part of a training run or checkpoint, which --force would delete with "
+             "it (the --checkpoint is {}); write the export elsewhere", o.out, found, o.checkpoint);
+  }
+  // Not inside a run directory while its run is writing there (it replaces <run>/model at its end).
+  for (fs::path d = target; !d.empty(); d = d.parent_path()) {
+    if (const std::optional<std::string> holder = live_run_holder(d.string()))
+      MT_THROW("--out {} is inside run.dir {}, which a live run holds ({}); wait for it to end or write the export "
+               "elsewhere (the --checkpoint is {})", o.out, d.string(), *holder, o.checkpoint);
+    if (d == d.parent_path()) break;
+  }
+}
+
 int run_export(const ExportCommandOptions& o) {
-  namespace fs = std::filesystem;
   ExportOptions options;
   options.format = parse_export_format(o.format);
   options.dtype = parse_export_dtype(o.dtype);
@@ -38,13 +106,13 @@ int run_export(const ExportCommandOptions& o) {
   options.progress = !o.no_progress;
   MT_CHECK(!o.out.empty() || o.print_config, "export: --out is required (the directory to write); run 'moetrain "
            "export --help' for the options");
-  std::error_code ec;
-  const bool same = fs::exists(o.out) && fs::exists(o.checkpoint) && fs::equivalent(o.out, o.checkpoint, ec);
-  MT_CHECK(o.print_config || !same,
-           "--out {} is the --checkpoint directory; write the export elsewhere", o.out);
-  if (!o.print_config && fs::exists(o.out))
-    MT_CHECK(fs::is_directory(o.out) && (o.force || fs::is_empty(o.out)),
-             "--out {} exists and is not an empty directory; choose another or pass --force to replace it", o.out);
+  if (!o.print_config) {
+    check_out(o);
+    std::error_code ec;
+    if (fs::exists(o.out, ec))
+      MT_CHECK(o.force || fs::is_empty(o.out, ec),
+               "--out {} exists and is not an empty directory; choose another or pass --force to replace it", o.out);
+  }
   ModelSource source;
   source.checkpoint = o.checkpoint;
   LoadedModel m = load_model(source);

@@ -166,8 +166,11 @@ Config resolve_config(const ModelSource& source) {
   MT_CHECK(source.checkpoint.empty() || (source.init_from.empty() && source.config_path.empty()),
            "give either --checkpoint or -c/--init-from, not both");
   if (!source.checkpoint.empty()) {
-    MT_CHECK(std::filesystem::is_directory(source.checkpoint), "--checkpoint {}: no such directory",
-             source.checkpoint);
+    MT_CHECK(std::filesystem::is_directory(source.checkpoint), "--checkpoint {}: {}", source.checkpoint,
+             std::filesystem::exists(source.checkpoint)
+                 ? "a file, not a checkpoint directory (pass <run>/checkpoints/step_N, <run>/model or a directory "
+                   "`moetrain export` wrote)"
+                 : "no such directory");
     if (is_training_checkpoint(source.checkpoint)) {
       // One process holds every expert: the checkpoint's shards are gathered on load.
       std::vector<std::string> overrides = source.overrides;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,21 +81,99 @@ std::string names(const std::vector<CommittedCheckpoint>& cs) {
 
 }  // namespace
 
-RunDirectory::RunDirectory(std::string dir) : dir_(std::move(dir)), run_id_(new_run_id()) {
+namespace {
+
+std::pair<uint64_t, uint64_t> file_id(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+// Who holds a directory in use, for the message of a second run: run.lock's text,
+// else the pid and host run.json records (run.lock may have been deleted).
+std::string holder_of(const fs::path& dir) {
+  std::string holder = read_text(dir / kLock);
+  while (!holder.empty() && holder.back() == '\n') holder.pop_back();
+  if (!holder.empty()) return holder;
+  const json j = json::parse(read_text(dir / kRecord), nullptr, false);
+  if (j.is_object() && j.contains("pid"))
+    return fmt::format("pid {} on host {}, run {}, started {}, as {} records; {} is missing", j.value("pid", 0),
+                       j.value("host", std::string("?")), j.value("run_id", std::string("?")),
+                       j.value("started", std::string("?")), kRecord, kLock);
+  return "holder unknown";
+}
+
+[[noreturn]] void in_use(const std::string& dir) {
+  MT_THROW("run.dir {} is in use by another moetrain run ({}); wait for it to end or stop it, or choose another "
+           "run.dir", dir, holder_of(dir));
+}
+
+}  // namespace
+
+std::optional<std::string> live_run_holder(const std::string& dir) {
+  auto held = [](const std::string& path, int flags) {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool busy = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ::close(fd);  // releases the probe's lock
+    return busy;
+  };
+  const fs::path lock = fs::path(dir) / kLock;
+  std::error_code ec;
+  const bool has_lock = fs::is_regular_file(lock, ec);
+  if (!has_lock && !fs::is_regular_file(fs::path(dir) / kRecord, ec)) return std::nullopt;  // not a run directory
+  if (!(has_lock && held(lock.string(), O_RDONLY)) && !held(dir, O_RDONLY | O_DIRECTORY)) return std::nullopt;
+  return holder_of(dir);
+}
+
+RunDirectory::RunDirectory(std::string dir, bool lock_directory) : dir_(std::move(dir)), run_id_(new_run_id()) {
   moetrain::create_directories(dir_);
-  const std::string lock = (fs::path(dir_) / kLock).string();
-  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0) throw IoError(fmt::format("{}: cannot open the run's lock file: {}", lock, std::strerror(errno)));
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    std::string holder = read_text(lock);
-    while (!holder.empty() && holder.back() == '\n') holder.pop_back();
-    ::close(lock_fd_);
-    lock_fd_ = -1;
-    if (err != EWOULDBLOCK) throw IoError(fmt::format("{}: cannot lock: {}", lock, std::strerror(err)));
-    MT_THROW("run.dir {} is in use by another moetrain run ({}); wait for it to end or stop it, or choose another "
-             "run.dir", dir_, holder.empty() ? std::string("holder unknown") : holder);
+  try {
+    take_locks(lock_directory);
+  } catch (...) {  // no destructor runs: release what was taken
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    if (dir_fd_ >= 0) ::close(dir_fd_);
+    throw;
   }
+}
+
+void RunDirectory::take_locks(bool lock_directory) {
+  // First the directory's own lock: deleting run.lock does not release it.
+  dir_fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd_ < 0) throw IoError(fmt::format("run.dir {}: cannot open: {}", dir_, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(dir_fd_, &st) != 0) throw IoError(fmt::format("run.dir {}: cannot stat: {}", dir_, std::strerror(errno)));
+  dir_id_ = file_id(st);
+  if (lock_directory) {
+    if (::flock(dir_fd_, LOCK_EX | LOCK_NB) == 0) {
+      dir_locked_ = true;
+    } else if (errno == EWOULDBLOCK) {
+      in_use(dir_);
+    } else {  // NFS emulates flock with byte-range locks, which a directory cannot take (EBADF)
+      spdlog::info("run.dir {}: the file system cannot lock a directory ({}); {} alone holds it", dir_,
+                   std::strerror(errno), kLock);
+    }
+  }
+  take_lock_file();
+}
+
+void RunDirectory::take_lock_file() {
+  const std::string lock = (fs::path(dir_) / kLock).string();
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError(fmt::format("{}: cannot open the run's lock file: {}", lock, std::strerror(errno)));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err != EWOULDBLOCK) throw IoError(fmt::format("{}: cannot lock: {}", lock, std::strerror(err)));
+    in_use(dir_);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw IoError(fmt::format("{}: cannot stat: {}", lock, std::strerror(err)));
+  }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  lock_fd_ = fd;
+  lock_id_ = file_id(st);
   // Who holds it, for the message of a second run (the lock is the flock, not this text).
   const std::string who = fmt::format("pid {} on host {}, run {}, started {}", ::getpid(), host_name(), run_id_,
                                       now_text("%Y-%m-%d %H:%M:%S"));
@@ -102,8 +181,26 @@ RunDirectory::RunDirectory(std::string dir) : dir_(std::move(dir)), run_id_(new_
     throw IoError(fmt::format("{}: writing the lock holder failed: {}", lock, std::strerror(errno)));
 }
 
+void RunDirectory::check_held() {
+  struct stat st {};
+  const std::string lock = (fs::path(dir_) / kLock).string();
+  if (::stat(dir_.c_str(), &st) != 0 || file_id(st) != dir_id_)
+    MT_THROW("run.dir {} was {} while this run held it: stopping before writing more (another run may be using the "
+             "path now); the checkpoints of this run are in the directory it locked: resume there with ckpt.resume: "
+             "auto", dir_, ::stat(dir_.c_str(), &st) != 0 ? "moved or deleted" : "replaced by another directory");
+  if (::stat(lock.c_str(), &st) == 0 && file_id(st) == lock_id_) return;
+  if (!dir_locked_)
+    MT_THROW("{} was deleted or replaced while this run held run.dir {}, and this file system cannot lock the "
+             "directory itself: another run may have started there, so this one stops before writing more; the committed "
+             "checkpoints are intact: once no other run uses {}, continue with ckpt.resume: auto", lock, dir_, dir_);
+  take_lock_file();  // the directory's lock kept every other run out
+  spdlog::warn("{} was deleted or replaced while this run held run.dir {}; the run holds the directory's own lock, so "
+               "no other run could start there: {} is written again (docs/checkpoints.md)", lock, dir_, lock);
+}
+
 RunDirectory::~RunDirectory() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flocks
+  if (dir_fd_ >= 0) ::close(dir_fd_);
 }
 
 StartPlan RunDirectory::plan(const CheckpointOptions& o, const Config& config) const {
@@ -140,6 +237,15 @@ StartPlan RunDirectory::plan(const CheckpointOptions& o, const Config& config) c
                  : newest && !newest->lineage.empty() ? newest->lineage
                                                       : run_id_;
   if (o.resume == "auto") {
+    // A manifest that cannot be read hides which lineage its checkpoint belongs to:
+    // rather than skip it as another branch's (and move it aside), auto stops.
+    for (const CommittedCheckpoint& c : all)
+      if (!c.manifest_problem.empty() && (!newest || c.step > newest->step))
+        config.fail("ckpt.resume", fmt::format(
+            "the manifest of {} cannot be read ({}), so auto cannot tell whether it is this run's newest "
+            "checkpoint and does not skip it: resume from an older one with ckpt.resume: {} (the newest intact one "
+            "of this run), or move {} out of {} if it is not needed", c.dir, c.manifest_problem,
+            newest ? newest->name : std::string("step_..."), c.dir, checkpoints_dir(dir_)));
     plan.from = newest;
     if (!newest)
       spdlog::info("ckpt.resume = auto: no complete checkpoint {}in {}; starting from step 0",

@@ -456,6 +456,7 @@ StepResult Trainer::train_step() {
     return skip(std::move(r), fmt::format("loss {}, gradient norm {}", r.loss, r.grad_norm));
   if (std::optional<std::string> problem = update_problem(r.lr)) return skip(std::move(r), *problem);
   progress_.consecutive_skips = 0;
+  streak_loss_non_finite_ = false;
   r.moe = update(r.lr);
   end_step(r, t0);
   return r;
@@ -521,6 +522,7 @@ double Trainer::forward_backward(int64_t step) {
 StepResult Trainer::skip(StepResult r, std::string why) {
   ++progress_.skipped;
   ++progress_.consecutive_skips;
+  if (!std::isfinite(r.loss)) streak_loss_non_finite_ = true;
   const std::string what = fmt::format("step {}: {}", r.step, why);
   if (train_.abort_on_nan)
     throw NumericalError(fmt::format("{} (train.nan_policy = abort); lower train.lr (now {}) or check the data", what,
@@ -585,6 +587,7 @@ void Trainer::end_step(StepResult& r, Clock::time_point t0) {
 }
 
 void Trainer::record(const StepResult& r) {
+  if (run_) run_->check_held();  // before this step's metrics (and its checkpoint, below in train())
   if (r.skipped) {
     if (metrics_) metrics_->write({{"step", r.step}, {"skipped", true}, {"skipped_steps", progress_.skipped}});
     return;
@@ -661,6 +664,7 @@ void Trainer::sample() {
 }
 
 void Trainer::save() {
+  if (run_) run_->check_held();
   progress_.loader = stream_->state();
   log_saved(saver_->save(*model_, *opt_, progress_, faults_.save_options(progress_.step, save_options_)));
   last_saved_step_ = progress_.step;
@@ -732,8 +736,26 @@ TrainSummary Trainer::summary() const {
 
 TrainSummary Trainer::finish() {
   report_end();
-  if (train_.sample_every > 0 || train_.max_steps == 0) sample();
   const std::filesystem::path model_dir = std::filesystem::path(ckpt_.run_dir) / "model";
+  // The run ends inside a streak of skipped steps (a diverged run that reached
+  // max_steps before max_consecutive_skips), and in that streak the model's loss
+  // itself was not finite: skipped steps change no weight, so the model as it stands
+  // computes NaN or infinities and is not published. A streak of finite losses (a
+  // bad gradient or update) leaves a usable model. A checkpoint that ends in a streak
+  // with no step run here cannot show its loss is finite: refused too. Every rank
+  // knows the same counts and losses, so all stop here.
+  const bool trained_here = progress_.step > start_step_;
+  if (progress_.consecutive_skips > 0 && (streak_loss_non_finite_ || !trained_here))
+    throw NumericalError(fmt::format(
+        "the run reached train.max_steps = {} inside a run of {} skipped step{} (train.nan_policy = skip){}, so no "
+        "model is written to {}{}; lower train.lr (now {}), check model.init_std and the data, or export an earlier "
+        "checkpoint", train_.max_steps, progress_.consecutive_skips, progress_.consecutive_skips == 1 ? "" : "s",
+        trained_here ? " in which the model's loss was not finite"
+                     : ", saved in the checkpoint it starts from; no step ran here to show the model's loss is finite",
+        model_dir.string(), std::filesystem::exists(model_dir) ? " (the one there is an earlier run's)" : "",
+        train_.schedule.lr));
+  if (train_.sample_every > 0 || train_.max_steps == 0) sample();
+  if (run_) run_->check_held();
   // The model directory is built aside and renamed into place, its config.resolved.yaml included.
   if (dist_.grid.ep > 1 || dist_.grid.pp > 1 || train_.mixed_precision) {
     // Collective: experts from the whole ep group, the stages' parameters from the

@@ -157,6 +157,9 @@ class Trainer {
   double peak_flops_ = 0;             // per rank: train.peak_tflops, or measured at the start
   double step_seconds_avg_ = 0;       // the step line's smoothed step time
   int64_t last_saved_step_ = -1;
+  // A step of the current streak of skipped steps had a non-finite loss: the model
+  // as it stands computes NaN or infinities (finish() then writes no model).
+  bool streak_loss_non_finite_ = false;
   StepResult last_;
   EvalResult last_eval_;
   Clock::time_point run_start_;
