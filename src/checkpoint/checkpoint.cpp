@@ -1,5 +1,6 @@
 #include "checkpoint/checkpoint.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include "data/progress.h"
 #include "io/durable.h"
 #include "io/hdf5.h"
+#include "io/paths.h"
 #include "nn/language_model.h"
 #include "ops/reduce/reduce.h"
 #include "optim/adamw.h"
@@ -54,22 +56,18 @@ std::string rank_file(int rank) { return fmt::format("rank_{:05d}.h5", rank); }
 
 // ---------------------------------------------------------------- files
 
-// What `path` is when it is not a regular file (a directory, a device such as
-// /dev/zero, a FIFO, a dangling link; links to regular files are followed), or "".
-// A checkpoint's files are read whole and hashed: anything else would fail
-// deep inside the read (exit 1) or never end (a device, a FIFO).
-// TODO(h-io merge): the same check as io's require_regular_file.
+// What `path` is when it is not a regular file ("a directory", "a character
+// device" for /dev/zero, "a FIFO", io/paths.h's names; "a link to nothing" for a
+// dangling link; links to regular files are followed), or "". A checkpoint's files
+// are read whole and hashed: anything else would fail deep inside the read (exit 1)
+// or never end (a device, a FIFO).
 std::string not_regular_file(const fs::path& path) {
-  std::error_code ec;
-  const fs::file_status target = fs::status(path, ec);
-  const bool link = fs::is_symlink(fs::symlink_status(path, ec));
-  if (fs::is_regular_file(target)) return "";
-  const std::string what = !fs::exists(target)      ? "a link to nothing"
-                           : fs::is_directory(target) ? "a directory"
-                           : fs::is_character_file(target) || fs::is_block_file(target) ? "a device"
-                           : fs::is_fifo(target)      ? "a FIFO"
-                                                      : "not a regular file";
-  return link && fs::exists(target) ? what + " (through a symbolic link)" : what;
+  struct stat target {}, entry {};
+  if (::lstat(path.c_str(), &entry) != 0) return "missing";
+  if (::stat(path.c_str(), &target) != 0) return "a link to nothing";
+  if (S_ISREG(target.st_mode)) return "";
+  const std::string what = file_kind_name(target.st_mode);
+  return S_ISLNK(entry.st_mode) ? what + " (through a symbolic link)" : what;
 }
 
 std::string read_text(const fs::path& path) {

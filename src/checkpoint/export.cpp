@@ -26,6 +26,7 @@
 #include "data/progress.h"
 #include "io/durable.h"
 #include "io/hdf5.h"
+#include "io/paths.h"
 #include "nn/language_model.h"
 #include "ops/reduce/reduce.h"
 #include "ops/view/view.h"
@@ -139,35 +140,6 @@ struct TempDirGuard {
   }
 };
 
-// Removes the temp directories `<dir>.tmp.<pid>` (temp_directory_for) that exports
-// killed before their rename left: exactly that name, a directory (not a link), and
-// no process with that pid on this machine. A failure to remove one is logged: it
-// costs only space.
-// TODO(h-io merge): io's stale temp-dir sweep.
-void remove_dead_temp_directories(const fs::path& dir) {
-  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
-  const std::string prefix = dir.filename().string() + ".tmp.";
-  std::error_code ec;
-  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string pid_text = name.substr(prefix.size());
-    if (pid_text.size() > 9 || pid_text.find_first_not_of("0123456789") != std::string::npos ||
-        pid_text[0] == '0')
-      continue;
-    const auto pid = static_cast<pid_t>(std::stol(pid_text));
-    std::error_code st;
-    if (!fs::is_directory(it->symlink_status(st)) || pid == ::getpid()) continue;
-    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to signal: alive
-    std::error_code rm;
-    fs::remove_all(it->path(), rm);
-    if (rm) spdlog::warn("export: cannot remove {}, left by an export that did not finish (pid {}): {}",
-                         it->path().string(), pid, rm.message());
-    else spdlog::info("export: removed {}, left by an export that did not finish (pid {} is gone)",
-                      it->path().string(), pid);
-  }
-}
-
 void write_safetensors_dir(const fs::path& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
                            int64_t max_shard_bytes, const std::function<void(int64_t)>& on_written) {
   // Greedy in model order, as transformers' max_shard_size: a tensor larger than the
@@ -248,7 +220,11 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
 
   fs::path parent = out.parent_path();
   if (!parent.empty()) moetrain::create_directories(parent);
-  remove_dead_temp_directories(out);
+  // What exports into the same --out that were killed before their rename left
+  // (`<out>.tmp.<host>.<pid>` of a pid gone from this host): only space, but never
+  // swept otherwise.
+  for (const fs::path& gone : remove_stale_temp_directories(out))
+    spdlog::info("export: removed {}, left by an export that did not finish", gone.string());
   TempDirGuard tmp{temp_directory_for(out)};
   std::error_code ec;
   fs::remove_all(tmp.path, ec);  // a leftover of an earlier process with our pid
@@ -332,8 +308,7 @@ HfWeights HfWeights::open(const std::string& path) {
     const std::string index_path = (p / "model.safetensors.index.json").string();
     json index;
     try {
-      std::ifstream in(index_path);
-      index = json::parse(in);
+      index = json::parse(read_regular_file(index_path, "a safetensors index", int64_t{256} << 20));
     } catch (const json::exception& e) {
       MT_THROW("{}: not valid JSON: {}", index_path, e.what());
     }

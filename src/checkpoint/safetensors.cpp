@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/paths.h"
+
 namespace moetrain {
 
 // We copy little-endian file bytes straight into tensors.
@@ -255,12 +257,11 @@ class SafetensorsFile::FileHandle {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open for reading: {}", errno_text());
+  // A FIFO would block open(2) for ever and a device never end: refused before the open.
+  const int fd = open_regular_file(path, "a safetensors file");
   f.file_ = std::make_shared<const FileHandle>(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail(path, "cannot stat: {}", errno_text());
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
   uint64_t file_size = static_cast<uint64_t>(st.st_size);
 
   if (file_size < 8)

@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "io/durable.h"
+#include "io/paths.h"
 #include "train/metrics.h"
 
 namespace moetrain {
@@ -31,11 +32,6 @@ namespace {
 
 constexpr const char* kLock = "run.lock";
 constexpr const char* kRecord = "run.json";
-
-std::string host_name() {
-  char host[256] = {};
-  return ::gethostname(host, sizeof host - 1) == 0 ? std::string(host) : std::string("?");
-}
 
 std::string now_text(const char* format) {
   const std::time_t t = std::time(nullptr);
@@ -52,9 +48,15 @@ std::string new_run_id() {
   return fmt::format("{}-{:04x}", now_text("%Y%m%d-%H%M%S"), rd() & 0xffff);
 }
 
+// The text of a small file of the run (run.lock, run.json), "" when it is missing or
+// not a regular file (a FIFO is not waited on): what it says only feeds messages
+// and lineage, and a damaged run.json starts a new lineage as a missing one does.
 std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  try {
+    return read_regular_file(path.string(), "a run record", int64_t{1} << 20);
+  } catch (const Error&) {
+    return "";
+  }
 }
 
 // run.json of the latest run that began here.

@@ -193,6 +193,11 @@ TEST_CASE("hostile io: a FIFO or a device where a file is read is refused at onc
   make_fifo(tokenizer_dir + "/encoder.json");
   make_fifo(tokenizer_dir + "/vocab.bpe");
   const string train = "train -c " + cfg + " --set data.val= --set run.dir=" + tmp / "run";
+  // Hugging Face weights: a config.json and a .safetensors that are FIFOs.
+  const string hf_dir = tmp / "hf";
+  fs::create_directory(hf_dir);
+  make_fifo(hf_dir + "/config.json");
+  const string weights_fifo = make_fifo(tmp / "model.safetensors");
 
   check_cases({
       {"-c FIFO", "train -c " + fifo_yaml + " --print-config", 2,
@@ -219,6 +224,10 @@ TEST_CASE("hostile io: a FIFO or a device where a file is read is refused at onc
       {"GPT-2 tokenizer files that are FIFOs",
        "prepare " + text + " --out " + tmp / "data" + " --tokenizer gpt2 --tokenizer-dir " + tokenizer_dir, 2,
        {tokenizer_dir + "/", "not a regular file (a FIFO); expected a tokenizer file"}},
+      {"--init-from DIR whose config.json is a FIFO", "generate --init-from " + hf_dir + " --prompt a", 2,
+       {hf_dir + "/config.json: not a regular file (a FIFO); expected a Hugging Face config.json"}},
+      {"--init-from a .safetensors FIFO", "generate -c " + cfg + " --init-from " + weights_fifo + " --prompt a", 2,
+       {weights_fifo + ": not a regular file (a FIFO); expected a safetensors file"}},
   });
   CHECK(!fs::exists(tmp / "data"));
   CHECK(!fs::exists(tmp / "out.h5"));

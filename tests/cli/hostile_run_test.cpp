@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/paths.h"
 #include "testing.h"
 #include "train/run_dir.h"
 
@@ -199,18 +200,23 @@ TEST_CASE("cli: export removes the temp directories of killed exports into the s
   const string dead = std::to_string(std::stol(shell.output));
   REQUIRE(::kill(static_cast<pid_t>(std::stol(dead)), 0) != 0);
   const string out = job.path("exp");
-  job.tmp.write("exp.tmp." + dead + "/model.safetensors", "partial");           // a killed export's: removed
-  job.tmp.write("exp.tmp." + std::to_string(::getpid()) + "/x", "alive");       // this test's pid is alive: kept
-  job.tmp.write("exp.tmp.abc/x", "not a pid");                                   // not the pattern: kept
-  job.tmp.write("other.tmp." + dead + "/x", "another --out");                  // another export's: kept
+  // Temp directories are named <out>.tmp.<host>.<pid> (io/paths.h, temp_entry_name).
+  const string host = moetrain::host_name();
+  job.tmp.write("exp.tmp." + host + "." + dead + "/model.safetensors", "partial");  // a killed export's: removed
+  job.tmp.write("exp.tmp." + host + "." + std::to_string(::getpid()) + "/x", "alive");  // this test's pid: kept
+  job.tmp.write("exp.tmp." + host + ".abc/x", "not a pid");                        // not the pattern: kept
+  job.tmp.write("exp.tmp.otherhost." + dead + "/x", "another host's");             // its pid says nothing here
+  job.tmp.write("other.tmp." + host + "." + dead + "/x", "another --out");         // another export's: kept
   Result r = run("export --checkpoint " + source + " --out " + out + " --no-progress");
   INFO(r.output);
   REQUIRE(r.code == 0);
-  CHECK(!fs::exists(out + ".tmp." + dead));
-  CHECK(r.output.find("removed " + out + ".tmp." + dead + ", left by an export that did not finish") != string::npos);
-  CHECK(fs::exists(out + ".tmp." + std::to_string(::getpid()) + "/x"));
-  CHECK(fs::exists(out + ".tmp.abc/x"));
-  CHECK(fs::exists(job.path("other.tmp." + dead + "/x")));
+  CHECK(!fs::exists(out + ".tmp." + host + "." + dead));
+  CHECK(r.output.find("removed " + out + ".tmp." + host + "." + dead + ", left by an export that did not finish") !=
+        string::npos);
+  CHECK(fs::exists(out + ".tmp." + host + "." + std::to_string(::getpid()) + "/x"));
+  CHECK(fs::exists(out + ".tmp." + host + ".abc/x"));
+  CHECK(fs::exists(out + ".tmp.otherhost." + dead + "/x"));
+  CHECK(fs::exists(job.path("other.tmp." + host + "." + dead + "/x")));
   CHECK(fs::exists(out + "/model.safetensors"));
 }
 
@@ -283,10 +289,12 @@ TEST_CASE("cli: a rank file or manifest that is a directory, a link to /dev/zero
   };
   const Case cases[] = {
       {"rank_00000.h5", "mkdir", "is a directory, not a file"},
-      {"rank_00000.h5", "ln -s /dev/zero", "is a device (through a symbolic link), not a file"},
+      {"rank_00000.h5", "ln -s /dev/zero", "is a character device (through a symbolic link), not a file"},
       {"rank_00000.h5", "ln -s /nonexistent", "is a link to nothing, not a file"},
       {"manifest.json", "mkdir", "is a directory, not a file"},
-      {"manifest.json", "ln -s /dev/zero", "is a device (through a symbolic link), not a file"},
+      {"manifest.json", "ln -s /dev/zero", "is a character device (through a symbolic link), not a file"},
+      {"rank_00000.h5", "mkfifo", "is a FIFO, not a file"},
+      {"manifest.json", "mkfifo", "is a FIFO, not a file"},
   };
   for (const Case& c : cases) {
     INFO(c.file << " " << c.make);
@@ -303,6 +311,20 @@ TEST_CASE("cli: a rank file or manifest that is a directory, a link to /dev/zero
     CHECK(r.output.find(ckpt + "/" + c.file + (c.file == "manifest.json" ? " is " : " (listed in manifest.json) is ") +
                         c.says.substr(3)) != string::npos);
     CHECK(r.output.find("unexpected error") == string::npos);
+  }
+  // The checkpoint's config.resolved.yaml is read by the config loader (io/paths.h).
+  fs::remove_all(ckpt);
+  fs::copy(saved, ckpt, fs::copy_options::recursive);
+  for (const string make : {"ln -s /dev/zero", "mkfifo"}) {
+    INFO(make);
+    fs::remove(ckpt + "/config.resolved.yaml");
+    REQUIRE(moetrain::testing::run_command(make + " " + ckpt + "/config.resolved.yaml") == 0);
+    Result r = moetrain::testing::capture_command("timeout 120 " + string(MOETRAIN_BINARY_DIR) +
+                                                  "/moetrain export --checkpoint " + ckpt + " --out " +
+                                                  job.path("out") + " --no-progress");
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find(ckpt + "/config.resolved.yaml: not a regular file") != string::npos);
   }
 }
 
