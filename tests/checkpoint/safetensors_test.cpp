@@ -362,7 +362,7 @@ TEST_CASE("safetensors: malformed files are rejected, naming the file and the pr
   }
 
   SECTION("missing file") {
-    check_rejected(dir.file("absent.safetensors"), {"cannot open for reading", "No such file"});
+    check_rejected(dir.file("absent.safetensors"), {"cannot open a safetensors file", "No such file"});
   }
   SECTION("a directory") { check_rejected(dir.path(), {"not a regular file"}); }
 }

@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_fixtures.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "data/loader.h"
@@ -28,30 +29,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using Case = moetrain::testing::CommandCase;
+const char* const kTinyGpt2 = moetrain::testing::kTinyGpt2Yaml;
+void check_cases(const std::vector<Case>& cases) { moetrain::testing::check_command_cases(cases); }
+
 using Result = moetrain::testing::CommandOutput;
 Result run(const string& args) { return moetrain::testing::run_moetrain(args); }
-
-const char* kTinyGpt2 =
-    "model:\n  vocab_size: 256\n  n_layer: 2\n  n_head: 2\n  d_model: 32\n  n_ctx: 64\n"
-    "data:\n  tokenizer: byte\n"
-    "train:\n  batch_size: 2\n  seq_len: 16\n  max_steps: 4\n  warmup_steps: 1\n  eval_every: 0\n  threads: 1\n"
-    "  log_every: 100\n";
-
-struct Case {
-  string what, args;
-  int code;
-  std::vector<string> fragments;
-};
-
-void check_cases(const std::vector<Case>& cases) {
-  for (const Case& c : cases) {
-    const Result r = run(c.args);
-    INFO(c.what << "\n$ moetrain " << c.args << "\n" << r.output);
-    CHECK(r.code == c.code);
-    for (const string& f : c.fragments) CHECK_THAT(r.output, Catch::Contains(f));
-    CHECK_THAT(r.output, !Catch::Contains("internal error"));
-  }
-}
 
 // A byte-level data directory from the shipped corpus.
 string prepare_data(const TempDir& tmp) {

@@ -18,6 +18,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "cli/cli_fixtures.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "data/shard.h"
@@ -35,6 +36,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using Case = moetrain::testing::CommandCase;
+// The shared tiny GPT-2, without samples.
+const std::string kTinyGpt2 = std::string(moetrain::testing::kTinyGpt2Yaml) + "  sample_every: 0\n";
+void check_cases(const std::vector<Case>& cases) { moetrain::testing::check_command_cases(cases); }
+
 using Result = moetrain::testing::CommandOutput;
 
 // The command under a hard time limit: a regression that blocks on a FIFO (a stop
@@ -44,29 +50,6 @@ Result run_bounded(const string& args) {
   return moetrain::testing::capture_command("timeout -s KILL 30 " + string(MOETRAIN_BINARY_DIR) + "/moetrain " +
                                             args);
 }
-
-struct Case {
-  string what, args;
-  int code;
-  std::vector<string> fragments;
-};
-
-void check_cases(const std::vector<Case>& cases) {
-  for (const Case& c : cases) {
-    const Result r = run_bounded(c.args);
-    INFO(c.what << "\n$ moetrain " << c.args << "\n" << r.output);
-    CHECK(r.code == c.code);
-    for (const string& f : c.fragments) CHECK_THAT(r.output, Catch::Contains(f));
-    CHECK_THAT(r.output, !Catch::Contains("internal error"));
-    CHECK_THAT(r.output, !Catch::Contains("unexpected error"));
-  }
-}
-
-const char* kTinyGpt2 =
-    "model:\n  vocab_size: 256\n  n_layer: 2\n  n_head: 2\n  d_model: 32\n  n_ctx: 64\n"
-    "data:\n  tokenizer: byte\n"
-    "train:\n  batch_size: 2\n  seq_len: 16\n  max_steps: 4\n  warmup_steps: 1\n  eval_every: 0\n  threads: 1\n"
-    "  log_every: 100\n  sample_every: 0\n";
 
 string make_fifo(const string& path) {
   REQUIRE(::mkfifo(path.c_str(), 0644) == 0);

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_fixtures.h"
 #include "core/error.h"
 #include "io/paths.h"
 #include "testing.h"
@@ -32,6 +33,9 @@ using moetrain::testing::write_bytes;
 using std::string;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+using moetrain::testing::one_to;
+using moetrain::testing::steps_of;
 
 namespace {
 
@@ -54,23 +58,6 @@ struct Job {
     return dir + "/" + run + (file.empty() ? "" : "/" + file);
   }
 };
-
-// The "step" of every record, in file order.
-std::vector<int64_t> steps_of(const string& metrics) {
-  std::vector<int64_t> out;
-  std::stringstream in(metrics);
-  static const std::regex step(R"(^\{"step":(\d+))");
-  std::smatch m;
-  for (string line; std::getline(in, line);)
-    if (std::regex_search(line, m, step)) out.push_back(std::stoll(m[1]));
-  return out;
-}
-
-std::vector<int64_t> one_to(int64_t n) {
-  std::vector<int64_t> out;
-  for (int64_t i = 1; i <= n; ++i) out.push_back(i);
-  return out;
-}
 
 // The names in a directory, sorted.
 std::vector<string> names_in(const string& dir) {

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "cli/cli_fixtures.h"
 #include "testing.h"
 
 using moetrain::testing::metrics_history;
@@ -21,6 +22,9 @@ using moetrain::testing::read_bytes;
 using moetrain::testing::TempDir;
 using std::string;
 namespace fs = std::filesystem;
+
+using moetrain::testing::one_to;
+using moetrain::testing::steps_of;
 
 namespace {
 
@@ -39,23 +43,6 @@ struct Job {
   }
   string path(const string& run, const string& file = "") const { return dir + "/" + run + (file.empty() ? "" : "/" + file); }
 };
-
-// The "step" of every record, in file order.
-std::vector<int64_t> steps_of(const string& metrics) {
-  std::vector<int64_t> out;
-  std::stringstream in(metrics);
-  static const std::regex step(R"(^\{"step":(\d+))");
-  std::smatch m;
-  for (string line; std::getline(in, line);)
-    if (std::regex_search(line, m, step)) out.push_back(std::stoll(m[1]));
-  return out;
-}
-
-std::vector<int64_t> one_to(int64_t n) {
-  std::vector<int64_t> out;
-  for (int64_t i = 1; i <= n; ++i) out.push_back(i);
-  return out;
-}
 
 }  // namespace
 

@@ -1,0 +1,65 @@
+// What the command-line tests share: a tiny GPT-2 config, tables of command lines
+// with their expected exit code and message fragments, and the steps a run's
+// metrics.jsonl records.
+#pragma once
+
+#include <cstdint>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "testing.h"
+
+namespace moetrain::testing {
+
+// GPT-2 at toy size on bytes: 4 steps of 2 x 16 tokens, one thread.
+inline const char* kTinyGpt2Yaml =
+    "model:\n  vocab_size: 256\n  n_layer: 2\n  n_head: 2\n  d_model: 32\n  n_ctx: 64\n"
+    "data:\n  tokenizer: byte\n"
+    "train:\n  batch_size: 2\n  seq_len: 16\n  max_steps: 4\n  warmup_steps: 1\n  eval_every: 0\n  threads: 1\n"
+    "  log_every: 100\n";
+
+// One command line (`moetrain ARGS`), its exit code and the fragments its output holds.
+struct CommandCase {
+  std::string what, args;
+  int code;
+  std::vector<std::string> fragments;
+};
+
+// Runs each case under a hard time limit: a regression that blocks (on a FIFO,
+// which a stop signal does not end) or reads /dev/zero ends as exit 137, not as a
+// hung test. No case may end in a crash report or exit 1's "unexpected error".
+inline void check_command_cases(const std::vector<CommandCase>& cases) {
+  for (const CommandCase& c : cases) {
+    const CommandOutput r =
+        capture_command("timeout -s KILL 30 " + std::string(MOETRAIN_BINARY_DIR) + "/moetrain " + c.args);
+    INFO(c.what << "\n$ moetrain " << c.args << "\n" << r.output);
+    CHECK(r.code == c.code);
+    for (const std::string& f : c.fragments) CHECK_THAT(r.output, Catch::Contains(f));
+    CHECK_THAT(r.output, !Catch::Contains("internal error"));
+    CHECK_THAT(r.output, !Catch::Contains("unexpected error"));
+  }
+}
+
+// The "step" of every record of a metrics.jsonl text, in file order.
+inline std::vector<int64_t> steps_of(const std::string& metrics) {
+  std::vector<int64_t> out;
+  std::stringstream in(metrics);
+  static const std::regex step(R"(^\{"step":(\d+))");
+  std::smatch m;
+  for (std::string line; std::getline(in, line);)
+    if (std::regex_search(line, m, step)) out.push_back(std::stoll(m[1]));
+  return out;
+}
+
+// 1, 2, ..., n.
+inline std::vector<int64_t> one_to(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 1; i <= n; ++i) out.push_back(i);
+  return out;
+}
+
+}  // namespace moetrain::testing
