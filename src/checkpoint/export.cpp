@@ -128,7 +128,7 @@ std::vector<std::pair<std::string, Tensor>> hf_export_tensors(const LanguageMode
 
 namespace {
 
-// DIR.tmp.<pid>, removed on every early exit.
+// DIR.tmp.<host>.<pid>, removed on every early exit.
 struct TempDirGuard {
   fs::path path;
   bool keep = false;
