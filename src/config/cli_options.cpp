@@ -41,15 +41,6 @@ Config load_from(const ConfigOptions& options) {
 
 namespace {
 
-// The schema's f32 rule for number keys (config.cpp, f32_holds): 0, or a magnitude
-// that rounds to a normal f32 (from halfway below FLT_MIN to halfway above FLT_MAX).
-bool f32_holds(double v) {
-  const double a = std::fabs(v);
-  const double overflow = std::ldexp(2.0 - std::ldexp(1.0, -24), 127);
-  const double normal = std::ldexp(1.0 - std::ldexp(1.0, -24), -126);
-  return a == 0 || (a >= normal && a < overflow);
-}
-
 // Rewrites `text` as plain decimal digits (what CLI11 then converts), or returns why not.
 std::string strict_integer(std::string& text, bool is_unsigned) {
   std::string_view t = text;

@@ -258,20 +258,6 @@ std::optional<std::string> range_error(const KeySpec& spec, double v) {
   return (spec.min && spec.max ? "must be in " : "must be ") + allowed_values_text(spec);
 }
 
-// Number keys reach f32 code (learning rates, epsilons, init scales): a value
-// f32 cannot hold would become infinite or, below the smallest normal f32
-// (FLT_MIN), lose its precision on the way to zero, so either is an error. The
-// test is on the value rounded to f32 (to nearest, as a cast rounds), so the
-// limits as printed (3.4028235e38 for FLT_MAX, 1.1754944e-38 for FLT_MIN) pass:
-// |v| below 2^128 - 2^103 (halfway to 2^128) and, unless 0, from halfway
-// between FLT_MIN and the largest subnormal up. 0 is f32's too; whether a key
-// allows it is its range's business.
-bool f32_holds(double v) {
-  const double a = std::fabs(v);
-  const double overflow = std::ldexp(2.0 - std::ldexp(1.0, -24), 127);  // rounds to infinity from here
-  const double normal = std::ldexp(1.0 - std::ldexp(1.0, -24), -126);   // rounds to FLT_MIN from here
-  return a == 0 || (a >= normal && a < overflow);
-}
 constexpr const char* kF32Range =
     "outside what f32 can hold; must be 0 or of magnitude in [1.1754944e-38, 3.4028235e38]";
 
@@ -783,6 +769,21 @@ void Config::save(const std::string& path) const {
                               dir.string(), std::strerror(err)));
   }
   ::close(dir_fd);
+}
+
+// Number keys reach f32 code (learning rates, epsilons, init scales): a value
+// f32 cannot hold would become infinite or, below the smallest normal f32
+// (FLT_MIN), lose its precision on the way to zero, so either is an error. The
+// test is on the value rounded to f32 (to nearest, as a cast rounds), so the
+// limits as printed (3.4028235e38 for FLT_MAX, 1.1754944e-38 for FLT_MIN) pass:
+// |v| below 2^128 - 2^103 (halfway to 2^128) and, unless 0, from halfway
+// between FLT_MIN and the largest subnormal up. 0 is f32's too; whether a key
+// allows it is its range's business.
+bool f32_holds(double v) {
+  const double a = std::fabs(v);
+  const double overflow = std::ldexp(2.0 - std::ldexp(1.0, -24), 127);  // rounds to infinity from here
+  const double normal = std::ldexp(1.0 - std::ldexp(1.0, -24), -126);   // rounds to FLT_MIN from here
+  return a == 0 || (a >= normal && a < overflow);
 }
 
 }  // namespace moetrain

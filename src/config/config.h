@@ -113,4 +113,9 @@ class Config {
   std::vector<Entry> entries_;  // parallel to config_schema()
 };
 
+// Whether v survives the trip to f32: 0, or a magnitude that rounds to a normal
+// f32 (from halfway below FLT_MIN to halfway above FLT_MAX). The rule of every
+// number key (the schema) and of every number option on the command line.
+bool f32_holds(double v);
+
 }  // namespace moetrain
