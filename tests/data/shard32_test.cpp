@@ -127,7 +127,8 @@ TEST_CASE("shard32: write_shard narrows to uint16 only ids that fit, naming the 
   std::vector<uint32_t> bad = {1, 2, 3, 65536, 5};
   const std::string path = dir / "bad.bin";
   CHECK(error_of([&] { write_shard(path, bad, TokenWidth::u16); }) ==
-        path + ": token id 65536 at token offset 3 does not fit a uint16 shard (ids up to 65535); write a uint32 shard");
+        path + ": token id 65536 at token offset 3 does not fit a uint16 shard (ids up to 65535); write a uint32 "
+               "shard");
   CHECK(!std::filesystem::exists(path));
   CHECK(std::distance(std::filesystem::directory_iterator(dir.path()), {}) == 2);  // no temporary left
 }
@@ -201,7 +202,8 @@ TEST_CASE("shard32: a uint32 shard truncated while in use names the file and its
     message = e.what();
   }
   CHECK_THAT(message, Catch::Contains(path) && Catch::Contains("truncated while in use") &&
-                          Catch::Contains("byte offset 3024") && Catch::Contains("1424 bytes now, 5024 when it was opened"));
+                          Catch::Contains("byte offset 3024") &&
+                          Catch::Contains("1424 bytes now, 5024 when it was opened"));
 }
 
 TEST_CASE("shard32: the loader yields the same windows and batches from uint16 and uint32 shards of the same ids",
