@@ -42,7 +42,7 @@ void add_eval_command(CLI::App& app, Commands& commands) {
     data::DataLoaderOptions lo;
     lo.batch_size = o->batch_size;
     lo.seq_len = o->seq_len > 0 ? o->seq_len : config.get_int("train.seq_len");
-    lo.vocab_size = static_cast<int32_t>(model->vocab_size());
+    lo.vocab_size = model->vocab_size();
     lo.order = data::LoaderOrder::sequential;
     data::DataLoader loader(o->data, lo);
     int64_t per_epoch = loader.num_windows() / lo.batch_size;

@@ -7,6 +7,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -44,8 +45,10 @@ void DataLoader::open(const std::string& source) {
   const DataLoaderOptions& o = options_;
   MT_CHECK(o.batch_size >= 1 && o.seq_len >= 1, "data loader: batch_size = {} and seq_len = {} must be >= 1",
            o.batch_size, o.seq_len);
-  MT_CHECK(o.vocab_size >= 1 && o.vocab_size <= 65536,
-           "data loader: vocab_size = {} must be in [1, 65536] (shards hold uint16 ids)", o.vocab_size);
+  // Batches hold int32 ids; a shard's ids are uint16 or uint32 (data/shard.h).
+  MT_CHECK(o.vocab_size >= 1 && o.vocab_size <= std::numeric_limits<int32_t>::max(),
+           "data loader: vocab_size = {} must be in [1, {}] (batches hold int32 ids)", o.vocab_size,
+           std::numeric_limits<int32_t>::max());
   MT_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size,
            "data loader: rank {} is outside [0, world_size = {})", o.rank, o.world_size);
 
@@ -53,20 +56,27 @@ void DataLoader::open(const std::string& source) {
   for (const std::string& file : files_) {
     TokenShard shard(file);
     const int64_t n = shard.num_tokens();
+    // A tokenizer of more than 65536 ids writes uint32 shards: a uint16 one came from another tokenizer. (A
+    // uint32 shard for a small vocabulary is only wasteful; ids beyond vocab_size are refused below.)
+    MT_CHECK(shard.width() == TokenWidth::u32 || o.tokenizer_vocab_size <= kShardMaxId16 + 1,
+             "{}: a uint16 token shard (magic {} at offset 0), but the tokenizer has {} ids, more than uint16 holds: "
+             "the shard was made with another tokenizer; run `moetrain prepare` with this one (it writes uint32 "
+             "shards)",
+             file, kShardMagic, o.tokenizer_vocab_size);
     // Every id inside the vocabulary, read in chunks of 1 Mi tokens: the largest id
     // first (a vectorisable pass), the offending offset only on failure.
-    std::vector<uint16_t> chunk;
+    std::vector<uint32_t> chunk;
     for (int64_t first = 0; first < n; first += int64_t{1} << 20) {
       chunk.resize(static_cast<size_t>(std::min<int64_t>(int64_t{1} << 20, n - first)));
       shard.read(first, static_cast<int64_t>(chunk.size()), chunk.data());
-      uint16_t max_id = 0;
-      for (uint16_t t : chunk) max_id = std::max(max_id, t);
+      uint32_t max_id = 0;
+      for (uint32_t t : chunk) max_id = std::max(max_id, t);
       if (max_id >= o.vocab_size) {
-        const auto it = std::find_if(chunk.begin(), chunk.end(), [&](uint16_t t) { return t >= o.vocab_size; });
+        const auto it = std::find_if(chunk.begin(), chunk.end(), [&](uint32_t t) { return t >= o.vocab_size; });
         const int64_t offset = first + (it - chunk.begin());
         MT_THROW("{}: token id {} at token offset {} (byte offset {}) is outside the vocabulary [0, {}); was the "
                  "shard made with another tokenizer?",
-                 file, *it, offset, kShardHeaderBytes + 2 * offset, o.vocab_size);
+                 file, *it, offset, kShardHeaderBytes + shard.bytes_per_token() * offset, o.vocab_size);
       }
     }
     const int64_t windows = n >= o.seq_len + 1 ? (n - 1) / o.seq_len : 0;
@@ -111,7 +121,7 @@ int64_t DataLoader::window_at(uint64_t epoch, int64_t k) const {
   return permutation(epoch)[static_cast<size_t>(i)];
 }
 
-void DataLoader::window_tokens(int64_t w, uint16_t* out) const {
+void DataLoader::window_tokens(int64_t w, uint32_t* out) const {
   MT_CHECK(w >= 0 && w < num_windows_, "data loader: window {} is outside [0, {})", w, num_windows_);
   const auto s = static_cast<size_t>(std::upper_bound(first_window_.begin(), first_window_.end(), w) -
                                      first_window_.begin() - 1);
@@ -132,11 +142,12 @@ Batch DataLoader::next() {
   Batch batch{empty({B, T}, DType::i32), empty({B, T}, DType::i32)};
   int32_t* inputs = batch.inputs.data<int32_t>();
   int32_t* targets = batch.targets.data<int32_t>();
-  std::vector<uint16_t> window(static_cast<size_t>(T + 1));
+  std::vector<uint32_t> window(static_cast<size_t>(T + 1));  // ids < vocab_size <= INT32_MAX: checked at open
   for (int64_t b = 0; b < B; ++b) {
     window_tokens(window_at(state_.epoch, state_.position), window.data());
-    std::copy(window.begin(), window.end() - 1, inputs + b * T);
-    std::copy(window.begin() + 1, window.end(), targets + b * T);
+    const auto as_i32 = [](uint32_t id) { return static_cast<int32_t>(id); };
+    std::transform(window.begin(), window.end() - 1, inputs + b * T, as_i32);
+    std::transform(window.begin() + 1, window.end(), targets + b * T, as_i32);
     if (++state_.position == num_windows_per_rank()) {
       ++state_.epoch;
       state_.position = 0;

@@ -49,7 +49,9 @@ enum class LoaderOrder { shuffled, sequential };
 struct DataLoaderOptions {
   int64_t batch_size = 1;          // B
   int64_t seq_len = 1024;          // T
-  int32_t vocab_size = 50257;      // every token id must be below this (checked at open)
+  int64_t vocab_size = 50257;      // every token id must be below this (checked at open); <= INT32_MAX
+  int64_t tokenizer_vocab_size = 0;  // the ids of the tokenizer the shards should come from; 0: unknown.
+                                     // Above 65536 a uint16 shard is refused (made by another tokenizer).
   uint64_t seed = 0;               // of the shuffled order
   int rank = 0;                    // data-parallel rank in [0, world_size)
   int world_size = 1;
@@ -62,9 +64,9 @@ std::vector<std::string> expand_shard_pattern(const std::string& pattern);
 
 class DataLoader {
  public:
-  // Opens every shard and checks it (format, token ids < vocab_size: an error
-  // names the file and the token offset) and that each rank gets at least one
-  // batch per epoch.
+  // Opens every shard and checks it (format, uint16 or uint32 ids, token ids <
+  // vocab_size: an error names the file and the token offset) and that each rank
+  // gets at least one batch per epoch.
   DataLoader(const std::string& pattern, const DataLoaderOptions& options);
   DataLoader(std::vector<std::string> files, const DataLoaderOptions& options);
 
@@ -82,8 +84,8 @@ class DataLoader {
 
   // The window this rank takes as the k-th of epoch `epoch` (k < num_windows_per_rank()).
   int64_t window_at(uint64_t epoch, int64_t k) const;
-  // The T+1 tokens of window w (< num_windows()) into out.
-  void window_tokens(int64_t w, uint16_t* out) const;
+  // The T+1 tokens of window w (< num_windows()) into out, whatever the shard's width.
+  void window_tokens(int64_t w, uint32_t* out) const;
 
  private:
   void open(const std::string& source);

@@ -115,21 +115,24 @@ void check_utf8_file(const std::string& path, size_t chunk_bytes) {
   }
 }
 
-// Collects the token stream into a val shard and train shards in `dir`.
+// Collects the token stream into a val shard and train shards in `dir`, of
+// `width` ids (uint16 buffers for uint16 shards: half the memory).
 class ShardSink {
  public:
-  ShardSink(std::string dir, std::string prefix, int64_t val_tokens, int64_t shard_tokens)
-      : dir_(std::move(dir)), prefix_(std::move(prefix)), val_tokens_(val_tokens), shard_tokens_(shard_tokens) {}
+  ShardSink(std::string dir, std::string prefix, int64_t val_tokens, int64_t shard_tokens, TokenWidth width,
+            int32_t vocab_size)
+      : dir_(std::move(dir)), prefix_(std::move(prefix)), val_tokens_(val_tokens), shard_tokens_(shard_tokens),
+        vocab_size_(vocab_size), val_(width), train_(width) {}
 
   void add(std::span<const int32_t> ids) {
     for (int32_t id : ids) {
-      MT_ASSERT(id >= 0 && id < 65536, "token id {} does not fit a uint16 shard", id);
+      MT_ASSERT(id >= 0 && id < vocab_size_, "token id {} is outside the tokenizer's {} ids", id, vocab_size_);
       if (num_tokens_ < val_tokens_) {
-        val_.push_back(static_cast<uint16_t>(id));
-        if (static_cast<int64_t>(val_.size()) == val_tokens_) flush("val", val_);
+        val_.push(static_cast<uint32_t>(id));
+        if (val_.size() == val_tokens_) flush("val", val_);
       } else {
-        train_.push_back(static_cast<uint16_t>(id));
-        if (static_cast<int64_t>(train_.size()) == shard_tokens_) flush("train", train_);
+        train_.push(static_cast<uint32_t>(id));
+        if (train_.size() == shard_tokens_) flush("train", train_);
       }
       ++num_tokens_;
     }
@@ -141,25 +144,46 @@ class ShardSink {
              "the inputs make {} tokens, not more than --val-tokens = {}, which leaves none for train; lower "
              "--val-tokens",
              num_tokens_, val_tokens_);
-    if (!train_.empty()) flush("train", train_);
+    if (train_.size() > 0) flush("train", train_);
   }
 
   const std::vector<PreparedShard>& written() const { return written_; }  // file names, in order
   int64_t num_tokens() const { return num_tokens_; }
 
  private:
-  void flush(const std::string& split, std::vector<uint16_t>& tokens) {
+  // One shard's tokens, in the shard's width.
+  struct Buffer {
+    explicit Buffer(TokenWidth w) : width(w) {}
+    TokenWidth width;
+    std::vector<uint16_t> u16;
+    std::vector<uint32_t> u32;
+    void push(uint32_t id) {
+      if (width == TokenWidth::u16) u16.push_back(static_cast<uint16_t>(id));
+      else u32.push_back(id);
+    }
+    int64_t size() const { return static_cast<int64_t>(width == TokenWidth::u16 ? u16.size() : u32.size()); }
+    void write(const std::string& path) const {
+      if (width == TokenWidth::u16) write_shard(path, u16);
+      else write_shard(path, u32, TokenWidth::u32);
+    }
+    void clear() {
+      std::vector<uint16_t>().swap(u16);
+      std::vector<uint32_t>().swap(u32);
+    }
+  };
+
+  void flush(const std::string& split, Buffer& tokens) {
     const int64_t index = split == "val" ? 0 : num_train_shards_++;
     const std::string name = shard_file_name(prefix_, split, index);
-    write_shard(dir_ + "/" + name, tokens);
-    written_.push_back({name, static_cast<int64_t>(tokens.size())});
+    tokens.write(dir_ + "/" + name);
+    written_.push_back({name, tokens.size()});
     tokens.clear();
-    tokens.shrink_to_fit();
   }
 
   std::string dir_, prefix_;
   int64_t val_tokens_, shard_tokens_;
-  std::vector<uint16_t> val_, train_;
+  int32_t vocab_size_;
+  Buffer val_, train_;
   int64_t num_tokens_ = 0, num_train_shards_ = 0;
   std::vector<PreparedShard> written_;
 };
@@ -203,10 +227,10 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
     summary.num_bytes += static_cast<int64_t>(st.st_size);
   }
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer, o.tokenizer_dir);
-  MT_CHECK(tokenizer->vocab_size() <= 65536, "prepare: the {} tokenizer has {} ids; uint16 shards hold at most 65536",
-           tokenizer->name(), tokenizer->vocab_size());
+  const TokenWidth width = shard_width_for_vocab(tokenizer->vocab_size());  // uint32 only where uint16 cannot hold it
   const bool needs_utf8 = tokenizer->name() == "gpt2";
   summary.tokenizer = tokenizer->name();
+  summary.width = width;
   if (needs_utf8 && !o.replace_invalid_utf8)
     for (const std::string& input : o.inputs) check_utf8_file(input, o.chunk_bytes);
 
@@ -240,7 +264,7 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
     }
   } remove_staging{staging};
 
-  ShardSink sink(staging, o.name, o.val_tokens, o.shard_tokens);
+  ShardSink sink(staging, o.name, o.val_tokens, o.shard_tokens, width, tokenizer->vocab_size());
   try {
     ProgressOptions popt = o.progress;
     popt.unit = std::string("B");  // not = "B": GCC 12 -Wrestrict false positive (PR 105329)

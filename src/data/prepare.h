@@ -10,6 +10,8 @@
 // val_000000.bin, the rest to train_000000.bin, train_000001.bin, ... of
 // shard_tokens tokens each (the last one shorter). val_tokens = 0 writes no
 // val shard. With a name prefix P the files are P_val_000000.bin, P_train_...
+// Ids are uint16 when the tokenizer has at most 65536 of them, uint32 (llm.c's
+// version-7 shards) otherwise: data/shard.h shard_width_for_vocab.
 //
 // Robustness. Inputs are checked before anything is written (exist, regular
 // files; for GPT-2 well-formed UTF-8 unless replace_invalid_utf8, see
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "data/progress.h"
+#include "data/shard.h"
 
 namespace moetrain::data {
 
@@ -55,6 +58,7 @@ struct PreparedShard {
 
 struct PrepareSummary {
   std::string tokenizer;
+  TokenWidth width = TokenWidth::u16;  // of the shards' ids: uint32 for a tokenizer of more than 65536 ids
   int64_t num_documents = 0;
   int64_t num_bytes = 0;       // of input text
   int64_t num_tokens = 0;      // written, end-of-text tokens included

@@ -235,7 +235,8 @@ void Trainer::open_data() {
     data::DataLoaderOptions o;
     o.batch_size = train_.batch_size;
     o.seq_len = train_.seq_len;
-    o.vocab_size = static_cast<int32_t>(data_.vocab_size);
+    o.vocab_size = data_.vocab_size;
+    o.tokenizer_vocab_size = tokenizer_->vocab_size();
     o.seed = train_.seed;
     o.order = order;
     try {

@@ -109,7 +109,7 @@ TEST_CASE("loader: files from a glob, sorted; windows as documented", "[data][lo
   CHECK(loader.num_windows() == kNumWindows);
   CHECK(loader.num_windows_per_rank() == kNumWindows);
   // Window 98 is the last of shard 0 (tokens 980..990), 99 the first of shard 1.
-  std::vector<uint16_t> window(kT + 1);
+  std::vector<uint32_t> window(kT + 1);
   loader.window_tokens(98, window.data());
   CHECK(window.front() == 980);
   CHECK(window.back() == 980 + kT);

@@ -34,7 +34,7 @@ std::vector<std::string> names_in(const std::string& dir) {
   return names;
 }
 
-std::vector<int32_t> as_ids(const std::vector<uint16_t>& tokens) { return {tokens.begin(), tokens.end()}; }
+std::vector<int32_t> as_ids(const std::vector<uint32_t>& tokens) { return {tokens.begin(), tokens.end()}; }
 
 }  // namespace
 
@@ -102,7 +102,7 @@ TEST_CASE("prepare: byte tokenizer concatenates files as they are; no val shard 
   o.val_tokens = 0;
   const PrepareSummary s = prepare_shards(o);
   CHECK(names_in(dir / "out") == std::vector<std::string>{"train_000000.bin"});
-  const std::vector<uint16_t> tokens = read_shard(dir / "out/train_000000.bin");
+  const std::vector<uint32_t> tokens = read_shard(dir / "out/train_000000.bin");
   const std::string all = a + b;
   REQUIRE(tokens.size() == all.size());
   for (size_t i = 0; i < all.size(); ++i) CHECK(tokens[i] == static_cast<uint8_t>(all[i]));
