@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backend/cpu/blas.h"
+#include "backend/cpu/denormals.h"
 #include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cuda/runtime.h"
@@ -29,6 +30,8 @@ int print_info(bool require_cuda) {
   const char* gemm = std::getenv("MOETRAIN_GEMM");
   fmt::print("f32 gemm    {} (MOETRAIN_GEMM={}): {}\n", cpu::gemm_route_name(cpu::gemm_route()),
              gemm && *gemm ? gemm : "auto", cpu::gemm_threading());
+  fmt::print("gemm why    {}\n", cpu::gemm_route_reason());
+  fmt::print("denormals   {}\n", cpu::denormal_description());
   const char* isa = std::getenv("MOETRAIN_ISA");
   fmt::print("vector isa  {} (MOETRAIN_ISA={}{}; CPU: {}): the copy our own vector kernels run (KDA, MoE experts,\n"
              "            SiTU-GLU, elementwise, norms, softmax, attention; AdamW and the decay gate: avx2 or generic)\n",

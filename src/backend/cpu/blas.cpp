@@ -2,15 +2,17 @@
 
 #include <cblas.h>
 #include <dlfcn.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <mutex>
 #include <string>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "backend/cpu/parallel.h"
 #include "core/error.h"
@@ -87,14 +89,26 @@ const Blis& blis() {
   return b;
 }
 
-bool openblas_has_avx512() {
-  const char* core = openblas_get_corename();
-  for (const char* c : {"SkylakeX", "Cooperlake", "SapphireRapids"})
-    if (core && std::strcmp(core, c) == 0) return true;
+bool core_is_one_of(const std::string& core, std::initializer_list<const char*> names) {
+  for (const char* c : names)
+    if (strcasecmp(core.c_str(), c) == 0) return true;
   return false;
 }
 
+// OpenBLAS 0.3.21's x86-64 cores (driver/others/dynamic.c) with AVX-512 kernels,
+// and those with AVX2 + FMA kernels (Dhyana is Hygon's Zen). Every other core
+// (Katmai ... Prescott, Core2, Penryn, Nehalem, Sandybridge, the Opterons and
+// Bulldozers, Unknown) has SSE / AVX-only / FMA4 kernels, or is a name this
+// list does not know.
+bool core_has_avx512(const std::string& core) {
+  return core_is_one_of(core, {"SkylakeX", "Cooperlake", "SapphireRapids"});
+}
+bool core_has_avx2(const std::string& core) {
+  return core_has_avx512(core) || core_is_one_of(core, {"Haswell", "Zen", "Dhyana"});
+}
+
 GemmRoute g_route = GemmRoute::openblas;
+std::string g_route_reason = "MOETRAIN_GEMM not resolved yet";
 
 void resolve_route() {
   static std::once_flag once;
@@ -103,7 +117,11 @@ void resolve_route() {
     std::string want = v && *v ? v : "auto";
     MT_CHECK(want == "auto" || want == "openblas" || want == "blis" || want == "blis-threaded" || want == "portable",
              "environment variable MOETRAIN_GEMM={} is not one of auto, openblas, blis, blis-threaded, portable", want);
-    if (want == "openblas") return;
+    const std::string core = openblas_get_corename() ? openblas_get_corename() : "";
+    if (want == "openblas") {
+      g_route_reason = fmt::format("MOETRAIN_GEMM=openblas: OpenBLAS's {} kernels, as asked", core);
+      return;
+    }
     if (want == "portable") {
       // The same kernels on every AVX2 + FMA CPU (blas.h): BLIS's haswell ones, whatever
       // BLIS_ARCH_TYPE says, set before BLIS loads.
@@ -113,7 +131,14 @@ void resolve_route() {
                "MOETRAIN_GEMM=auto");
       setenv("BLIS_ARCH_TYPE", kBlisHaswell, 1);
     }
-    if (want == "auto" && !(cpu_has_skx_avx512() && !openblas_has_avx512())) return;
+    AutoGemmChoice choice;
+    if (want == "auto") {
+      choice = choose_auto_gemm(core, cpu_gemm_features());
+      g_route_reason = "auto: " + choice.reason;
+      if (!choice.blis) return;
+    } else {
+      g_route_reason = fmt::format("MOETRAIN_GEMM={}, as asked", want);
+    }
     const Blis& b = blis();
     if (b.sgemm) {
       g_route = want == "blis-threaded" ? GemmRoute::blis_threaded : GemmRoute::blis;
@@ -122,6 +147,10 @@ void resolve_route() {
       return;
     }
     MT_CHECK(want == "auto", "MOETRAIN_GEMM={}: {}", want, b.error);
+    // auto wanted BLIS and there is none: OpenBLAS's slow kernels are all that is left.
+    g_route_reason = fmt::format("auto: {}; but BLIS cannot be loaded ({}), so OpenBLAS runs anyway", choice.reason,
+                                 b.error);
+    spdlog::warn("f32 GEMM: {} (docs/performance.md, Intel speed traps)", g_route_reason);
   });
 }
 
@@ -222,6 +251,32 @@ void blis_sgemm_split(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 }
 }  // namespace
 
+AutoGemmChoice choose_auto_gemm(const std::string& openblas_core, CpuGemmFeatures cpu) {
+  const std::string& core = openblas_core.empty() ? std::string("(none reported)") : openblas_core;
+  if (cpu.avx512_skx && !core_has_avx512(openblas_core))
+    return {true, fmt::format("OpenBLAS's core {} has no AVX-512 {}kernels and this CPU has AVX-512 F/DQ/BW/VL: "
+                              "BLIS (skx)",
+                              core, core_has_avx2(openblas_core) ? "" : "(nor AVX2) ")};
+  if (cpu.avx2_fma && !core_has_avx2(openblas_core))
+    return {true, fmt::format("OpenBLAS's core {} has no AVX2 kernels (its build does not know this CPU) and this CPU "
+                              "has AVX2 + FMA: BLIS (haswell)",
+                              core)};
+  if (cpu.avx512_skx || cpu.avx2_fma)
+    return {false, fmt::format("OpenBLAS's core {} has kernels for this CPU's widest vector unit ({})", core,
+                               cpu.avx512_skx ? "AVX-512" : "AVX2 + FMA")};
+  return {false, fmt::format("this CPU has neither AVX2 + FMA nor AVX-512: OpenBLAS's core {} is the best there is",
+                             core)};
+}
+
+CpuGemmFeatures cpu_gemm_features() {
+  return {__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), cpu_has_skx_avx512()};
+}
+
+std::string gemm_route_reason() {
+  resolve_route();
+  return g_route_reason;
+}
+
 GemmRoute gemm_route() {
   resolve_route();
   return g_route;
@@ -234,6 +289,7 @@ void set_gemm_route(GemmRoute route) {
     blis().set_threads(route == GemmRoute::blis_threaded ? num_threads() : 1);
   }
   g_route = route;
+  g_route_reason = fmt::format("set to {} by the program (a test or benchmark)", gemm_route_name(route));
 }
 
 bool blis_available() {

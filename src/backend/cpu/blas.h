@@ -25,7 +25,10 @@
 // MOETRAIN_GEMM=auto (default) | openblas | blis | blis-threaded | portable. auto takes blis on
 // such AVX-512 CPUs when OpenBLAS runs kernels without AVX-512 there (its core is
 // not SkylakeX / Cooperlake / SapphireRapids, e.g. AMD Zen 4/5, or
-// OPENBLAS_CORETYPE=Haswell), and OpenBLAS otherwise: where both have AVX2 kernels
+// OPENBLAS_CORETYPE=Haswell), and on AVX2 + FMA CPUs when OpenBLAS runs kernels
+// without AVX2 there (a core its build does not know, reported as Prescott, Core2,
+// Nehalem, Sandybridge, ...: Debian's 0.3.21 on recent Xeons runs Prescott's SSE3
+// kernels, 5x slower), and OpenBLAS otherwise (choose_auto_gemm); where both have AVX2 kernels
 // only (AMD Zen 2/3), BLIS was up to 1.3x faster on some GPT-2 shapes on an idle box
 // but collapsed when another process shared the cores, OpenBLAS much less (that was
 // BLIS's own threading, now blis-threaded; not measured since on such a CPU).
@@ -55,6 +58,25 @@ void set_gemm_route(GemmRoute route);
 bool blis_available();
 // Threads for the BLAS libraries' own parallel regions.
 void set_blas_threads(int n);
+
+// What MOETRAIN_GEMM=auto does, from OpenBLAS's core name (openblas_get_corename(),
+// any case) and the CPU: blis when OpenBLAS's kernels lack the CPU's widest vector
+// unit that BLIS has kernels for (AVX-512 F/DQ/BW/VL: SkylakeX, Cooperlake,
+// SapphireRapids; AVX2 + FMA: those, Haswell, Zen, Dhyana), with the reason in words.
+struct CpuGemmFeatures {
+  bool avx2_fma = false;    // AVX2 and FMA (x86-64-v3)
+  bool avx512_skx = false;  // AVX-512 F, DQ, BW and VL (BLIS's skx kernels)
+};
+struct AutoGemmChoice {
+  bool blis = false;
+  std::string reason;
+};
+AutoGemmChoice choose_auto_gemm(const std::string& openblas_core, CpuGemmFeatures cpu);
+// This CPU's features as choose_auto_gemm reads them.
+CpuGemmFeatures cpu_gemm_features();
+// Why the f32 route in use was chosen, e.g. "auto: OpenBLAS's core Prescott has no
+// AVX2 kernels and this CPU has AVX2 + FMA"; for `moetrain info`.
+std::string gemm_route_reason();
 
 // The route's MOETRAIN_GEMM name: "openblas", "blis", "blis-threaded".
 const char* gemm_route_name(GemmRoute route);

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/cpu/blas.h"
+#include "backend/cpu/denormals.h"
 #include "backend/cpu/parallel.h"
 #include "core/error.h"
 
@@ -15,6 +16,7 @@ namespace moetrain::cpu {
 
 namespace {
 int g_threads = 0;
+int g_widest = 1;  // the widest thread count set so far
 
 // A positive integer from the environment, 0 when unset. Strict variables must be
 // exactly an integer; the launchers' own (e.g. SLURM's "2(x3)") are read leniently.
@@ -35,7 +37,15 @@ void set_num_threads(int n) {
   g_threads = n;
   omp_set_num_threads(n);
   set_blas_threads(n);
+  // A wider pool: its new workers copy the MXCSR of the thread that starts them
+  // (ours), but set the mode explicitly rather than rely on that.
+  if (n > g_widest) {
+    g_widest = n;
+    set_denormal_mode(denormal_mode());
+  }
 }
+
+int widest_thread_count() { return g_widest; }
 
 int usable_cores() {
   cpu_set_t set;
@@ -106,7 +116,9 @@ void reexec_with_short_spin(char** argv) {
 void init_threads() {
   static std::once_flag once;
   std::call_once(once, [] {
+    const DenormalMode denormals = denormal_mode_from_env();
     set_num_threads(default_num_threads());
+    set_denormal_mode(denormals);
     const char* pin = std::getenv("MOETRAIN_PIN_THREADS");
     if (pin && *pin) {
       MT_CHECK(std::string(pin) == "0" || std::string(pin) == "1",
