@@ -10,8 +10,9 @@
 // Dtypes: f32 or bf16 (round to nearest even of the f32 value; f64 models go through f32).
 // In bf16 the tensors the adapter keeps in f32 stay f32 (the hybrid: Kimi's A_log,
 // dt_bias, e_score_correction_bias).
-// A directory is built as DIR.tmp.<host>.<pid>/ (io/durable.h temp_directory_for) and renamed to DIR once complete, so a failed
-// export never leaves a directory that looks complete.
+// A directory is built as DIR.tmp.<host>.<pid>/ (io/durable.h temp_directory_for) and
+// renamed to DIR once complete, so a failed export never leaves a directory that
+// looks complete.
 #pragma once
 
 #include <cstdint>

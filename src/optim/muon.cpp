@@ -111,7 +111,8 @@ const Tensor& Muon::momentum(const std::string& name) const {
 
 int64_t Muon::state_bytes() const {
   int64_t bytes = 0;
-  for (size_t i = 0; i < params_.size(); ++i) bytes += m_[i].nbytes() + (master_[i].defined() ? master_[i].nbytes() : 0);
+  for (size_t i = 0; i < params_.size(); ++i)
+    bytes += m_[i].nbytes() + (master_[i].defined() ? master_[i].nbytes() : 0);
   return bytes;
 }
 

@@ -193,8 +193,9 @@ void RunDirectory::check_held() {
   if (::stat(lock.c_str(), &st) == 0 && file_id(st) == lock_id_) return;
   if (!dir_locked_)
     MT_THROW("{} was deleted or replaced while this run held run.dir {}, and this file system cannot lock the "
-             "directory itself: another run may have started there, so this one stops before writing more; the committed "
-             "checkpoints are intact: once no other run uses {}, continue with ckpt.resume: auto", lock, dir_, dir_);
+             "directory itself: another run may have started there, so this one stops before writing more; the "
+             "committed checkpoints are intact: once no other run uses {}, continue with ckpt.resume: auto", lock, dir_,
+             dir_);
   take_lock_file();  // the directory's lock kept every other run out
   spdlog::warn("{} was deleted or replaced while this run held run.dir {}; the run holds the directory's own lock, so "
                "no other run could start there: {} is written again (docs/checkpoints.md)", lock, dir_, lock);

@@ -267,7 +267,8 @@ void Trainer::build() {
     spdlog::info("train.zero 1: AdamW moments on rank 0: {} of the {} a whole copy takes (sharded over the {} "
                  "replicas of the replicated parameters{})", human_bytes(static_cast<double>(opt_->state_bytes())),
                  human_bytes(2.0 * static_cast<double>(count_parameters(params) * dtype_size(model_->dtype()))),
-                 dist_.grid.replicas(), dist_.grid.ep > 1 ? fmt::format(" and the {} of each expert shard", dist_.grid.dp) : "");
+                 dist_.grid.replicas(),
+                 dist_.grid.ep > 1 ? fmt::format(" and the {} of each expert shard", dist_.grid.dp) : "");
   saver_ = std::make_unique<CheckpointSaver>(dist_, ckpt_.run_dir, config_, ckpt_.async);
   save_options_.keep_last = ckpt_.keep_last;
   if (train_.profile) profile::reset();

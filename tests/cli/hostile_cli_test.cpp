@@ -161,8 +161,9 @@ TEST_CASE("hostile cli: train from a model.init_from directory whose config.json
   // otherwise (the mixer schedule by period keys, d_ff and top_k as config.json says).
   const std::vector<std::pair<string, string>> yamls = {
       {"alone", "model: {init_from: " + dir + "}\n"},
-      {"agrees", "model: {init_from: " + dir + ", arch: hybrid, n_layer: 3, mixer: kda, attn_mixer: mla, attn_every: 2, "
-                 "attn_offset: 1, attn_last: false, d_ff: 24, moe: {top_k: 2}, tie_embeddings: false}\n"},
+      {"agrees", "model: {init_from: " + dir + ", arch: hybrid, n_layer: 3, mixer: kda, attn_mixer: mla, "
+                 "attn_every: 2, attn_offset: 1, attn_last: false, d_ff: 24, moe: {top_k: 2}, "
+                 "tie_embeddings: false}\n"},
   };
   for (const auto& [name, yaml] : yamls) {
     const Result r = train(tmp, name, yaml, shard);
@@ -279,7 +280,8 @@ TEST_CASE("hostile cli: weights without config.json and no -c exit 2 saying so; 
   }
 }
 
-TEST_CASE("hostile cli: train.zero 1 at pp 2 x dp 2 shards each stage's AdamW state over its 2 replicas", "[cli][slow]") {
+TEST_CASE("hostile cli: train.zero 1 at pp 2 x dp 2 shards each stage's AdamW state over its 2 replicas",
+          "[cli][slow]") {
   TempDir tmp;
   moetrain::testing::prepare_byte_shards(tmp.path());
   const string args = "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" +
