@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "backend/cpu/denormals.h"
 #include "backend/cpu/isa.h"
 #include "core/tensor.h"
 #include "nn/parameters.h"
@@ -117,6 +118,21 @@ void prepare_byte_shards(const std::string& dir);
 std::string tiny_gpt2_train_args(const std::string& dir, const std::string& run_dir, int steps);
 
 // The what() of the exception of type E that fn throws; fails the test otherwise.
+// Subnormals kept for the guard's scope (no FTZ/DAZ in this thread and the OpenMP
+// pool), the previous mode restored after: for tests of exact IEEE conversions whose
+// inputs or by-value references are subnormal. The process flushes them by default
+// (backend/cpu/denormals.h, MOETRAIN_DENORMALS), which reads such a value as 0.
+class KeepDenormals {
+ public:
+  KeepDenormals() : previous_(cpu::denormal_mode()) { cpu::set_denormal_mode(cpu::DenormalMode::keep); }
+  ~KeepDenormals() { cpu::set_denormal_mode(previous_); }
+  KeepDenormals(const KeepDenormals&) = delete;
+  KeepDenormals& operator=(const KeepDenormals&) = delete;
+
+ private:
+  cpu::DenormalMode previous_;
+};
+
 template <class E = Error, class F>
 std::string error_of(F&& fn) {
   try {
