@@ -62,6 +62,21 @@ std::vector<double> qk_clip_factors(const Tensor& max_logit, double tau) {
   return gamma;
 }
 
+// Calls scale(h, gamma_h, sqrt(gamma_h)) for each head with gamma_h != 1 (no
+// gradient recorded), and returns how many heads that was: heads at or below tau
+// are never touched, so they keep their bits.
+template <class Scale>
+int64_t clip_heads(const std::vector<double>& gamma, Scale&& scale) {
+  NoGradGuard no_grad;
+  int64_t clipped = 0;
+  for (size_t h = 0; h < gamma.size(); ++h) {
+    if (gamma[h] == 1.0) continue;
+    scale(static_cast<int64_t>(h), gamma[h], std::sqrt(gamma[h]));
+    ++clipped;
+  }
+  return clipped;
+}
+
 int64_t qk_clip_mla_(const Tensor& q_weight, const Tensor& kv_b_weight, const std::vector<double>& gamma,
                      const MlaHeadDims& d) {
   const char* op = "qk_clip (mla)";
@@ -73,18 +88,11 @@ int64_t qk_clip_mla_(const Tensor& q_weight, const Tensor& kv_b_weight, const st
   check_weight(op, "q_b_proj.weight (or q_proj.weight)", q_weight, H * (dn + dr));
   check_weight(op, "kv_b_proj.weight", kv_b_weight, H * (dn + dv));
   check_gamma(op, gamma, H);
-  NoGradGuard no_grad;
-  int64_t clipped = 0;
-  for (int64_t h = 0; h < H; ++h) {
-    const double g = gamma[static_cast<size_t>(h)];
-    if (g == 1.0) continue;
-    const double root = std::sqrt(g);
-    scale_rows_(q_weight, h * (dn + dr), dn, root);  // q_nope
-    scale_rows_(q_weight, h * (dn + dr) + dn, dr, g);  // q_rot
+  return clip_heads(gamma, [&](int64_t h, double g, double root) {
+    scale_rows_(q_weight, h * (dn + dr), dn, root);     // q_nope
+    scale_rows_(q_weight, h * (dn + dr) + dn, dr, g);   // q_rot
     scale_rows_(kv_b_weight, h * (dn + dv), dn, root);  // k_nope; the dv value rows stay
-    ++clipped;
-  }
-  return clipped;
+  });
 }
 
 int64_t qk_clip_mha_(const Tensor& q_weight, const Tensor& k_weight, const std::vector<double>& gamma,
@@ -99,17 +107,10 @@ int64_t qk_clip_mha_(const Tensor& q_weight, const Tensor& k_weight, const std::
   check_bias(op, "q_proj.bias", q_bias, q_weight);
   check_bias(op, "k_proj.bias", k_bias, k_weight);
   check_gamma(op, gamma, n_head);
-  NoGradGuard no_grad;
-  int64_t clipped = 0;
-  for (int64_t h = 0; h < n_head; ++h) {
-    const double g = gamma[static_cast<size_t>(h)];
-    if (g == 1.0) continue;
-    const double root = std::sqrt(g);
+  return clip_heads(gamma, [&](int64_t h, double, double root) {
     for (const Tensor& t : {q_weight, k_weight, q_bias, k_bias})
       if (t.defined()) scale_rows_(t, h * hd, hd, root);
-    ++clipped;
-  }
-  return clipped;
+  });
 }
 
 int64_t qk_clip_fused_qkv_(const Tensor& c_attn_weight, const Tensor& c_attn_bias, const std::vector<double>& gamma,
@@ -123,19 +124,12 @@ int64_t qk_clip_fused_qkv_(const Tensor& c_attn_weight, const Tensor& c_attn_bia
   check_weight(op, "attn.c_attn.weight", c_attn_weight, 3 * D);
   check_bias(op, "attn.c_attn.bias", c_attn_bias, c_attn_weight);
   check_gamma(op, gamma, n_head);
-  NoGradGuard no_grad;
-  int64_t clipped = 0;
-  for (int64_t h = 0; h < n_head; ++h) {
-    const double g = gamma[static_cast<size_t>(h)];
-    if (g == 1.0) continue;
-    const double root = std::sqrt(g);
+  return clip_heads(gamma, [&](int64_t h, double, double root) {
     for (const int64_t first : {h * hd, D + h * hd}) {  // the query rows, the key rows
       scale_rows_(c_attn_weight, first, hd, root);
       if (c_attn_bias.defined()) scale_rows_(c_attn_bias, first, hd, root);
     }
-    ++clipped;
-  }
-  return clipped;
+  });
 }
 
 }  // namespace moetrain

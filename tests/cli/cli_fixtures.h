@@ -44,6 +44,24 @@ inline void check_command_cases(const std::vector<CommandCase>& cases) {
   }
 }
 
+// A directory with byte shards of the shipped corpus and tiny GPT-2 runs in it,
+// each run checkpointing every 10 steps (tiny_gpt2_train_args).
+struct TinyGpt2Runs {
+  TempDir tmp;
+  std::string dir = tmp.path();
+
+  TinyGpt2Runs() { prepare_byte_shards(dir); }
+  std::string args(const std::string& run, int steps, const std::string& extra = "") const {
+    return tiny_gpt2_train_args(dir, dir + "/" + run, steps) + " --set ckpt.every=10 " + extra;
+  }
+  CommandOutput train(const std::string& run, int steps, const std::string& extra = "") const {
+    return run_moetrain(args(run, steps, extra));
+  }
+  std::string path(const std::string& run, const std::string& file = "") const {
+    return dir + "/" + run + (file.empty() ? "" : "/" + file);
+  }
+};
+
 // The "step" of every record of a metrics.jsonl text, in file order.
 inline std::vector<int64_t> steps_of(const std::string& metrics) {
   std::vector<int64_t> out;

@@ -30,19 +30,7 @@ namespace {
 
 using Result = moetrain::testing::CommandOutput;
 
-struct Job {
-  TempDir tmp;
-  string dir = tmp.path();
-
-  Job() { moetrain::testing::prepare_byte_shards(dir); }
-  string args(const string& run, int steps, const string& extra = "") const {
-    return moetrain::testing::tiny_gpt2_train_args(dir, dir + "/" + run, steps) + " --set ckpt.every=10 " + extra;
-  }
-  Result train(const string& run, int steps, const string& extra = "") const {
-    return moetrain::testing::run_moetrain(args(run, steps, extra));
-  }
-  string path(const string& run, const string& file = "") const { return dir + "/" + run + (file.empty() ? "" : "/" + file); }
-};
+using Job = moetrain::testing::TinyGpt2Runs;
 
 }  // namespace
 

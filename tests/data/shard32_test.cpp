@@ -39,17 +39,7 @@ std::string shard_bytes(int32_t magic, int32_t version, int32_t count, const std
   return b;
 }
 
-// The message of the moetrain::Error that fn throws; fails the test if none.
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  FAIL("no moetrain::Error thrown");
-  return "";
-}
+using moetrain::testing::error_of;  // the message of the moetrain::Error fn throws
 
 // n ids spread over [0, limit), with the extremes 0 and limit - 1 and (for a
 // limit above it) the uint16 boundary 65535, 65536 among them.

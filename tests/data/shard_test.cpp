@@ -40,17 +40,7 @@ std::vector<std::string> list_dir(const std::string& dir) {
   return names;
 }
 
-// The message of the moetrain::Error that fn throws; fails the test if none.
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  FAIL("no moetrain::Error thrown");
-  return "";
-}
+using moetrain::testing::error_of;  // the message of the moetrain::Error fn throws
 
 }  // namespace
 
