@@ -62,6 +62,8 @@ std::vector<double> qk_clip_factors(const Tensor& max_logit, double tau) {
   return gamma;
 }
 
+namespace {
+
 // Calls scale(h, gamma_h, sqrt(gamma_h)) for each head with gamma_h != 1 (no
 // gradient recorded), and returns how many heads that was: heads at or below tau
 // are never touched, so they keep their bits.
@@ -76,6 +78,8 @@ int64_t clip_heads(const std::vector<double>& gamma, Scale&& scale) {
   }
   return clipped;
 }
+
+}  // namespace
 
 int64_t qk_clip_mla_(const Tensor& q_weight, const Tensor& kv_b_weight, const std::vector<double>& gamma,
                      const MlaHeadDims& d) {
