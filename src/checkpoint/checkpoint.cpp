@@ -37,7 +37,7 @@
 #include "io/paths.h"
 #include "nn/language_model.h"
 #include "ops/reduce/reduce.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 
 namespace moetrain {
 
@@ -116,28 +116,40 @@ std::pair<int64_t, int64_t> expert_range(const Distributed& d, int64_t experts) 
   return {d.grid.ep_index * per, (d.grid.ep_index + 1) * per};
 }
 
-// The tensors of one group of the file: parameters, buffers or a moment.
+// A group of optimizer state (its slots, named by the optimizer: optim/optimizer.h).
+bool is_state_group(const std::string& group) {
+  return group != "params" && group != "buffers" && group != "experts" && group != "zero_range";
+}
+
+// The tensors of one group of the file: parameters, buffers or an optimizer slot.
 struct Slot {
-  std::string group;  // "params", "buffers", "exp_avg", "exp_avg_sq"
+  std::string group;  // "params", "buffers", or an optimizer slot ("exp_avg", "exp_avg_sq", "momentum", ...)
   const NamedParameter* param;
-  Tensor tensor;      // what is saved / loaded into (a sharded optimizer's moments: its owned elements, flat)
+  Tensor tensor;      // what is saved / loaded into (a sharded optimizer's state: its owned elements)
   size_t index = 0;   // in the parameter (or buffer) list
-  bool moment() const { return group == "exp_avg" || group == "exp_avg_sq"; }
+  bool moment() const { return is_state_group(group); }
 };
 
 // buffers: model.buffers(), kept alive by the caller while the slots are used.
 // Under mixed precision a bf16 parameter is saved and loaded as its f32 master
 // copy (so the file is an f32 checkpoint, whatever train.dtype wrote it).
-std::vector<Slot> slots(const LanguageModel& model, const ParameterList& buffers, const AdamW* opt) {
+// The optimizer's slots: one group per slot name, holding the parameters whose
+// rule keeps it (a sharded rank that owns none of a parameter: an empty tensor).
+std::vector<Slot> slots(const LanguageModel& model, const ParameterList& buffers, const Optimizer* opt) {
   std::vector<Slot> out;
   const ParameterList& params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i)
     out.push_back({"params", &params[i], opt ? opt->master_or_parameter(i) : params[i].tensor, i});
   for (size_t i = 0; i < buffers.size(); ++i) out.push_back({"buffers", &buffers[i], buffers[i].tensor, i});
-  if (opt) {
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg", &params[i], opt->exp_avg()[i], i});
-    for (size_t i = 0; i < params.size(); ++i) out.push_back({"exp_avg_sq", &params[i], opt->exp_avg_sq()[i], i});
-  }
+  if (opt)
+    for (const std::string& name : opt->slot_names())
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!opt->has_slot(name, i)) continue;
+        const Tensor t = opt->slot(name, i);
+        MT_ASSERT(t.defined() || (opt->sharded() && opt->owned(i).size() == 0),
+                  "checkpoint: the optimizer has no {} tensor for {}, whose rule keeps one", name, params[i].name);
+        out.push_back({name, &params[i], t.defined() ? t : empty({0}, DType::f32), i});
+      }
   return out;
 }
 
@@ -517,7 +529,7 @@ comm::Communicator& zero_comm(const Distributed& d, size_t i) {
   MT_THROW("checkpoint: parameter {} is in no train.zero group", i);
 }
 
-RankFileContent rank_file_content(const Distributed& d, const LanguageModel& model, const AdamW& opt,
+RankFileContent rank_file_content(const Distributed& d, const LanguageModel& model, const Optimizer& opt,
                                   const TrainProgress& progress, const Config& config, PendingSave& p, bool copy) {
   const auto [lo, hi] = expert_range(d, p.experts);
   // Replicated tensors: the first rank of each pipeline stage (rank 0 at pp = 1)
@@ -562,6 +574,7 @@ RankFileContent rank_file_content(const Distributed& d, const LanguageModel& mod
     return !copy ? t : t.is_cpu() ? t.detach().clone() : t.detach().to(kCpu);
   };
   const ParameterList buffers = model.buffers();
+  std::set<std::string> recorded;  // parameters whose owned range is in zero_range already
   for (const Slot& s : slots(model, buffers, &opt)) {
     const bool expert = p.experts > 0 && is_expert(*s.param);
     if (zero && s.moment()) {  // this rank's owned elements, flat, where it owns any
@@ -569,7 +582,7 @@ RankFileContent rank_file_content(const Distributed& d, const LanguageModel& mod
       if (r.size() == 0) continue;
       const int64_t base = expert ? lo * (s.param->tensor.numel() / (hi - lo)) : 0;  // global flat offset
       c.datasets.emplace_back(s.group, s.param->name, snapshot(s.tensor));
-      if (s.group == "exp_avg") {
+      if (recorded.insert(s.param->name).second) {  // the range once per parameter, with its first slot
         Tensor range = empty({2}, DType::i64);
         range.data<int64_t>()[0] = base + r.begin;
         range.data<int64_t>()[1] = base + r.end;
@@ -581,8 +594,13 @@ RankFileContent rank_file_content(const Distributed& d, const LanguageModel& mod
     Tensor t = s.tensor;
     // Mixed precision at zero 1: the f32 master is sharded too; the file holds it
     // whole (gathered over its replica group, every rank taking part).
-    if (zero && s.group == "params" && opt.master_weights()[s.index].defined())
-      t = alias(comm::all_gather_owned(zero_comm(d, s.index), s.tensor.detach()), s.param->tensor.shape());
+    // (The same decision on every rank: a bf16 parameter; a rank owning none of a
+    // Muon matrix adds nothing.)
+    if (zero && s.group == "params" && s.param->tensor.dtype() == DType::bf16) {
+      const Tensor master = opt.master(s.index);
+      const Tensor own = master.defined() ? master.detach() : empty({0}, DType::f32);
+      t = alias(comm::all_gather_owned(zero_comm(d, s.index), own), s.param->tensor.shape());
+    }
     if (expert ? holds_experts : holds_replicated && !tied_copy(*s.param))
       c.datasets.emplace_back(s.group, s.param->name, snapshot(t));
   }
@@ -737,7 +755,7 @@ SaveResult commit_save(Distributed& d, const PendingSave& p, const Config& confi
 
 }  // namespace checkpoint_impl
 
-SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const AdamW& opt,
+SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const Optimizer& opt,
                            const TrainProgress& progress, const Config& config, const SaveOptions& options) {
   signals::SaveGuard saving;  // stop signals wait for the save to finish
   PendingSave p = begin_save(d, run_dir, model, progress, config);
@@ -766,7 +784,7 @@ CheckpointSaver::~CheckpointSaver() {
   if (job_ && job_->thread.joinable()) job_->thread.join();  // an error path: the .tmp directory stays uncommitted
 }
 
-std::optional<SaveResult> CheckpointSaver::save(const LanguageModel& model, const AdamW& opt,
+std::optional<SaveResult> CheckpointSaver::save(const LanguageModel& model, const Optimizer& opt,
                                                 const TrainProgress& progress, const SaveOptions& options) {
   if (!async_) return save_checkpoint(d_, run_dir_, model, opt, progress, config_, options);
   std::optional<SaveResult> previous = finish();
@@ -826,7 +844,7 @@ std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& run_di
   return out;
 }
 
-TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, LanguageModel& model, AdamW* opt,
+TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, LanguageModel& model, Optimizer* opt,
                               const Config& config) {
   const fs::path dir(dir_text);
   comm::WatchdogLabel label("checkpoint load");
@@ -1026,9 +1044,9 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   std::set<std::string> seen;
   for (const hdf5::Reader* r : listed)
     for (const std::string& g : r->groups("/")) {
-      if (g == "experts" || g == "zero_range" || (!opt && (g == "exp_avg" || g == "exp_avg_sq")))
-        continue;  // moments: not asked for
-      if (m.zero > 0 && (g == "exp_avg" || g == "exp_avg_sq")) continue;  // pieces of other ranks' ranges
+      if (g == "experts" || g == "zero_range" || (!opt && is_state_group(g)))
+        continue;  // optimizer state: not asked for
+      if (m.zero > 0 && is_state_group(g)) continue;  // pieces of other ranks' ranges
       for (const std::string& name : r->datasets(g))
         if (!expected[g].count(name) && model.stage_holds(name) && seen.insert(g + "/" + name).second)
           unexpected.push_back(fmt::format("{}/{} {}", g, name, shape_text(r->shape(g, name))));

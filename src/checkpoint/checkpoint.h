@@ -49,7 +49,7 @@
 
 namespace moetrain {
 
-class AdamW;
+class Optimizer;
 class LanguageModel;
 namespace comm {
 struct Distributed;
@@ -106,7 +106,7 @@ class CheckpointSaver {
   bool async() const { return async_; }
   // Returns what was committed by this call (the synchronous save, or the async save
   // before this one).
-  std::optional<SaveResult> save(const LanguageModel& model, const AdamW& opt, const TrainProgress& progress,
+  std::optional<SaveResult> save(const LanguageModel& model, const Optimizer& opt, const TrainProgress& progress,
                                  const SaveOptions& options);
   std::optional<SaveResult> poll();
   std::optional<SaveResult> finish();
@@ -129,7 +129,7 @@ std::string checkpoints_dir(const std::string& run_dir);
 // Throws IoError when writing fails (the .tmp directory is left for the next save
 // to delete; nothing committed is touched), and NumericalError (exit 3) naming the
 // tensor before writing anything when a tensor it would write is not finite.
-SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const AdamW& opt,
+SaveResult save_checkpoint(Distributed& d, const std::string& run_dir, const LanguageModel& model, const Optimizer& opt,
                            const TrainProgress& progress, const Config& config, const SaveOptions& options);
 
 // A committed checkpoint of a run directory, with the lineage its manifest names
@@ -151,7 +151,7 @@ std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& run_di
 // file is corrupt or truncated, listing every tensor whose name or shape does
 // not match the model, or naming a tensor that holds NaN or infinite values. opt may be null (export: weights and buffers only; the
 // moments in the files are then not compared).
-TrainProgress load_checkpoint(Distributed& d, const std::string& dir, LanguageModel& model, AdamW* opt,
+TrainProgress load_checkpoint(Distributed& d, const std::string& dir, LanguageModel& model, Optimizer* opt,
                               const Config& config);
 
 // The config a checkpoint was saved with (config.resolved.yaml in it).

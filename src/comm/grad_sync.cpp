@@ -197,6 +197,40 @@ FlatShards make_flat_shards(const std::vector<int64_t>& numels, int size) {
   return s;
 }
 
+FlatShards make_flat_shards(const std::vector<int64_t>& numels, int size, const std::vector<int64_t>& units,
+                            const std::vector<double>& costs) {
+  MT_CHECK(size >= 1, "make_flat_shards: a group of {} ranks", size);
+  MT_CHECK(units.size() == numels.size() && costs.size() == numels.size(),
+           "make_flat_shards: {} parameters, {} units, {} costs", numels.size(), units.size(), costs.size());
+  FlatShards s = make_flat_shards(numels, 1);
+  std::vector<double> cost_before(numels.size() + 1, 0.0);
+  for (size_t i = 0; i < numels.size(); ++i) {
+    MT_CHECK(units[i] >= 1 && numels[i] % units[i] == 0 && (costs[i] > 0 || (numels[i] == 0 && costs[i] == 0)),
+             "make_flat_shards: parameter {} of {} elements, unit {}, cost {}", i, numels[i], units[i], costs[i]);
+    cost_before[i + 1] = cost_before[i] + costs[i];
+  }
+  const double total = cost_before.back();
+  s.bounds.assign(static_cast<size_t>(size) + 1, s.offsets.back());
+  s.bounds[0] = 0;
+  size_t i = 0;  // the parameter the cut falls in
+  for (int r = 1; r < size; ++r) {
+    const double target = total * r / size;
+    while (i < numels.size() && cost_before[i + 1] <= target) ++i;
+    int64_t cut = s.offsets.back();
+    if (i < numels.size() && numels[i] > 0) {
+      // In parameter i: the element where the cost reaches the target, then the nearer allowed cut.
+      const double per_element = costs[i] / static_cast<double>(numels[i]);
+      const double at = std::min(static_cast<double>(numels[i]), (target - cost_before[i]) / per_element);
+      const int64_t unit = units[i];
+      const int64_t below = std::min(numels[i], static_cast<int64_t>(at / static_cast<double>(unit)) * unit);
+      const int64_t above = std::min(numels[i], below + unit);
+      cut = s.offsets[i] + (at - static_cast<double>(below) <= static_cast<double>(above) - at ? below : above);
+    }
+    s.bounds[static_cast<size_t>(r)] = std::max(cut, s.bounds[static_cast<size_t>(r) - 1]);
+  }
+  return s;
+}
+
 std::pair<int64_t, int64_t> FlatShards::owned(size_t i, int rank) const {
   const int64_t lo = std::max(offsets[i], bounds[static_cast<size_t>(rank)]);
   const int64_t hi = std::min(offsets[i + 1], bounds[static_cast<size_t>(rank) + 1]);

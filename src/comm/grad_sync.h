@@ -62,6 +62,16 @@ struct FlatShards {
   std::pair<int64_t, int64_t> owned(size_t i, int rank) const;
 };
 FlatShards make_flat_shards(const std::vector<int64_t>& numels, int size);
+// The same sequence cut at whole units, balanced by cost (train.zero 1 under
+// train.optimizer muon): parameter i may be cut only at multiples of units[i]
+// elements from its start (1: anywhere, as above; its numel: never; A·B for a
+// batch of E matrices [E, A, B]: between matrices), and costs[i] (> 0; spread
+// evenly over its elements) is what each rank's share balances: rank r's range
+// ends at the allowed cut nearest to the point where the cost before it reaches
+// total_cost · (r + 1) / size (ties: the earlier cut). Ranks may own nothing when
+// a unit is larger than a share.
+FlatShards make_flat_shards(const std::vector<int64_t>& numels, int size, const std::vector<int64_t>& units,
+                            const std::vector<double>& costs);
 
 // The gradient sums of train.zero 1: like all_reduce_grads (the same "has a grad"
 // flags, bf16 in f32, scale applied in the bucket dtype), but each rank receives

@@ -31,6 +31,7 @@ struct PlacedParam {
   int64_t layer = 0;        // -1: before the layers (stage 0); n_layer: after them (the last stage)
   bool expert = false;      // group "experts": sharded over ep, replicated over dp
   bool keeps_f32 = false;   // stays f32 in bf16 runs (no master copy)
+  bool muon = false;        // train.optimizer muon and a hidden matrix: one momentum, not two moments
   bool embedding_table = false;  // copied to the last stage when the head is tied to it
 };
 
@@ -109,6 +110,7 @@ ModelSummary summarize(const Config& config) {
   m.description = m.model->describe();
   m.vocab = m.model->padded_vocab_size();  // the embedding's rows (a padded vocabulary counts its padding)
   int64_t expert_params = 0, embedding_table = 0;
+  const bool muon = config.get_string("train.optimizer") == "muon";
   for (const ParamSpec& s : *specs) {
     PlacedParam p;
     p.group = s.group;
@@ -116,6 +118,7 @@ ModelSummary summarize(const Config& config) {
     p.layer = layer_of(s.name);
     p.expert = s.group == "experts";
     p.keeps_f32 = stays_f32_in_mixed_precision(NamedParameter{s.name, Tensor(), s.decay, s.group});
+    p.muon = muon && is_hidden_matrix(s.name, s.group, static_cast<int64_t>(s.shape.ndim()));
     p.embedding_table = s.name == "model.embed_tokens.weight" || s.name == "wte.weight";
     MT_ASSERT(p.layer >= -1 && p.layer <= m.n_layer, "ledger: {} placed at layer {}", s.name, p.layer);
     m.components[s.group] += p.numel;
@@ -146,7 +149,7 @@ void check_layout(const ModelSummary& m, const Config& config, const LedgerLayou
     throw Error(fmt::format("ledger: --ep {}: this {} model has no routed experts to shard; use --ep 1 (and --dp)",
                             layout.ep, m.arch));
   if (layout.zero != 0 && layout.zero != 1)
-    throw Error(fmt::format("ledger: --zero {}: expected 0 (replicated AdamW state) or 1 (sharded)", layout.zero));
+    throw Error(fmt::format("ledger: --zero {}: expected 0 (replicated optimizer state) or 1 (sharded)", layout.zero));
   if (layout.micro_batch < 1 || layout.num_micro_batches < 1)
     throw Error(fmt::format("ledger: --micro-batch {} and --micro-batches {} must be at least 1", layout.micro_batch,
                             layout.num_micro_batches));
@@ -160,8 +163,10 @@ struct StateBytes {
 StateBytes state_bytes(const ModelSummary& m, const PlacedParam& p) {
   // bf16 runs: bf16 weight and grad, f32 master and 2 moments (16 bytes); the
   // f32-kept weights have no master (4 + 4 + 8). f32/f64: weight, grad, 2 moments.
-  if (m.mixed_precision) return p.keeps_f32 ? StateBytes{4, 4, 0, 8} : StateBytes{2, 2, 4, 8};
-  return {m.param_bytes, m.param_bytes, 0, 2 * m.param_bytes};
+  // Muon's matrices (train.optimizer muon) keep one momentum instead of two moments.
+  const double slots = p.muon ? 1 : 2;
+  if (m.mixed_precision) return p.keeps_f32 ? StateBytes{4, 4, 0, 4 * slots} : StateBytes{2, 2, 4, 4 * slots};
+  return {m.param_bytes, m.param_bytes, 0, slots * m.param_bytes};
 }
 
 // True when the ranks first, first + stride, ..., first + (count - 1) stride share a node.
@@ -488,13 +493,13 @@ std::string ledger_text(const Ledger& l) {
   out += fmt::format("training FLOPs/token at seq_len {}: {:.4g}\n", l.seq_len, l.flops_per_token);
   const bool plain = l.layout.pp == 1 && l.layout.zero == 0;
   if (plain)
-    out += fmt::format("per rank (dp {} x ep {}): {} parameters, {} weights+grads+AdamW (fp32), ~{} activations "
+    out += fmt::format("per rank (dp {} x ep {}): {} parameters, {} weights+grads+optimizer (fp32), ~{} activations "
                        "per micro-batch of {} x {}\n",
                        l.layout.dp, l.layout.ep, with_commas(l.params_per_rank), human_bytes(l.state_bytes_per_rank),
                        human_bytes(l.activation_bytes_per_rank), l.batch_size, l.seq_len);
   else
     out += fmt::format(
-        "per rank (pp {} x dp {} x ep {}, zero {}): {} parameters, {} weights+grads+AdamW ({}), ~{} "
+        "per rank (pp {} x dp {} x ep {}, zero {}): {} parameters, {} weights+grads+optimizer ({}), ~{} "
         "activations ({} micro-batches of {} x {} in flight)\n",
         l.layout.pp, l.layout.dp, l.layout.ep, l.layout.zero, with_commas(l.params_per_rank),
         human_bytes(l.state_bytes_per_rank), l.dtype == "bf16" ? "bf16, f32 master" : l.dtype,

@@ -33,4 +33,11 @@ bool stays_f32_in_mixed_precision(const NamedParameter& p) {
          ends_with(".o_norm.weight");
 }
 
+bool is_hidden_matrix(std::string_view name, std::string_view group, int64_t dim) {
+  return (dim == 2 || dim == 3) && group != "embedding" && group != "lm_head" && group != "router" &&
+         !name.ends_with("_conv1d.weight");
+}
+
+bool is_hidden_matrix(const NamedParameter& p) { return is_hidden_matrix(p.name, p.group, p.tensor.dim()); }
+
 }  // namespace moetrain

@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -34,5 +35,13 @@ std::string describe(const NonFiniteTensor& t);
 // and top-k in f32) and the KDA layer's A_log, dt_bias, short-conv weights and
 // output norm weight (the layer computes between its projections in f32).
 bool stays_f32_in_mixed_precision(const NamedParameter& p);
+
+// A hidden weight matrix: a linear map between hidden spaces, [out, in] or a batch
+// of routed experts' [E, out, in]; what train.optimizer muon gives to Muon
+// (docs/model.md#muon). Not: embeddings (rows read one token at a time), the LM
+// head, the router gate, the short-convolution weights, and every 1-D parameter
+// (norms, biases, KDA's A_log and dt_bias, AttnRes vectors).
+bool is_hidden_matrix(const NamedParameter& p);
+bool is_hidden_matrix(std::string_view name, std::string_view group, int64_t dim);
 
 }  // namespace moetrain

@@ -157,61 +157,24 @@ std::optional<AdamWCoefficients> prepare(const NamedParameter& p, bool mixed, co
 }  // namespace
 
 AdamW::AdamW(const ParameterList& params, AdamWOptions options, std::vector<ElementRange> shard)
-    : params_(params), options_(options), shard_(std::move(shard)) {
+    : RuleOptimizer("adamw", params, std::move(shard)), options_(options) {
   MT_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
            "adamw: betas ({}, {}) must be in [0, 1)", options.beta1, options.beta2);
   MT_CHECK(options.eps > 0 && options.weight_decay >= 0, "adamw: eps = {} must be > 0 and weight_decay = {} >= 0",
            options.eps, options.weight_decay);
-  MT_CHECK(shard_.empty() || shard_.size() == params_.size(), "adamw: {} shard ranges for {} parameters",
-           shard_.size(), params_.size());
   NoGradGuard no_grad;
+  make_masters();  // a parameter that is bf16 already gets its f32 master from its own values (exact)
   for (size_t i = 0; i < params_.size(); ++i) {
-    const NamedParameter& p = params_[i];
-    const ElementRange r = owned(i);
-    MT_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= p.tensor.numel(),
-             "adamw: shard range [{}, {}) of {} is outside its {} elements", r.begin, r.end, p.name, p.tensor.numel());
-    // A parameter that is bf16 already gets its f32 master from its own values (exact).
-    const bool bf = p.tensor.dtype() == DType::bf16;
-    const Tensor own = owned_part(i, p.tensor.detach());
-    master_.push_back(bf ? own.to(DType::f32) : Tensor());
-    m_.push_back(zeros_like(bf ? master_.back() : own));
-    v_.push_back(zeros_like(bf ? master_.back() : own));
+    const Tensor own = master_[i].defined() ? master_[i] : owned_part(i, params_[i].tensor.detach());
+    m_.push_back(zeros_like(own));
+    v_.push_back(zeros_like(own));
   }
 }
 
-ElementRange AdamW::owned(size_t i) const {
-  return shard_.empty() ? ElementRange{0, params_[i].tensor.numel()} : shard_[i];
-}
-
-Tensor AdamW::owned_part(size_t i, const Tensor& t) const {
-  if (shard_.empty()) return t;
-  return alias(t, Shape{shard_[i].size()}, shard_[i].begin);
-}
-
-int64_t AdamW::state_bytes() const {
-  int64_t bytes = 0;
-  for (size_t i = 0; i < params_.size(); ++i)
-    bytes += m_[i].nbytes() + v_[i].nbytes() + (master_[i].defined() ? master_[i].nbytes() : 0);
-  return bytes;
-}
-
-void AdamW::convert_to_bf16(const std::function<bool(const NamedParameter&)>& select) {
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const NamedParameter& p = params_[i];
-    if (master_[i].defined() || !select(p)) continue;
-    MT_CHECK(p.tensor.dtype() == DType::f32 && m_[i].dtype() == DType::f32 && v_[i].dtype() == DType::f32,
-             "adamw: mixed precision needs f32 parameters and moments; {} is {} (moments {})", p.name,
-             describe(p.tensor), describe(m_[i]));
-    master_[i] = owned_part(i, p.tensor.detach()).clone();
-    convert_dtype_(p.tensor, DType::bf16);
-  }
-}
-
-void AdamW::round_parameters_from_master() {
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (master_[i].defined()) copy_(owned_part(i, params_[i].tensor.detach()), master_[i].to(DType::bf16));
+Tensor AdamW::slot(const std::string& name, size_t i) const {
+  if (name == "exp_avg") return m_[i];
+  if (name == "exp_avg_sq") return v_[i];
+  return {};
 }
 
 void AdamW::step(double lr) {
@@ -306,10 +269,6 @@ std::optional<NonFiniteTensor> AdamW::non_finite_update(double lr) const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (counts[i] > 0) return NonFiniteTensor{params_[i].name, params_[i].tensor.shape(), counts[i]};
   return std::nullopt;
-}
-
-void AdamW::zero_grad() {
-  for (const NamedParameter& p : params_) p.tensor.zero_grad();
 }
 
 double grad_squared_sum_from(double start, const std::vector<Tensor>& parts) {

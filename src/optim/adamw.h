@@ -17,6 +17,7 @@
 
 #include "core/tensor.h"
 #include "nn/parameters.h"
+#include "optim/optimizer.h"
 
 namespace moetrain {
 
@@ -24,15 +25,8 @@ struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
 };
 
-// Elements [begin, end) of a parameter, flattened in its row-major order: the
-// part of it that this rank's optimizer updates under train.zero 1 (the
-// distributed optimizer, docs/parallelism.md). Empty (begin == end): none.
-struct ElementRange {
-  int64_t begin = 0, end = 0;
-  int64_t size() const { return end - begin; }
-};
-
-class AdamW {
+// Slots (checkpoint groups): "exp_avg" (m) and "exp_avg_sq" (v).
+class AdamW : public RuleOptimizer {
  public:
   // Parameters with decay == false get no weight decay. With `shard` (one range
   // per parameter; train.zero 1) the optimizer owns only those elements: its
@@ -44,7 +38,7 @@ class AdamW {
 
   // One update with learning rate lr, using each parameter's grad()
   // (parameters without a gradient are skipped, their moments untouched).
-  void step(double lr);
+  void step(double lr) override;
   // Whether the next step(lr) would keep every value finite, without taking it:
   // computes what step(lr) would (step t = steps() + 1, the same coefficients and
   // the same per-element code, CPU clone and multiply-add contraction, so the
@@ -66,51 +60,23 @@ class AdamW {
   // step (no step(), so steps() and the moments stay as they were) and counts it
   // as it counts a non-finite gradient. Gradients, parameters, moments and
   // steps() must not change between this call and step(lr).
-  std::optional<NonFiniteTensor> non_finite_update(double lr) const;
-  // Drops all gradients (the next backward starts from zero).
-  void zero_grad();
+  std::optional<NonFiniteTensor> non_finite_update(double lr) const override;
 
-  int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return options_; }
-  // Whether a shard was given (train.zero 1), and the elements of parameter i owned.
-  bool sharded() const { return !shard_.empty(); }
-  ElementRange owned(size_t i) const;
-  // Bytes of the moments and master copies this optimizer holds.
-  int64_t state_bytes() const;
-  // Moment tensors, in parameter order (checkpoints).
+  std::vector<std::string> slot_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  Tensor slot(const std::string& name, size_t i) const override;
+  // Moment tensors, in parameter order.
   std::vector<Tensor>& exp_avg() { return m_; }
   std::vector<Tensor>& exp_avg_sq() { return v_; }
   const std::vector<Tensor>& exp_avg() const { return m_; }
   const std::vector<Tensor>& exp_avg_sq() const { return v_; }
-  void set_steps(int64_t steps) { step_ = steps; }
-
-  // Mixed precision: each f32 parameter that `select` picks becomes bf16 in place
-  // (every handle sees it; its gradient is dropped) and its f32 values become the
-  // master copy. Call once the parameters and moments are on their device and a
-  // resume has loaded them (the moments must be f32).
-  void convert_to_bf16(const std::function<bool(const NamedParameter&)>& select);
-  // The f32 master copy of each parameter (sharded: of its owned elements, flat),
-  // in parameter order; undefined for a parameter that is its own master
-  // (f32/f64 training, or kept f32 in bf16).
-  const std::vector<Tensor>& master_weights() const { return master_; }
-  // What a checkpoint saves as parameter i: its master copy, else the parameter.
-  // Sharded with a master: the owned elements only (flat).
-  Tensor master_or_parameter(size_t i) const {
-    return master_[i].defined() ? master_[i] : params_[i].tensor;
-  }
-  // After a checkpoint load wrote new master values: each bf16 parameter becomes
-  // its master rounded to nearest even (sharded: its owned elements).
-  void round_parameters_from_master();
-  // The owned elements of t (parameter i or its gradient) as a flat view; t itself
-  // when not sharded.
-  Tensor owned_part(size_t i, const Tensor& t) const;
+  // Mixed precision (convert_to_bf16, master_weights, round_parameters_from_master:
+  // optim/optimizer.h): the f32 master of each parameter (sharded: of its owned
+  // elements, flat); the moments must be f32.
 
  private:
-  ParameterList params_;
   AdamWOptions options_;
-  std::vector<ElementRange> shard_;  // empty: every element of every parameter
-  std::vector<Tensor> m_, v_, master_;
-  int64_t step_ = 0;
+  std::vector<Tensor> m_, v_;
 };
 
 // Global L2 norm of all gradients (accumulated in double); when max_norm > 0 and

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/grad_mode.h"
 #include "ops/elementwise/elementwise.h"
@@ -21,6 +22,14 @@ bool is_float(DType t) { return t == DType::f32 || t == DType::f64; }
 
 // A matrix [A, B] or a batch [E, A, B] (what Muon updates).
 bool is_matrix_or_batch(const Tensor& t) { return t.dim() == 2 || t.dim() == 3; }
+
+// The largest |element| of t (NaN when t holds one), read on the host.
+double muon_max_abs(const Tensor& t) {
+  const Tensor flat = reshape(t, {t.numel()});
+  const double hi = max(flat, 0).to(DType::f64).to(kCpu).item<double>();
+  const double lo = max(neg(flat), 0).to(DType::f64).to(kCpu).item<double>();
+  return std::isnan(hi) || std::isnan(lo) ? std::nan("") : std::max(hi, lo);
+}
 
 }  // namespace
 
@@ -87,52 +96,43 @@ void muon_update(const Tensor& param, const Tensor& grad, const Tensor& momentum
   add_(w, x, -lr * muon_update_scale(w.size(-2), w.size(-1)));  // − η · 0.2 √max(A, B) · X
 }
 
-Muon::Muon(const ParameterList& params, MuonOptions options) : params_(params), options_(options) {
+Muon::Muon(const ParameterList& params, MuonOptions options, std::vector<ElementRange> shard)
+    : RuleOptimizer("muon", params, std::move(shard)), options_(options) {
   validate(options_);
   NoGradGuard no_grad;
-  for (const NamedParameter& p : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
     const DType dt = p.tensor.dtype();
     MT_CHECK(is_matrix_or_batch(p.tensor) && (is_float(dt) || dt == DType::bf16),
              "muon: {} is {}; Muon updates f32, f64 or bf16 matrices [A, B] and expert batches [E, A, B]; "
              "give 1-D parameters, embeddings, the LM head and norms to AdamW (docs/model.md#muon)",
              p.name, describe(p.tensor));
-    // A parameter that is bf16 already gets its f32 master from its own values (exact).
-    const bool bf = dt == DType::bf16;
-    master_.push_back(bf ? p.tensor.detach().to(DType::f32) : Tensor());
-    m_.push_back(zeros_like(bf ? master_.back() : p.tensor.detach()));
+    const ElementRange r = owned(i);
+    const int64_t matrix = p.tensor.size(-2) * p.tensor.size(-1);
+    MT_CHECK(matrix == 0 || (r.begin % matrix == 0 && r.end % matrix == 0),
+             "muon: {} {} is owned in part ([{}, {}) of its elements): Muon needs whole matrices of {} elements on "
+             "one rank", p.name, p.tensor.shape(), r.begin, r.end, matrix);
   }
+  make_masters();  // a parameter that is bf16 already gets its f32 master from its own values (exact)
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor own = master_[i].defined() ? master_[i] : state_view(i, params_[i].tensor.detach());
+    m_.push_back(own.defined() ? zeros_like(own) : Tensor());
+  }
+}
+
+Tensor Muon::state_view(size_t i, const Tensor& t) const {
+  const ElementRange r = owned(i);
+  if (r.size() == 0) return {};
+  if (r.size() == t.numel()) return t;
+  // train.zero 1: a run of whole matrices of an expert batch [E, A, B].
+  const int64_t A = t.size(-2), B = t.size(-1);
+  return alias(t, Shape{r.size() / (A * B), A, B}, r.begin);
 }
 
 const Tensor& Muon::momentum(const std::string& name) const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].name == name) return m_[i];
   MT_THROW("muon: no parameter named {} among its {} parameters", name, params_.size());
-}
-
-int64_t Muon::state_bytes() const {
-  int64_t bytes = 0;
-  for (size_t i = 0; i < params_.size(); ++i)
-    bytes += m_[i].nbytes() + (master_[i].defined() ? master_[i].nbytes() : 0);
-  return bytes;
-}
-
-void Muon::convert_to_bf16(const std::function<bool(const NamedParameter&)>& select) {
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const NamedParameter& p = params_[i];
-    if (master_[i].defined() || !select(p)) continue;
-    MT_CHECK(p.tensor.dtype() == DType::f32 && m_[i].dtype() == DType::f32,
-             "muon: mixed precision needs f32 parameters and momentum; {} is {} (momentum {})", p.name,
-             describe(p.tensor), describe(m_[i]));
-    master_[i] = p.tensor.detach().clone();
-    convert_dtype_(p.tensor, DType::bf16);
-  }
-}
-
-void Muon::round_parameters_from_master() {
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (master_[i].defined()) copy_(params_[i].tensor.detach(), master_[i].to(DType::bf16));
 }
 
 void Muon::step(double lr) {
@@ -142,7 +142,7 @@ void Muon::step(double lr) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const NamedParameter& p = params_[i];
     const Tensor g = p.tensor.grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || !m_[i].defined()) continue;
     const DType want = master_[i].defined() ? DType::bf16 : p.tensor.dtype();
     MT_CHECK(g.dtype() == want && g.device() == p.tensor.device() && g.shape() == p.tensor.shape(),
              "muon: {} is {} but its gradient is {}; expected a {} gradient of the same shape and device", p.name,
@@ -152,22 +152,56 @@ void Muon::step(double lr) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const NamedParameter& p = params_[i];
     const Tensor g = p.tensor.grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || !m_[i].defined()) continue;  // no gradient, or another rank's (train.zero 1)
     MuonOptions o = options_;
     if (!p.decay) o.weight_decay = 0;
+    const Tensor w = state_view(i, p.tensor.detach()), own_g = state_view(i, g);
     if (!master_[i].defined()) {
-      muon_update(p.tensor, g, m_[i], lr, o);
+      muon_update(w, own_g, m_[i], lr, o);
       continue;
     }
     // Mixed precision: the bf16 gradient widened to f32 (exact), the f32 master
     // updated as an f32 parameter would be, the bf16 parameter rounded from it.
-    muon_update(master_[i], g.to(DType::f32), m_[i], lr, o);
-    copy_(p.tensor.detach(), master_[i].to(DType::bf16));
+    muon_update(master_[i], own_g.to(DType::f32), m_[i], lr, o);
+    copy_(w, master_[i].to(DType::bf16));
   }
 }
 
-void Muon::zero_grad() {
-  for (const NamedParameter& p : params_) p.tensor.zero_grad();
+std::optional<NonFiniteTensor> Muon::non_finite_update(double lr) const {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const NamedParameter& p = params_[i];
+    Tensor g = p.tensor.grad();
+    if (!g.defined() || !m_[i].defined()) continue;
+    g = state_view(i, g);
+    const Tensor w = master_[i].defined() ? master_[i] : state_view(i, p.tensor.detach());
+    if (master_[i].defined()) g = g.to(DType::f32);
+    const double mu = options_.momentum;
+    // The same ops, in the same order, as muon_update.
+    const Tensor m = add(mul_scalar(m_[i], mu), g);
+    const Tensor n = options_.nesterov ? add(g, mul_scalar(m, mu)) : m;
+    const int64_t bad_m = count_non_finite(m), bad_n = count_non_finite(n);
+    if (bad_m > 0 || bad_n > 0) return NonFiniteTensor{p.name, p.tensor.shape(), std::max(bad_m, bad_n)};
+    // The Frobenius norms newton_schulz divides by (an infinite one would zero X).
+    const int64_t A = w.size(-2), B = w.size(-1), E = w.dim() == 3 ? w.size(0) : 1;
+    const Tensor norms = sqrt(sum(reshape(square(n), {E, A * B}), 1));
+    if (const int64_t bad = count_non_finite(norms); bad > 0)
+      return NonFiniteTensor{p.name, p.tensor.shape(), bad * A * B};
+    const double decay = 1.0 - lr * (p.decay ? options_.weight_decay : 0.0);
+    const double step = lr * muon_update_scale(A, B) * 2.0;
+    const double largest = w.dtype() == DType::f64 ? std::numeric_limits<double>::max()
+                                                   : static_cast<double>(std::numeric_limits<float>::max());
+    // bf16 parameters: the master's rounding must stay finite too (bf16's largest is just below f32's).
+    const double limit = master_[i].defined() ? std::ldexp(1.99609375, 127) : largest;
+    const double worst = muon_max_abs(w) * std::fabs(decay) + step;
+    if (std::isfinite(worst) && worst < limit / 2) continue;
+    // Near the limit: the update in full, counted.
+    const Tensor x = newton_schulz(n, options_.ns_steps, options_.eps);
+    Tensor next = add(mul_scalar(w, decay), mul_scalar(x, -lr * muon_update_scale(A, B)));
+    if (master_[i].defined()) next = next.to(DType::bf16);
+    if (const int64_t bad = count_non_finite(next); bad > 0) return NonFiniteTensor{p.name, p.tensor.shape(), bad};
+  }
+  return std::nullopt;
 }
 
 }  // namespace moetrain

@@ -15,7 +15,8 @@
 // f32 master (mixed precision as AdamW: the bf16 gradient widened to f32, master and
 // momentum f32, the bf16 parameter rounded from the master to nearest even).
 //
-// Not wired into the trainer yet (train.optimizer is AdamW only; docs/model.md#muon).
+// train.optimizer: muon (optim/make_optimizer.h) chains it with AdamW: Muon on the
+// hidden matrices, AdamW on the rest (docs/model.md#muon).
 #pragma once
 
 #include <functional>
@@ -24,6 +25,7 @@
 
 #include "core/tensor.h"
 #include "nn/parameters.h"
+#include "optim/optimizer.h"
 
 namespace moetrain {
 
@@ -60,53 +62,52 @@ Tensor newton_schulz(const Tensor& x, int64_t steps, double eps = 1e-7);
 void muon_update(const Tensor& param, const Tensor& grad, const Tensor& momentum, double lr,
                  const MuonOptions& options);
 
-class Muon {
+// Slot (checkpoint group): "momentum" (M, the parameter's shape).
+class Muon : public RuleOptimizer {
  public:
   // Every parameter must be a matrix [A, B] or a batch [E, A, B] of f32, f64 or
   // bf16 (throws naming the parameter otherwise: 1-D parameters, embeddings, the LM
   // head and norms belong to AdamW, docs/model.md#muon). Parameters with
   // decay == false get no weight decay. Momentum buffers start at zero, in the
   // parameter's dtype (f32 for a bf16 parameter, whose f32 values become its master).
-  Muon(const ParameterList& params, MuonOptions options);
+  // With `shard` (train.zero 1) each range must be the whole parameter or empty:
+  // Muon orthogonalises whole matrices, so a parameter is owned by one rank of its
+  // replica group (train/distributed.h make_zero_shards); the others keep no
+  // momentum or master for it and get its new values from the owner.
+  Muon(const ParameterList& params, MuonOptions options, std::vector<ElementRange> shard = {});
 
   // One update with learning rate lr, using each parameter's grad() (parameters
   // without a gradient are skipped, their momentum untouched). The gradients are
   // the step's full accumulated gradients: call once per optimizer step, never per
   // micro-batch (the orthogonalisation is not linear).
-  void step(double lr);
-  // Drops all gradients (the next backward starts from zero).
-  void zero_grad();
+  void step(double lr) override;
+  // Whether step(lr) would keep every owned parameter and momentum finite, without
+  // taking it (the Optimizer contract). The new momentum and Newton-Schulz input
+  // are computed (two elementwise passes) and counted; their Frobenius norm must be
+  // finite; then each new weight w (1 − η λ) − η s X is finite wherever
+  // |w (1 − η λ)| + η s · 2 is below the dtype's largest value (X's entries are
+  // bounded by its spectral norm, at most 1.21 for the band above: 2 leaves room for
+  // rounding); a parameter with an entry outside that bound has its update computed
+  // in full and counted.
+  std::optional<NonFiniteTensor> non_finite_update(double lr) const override;
 
-  int64_t steps() const { return step_; }
-  void set_steps(int64_t steps) { step_ = steps; }
   const MuonOptions& options() const { return options_; }
-  const ParameterList& parameters() const { return params_; }
-  // Bytes of the momentum buffers and master copies this optimizer holds.
-  int64_t state_bytes() const;
+  std::vector<std::string> slot_names() const override { return {"momentum"}; }
+  Tensor slot(const std::string& name, size_t i) const override { return name == "momentum" ? m_[i] : Tensor(); }
   // The momentum buffer M of each parameter, in parameter order, shaped as the
-  // parameter (checkpoints); momentum(name) finds one by parameter name (throws
-  // when no parameter has that name).
+  // parameter (undefined where this rank owns none of it); momentum(name) finds
+  // one by parameter name (throws when no parameter has that name).
   std::vector<Tensor>& momentum_buffers() { return m_; }
   const std::vector<Tensor>& momentum_buffers() const { return m_; }
   const Tensor& momentum(const std::string& name) const;
 
-  // Mixed precision, as AdamW::convert_to_bf16: each f32 parameter that `select`
-  // picks becomes bf16 in place (every handle sees it; its gradient is dropped) and
-  // its f32 values become the master copy. Its momentum must be f32.
-  void convert_to_bf16(const std::function<bool(const NamedParameter&)>& select);
-  // The f32 master copy of each parameter, in parameter order; undefined for a
-  // parameter that is its own master.
-  const std::vector<Tensor>& master_weights() const { return master_; }
-  Tensor master_or_parameter(size_t i) const { return master_[i].defined() ? master_[i] : params_[i].tensor; }
-  // After new master values were written (a checkpoint load, QK-Clip): each bf16
-  // parameter becomes its master rounded to nearest even.
-  void round_parameters_from_master();
+ protected:
+  // A whole parameter keeps its shape (the rule works on matrices); undefined when not owned.
+  Tensor state_view(size_t i, const Tensor& t) const override;
 
  private:
-  ParameterList params_;
   MuonOptions options_;
-  std::vector<Tensor> m_, master_;
-  int64_t step_ = 0;
+  std::vector<Tensor> m_;
 };
 
 }  // namespace moetrain

@@ -11,7 +11,7 @@
 #include "comm/grad_sync.h"
 #include "core/grad_mode.h"
 #include "nn/hybrid.h"
-#include "optim/adamw.h"
+#include "optim/make_optimizer.h"
 
 namespace moetrain {
 
@@ -97,15 +97,27 @@ comm::Communicator* replica_group(const Distributed& d, const NamedParameter& p)
   return d.grid.pp > 1 ? d.grid.stage_group.get() : d.world;
 }
 
-std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& params) {
+std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& params,
+                                           const OptimizerOptions& options) {
   d.zero_groups.clear();
   for (const ReplicaGroup& g : replica_groups(d, params))
     d.zero_groups.push_back(comm::ZeroGroup{g.comm, g.expert_shards, g.params, {}});
   std::vector<ElementRange> owned(params.size());
   for (comm::ZeroGroup& g : d.zero_groups) {
-    std::vector<int64_t> numels;
-    for (size_t i : g.params) numels.push_back(params[i].tensor.numel());
-    g.shards = comm::make_flat_shards(numels, g.comm->size());
+    std::vector<int64_t> numels, units;
+    std::vector<double> costs;
+    bool whole_matrices = false;
+    for (size_t i : g.params) {
+      const Tensor& t = params[i].tensor;
+      numels.push_back(t.numel());
+      const bool muon = uses_muon(options, params[i]);
+      whole_matrices |= muon;
+      units.push_back(muon && t.numel() > 0 ? t.size(-2) * t.size(-1) : 1);
+      costs.push_back(update_cost(options, params[i]));
+    }
+    // AdamW alone: element ranges of equal size (the layout of every earlier zero 1 run).
+    g.shards = whole_matrices ? comm::make_flat_shards(numels, g.comm->size(), units, costs)
+                              : comm::make_flat_shards(numels, g.comm->size());
     for (size_t k = 0; k < g.params.size(); ++k) {
       const auto [a, b] = g.shards.owned(k, g.comm->rank());
       owned[g.params[k]] = {a, b};
@@ -399,14 +411,17 @@ void gather_parameters(Distributed& d, const LanguageModel& model) {
   }
 }
 
-Tensor full_master(Distributed& d, const LanguageModel& model, const AdamW& opt, size_t i) {
-  const Tensor own = opt.master_or_parameter(i);
-  if (!d.zero || !opt.master_weights()[i].defined()) return own;
+Tensor full_master(Distributed& d, const LanguageModel& model, const Optimizer& opt, size_t i) {
   const NamedParameter& p = model.parameters()[i];
-  return alias(comm::all_gather_owned(*replica_group(d, p), own.detach()), p.tensor.shape());
+  // The same decision on every rank of the group: a bf16 parameter has its master
+  // on the ranks that own some of it (a Muon matrix: on one), none elsewhere.
+  if (!d.zero || !opt.sharded() || p.tensor.dtype() != DType::bf16) return opt.master_or_parameter(i);
+  const Tensor master = opt.master(i);
+  const Tensor own = master.defined() ? master.detach() : empty({0}, DType::f32, p.tensor.device());
+  return alias(comm::all_gather_owned(*replica_group(d, p), own), p.tensor.shape());
 }
 
-ParameterList full_state(Distributed& d, const LanguageModel& model, const AdamW* opt) {
+ParameterList full_state(Distributed& d, const LanguageModel& model, const Optimizer* opt) {
   ParameterList out;
   NoGradGuard no_grad;
   comm::WatchdogLabel label("expert gather");

@@ -21,7 +21,7 @@
 #include "config/config.h"
 #include "nn/language_model.h"
 #include "nn/moe.h"
-#include "optim/adamw.h"
+#include "optim/make_optimizer.h"
 
 namespace moetrain {
 
@@ -48,8 +48,12 @@ comm::Communicator* replica_group(const Distributed& d, const NamedParameter& p)
 
 // train.zero 1: groups the parameters by replica group, splits each group's
 // elements over its ranks (comm::FlatShards) into d.zero_groups, and returns the
-// elements of each parameter this rank owns (for AdamW's shard). Not collective.
-std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& params);
+// elements of each parameter this rank owns (the optimizer's shard). AdamW's
+// parameters are cut anywhere (equal element counts); under train.optimizer muon
+// the Muon parameters only between whole matrices and the shares are balanced by
+// update_cost (optim/make_optimizer.h). Not collective.
+std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& params,
+                                           const OptimizerOptions& options = {});
 
 // Prints (root) one line per rank: rank, host, pp/dp/ep index, threads. Collective.
 void log_rank_table(Distributed& d, int threads);
@@ -73,8 +77,8 @@ std::unique_ptr<autograd::GradReadyHookGuard> begin_overlapped_grad_sync(Distrib
 // which is the fold over the whole list that zero 0 does: the same norm bit for
 // bit on the CPU; only owned elements are scaled.
 double clip_grad_norm(Distributed& d, const LanguageModel& model, double max_norm);
-// train.zero 1, after AdamW updated the owned elements: all-gathers them so every
-// replica holds every updated parameter. Collective.
+// train.zero 1, after the optimizer updated the owned elements: all-gathers them
+// so every replica holds every updated parameter. Collective.
 void gather_parameters(Distributed& d, const LanguageModel& model);
 // Sums the MoE layers' assignment counts over the world (before the bias update),
 // so every rank moves its router biases identically.
@@ -84,14 +88,15 @@ double mean_over_world(Distributed& d, double value);
 // The step's loss: the mean over the replicas of the last stage's losses (each
 // rank's at pp = 1); `value` is ignored on the other stages. Collective.
 double mean_loss(Distributed& d, double value);
-// train.zero 1 with mixed precision: parameter i's f32 master at full size (its
-// owned parts all-gathered over the replica group); otherwise
-// opt.master_or_parameter(i). Collective over the replica group when gathering.
-Tensor full_master(Distributed& d, const LanguageModel& model, const AdamW& opt, size_t i);
+// train.zero 1 with mixed precision: bf16 parameter i's f32 master at full size
+// (its owned parts all-gathered over the replica group, every rank taking part);
+// otherwise opt.master_or_parameter(i). Collective over the replica group when
+// gathering.
+Tensor full_master(Distributed& d, const LanguageModel& model, const Optimizer& opt, size_t i);
 // Parameters and buffers at full size (expert shards gathered over the ep group;
 // with pp > 1 every stage's sent to the root), to save on the root; with `opt`, a
 // bf16 parameter's f32 master copy stands for it (mixed precision). Collective;
 // complete on the root only when pp > 1.
-ParameterList full_state(Distributed& d, const LanguageModel& model, const AdamW* opt = nullptr);
+ParameterList full_state(Distributed& d, const LanguageModel& model, const Optimizer* opt = nullptr);
 
 }  // namespace moetrain

@@ -21,8 +21,16 @@ TrainOptions TrainOptions::from(const Config& config) {
   o.max_steps = config.get_int("train.max_steps");
   o.seed = static_cast<uint64_t>(config.get_int("train.seed"));
   o.threads = config.get_int("train.threads");
-  o.adamw = {config.get_number("train.beta1"), config.get_number("train.beta2"), config.get_number("train.eps"),
-             config.get_number("train.weight_decay")};
+  o.optimizer.kind = config.get_string("train.optimizer");
+  o.optimizer.adamw = {config.get_number("train.beta1"), config.get_number("train.beta2"),
+                       config.get_number("train.eps"), config.get_number("train.weight_decay")};
+  o.optimizer.muon = {.momentum = config.get_number("train.muon_momentum"),
+                      .nesterov = config.get_bool("train.muon_nesterov"),
+                      .ns_steps = config.get_int("train.muon_ns_steps"),
+                      .weight_decay = config.get_number("train.weight_decay"),
+                      .eps = config.get_number("train.muon_eps")};
+  o.qk_clip = config.get_bool("train.qk_clip");
+  o.qk_clip_tau = config.get_number("train.qk_clip_tau");
   o.schedule = lr_schedule_of(config);
   // A config whose warmup outlasts the run never reaches train.lr: an error when the
   // config sets both. When --set shortened the run (a smoke test of a real config),

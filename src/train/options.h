@@ -9,7 +9,7 @@
 
 #include "config/config.h"
 #include "data/synthetic.h"
-#include "optim/adamw.h"
+#include "optim/make_optimizer.h"
 #include "optim/schedule.h"
 #include "train/sampling.h"
 
@@ -20,7 +20,9 @@ struct TrainOptions {
   int64_t batch_size = 0, seq_len = 0, grad_accum = 1, max_steps = 0;
   uint64_t seed = 0;
   int64_t threads = 0;             // 0: the CLI's default (cores / ranks on this node)
-  AdamWOptions adamw;
+  OptimizerOptions optimizer;      // train.optimizer and its rules' settings
+  bool qk_clip = false;            // train.qk_clip
+  double qk_clip_tau = 100;
   LrSchedule schedule;
   double grad_clip = 0;            // 0: no clipping
   bool decay_embeddings = false;

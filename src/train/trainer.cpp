@@ -107,12 +107,12 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
                model.flops_per_token(seq_len) * tokens_per_step, with_commas(tokens_per_step));
   if (ledger.layout.pp > 1) {  // the ledger's worst stage: its state and its 1F1B micro-batches in flight
     const StageLedger& worst = ledger.stages[static_cast<size_t>(ledger.worst_stage)];
-    spdlog::info("  memory estimate per rank (ledger, stage {}, the largest): {} weights+grads+AdamW, ~{} activations "
+    spdlog::info("  memory estimate per rank (ledger, stage {}, the largest): {} weights+grads+optimizer state, ~{} activations "
                  "({} micro-batches in flight)",
                  ledger.worst_stage, human_bytes(ledger.state_bytes_per_rank),
                  human_bytes(ledger.activation_bytes_per_rank), worst.num_micro_batches_in_flight);
   } else {
-    spdlog::info("  memory estimate per rank (ledger): {} weights+grads+AdamW, ~{} activations per micro-batch",
+    spdlog::info("  memory estimate per rank (ledger): {} weights+grads+optimizer state, ~{} activations per micro-batch",
                  human_bytes(ledger.state_bytes_per_rank), human_bytes(ledger.activation_bytes_per_rank));
   }
 }
@@ -261,14 +261,24 @@ void Trainer::build() {
   if (train_.decay_embeddings)
     for (NamedParameter& p : params)
       if (p.group == "embedding") p.decay = true;
-  opt_ = std::make_unique<AdamW>(params, train_.adamw,
-                                 dist_.zero ? make_zero_shards(dist_, params) : std::vector<ElementRange>{});
-  if (dist_.zero && dist_.root())  // what the moments (and bf16 runs' masters) take here, against zero 0
-    spdlog::info("train.zero 1: AdamW moments on rank 0: {} of the {} a whole copy takes (sharded over the {} "
+  opt_ = make_optimizer(params, train_.optimizer,
+                        dist_.zero ? make_zero_shards(dist_, params, train_.optimizer) : std::vector<ElementRange>{});
+  if (train_.optimizer.kind == "muon" && dist_.root()) {
+    int64_t muon = 0;
+    for (const NamedParameter& p : params) muon += uses_muon(train_.optimizer, p) ? p.tensor.numel() : 0;
+    spdlog::info("train.optimizer muon: Muon on {} of the {} parameters (hidden matrices), AdamW on the rest "
+                 "(embeddings, LM head, router gate, norms, biases, vectors)", with_commas(muon),
+                 with_commas(count_parameters(params)));
+  }
+  if (dist_.zero && dist_.root()) {  // what the optimizer state takes here, against a whole copy
+    double whole = 0;  // AdamW: two moments; Muon: one momentum, in the parameter's dtype
+    for (const NamedParameter& p : params)
+      whole += (uses_muon(train_.optimizer, p) ? 1.0 : 2.0) * static_cast<double>(p.tensor.nbytes());
+    spdlog::info("train.zero 1: optimizer state on rank 0: {} of the {} a whole copy takes (sharded over the {} "
                  "replicas of the replicated parameters{})", human_bytes(static_cast<double>(opt_->state_bytes())),
-                 human_bytes(2.0 * static_cast<double>(count_parameters(params) * dtype_size(model_->dtype()))),
-                 dist_.grid.replicas(),
+                 human_bytes(whole), dist_.grid.replicas(),
                  dist_.grid.ep > 1 ? fmt::format(" and the {} of each expert shard", dist_.grid.dp) : "");
+  }
   saver_ = std::make_unique<CheckpointSaver>(dist_, ckpt_.run_dir, config_, ckpt_.async);
   save_options_.keep_last = ckpt_.keep_last;
   if (train_.profile) profile::reset();
@@ -314,6 +324,17 @@ void Trainer::check_config_changes(const std::string& dir, int64_t step) {
                              "padding in the other); resume with model.vocab_size {}, or export the checkpoint "
                              "(moetrain export) and start from it with model.init_from",
                              vocab, dir, saved_vocab, saved_vocab));
+  // The optimizer's state is its rule's (AdamW's moments, Muon's momentum): another
+  // rule would start with state of the wrong kind or none.
+  const std::string saved_optimizer = saved->get_string("train.optimizer");
+  if (saved_optimizer != train_.optimizer.kind)
+    config_.fail("train.optimizer",
+                 fmt::format("is {} but {} was saved with {}: its optimizer state ({}) does not fit {}; resume with "
+                             "train.optimizer: {}, or export the checkpoint (moetrain export) and start a new run "
+                             "from it with model.init_from (fresh optimizer state)", train_.optimizer.kind, dir,
+                             saved_optimizer, saved_optimizer == "muon" ? "Muon's momentum and AdamW's moments"
+                                                                        : "AdamW's moments",
+                             train_.optimizer.kind, saved_optimizer));
   std::vector<std::string> changed;
   for (const KeySpec& spec : config_schema()) {
     const std::string before = saved->value_yaml(spec.key), now = config_.value_yaml(spec.key);
@@ -385,19 +406,20 @@ void Trainer::place_on_device() {
     // its gates and state in f32) and whose other products are bf16 already.
     cuda::set_kda_tensor_cores(train_.tf32 || train_.mixed_precision);
     for (const NamedParameter& p : params) move_to_device_(p.tensor, device_);
-    for (const Tensor& t : opt_->exp_avg()) move_to_device_(t, device_);
-    for (const Tensor& t : opt_->exp_avg_sq()) move_to_device_(t, device_);
+    for (const std::string& name : opt_->slot_names())
+      for (size_t i = 0; i < params.size(); ++i)
+        if (const Tensor t = opt_->slot(name, i); t.defined()) move_to_device_(t, device_);
     spdlog::info("training on {} ({})", device_, cuda::device_name(device_.index));
     // train.profile: times on the GPU, between CUDA events (docs/training.md), not the host's launch times.
     if (train_.profile) profile::set_device_clock(cuda::event_clock(device_.index));
   }
   if (!train_.mixed_precision) return;
-  // Parameters become bf16 on the device; AdamW keeps their f32 values as master
-  // weights (what checkpoints and the exported model hold).
+  // Parameters become bf16 on the device; the optimizer keeps their f32 values as
+  // master weights (what checkpoints and the exported model hold).
   opt_->convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
   int64_t kept = 0;
   for (const NamedParameter& p : params) kept += p.tensor.dtype() == DType::f32 ? p.tensor.numel() : 0;
-  spdlog::info("mixed precision: bf16 parameters and activations, f32 master weights and AdamW moments; {} of {} "
+  spdlog::info("mixed precision: bf16 parameters and activations, f32 master weights and optimizer state; {} of {} "
                "parameters stay f32 (router, KDA gate, conv and output norm)", with_commas(kept),
                with_commas(count_parameters(params)));
 }
@@ -543,7 +565,7 @@ StepResult Trainer::skip(StepResult r, std::string why) {
   return r;
 }
 
-// train.check_update: what would not stay finite if AdamW updated now, on any rank
+// train.check_update: what would not stay finite if the optimizer updated now, on any rank
 // (expert shards differ between ranks: one tiny all-reduce agrees), or nullopt.
 std::optional<std::string> Trainer::update_problem(double lr) {
   if (!train_.check_update) return std::nullopt;
@@ -566,7 +588,7 @@ std::optional<std::string> Trainer::update_problem(double lr) {
                            ranks_with_problem, ranks_with_problem == 1 ? "" : "s");
 }
 
-// The router biases from this step's assignments (summed over the ranks), then AdamW.
+// The router biases from this step's assignments (summed over the ranks), then the optimizer.
 MoeStepSummary Trainer::update(double lr) {
   all_reduce_moe_stats(dist_, *model_);
   MoeStepSummary moe = moe_step(*model_);

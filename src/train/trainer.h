@@ -4,7 +4,7 @@
 // A Trainer is one run's lifecycle, read top to bottom by train():
 //   Trainer(config)  options read once, the process grid, the run directory's
 //                    lock, data (token shards or a synthetic memory task), the
-//                    model, AdamW and its schedule, the fault plan
+//                    model, the optimizer (train.optimizer) and its schedule, the fault plan
 //   resume()         the checkpoint ckpt.resume names (if any) loaded, the device
 //                    placement, then the start made durable in the run directory
 //   train_step()     one optimizer step: the micro-batches through the model
@@ -31,7 +31,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "nn/ledger.h"
-#include "optim/adamw.h"
+#include "optim/make_optimizer.h"
 #include "train/distributed.h"
 #include "train/fault.h"
 #include "train/metrics.h"
@@ -104,7 +104,7 @@ class Trainer {
   TrainSummary finish();
 
   LanguageModel& model() { return *model_; }
-  const AdamW& optimizer() const { return *opt_; }
+  const Optimizer& optimizer() const { return *opt_; }
   const TrainProgress& progress() const { return progress_; }
 
  private:
@@ -146,7 +146,7 @@ class Trainer {
   std::optional<Ledger> ledger_;
   std::unique_ptr<LanguageModel> model_;        // under pp: this rank's stage
   std::unique_ptr<LanguageModel> whole_model_;  // under pp: train/pipeline.h's pipelined view of model_
-  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<Optimizer> opt_;
   Device device_ = kCpu;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<CheckpointSaver> saver_;
