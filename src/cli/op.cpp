@@ -16,6 +16,9 @@
 //     mode, chunk_size for the KDA ops); some outputs are values only (latent_moe's
 //     topk_idx, an i64 dataset, and topk_weight): no upstream gradient is read for them;
 //   - buffers (the router bias) are read from params/ but get no gradient;
+//   - muon and qk_clip are updates, not functions to differentiate: their inputs get no
+//     gradient and their outputs (muon: param, momentum; qk_clip: params/..., gamma) are
+//     values; attention and mla also write the value max_logit [H] (QK-Clip's statistic);
 //   - all float inputs share one dtype (f32 or f64), which is the compute dtype.
 // Errors name the input file, the group and the dataset or attribute; exit code 2.
 // --out must be a new path or a regular file other than --in (io/paths.h).
@@ -39,6 +42,7 @@
 #include "nn/gpt2.h"
 #include "nn/hybrid_hf.h"
 #include "nn/kda_layer.h"
+#include "nn/language_model.h"
 #include "nn/mla.h"
 #include "nn/moe.h"
 #include "ops/attention/attention.h"
@@ -49,6 +53,8 @@
 #include "ops/norm/norm.h"
 #include "ops/situ/situ.h"
 #include "ops/view/view.h"
+#include "optim/muon.h"
+#include "optim/qk_clip.h"
 
 namespace moetrain::cli {
 
@@ -112,11 +118,21 @@ class OpRun {
   // A layer weight from params/ (its gradient is written as grad/<name>). rank 0: any.
   Tensor param(const std::string& name, int rank) { return take(params_group(), name, rank, params_); }
   // A buffer from params/: state of the layer that is not trained (no gradient).
+  // Also the weights the ops without gradients (qk_clip) rewrite.
   Tensor buffer(const std::string& name, int rank) {
     Tensor t = read_checked(params_group(), name);
     if (rank > 0 && t.dim() != rank) fail("{} is {}; expected rank {}", where("params/" + name), t.shape(), rank);
     if (!device.is_cpu()) t = t.to(device);
     buffers_.push_back({name, t});
+    return t;
+  }
+  // An input of the group that gets no gradient (the ops without gradients: muon's
+  // param, grad, momentum; qk_clip's max_logit). rank 0: any.
+  Tensor state(const std::string& name, int rank) {
+    Tensor t = read_checked(group_, name);
+    if (rank > 0 && t.dim() != rank) fail("{} is {}; expected rank {}", where(name), t.shape(), rank);
+    if (!device.is_cpu()) t = t.to(device);
+    states_.push_back({name, t});
     return t;
   }
   void expect(const std::string& name, const Tensor& t, const Shape& shape, const std::string& letters) const {
@@ -177,6 +193,7 @@ class OpRun {
   std::vector<std::string> unused() const {
     std::set<std::string> known;
     for (const Named& n : inputs_) known.insert(n.name);
+    for (const Named& n : states_) known.insert(n.name);
     for (const Named& n : outputs_) known.insert("d" + n.name);
     std::vector<std::string> out;
     for (const std::string& d : in_.datasets(group_))
@@ -245,7 +262,7 @@ class OpRun {
   std::string group_, op_;
   std::string first_;  // the first dataset read: fixes the dtype
   DType dtype_ = DType::f64;
-  std::vector<Named> inputs_, params_, buffers_, outputs_, values_;
+  std::vector<Named> inputs_, params_, buffers_, states_, outputs_, values_;
   mutable std::set<std::string> used_attrs_;
 };
 
@@ -307,11 +324,14 @@ void run_kda_fused(OpRun& r) {
   r.output("ht", out.final_state);
 }
 
-// attention: causal softmax attention, q, k [B,T,H,Dk], v [B,T,H,Dv].
+// attention: causal softmax attention, q, k [B,T,H,Dk], v [B,T,H,Dv]; also max_logit [H], the
+// kernel's largest logit per head (QK-Clip's statistic, docs/model.md#qk-clip; a value, no gradient).
 void run_attention(OpRun& r) {
   Tensor q = r.input("q", 4), k = r.input("k", 4), v = r.input("v", 4);
   const double scale = r.attr("scale", inv_sqrt(q.size(3)));
-  r.output("out", causal_attention(q, k, v, scale));
+  Tensor max_logit;
+  r.output("out", causal_attention(q, k, v, scale, &max_logit));
+  r.value("max_logit", max_logit);
 }
 
 // attnres: sources = the n completed blocks (block_residual [n, ..., D]) then the partial block (prefix_sum [..., D]).
@@ -415,7 +435,88 @@ void run_mla(OpRun& r) {
   c.rope_theta = r.attr("rope_theta", 10000.0);
   c = hf_mla_config(params, x.size(2), c);
   ParamFactory bound(hf_layer_supplier(params, /*moe=*/false), x.dtype());
-  r.output("y", MlaLayer(c, bound, "").forward(x));
+  MlaLayer layer(c, bound, "");
+  QkClipSite site;  // the layer records its heads' max logits here, as in training (nn/language_model.h)
+  site.n_head = c.n_head;
+  layer.record_max_logits(&site);
+  r.output("y", layer.forward(x));
+  r.value("max_logit", site.max_logit);
+}
+
+// muon: one Muon step (docs/model.md#muon, optim/muon.h muon_update) on param [A,B] or [E,A,B]
+// with grad and momentum (absent: zeros); attributes lr (required), weight_decay, momentum,
+// nesterov (0/1), ns_steps, eps (MuonOptions' defaults). Writes param and momentum; no gradients.
+void run_muon(OpRun& r) {
+  Tensor param = r.state("param", 0);
+  if (param.dim() != 2 && param.dim() != 3)
+    r.fail("{} is {}; expected a matrix [A, B] or a batch of matrices [E, A, B]", r.where("param"), param.shape());
+  Tensor grad = r.state("grad", 0);
+  r.expect("grad", grad, param.shape(), "param's shape");
+  Tensor momentum = r.has_input("momentum") ? r.state("momentum", 0) : zeros_like(param);
+  r.expect("momentum", momentum, param.shape(), "param's shape");
+  const std::optional<double> lr = r.optional_attr("lr");
+  if (!lr) r.fail("{} has no attribute lr (the learning rate)", r.where_group());
+  if (!std::isfinite(*lr) || *lr < 0)
+    r.fail("attribute lr of {} is {}; expected a finite learning rate >= 0", r.where_group(), *lr);
+  MuonOptions o;
+  o.weight_decay = r.attr("weight_decay", o.weight_decay);
+  o.momentum = r.attr("momentum", o.momentum);
+  o.nesterov = r.bool_attr("nesterov").value_or(o.nesterov);
+  o.ns_steps = r.int_attr("ns_steps").value_or(o.ns_steps);
+  o.eps = r.attr("eps", o.eps);
+  try {
+    validate(o);
+  } catch (const Error& e) {
+    r.fail("the attributes of {} (weight_decay, momentum, ns_steps, eps): {}", r.where_group(), e.what());
+  }
+  muon_update(param, grad, momentum, *lr, o);  // in place
+  r.value("param", param);
+  r.value("momentum", momentum);
+}
+
+// qk_clip: QK-Clip of one MLA layer (docs/model.md#qk-clip, optim/qk_clip.h qk_clip_mla_):
+// params/q_b_proj.weight (or q_proj.weight without query LoRA) [H(dn+dr), .] and
+// params/kv_b_proj.weight [H(dn+dv), r_kv] in moetrain's [out, in] layout (= Hugging Face's
+// nn.Linear), max_logit [H]; attributes H, tau (100), qk_rope_head_dim (dn and dv follow
+// from the shapes; qk_nope_head_dim and v_head_dim are checked when given). Writes the
+// clipped weights under params/ and gamma [H]; no gradients.
+void run_qk_clip(OpRun& r) {
+  std::optional<int64_t> H = r.int_attr("H");
+  if (!H) r.fail("{} has no attribute H (the number of heads; shapes do not say it)", r.where_group());
+  if (*H < 1) r.fail("attribute H of {} is {}; expected >= 1", r.where_group(), *H);
+  const std::string kind = r.string_attr("kind", "mla");
+  if (kind != "mla")
+    r.fail("attribute kind of {} is \"{}\"; op qk_clip clips MLA layers (kind \"mla\") only", r.where_group(), kind);
+  const double tau = r.attr("tau", 100.0);
+  if (!std::isfinite(tau) || tau <= 0)
+    r.fail("attribute tau of {} is {}; expected a finite threshold > 0", r.where_group(), tau);
+  Tensor max_logit = r.state("max_logit", 1);
+  r.expect("max_logit", max_logit, Shape{*H}, "[H]");
+  const bool lora = r.has_param("q_b_proj.weight");
+  if (lora && r.has_param("q_proj.weight"))
+    r.fail("{} holds both q_b_proj.weight (query LoRA) and q_proj.weight; give one", r.where("params"));
+  const std::string q_name = lora ? "q_b_proj.weight" : "q_proj.weight";
+  if (!r.has_param(q_name))
+    r.fail("{} has neither q_b_proj.weight nor q_proj.weight (the query weight)", r.where("params"));
+  if (!r.has_param("kv_b_proj.weight")) r.fail("{} is missing", r.where("params/kv_b_proj.weight"));
+  Tensor wq = r.buffer(q_name, 2), wkv = r.buffer("kv_b_proj.weight", 2);
+  std::optional<int64_t> dr = r.int_attr("qk_rope_head_dim");
+  if (!dr) r.fail("{} has no attribute qk_rope_head_dim (the shapes give only dn + dr)", r.where_group());
+  if (*dr < 0 || wq.size(0) % *H != 0 || wq.size(0) / *H < *dr)
+    r.fail("{} is {}; expected [H*(dn+dr), .] with H = {}, qk_rope_head_dim = {}", r.where("params/" + q_name),
+           wq.shape(), *H, *dr);
+  MlaHeadDims dims{*H, wq.size(0) / *H - *dr, *dr, 0};
+  if (wkv.size(0) % *H != 0 || wkv.size(0) / *H < dims.qk_nope_head_dim)
+    r.fail("{} is {}; expected [H*(dn+dv), r_kv] with H = {}, dn = {}", r.where("params/kv_b_proj.weight"),
+           wkv.shape(), *H, dims.qk_nope_head_dim);
+  dims.v_head_dim = wkv.size(0) / *H - dims.qk_nope_head_dim;
+  r.check_attr("qk_nope_head_dim", dims.qk_nope_head_dim, "query rows / H - qk_rope_head_dim");
+  r.check_attr("v_head_dim", dims.v_head_dim, "kv_b_proj.weight rows / H - qk_nope_head_dim");
+  const std::vector<double> gamma = qk_clip_factors(max_logit, tau);
+  qk_clip_mla_(wq, wkv, gamma, dims);  // in place
+  r.value("params/" + q_name, wq);
+  r.value("params/kv_b_proj.weight", wkv);
+  r.value("gamma", from_vector(gamma, Shape{*H}, r.dtype()));
 }
 
 // latent_moe: x [N, D] or [B, T, D] through the model's own MoeLayer (docs/model.md#moe-router
@@ -489,6 +590,8 @@ constexpr OpEntry kOps[] = {
     {"gpt2_block", false, run_gpt2_block},
     {"mla", false, run_mla},
     {"latent_moe", false, run_latent_moe},
+    {"muon", false, run_muon},
+    {"qk_clip", false, run_qk_clip},
 };
 
 std::string op_names() {
@@ -580,8 +683,10 @@ int run_op(const Options& o) {
     out.write(g, n.name, n.tensor.detach());
     ++written;
   }
-  for (const Named& n : r.values()) {
-    out.write(g, n.name, n.tensor.detach());
+  for (const Named& n : r.values()) {  // "params/<name>": under the subgroup
+    const size_t slash = n.name.rfind('/');
+    if (slash == std::string::npos) out.write(g, n.name, n.tensor.detach());
+    else out.write(hdf5::join(g, n.name.substr(0, slash)), n.name.substr(slash + 1), n.tensor.detach());
     ++written;
   }
   if (backward) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "nn/language_model.h"
 #include "ops/attention/attention.h"
 #include "ops/linalg/linalg.h"
 #include "ops/view/view.h"
@@ -34,7 +35,10 @@ Tensor AttentionMixer::forward(const Tensor& x, MixerCache* mixer_cache) const {
     cache->k = k.detach();
     cache->v = v.detach();
   }
-  Tensor o = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
+  Tensor max_logit;  // [H], when QK-Clip records (nn/language_model.h)
+  const bool record = wants_max_logit(site_);
+  Tensor o = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), record ? &max_logit : nullptr);
+  if (record) fold_max_logit(*site_, max_logit);
   return linear(reshape(o, {B, T, c_.d_model}), o_proj);
 }
 

@@ -8,6 +8,8 @@
 
 namespace moetrain {
 
+struct QkClipSite;  // nn/language_model.h
+
 struct AttentionMixerConfig {
   int64_t d_model = 256;
   int64_t n_head = 4;
@@ -28,12 +30,16 @@ class AttentionMixer : public Mixer {
   std::unique_ptr<MixerCache> new_cache() const override { return std::make_unique<AttentionCache>(); }
   double sequence_flops_per_token(int64_t seq_len) const override;
   int64_t cache_bytes(int64_t length) const override;
+  // QK-Clip's statistic, as MlaLayer::record_max_logits (nn/mla.h).
+  void record_max_logits(QkClipSite* site) { site_ = site; }
+  int64_t n_head() const { return c_.n_head; }
 
   Tensor q_proj, k_proj, v_proj, o_proj;
 
  private:
   AttentionMixerConfig c_;
   DType dtype_;
+  QkClipSite* site_ = nullptr;
 };
 
 }  // namespace moetrain

@@ -57,6 +57,22 @@ Gpt2::Gpt2(const Gpt2Config& c, uint64_t seed, bool allocate) : config_(c), fact
   }
   lnf_w_ = f.make("ln_f.weight", {D}, one, "norm", false);
   lnf_b_ = f.make("ln_f.bias", {D}, zero, "norm", false);
+  sites_.resize(static_cast<size_t>(c.n_layer));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    QkClipSite& s = sites_[static_cast<size_t>(l)];
+    const std::string p = "h." + std::to_string(l) + ".";
+    s.layout = QkClipSite::Layout::fused_qkv;
+    s.q_weight = p + "attn.c_attn.weight";
+    s.q_bias = p + "attn.c_attn.bias";
+    s.n_head = c.n_head;
+    s.layer = "layers." + std::to_string(l);
+  }
+}
+
+std::vector<QkClipSite*> Gpt2::qk_clip_sites() {
+  std::vector<QkClipSite*> out;
+  for (QkClipSite& s : sites_) out.push_back(&s);
+  return out;
 }
 
 // x0 = wte[ids] + wpe[positions]
@@ -72,7 +88,7 @@ Tensor Gpt2::embed(const Tensor& ids, int64_t first_position, bool training) {
 }
 
 Gpt2BlockParts gpt2_block_parts(const Gpt2BlockWeights& b, const Tensor& x, const Tensor& ln1, int64_t n_head,
-                                double eps, double p, Tensor* k_cache, Tensor* v_cache) {
+                                double eps, double p, Tensor* k_cache, Tensor* v_cache, QkClipSite* site) {
   MT_CHECK(x.dim() == 3 && n_head >= 1 && x.size(2) % n_head == 0,
            "gpt2_block: x {} must be [B, T, D] with D divisible by n_head = {}", x.shape(), n_head);
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2), H = n_head, hd = D / H;
@@ -90,7 +106,10 @@ Gpt2BlockParts gpt2_block_parts(const Gpt2BlockWeights& b, const Tensor& x, cons
     *k_cache = k;
     *v_cache = v;
   }
-  Tensor o = reshape(causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd))), {B, T, D});
+  Tensor max_logit;  // [H], when QK-Clip records (nn/language_model.h)
+  Tensor o = reshape(
+      causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), site ? &max_logit : nullptr), {B, T, D});
+  if (site) fold_max_logit(*site, max_logit);
   Tensor attn = dropout(linear(o, b.attn_proj_w, b.attn_proj_b), p);
   // MLP: x + gelu(LN_2(h) W_fc^T + b_fc) W_proj^T + b_proj; h = x + attn and LN_2(h) in one op.
   region.reset();
@@ -101,20 +120,21 @@ Gpt2BlockParts gpt2_block_parts(const Gpt2BlockWeights& b, const Tensor& x, cons
 }
 
 Tensor gpt2_block(const Gpt2BlockWeights& b, const Tensor& x, int64_t n_head, double eps, double p,
-                  Tensor* k_cache, Tensor* v_cache) {
+                  Tensor* k_cache, Tensor* v_cache, QkClipSite* site) {
   MT_CHECK(x.dim() == 3, "gpt2_block: x {} must be [B, T, D]", x.shape());
   Tensor ln1;
   {
     profile::Region region("attention");
     ln1 = layer_norm(x, b.ln1_w, b.ln1_b, eps);
   }
-  Gpt2BlockParts out = gpt2_block_parts(b, x, ln1, n_head, eps, p, k_cache, v_cache);
+  Gpt2BlockParts out = gpt2_block_parts(b, x, ln1, n_head, eps, p, k_cache, v_cache, site);
   return add(out.h, out.mlp_delta);
 }
 
-Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache) {
+Tensor Gpt2::block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache,
+                           QkClipSite* site) {
   return gpt2_block(b, x, config_.n_head, config_.layer_norm_eps, training ? config_.dropout : 0.0, k_cache,
-                    v_cache);
+                    v_cache, site);
 }
 
 // The blocks on the embeddings x, then LN_f: x_{l+1} = h_l + mlp_l is formed by
@@ -131,10 +151,12 @@ Tensor Gpt2::blocks_then_final_norm(Tensor x, bool training, Gpt2Cache* cache) {
     profile::Region region("attention");
     normed = layer_norm(x, blocks_[0].ln1_w, blocks_[0].ln1_b, eps);
   }
+  const bool record = recording();
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Tensor* k_cache = cache ? &cache->k[l] : nullptr;
     Tensor* v_cache = cache ? &cache->v[l] : nullptr;
-    Gpt2BlockParts out = gpt2_block_parts(blocks_[l], x, normed, config_.n_head, eps, p, k_cache, v_cache);
+    QkClipSite* site = record ? &sites_[l] : nullptr;
+    Gpt2BlockParts out = gpt2_block_parts(blocks_[l], x, normed, config_.n_head, eps, p, k_cache, v_cache, site);
     const bool last = l + 1 == blocks_.size();
     profile::Region region(last ? "embedding/head" : "attention");
     ResidualNorm next = add_layer_norm(out.h, out.mlp_delta, last ? lnf_w_ : blocks_[l + 1].ln1_w,
@@ -166,9 +188,16 @@ Tensor Gpt2::forward_padded(const Tensor& ids, bool training) {
   // Checkpointed blocks keep one tensor, x, at each boundary: the add between
   // blocks stays unfused there (the same values: add_layer_norm is add then
   // layer_norm, bit for bit on the CPU).
-  for (const Block& b : blocks_)
-    x = checkpoint([this, &b](const Tensors& in) { return Tensors{block_forward(b, in[0], true, nullptr, nullptr)}; },
-                   {x})[0];
+  // Decided here, with this forward's grad mode: checkpoint() runs the blocks
+  // without grad, then again with grad in backward (which folds the same maxima again).
+  const bool record = recording();
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block& b = blocks_[l];
+    QkClipSite* site = record ? &sites_[l] : nullptr;
+    x = checkpoint(
+        [this, &b, site](const Tensors& in) { return Tensors{block_forward(b, in[0], true, nullptr, nullptr, site)}; },
+        {x})[0];
+  }
   Tensor normed;
   {
     profile::Region region("embedding/head");

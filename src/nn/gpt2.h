@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/grad_mode.h"
 #include "core/tensor.h"
 #include "nn/language_model.h"
 #include "nn/param_factory.h"
@@ -49,9 +50,11 @@ struct Gpt2BlockWeights {
 // One GPT-2 block (docs/model.md#gpt-2-block) on x [B, T, D] with n_head heads:
 //   h = x + dropout(attn(LN_1(x)) W_proj^T + b),  y = h + dropout(gelu(LN_2(h) W_fc^T + b_fc) W_proj^T + b_proj).
 // With caches: keys and values are appended to *k_cache / *v_cache ([B, length, H, hd],
-// undefined at first) and attention runs over all of them.
+// undefined at first) and attention runs over all of them. With a QK-Clip site, the
+// block folds its heads' max logits into site->max_logit (fold_max_logit,
+// nn/language_model.h; Gpt2 passes one in training forwards).
 Tensor gpt2_block(const Gpt2BlockWeights& w, const Tensor& x, int64_t n_head, double layer_norm_eps,
-                  double dropout_p, Tensor* k_cache = nullptr, Tensor* v_cache = nullptr);
+                  double dropout_p, Tensor* k_cache = nullptr, Tensor* v_cache = nullptr, QkClipSite* site = nullptr);
 
 // The block without its last residual add, for a caller that fuses that add with
 // the next LayerNorm (add_layer_norm): given ln1 = LN_1(x), returns h and the MLP
@@ -61,7 +64,7 @@ struct Gpt2BlockParts {
 };
 Gpt2BlockParts gpt2_block_parts(const Gpt2BlockWeights& w, const Tensor& x, const Tensor& ln1, int64_t n_head,
                                 double layer_norm_eps, double dropout_p, Tensor* k_cache = nullptr,
-                                Tensor* v_cache = nullptr);
+                                Tensor* v_cache = nullptr, QkClipSite* site = nullptr);
 
 // Keys and values of the earlier positions, per layer, for decoding.
 struct Gpt2Cache : DecodeCache {
@@ -119,11 +122,17 @@ class Gpt2 : public LanguageModel {
   // The block a parameter belongs to (h.<l>.*); -1 for wte and wpe, n_layer for ln_f.
   int64_t parameter_layer(const std::string& name) const;
   std::unique_ptr<HfAdapter> hf_adapter() const override;  // nn/gpt2_hf.cpp
+  // One site per block: fused_qkv, h.<l>.attn.c_attn.weight and .bias, label "layers.<l>".
+  void set_track_max_logits(bool on) override { track_max_logits_ = on; }
+  std::vector<QkClipSite*> qk_clip_sites() override;
 
  private:
   using Block = Gpt2BlockWeights;
   Tensor embed(const Tensor& ids, int64_t first_position, bool training);
-  Tensor block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache);
+  Tensor block_forward(const Block& b, const Tensor& x, bool training, Tensor* k_cache, Tensor* v_cache,
+                       QkClipSite* site);
+  // Whether this forward records max logits: tracking on and grad mode on (a training forward).
+  bool recording() const { return track_max_logits_ && autograd::grad_enabled(); }
   Tensor blocks_then_final_norm(Tensor x, bool training, Gpt2Cache* cache);
   Tensor head(const Tensor& final_normed);              // [B, T, padded_vocab_size()]
   Tensor without_padding(const Tensor& logits) const;  // [B, T, vocab_size]
@@ -132,6 +141,8 @@ class Gpt2 : public LanguageModel {
   Tensor wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<Block> blocks_;
   ParamFactory factory_;
+  std::vector<QkClipSite> sites_;  // one per block, made once (the pointers handed out stay valid)
+  bool track_max_logits_ = false;
 };
 
 }  // namespace moetrain

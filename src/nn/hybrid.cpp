@@ -10,6 +10,7 @@
 
 #include "core/grad_mode.h"
 #include "core/profile.h"
+#include "nn/attention_mixer.h"
 #include "ops/attnres/attnres.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/embedding/embedding.h"
@@ -52,6 +53,7 @@ struct HybridModel::Layer {
   MoeLayer* moe = nullptr;  // ffn, when it is an MoE layer
   Tensor input_layernorm, post_attention_layernorm;
   Tensor attn_res_proj, attn_res_norm, mlp_res_proj, mlp_res_norm;  // AttnRes (attn pair absent at layer 0)
+  std::unique_ptr<QkClipSite> site;  // MLA and attention mixers of this stage's layers; none for the others
 };
 
 namespace {
@@ -67,6 +69,33 @@ struct HybridCache : DecodeCache {
     return n;
   }
 };
+
+}  // namespace
+
+namespace {
+
+// The QK-Clip site of a softmax-attention mixer at `prefix` (layer l); null for the others.
+std::unique_ptr<QkClipSite> qk_clip_site_of(const Mixer& mixer, const std::string& prefix, int64_t l) {
+  auto site = std::make_unique<QkClipSite>();
+  site->layer = fmt::format("layers.{}", l);
+  if (mixer.kind() == MixerKind::mla) {
+    const MlaConfig& m = static_cast<const MlaLayer&>(mixer).config();
+    site->layout = QkClipSite::Layout::mla;
+    site->q_weight = prefix + (m.q_lora_rank > 0 ? "q_b_proj.weight" : "q_proj.weight");
+    site->k_weight = prefix + "kv_b_proj.weight";
+    site->n_head = m.n_head;
+    site->mla = MlaHeadDims{m.n_head, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim};
+    return site;
+  }
+  if (mixer.kind() == MixerKind::attention) {
+    site->layout = QkClipSite::Layout::separate_qk;
+    site->q_weight = prefix + "q_proj.weight";
+    site->k_weight = prefix + "k_proj.weight";
+    site->n_head = static_cast<const AttentionMixer&>(mixer).n_head();
+    return site;
+  }
+  return nullptr;  // KDA, DeltaNet, linear attention: no softmax
+}
 
 }  // namespace
 
@@ -98,6 +127,7 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
     Layer& L = *layer;
     L.input_layernorm = f.make(p + "input_layernorm.weight", {D}, Init::ones(), "norm", false);
     L.mixer = make_mixer(c.mixers[static_cast<size_t>(l)], c, f, p + "self_attn.");
+    if (l >= layers_range_.first && l < layers_range_.end) L.site = qk_clip_site_of(*L.mixer, p + "self_attn.", l);
     L.post_attention_layernorm = f.make(p + "post_attention_layernorm.weight", {D}, Init::ones(), "norm", false);
     if (c.is_moe_layer(l)) {
       auto moe = std::make_unique<MoeLayer>(c.moe, D, c.ffn, c.init_std, f, p + "mlp.", shard);
@@ -350,6 +380,22 @@ std::vector<MoeLayer*> HybridModel::moe_layers() const {
   std::vector<MoeLayer*> out;
   for (int64_t l = layers_range_.first; l < layers_range_.end; ++l)
     if (MoeLayer* m = layers_[static_cast<size_t>(l)]->moe) out.push_back(m);
+  return out;
+}
+
+void HybridModel::set_track_max_logits(bool on) {
+  for (const auto& L : layers_) {
+    if (!L->site) continue;
+    QkClipSite* site = on ? L->site.get() : nullptr;
+    if (L->mixer->kind() == MixerKind::mla) static_cast<MlaLayer&>(*L->mixer).record_max_logits(site);
+    else static_cast<AttentionMixer&>(*L->mixer).record_max_logits(site);
+  }
+}
+
+std::vector<QkClipSite*> HybridModel::qk_clip_sites() {
+  std::vector<QkClipSite*> out;
+  for (const auto& L : layers_)
+    if (L->site) out.push_back(L->site.get());
   return out;
 }
 

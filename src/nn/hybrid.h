@@ -109,6 +109,10 @@ class HybridModel : public LanguageModel {
   ParameterList buffers() const override { return factory_.buffers(); }
   std::vector<MoeLayer*> moe_layers() const override;
   void set_expert_group(comm::Communicator* group) override;
+  // One site per MLA (layout mla) or attention (separate_qk) layer of this stage,
+  // label "layers.<l>"; KDA and the other linear mixers have none.
+  void set_track_max_logits(bool on) override;
+  std::vector<QkClipSite*> qk_clip_sites() override;
   // The mixer of layer l.
   const Mixer& mixer(int64_t l) const;
   const std::vector<ParamSpec>& param_specs() const { return factory_.specs(); }

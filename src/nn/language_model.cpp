@@ -1,7 +1,9 @@
 #include "nn/language_model.h"
 
+#include "core/grad_mode.h"
 #include "core/profile.h"
 #include "nn/hf_adapter.h"
+#include "ops/elementwise/elementwise.h"
 #include "ops/softmax/softmax.h"
 
 namespace moetrain {
@@ -31,5 +33,21 @@ StageOutput LanguageModel::stage_forward(const Tensor& ids, const Tensors& input
 }
 
 std::unique_ptr<HfAdapter> LanguageModel::hf_adapter() const { return nullptr; }
+
+// A model without softmax attention (or one that does not record) has no site.
+void LanguageModel::set_track_max_logits(bool) {}
+std::vector<QkClipSite*> LanguageModel::qk_clip_sites() { return {}; }
+
+void LanguageModel::reset_max_logits() {
+  for (QkClipSite* site : qk_clip_sites()) site->max_logit = Tensor();
+}
+
+bool wants_max_logit(const QkClipSite* site) { return site && autograd::grad_enabled(); }
+
+void fold_max_logit(QkClipSite& site, const Tensor& max_logit) {
+  MT_ASSERT(max_logit.shape() == Shape{site.n_head}, "layer {}: max_logit is {}, the site has {} heads", site.layer,
+            max_logit.shape(), site.n_head);
+  site.max_logit = site.max_logit.defined() ? maximum(site.max_logit, max_logit) : max_logit;
+}
 
 }  // namespace moetrain

@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "nn/parameters.h"
 #include "nn/pipeline_stages.h"
+#include "optim/qk_clip.h"
 
 namespace moetrain {
 
@@ -27,6 +28,30 @@ struct StageOutput {
                         // other stages: their MoE layers' aux losses (undefined when there are none)
   Tensor logits;        // the last stage without targets: [B, T, vocab]
 };
+
+// One softmax-attention layer whose logits QK-Clip bounds (docs/model.md#qk-clip).
+struct QkClipSite {
+  enum class Layout { mla, separate_qk, fused_qkv };
+  Layout layout = Layout::mla;
+  // Parameter names as in parameters() (full names, e.g. model.layers.1.self_attn.kv_b_proj.weight):
+  // mla: q_b_proj.weight (or q_proj.weight without query LoRA) and kv_b_proj.weight;
+  // separate_qk: q_proj.weight, k_proj.weight; fused_qkv: attn.c_attn.weight, k_weight empty.
+  std::string q_weight, k_weight;
+  std::string q_bias, k_bias;  // separate_qk: biases or empty; fused_qkv: attn.c_attn.bias in q_bias (empty if none)
+  int64_t n_head = 0;
+  MlaHeadDims mla;    // layout mla only (src/optim/qk_clip.h)
+  std::string layer;  // a short label for logs/metrics, e.g. "layers.3" (the layer index in the whole
+                      // model, also under pp)
+  Tensor max_logit;   // [n_head], on the parameters' device, f32 (f64 in f64 runs): the running max since
+                      // the last reset; undefined until a recorded forward
+};
+
+// The layers' side of the statistic: folds one attention call's max_logit [H]
+// (causal_attention's, ops/attention/attention.h) into site.max_logit, on the
+// device (an elementwise max: no host sync).
+void fold_max_logit(QkClipSite& site, const Tensor& max_logit);
+// Whether a layer given `site` (null: not tracking) records now: grad mode on.
+bool wants_max_logit(const QkClipSite* site);
 
 struct DecodeCache {
   virtual ~DecodeCache() = default;
@@ -103,6 +128,14 @@ class LanguageModel {
   // Whether a parameter or buffer of the whole model with this name belongs to
   // this stage (checkpoint loads: a name of another stage is not "unexpected").
   virtual bool stage_holds(const std::string& name) const { return true; }
+
+  // QK-Clip's statistic: while on, every forward with grad mode enabled (training; not eval, not
+  // generation) folds each softmax-attention head's largest logit into its site's max_logit.
+  virtual void set_track_max_logits(bool on);
+  // This process's sites (its pipeline stage's layers), in layer order; the pointers stay valid for
+  // the model's lifetime.
+  virtual std::vector<QkClipSite*> qk_clip_sites();
+  void reset_max_logits();  // every site's max_logit undefined again
 
   // The family's Hugging Face adapter (nn/hf_adapter.h: names, config.json, import and
   // export), bound to this model's configuration; nullptr: the model has no HF layout.

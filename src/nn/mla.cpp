@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "nn/language_model.h"
 #include "ops/attention/attention.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/linalg.h"
@@ -85,7 +86,11 @@ Tensor MlaLayer::forward(const Tensor& x, MixerCache* mixer_cache) const {
   const int64_t Tk = c.size(1);
   Tensors kv = split(reshape(linear(c, kv_b_proj), {B, Tk, H, dn + dv}), {dn, dv}, -1);
   Tensor k = concat({kv[0], broadcast_to(reshape(kr, {B, Tk, 1, dr}), Shape{B, Tk, H, dr})}, -1);
-  Tensor o = causal_attention(q, k, kv[1], 1.0 / std::sqrt(static_cast<double>(dn + dr)));
+  Tensor max_logit;  // [H], from the kernel's log-sum-exp pass, when QK-Clip records
+  const bool record = wants_max_logit(site_);
+  Tensor o =
+      causal_attention(q, k, kv[1], 1.0 / std::sqrt(static_cast<double>(dn + dr)), record ? &max_logit : nullptr);
+  if (record) fold_max_logit(*site_, max_logit);
   o = reshape(o, {B, T, H * dv});
   if (c_.output_gate) o = mul(o, sigmoid(linear(x, g_proj)));
   return linear(o, o_proj);

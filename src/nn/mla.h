@@ -19,6 +19,8 @@
 
 namespace moetrain {
 
+struct QkClipSite;  // nn/language_model.h
+
 struct MlaConfig {
   int64_t d_model = 256;
   int64_t n_head = 4;
@@ -53,12 +55,17 @@ class MlaLayer : public Mixer {
   // The latent and the shared RoPE key of every token: linear in the length.
   int64_t cache_bytes(int64_t length) const override;
   const MlaConfig& config() const { return c_; }
+  // QK-Clip's statistic (docs/model.md#qk-clip): while site is non-null, every
+  // forward with grad mode on folds its heads' max logits into site->max_logit
+  // (fold_max_logit, nn/language_model.h); nullptr stops recording.
+  void record_max_logits(QkClipSite* site) { site_ = site; }
 
   Tensor q_proj, q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj, kv_a_layernorm, kv_b_proj, g_proj, o_proj;
 
  private:
   MlaConfig c_;
   DType dtype_;
+  QkClipSite* site_ = nullptr;
 };
 
 // Rotate-half RoPE (docs/model.md#rope) of x [B, T, N, r] at positions first..first+T−1.

@@ -25,7 +25,9 @@ shared experts and a router bias that changes the selection; plain MoE with SwiG
 shared experts; top_k = 1 on [B, T, D] with a softmax router; an expert that no token
 chooses; the experts run densely, a combine matrix masks what the router did not choose).
 Buffers (the router bias) go under params/ but get no gradient; latent_moe also writes
-topk_idx (int64) and topk_weight, which have no upstream gradient.
+topk_idx (int64) and topk_weight, which have no upstream gradient; attention and mla
+also write max_logit [H] (QK-Clip's statistic: each head's largest causal logit), a
+value without upstream gradient.
 --list prints "CASE OP MODES" lines.
 """
 import argparse
@@ -144,6 +146,15 @@ def causal_attention(q, k, v, scale):
     return torch.einsum("bhts,bshd->bthd", p, v)
 
 
+def max_logit(q, k, scale):
+    """QK-Clip's statistic (docs/model.md#qk-clip): per head h, the largest pre-softmax logit
+    scale q_t . k_s over b, t and the causal keys s <= t -> [H]."""
+    T = q.shape[1]
+    s = torch.einsum("bthd,bshd->bhts", q, k) * scale
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    return s.masked_fill(~mask, float("-inf")).amax(dim=(0, 2, 3))
+
+
 def gelu_tanh(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
@@ -173,7 +184,7 @@ def attnres(prefix_sum, block_residual, proj, norm, eps):
     return (alpha[..., None] * V).sum(0)
 
 
-def mla(x, p, H, dn, dr, dv, eps):
+def mla(x, p, H, dn, dr, dv, eps, with_max_logit=False):
     B, T, D = x.shape
     cq = rms_norm(x @ p["q_a_proj.weight"].T, p["q_a_layernorm.weight"], eps)
     q = (cq @ p["q_b_proj.weight"].T).view(B, T, H, dn + dr)      # per head [q_nope | q_rot]
@@ -185,7 +196,8 @@ def mla(x, p, H, dn, dr, dv, eps):
     k = torch.cat([k_nope, kr[:, :, None, :].expand(B, T, H, dr)], -1)
     o = causal_attention(q, k, v, (dn + dr) ** -0.5).reshape(B, T, H * dv)
     o = o * sigmoid(x @ p["g_proj.weight"].T)
-    return o @ p["o_proj.weight"].T
+    y = o @ p["o_proj.weight"].T
+    return (y, max_logit(q, k, (dn + dr) ** -0.5).detach()) if with_max_logit else y
 
 
 # ---------------------------------------------------------------- docs/model.md#moe MoE
@@ -397,7 +409,8 @@ def make_cases():
     # --- attention (Dk != Dv)
     c = Case("attention", "attention")
     c.inputs = {"q": randn(2, 19, 3, 8), "k": randn(2, 19, 3, 8), "v": randn(2, 19, 3, 5)}
-    run_case(c, lambda i, p: {"out": causal_attention(i["q"], i["k"], i["v"], 8 ** -0.5)}, ["out"])
+    run_case(c, lambda i, p: {"out": causal_attention(i["q"], i["k"], i["v"], 8 ** -0.5),
+                              "max_logit": max_logit(i["q"], i["k"], 8 ** -0.5).detach()}, ["out"])
     cases.append(c)
 
     # --- attnres: 3 completed blocks + the partial one
@@ -448,7 +461,7 @@ def make_cases():
                 "g_proj.weight": randn(Hm * dv, Dm, std=Dm ** -0.5),
                 "o_proj.weight": randn(Dm, Hm * dv, std=(Hm * dv) ** -0.5)}
     c.attrs = {"H": Hm, "eps": 1e-6}
-    run_case(c, lambda i, p: {"y": mla(i["x"], p, Hm, dn, dr, dv, 1e-6)}, ["y"])
+    run_case(c, lambda i, p: dict(zip(("y", "max_logit"), mla(i["x"], p, Hm, dn, dr, dv, 1e-6, True))), ["y"])
     cases.append(c)
     # --- latent_moe (docs/model.md#moe): K3 latent MoE + shared experts, the bias changing the selection; a plain
     # Kimi-Linear-style MoE (SwiGLU, no latent, no shared); top_k = 1 on [B, T, D]; an expert no token

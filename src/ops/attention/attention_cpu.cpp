@@ -31,11 +31,12 @@ Dims dims_of(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 // P[i, s] = exp(S[i, s] - lse_row(i)) for s ≤ first_pos + i, else 0. With `lse`
 // null the row log-sum-exp is computed (forward: the row max, then Σ e^{S - max} in
-// double over kLanes lanes, ops/common/math.h) and written to lse_out. Runs in the
+// double over kLanes lanes, ops/common/math.h) and written to lse_out, and the row
+// max to max_out when that is non-null (QK-Clip's statistic). Runs in the
 // cpu::vector_isa() copy (run_vector_isa), so the exponentials are 16 or 8 wide.
 template <class T>
 inline void probabilities_rows(T* __restrict S, int64_t tq, int64_t first_pos, int64_t width, const T* lse,
-                               T* lse_out) {
+                               T* lse_out, T* max_out) {
   for (int64_t i = 0; i < tq; ++i) {
     T* row = S + i * width;
     const int64_t valid = first_pos + i + 1;
@@ -46,14 +47,16 @@ inline void probabilities_rows(T* __restrict S, int64_t tq, int64_t first_pos, i
       const T m = max_of(row, valid);
       l = static_cast<T>(static_cast<double>(m) + std::log(sum_exp(row, valid, m)));
       lse_out[i] = l;
+      if (max_out) max_out[i] = m;
     }
     for (int64_t s = 0; s < valid; ++s) row[s] = exp_of(row[s] - l);
     for (int64_t s = valid; s < width; ++s) row[s] = T(0);
   }
 }
 template <class T>
-void probabilities(T* S, int64_t tq, int64_t first_pos, int64_t width, const T* lse, T* lse_out) {
-  run_vector_isa([](auto... a) { probabilities_rows<T>(a...); }, S, tq, first_pos, width, lse, lse_out);
+void probabilities(T* S, int64_t tq, int64_t first_pos, int64_t width, const T* lse, T* lse_out,
+                   T* max_out = nullptr) {
+  run_vector_isa([](auto... a) { probabilities_rows<T>(a...); }, S, tq, first_pos, width, lse, lse_out, max_out);
 }
 
 // dS = P ⊙ (dP - D_row) over a tile [tq, width], in place in dP.
@@ -67,7 +70,7 @@ inline void softmax_grad_rows(T* __restrict dS, const T* __restrict P, const T* 
 }  // namespace
 
 void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                              double scale) {
+                              double scale, Tensor* row_max) {
   dispatch_float(q.dtype(), "causal_attention", [&](auto tag) {
     using T = decltype(tag);
     Dims d = dims_of(q, k, v);
@@ -76,6 +79,7 @@ void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Ten
     const T* pv = v.data<T>();
     T* po = o.data<T>();
     T* pl = lse.data<T>();
+    T* pm = row_max ? row_max->data<T>() : nullptr;
     int64_t ldk = d.H * d.Dk, ldv = d.H * d.Dv;
     parallel_for(d.B * d.H * d.tiles, 1, [&](int64_t lo, int64_t hi) {
       std::vector<T> S(static_cast<size_t>(kAttentionTile * d.Tk));
@@ -88,7 +92,8 @@ void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Ten
         const T* v_head = pv + (b * d.Tk * d.H + h) * d.Dv;
         // S = scale Q_tile K[0:width]^T   [tq, width]
         gemm(false, true, tq, width, d.Dk, static_cast<T>(scale), q_tile, ldk, k_head, ldk, T(0), S.data(), width);
-        probabilities<T>(S.data(), tq, d.off + r0, width, nullptr, pl + bh * d.T + r0);
+        probabilities<T>(S.data(), tq, d.off + r0, width, nullptr, pl + bh * d.T + r0,
+                         pm ? pm + bh * d.T + r0 : nullptr);
         // O_tile = P V[0:width]   [tq, Dv]
         gemm(false, false, tq, d.Dv, width, T(1), S.data(), width, v_head, ldv, T(0),
              po + ((b * d.T + r0) * d.H + h) * d.Dv, ldv);

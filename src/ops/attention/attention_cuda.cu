@@ -4,7 +4,9 @@
 // m_new}), so no [T, Tk] matrix is ever stored. Arithmetic in acc_t<T>: f32 for
 // f32 and bf16 (bf16 values are widened as they are staged), f64 for f64. The
 // forward saves lse = m + log l per row ([B, H, T], f32 for bf16 inputs) and
-// the backward recomputes P = e^{S - lse} from it.
+// the backward recomputes P = e^{S - lse} from it. Asked for, it also saves the
+// running max m of each row after its last key tile (row_max, as lse): QK-Clip's
+// statistic, docs/model.md#qk-clip.
 //
 // Layout: q [B, T, H, Dk], k [B, Tk, H, Dk], v [B, Tk, H, Dv], o [B, T, H, Dv];
 // query row t sits at absolute position off + t (off = Tk - T) and sees keys
@@ -63,7 +65,8 @@ __device__ void stage(A* dst, int ld, const T* src, const Dims& d, int64_t b, in
 
 template <class T, int kD32>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_forward_kernel(T* o, acc_t<T>* lse, const T* q, const T* k, const T* v, Dims d, double scale_d) {
+    attention_forward_kernel(T* o, acc_t<T>* lse, acc_t<T>* row_max, const T* q, const T* k, const T* v, Dims d,
+                             double scale_d) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int Dk = static_cast<int>(d.Dk), Dv = static_cast<int>(d.Dv);
@@ -132,7 +135,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       int dd = lane + 32 * j;
       if (dd < Dv) store(o, row_q(d, b, t, h) * d.Dv + dd, acc[rr][j] * inv);
     }
-    if (lane == 0) lse[bh * d.T + t] = m[rr] + log_a(l[rr]);
+    if (lane == 0) {
+      lse[bh * d.T + t] = m[rr] + log_a(l[rr]);
+      if (row_max) row_max[bh * d.T + t] = m[rr];  // max over the row's keys of scale q·k
+    }
   }
 }
 
@@ -337,10 +343,10 @@ int64_t tiles(int64_t n, int tile) { return (n + tile - 1) / tile; }
 }  // namespace
 
 void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                              double scale) {
+                              double scale, Tensor* row_max) {
   Dims d = dims_of(q, k, v);
   if (d.B * d.T * d.H == 0) return;
-  if (attention_tensor_cores_apply(q, d.Dk, d.Dv)) return attention_tc_forward(o, lse, q, k, v, scale);
+  if (attention_tensor_cores_apply(q, d.Dk, d.Dv)) return attention_tc_forward(o, lse, q, k, v, scale, row_max);
   dispatch_float_cuda(q.dtype(), "causal_attention", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -348,7 +354,8 @@ void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Ten
     const LaunchDims grid(tiles(d.T, kBr), d.B * d.H);
     dispatch_dim32(d.Dv, [&](auto dv32) {
       launch_scalar(attention_forward_kernel<T, decltype(dv32)::value>, grid, bytes, stream_of(q),
-                    "attention_forward_kernel", ptr<T>(o), ptr<A>(lse), static_cast<const T*>(ptr<T>(q)),
+                    "attention_forward_kernel", ptr<T>(o), ptr<A>(lse), row_max ? ptr<A>(*row_max) : nullptr,
+                    static_cast<const T*>(ptr<T>(q)),
                     static_cast<const T*>(ptr<T>(k)), static_cast<const T*>(ptr<T>(v)), d, scale);
     });
   });

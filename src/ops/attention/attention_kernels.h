@@ -7,9 +7,10 @@ namespace moetrain::cpu {
 
 inline constexpr int64_t kAttentionTile = 64;  // query rows per tile
 
-// o [B,T,H,Dv]; lse [B,H,T] = log Σ_{s≤t} exp(scale q_t·k_s).
+// o [B,T,H,Dv]; lse [B,H,T] = log Σ_{s≤t} exp(scale q_t·k_s). row_max null, or
+// [B,H,T] as lse: written with max_{s≤t} scale q_t·k_s, the max lse subtracts.
 void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                              double scale);
+                              double scale, Tensor* row_max);
 // Per head (P = softmax, S = scaled scores): dV = P^T dO, dP = dO V^T,
 // dS = P ⊙ (dP - rowsum(dO ⊙ O)), dQ = scale dS K, dK = scale dS^T Q. Overwrites grad_q;
 // adds into grad_k and grad_v (the op passes zeros).
@@ -22,9 +23,10 @@ void causal_attention_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, c
 namespace moetrain::cuda {
 
 // As the CPU kernels (attention_cuda.cu: FlashAttention-style tiles with an
-// online softmax). lse is f32 for bf16 q (else q's dtype); head dims up to 256.
+// online softmax). lse (and row_max) are f32 for bf16 q (else q's dtype); head dims
+// up to 256. row_max: the online softmax's running max m after the last key tile.
 MT_CUDA_KERNEL(void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k,
-                                             const Tensor& v, double scale));
+                                             const Tensor& v, double scale, Tensor* row_max));
 MT_CUDA_KERNEL(void causal_attention_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, const Tensor& grad_o,
                                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                               const Tensor& lse, double scale));
@@ -41,7 +43,7 @@ MT_CUDA_KERNEL(void set_attention_tensor_cores(bool enabled));
 MT_CUDA_KERNEL(void set_attention_register_accumulators(bool enabled));
 MT_CUDA_KERNEL(bool attention_tensor_cores_apply(const Tensor& q, int64_t Dk, int64_t Dv));
 MT_CUDA_KERNEL(void attention_tc_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                         double scale));
+                                         double scale, Tensor* row_max));
 // delta [B, H, T] (f32): rowsum(dO ⊙ O), as the scalar backward computes it.
 MT_CUDA_KERNEL(void attention_tc_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, const Tensor& grad_o,
                                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,

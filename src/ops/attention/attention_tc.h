@@ -173,6 +173,7 @@ struct TcAttention {
   const T *q = nullptr, *k = nullptr, *v = nullptr, *grad_o = nullptr;
   T *o = nullptr, *grad_q = nullptr, *grad_k = nullptr, *grad_v = nullptr;
   float* lse = nullptr;           // [B, H, Tq]: written by the forward, read by the backward
+  float* row_max = nullptr;       // [B, H, Tq] or null: the forward's row max of scale·q·k (QK-Clip)
   const float* delta = nullptr;   // [B, H, Tq]: rowsum(dO ⊙ O), backward
 
   // Element (b, t, h, 0) of q/o (queries) or k/v (keys), in rows of the head dim.
@@ -512,7 +513,10 @@ MT_UNROLL
       });
       blk.lanes([&](int lane) {
         const int i = 16 * w + lane;
-        if (lane < 16 && r0 + i < a.Tq) a.lse[bh * a.Tq + r0 + i] = s.m[i] + log_a(s.l[i]);
+        if (lane < 16 && r0 + i < a.Tq) {
+          a.lse[bh * a.Tq + r0 + i] = s.m[i] + log_a(s.l[i]);
+          if (a.row_max) a.row_max[bh * a.Tq + r0 + i] = s.m[i];
+        }
       });
     });
   } else {
@@ -522,7 +526,10 @@ MT_UNROLL
         const int64_t t = r0 + x.row;
         if (t < a.Tq) narrow(a.o[(q0 + t * a.H) * Dv + x.col], s.O[x.row * ldv + x.col] / s.l[x.row]);
       }
-      if (tid < kTcTile && r0 + tid < a.Tq) a.lse[bh * a.Tq + r0 + tid] = s.m[tid] + log_a(s.l[tid]);
+      if (tid < kTcTile && r0 + tid < a.Tq) {
+        a.lse[bh * a.Tq + r0 + tid] = s.m[tid] + log_a(s.l[tid]);
+        if (a.row_max) a.row_max[bh * a.Tq + r0 + tid] = s.m[tid];
+      }
     });
   }
 }

@@ -133,11 +133,13 @@ bool attention_tensor_cores_apply(const Tensor& q, int64_t Dk, int64_t Dv) {
   return has_tensor_cores() && need <= static_cast<size_t>(max_shared_bytes());
 }
 
-void attention_tc_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+void attention_tc_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                          Tensor* row_max) {
   TcAttention<bf16_t> a = args_of(q, k, v, scale);
   if (a.B * a.H * a.Tq == 0) return;
   a.o = ptr<bf16_t>(o);
   a.lse = ptr<float>(lse);
+  a.row_max = row_max ? ptr<float>(*row_max) : nullptr;
   const TcKernels kern = kernels_for(a.Dk, a.Dv);
   launch_with_shared(kern.forward, grid_of(a.Tq, a.B * a.H), kTcThreads, forward_bytes(a.Dk, a.Dv, kern.forward_acc),
                      stream_of(q), "attention_tc_forward", kWhat, a);

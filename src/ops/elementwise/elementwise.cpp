@@ -87,6 +87,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
   });
 }
 
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::max, "maximum", a, b); }  // not recorded
+
 Tensor add_scalar(const Tensor& x, double s) {
   check_float("add_scalar", "x", x);
   Tensor y = empty_like(x);

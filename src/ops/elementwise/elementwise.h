@@ -15,6 +15,9 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
+// Elementwise max(a, b) with broadcasting; a NaN in either operand gives NaN. No
+// gradient (statistics: QK-Clip's running max logit, docs/model.md#qk-clip).
+Tensor maximum(const Tensor& a, const Tensor& b);
 
 Tensor add_scalar(const Tensor& x, double s);
 Tensor mul_scalar(const Tensor& x, double s);

@@ -130,6 +130,9 @@ void binary_forward(BinaryOp op, Tensor& out, const Tensor& a, const Tensor& b) 
       case BinaryOp::sub: return binary_loop([](T x, T y) { return x - y; }, o, out.shape(), pa, a.shape(), pb, b.shape());
       case BinaryOp::mul: return binary_loop([](T x, T y) { return x * y; }, o, out.shape(), pa, a.shape(), pb, b.shape());
       case BinaryOp::div: return binary_loop([](T x, T y) { return x / y; }, o, out.shape(), pa, a.shape(), pb, b.shape());
+      case BinaryOp::max:
+        return binary_loop([](T x, T y) { return x > y || x != x ? x : y; }, o, out.shape(), pa, a.shape(), pb,
+                           b.shape());
     }
   });
 }

@@ -62,6 +62,7 @@ template <class A> __device__ __forceinline__ A apply(BinaryOp op, A x, A y) {
     case BinaryOp::sub: return x - y;
     case BinaryOp::mul: return x * y;
     case BinaryOp::div: return x / y;
+    case BinaryOp::max: return x > y || x != x ? x : y;  // NaN if either is
   }
   return x;
 }

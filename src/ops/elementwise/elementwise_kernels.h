@@ -7,7 +7,7 @@
 
 namespace moetrain {
 
-enum class BinaryOp { add, sub, mul, div };
+enum class BinaryOp { add, sub, mul, div, max };  // max: NaN if either is NaN
 enum class UnaryOp { neg, exp, log, sqrt, square, tanh, sigmoid, relu, silu, softplus, gelu_tanh };
 
 namespace cpu {

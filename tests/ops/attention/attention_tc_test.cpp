@@ -35,6 +35,7 @@ struct Case {
 
 struct Outputs {
   Tensor o, lse, grad_q, grad_k, grad_v;  // f32 (o and the gradients widened from bf16)
+  Tensor row_max;                         // [B, H, T] f32: the forward's row max (QK-Clip)
 };
 
 // The three bodies on the host, as attention_tc_cuda.cu launches them: a block per
@@ -47,6 +48,7 @@ Outputs run_bodies_with(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int64_t B = q.size(0), T = q.size(1), Tk = k.size(1), H = q.size(2);
   const int Dk = static_cast<int>(q.size(3)), Dv = static_cast<int>(v.size(3));
   Tensor o = empty({B, T, H, Dv}, DType::bf16), lse = empty({B, H, T}, DType::f32);
+  Tensor row_max = full({B, H, T}, std::nan(""), DType::f32);  // every element must be written
   Tensor gq = empty(q.shape(), DType::bf16), gk = empty(k.shape(), DType::bf16), gv = empty(v.shape(), DType::bf16);
   simt::TcAttention<bf16> a;
   a.B = B;
@@ -63,6 +65,7 @@ Outputs run_bodies_with(const Tensor& q, const Tensor& k, const Tensor& v, const
   a.grad_o = grad_o.data<bf16>();
   a.o = o.data<bf16>();
   a.lse = lse.data<float>();
+  a.row_max = row_max.data<float>();
   a.grad_q = gq.data<bf16>();
   a.grad_k = gk.data<bf16>();
   a.grad_v = gv.data<bf16>();
@@ -94,7 +97,7 @@ Outputs run_bodies_with(const Tensor& q, const Tensor& k, const Tensor& v, const
     for (int64_t t = 0; t < tiles_q; ++t)
       simt::tc_attention_grad_q<simt::HostMma, DK, DV>(blk, a, t, bh, dq.data());
   }
-  return {of, lse, gq.to(DType::f32), gk.to(DType::f32), gv.to(DType::f32)};
+  return {of, lse, gq.to(DType::f32), gk.to(DType::f32), gv.to(DType::f32), row_max};
 }
 
 bool tc_has_register_path(int64_t Dk, int64_t Dv) {
@@ -115,19 +118,19 @@ Outputs run_bodies(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 const char* tc_acc_name(TcAccumulators acc) { return acc == TcAccumulators::shared ? "shared" : "registers"; }
 
 bool same_bits(const Outputs& a, const Outputs& b) {
-  return testing::same_bits({&a.o, &a.lse, &a.grad_q, &a.grad_k, &a.grad_v},
-                            {&b.o, &b.lse, &b.grad_q, &b.grad_k, &b.grad_v});
+  return testing::same_bits({&a.o, &a.lse, &a.grad_q, &a.grad_k, &a.grad_v, &a.row_max},
+                            {&b.o, &b.lse, &b.grad_q, &b.grad_k, &b.grad_v, &b.row_max});
 }
 
 // The CPU kernels on f32 copies of the same bf16 values.
 Outputs run_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_o, double scale) {
   Tensor qf = q.to(DType::f32), kf = k.to(DType::f32), vf = v.to(DType::f32), gf = grad_o.to(DType::f32);
   Tensor o = empty({q.size(0), q.size(1), q.size(2), v.size(3)}, DType::f32);
-  Tensor lse = empty({q.size(0), q.size(2), q.size(1)}, DType::f32);
-  cpu::causal_attention_forward(o, lse, qf, kf, vf, scale);
+  Tensor lse = empty({q.size(0), q.size(2), q.size(1)}, DType::f32), row_max = empty_like(lse);
+  cpu::causal_attention_forward(o, lse, qf, kf, vf, scale, &row_max);
   Tensor gq = zeros_like(qf), gk = zeros_like(kf), gv = zeros_like(vf);  // as the op passes them
   cpu::causal_attention_backward(gq, gk, gv, gf, qf, kf, vf, o, lse, scale);
-  return {o, lse, gq, gk, gv};
+  return {o, lse, gq, gk, gv, row_max};
 }
 
 }  // namespace
@@ -157,6 +160,8 @@ TEST_CASE("attention (tensor-core bodies on the host): match the CPU kernels", "
         // rounding. P (forward) and dS (backward) are rounded to bf16 before their
         // products, and O and the gradients are stored in bf16.
         CHECK(rel_error(tc.lse, ref.lse) < 1e-5);
+        CHECK(count_non_finite(tc.row_max) == 0);          // every row written (it starts NaN)
+        CHECK(rel_error(tc.row_max, ref.row_max) < 1e-5);  // f32 scores summed in another order, then a max
         CHECK(rel_error(tc.o, ref.o) < 1e-2);
         CHECK(rel_error(tc.grad_v, ref.grad_v) < 2e-2);
         CHECK(rel_error(tc.grad_k, ref.grad_k) < 3e-2);
@@ -191,6 +196,7 @@ TEST_CASE("attention (tensor-core bodies on the host): register accumulators giv
             [&](HostOrder o) { return run_bodies(q, k, v, grad_o, scale, o, TcAccumulators::registers); });
         CHECK(testing::same_bits(regs.o, shared.o));
         CHECK(testing::same_bits(regs.lse, shared.lse));
+        CHECK(testing::same_bits(regs.row_max, shared.row_max));
         CHECK(testing::same_bits(regs.grad_q, shared.grad_q));
         CHECK(testing::same_bits(regs.grad_k, shared.grad_k));
         CHECK(testing::same_bits(regs.grad_v, shared.grad_v));
