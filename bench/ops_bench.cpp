@@ -21,6 +21,9 @@
 #include "nn/moe.h"
 #include "ops/view/view_simt.h"
 #include "optim/adamw.h"
+#include "optim/make_optimizer.h"
+#include "config/config.h"
+#include "train/model_source.h"
 
 using namespace moetrain;
 
@@ -239,6 +242,57 @@ void BM_adamw_check_then_step(benchmark::State& st) {
   }
   st.counters["check/step"] = check_s / step_s;
 }
+// One optimizer step (train.optimizer adamw or muon, f32, one process, zero 0) over
+// a whole model's parameters: GPT-2 small (124M, configs/gpt2-small.yaml) and
+// k3-small (configs/k3-small.yaml), gradients N(0, 0.01). Arg 0: the model (0
+// GPT-2, 1 k3-small); arg 1: 0 AdamW, 1 Muon (Muon on the hidden matrices, AdamW
+// on the rest, as the trainer builds it). The counter muon_share is the fraction
+// of the parameters Muon updates. Compare Muon's row with AdamW's of the same
+// model in the same run.
+struct OptimizerCase {
+  int64_t model = -1, kind = -1;
+  std::unique_ptr<LanguageModel> net;
+  std::unique_ptr<Optimizer> opt;
+  double muon_share = 0;
+};
+Optimizer& optimizer_case(int64_t model, int64_t kind, double& muon_share) {
+  static OptimizerCase c;
+  if (!c.opt || c.model != model || c.kind != kind) {
+    c.opt.reset();
+    c.net.reset();
+    c.model = model;
+    c.kind = kind;
+    const Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) +
+                                       (model == 0 ? "/configs/gpt2-small.yaml" : "/configs/k3-small.yaml"));
+    c.net = build_model(config);
+    OptimizerOptions o;
+    o.kind = kind == 0 ? "adamw" : "muon";
+    c.opt = make_optimizer(c.net->parameters(), o);
+    uint64_t seed = 100;
+    int64_t muon = 0, total = 0;
+    for (const NamedParameter& p : c.net->parameters()) {
+      p.tensor.set_grad(mul_scalar(randn(p.tensor.shape(), DType::f32, seed++), 0.01).to(p.tensor.dtype()));
+      muon += uses_muon(o, p) ? p.tensor.numel() : 0;
+      total += p.tensor.numel();
+    }
+    c.muon_share = static_cast<double>(muon) / static_cast<double>(total);
+    c.opt->step(1e-4);  // state no longer zero
+  }
+  muon_share = c.muon_share;
+  return *c.opt;
+}
+void BM_optimizer_step(benchmark::State& st) {
+  double share = 0;
+  Optimizer& opt = optimizer_case(st.range(0), st.range(1), share);
+  for (auto _ : st) opt.step(kAdamWLr);
+  st.counters["muon_share"] = share;
+}
+void BM_optimizer_check(benchmark::State& st) {
+  double share = 0;
+  Optimizer& opt = optimizer_case(st.range(0), st.range(1), share);
+  for (auto _ : st) benchmark::DoNotOptimize(opt.non_finite_update(kAdamWLr));
+}
+
 void adamw_args(benchmark::internal::Benchmark* b) {
   b->ArgName("bf16")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 }
@@ -275,6 +329,15 @@ BENCHMARK(BM_adamw_check_then_step)->Arg(0)->Apply(adamw_args);
 BENCHMARK(BM_adamw_step)->Arg(1)->Apply(adamw_args);
 BENCHMARK(BM_adamw_check)->Arg(1)->Apply(adamw_args);
 BENCHMARK(BM_adamw_check_then_step)->Arg(1)->Apply(adamw_args);
+// Grouped by (model, optimizer), so each is built once.
+BENCHMARK(BM_optimizer_step)->ArgNames({"k3", "muon"})->Args({0, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_optimizer_check)->ArgNames({"k3", "muon"})->Args({0, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_optimizer_step)->ArgNames({"k3", "muon"})->Args({0, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_optimizer_check)->ArgNames({"k3", "muon"})->Args({0, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_optimizer_step)->ArgNames({"k3", "muon"})->Args({1, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_optimizer_check)->ArgNames({"k3", "muon"})->Args({1, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_optimizer_step)->ArgNames({"k3", "muon"})->Args({1, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_optimizer_check)->ArgNames({"k3", "muon"})->Args({1, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
 // The CUDA index_select backward's host plan (ops/view/view_simt.h: the indices
 // bucketed by destination row on the host before each backward's upload; it runs

@@ -6,7 +6,8 @@
 RUN_DIR is a run directory (run.dir, holding metrics.jsonl) or a metrics.jsonl file.
 Panels: train loss with validation loss (dashed), learning rate, gradient norm (log
 scale), tokens/s, and the MoE load imbalance (max/mean tokens per expert over the MoE
-layers; 1 = balanced) when a run has MoE layers. Skipped steps (train.nan_policy) are
+layers; 1 = balanced) when a run has MoE layers, and the largest attention logit of
+each step (max_logit, recorded with train.qk_clip) when a run has it. Skipped steps (train.nan_policy) are
 marked on the loss panel. A resumed run's file is one history (the trainer drops
 records after the checkpoint it resumed from).
 
@@ -31,8 +32,8 @@ def load(path):
     if not os.path.isfile(metrics):
         fail(f"{path}: no metrics.jsonl (expected a run directory written by `moetrain train`, or the file itself)")
     label = os.path.basename(os.path.dirname(os.path.abspath(metrics)))
-    run = {key: [] for key in ("step", "loss", "lr", "grad_norm", "tok_per_s", "moe", "val_step", "val_loss",
-                               "skipped")}
+    run = {key: [] for key in ("step", "loss", "lr", "grad_norm", "tok_per_s", "moe", "max_logit", "val_step",
+                               "val_loss", "skipped")}
     with open(metrics, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             line = line.strip()
@@ -57,6 +58,7 @@ def load(path):
                 run["grad_norm"].append(r.get("grad_norm"))
                 run["tok_per_s"].append(r.get("tok_per_s"))
                 run["moe"].append(r.get("moe_max_over_mean"))
+                run["max_logit"].append(r.get("max_logit"))
     if not run["step"]:
         fail(f"{metrics}: no training steps recorded yet")
     return label, run
@@ -76,9 +78,12 @@ def main():
     import matplotlib.pyplot as plt
 
     has_moe = any(any(v is not None for v in run["moe"]) for _, run in runs)
-    panels = ["loss", "lr", "grad_norm", "tok_per_s"] + (["moe"] if has_moe else [])
+    has_logit = any(any(v is not None for v in run["max_logit"]) for _, run in runs)
+    panels = ["loss", "lr", "grad_norm", "tok_per_s"] + (["moe"] if has_moe else []) + \
+        (["max_logit"] if has_logit else [])
     titles = {"loss": "loss (train; val dashed)", "lr": "learning rate", "grad_norm": "gradient norm",
-              "tok_per_s": "tokens / s", "moe": "MoE load: max / mean tokens per expert"}
+              "tok_per_s": "tokens / s", "moe": "MoE load: max / mean tokens per expert",
+              "max_logit": "largest attention logit (QK-Clip)"}
     cols = 3 if len(panels) > 4 else 2
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.6 * rows), squeeze=False)

@@ -57,7 +57,7 @@ void add_ledger_command(CLI::App& app, Commands& commands) {
   cmd->add_option("--pp", o->layout.pp, "pipeline stages (layers split as train.pp does)")->check(positive());
   cmd->add_option("--dp", o->layout.dp, "data-parallel replicas of each stage (memory per rank)")->check(positive());
   cmd->add_option("--ep", o->layout.ep, "expert-parallel ranks (experts sharded over them)")->check(positive());
-  cmd->add_option("--zero", o->layout.zero, "1: AdamW state (and bf16 runs' f32 master) sharded over the replicas")
+  cmd->add_option("--zero", o->layout.zero, "1: optimizer state (and bf16 runs' f32 master) sharded over the replicas")
       ->check(non_negative());
   cmd->add_option("--micro-batch", o->layout.micro_batch, "sequences per micro-batch (default train.batch_size)")
       ->check(positive());

@@ -161,7 +161,7 @@ Distributed make_distributed(const Config& config) {
   d.grad_bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20)));
   const int64_t zero = config.get_int("train.zero");
   if (zero > 1)
-    config.fail("train.zero", "is not supported yet: 0 keeps the AdamW state whole on every rank, 1 shards it over "
+    config.fail("train.zero", "is not supported yet: 0 keeps the optimizer state whole on every rank, 1 shards it over "
                               "the data-parallel replicas (ZeRO stage 1); gradients and parameters are not sharded");
   if (zero == 1 && d.tied_pipeline)
     config.fail("train.zero", "1 with train.pp > 1 and model.tie_embeddings is not supported yet (the two stages' "

@@ -146,7 +146,7 @@ void check_model_fits(const Config& config, ExpertShard shard) {
                                         [](const auto& a, const auto& b) { return a.second < b.second; });
   throw OutOfMemoryError(fmt::format(
       "the model has {} parameters on this rank: {} of weights alone, more than this machine's {} of memory (before "
-      "gradients and AdamW state); the largest group is {} ({} parameters: {}); `moetrain ledger -c CONFIG` lists them",
+      "gradients and optimizer state); the largest group is {} ({} parameters: {}); `moetrain ledger -c CONFIG` lists them",
       ledger.params_per_rank, human_bytes(bytes), human_bytes(memory), largest->first, largest->second,
       sizing_keys(largest->first)));
 }

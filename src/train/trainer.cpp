@@ -279,6 +279,12 @@ void Trainer::build() {
                  human_bytes(whole), dist_.grid.replicas(),
                  dist_.grid.ep > 1 ? fmt::format(" and the {} of each expert shard", dist_.grid.dp) : "");
   }
+  if (train_.qk_clip) {
+    model_->set_track_max_logits(true);
+    if (model_->qk_clip_sites().empty() && dist_.root())
+      spdlog::warn("{}: train.qk_clip is on but {} no softmax attention layer (MLA or attention): nothing to clip",
+                   config_.where("train.qk_clip"), dist_.grid.pp > 1 ? "the first pipeline stage has" : "the model has");
+  }
   saver_ = std::make_unique<CheckpointSaver>(dist_, ckpt_.run_dir, config_, ckpt_.async);
   save_options_.keep_last = ckpt_.keep_last;
   if (train_.profile) profile::reset();
@@ -481,7 +487,7 @@ StepResult Trainer::train_step() {
   if (std::optional<std::string> problem = update_problem(r.lr)) return skip(std::move(r), *problem);
   progress_.consecutive_skips = 0;
   streak_loss_non_finite_ = false;
-  r.moe = update(r.lr);
+  r.moe = update(r.lr, r.qk);
   end_step(r, t0);
   return r;
 }
@@ -559,6 +565,7 @@ StepResult Trainer::skip(StepResult r, std::string why) {
   profile::set_enabled(false);
   opt_->zero_grad();
   reset_moe_stats(*model_);
+  model_->reset_max_logits();  // a skipped step's logits do not count towards the next step's
   r.skipped = true;
   r.skip_reason = std::move(why);
   progress_.step = r.step;
@@ -589,11 +596,13 @@ std::optional<std::string> Trainer::update_problem(double lr) {
 }
 
 // The router biases from this step's assignments (summed over the ranks), then the optimizer.
-MoeStepSummary Trainer::update(double lr) {
+MoeStepSummary Trainer::update(double lr, QkClipSummary& qk) {
   all_reduce_moe_stats(dist_, *model_);
   MoeStepSummary moe = moe_step(*model_);
   profile::Region region("optimizer");
   opt_->step(lr);
+  // QK-Clip on the owned elements, before the all-gather spreads them.
+  if (train_.qk_clip) qk = apply_qk_clip(dist_, *model_, *opt_, train_.qk_clip_tau);
   gather_parameters(dist_, *model_);  // train.zero 1: every rank updated its part
   return moe;
 }
@@ -627,13 +636,17 @@ void Trainer::record(const StepResult& r) {
   const double eta = static_cast<double>(train_.max_steps - r.step) * step_seconds_avg_;
   if (r.step % train_.log_every == 0 || r.step == 1 || r.step == train_.max_steps)
     spdlog::info("step {}/{} | loss {:.4f} | lr {:.1e} | gnorm {:.2f} | {} tok/s | {:.0f} ms | MFU {:.1f}% | {} "
-                 "elapsed, ETA {}{}", r.step, train_.max_steps, r.loss, r.lr, r.grad_norm,
+                 "elapsed, ETA {}{}{}", r.step, train_.max_steps, r.loss, r.lr, r.grad_norm,
                  with_commas(std::llround(tok_s_avg)), r.seconds * 1e3, 100 * mfu, clock_text(elapsed),
                  clock_text(eta),
                  r.moe.fields.empty()
                      ? std::string()
                      : fmt::format(" | moe max/mean {:.2f}, {} dead{}", r.moe.worst_max_over_mean, r.moe.dead,
-                                   r.moe.dropped ? fmt::format(", {} dropped", r.moe.dropped) : std::string()));
+                                   r.moe.dropped ? fmt::format(", {} dropped", r.moe.dropped) : std::string()),
+                 !r.qk.recorded ? std::string()
+                                : fmt::format(" | max logit {:.1f}{}", r.qk.max_logit,
+                                              r.qk.clipped_heads ? fmt::format(", {} heads clipped", r.qk.clipped_heads)
+                                                                 : std::string()));
   std::vector<std::pair<std::string, MetricsWriter::Value>> record{
       {"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"tok_per_s", tok_s},
       {"tok_per_s_avg", tok_s_avg}, {"mfu", mfu}, {"step_ms", r.seconds * 1e3}, {"tokens", progress_.tokens},
@@ -642,6 +655,11 @@ void Trainer::record(const StepResult& r) {
   if (device_.is_cuda())  // the caching allocator's peak: what the GPU had to hold
     record.emplace_back("gpu_peak_reserved_bytes", cuda::memory_stats(device_.index).peak_reserved_bytes);
   record.insert(record.end(), r.moe.fields.begin(), r.moe.fields.end());
+  if (r.qk.recorded) {  // train.qk_clip: the step's largest logit, per layer (this rank's stage) and overall
+    record.emplace_back("max_logit", r.qk.max_logit);
+    record.emplace_back("qk_clipped_heads", r.qk.clipped_heads);
+    for (const auto& [layer, value] : r.qk.layers) record.emplace_back("max_logit_" + layer, value);
+  }
   if (metrics_) metrics_->write(record);
   if (r.step != 1) return;
   spdlog::info("  peak memory after the first step: {}", human_bytes(peak_rss_bytes()));

@@ -32,6 +32,7 @@
 #include "data/tokenizer.h"
 #include "nn/ledger.h"
 #include "optim/make_optimizer.h"
+#include "train/qk_clip_step.h"
 #include "train/distributed.h"
 #include "train/fault.h"
 #include "train/metrics.h"
@@ -67,6 +68,7 @@ struct StepResult {
   int64_t tokens = 0;         // trained on in this step, all ranks
   double seconds = 0;         // wall time of the step on this rank
   MoeStepSummary moe;
+  QkClipSummary qk;           // train.qk_clip
 };
 
 struct EvalResult {
@@ -125,7 +127,7 @@ class Trainer {
   double reduce_gradients();
   StepResult skip(StepResult r, std::string why);
   std::optional<std::string> update_problem(double lr);
-  MoeStepSummary update(double lr);
+  MoeStepSummary update(double lr, QkClipSummary& qk);
   void end_step(StepResult& r, Clock::time_point t0);
   void log_saved(const std::optional<SaveResult>& saved);
   void report_start() const;

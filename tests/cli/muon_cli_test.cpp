@@ -25,10 +25,12 @@ namespace {
 
 using Result = moetrain::testing::CommandOutput;
 
-// The tiny k3 hybrid (MLA, KDA, latent MoE, AttnRes) at 4 layers, one thread per rank.
+// The tiny k3 hybrid (MLA, KDA, latent MoE, AttnRes) at 4 layers, one thread per
+// rank, with MuonClip: Muon and QK-Clip at a threshold its MLA heads pass.
 struct MuonK3Job {
   TempDir tmp;
   string dir = tmp.path();
+  string tau = "0.3";  // below the tiny model's largest logits (about 0.4 to 1.5): heads are clipped every step
 
   MuonK3Job() { moetrain::testing::prepare_byte_shards(dir); }
   string args(const string& run, const string& sets) const {
@@ -36,7 +38,8 @@ struct MuonK3Job {
            "/data/train_*.bin --set data.val= --set train.max_steps=12 --set train.warmup_steps=3 "
            "--set train.batch_size=2 --set train.seq_len=16 --set train.eval_every=0 --set train.threads=1 "
            "--set train.log_every=100 --set model.n_layer=4 --set model.attn_res_block_size=2 --set ckpt.every=6 "
-           "--set train.optimizer=muon --set run.dir=" + dir + "/" + run + " " + sets;
+           "--set train.optimizer=muon --set train.qk_clip=true --set train.qk_clip_tau=" + tau +
+           " --set run.dir=" + dir + "/" + run + " " + sets;
   }
   Result train(int np, const string& run, const string& sets) const {
     if (np == 1) return moetrain::testing::run_moetrain(args(run, sets));
@@ -96,6 +99,39 @@ TEST_CASE("cli: train.optimizer muon trains GPT-2 with each rule's slots in the 
                            Catch::Contains("saved with muon"));
 }
 
+TEST_CASE("cli: train.qk_clip records each layer's largest logit, clips at a low tau, and at a high one changes no "
+          "bit of a Muon run", "[cli]") {
+  moetrain::testing::TinyGpt2Runs runs;
+  const string muon = "--set train.optimizer=muon --set train.lr=0.02 --set train.warmup_steps=2";
+  Result plain = runs.train("plain", 6, muon);
+  REQUIRE(plain.code == 0);
+  Result high = runs.train("high", 6, muon + " --set train.qk_clip=true --set train.qk_clip_tau=1e6");
+  INFO(high.output);
+  REQUIRE(high.code == 0);
+  CHECK(metrics_losses(runs.path("high")) == metrics_losses(runs.path("plain")));
+  const string m = moetrain::testing::read_bytes(runs.path("high", "metrics.jsonl"));
+  CHECK_THAT(m, Catch::Contains("\"max_logit\":") && Catch::Contains("\"max_logit_layers.0\":") &&
+                    Catch::Contains("\"max_logit_layers.1\":") && Catch::Contains("\"qk_clipped_heads\":0"));
+  CHECK_THAT(high.output, Catch::Contains("| max logit "));
+  Result low = runs.train("low", 6, muon + " --set train.qk_clip=true --set train.qk_clip_tau=1e-3");
+  INFO(low.output);
+  REQUIRE(low.code == 0);
+  CHECK_THAT(moetrain::testing::read_bytes(runs.path("low", "metrics.jsonl")),
+             !Catch::Contains("\"qk_clipped_heads\":0"));
+  CHECK_THAT(low.output, Catch::Contains("heads clipped"));
+  CHECK(metrics_losses(runs.path("low")) != metrics_losses(runs.path("plain")));
+  // Bad values are refused naming the key.
+  Result bad = runs.train("bad", 2, "--set train.qk_clip_tau=0");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("train.qk_clip_tau"));
+  bad = runs.train("bad", 2, "--set train.optimizer=lion");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("train.optimizer") && Catch::Contains("muon"));
+  bad = runs.train("bad", 2, "--set train.muon_momentum=1");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("train.muon_momentum"));
+}
+
 TEST_CASE("cli: Muon on the k3 hybrid: zero 1 gives zero 0's losses bit for bit at 2 ranks; a 4-rank zero 1 "
           "checkpoint (whole matrices per rank) resumes resharded on 1 process and on pp 2", "[cli][slow]") {
   MuonK3Job job;
@@ -106,6 +142,9 @@ TEST_CASE("cli: Muon on the k3 hybrid: zero 1 gives zero 0's losses bit for bit 
   const std::vector<double> one = metrics_losses(job.dir + "/one");
   REQUIRE(one.size() == 12);
   CHECK(one.back() < one.front());
+  const string metrics = moetrain::testing::read_bytes(job.dir + "/one/metrics.jsonl");
+  CHECK_THAT(metrics, Catch::Contains("\"max_logit_layers.3\":"));  // the MLA layer
+  CHECK_THAT(metrics, Catch::Contains("\"qk_clipped_heads\":2"));
 
   // 2 ranks (dp 2): zero 0 and zero 1. The gradient sums are a + b either way and
   // each matrix's update runs on its owner alone, so the losses agree exactly.
