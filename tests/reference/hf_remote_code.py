@@ -80,7 +80,7 @@ def make_data():
 COMMON = ["data.tokenizer=byte", "model.vocab_size=256", "model.n_ctx=256", "train.seq_len=32", "train.batch_size=2",
           "train.max_steps=3", "train.warmup_steps=1", "train.eval_every=0", "train.sample_every=0",
           "train.threads=1", "train.log_every=1000", "train.dtype=f32", "data.val=''", "ckpt.every=0",
-          "model.init_std=0.3", "model.embed_init_std=1.0"]
+          "model.init_std=0.3", "model.embed_init_std=1.0", "train.ep=1", "train.pp=1"]
 
 
 def shrink(cfg):
