@@ -85,7 +85,14 @@ class MoetrainHybridConfig(_BaseConfig):
         self.use_cache = use_cache
         if layer_types is None:
             layer_types = self._default_layer_types()
-        self.layer_types = list(layer_types)
+        # The mixers live in moetrain.layer_mixers (moetrain writes it); layer_types keeps
+        # only the two names transformers 5 accepts (it validates them): full_attention for
+        # MLA and attention, linear_attention for the recurrent mixers.
+        if not self.moetrain.get("layer_mixers"):
+            self.moetrain["layer_mixers"] = ["kda" if t == "linear_attention" else "mla" if t == "full_attention"
+                                             else t for t in layer_types]
+        self.layer_types = ["full_attention" if m in ("mla", "attention") else "linear_attention"
+                            for m in self.moetrain["layer_mixers"]]
         if mlp_layer_types is None:
             k = first_k_dense_replace if first_k_dense_replace is not None else num_hidden_layers
             mlp_layer_types = ["sparse" if (num_experts and l >= k) else "dense" for l in range(num_hidden_layers)]
@@ -112,10 +119,7 @@ class MoetrainHybridConfig(_BaseConfig):
     @property
     def mixers(self):
         """Per layer: kda, mla, attention, linear_attention, deltanet or gated_deltanet."""
-        lm = self.moetrain.get("layer_mixers")
-        if lm:
-            return list(lm)
-        return ["kda" if t == "linear_attention" else "mla" if t == "full_attention" else t for t in self.layer_types]
+        return list(self.moetrain["layer_mixers"])
 
     def is_moe_layer(self, l):
         return bool(self.num_experts) and self.mlp_layer_types[l] == "sparse"
