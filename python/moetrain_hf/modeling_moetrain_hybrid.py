@@ -224,7 +224,9 @@ class MoetrainDeltaMixer(nn.Module):
         self.o_proj = _linear(HV * K, D)
 
     def gate(self, x, B, T):
-        """#decay-gate: log decays [B, T, HV, K] (KDA), [B, T, HV, 1] (Gated DeltaNet) or None."""
+        """#decay-gate: log decays [B, T, HV, K] (KDA), [B, T, HV, 1] (Gated DeltaNet) or None (DeltaNet)."""
+        if self.decay == "none":
+            return None
         cd = self.A_log.dtype if self.A_log.dtype != torch.bfloat16 else torch.float32
         a = torch.exp(self.A_log.reshape(self.HV, 1).to(cd))
         if self.decay == "per_channel":
