@@ -166,8 +166,16 @@ VARIANTS = [
 ]
 
 
+def base_yaml():
+    """`moetrain train` needs -c: a YAML that says only the architecture (BASE sets the rest)."""
+    path = os.path.join(WORK, "base.yaml")
+    with open(path, "w") as f:
+        f.write("model: {arch: hybrid}\ndata: {tokenizer: byte}\n")
+    return ["-c", path]
+
+
 def variant_cases():
-    return [("feature/" + name, [], BASE + extra) for name, extra in VARIANTS]
+    return [("feature/" + name, base_yaml(), BASE + extra) for name, extra in VARIANTS]
 
 
 # ------------------------------------------------------------------ both sides
@@ -274,10 +282,10 @@ def extra_checks(tokens):
     overrides = BASE + ["model.ffn=situ_glu", "model.attn_res=true", "model.attn_res_block_size=2",
                         "model.moe.latent_dim=16", "model.kda.gate=lower_bound", "model.kda.full_rank_output_gate=true",
                         "model.mla.output_gate=true"]
-    out, _ = train_and_export(name, [], overrides)
+    out, _ = train_and_export(name, base_yaml(), overrides)
     ours_f32 = moetrain_loss(["--checkpoint", out])
     # Sharded: the same model in several files.
-    shards, _ = train_and_export(name + "_sharded", [], overrides, ["--max-shard-size", "4KB"])
+    shards, _ = train_and_export(name + "_sharded", base_yaml(), overrides, ["--max-shard-size", "4KB"])
     if not os.path.exists(os.path.join(shards, "model.safetensors.index.json")):
         fail("sharded export: no model.safetensors.index.json")
     model = load(shards)
