@@ -1,6 +1,7 @@
 // Export of a model directory with Hugging Face names, and its reader (export.h,
 // docs/export.md).
 #include "checkpoint/export.h"
+#include "checkpoint/hf_remote_code.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -237,6 +238,10 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   if (o.format == ExportFormat::safetensors) write_safetensors_dir(tmp.path, tensors, o.max_shard_bytes, on_written);
   else write_hdf5(tmp.path, tensors, o.dtype, on_written);
   write_file_atomically(tmp.path / "config.json", adapter->config_json(o.dtype), false);
+  // moetrain_hybrid: transformers has no class of its own, so the export carries ours
+  // (python/moetrain_hf/), which config.json's auto_map names (trust_remote_code=True).
+  if (adapter->model_type() == kMoetrainHybridModelType)
+    for (const HfRemoteCodeFile& f : hf_remote_code_files()) write_file_atomically(tmp.path / f.name, f.text, false);
   if (config) config->save((tmp.path / "config.resolved.yaml").string());
   fsync_path(tmp.path, true);
   progress.finish();

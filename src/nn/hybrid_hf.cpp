@@ -199,6 +199,13 @@ std::string hybrid_hf_config_json(const HybridConfig& c, DType dtype) {
     j["topk_method"] = "noaux_tc";
     j["moe_layer_freq"] = 1;
   }
+  // transformers runs a moetrain_hybrid export with the remote code the export carries
+  // (python/moetrain_hf/, written by checkpoint/export.cpp): AutoConfig and
+  // AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).
+  if (!kimi)
+    j["auto_map"] = {{"AutoConfig", "configuration_moetrain_hybrid.MoetrainHybridConfig"},
+                     {"AutoModel", "modeling_moetrain_hybrid.MoetrainHybridModel"},
+                     {"AutoModelForCausalLM", "modeling_moetrain_hybrid.MoetrainHybridForCausalLM"}};
   // What Kimi's config cannot say: read by moetrain, ignored by others.
   j["moetrain"] = {{"layer_mixers", mixers},
                    {"attention_num_heads", c.attention_n_head},

@@ -199,6 +199,11 @@ Config resolve_config(const ModelSource& source) {
   }
   Config config = source.config_path.empty() ? Config::defaults() : Config::load(source.config_path);
   if (!source.init_from.empty()) config.set("model.init_from", fmt::format("'{}'", source.init_from), "--init-from");
+  // --set joins the YAML before a config.json is adopted, so that its conflict check sees
+  // the resolved values (YAML and --set together; docs/export.md): a --set that differs
+  // from config.json is refused like a YAML key, and one that brings a YAML key back into
+  // agreement is accepted.
+  if (!source.overrides.empty()) config.apply_overrides(source.overrides);
   adopt_init_from_architecture(config);
   const std::string init = config.get_string("model.init_from");
   // Without a config.json and a YAML only the defaults (GPT-2 124M) would say the shape,
@@ -213,7 +218,6 @@ Config resolve_config(const ModelSource& source) {
         config.where("model.init_from"), init,
         std::filesystem::is_directory(init) ? "holds no config.json" : "is a weight file, which carries no config.json",
         std::filesystem::is_directory(init) ? "into it" : "beside them and pass that directory"));
-  if (!source.overrides.empty()) config.apply_overrides(source.overrides);
   return config;
 }
 
