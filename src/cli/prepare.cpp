@@ -14,13 +14,15 @@ void add_prepare_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand(
       "prepare",
       "Tokenize text files into token shards: the first --val-tokens tokens to val_000000.bin, the rest to "
-      "train_NNNNNN.bin (llm.c format). Each file is one document; GPT-2's <|endoftext|> precedes each.");
+      "train_NNNNNN.bin (llm.c format). Each file is one document, between the tokenizer's document tokens "
+      "(GPT-2: <|endoftext|> before each).");
   auto options = std::make_shared<data::PrepareOptions>();
   auto invalid_utf8 = std::make_shared<std::string>("error");
-  cmd->add_option("inputs", options->inputs, "Text files (UTF-8 for gpt2)")->required()->default_str("");
+  cmd->add_option("inputs", options->inputs, "Text files (UTF-8 unless --tokenizer byte)")->required()->default_str("");
   cmd->add_option("--out", options->out_dir, "Output directory (created if missing)")->required();
-  cmd->add_option("--tokenizer", options->tokenizer, "gpt2 or byte")
-      ->check(CLI::IsMember({"gpt2", "byte"}))
+  cmd->add_option("--tokenizer", options->tokenizer,
+                  "gpt2, byte, or the path of a Hugging Face tokenizer.json or a tiktoken rank file (its description "
+                  "<file>.json beside it) or description (docs/training.md#tokenizers)")
       ->capture_default_str();
   cmd->add_option("--tokenizer-dir", options->tokenizer_dir, "Directory with encoder.json and vocab.bpe (gpt2)")
       ->capture_default_str();

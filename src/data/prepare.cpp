@@ -39,11 +39,12 @@ constexpr const char* kStagingPrefix = ".prepare.tmp.";
 
 // Reads a file in chunks of about chunk_bytes that end at a find_split_point,
 // so each chunk tokenizes as it would inside the whole file. A chunk grows
-// until a split point appears (or the file ends).
+// until a split point appears (or the file ends). With split false the one
+// chunk is the whole file (a tokenizer whose pieces may span any cut).
 class ChunkReader {
  public:
-  ChunkReader(const std::string& path, size_t chunk_bytes)
-      : path_(path), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)) {
+  ChunkReader(const std::string& path, size_t chunk_bytes, bool split = true)
+      : path_(path), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)), split_(split) {
     const int fd = open_regular_file(path, "a text file");  // never waits on a FIFO
     file_ = ::fdopen(fd, "rb");
     if (!file_) {
@@ -78,7 +79,7 @@ class ChunkReader {
       if (eof_) {
         taken_ = buf_.size();
       } else {
-        taken_ = find_split_point(buf_, buf_.size());
+        taken_ = split_ ? find_split_point(buf_, buf_.size()) : 0;
         if (taken_ == 0) continue;  // no split point yet: read more
       }
       if (taken_ == 0) return false;
@@ -91,6 +92,7 @@ class ChunkReader {
  private:
   std::string path_;
   size_t chunk_bytes_;
+  bool split_;
   std::FILE* file_ = nullptr;
   std::string buf_;
   size_t taken_ = 0;    // bytes of buf_ handed out by the last next()
@@ -228,7 +230,7 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
   }
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer, o.tokenizer_dir);
   const TokenWidth width = shard_width_for_vocab(tokenizer->vocab_size());  // uint32 only where uint16 cannot hold it
-  const bool needs_utf8 = tokenizer->name() == "gpt2";
+  const bool needs_utf8 = tokenizer->needs_utf8();
   summary.tokenizer = tokenizer->name();
   summary.width = width;
   if (needs_utf8 && !o.replace_invalid_utf8)
@@ -270,10 +272,10 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
     popt.unit = std::string("B");  // not = "B": GCC 12 -Wrestrict false positive (PR 105329)
     popt.scale = true;
     Progress progress("tokenizing", summary.num_bytes, popt);
-    const std::optional<int32_t> eot = tokenizer->eot_token();
+    const DocumentTokens around = tokenizer->document_tokens();
     for (const std::string& input : o.inputs) {
-      if (eot) sink.add(std::span<const int32_t>(&*eot, 1));
-      ChunkReader reader(input, o.chunk_bytes);
+      sink.add(around.prefix);
+      ChunkReader reader(input, o.chunk_bytes, tokenizer->encodes_in_chunks());
       std::string_view chunk;
       int64_t offset = 0;
       std::string repaired;
@@ -298,6 +300,7 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
             Progress::format_count(seconds > 0 ? static_cast<double>(sink.num_tokens()) / seconds : 0.0, true)));
         progress.update(chunk_bytes);
       }
+      sink.add(around.suffix);
       ++summary.num_documents;
     }
     sink.finish();

@@ -1,10 +1,12 @@
 // Text files to token shards: what `moetrain prepare` does (src/cli/prepare.cpp).
 //
-// Documents. Each input file is one document. With a tokenizer that has an
-// end-of-text token (GPT-2: <|endoftext|> = 50256) that token precedes every
-// document, as in llm.c's data scripts, so the stream starts with it and one
-// separates every two files. The byte tokenizer has none: files are
-// concatenated as they are.
+// Documents. Each input file is one document, between the tokenizer's
+// document tokens (Tokenizer::document_tokens): GPT-2's end-of-text token
+// (<|endoftext|> = 50256) precedes every document, as in llm.c's data scripts,
+// so the stream starts with it and one separates every two files; a
+// tokenizer.json puts its post-processor's template around each (Llama 3:
+// <|begin_of_text|> before); a tiktoken description names them. The byte
+// tokenizer has none: files are concatenated as they are.
 //
 // Split (as llm.c): the first val_tokens tokens of the stream go to
 // val_000000.bin, the rest to train_000000.bin, train_000001.bin, ... of
@@ -15,7 +17,7 @@
 //
 // Robustness. Inputs are checked before anything is written (exist, regular
 // files; for GPT-2 well-formed UTF-8 unless replace_invalid_utf8, see
-// data/utf8.h). Shards are written into a hidden staging directory inside
+// data/utf8.h; the same for every tokenizer file). Shards are written into a hidden staging directory inside
 // out_dir (.prepare.tmp.<host>.<pid>) and renamed into place only after all of
 // them are complete; a failure leaves out_dir as it was. The staging directories
 // that runs killed on this host left in out_dir are removed at the start. A shard
@@ -25,7 +27,10 @@
 // train_000007.bin from a bigger earlier run stays behind).
 //
 // Files are read in chunks cut at find_split_point (data/tokenizer.h), which
-// gives the same tokens as encoding each file whole, in bounded memory.
+// gives the same tokens as encoding each file whole, in bounded memory, for
+// GPT-2 and bytes. A tokenizer file's pattern may make pieces that span any
+// such cut, so with one each file is read and encoded whole (memory: a few
+// times the largest file).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +45,7 @@ namespace moetrain::data {
 struct PrepareOptions {
   std::vector<std::string> inputs;    // text files, one document each
   std::string out_dir;
-  std::string tokenizer = "gpt2";     // "gpt2" or "byte"
+  std::string tokenizer = "gpt2";     // "gpt2", "byte" or a tokenizer file (data/tokenizer.h make_tokenizer)
   std::string tokenizer_dir = "data/gpt2";
   int64_t val_tokens = 32768;
   int64_t shard_tokens = 100'000'000;
