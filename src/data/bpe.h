@@ -24,7 +24,9 @@
 // tiktoken take Python str, which cannot hold it); repair it with
 // replace_invalid_utf8 (data/utf8.h), which prepare --invalid-utf8 replace does.
 // decode() concatenates the tokens' bytes (HF's ByteLevel decoder; an added
-// token decodes to its text).
+// token decodes to its text; an id below vocab_size that no token has, such as
+// a reserved id of a tiktoken description's vocab_size, to nothing, as HF's
+// decode skips it).
 #pragma once
 
 #include <array>
@@ -80,7 +82,7 @@ const std::string& gpt2_split_pattern();
 struct BpeSpec {
   std::string name;    // what name() returns: "gpt2" or the file's path
   std::string source;  // the file, for messages
-  // id -> bytes; ids with no token (holes) have has_token false and cannot be decoded.
+  // id -> bytes; ids with no token (holes) have has_token false and decode to nothing.
   std::vector<std::string> tokens;
   std::vector<bool> has_token;
   // The model's tokens that BPE can produce (the byte-alphabet ones of HF's vocab,
