@@ -280,5 +280,13 @@ TEST_CASE("bpe: split patterns mean what Oniguruma and fancy-regex mean", "[data
   CHECK_THROWS_WITH(translate_split_pattern(R"(\p{Han}+)", "f: pattern"),
                     Catch::Contains("f: pattern") && Catch::Contains("\\p{Han}"));
   CHECK_THROWS_WITH(translate_split_pattern(R"(\w+)", "f: pattern"), Catch::Contains("\\w"));
+  // The patterns of the family compile: cl100k (possessive), Qwen2, o200k; Kimi's (\p{Han}, &&) is refused.
+  for (const char* p :
+       {R"('(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)",
+        R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+        R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)"})
+    CHECK_NOTHROW(SplitRegex(translate_split_pattern(p, "t"), "t"));
+  CHECK_THROWS_WITH(translate_split_pattern(R"([\p{Han}]+|[\p{Lu}\p{M}&&[^\p{Han}]]*)", "kimi"),
+                    Catch::Contains("\\p{Han}"));
   CHECK_THROWS_WITH(translate_split_pattern(R"([\p{Mn}a])", "f: pattern"), Catch::Contains("took code points out"));
 }
