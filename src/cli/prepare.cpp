@@ -13,12 +13,20 @@ namespace moetrain::cli {
 void add_prepare_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand(
       "prepare",
-      "Tokenize text files into token shards: the first --val-tokens tokens to val_000000.bin, the rest to "
-      "train_NNNNNN.bin (llm.c format). Each file is one document, between the tokenizer's document tokens "
-      "(GPT-2: <|endoftext|> before each).");
+      "Tokenize text and JSONL into token shards: the first --val-tokens tokens to val_000000.bin, the rest to "
+      "train_NNNNNN.bin (llm.c format). A text file is one document, a JSONL line one; each goes between the "
+      "tokenizer's document tokens (GPT-2: <|endoftext|> before each).");
   auto options = std::make_shared<data::PrepareOptions>();
   auto invalid_utf8 = std::make_shared<std::string>("error");
-  cmd->add_option("inputs", options->inputs, "Text files (UTF-8 unless --tokenizer byte)")->required()->default_str("");
+  cmd->add_option("inputs", options->inputs,
+                  "Files, directories (their .txt / .jsonl files, recursively) or globs; .txt is one document, "
+                  ".jsonl one per line; .gz and .zst are decompressed; - reads JSONL from stdin. UTF-8 unless "
+                  "--tokenizer byte")
+      ->required()
+      ->default_str("");
+  cmd->add_option("--text-field", options->text_field, "JSONL: the field that holds the document")
+      ->capture_default_str();
+
   cmd->add_option("--out", options->out_dir, "Output directory (created if missing)")->required();
   cmd->add_option("--tokenizer", options->tokenizer,
                   "gpt2, byte, or the path of a Hugging Face tokenizer.json or a tiktoken rank file (its description "

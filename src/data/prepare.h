@@ -1,6 +1,12 @@
 // Text files to token shards: what `moetrain prepare` does (src/cli/prepare.cpp).
 //
-// Documents. Each input file is one document, between the tokenizer's
+// Inputs (data/corpus.h): files, directories, globs and "-" (JSONL on stdin);
+// .txt and .jsonl, each maybe .gz or .zst. A text file is one document, a JSONL
+// line (its text_field) is one; a bad line is an Error naming file and line.
+// Documents are encoded in parallel batches of about 2 x threads x chunk_bytes
+// and written in input order: the shards are the same for any thread count.
+//
+// Documents. Each document is placed between the tokenizer's
 // document tokens (Tokenizer::document_tokens): GPT-2's end-of-text token
 // (<|endoftext|> = 50256) precedes every document, as in llm.c's data scripts,
 // so the stream starts with it and one separates every two files; a
@@ -43,7 +49,7 @@
 namespace moetrain::data {
 
 struct PrepareOptions {
-  std::vector<std::string> inputs;    // text files, one document each
+  std::vector<std::string> inputs;    // files, directories, globs, "-" (data/corpus.h)
   std::string out_dir;
   std::string tokenizer = "gpt2";     // "gpt2", "byte" or a tokenizer file (data/tokenizer.h make_tokenizer)
   std::string tokenizer_dir = "data/gpt2";
@@ -53,6 +59,8 @@ struct PrepareOptions {
   bool replace_invalid_utf8 = false;  // false: ill-formed UTF-8 is an error naming file, offset and line
   bool overwrite = false;
   size_t chunk_bytes = size_t{1} << 22;  // read and tokenize this much at a time (about)
+  std::string text_field = "text";       // JSONL: the field that holds the document
+  int threads = 0;                       // tokenizing threads; 0: OpenMP's (moetrain --threads, else all cores)
   ProgressOptions progress;              // the progress report on stderr
 };
 

@@ -103,3 +103,22 @@ TEST_CASE("tokenizer file cli: train checks model.vocab_size against the file an
   REQUIRE(ok.code == 0);
   CHECK_THAT(ok.output, Catch::Contains("sample at step 2:\nHello"));
 }
+
+TEST_CASE("tokenizer file cli: JSONL on stdin with -", "[cli][data]") {
+  TempDir tmp;
+  write_bytes(tmp.path() + "/c.jsonl", "{\"text\": \"first document\"}\n\n{\"text\": \"second, \\u00e9\"}\n");
+  const string tok_path = kFixtures + "/llama3_nfc.tokenizer.json";
+  const CommandOutput r = moetrain::testing::capture_command(
+      "cat " + tmp.path() + "/c.jsonl | " + string(MOETRAIN_BINARY_DIR) + "/moetrain prepare - --out " + tmp.path() +
+      "/out --tokenizer " + tok_path + " --val-tokens 0");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto tok = moetrain::data::make_tokenizer(tok_path, "");
+  CHECK(moetrain::data::read_shard(tmp.path() + "/out/train_000000.bin") ==
+        expected_stream(*tok, {"first document", "second, \xC3\xA9"}));
+  const CommandOutput bad = moetrain::testing::capture_command(
+      "printf '{\"text\": 1}\\n' | " + string(MOETRAIN_BINARY_DIR) + "/moetrain prepare - --out " + tmp.path() +
+      "/bad --tokenizer " + tok_path);
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("<stdin>:1: no string field \"text\""));
+}

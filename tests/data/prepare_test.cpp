@@ -166,9 +166,11 @@ TEST_CASE("prepare: bad inputs and options are errors that write nothing", "[dat
     PrepareOptions o = quiet({dir / "a.txt", dir / "missing.txt"}, dir / "out");
     CHECK_THROWS_WITH(prepare_shards(o), Catch::Contains(dir / "missing.txt") && Catch::Contains("No such file"));
   }
-  SECTION("a directory as input") {
-    PrepareOptions o = quiet({dir.path()}, dir / "out");
-    CHECK_THROWS_WITH(prepare_shards(o), Catch::Contains("not a regular file"));
+  SECTION("a directory without text or JSONL files") {
+    fs::create_directories(dir / "empty/sub");
+    write_bytes(dir / "empty/sub/notes.md", "not an input\n");
+    PrepareOptions o = quiet({dir / "empty"}, dir / "out");
+    CHECK_THROWS_WITH(prepare_shards(o), Catch::Contains(dir / "empty") && Catch::Contains("holds no .txt"));
   }
   SECTION("fewer tokens than --val-tokens") {
     PrepareOptions o = quiet({dir / "a.txt"}, dir / "out");
