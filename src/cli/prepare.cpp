@@ -48,7 +48,7 @@ void add_prepare_command(CLI::App& app, Commands& commands) {
   commands.push_back({cmd, [options, invalid_utf8] {
     options->replace_invalid_utf8 = *invalid_utf8 == "replace";
     data::PrepareSummary s = data::prepare_shards(*options);
-    fmt::print("prepared {} tokens ({}) from {} file(s), {} bytes, in {:.2f} s ({} tok/s)\n", s.num_tokens,
+    fmt::print("prepared {} tokens ({}) from {} document(s), {} bytes, in {:.2f} s ({} tok/s)\n", s.num_tokens,
                s.tokenizer, s.num_documents, s.num_bytes, s.seconds,
                data::Progress::format_count(s.seconds > 0 ? static_cast<double>(s.num_tokens) / s.seconds : 0, true));
     if (s.num_replaced > 0)

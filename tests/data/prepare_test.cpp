@@ -219,7 +219,7 @@ TEST_CASE("moetrain prepare: writes the shards and prints a summary", "[data][pr
   CHECK(read_shard(dir / "out/shk_val_000000.bin").size() == 4);
   CHECK(read_shard(dir / "out/shk_train_000000.bin").size() == ids.size() + 1 - 4);
   const std::string summary = read_bytes(out);
-  CHECK_THAT(summary, Catch::Contains(fmt::format("prepared {} tokens (gpt2) from 1 file(s)", ids.size() + 1)) &&
+  CHECK_THAT(summary, Catch::Contains(fmt::format("prepared {} tokens (gpt2) from 1 document(s)", ids.size() + 1)) &&
                           Catch::Contains(dir / "out/shk_val_000000.bin") && Catch::Contains("4 tokens"));
   // Not a terminal: plain progress lines, no carriage returns.
   const std::string progress = read_bytes(err);
