@@ -109,6 +109,66 @@ const BpeCategory* bpe_category(std::string_view name) {
   return nullptr;
 }
 
+// The index of the ']' that closes the class opened at p[i] (nested classes,
+// escapes and \p{...} skipped).
+template <class Refuse>
+size_t bpe_class_end(std::string_view p, size_t i, const Refuse& refuse) {
+  size_t j = i + 1;
+  if (j < p.size() && p[j] == '^') ++j;
+  if (j < p.size() && p[j] == ']') ++j;  // a literal ']' first
+  while (j < p.size()) {
+    if (p[j] == '\\') {
+      if (j + 2 < p.size() && (p[j + 1] == 'p' || p[j + 1] == 'P') && p[j + 2] == '{') {
+        const size_t close = p.find('}', j);
+        if (close == std::string_view::npos) break;
+        j = close + 1;
+      } else {
+        j += 2;
+      }
+      continue;
+    }
+    if (p[j] == '[') {
+      j = bpe_class_end(p, j, refuse) + 1;
+      continue;
+    }
+    if (p[j] == ']') return j;
+    ++j;
+  }
+  refuse(i, "an unterminated [...] class");
+  return p.size();
+}
+
+// The operands of && at the top level of a class body.
+std::vector<std::string_view> bpe_split_intersection(std::string_view body) {
+  std::vector<std::string_view> parts;
+  size_t begin = 0, j = 0;
+  int depth = 0;
+  if (j < body.size() && body[j] == '^') ++j;
+  if (j < body.size() && body[j] == ']') ++j;
+  while (j < body.size()) {
+    if (body[j] == '\\') {
+      if (j + 2 < body.size() && (body[j + 1] == 'p' || body[j + 1] == 'P') && body[j + 2] == '{') {
+        const size_t close = body.find('}', j);
+        j = close == std::string_view::npos ? body.size() : close + 1;
+      } else {
+        j += 2;
+      }
+      continue;
+    }
+    if (body[j] == '[') ++depth;
+    else if (body[j] == ']') --depth;
+    else if (depth == 0 && body[j] == '&' && j + 1 < body.size() && body[j + 1] == '&') {
+      parts.push_back(body.substr(begin, j - begin));
+      begin = j + 2;
+      j += 2;
+      continue;
+    }
+    ++j;
+  }
+  parts.push_back(body.substr(begin));
+  return parts;
+}
+
 }  // namespace
 
 std::string translate_split_pattern(std::string_view p, const std::string& where) {
@@ -125,10 +185,14 @@ std::string translate_split_pattern(std::string_view p, const std::string& where
     const BpeCategory* c = bpe_category(name);
     if (c == nullptr)
       refuse(at, fmt::format("\\p{{{}}} is not a general category (L, Lu, Ll, Lt, Lm, Lo, M, Mn, Mc, Me, N, Nd, Nl, "
-                             "No, P.., S.., Z.., C..); scripts and other properties differ between Unicode versions",
+                             "No, P.., S.., Z.., C..) nor one of the scripts Han, Hiragana, Katakana, Hangul, Latin, "
+                             "Greek, Cyrillic, Arabic, Hebrew, Thai, Devanagari (the properties measured against "
+                             "the originals)",
                              name));
     const bool removes = *c->removed != '\0';
-    const std::string base = fmt::format("\\p{{{}}}{}", name, c->added);
+    // Scripts by their Script property, as Oniguruma (PCRE2's plain \p{Han} is Script_Extensions).
+    const bool script = name.size() > 2;
+    const std::string base = fmt::format("\\p{{{}{}}}{}", script ? "sc:" : "", name, c->added);
     if (class_depth > 0) {
       if (negated) refuse(at, fmt::format("\\P{{{}}} inside a [...] class", name));
       if (removes) refuse(at, fmt::format("\\p{{{}}} inside a [...] class (Unicode took code points out of it)", name));
@@ -183,6 +247,30 @@ std::string translate_split_pattern(std::string_view p, const std::string& where
       out += e;
       ++i;
       continue;
+    }
+    if (c == '[' && class_depth == 0) {
+      // Class intersection [A&&B&&...] (Oniguruma, the regex crate) has no PCRE2
+      // spelling, but for one character it is lookaheads: (?:(?=[B])[A]).
+      const size_t end = bpe_class_end(p, i, refuse);
+      const std::string_view body = p.substr(i + 1, end - i - 1);
+      const std::vector<std::string_view> parts = bpe_split_intersection(body);
+      if (parts.size() > 1) {
+        if (body.front() == '^') refuse(i, "a negated class intersection [^...&&...]");
+        std::string first, rest;
+        for (size_t k = 0; k < parts.size(); ++k) {
+          std::string_view part = parts[k];
+          if (part.empty()) refuse(i, "an empty operand of &&");
+          const bool whole = part.front() == '[' && bpe_class_end(p, static_cast<size_t>(part.data() - p.data()), refuse) ==
+                                                        static_cast<size_t>(part.data() - p.data()) + part.size() - 1;
+          const std::string translated =
+              translate_split_pattern(whole ? std::string(part) : "[" + std::string(part) + "]", where);
+          if (k == 0) first = translated;
+          else rest += "(?=" + translated + ")";
+        }
+        out += "(?:" + rest + first + ")";
+        i = end;
+        continue;
+      }
     }
     if (c == '[') {
       if (class_depth > 0 && i + 1 < p.size() && p[i + 1] == ':') refuse(i, "a POSIX class [:...:]");

@@ -107,7 +107,7 @@ TEST_CASE("bpe: more than 65,536 tokens, and GPT-2's tables as tokenizer.json an
   TempDir dir;
   run_reference(py, "big", dir.path());
   CHECK(compare_with_originals(dir.path()) > 100000);
-  for (const char* name : {"big.tokenizer.json", "big.tiktoken"}) {
+  for (const char* name : {"big.tokenizer.json", "big.tiktoken", "big_kimi.tiktoken"}) {
     INFO(name);
     std::unique_ptr<Tokenizer> big = load_tokenizer_file(dir / name);
     CHECK(big->vocab_size() > 65536);
@@ -127,7 +127,7 @@ TEST_CASE("bpe: more than 65,536 tokens, and GPT-2's tables as tokenizer.json an
 TEST_CASE("bpe: decode inverts encode; NFC changes what it composes", "[data][tokenizer][bpe]") {
   const nlohmann::json texts = nlohmann::json::parse(read_bytes(kBpeFixtures + "/texts.json"));
   for (const char* name : {"llama3_nfc.tokenizer.json", "deepseek_style.tokenizer.json", "llama3.tiktoken",
-                           "o200k_style.tiktoken"}) {
+                           "o200k_style.tiktoken", "kimi_style.tiktoken"}) {
     std::unique_ptr<Tokenizer> tok = load_tokenizer_file(kBpeFixtures + "/" + name);
     const bool nfc = std::string_view(name) == "llama3_nfc.tokenizer.json";
     for (const auto& t : texts) {
@@ -197,9 +197,9 @@ TEST_CASE("bpe: what the engine cannot reproduce is refused, naming file and fie
       {"ByteLevel first",
        [](J& j) { std::swap(j["pre_tokenizer"]["pretokenizers"][0], j["pre_tokenizer"]["pretokenizers"][1]); },
        {"pre_tokenizer.pretokenizers[1].type", "after ByteLevel"}},
-      {"class intersection",
-       [](J& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[\\p{L}&&[^a]]+"; },
-       {"pre_tokenizer.pretokenizers[0].pattern.Regex", "&&"}},
+      {"negated class intersection",
+       [](J& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[^\\p{L}&&[^a]]+"; },
+       {"pre_tokenizer.pretokenizers[0].pattern.Regex", "negated class intersection"}},
       {"\\S in a class", [](J& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[\\S\\d]+"; },
        {"pre_tokenizer.pretokenizers[0].pattern.Regex", "\\S inside"}},
       {"bad regex", [](J& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(ab"; },
@@ -277,16 +277,20 @@ TEST_CASE("bpe: split patterns mean what Oniguruma and fancy-regex mean", "[data
   empty.find_matches("baab", m);
   CHECK(m == V{{0, 0}, {1, 3}, {4, 4}});
   CHECK_THAT(translate_split_pattern(R"([^\s\p{L}])", "t"), Catch::Contains("\\p{L}\\x{"));
-  CHECK_THROWS_WITH(translate_split_pattern(R"(\p{Han}+)", "f: pattern"),
-                    Catch::Contains("f: pattern") && Catch::Contains("\\p{Han}"));
+  CHECK_THROWS_WITH(translate_split_pattern(R"(\p{Tamil}+)", "f: pattern"),
+                    Catch::Contains("f: pattern") && Catch::Contains("\\p{Tamil} is not"));
   CHECK_THROWS_WITH(translate_split_pattern(R"(\w+)", "f: pattern"), Catch::Contains("\\w"));
-  // The patterns of the family compile: cl100k (possessive), Qwen2, o200k; Kimi's (\p{Han}, &&) is refused.
+  // The patterns of the family compile: cl100k (possessive), Qwen2, o200k.
   for (const char* p :
        {R"('(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)",
         R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
         R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)"})
     CHECK_NOTHROW(SplitRegex(translate_split_pattern(p, "t"), "t"));
-  CHECK_THROWS_WITH(translate_split_pattern(R"([\p{Han}]+|[\p{Lu}\p{M}&&[^\p{Han}]]*)", "kimi"),
-                    Catch::Contains("\\p{Han}"));
+  // Kimi's: \p{Han} (a script: PCRE2's sc:Han) and class intersection, as lookaheads.
+  CHECK_THAT(translate_split_pattern(R"([\p{Lu}\p{M}&&[^\p{Han}]]*)", "kimi"),
+             Catch::StartsWith("(?:(?=[^\\p{sc:Han}") && Catch::EndsWith(")*"));
+  SplitRegex kimi(translate_split_pattern(R"([\p{L}&&[^\p{Han}]]+|[\p{Han}]+)", "kimi"), "kimi");
+  kimi.find_matches("ab\xE4\xB8\xAD\xE6\x96\x87" "cd", m);
+  CHECK(m == V{{0, 2}, {2, 8}, {8, 10}});
   CHECK_THROWS_WITH(translate_split_pattern(R"([\p{Mn}a])", "f: pattern"), Catch::Contains("took code points out"));
 }

@@ -35,6 +35,14 @@ LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[
 DEEPSEEK = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
             r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*"
             r"|\s*[\r\n]+|\s+(?!\S)|\s+"]
+# Kimi K2's pattern (tokenization_kimi.py): \p{Han} and class intersection (&&).
+KIMI = "|".join([
+    r"""[\p{Han}]+""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
 # o200k's pattern (case classes, \p{M}, [\r\n/]).
 O200K = "|".join([
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
@@ -209,7 +217,7 @@ def fixtures(out):
     for name, path in files.items():
         expected[name] = hf_ids(path, texts)
     # tiktoken: the Llama-style vocabulary as a rank file, with Llama 3's and o200k's patterns.
-    for name, pattern in [("llama3.tiktoken", LLAMA3), ("o200k_style.tiktoken", O200K)]:
+    for name, pattern in [("llama3.tiktoken", LLAMA3), ("o200k_style.tiktoken", O200K), ("kimi_style.tiktoken", KIMI)]:
         rank = os.path.join(out, name)
         specials = rank_file_from(llama, rank, pattern, rank + ".json", SPECIALS)
         enc = tiktoken_encoding(rank, pattern, specials, name)
@@ -272,6 +280,10 @@ def big(out):
     specials = rank_file_from(path, rank, LLAMA3, rank + ".json", SPECIALS)
     enc = tiktoken_encoding(rank, LLAMA3, specials, "big")
     expected["big.tiktoken"] = [enc.encode(t, allowed_special="all") for t in texts]
+    rank = os.path.join(out, "big_kimi.tiktoken")
+    specials = rank_file_from(path, rank, KIMI, rank + ".json", SPECIALS)
+    enc = tiktoken_encoding(rank, KIMI, specials, "big_kimi")
+    expected["big_kimi.tiktoken"] = [enc.encode(t, allowed_special="all") for t in texts]
     # GPT-2's own tables, as HF and as tiktoken read them.
     gpt2 = Tokenizer(models.BPE.from_file(os.path.join(ROOT, "data/gpt2/encoder.json"),
                                           os.path.join(ROOT, "data/gpt2/vocab.bpe")))
