@@ -117,6 +117,24 @@ TEST_CASE("bpe: more than 65,536 tokens, and GPT-2's tables as tokenizer.json an
     CHECK(std::count_if(ids.begin(), ids.end(), [](int32_t id) { return id > 65535; }) > 10);
     CHECK(big->decode(ids) == read_bytes(kShakespeare).substr(0, 200000));
   }
+  // The pieces of the code point sweep under each pattern of the family equal HF's pre_tokenize_str
+  // (ids alone miss a moved boundary between bytes that no merge joins).
+  const nlohmann::json pieces = nlohmann::json::parse(read_bytes(dir / "pieces.json"));
+  const std::string sweep = pieces["text"].get<std::string>();
+  REQUIRE(pieces["pieces"].size() == 5);
+  for (const auto& [file, want] : pieces["pieces"].items()) {
+    INFO(file);
+    std::unique_ptr<Tokenizer> tok = load_tokenizer_file(dir / file);
+    const auto& bpe = dynamic_cast<const BpeTokenizer&>(*tok);
+    const std::vector<std::string> got = bpe.pre_tokenize(sweep), expect = want.get<std::vector<std::string>>();
+    CHECK(got.size() == expect.size());
+    size_t same = 0;
+    while (same < std::min(got.size(), expect.size()) && got[same] == expect[same]) ++same;
+    INFO("first difference at piece " << same << ": "
+                                      << (same < got.size() ? got[same] : "(end)") << " vs "
+                                      << (same < expect.size() ? expect[same] : "(end)"));
+    CHECK(same == expect.size());
+  }
   // GPT-2 through the engine's two other doors gives GPT-2's own ids.
   const std::string text = read_bytes(kShakespeare).substr(0, 100000);
   const std::vector<int32_t> ids = Gpt2Tokenizer(kGpt2Dir).encode(text);

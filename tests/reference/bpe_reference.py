@@ -78,6 +78,8 @@ def stress_texts():
         "a\x00b\x07c\x1bd\x7f",
         # Letters and digits new in Unicode 15 (\p{L}, \p{N} in the patterns).
         "x\U0001E030\U0001E031y \U00011F04\U00011F05 \U0001E4F0\U0001E4F1 \U00031350",
+        # ... where a wrong table moves piece boundaries across merges (\p{N}{1,3} groups digits).
+        "1\U0001E4F0234 5\U0001E4F0678 2\U0001E4F0024 1\U0001E4F0000 he\U0001E030llo 20\U0001E4F124",
         "MixedCASE camelCase HTTPServer XMLHttpRequest iPhone ÉCOLE écoleÉ",
         "tabs\tand\x0bvt\x0cff lone\rCR",
     ]
@@ -239,8 +241,9 @@ def big(out):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import unicodedata
     cps = [c for c in range(0x20, 0x110000) if not 0xD800 <= c < 0xE000 and
-           (c % 29 == 0 or unicodedata.category(chr(c)) == "Cn")]
-    texts.append("".join(chr(c) + ("a" if i % 3 else " ") for i, c in enumerate(cps) if c % 29 == 0 or c < 0x40000))
+           (c % 29 == 0 or unicodedata.category(chr(c)) == "Cn" or chr(c).isspace() or c == 0x180E)]
+    texts.append("".join(chr(c) + ("a" if i % 3 else " ") for i, c in enumerate(cps)
+                         if c % 29 == 0 or c < 0x40000 or chr(c).isspace()))
     text = corpus_text()
     path = train(pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3), "isolated"),
                                           pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
@@ -310,6 +313,30 @@ def big(out):
         json.dump(texts, f, ensure_ascii=True)
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(expected, f, separators=(",", ":"))
+    # The pre-tokenizer's pieces of the code point sweep (ids alone would not show a boundary
+    # between bytes that no merge joins), for each pattern of the family, from HF's pre_tokenize_str.
+    sweep = texts[-1]
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    patterns = {"llama3": [LLAMA3], "o200k": [O200K], "kimi": [KIMI], "deepseek": DEEPSEEK}
+    pieces = {}
+    for name, pats in patterns.items():
+        j["pre_tokenizer"] = json.loads(pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(p), "isolated") for p in pats] +
+            [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]).__getstate__())
+        file = "pieces_" + name + ".tokenizer.json"
+        with open(os.path.join(out, file), "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False)
+        tok = Tokenizer.from_file(os.path.join(out, file))
+        normalized = tok.normalizer.normalize_str(sweep)
+        pieces[file] = [bytes(byte_of[c] for c in p).decode("utf-8") for p, _ in tok.pre_tokenizer.pre_tokenize_str(normalized)]
+    j["pre_tokenizer"] = json.loads(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True).__getstate__())
+    with open(os.path.join(out, "pieces_gpt2.tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    tok = Tokenizer.from_file(os.path.join(out, "pieces_gpt2.tokenizer.json"))
+    pieces["pieces_gpt2.tokenizer.json"] = [bytes(byte_of[c] for c in p).decode("utf-8") for p, _ in
+                                            tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(sweep))]
+    with open(os.path.join(out, "pieces.json"), "w") as f:
+        json.dump({"text": sweep, "pieces": pieces}, f)
 
 
 if __name__ == "__main__":
