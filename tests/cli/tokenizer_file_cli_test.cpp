@@ -5,6 +5,7 @@
 // against it and decodes its samples with it. Fixtures: tests/data/bpe/.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include <string>
@@ -121,4 +122,39 @@ TEST_CASE("tokenizer file cli: JSONL on stdin with -", "[cli][data]") {
       "/bad --tokenizer " + tok_path);
   CHECK(bad.code == 2);
   CHECK_THAT(bad.output, Catch::Contains("<stdin>:1: no string field \"text\""));
+}
+
+TEST_CASE("tokenizer file cli: a K3 config trains on a tokenizer of more than 65,536 tokens", "[cli][data]") {
+  // The tokenizer is built by tests/reference/bpe_reference.py (HF tokenizers), not committed.
+  const char* env = std::getenv("MOETRAIN_TOKENIZERS_PYTHON");
+  const string py = env != nullptr && *env != '\0' ? env : "python3";
+  if (moetrain::testing::capture_command(py + " -c 'import tokenizers, tiktoken'").code != 0) {
+    WARN("skipped: " << py << " cannot import tokenizers and tiktoken (set MOETRAIN_TOKENIZERS_PYTHON to a python "
+                              "that can)");
+    return;
+  }
+  TempDir tmp;
+  const CommandOutput made = moetrain::testing::capture_command(
+      py + " " + string(MOETRAIN_SOURCE_DIR) + "/tests/reference/bpe_reference.py big " + tmp.path() + "/tok");
+  INFO(made.output);
+  REQUIRE(made.code == 0);
+  const string tok_path = tmp.path() + "/tok/big.tokenizer.json";
+  const CommandOutput p = run_moetrain("prepare " + string(MOETRAIN_SOURCE_DIR) + "/data/tinyshakespeare.txt --out " +
+                                       tmp.path() + "/data --tokenizer " + tok_path + " --val-tokens 4096");
+  INFO(p.output);
+  REQUIRE(p.code == 0);
+  CHECK(moetrain::data::TokenShard(tmp.path() + "/data/train_000000.bin").width() == moetrain::data::TokenWidth::u32);
+  const int64_t vocab = moetrain::data::make_tokenizer(tok_path, "")->vocab_size();
+  REQUIRE(vocab > 65536);
+  const CommandOutput t = run_moetrain(
+      "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set model.vocab_size=" +
+      std::to_string(vocab) + " --set model.vocab_pad_multiple=64 --set data.tokenizer=" + tok_path +
+      " --set data.train=" + tmp.path() + "/data/train_*.bin --set data.val=" + tmp.path() +
+      "/data/val_*.bin --set train.max_steps=2 --set train.warmup_steps=1 --set train.eval_every=2 "
+      "--set train.eval_batches=1 --set train.batch_size=2 --set train.seq_len=32 --set train.threads=2 "
+      "--set train.sample_every=2 --set train.sample_tokens=4 --set train.sample_prompt=ROMEO "
+      "--set run.dir=" + tmp.path() + "/run");
+  INFO(t.output);
+  REQUIRE(t.code == 0);
+  CHECK_THAT(t.output, Catch::Contains("val loss") && Catch::Contains("sample at step 2:\nROMEO"));
 }
