@@ -260,12 +260,18 @@ std::string translate_split_pattern(std::string_view p, const std::string& where
         for (size_t k = 0; k < parts.size(); ++k) {
           std::string_view part = parts[k];
           if (part.empty()) refuse(i, "an empty operand of &&");
-          const bool whole = part.front() == '[' && bpe_class_end(p, static_cast<size_t>(part.data() - p.data()), refuse) ==
-                                                        static_cast<size_t>(part.data() - p.data()) + part.size() - 1;
-          const std::string translated =
-              translate_split_pattern(whole ? std::string(part) : "[" + std::string(part) + "]", where);
-          if (k == 0) first = translated;
-          else rest += "(?=" + translated + ")";
+          const auto at = static_cast<size_t>(part.data() - p.data());
+          const bool whole = part.front() == '[' && bpe_class_end(p, at, refuse) == at + part.size() - 1;
+          std::string operand;  // built by appends: GCC 12 -Wrestrict false positive on "[" + s (PR 105329)
+          if (!whole) operand.push_back('[');
+          operand.append(part);
+          if (!whole) operand.push_back(']');
+          const std::string translated = translate_split_pattern(operand, where);
+          if (k == 0) {
+            first = translated;
+          } else {
+            rest.append("(?=").append(translated).append(")");
+          }
         }
         out += "(?:" + rest + first + ")";
         i = end;
@@ -567,7 +573,11 @@ void BpeTokenizer::split_pieces(std::string_view text, std::deque<std::string>& 
     for (std::string_view piece : pieces) {
       if (step.kind == BpeSpec::Step::Kind::byte_level) {
         if (step.add_prefix_space && piece.front() != ' ') {
-          arena.push_back(" " + std::string(piece));
+          std::string spaced;  // not " " + piece: GCC 12 -Wrestrict false positive (PR 105329)
+          spaced.reserve(piece.size() + 1);
+          spaced.push_back(' ');
+          spaced.append(piece);
+          arena.push_back(std::move(spaced));
           piece = arena.back();
         }
         if (!step.use_regex) {
