@@ -9,8 +9,10 @@ packages=(
   g++ cmake ninja-build pkg-config git
   # math, parallelism, storage
   libopenblas-dev libopenblas-openmp-dev libblis4-openmp libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
-  # logging, config, CLI, JSON, tokenizer regex, crypto (sha256)
-  libspdlog-dev libfmt-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libssl-dev
+  # logging, config, CLI, JSON, tokenizer regex and NFC, crypto (sha256)
+  libspdlog-dev libfmt-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libssl-dev
+  # prepare's compressed inputs (.gz, .zst)
+  zlib1g-dev libzstd-dev
   # tests and benchmarks
   catch2 libbenchmark-dev
   # reference implementations and plotting (system /usr/bin/python3)

@@ -13,14 +13,24 @@ namespace moetrain::cli {
 void add_prepare_command(CLI::App& app, Commands& commands) {
   CLI::App* cmd = app.add_subcommand(
       "prepare",
-      "Tokenize text files into token shards: the first --val-tokens tokens to val_000000.bin, the rest to "
-      "train_NNNNNN.bin (llm.c format). Each file is one document; GPT-2's <|endoftext|> precedes each.");
+      "Tokenize text and JSONL into token shards: the first --val-tokens tokens to val_000000.bin, the rest to "
+      "train_NNNNNN.bin (llm.c format). A text file is one document, a JSONL line one; each goes between the "
+      "tokenizer's document tokens (GPT-2: <|endoftext|> before each).");
   auto options = std::make_shared<data::PrepareOptions>();
   auto invalid_utf8 = std::make_shared<std::string>("error");
-  cmd->add_option("inputs", options->inputs, "Text files (UTF-8 for gpt2)")->required()->default_str("");
+  cmd->add_option("inputs", options->inputs,
+                  "Files, directories (their .txt / .jsonl files, recursively) or globs; .txt is one document, "
+                  ".jsonl one per line; .gz and .zst are decompressed; - reads JSONL from stdin. UTF-8 unless "
+                  "--tokenizer byte")
+      ->required()
+      ->default_str("");
+  cmd->add_option("--text-field", options->text_field, "JSONL: the field that holds the document")
+      ->capture_default_str();
+
   cmd->add_option("--out", options->out_dir, "Output directory (created if missing)")->required();
-  cmd->add_option("--tokenizer", options->tokenizer, "gpt2 or byte")
-      ->check(CLI::IsMember({"gpt2", "byte"}))
+  cmd->add_option("--tokenizer", options->tokenizer,
+                  "gpt2, byte, or the path of a Hugging Face tokenizer.json or a tiktoken rank file (its description "
+                  "<file>.json beside it) or description (docs/training.md#tokenizers)")
       ->capture_default_str();
   cmd->add_option("--tokenizer-dir", options->tokenizer_dir, "Directory with encoder.json and vocab.bpe (gpt2)")
       ->capture_default_str();
@@ -38,7 +48,7 @@ void add_prepare_command(CLI::App& app, Commands& commands) {
   commands.push_back({cmd, [options, invalid_utf8] {
     options->replace_invalid_utf8 = *invalid_utf8 == "replace";
     data::PrepareSummary s = data::prepare_shards(*options);
-    fmt::print("prepared {} tokens ({}) from {} file(s), {} bytes, in {:.2f} s ({} tok/s)\n", s.num_tokens,
+    fmt::print("prepared {} tokens ({}) from {} document(s), {} bytes, in {:.2f} s ({} tok/s)\n", s.num_tokens,
                s.tokenizer, s.num_documents, s.num_bytes, s.seconds,
                data::Progress::format_count(s.seconds > 0 ? static_cast<double>(s.num_tokens) / s.seconds : 0, true));
     if (s.num_replaced > 0)

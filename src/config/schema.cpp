@@ -140,7 +140,7 @@ std::vector<KeySpec> make_schema() {
     // data: token shards and the tokenizer.
     string ("data.train",           "''",                  "glob of tokenized training shards, e.g. data/shakespeare/train_*.bin"),
     string ("data.val",             "''",                  "glob of tokenized validation shards, e.g. data/shakespeare/val_*.bin"),
-    choice ("data.tokenizer",       "gpt2",  {"gpt2", "byte"}, "gpt2 = GPT-2 byte-level BPE (files in data.tokenizer_dir); byte = one token per byte"),
+    string ("data.tokenizer",       "gpt2",                "gpt2 = GPT-2 byte-level BPE (files in data.tokenizer_dir); byte = one token per byte; or the path of a tokenizer file: a Hugging Face tokenizer.json of the byte-level BPE family, a tiktoken rank file (with <file>.json beside it) or a tiktoken description (docs/training.md#tokenizers)"),
     string ("data.tokenizer_dir",   "data/gpt2",           "directory of the GPT-2 tokenizer files, used when data.tokenizer is gpt2"),
     choice ("data.synthetic",       "none",  {"none", "assoc_recall", "repeated_key", "context_switch"}, "train and evaluate on a seeded synthetic memory task instead of data.train/data.val (data/synthetic.h): the loss and val_acc count the answer positions only; train.seq_len must equal the task's row length"),
     integer("data.synthetic_num_keys", "64", at_least(1),  "synthetic: key vocabulary (model.vocab_size >= 2 + keys + values)"),

@@ -1,6 +1,7 @@
 // prepare_shards: text files -> llm.c token shards (conventions in prepare.h).
 #include "data/prepare.h"
 
+#include <omp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,12 +11,15 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <exception>
 #include <memory>
 #include <string_view>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/corpus.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
@@ -39,24 +43,13 @@ constexpr const char* kStagingPrefix = ".prepare.tmp.";
 
 // Reads a file in chunks of about chunk_bytes that end at a find_split_point,
 // so each chunk tokenizes as it would inside the whole file. A chunk grows
-// until a split point appears (or the file ends).
+// until a split point appears (or the file ends). With split false the one
+// chunk is the whole file (a tokenizer whose pieces may span any cut).
 class ChunkReader {
  public:
-  ChunkReader(const std::string& path, size_t chunk_bytes)
-      : path_(path), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)) {
-    const int fd = open_regular_file(path, "a text file");  // never waits on a FIFO
-    file_ = ::fdopen(fd, "rb");
-    if (!file_) {
-      const int err = errno;
-      ::close(fd);
-      throw IoError(fmt::format("{}: cannot open input: {}", path, std::strerror(err)));
-    }
-  }
-  ~ChunkReader() {
-    if (file_) std::fclose(file_);
-  }
-  ChunkReader(const ChunkReader&) = delete;
-  ChunkReader& operator=(const ChunkReader&) = delete;
+  ChunkReader(const CorpusInput& input, size_t chunk_bytes, bool split = true)
+      : path_(input.path), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)), split_(split),
+        source_(open_corpus_source(input)) {}
 
   // The next chunk (valid until the next call) and its byte offset in the file; false at the end.
   bool next(std::string_view& chunk, int64_t& offset) {
@@ -67,18 +60,19 @@ class ChunkReader {
       if (!eof_) {
         const size_t old = buf_.size();
         buf_.resize(old + chunk_bytes_);
-        const size_t got = std::fread(buf_.data() + old, 1, chunk_bytes_, file_);
-        buf_.resize(old + got);
-        if (got < chunk_bytes_) {
-          if (std::ferror(file_))
-            MT_THROW("{}: read error at byte offset {}: {}", path_, offset_ + old, std::strerror(errno));
-          eof_ = true;
+        size_t got = 0;
+        while (got < chunk_bytes_) {  // a decompressor may return less than asked before the end
+          const size_t n = source_->read(buf_.data() + old + got, chunk_bytes_ - got);
+          if (n == 0) break;
+          got += n;
         }
+        buf_.resize(old + got);
+        if (got < chunk_bytes_) eof_ = true;
       }
       if (eof_) {
         taken_ = buf_.size();
       } else {
-        taken_ = find_split_point(buf_, buf_.size());
+        taken_ = split_ ? find_split_point(buf_, buf_.size()) : 0;
         if (taken_ == 0) continue;  // no split point yet: read more
       }
       if (taken_ == 0) return false;
@@ -91,7 +85,8 @@ class ChunkReader {
  private:
   std::string path_;
   size_t chunk_bytes_;
-  std::FILE* file_ = nullptr;
+  bool split_;
+  std::unique_ptr<CorpusSource> source_;
   std::string buf_;
   size_t taken_ = 0;    // bytes of buf_ handed out by the last next()
   int64_t offset_ = 0;  // file offset of buf_[0]
@@ -99,8 +94,9 @@ class ChunkReader {
 };
 
 // Throws naming file, byte offset and line of the first ill-formed UTF-8.
-void check_utf8_file(const std::string& path, size_t chunk_bytes) {
-  ChunkReader reader(path, chunk_bytes);
+void check_utf8_file(const CorpusInput& input, size_t chunk_bytes) {
+  const std::string& path = input.path;
+  ChunkReader reader(input, chunk_bytes);
   std::string_view chunk;
   int64_t offset = 0, lines = 0;
   while (reader.next(chunk, offset)) {
@@ -188,6 +184,86 @@ class ShardSink {
   std::vector<PreparedShard> written_;
 };
 
+// One piece of work: a chunk of a text document or one JSONL line, encoded on
+// some thread; its ids join the stream in input order, whatever the thread.
+struct PrepareUnit {
+  std::string text;  // the chunk, or the JSONL line (the document after encode())
+  bool jsonl = false;
+  bool starts = false, ends = false;  // the document's first / last unit
+  std::string where;                  // "file: in the chunk at byte offset N" or "file:line"
+  int64_t source_bytes = 0, text_bytes = 0, replaced = 0;
+  std::vector<int32_t> ids;
+  std::exception_ptr error;
+};
+
+// Units collected up to a byte budget, then encoded in parallel (OpenMP,
+// dynamic schedule). Each unit's ids depend only on its text, so the stream is
+// the same for any number of threads; memory is the budget plus its ids.
+class PrepareBatch {
+ public:
+  PrepareBatch(const Tokenizer& tok, const PrepareOptions& o, int threads, bool repair)
+      : tok_(tok), text_field_(o.text_field), threads_(threads), repair_(repair),
+        budget_(std::max<size_t>(o.chunk_bytes, 1) * static_cast<size_t>(std::max(threads, 1)) * 2) {}
+
+  PrepareUnit& add(std::string text, bool jsonl) {
+    bytes_ += text.size() + 64;
+    units.emplace_back();
+    units.back().text = std::move(text);
+    units.back().jsonl = jsonl;
+    return units.back();
+  }
+  bool full() const { return bytes_ >= budget_; }
+  void clear() {
+    units.clear();
+    bytes_ = 0;
+  }
+
+  void encode() {
+    const auto n = static_cast<int64_t>(units.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+    for (int64_t i = 0; i < n; ++i) {
+      PrepareUnit& u = units[i];
+      try {
+        if (u.jsonl) u.text = document_of_line(u.text);
+        if (repair_) {
+          std::string fixed = replace_invalid_utf8(u.text, &u.replaced);
+          if (u.replaced > 0) u.text.swap(fixed);
+        }
+        u.text_bytes = static_cast<int64_t>(u.text.size());
+        u.ids = tok_.encode(u.text);
+      } catch (...) {
+        u.error = std::current_exception();
+      }
+      std::string().swap(u.text);
+    }
+  }
+
+  std::vector<PrepareUnit> units;
+
+ private:
+  // The text field of one JSONL line.
+  std::string document_of_line(const std::string& line) const {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(repair_ ? replace_invalid_utf8(line) : line);
+    } catch (const nlohmann::json::exception& e) {
+      MT_THROW("not a JSON line ({})", e.what());
+    }
+    if (!j.is_object()) MT_THROW("expected a JSON object with a string \"{}\", found a {}", text_field_, j.type_name());
+    auto it = j.find(text_field_);
+    if (it == j.end() || !it->is_string())
+      MT_THROW("no string field \"{}\" (--text-field names the field that holds the document)", text_field_);
+    return it->get<std::string>();
+  }
+
+  const Tokenizer& tok_;
+  std::string text_field_;
+  int threads_;
+  bool repair_;
+  size_t budget_;
+  size_t bytes_ = 0;
+};
+
 // The shards of this prefix already in `dir`: <prefix>val_NNNNNN.bin, <prefix>train_NNNNNN.bin.
 std::vector<std::string> existing_shards(const std::string& dir, const std::string& prefix) {
   std::vector<std::string> found;
@@ -219,20 +295,35 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
 
   // Inputs first: nothing is written unless every input can be read.
   PrepareSummary summary;
-  for (const std::string& input : o.inputs) {
-    require_regular_file(input, "a text file");
+  const std::vector<CorpusInput> inputs = expand_corpus_inputs(o.inputs);
+  int64_t total_bytes = 0;  // for the progress report; unknown (0) with stdin or a compressed input
+  bool total_known = true;
+  for (const CorpusInput& input : inputs) {
+    if (input.is_stdin()) {
+      total_known = false;
+      continue;
+    }
+    require_regular_file(input.path, "an input file");
     struct stat st {};
-    if (::stat(input.c_str(), &st) != 0) MT_THROW("{}: cannot open input: {}", input, std::strerror(errno));
-    MT_CHECK(::access(input.c_str(), R_OK) == 0, "{}: cannot read input: {}", input, std::strerror(errno));
-    summary.num_bytes += static_cast<int64_t>(st.st_size);
+    if (::stat(input.path.c_str(), &st) != 0) MT_THROW("{}: cannot open input: {}", input.path, std::strerror(errno));
+    MT_CHECK(::access(input.path.c_str(), R_OK) == 0, "{}: cannot read input: {}", input.path, std::strerror(errno));
+    total_bytes += static_cast<int64_t>(st.st_size);
+    if (input.compression != CorpusCompression::none) total_known = false;
   }
+  MT_CHECK(o.threads >= 0, "prepare: --threads = {} must be >= 0 (0: all cores)", o.threads);
+  const int threads = o.threads > 0 ? o.threads : std::max(1, omp_get_max_threads());  // moetrain --threads
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer, o.tokenizer_dir);
   const TokenWidth width = shard_width_for_vocab(tokenizer->vocab_size());  // uint32 only where uint16 cannot hold it
-  const bool needs_utf8 = tokenizer->name() == "gpt2";
+  const bool needs_utf8 = tokenizer->needs_utf8();
   summary.tokenizer = tokenizer->name();
   summary.width = width;
+  // Plain text files are checked whole before anything is written; JSONL lines and
+  // compressed files are checked as they are read (the staging directory keeps
+  // out_dir as it was on an error).
   if (needs_utf8 && !o.replace_invalid_utf8)
-    for (const std::string& input : o.inputs) check_utf8_file(input, o.chunk_bytes);
+    for (const CorpusInput& input : inputs)
+      if (input.format == CorpusFormat::text && input.compression == CorpusCompression::none && !input.is_stdin())
+        check_utf8_file(input, o.chunk_bytes);
 
   std::error_code ec;
   moetrain::create_directories(o.out_dir);  // IoError naming it
@@ -269,37 +360,76 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
     ProgressOptions popt = o.progress;
     popt.unit = std::string("B");  // not = "B": GCC 12 -Wrestrict false positive (PR 105329)
     popt.scale = true;
-    Progress progress("tokenizing", summary.num_bytes, popt);
-    const std::optional<int32_t> eot = tokenizer->eot_token();
-    for (const std::string& input : o.inputs) {
-      if (eot) sink.add(std::span<const int32_t>(&*eot, 1));
-      ChunkReader reader(input, o.chunk_bytes);
-      std::string_view chunk;
-      int64_t offset = 0;
-      std::string repaired;
-      while (reader.next(chunk, offset)) {
-        const auto chunk_bytes = static_cast<int64_t>(chunk.size());
-        if (needs_utf8 && o.replace_invalid_utf8) {
-          int64_t replaced = 0;
-          repaired = replace_invalid_utf8(chunk, &replaced);
-          summary.num_replaced += replaced;
-          if (replaced > 0) chunk = repaired;
+    Progress progress("tokenizing", total_known ? total_bytes : 0, popt);
+    const DocumentTokens around = tokenizer->document_tokens();
+    PrepareBatch batch(*tokenizer, o, threads, needs_utf8 && o.replace_invalid_utf8);
+    auto flush = [&] {
+      batch.encode();
+      for (PrepareUnit& u : batch.units) {
+        if (u.error) {
+          try {
+            std::rethrow_exception(u.error);
+          } catch (const IoError&) {
+            throw;
+          } catch (const Error& e) {
+            MT_THROW("{}: {}", u.where, e.what());
+          }
         }
-        std::vector<int32_t> ids;
-        try {
-          ids = tokenizer->encode(chunk);
-        } catch (const Error& e) {
-          MT_THROW("{}: in the chunk at byte offset {}: {}", input, offset, e.what());
+        if (u.starts) sink.add(around.prefix);
+        sink.add(u.ids);
+        if (u.ends) {
+          sink.add(around.suffix);
+          ++summary.num_documents;
         }
-        sink.add(ids);
-        const double seconds = progress.elapsed_s();
-        progress.set_postfix(fmt::format(
-            "{} tok, {} tok/s", Progress::format_count(static_cast<double>(sink.num_tokens()), true),
-            Progress::format_count(seconds > 0 ? static_cast<double>(sink.num_tokens()) / seconds : 0.0, true)));
-        progress.update(chunk_bytes);
+        summary.num_bytes += u.text_bytes;
+        summary.num_replaced += u.replaced;
+        progress.update(u.source_bytes);
       }
-      ++summary.num_documents;
+      const double seconds = progress.elapsed_s();
+      progress.set_postfix(fmt::format(
+          "{} tok, {} tok/s", Progress::format_count(static_cast<double>(sink.num_tokens()), true),
+          Progress::format_count(seconds > 0 ? static_cast<double>(sink.num_tokens()) / seconds : 0.0, true)));
+      batch.clear();
+    };
+    for (const CorpusInput& input : inputs) {
+      if (input.format == CorpusFormat::text) {
+        ChunkReader reader(input, o.chunk_bytes, tokenizer->encodes_in_chunks());
+        std::string_view chunk;
+        int64_t offset = 0;
+        bool first = true;
+        while (reader.next(chunk, offset)) {
+          PrepareUnit& u = batch.add(std::string(chunk), false);
+          u.starts = first;
+          u.where = fmt::format("{}: in the chunk at byte offset {}", input.path, offset);
+          u.source_bytes = static_cast<int64_t>(chunk.size());
+          first = false;
+          if (batch.full()) flush();
+        }
+        PrepareUnit& end = batch.add(std::string(), false);  // the document's end (an empty file is one too)
+        end.starts = first;
+        end.ends = true;
+        end.where = input.path;
+        if (batch.full()) flush();
+      } else {
+        std::unique_ptr<CorpusSource> source = open_corpus_source(input);
+        CorpusLineReader lines(*source);
+        std::string_view line;
+        int64_t line_no = 0;
+        while (lines.next(line, line_no)) {
+          const int64_t line_bytes = static_cast<int64_t>(line.size()) + 1;
+          if (line.find_first_not_of(" \t\r") == std::string_view::npos) {
+            progress.update(line_bytes);
+            continue;  // blank lines hold no document
+          }
+          PrepareUnit& u = batch.add(std::string(line), true);
+          u.starts = u.ends = true;
+          u.where = fmt::format("{}:{}", input.is_stdin() ? "<stdin>" : input.path, line_no);
+          u.source_bytes = line_bytes;
+          if (batch.full()) flush();
+        }
+      }
     }
+    flush();
     sink.finish();
     progress.finish();
   } catch (const IoError& e) {

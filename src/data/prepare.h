@@ -1,10 +1,18 @@
 // Text files to token shards: what `moetrain prepare` does (src/cli/prepare.cpp).
 //
-// Documents. Each input file is one document. With a tokenizer that has an
-// end-of-text token (GPT-2: <|endoftext|> = 50256) that token precedes every
-// document, as in llm.c's data scripts, so the stream starts with it and one
-// separates every two files. The byte tokenizer has none: files are
-// concatenated as they are.
+// Inputs (data/corpus.h): files, directories, globs and "-" (JSONL on stdin);
+// .txt and .jsonl, each maybe .gz or .zst. A text file is one document, a JSONL
+// line (its text_field) is one; a bad line is an Error naming file and line.
+// Documents are encoded in parallel batches of about 2 x threads x chunk_bytes
+// and written in input order: the shards are the same for any thread count.
+//
+// Documents. Each document is placed between the tokenizer's
+// document tokens (Tokenizer::document_tokens): GPT-2's end-of-text token
+// (<|endoftext|> = 50256) precedes every document, as in llm.c's data scripts,
+// so the stream starts with it and one separates every two files; a
+// tokenizer.json puts its post-processor's template around each (Llama 3:
+// <|begin_of_text|> before); a tiktoken description names them. The byte
+// tokenizer has none: files are concatenated as they are.
 //
 // Split (as llm.c): the first val_tokens tokens of the stream go to
 // val_000000.bin, the rest to train_000000.bin, train_000001.bin, ... of
@@ -15,7 +23,7 @@
 //
 // Robustness. Inputs are checked before anything is written (exist, regular
 // files; for GPT-2 well-formed UTF-8 unless replace_invalid_utf8, see
-// data/utf8.h). Shards are written into a hidden staging directory inside
+// data/utf8.h; the same for every tokenizer file). Shards are written into a hidden staging directory inside
 // out_dir (.prepare.tmp.<host>.<pid>) and renamed into place only after all of
 // them are complete; a failure leaves out_dir as it was. The staging directories
 // that runs killed on this host left in out_dir are removed at the start. A shard
@@ -25,7 +33,10 @@
 // train_000007.bin from a bigger earlier run stays behind).
 //
 // Files are read in chunks cut at find_split_point (data/tokenizer.h), which
-// gives the same tokens as encoding each file whole, in bounded memory.
+// gives the same tokens as encoding each file whole, in bounded memory, for
+// GPT-2 and bytes. A tokenizer file's pattern may make pieces that span any
+// such cut, so with one each file is read and encoded whole (memory: a few
+// times the largest file).
 #pragma once
 
 #include <cstdint>
@@ -38,9 +49,9 @@
 namespace moetrain::data {
 
 struct PrepareOptions {
-  std::vector<std::string> inputs;    // text files, one document each
+  std::vector<std::string> inputs;    // files, directories, globs, "-" (data/corpus.h)
   std::string out_dir;
-  std::string tokenizer = "gpt2";     // "gpt2" or "byte"
+  std::string tokenizer = "gpt2";     // "gpt2", "byte" or a tokenizer file (data/tokenizer.h make_tokenizer)
   std::string tokenizer_dir = "data/gpt2";
   int64_t val_tokens = 32768;
   int64_t shard_tokens = 100'000'000;
@@ -48,6 +59,8 @@ struct PrepareOptions {
   bool replace_invalid_utf8 = false;  // false: ill-formed UTF-8 is an error naming file, offset and line
   bool overwrite = false;
   size_t chunk_bytes = size_t{1} << 22;  // read and tokenize this much at a time (about)
+  std::string text_field = "text";       // JSONL: the field that holds the document
+  int threads = 0;                       // tokenizing threads; 0: OpenMP's (moetrain --threads, else all cores)
   ProgressOptions progress;              // the progress report on stderr
 };
 

@@ -1,6 +1,8 @@
 // Tokenizers: text (bytes) to token ids and back.
 //
 // ByteTokenizer   one id per byte (256 ids), no end-of-text token; any bytes.
+// BpeTokenizer    (data/bpe.h) a Hugging Face tokenizer.json of the byte-level
+//                 BPE family or a tiktoken rank file (make_tokenizer with a path).
 // Gpt2Tokenizer   OpenAI's GPT-2 byte-level BPE, token for token equal to
 //                 encoder.py (github.com/openai/gpt-2, src/encoder.py) and to
 //                 tiktoken's encode_ordinary: the text "<|endoftext|>" is
@@ -15,13 +17,11 @@
 // may end inside a UTF-8 character, and decode(a) + decode(b) == decode(a ++ b).
 // decode(encode(x)) == x for every input encode accepts.
 //
-// Thread safety: all methods may be called concurrently; GPT-2 encode() calls
-// share a per-word cache under a mutex, so they run one at a time.
+// Thread safety: all methods may be called concurrently.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -31,16 +31,37 @@
 
 namespace moetrain::data {
 
+class BpeModel;    // data/bpe.h
+class SplitRegex;  // data/bpe.h
+
+// The ids `prepare` puts around every document: the tokenizer's way of
+// separating documents (GPT-2: <|endoftext|> before each; a tokenizer.json:
+// its post-processor's template, e.g. Llama 3's <|begin_of_text|> before each).
+struct DocumentTokens {
+  std::vector<int32_t> prefix, suffix;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual std::string name() const = 0;  // "gpt2", "byte"
+  virtual std::string name() const = 0;  // "gpt2", "byte", or the tokenizer file's path
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // Throws moetrain::Error naming the position of an id outside [0, vocab_size).
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   virtual int32_t vocab_size() const = 0;
   // The end-of-text token that separates documents, if the vocabulary has one.
   virtual std::optional<int32_t> eot_token() const = 0;
+  // Default: the end-of-text token before each document, if there is one.
+  virtual DocumentTokens document_tokens() const {
+    DocumentTokens d;
+    if (auto eot = eot_token()) d.prefix.push_back(*eot);
+    return d;
+  }
+  // Whether encode() takes only well-formed UTF-8.
+  virtual bool needs_utf8() const = 0;
+  // Whether a text cut at find_split_point encodes, part by part, as the whole
+  // (GPT-2, bytes); otherwise prepare encodes each document whole.
+  virtual bool encodes_in_chunks() const = 0;
 };
 
 // Ids 0..255 are the bytes 0x00..0xff. No end-of-text token: 256 ids leave no
@@ -53,13 +74,16 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
   int32_t vocab_size() const override { return 256; }
   std::optional<int32_t> eot_token() const override { return std::nullopt; }
+  bool needs_utf8() const override { return false; }
+  bool encodes_in_chunks() const override { return true; }
 };
 
 // GPT-2 BPE from `dir`/encoder.json (token string -> id) and `dir`/vocab.bpe
 // (merge rules in rank order). Pre-tokenisation is GPT-2's regex
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // with \s, \p{L}, \p{N} as in Python's `regex` module (Unicode 15.0; see
-// tokenizer.cpp), then per piece the merge loop of encoder.py's bpe().
+// bpe.cpp), then per piece the merge loop of encoder.py's bpe(), which the BPE
+// engine (data/bpe.h, HF's merge order) equals on GPT-2's merge table.
 class Gpt2Tokenizer final : public Tokenizer {
  public:
   // Throws moetrain::Error naming the file when a file is missing or corrupt.
@@ -73,6 +97,8 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(id_to_bytes_.size()); }
   std::optional<int32_t> eot_token() const override { return eot_; }
+  bool needs_utf8() const override { return true; }
+  bool encodes_in_chunks() const override { return true; }
 
   // The pre-tokenised pieces of `text` (valid UTF-8), in order; they tile the text.
   std::vector<std::string_view> split(std::string_view text) const;
@@ -80,32 +106,25 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::vector<int32_t> bpe(std::string_view piece) const;
 
  private:
-  struct Merge {
-    int32_t rank;    // line in vocab.bpe after the version line, from 0; lower merges first
-    int32_t merged;  // id of the merged token
-  };
   struct StringHash {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
-  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
 
-  std::vector<std::string> id_to_bytes_;                 // token id -> its bytes
-  int32_t byte_to_id_[256] = {};                         // the single-byte tokens
-  std::unordered_map<uint64_t, Merge> merges_;           // (left id << 32 | right id) -> merge
-  std::optional<int32_t> eot_;                           // "<|endoftext|>"
-  struct Regex;                                          // the compiled PCRE2 pattern
-  std::unique_ptr<Regex> regex_;
-
-  // Per-piece cache of bpe() results (encoder.py keeps one too). Cleared when
-  // it reaches kMaxCacheEntries, which bounds memory on large corpora.
-  static constexpr size_t kMaxCacheEntries = size_t{1} << 18;
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  std::vector<std::string> id_to_bytes_;       // token id -> its bytes
+  std::optional<int32_t> eot_;                 // "<|endoftext|>"
+  std::unique_ptr<BpeModel> model_;            // the merge table (data/bpe.h)
+  std::unique_ptr<SplitRegex> regex_;          // GPT-2's pattern
 };
 
-// "gpt2" (files in `tokenizer_dir`) or "byte" (tokenizer_dir unused).
+// "gpt2" (files in `tokenizer_dir`), "byte" (tokenizer_dir unused), or the path
+// of a tokenizer file (anything with a '/' or a '.'): a Hugging Face
+// tokenizer.json (data/tokenizer_json.h), a tiktoken rank file with its
+// description beside it, or that description (data/tiktoken.h). The choice of
+// data.tokenizer and prepare --tokenizer.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& tokenizer_dir);
+// The tokenizer file at `path`, as above; errors name the file and the field.
+std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path);
 
 // A byte position at which `text` can be cut so that the GPT-2 pieces of the
 // two halves are exactly the pieces of the whole: the last '\n' (before

@@ -243,9 +243,9 @@ TEST_CASE("config: values out of range name the range", "[config][errors]") {
 TEST_CASE("config: choices are listed when the value is not one of them", "[config][errors]") {
   TempDir dir;
   std::string bad = dir.path() + "/bad.yaml";
-  CHECK(load_error(dir, "data:\n  tokenizer: bpe\n") == bad + ":2:3: data.tokenizer: expected one of gpt2, byte, got 'bpe'");
-  CHECK(load_error(dir, "data:\n  tokenizer: GPT2\n") ==
-        bad + ":2:3: data.tokenizer: expected one of gpt2, byte, got 'GPT2' (did you mean 'gpt2'?)");
+  CHECK(load_error(dir, "model:\n  arch: bpe\n") == bad + ":2:3: model.arch: expected one of gpt2, hybrid, got 'bpe'");
+  CHECK(load_error(dir, "model:\n  arch: GPT2\n") ==
+        bad + ":2:3: model.arch: expected one of gpt2, hybrid, got 'GPT2' (did you mean 'gpt2'?)");
   CHECK(load_error(dir, "train:\n  schedule: cosin\n") ==
         bad + ":2:3: train.schedule: expected one of cosine, wsd, linear, constant, got 'cosin' (did you mean 'cosine'?)");
 }

@@ -80,7 +80,7 @@ TEST_CASE("schema: defaults, types and ranges of the GPT-2 and training keys", "
       {"model.init_from", {T::string, "\"\"", ""}},
       {"data.train", {T::string, "\"\"", ""}},
       {"data.val", {T::string, "\"\"", ""}},
-      {"data.tokenizer", {T::choice, "gpt2", "one of gpt2, byte"}},
+      {"data.tokenizer", {T::string, "gpt2", ""}},
       {"data.tokenizer_dir", {T::string, "data/gpt2", ""}},
       {"train.seed", {T::integer, "1337", ">= 0"}},
       {"train.batch_size", {T::integer, "8", "[1, 2147483647]"}},

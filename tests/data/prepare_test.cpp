@@ -166,9 +166,11 @@ TEST_CASE("prepare: bad inputs and options are errors that write nothing", "[dat
     PrepareOptions o = quiet({dir / "a.txt", dir / "missing.txt"}, dir / "out");
     CHECK_THROWS_WITH(prepare_shards(o), Catch::Contains(dir / "missing.txt") && Catch::Contains("No such file"));
   }
-  SECTION("a directory as input") {
-    PrepareOptions o = quiet({dir.path()}, dir / "out");
-    CHECK_THROWS_WITH(prepare_shards(o), Catch::Contains("not a regular file"));
+  SECTION("a directory without text or JSONL files") {
+    fs::create_directories(dir / "empty/sub");
+    write_bytes(dir / "empty/sub/notes.md", "not an input\n");
+    PrepareOptions o = quiet({dir / "empty"}, dir / "out");
+    CHECK_THROWS_WITH(prepare_shards(o), Catch::Contains(dir / "empty") && Catch::Contains("holds no .txt"));
   }
   SECTION("fewer tokens than --val-tokens") {
     PrepareOptions o = quiet({dir / "a.txt"}, dir / "out");
@@ -217,7 +219,7 @@ TEST_CASE("moetrain prepare: writes the shards and prints a summary", "[data][pr
   CHECK(read_shard(dir / "out/shk_val_000000.bin").size() == 4);
   CHECK(read_shard(dir / "out/shk_train_000000.bin").size() == ids.size() + 1 - 4);
   const std::string summary = read_bytes(out);
-  CHECK_THAT(summary, Catch::Contains(fmt::format("prepared {} tokens (gpt2) from 1 file(s)", ids.size() + 1)) &&
+  CHECK_THAT(summary, Catch::Contains(fmt::format("prepared {} tokens (gpt2) from 1 document(s)", ids.size() + 1)) &&
                           Catch::Contains(dir / "out/shk_val_000000.bin") && Catch::Contains("4 tokens"));
   // Not a terminal: plain progress lines, no carriage returns.
   const std::string progress = read_bytes(err);

@@ -1,0 +1,212 @@
+// tiktoken rank file + description -> BpeSpec (formats in tiktoken.h).
+#include "data/tiktoken.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/paths.h"
+
+namespace moetrain::data {
+
+namespace {
+
+using nlohmann::json;
+
+// Strict base64 (RFC 4648 alphabet, '=' padding), as Python's b64decode of tiktoken's files.
+std::optional<std::string> tt_base64_decode(std::string_view s) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  if (s.empty() || s.size() % 4 != 0) return std::nullopt;
+  size_t pad = 0;
+  while (pad < 2 && s[s.size() - 1 - pad] == '=') ++pad;
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < s.size() - pad; ++i) {
+    const int v = value(s[i]);
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
+    }
+  }
+  return out;
+}
+
+// The description's fields into `spec` (tokens and merges already read).
+void tt_read_description(const std::string& path, const json& j, BpeSpec& spec) {
+  auto fail = [&](const std::string& field, const std::string& what) -> void {
+    MT_THROW("{}: {} {} (the tiktoken description: docs/training.md#tokenizers)", path, field, what);
+  };
+  if (!j.is_object()) fail("(the file)", "is not a JSON object");
+  static const char* known[] = {"tiktoken", "pattern", "special_tokens", "document_prefix", "document_suffix",
+                                "vocab_size"};
+  for (const auto& [key, value] : j.items())
+    if (std::find(std::begin(known), std::end(known), key) == std::end(known))
+      fail(key, "is not a field of a tiktoken description (tiktoken, pattern, special_tokens, document_prefix, "
+                "document_suffix, vocab_size)");
+  if (!j.contains("pattern") || !j["pattern"].is_string() || j["pattern"].get<std::string>().empty())
+    fail("pattern", "is missing or not a non-empty string: give tiktoken's pat_str");
+  BpeSpec::Step step;
+  step.kind = BpeSpec::Step::Kind::split;
+  step.where = path + ": pattern";
+  step.pattern = translate_split_pattern(j["pattern"].get<std::string>(), step.where);
+  step.behavior = SplitBehavior::removed;  // tiktoken keeps the matches only
+  step.invert = true;
+  spec.steps.push_back(std::move(step));
+
+  std::unordered_map<std::string, int32_t> special_ids;
+  int64_t max_id = static_cast<int64_t>(spec.tokens.size()) - 1;
+  if (j.contains("special_tokens")) {
+    const json& st = j["special_tokens"];
+    if (!st.is_object()) fail("special_tokens", "is not an object of token texts to ids");
+    for (const auto& [content, id] : st.items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 31) - 1)
+        fail("special_tokens", fmt::format("gives \"{}\" the id {}; ids are integers in [0, 2^31 - 1)", content, id.dump()));
+      if (content.empty()) fail("special_tokens", "holds an empty token");
+      const auto i = static_cast<int32_t>(id.get<int64_t>());
+      if (static_cast<size_t>(i) < spec.tokens.size() && spec.has_token[i])
+        fail("special_tokens", fmt::format("gives \"{}\" the id {}, which the rank file gives a token", content, i));
+      for (const auto& [other, other_id] : special_ids)
+        if (other_id == i) fail("special_tokens", fmt::format("gives the id {} to \"{}\" and \"{}\"", i, other, content));
+      special_ids.emplace(content, i);
+      max_id = std::max<int64_t>(max_id, i);
+    }
+  }
+  int64_t vocab_size = max_id + 1;
+  if (j.contains("vocab_size")) {
+    const json& v = j["vocab_size"];
+    if (!v.is_number_integer() || v.get<int64_t>() < vocab_size || v.get<int64_t>() >= (int64_t{1} << 31) - 1)
+      fail("vocab_size", fmt::format("is {}; it must be an integer of at least {} (the largest id + 1)", v.dump(), vocab_size));
+    vocab_size = v.get<int64_t>();
+  }
+  spec.tokens.resize(static_cast<size_t>(vocab_size));
+  spec.has_token.resize(static_cast<size_t>(vocab_size), false);
+  spec.mergeable.resize(static_cast<size_t>(vocab_size), false);
+  for (const auto& [content, id] : special_ids) {
+    spec.tokens[id] = content;
+    spec.has_token[id] = true;
+    spec.added.push_back({content, id, /*special=*/true, /*normalized=*/false});
+  }
+  for (const char* key : {"document_prefix", "document_suffix"}) {
+    if (!j.contains(key)) continue;
+    const json& list = j[key];
+    if (!list.is_array()) fail(key, "is not a list of special token texts");
+    for (const json& name : list) {
+      if (!name.is_string() || !special_ids.contains(name.get<std::string>()))
+        fail(key, fmt::format("names {}, which is not in special_tokens", name.dump()));
+      (std::string_view(key) == "document_prefix" ? spec.document_prefix : spec.document_suffix)
+          .push_back(special_ids[name.get<std::string>()]);
+    }
+  }
+  if (auto it = special_ids.find("<|endoftext|>"); it != special_ids.end()) spec.eot = it->second;
+  if (!spec.document_prefix.empty()) spec.eot = spec.document_prefix.front();
+  else if (!spec.eot && !spec.document_suffix.empty()) spec.eot = spec.document_suffix.back();
+  if (spec.document_prefix.empty() && spec.document_suffix.empty() && spec.eot)
+    spec.document_prefix.push_back(*spec.eot);
+}
+
+}  // namespace
+
+BpeSpec read_tiktoken(const std::string& rank_path, const std::string& rank_text, const std::string& description_path) {
+  BpeSpec spec;
+  spec.name = rank_path;
+  spec.source = rank_path;
+  spec.ignore_merges = true;  // tiktoken: a piece that is a token is that token
+
+  // "base64 rank" per line; blank lines skipped (tiktoken's load_tiktoken_bpe).
+  std::unordered_map<std::string, int32_t> rank_of;
+  std::vector<std::pair<std::string, int32_t>> ranked;
+  int64_t line_no = 0, max_rank = -1;
+  for (size_t pos = 0; pos < rank_text.size();) {
+    size_t end = rank_text.find('\n', pos);
+    if (end == std::string::npos) end = rank_text.size();
+    std::string_view line = std::string_view(rank_text).substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    const size_t space = line.find(' ');
+    std::optional<std::string> bytes;
+    int64_t rank = -1;
+    if (space != std::string_view::npos) {
+      bytes = tt_base64_decode(line.substr(0, space));
+      const std::string_view r = line.substr(space + 1);
+      if (!r.empty() && r.size() <= 10 && std::all_of(r.begin(), r.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        rank = std::stoll(std::string(r));
+    }
+    MT_CHECK(bytes.has_value() && !bytes->empty() && rank >= 0 && rank < (int64_t{1} << 31) - 1,
+             "{}:{}: expected \"<token in base64> <rank>\" (a tiktoken rank file), found \"{}\"", rank_path, line_no,
+             line.substr(0, 80));
+    MT_CHECK(rank_of.emplace(*bytes, static_cast<int32_t>(rank)).second, "{}:{}: the token {} appears twice",
+             rank_path, line_no, line.substr(0, space));
+    ranked.emplace_back(std::move(*bytes), static_cast<int32_t>(rank));
+    max_rank = std::max(max_rank, rank);
+  }
+  MT_CHECK(!ranked.empty(), "{}: no tokens; expected a tiktoken rank file (\"<token in base64> <rank>\" per line)",
+           rank_path);
+  spec.tokens.assign(static_cast<size_t>(max_rank + 1), {});
+  spec.has_token.assign(spec.tokens.size(), false);
+  spec.mergeable.assign(spec.tokens.size(), false);
+  for (auto& [bytes, rank] : ranked) {
+    MT_CHECK(!spec.has_token[rank], "{}: the rank {} is given to two tokens", rank_path, rank);
+    spec.tokens[rank] = bytes;
+    spec.has_token[rank] = true;
+    spec.mergeable[rank] = true;
+  }
+  // tiktoken merges two adjacent parts when their concatenation is a token, at
+  // that token's rank: every split of a token into two tokens is a merge.
+  for (const auto& [bytes, rank] : ranked)
+    for (size_t k = 1; k < bytes.size(); ++k) {
+      auto left = rank_of.find(bytes.substr(0, k));
+      if (left == rank_of.end()) continue;
+      auto right = rank_of.find(bytes.substr(k));
+      if (right == rank_of.end()) continue;
+      spec.merges.push_back({left->second, right->second, rank, rank});
+    }
+
+  std::string description;
+  try {
+    description = read_regular_file(description_path, "the tiktoken description", int64_t{16} << 20);
+  } catch (const Error& e) {
+    MT_THROW("{}: a tiktoken rank file needs its description (split pattern, special tokens) beside it: {} "
+             "(docs/training.md#tokenizers)",
+             rank_path, e.what());
+  }
+  json j;
+  try {
+    j = json::parse(description);
+  } catch (const json::exception& e) {
+    MT_THROW("{}: not valid JSON ({}); expected the tiktoken description (docs/training.md#tokenizers)",
+             description_path, e.what());
+  }
+  tt_read_description(description_path, j, spec);
+  return spec;
+}
+
+BpeSpec read_tiktoken_description(const std::string& path, const json& j) {
+  MT_CHECK(j["tiktoken"].is_string() && !j["tiktoken"].get<std::string>().empty(),
+           "{}: tiktoken is {}; expected the path of the rank file (relative to this file)", path, j["tiktoken"].dump());
+  std::filesystem::path rank_path = j["tiktoken"].get<std::string>();
+  if (rank_path.is_relative()) rank_path = std::filesystem::path(path).parent_path() / rank_path;
+  const std::string rank_text = read_regular_file(rank_path.string(), "a tiktoken rank file", int64_t{1} << 30);
+  BpeSpec spec = read_tiktoken(rank_path.string(), rank_text, path);
+  spec.name = path;
+  return spec;
+}
+
+}  // namespace moetrain::data
