@@ -644,7 +644,7 @@ void Trainer::record(const StepResult& r) {
                      : fmt::format(" | moe max/mean {:.2f}, {} dead{}", r.moe.worst_max_over_mean, r.moe.dead,
                                    r.moe.dropped ? fmt::format(", {} dropped", r.moe.dropped) : std::string()),
                  !r.qk.recorded ? std::string()
-                                : fmt::format(" | max logit {:.1f}{}", r.qk.max_logit,
+                                : fmt::format(" | max logit {:.3g}{}", r.qk.max_logit,
                                               r.qk.clipped_heads ? fmt::format(", {} heads clipped", r.qk.clipped_heads)
                                                                  : std::string()));
   std::vector<std::pair<std::string, MetricsWriter::Value>> record{
