@@ -49,11 +49,11 @@ Tensor param_named(LanguageModel& model, const std::string& name) {
 }
 
 // A site's max logit as doubles; empty when undefined.
-std::vector<double> recorded(const QkClipSite* site) {
+std::vector<double> site_max_logits(const QkClipSite* site) {
   return site->max_logit.defined() ? site->max_logit.to(kCpu).to_vector() : std::vector<double>{};
 }
 
-void check_close(const std::vector<double>& got, const std::vector<double>& expected) {
+void check_site_max_close(const std::vector<double>& got, const std::vector<double>& expected) {
   REQUIRE(got.size() == expected.size());
   // The kernel's scores are BLAS dot products (another summation order than the
   // direct loop's) of the same f64 q and k: 1e-12 relative.
@@ -204,10 +204,10 @@ TEST_CASE("qk_clip sites: GPT-2 records each block's max logit in training forwa
         INFO("layer " << l);
         CHECK(sites[l]->max_logit.dtype() == DType::f64);
         CHECK_FALSE(sites[l]->max_logit.requires_grad());
-        check_close(recorded(sites[l]), expected[l]);
+        check_site_max_close(site_max_logits(sites[l]), expected[l]);
       }
       loss.backward();  // the checkpointed recomputation folds the same values
-      for (size_t l = 0; l < sites.size(); ++l) check_close(recorded(sites[l]), expected[l]);
+      for (size_t l = 0; l < sites.size(); ++l) check_site_max_close(site_max_logits(sites[l]), expected[l]);
 
       model.reset_max_logits();
       for (const QkClipSite* s : sites) CHECK_FALSE(s->max_logit.defined());
@@ -227,7 +227,7 @@ TEST_CASE("qk_clip sites: two forwards fold the per-head max", "[nn][qk_clip]") 
     model.reset_max_logits();
     for (const auto& [ids, targets] : batches) model.loss(ids, targets);
     std::vector<std::vector<double>> out;
-    for (const QkClipSite* s : model.qk_clip_sites()) out.push_back(recorded(s));
+    for (const QkClipSite* s : model.qk_clip_sites()) out.push_back(site_max_logits(s));
     return out;
   };
   const auto only_a = run({{a, targets_a}}), only_b = run({{b, targets_b}});
@@ -301,8 +301,8 @@ TEST_CASE("qk_clip sites: hybrid MLA and attention layers record the max logit o
                                                                 ".input_layernorm.weight"),
                                          c.rms_norm_eps);
           const std::vector<double> expected = hybrid_layer_by_hand(stage, l, normed);
-          check_close(recorded(own[0]), expected);
-          check_close(recorded(sites[kind == MixerKind::mla ? 0 : 1]), expected);
+          check_site_max_close(site_max_logits(own[0]), expected);
+          check_site_max_close(site_max_logits(sites[kind == MixerKind::mla ? 0 : 1]), expected);
         }
         state.clear();
         for (const Tensor& t : out.activations) state.push_back(t.detach());
