@@ -186,3 +186,29 @@ TEST_CASE("cli: Muon on the k3 hybrid: zero 1 gives zero 0's losses bit for bit 
     CHECK(worst_relative_after(got, tail, 0) < 1e-5);
   }
 }
+
+TEST_CASE("cli: MuonClip (train.optimizer muon, train.qk_clip) trains every shipped config that fits one process "
+          "for 2 steps, clipping heads", "[cli][slow]") {
+  TempDir tmp;
+  moetrain::testing::prepare_byte_shards(tmp.path());
+  // kimi-k3, k3-scaled and k3-scaled-lite are billions of parameters: their
+  // Muon/AdamW split is the ledger's (configs tested by qk_clip_sites_test and
+  // the ledger tests); k3-base is an include.
+  for (const string config : {"gpt2-shakespeare", "gpt2-small", "k3-tiny", "k3-small", "k3-shakespeare",
+                              "k3-topology-mini"}) {
+    const string run = tmp.path() + "/" + config;
+    const Result r = moetrain::testing::run_moetrain(
+        "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/" + config + ".yaml --set data.train=" + tmp.path() +
+        "/data/train_*.bin --set data.val= --set data.tokenizer=byte --set train.max_steps=2 "
+        "--set train.warmup_steps=1 --set train.batch_size=1 --set train.seq_len=16 --set train.eval_every=0 "
+        "--set train.sample_every=0 --set train.threads=1 --set train.ep=1 --set train.optimizer=muon "
+        "--set train.qk_clip=true --set train.qk_clip_tau=1e-4 --set run.dir=" + run);
+    INFO(config << "\n" << r.output);
+    REQUIRE(r.code == 0);
+    const std::vector<double> losses = metrics_losses(run);
+    REQUIRE(losses.size() == 2);
+    for (double l : losses) CHECK(std::isfinite(l));
+    CHECK_THAT(moetrain::testing::read_bytes(run + "/metrics.jsonl"), Catch::Contains("\"max_logit\":") &&
+                                                                          !Catch::Contains("\"qk_clipped_heads\":0"));
+  }
+}
