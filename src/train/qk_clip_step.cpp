@@ -32,8 +32,8 @@ void qk_all_reduce_max(comm::Communicator& group, Tensor& t) {
 // The factor of each row of a [rows, cols] weight (or of each entry of a bias
 // [rows]) that QK-Clip multiplies it by: the layout functions of optim/qk_clip.h
 // applied to a column of ones.
-Tensor probe(int64_t rows) { return full({rows, 1}, 1.0, DType::f64); }
-Tensor probe_bias(int64_t rows) { return full({rows}, 1.0, DType::f64); }
+Tensor qk_probe(int64_t rows) { return full({rows, 1}, 1.0, DType::f64); }
+Tensor qk_probe_bias(int64_t rows) { return full({rows}, 1.0, DType::f64); }
 
 struct RowScale {
   std::string param;
@@ -52,16 +52,16 @@ std::vector<RowScale> row_scales(const QkClipSite& s, const std::vector<double>&
   auto column = [](const Tensor& t) { return reshape(t, {t.numel()}); };
   switch (s.layout) {
     case QkClipSite::Layout::mla: {
-      Tensor q = probe(rows_of(s.q_weight)), k = probe(rows_of(s.k_weight));
+      Tensor q = qk_probe(rows_of(s.q_weight)), k = qk_probe(rows_of(s.k_weight));
       qk_clip_mla_(q, k, gamma, s.mla);
       out.push_back({s.q_weight, column(q)});
       out.push_back({s.k_weight, column(k)});
       break;
     }
     case QkClipSite::Layout::separate_qk: {
-      Tensor q = probe(rows_of(s.q_weight)), k = probe(rows_of(s.k_weight));
-      Tensor qb = s.q_bias.empty() ? Tensor() : probe_bias(rows_of(s.q_bias));
-      Tensor kb = s.k_bias.empty() ? Tensor() : probe_bias(rows_of(s.k_bias));
+      Tensor q = qk_probe(rows_of(s.q_weight)), k = qk_probe(rows_of(s.k_weight));
+      Tensor qb = s.q_bias.empty() ? Tensor() : qk_probe_bias(rows_of(s.q_bias));
+      Tensor kb = s.k_bias.empty() ? Tensor() : qk_probe_bias(rows_of(s.k_bias));
       qk_clip_mha_(q, k, gamma, s.n_head, qb, kb);
       out.push_back({s.q_weight, column(q)});
       out.push_back({s.k_weight, column(k)});
@@ -70,8 +70,8 @@ std::vector<RowScale> row_scales(const QkClipSite& s, const std::vector<double>&
       break;
     }
     case QkClipSite::Layout::fused_qkv: {
-      Tensor w = probe(rows_of(s.q_weight));
-      Tensor b = s.q_bias.empty() ? Tensor() : probe_bias(rows_of(s.q_bias));
+      Tensor w = qk_probe(rows_of(s.q_weight));
+      Tensor b = s.q_bias.empty() ? Tensor() : qk_probe_bias(rows_of(s.q_bias));
       qk_clip_fused_qkv_(w, b, gamma, s.n_head);
       out.push_back({s.q_weight, column(w)});
       if (b.defined()) out.push_back({s.q_bias, b});
