@@ -844,54 +844,74 @@ std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& run_di
   return out;
 }
 
-TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, LanguageModel& model, Optimizer* opt,
-                              const Config& config) {
-  const fs::path dir(dir_text);
-  comm::WatchdogLabel label("checkpoint load");
-  MT_CHECK(fs::exists(dir / kCommit), "checkpoint {}: no COMMIT (an unfinished save); it cannot be loaded",
-           dir.string());
-  const Manifest m = read_manifest(dir);
-  MT_CHECK(step_of(dir.filename().string()) < 0 || step_of(dir.filename().string()) == m.step,
-           "checkpoint {}: {} says step {}, the directory name another", dir.string(), kManifest, m.step);
-  // A resume with another config: the trainer lists the changed keys (Trainer::check_config_changes).
+// ---------------------------------------------------------------- load
+//
+// load_checkpoint, in steps: plan (the files this rank reads and the range of
+// each tensor it needs, from the manifest alone), verify (size, SHA-256 and the
+// files' own records against the manifest), locate (which dataset of which file
+// holds each tensor: asked of the files, so only once verified), match (names
+// and shapes, every mismatch in one message), copy (the data in, checked) and
+// restore (counters, the optimizer's step count, the RNG).
 
-  const int64_t experts = global_experts(config);
-  const auto [lo, hi] = expert_range(d, experts);
-  // The files this rank reads: those with replicated tensors (one per pipeline
-  // stage of the saving run: rank 0's at pp = 1), those holding its experts, and
-  // (train.zero 1 checkpoints) those holding pieces of the moments it needs.
-  std::vector<const FileInfo*> replicated_files, expert_files;
-  for (const FileInfo& f : m.files) {
-    if (f.replicated) replicated_files.push_back(&f);
-    if (f.expert_end > f.expert_begin && f.expert_begin < hi && f.expert_end > lo) expert_files.push_back(&f);
-  }
-  MT_CHECK(!replicated_files.empty(), "checkpoint {}: {} names no file with the replicated tensors", dir.string(),
-           kManifest);
-  const FileInfo* replicated = replicated_files.front();  // rank 0's: the counters when the layout changed
-  const bool same_layout = m.world == d.size() && m.ep == d.grid.ep && m.pp == d.grid.pp;
-  const FileInfo& own = same_layout ? m.files[static_cast<size_t>(d.rank())] : *replicated;
+namespace {
 
-  // Every tensor as pieces: ranges [begin, end) of its global flattened elements,
-  // each a dataset of some file. A slot needs the range [begin, end) of it.
-  NoGradGuard no_grad;
-  const ParameterList buffers = model.buffers();
-  const std::vector<Slot> all = slots(model, buffers, opt);
+// What one rank loads: the files it reads and, per slot, the range it needs.
+struct LoadPlan {
+  // A range [begin, end) of a tensor's global flattened elements that one dataset of `file` holds.
   struct Piece {
     const FileInfo* file;
     int64_t begin, end;
   };
+  // What a slot needs: the range [begin, end) of it.
   struct Need {
     int64_t begin = 0, end = 0;  // of the global flattened tensor
     int64_t row = 0;             // elements per expert row (expert tensors)
     std::vector<Piece> pieces;   // those overlapping [begin, end)
   };
-  const bool ckpt_has_experts = m.num_experts > 0;
-  auto is_expert_slot = [&](const Slot& s) { return experts > 0 && is_expert(*s.param); };
+  int64_t experts = 0;           // routed experts per MoE layer (global) of this config, 0 without MoE
+  int64_t lo = 0, hi = 0;        // this rank's global expert rows [lo, hi)
+  bool ckpt_has_experts = false;
+  std::vector<const FileInfo*> replicated_files, expert_files;
+  const FileInfo* own = nullptr;  // the counters and RNG: this rank's file, or rank 0's when the layout changed
+  std::set<const FileInfo*> needed;
+  ParameterList buffers;         // model.buffers(), kept alive for the slots (a move keeps its elements in place)
+  std::vector<Slot> slots;
+  std::vector<Need> needs;       // one per slot
+  bool is_expert_slot(const Slot& s) const { return experts > 0 && is_expert(*s.param); }
+};
+
+// The opened files, by manifest entry.
+using LoadReaders = std::map<const FileInfo*, std::unique_ptr<hdf5::Reader>>;
+
+LoadPlan plan_checkpoint_load(const Distributed& d, const fs::path& dir, const Manifest& m, const LanguageModel& model,
+                              const Optimizer* opt, const Config& config) {
+  LoadPlan plan;
+  plan.experts = global_experts(config);
+  std::tie(plan.lo, plan.hi) = expert_range(d, plan.experts);
+  const int64_t lo = plan.lo, hi = plan.hi;
+  // The files this rank reads: those with replicated tensors (one per pipeline
+  // stage of the saving run: rank 0's at pp = 1), those holding its experts, and
+  // (train.zero 1 checkpoints) those holding pieces of the moments it needs.
+  for (const FileInfo& f : m.files) {
+    if (f.replicated) plan.replicated_files.push_back(&f);
+    if (f.expert_end > f.expert_begin && f.expert_begin < hi && f.expert_end > lo) plan.expert_files.push_back(&f);
+  }
+  MT_CHECK(!plan.replicated_files.empty(), "checkpoint {}: {} names no file with the replicated tensors", dir.string(),
+           kManifest);
+  const FileInfo* replicated = plan.replicated_files.front();  // rank 0's: the counters when the layout changed
+  const bool same_layout = m.world == d.size() && m.ep == d.grid.ep && m.pp == d.grid.pp;
+  plan.own = same_layout ? &m.files[static_cast<size_t>(d.rank())] : replicated;
+
+  // Every tensor as pieces: ranges [begin, end) of its global flattened elements,
+  // each a dataset of some file. A slot needs the range [begin, end) of it.
+  plan.buffers = model.buffers();
+  plan.slots = slots(model, plan.buffers, opt);
+  plan.ckpt_has_experts = m.num_experts > 0;
   auto range_of = [&](const Slot& s) {
-    Need n;
+    LoadPlan::Need n;
     const int64_t local = s.param->tensor.numel();
-    n.row = is_expert_slot(s) ? local / (hi - lo) : 0;
-    const int64_t base = is_expert_slot(s) ? lo * n.row : 0;
+    n.row = plan.is_expert_slot(s) ? local / (hi - lo) : 0;
+    const int64_t base = plan.is_expert_slot(s) ? lo * n.row : 0;
     if (s.moment() && opt && opt->sharded()) {  // a train.zero 1 run: its owned elements
       const ElementRange r = opt->owned(s.index);
       std::tie(n.begin, n.end) = std::pair{base + r.begin, base + r.end};
@@ -900,128 +920,153 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     }
     return n;
   };
-  // A zero 1 checkpoint's moment pieces, from the manifest alone.
-  auto moment_pieces = [&](const Slot& s, const Need& n) {
-    std::vector<Piece> out;
+  // A zero 1 checkpoint's moment pieces, from the manifest alone (the other
+  // tensors' pieces are found in the files: locate_checkpoint_pieces).
+  auto moment_pieces = [&](const Slot& s, const LoadPlan::Need& n) {
+    std::vector<LoadPlan::Piece> out;
     for (const FileInfo& f : m.files)
       for (const auto& [name, b, e] : f.pieces)
         if (name == s.param->name && b < n.end && e > n.begin) out.push_back({&f, b, e});
     return out;
   };
+  for (const Slot& s : plan.slots) {
+    LoadPlan::Need n = range_of(s);
+    if (s.moment() && m.zero > 0) n.pieces = moment_pieces(s, n);
+    plan.needs.push_back(std::move(n));
+  }
 
-  std::set<const FileInfo*> needed{&own};
-  needed.insert(replicated_files.begin(), replicated_files.end());
-  needed.insert(expert_files.begin(), expert_files.end());
+  plan.needed = {plan.own};
+  plan.needed.insert(plan.replicated_files.begin(), plan.replicated_files.end());
+  plan.needed.insert(plan.expert_files.begin(), plan.expert_files.end());
   if (m.zero > 0)
-    for (const Slot& s : all)
-      if (s.moment())
-        for (const Piece& c : moment_pieces(s, range_of(s))) needed.insert(c.file);
+    for (const LoadPlan::Need& n : plan.needs)
+      for (const LoadPlan::Piece& c : n.pieces) plan.needed.insert(c.file);
+  return plan;
+}
+
+// Each file's own record of its step and place in the layout must be the manifest's:
+// a rank file copied in from another save (with a recomputed manifest) is refused.
+void check_checkpoint_file_records(const fs::path& dir, const Manifest& m, const FileInfo& f, const hdf5::Reader& r) {
+  auto same = [&](const char* key, int64_t want) {
+    const std::optional<int64_t> v = r.attr_int("/", key);
+    MT_CHECK(v && *v == want, "checkpoint {}: {} records {} = {}, but {} says {}: the file comes from another "
+             "save; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f.name, key,
+             v ? fmt::format("{}", *v) : std::string("nothing"), kManifest, want);
+  };
+  const std::optional<std::string> format = r.attr_string("/", "format");
+  MT_CHECK(format == std::string(kFormat), "checkpoint {}: {} records format = '{}', expected '{}': not a moetrain "
+           "checkpoint file; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f.name,
+           format.value_or("nothing"), kFormat);
+  same("version", m.version);
+  same("step", m.step);
+  same("world", m.world);
+  if (r.attr_int("/", "pp")) same("pp", m.pp);
+  same("dp", m.dp);
+  same("ep", m.ep);
+  same("num_experts", m.num_experts);
+  if (m.tokens >= 0) same("tokens", m.tokens);
+  same("rank", f.rank);
+  if (r.attr_int("/", "pp_index")) same("pp_index", f.pp_index);
+  same("dp_index", f.dp_index);
+  same("ep_index", f.ep_index);
+  if (m.zero > 0) same("zero", m.zero);
+  // The counters this file carries: what a resume continues from.
+  auto within = [&](const char* key, int64_t lo, int64_t hi, const std::string& bounds) {
+    const std::optional<int64_t> v = r.attr_int("/", key);
+    MT_CHECK(v && *v >= lo && *v <= hi, "checkpoint {}: {} records {} = {}, outside {}: the file is damaged or was "
+             "edited; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f.name, key,
+             v ? fmt::format("{}", *v) : std::string("nothing"), bounds);
+    return *v;
+  };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  within("tokens", 0, kMax, "[0, ...)");
+  const int64_t skipped = within("skipped", 0, m.step, fmt::format("[0, step = {}]", m.step));
+  within("consecutive_skips", 0, skipped, fmt::format("[0, skipped = {}]", skipped));
+  within("loader_epoch", 0, kMax, "[0, ...)");
+  within("loader_position", 0, kMax, "[0, ...)");
+  within("adam_step", 0, m.step, fmt::format("[0, step = {}]", m.step));
+  const std::optional<std::string> sha = r.attr_string("/", "config_sha256");
+  MT_CHECK(sha && *sha == m.config_sha256, "checkpoint {}: {} was written under another config (SHA-256 {}...) than "
+           "{} records ({}...): the file comes from another save; resume from another checkpoint (ckpt.resume: "
+           "step_...)", dir.string(), f.name, sha ? sha->substr(0, 12) : std::string("none"), kManifest,
+           m.config_sha256.substr(0, 12));
+}
+
+// Size and SHA-256 of every file the plan needs and of the config, then opens them
+// and checks each one's records against the manifest.
+LoadReaders verify_checkpoint_files(const Distributed& d, const fs::path& dir, const Manifest& m,
+                                    const LoadPlan& plan) {
   {
     int64_t total = 0;
-    for (const FileInfo* f : needed) total += f->bytes;
+    for (const FileInfo* f : plan.needed) total += f->bytes;
     data::Progress check(fmt::format("checkpoint {}: verify SHA-256", dir.filename().string()), total,
                          progress_options(d.root()));
-    for (const FileInfo* f : needed) verify_file(dir, *f, &check);
+    for (const FileInfo* f : plan.needed) verify_file(dir, *f, &check);
   }
   // The config the run was saved with (what a resume compares against, what export copies).
   if (!m.config.name.empty()) verify_file(dir, m.config);
 
-  std::map<const FileInfo*, std::unique_ptr<hdf5::Reader>> readers;
-  for (const FileInfo* f : needed) readers[f] = std::make_unique<hdf5::Reader>((dir / f->name).string());
-  // Each file's own record of its step and place in the layout must be the manifest's:
-  // a rank file copied in from another save (with a recomputed manifest) is refused.
-  for (const auto& [f, r] : readers) {
-    auto same = [&](const char* key, int64_t want) {
-      const std::optional<int64_t> v = r->attr_int("/", key);
-      MT_CHECK(v && *v == want, "checkpoint {}: {} records {} = {}, but {} says {}: the file comes from another "
-               "save; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f->name, key,
-               v ? fmt::format("{}", *v) : std::string("nothing"), kManifest, want);
-    };
-    const std::optional<std::string> format = r->attr_string("/", "format");
-    MT_CHECK(format == std::string(kFormat), "checkpoint {}: {} records format = '{}', expected '{}': not a moetrain "
-             "checkpoint file; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f->name,
-             format.value_or("nothing"), kFormat);
-    same("version", m.version);
-    same("step", m.step);
-    same("world", m.world);
-    if (r->attr_int("/", "pp")) same("pp", m.pp);
-    same("dp", m.dp);
-    same("ep", m.ep);
-    same("num_experts", m.num_experts);
-    if (m.tokens >= 0) same("tokens", m.tokens);
-    same("rank", f->rank);
-    if (r->attr_int("/", "pp_index")) same("pp_index", f->pp_index);
-    same("dp_index", f->dp_index);
-    same("ep_index", f->ep_index);
-    if (m.zero > 0) same("zero", m.zero);
-    // The counters this file carries: what a resume continues from.
-    auto within = [&](const char* key, int64_t lo, int64_t hi, const std::string& bounds) {
-      const std::optional<int64_t> v = r->attr_int("/", key);
-      MT_CHECK(v && *v >= lo && *v <= hi, "checkpoint {}: {} records {} = {}, outside {}: the file is damaged or was "
-               "edited; resume from another checkpoint (ckpt.resume: step_...)", dir.string(), f->name, key,
-               v ? fmt::format("{}", *v) : std::string("nothing"), bounds);
-      return *v;
-    };
-    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-    within("tokens", 0, kMax, "[0, ...)");
-    const int64_t skipped = within("skipped", 0, m.step, fmt::format("[0, step = {}]", m.step));
-    within("consecutive_skips", 0, skipped, fmt::format("[0, skipped = {}]", skipped));
-    within("loader_epoch", 0, kMax, "[0, ...)");
-    within("loader_position", 0, kMax, "[0, ...)");
-    within("adam_step", 0, m.step, fmt::format("[0, step = {}]", m.step));
-    const std::optional<std::string> sha = r->attr_string("/", "config_sha256");
-    MT_CHECK(sha && *sha == m.config_sha256, "checkpoint {}: {} was written under another config (SHA-256 {}...) than "
-             "{} records ({}...): the file comes from another save; resume from another checkpoint (ckpt.resume: "
-             "step_...)", dir.string(), f->name, sha ? sha->substr(0, 12) : std::string("none"), kManifest,
-             m.config_sha256.substr(0, 12));
-  }
-  // A replicated tensor's file: the (one) replicated file that holds it.
-  auto replicated_reader = [&](const std::string& group, const std::string& name) -> const FileInfo* {
-    for (const FileInfo* f : replicated_files)
-      if (readers.at(f)->has_dataset(group, name)) return f;
-    return nullptr;
-  };
-  // The expert files that hold this tensor (under pp, each stage's files hold its own layers').
-  auto expert_readers = [&](const std::string& group, const std::string& name) {
-    std::vector<const FileInfo*> out;
-    for (const FileInfo* f : expert_files)
-      if (readers.at(f)->has_dataset(group, name)) out.push_back(f);
-    return out;
-  };
-  std::vector<Need> needs;
-  for (const Slot& s : all) {
-    Need n = range_of(s);
-    if (s.moment() && m.zero > 0) {
-      n.pieces = moment_pieces(s, n);
-    } else if (is_expert_slot(s) && ckpt_has_experts) {
-      for (const FileInfo* f : expert_readers(s.group, s.param->name))
+  LoadReaders readers;
+  for (const FileInfo* f : plan.needed) readers[f] = std::make_unique<hdf5::Reader>((dir / f->name).string());
+  for (const auto& [f, r] : readers) check_checkpoint_file_records(dir, m, *f, *r);
+  return readers;
+}
+
+// A replicated tensor's file: the (one) replicated file that holds it.
+const FileInfo* replicated_checkpoint_holder(const LoadPlan& plan, const LoadReaders& readers,
+                                             const std::string& group, const std::string& name) {
+  for (const FileInfo* f : plan.replicated_files)
+    if (readers.at(f)->has_dataset(group, name)) return f;
+  return nullptr;
+}
+
+// The expert files that hold this tensor (under pp, each stage's files hold its own layers').
+std::vector<const FileInfo*> expert_checkpoint_holders(const LoadPlan& plan, const LoadReaders& readers,
+                                                       const std::string& group, const std::string& name) {
+  std::vector<const FileInfo*> out;
+  for (const FileInfo* f : plan.expert_files)
+    if (readers.at(f)->has_dataset(group, name)) out.push_back(f);
+  return out;
+}
+
+// The pieces of every tensor but a zero 1 checkpoint's moments (the plan has
+// those): the expert files or the replicated file whose dataset holds it.
+void locate_checkpoint_pieces(const Manifest& m, LoadPlan& plan, const LoadReaders& readers) {
+  for (size_t k = 0; k < plan.slots.size(); ++k) {
+    const Slot& s = plan.slots[k];
+    LoadPlan::Need& n = plan.needs[k];
+    if (s.moment() && m.zero > 0) continue;  // the plan has them
+    if (plan.is_expert_slot(s) && plan.ckpt_has_experts) {
+      for (const FileInfo* f : expert_checkpoint_holders(plan, readers, s.group, s.param->name))
         if (f->expert_begin * n.row < n.end && f->expert_end * n.row > n.begin)
           n.pieces.push_back({f, f->expert_begin * n.row, f->expert_end * n.row});
-    } else if (const FileInfo* f = replicated_reader(s.group, s.param->name)) {
-      n.pieces.push_back({f, 0, is_expert_slot(s) ? experts * n.row : s.param->tensor.numel()});
+    } else if (const FileInfo* f = replicated_checkpoint_holder(plan, readers, s.group, s.param->name)) {
+      n.pieces.push_back({f, 0, plan.is_expert_slot(s) ? plan.experts * n.row : s.param->tensor.numel()});
     }
-    needs.push_back(std::move(n));
   }
+}
 
-  // Names and shapes: every mismatch in one message. Shapes are the parameters'
-  // global ones (a sharded optimizer's flat moments stand for their parameter's).
+// Names and shapes: every mismatch in one message. Shapes are the parameters'
+// global ones (a sharded optimizer's flat moments stand for their parameter's).
+void match_checkpoint_tensors(const fs::path& dir, const Manifest& m, const LoadPlan& plan, const LoadReaders& readers,
+                              const LanguageModel& model, const Optimizer* opt) {
   std::vector<std::string> missing, unexpected, mismatched;
   std::map<std::string, std::set<std::string>> expected;  // group -> names
-  for (size_t k = 0; k < all.size(); ++k) {
-    const Slot& s = all[k];
+  for (size_t k = 0; k < plan.slots.size(); ++k) {
+    const Slot& s = plan.slots[k];
     expected[s.group].insert(s.param->name);
-    const bool expert = is_expert_slot(s);
+    const bool expert = plan.is_expert_slot(s);
     std::vector<int64_t> model_dims = s.param->tensor.shape().vec();
-    if (expert) model_dims[0] = experts;  // compare global shapes
+    if (expert) model_dims[0] = plan.experts;  // compare global shapes
     const Shape model_shape(model_dims);
     const std::string what = fmt::format("{}/{}", s.group, s.param->name);
     if (s.moment() && m.zero > 0) {  // pieces: their coverage is checked when copied
-      if (needs[k].end > needs[k].begin && needs[k].pieces.empty())
+      if (plan.needs[k].end > plan.needs[k].begin && plan.needs[k].pieces.empty())
         missing.push_back(fmt::format("{} {}", what, shape_text(model_shape)));
       continue;
     }
-    if (expert && ckpt_has_experts) {
-      const std::vector<const FileInfo*> holders = expert_readers(s.group, s.param->name);
+    if (expert && plan.ckpt_has_experts) {
+      const std::vector<const FileInfo*> holders = expert_checkpoint_holders(plan, readers, s.group, s.param->name);
       const hdf5::Reader* r = holders.empty() ? nullptr : readers.at(holders.front()).get();
       if (!r) {
         missing.push_back(fmt::format("{} {}", what, shape_text(model_shape)));
@@ -1032,15 +1077,15 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
       if (Shape(dims) != model_shape)
         mismatched.push_back(fmt::format("{}: checkpoint {}, model {}", what, shape_text(Shape(dims)),
                                          shape_text(model_shape)));
-    } else if (const FileInfo* f = replicated_reader(s.group, s.param->name); !f) {
+    } else if (const FileInfo* f = replicated_checkpoint_holder(plan, readers, s.group, s.param->name); !f) {
       missing.push_back(fmt::format("{} {}", what, shape_text(model_shape)));
     } else if (Shape ck = readers.at(f)->shape(s.group, s.param->name); ck != model_shape) {
       mismatched.push_back(fmt::format("{}: checkpoint {}, model {}", what, shape_text(ck), shape_text(model_shape)));
     }
   }
   std::vector<const hdf5::Reader*> listed;
-  for (const FileInfo* f : replicated_files) listed.push_back(readers.at(f).get());
-  for (const FileInfo* f : expert_files) listed.push_back(readers.at(f).get());
+  for (const FileInfo* f : plan.replicated_files) listed.push_back(readers.at(f).get());
+  for (const FileInfo* f : plan.expert_files) listed.push_back(readers.at(f).get());
   std::set<std::string> seen;
   for (const hdf5::Reader* r : listed)
     for (const std::string& g : r->groups("/")) {
@@ -1073,25 +1118,28 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
                          "(docs/checkpoints.md)", fmt::join(vocab_tables, " and "));
     throw Error(msg);
   }
+}
 
-  // Copy the data in: the overlap of each piece with the range each slot needs.
+// Copy the data in: the overlap of each piece with the range each slot needs.
+void copy_checkpoint_tensors(const Distributed& d, const fs::path& dir, const Manifest& m, const LoadPlan& plan,
+                             const LoadReaders& readers) {
   auto check_dtype = [&](const Tensor& src, const Slot& s, const std::string& file) {
     MT_CHECK(src.dtype() == s.tensor.dtype(), "checkpoint {}: {}/{} in {} is {}, the model's is {} (train.dtype)",
              dir.string(), s.group, s.param->name, file, src.dtype(), s.tensor.dtype());
   };
   int64_t load_total = 0;
-  for (const Slot& s : all) load_total += s.tensor.nbytes();
+  for (const Slot& s : plan.slots) load_total += s.tensor.nbytes();
   data::Progress loading(fmt::format("checkpoint {}: load", dir.filename().string()), load_total,
                          progress_options(d.root()));
-  for (size_t k = 0; k < all.size(); ++k) {
-    const Slot& s = all[k];
-    const Need& n = needs[k];
+  for (size_t k = 0; k < plan.slots.size(); ++k) {
+    const Slot& s = plan.slots[k];
+    const LoadPlan::Need& n = plan.needs[k];
     MT_ASSERT(s.tensor.is_cpu(), "checkpoint load needs CPU tensors (always contiguous in this project)");
     MT_ASSERT(s.tensor.numel() == n.end - n.begin, "checkpoint load: {}/{} holds {} elements for a range of {}",
               s.group, s.param->name, s.tensor.numel(), n.end - n.begin);
     const int64_t esize = dtype_size(s.tensor.dtype());
     int64_t covered = 0;
-    for (const Piece& c : n.pieces) {
+    for (const LoadPlan::Piece& c : n.pieces) {
       Tensor src = readers.at(c.file)->read(s.group, s.param->name);
       if (s.group == "params" && !m.dtype.empty())
         MT_CHECK(fmt::format("{}", src.dtype()) == m.dtype, "checkpoint {}: params/{} in {} is {}, but {} records "
@@ -1119,16 +1167,21 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
     loading.update(s.tensor.nbytes());
   }
   loading.finish();
-  for (const Slot& s : all)
+  for (const Slot& s : plan.slots)
     if (const int64_t bad = count_non_finite(s.tensor); bad > 0)
       MT_THROW("checkpoint {}: {}/{} {} holds {} NaN or infinite values of {}; it cannot be trained from: resume "
                "from an earlier checkpoint (ckpt.resume: step_...)", dir.string(), s.group, s.param->name,
                s.tensor.shape(), bad, s.tensor.numel());
+}
 
-  const hdf5::Reader& mine = *readers.at(&own);
+// The counters, the optimizer's step count (and, under mixed precision, its
+// rounded parameters) and the RNG, from this rank's file (plan.own).
+TrainProgress restore_checkpoint_progress(const fs::path& dir, const LoadPlan& plan, const LoadReaders& readers,
+                                          Optimizer* opt) {
+  const hdf5::Reader& mine = *readers.at(plan.own);
   auto attr = [&](const char* key) {
     std::optional<int64_t> v = mine.attr_int("/", key);
-    MT_CHECK(v, "checkpoint {}: {} has no attribute {}", dir.string(), own.name, key);
+    MT_CHECK(v, "checkpoint {}: {} has no attribute {}", dir.string(), plan.own->name, key);
     return *v;
   };
   TrainProgress p;
@@ -1145,6 +1198,28 @@ TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, Langu
   default_generator() = Generator(static_cast<uint64_t>(attr("rng_seed")));
   default_generator().set_offset(static_cast<uint64_t>(attr("rng_offset")));
   return p;
+}
+
+}  // namespace
+
+TrainProgress load_checkpoint(Distributed& d, const std::string& dir_text, LanguageModel& model, Optimizer* opt,
+                              const Config& config) {
+  const fs::path dir(dir_text);
+  comm::WatchdogLabel label("checkpoint load");
+  MT_CHECK(fs::exists(dir / kCommit), "checkpoint {}: no COMMIT (an unfinished save); it cannot be loaded",
+           dir.string());
+  const Manifest m = read_manifest(dir);
+  MT_CHECK(step_of(dir.filename().string()) < 0 || step_of(dir.filename().string()) == m.step,
+           "checkpoint {}: {} says step {}, the directory name another", dir.string(), kManifest, m.step);
+  // A resume with another config: the trainer lists the changed keys (Trainer::check_config_changes).
+
+  NoGradGuard no_grad;
+  LoadPlan plan = plan_checkpoint_load(d, dir, m, model, opt, config);
+  const LoadReaders readers = verify_checkpoint_files(d, dir, m, plan);
+  locate_checkpoint_pieces(m, plan, readers);
+  match_checkpoint_tensors(dir, m, plan, readers, model, opt);
+  copy_checkpoint_tensors(d, dir, m, plan, readers);
+  return restore_checkpoint_progress(dir, plan, readers, opt);
 }
 
 }  // namespace moetrain
