@@ -10,7 +10,6 @@
 #include "core/tensor.h"
 #include "nn/parameters.h"
 #include "nn/pipeline_stages.h"
-#include "optim/qk_clip.h"
 
 namespace moetrain {
 
@@ -29,6 +28,14 @@ struct StageOutput {
   Tensor logits;        // the last stage without targets: [B, T, vocab]
 };
 
+// An MLA layer's head dimensions, as QK-Clip's row layout needs them (optim/qk_clip.h).
+struct MlaHeadDims {
+  int64_t n_head = 0;            // H
+  int64_t qk_nope_head_dim = 0;  // dn
+  int64_t qk_rope_head_dim = 0;  // dr
+  int64_t v_head_dim = 0;        // dv
+};
+
 // One softmax-attention layer whose logits QK-Clip bounds (docs/model.md#qk-clip).
 struct QkClipSite {
   enum class Layout { mla, separate_qk, fused_qkv };
@@ -39,7 +46,7 @@ struct QkClipSite {
   std::string q_weight, k_weight;
   std::string q_bias, k_bias;  // separate_qk: biases or empty; fused_qkv: attn.c_attn.bias in q_bias (empty if none)
   int64_t n_head = 0;
-  MlaHeadDims mla;    // layout mla only (src/optim/qk_clip.h)
+  MlaHeadDims mla;    // layout mla only
   std::string layer;  // a short label for logs/metrics, e.g. "layers.3" (the layer index in the whole
                       // model, also under pp)
   Tensor max_logit;   // [n_head], on the parameters' device, f32 (f64 in f64 runs): the running max since

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/language_model.h"
 
 namespace moetrain {
 
@@ -43,12 +44,7 @@ namespace moetrain {
 // naming the head.
 std::vector<double> qk_clip_factors(const Tensor& max_logit, double tau);
 
-struct MlaHeadDims {
-  int64_t n_head = 0;            // H
-  int64_t qk_nope_head_dim = 0;  // dn
-  int64_t qk_rope_head_dim = 0;  // dr
-  int64_t v_head_dim = 0;        // dv
-};
+// MlaHeadDims (H, dn, dr, dv): nn/language_model.h, beside the QkClipSite that carries it.
 
 // Each γ_h must be in (0, 1] (from qk_clip_factors); heads with γ_h == 1 are not
 // touched. The functions return how many heads they scaled. Shapes are checked
