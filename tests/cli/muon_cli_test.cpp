@@ -4,8 +4,8 @@
 // for AdamW's); a resume continues bit for bit; a resume with another optimizer is
 // refused naming train.optimizer; under mpirun zero 1 (whole matrices owned by one
 // rank) gives zero 0's losses bit for bit at 2 ranks, and a 4-rank zero 1
-// checkpoint (dp 2 x ep 2) resumes resharded on 1 process, on pp 2 and on pp 2 x dp 2 at
-// zero 1, all with QK-Clip clipping heads every step.
+// checkpoint (dp 2 x ep 2) resumes resharded on 1 process, on pp 2, and at zero 1 on
+// pp 2 x dp 2 and pp 2 x ep 2, all with QK-Clip clipping heads every step.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -134,7 +134,7 @@ TEST_CASE("cli: train.qk_clip records each layer's largest logit, clips at a low
 }
 
 TEST_CASE("cli: Muon on the k3 hybrid: zero 1 gives zero 0's losses bit for bit at 2 ranks; a 4-rank zero 1 "
-          "checkpoint (whole matrices per rank) resumes resharded on 1 process, on pp 2 and on pp 2 x dp 2 at zero 1", "[cli][slow]") {
+          "checkpoint (whole matrices per rank) resumes resharded on 1 process, on pp 2, and at zero 1 on pp 2 x dp 2 and pp 2 x ep 2", "[cli][slow]") {
   MuonK3Job job;
   // One process: the reference; Muon's matrices and AdamW's vectors both in the file.
   Result r = job.train(1, "one", "");
@@ -174,8 +174,10 @@ TEST_CASE("cli: Muon on the k3 hybrid: zero 1 gives zero 0's losses bit for bit 
     string sets;
   };
   for (const Layout& l : {Layout{1, "--set train.grad_accum=4"}, Layout{2, "--set train.pp=2 --set train.grad_accum=4"},
-                          Layout{4, "--set train.pp=2 --set train.zero=1 --set train.grad_accum=2"}}) {
-    const string name = "np" + std::to_string(l.np) + (l.sets.find("zero=1") != string::npos ? "z1" : "");
+                          Layout{4, "--set train.pp=2 --set train.zero=1 --set train.grad_accum=2"},
+                          Layout{4, "--set train.pp=2 --set train.ep=2 --set train.zero=1 --set train.grad_accum=2"}}) {
+    const string name = "np" + std::to_string(l.np) + (l.sets.find("zero=1") != string::npos ? "z1" : "") +
+                        (l.sets.find("ep=2") != string::npos ? "ep2" : "");
     fs::copy(job.dir + "/ref", job.dir + "/" + name, fs::copy_options::recursive);
     fs::remove_all(job.dir + "/" + name + "/checkpoints/step_00000012");
     fs::remove(job.dir + "/" + name + "/metrics.jsonl");
