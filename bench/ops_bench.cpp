@@ -330,14 +330,17 @@ BENCHMARK(BM_adamw_step)->Arg(1)->Apply(adamw_args);
 BENCHMARK(BM_adamw_check)->Arg(1)->Apply(adamw_args);
 BENCHMARK(BM_adamw_check_then_step)->Arg(1)->Apply(adamw_args);
 // Grouped by (model, optimizer), so each is built once.
-BENCHMARK(BM_optimizer_step)->ArgNames({"k3", "muon"})->Args({0, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_optimizer_check)->ArgNames({"k3", "muon"})->Args({0, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_optimizer_step)->ArgNames({"k3", "muon"})->Args({0, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_optimizer_check)->ArgNames({"k3", "muon"})->Args({0, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_optimizer_step)->ArgNames({"k3", "muon"})->Args({1, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_optimizer_check)->ArgNames({"k3", "muon"})->Args({1, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_optimizer_step)->ArgNames({"k3", "muon"})->Args({1, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_optimizer_check)->ArgNames({"k3", "muon"})->Args({1, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+void optimizer_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"k3", "muon"})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+}
+BENCHMARK(BM_optimizer_step)->Args({0, 0})->Apply(optimizer_args);
+BENCHMARK(BM_optimizer_check)->Args({0, 0})->Apply(optimizer_args);
+BENCHMARK(BM_optimizer_step)->Args({0, 1})->Apply(optimizer_args);
+BENCHMARK(BM_optimizer_check)->Args({0, 1})->Apply(optimizer_args);
+BENCHMARK(BM_optimizer_step)->Args({1, 0})->Apply(optimizer_args);
+BENCHMARK(BM_optimizer_check)->Args({1, 0})->Apply(optimizer_args);
+BENCHMARK(BM_optimizer_step)->Args({1, 1})->Apply(optimizer_args);
+BENCHMARK(BM_optimizer_check)->Args({1, 1})->Apply(optimizer_args);
 
 // The CUDA index_select backward's host plan (ops/view/view_simt.h: the indices
 // bucketed by destination row on the host before each backward's upload; it runs

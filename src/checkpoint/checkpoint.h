@@ -149,8 +149,9 @@ std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& run_di
 // layout) and returns the progress to continue from. Every rank reads what it
 // needs; no collective. Throws Error (exit 2) naming the file and dataset when a
 // file is corrupt or truncated, listing every tensor whose name or shape does
-// not match the model, or naming a tensor that holds NaN or infinite values. opt may be null (export: weights and buffers only; the
-// moments in the files are then not compared).
+// not match the model, or naming a tensor that holds NaN or infinite values.
+// opt may be null (export: weights and buffers only; the optimizer state in the
+// files is then not compared).
 TrainProgress load_checkpoint(Distributed& d, const std::string& dir, LanguageModel& model, Optimizer* opt,
                               const Config& config);
 
