@@ -13,7 +13,8 @@ softmax router, grouped routing, top_k 1, capacity, tied head, plain attention, 
   AutoConfig / AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
 must load without a missing or unexpected tensor, the mean loss on the same windows must
 agree with `moetrain eval` to 1e-5 relative (f32), and greedy generate() of NEW tokens with
-and without its cache must equal `moetrain generate --temperature 0` (same bytes). Also
+and without its cache must equal `moetrain generate --temperature 0` (same bytes; with expert
+capacity only the cached text, since capacity is per forward call). Also
 through the recurrent KDA prefill (config.kda_mode), a bf16 export and a sharded export,
 and models saved by transformers' save_pretrained (as loaded, after 3 AdamW steps in
 transformers, and built by from_config) read back by `moetrain eval/generate --init-from`
