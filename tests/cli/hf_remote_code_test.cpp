@@ -6,8 +6,9 @@
 // /work/.venv-hf/bin/python, else python3; skipped with one line when none has them): every
 // shipped hybrid config (shrunk) and single-feature variant, trained 3 steps and exported,
 // loads with AutoModelForCausalLM(trust_remote_code=True) and matches `moetrain eval` to 1e-5
-// relative and `moetrain generate --temperature 0` for 100 tokens with and without its cache;
-// bf16 and sharded exports; save_pretrained read back by --init-from.
+// relative and `moetrain generate --temperature 0` for 100 tokens with and without its cache
+// (with capacity, with it only); bf16 and sharded exports; save_pretrained (as loaded, fine-tuned,
+// from_config) read back by --init-from. CI has no torch, so there this case only warns.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
