@@ -17,6 +17,8 @@ packages=(
   catch2 libbenchmark-dev
   # reference implementations and plotting (system /usr/bin/python3)
   python3 python3-torch python3-numpy python3-h5py python3-regex python3-matplotlib
+  # launch/test.sh's venv with HF tokenizers and tiktoken (the live tokenizer comparisons)
+  python3-venv
 )
 
 missing=()

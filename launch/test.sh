@@ -30,6 +30,26 @@ nice -n 19 env BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo launch/build.sh \
 asan_build=$!
 set +m
 
+# The live comparisons with Hugging Face tokenizers and tiktoken (tests/data/bpe_test.cpp,
+# tests/cli/tokenizer_file_cli_test.cpp: the committed fixtures rebuilt, a tokenizer of more
+# than 65,536 tokens, K3 on uint32 shards; tests/cli/export_tokenizer_test.cpp) need both in
+# Python: a venv with the two wheels and regex (--no-deps: not the Hub client tokenizers would
+# pull in), kept in build/ so later runs reuse it. Without PyPI they skip, with one line each.
+if [[ -z "${MOETRAIN_TOKENIZERS_PYTHON:-}" ]]; then
+  tok_venv=$PWD/build/venv-tokenizers
+  tok_start=$(date +%s)
+  if "$tok_venv/bin/python" -c 'import tokenizers, tiktoken' 2>/dev/null ||
+     { rm -rf "$tok_venv" && python3 -m venv "$tok_venv" >"$tok_venv.log" 2>&1 &&
+       "$tok_venv/bin/pip" install -q --disable-pip-version-check --no-deps --timeout 30 "tokenizers==0.23.3" \
+         "tiktoken==0.14.0" "regex==2026.12.2" >>"$tok_venv.log" 2>&1; }; then
+    export MOETRAIN_TOKENIZERS_PYTHON=$tok_venv/bin/python
+    echo "test: HF tokenizers and tiktoken from $tok_venv ($(( $(date +%s) - tok_start )) s)"
+  else
+    echo "test: could not install tokenizers and tiktoken into $tok_venv (log: $tok_venv.log); the live" \
+         "tokenizer comparisons skip" >&2
+  fi
+fi
+
 echo "== tests (build/) =="
 if ! ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 900; then
   kill -- -"$asan_build" 2>/dev/null || true
@@ -44,8 +64,9 @@ if ! wait "$asan_build"; then
   exit 1
 fi
 # Leak checking is off: OpenBLAS and libgomp keep thread pools alive at exit.
-# [reference] (PyTorch comparisons: their time is the Python side's) ran above.
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  build-asan/moetrain_tests "~[slow]" "~[mpi]" "~[cuda]" "~[reference]"
+# [reference] (PyTorch comparisons: their time is the Python side's) ran above, and so did
+# the live tokenizer comparisons (no MOETRAIN_TOKENIZERS_PYTHON here: the committed fixtures only).
+env -u MOETRAIN_TOKENIZERS_PYTHON ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/moetrain_tests "~[slow]" "~[mpi]" "~[cuda]" "~[reference]"
 
 echo "== all tests passed in $(( $(date +%s) - start )) s =="

@@ -25,6 +25,7 @@
 #include "config/config.h"
 #include "core/grad_mode.h"
 #include "data/progress.h"
+#include "data/hf_tokenizer_files.h"
 #include "io/durable.h"
 #include "io/hdf5.h"
 #include "io/paths.h"
@@ -202,6 +203,23 @@ void check_finite(const ParameterList& state, const std::vector<std::pair<std::s
           dtype_name(t.dtype()), dtype == DType::bf16 ? "; export with --dtype f32" : ""));
 }
 
+// tokenizer.json and tokenizer_config.json of the run's data.tokenizer
+// (data/hf_tokenizer_files.h), or one warning saying why the export has none: the
+// weights are worth writing without them.
+void write_export_tokenizer_files(const fs::path& tmp, const Config& config, const fs::path& out) {
+  const std::string name = config.get_string("data.tokenizer"), dir = config.get_string("data.tokenizer_dir");
+  std::vector<data::HfTokenizerFile> files;
+  try {
+    files = data::hf_tokenizer_files(name, dir);
+  } catch (const Error& e) {
+    spdlog::warn("export {}: no tokenizer files: data.tokenizer {}{} cannot be read here ({}); the model is written "
+                 "without tokenizer.json (run export where the tokenizer's files are, paths relative to the current "
+                 "directory)", out.string(), name, name == "gpt2" ? " (data.tokenizer_dir " + dir + ")" : "", e.what());
+    return;
+  }
+  for (const data::HfTokenizerFile& f : files) write_file_atomically(tmp / f.name, f.text, false);
+}
+
 void export_model_dir_unchecked(const LanguageModel& model, const ParameterList& state, const std::string& dir,
                                 const ExportOptions& o, const Config* config) {
   MT_CHECK(o.max_shard_bytes > 0, "export: max shard size must be > 0 bytes, got {}", o.max_shard_bytes);
@@ -242,6 +260,7 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   // (python/moetrain_hf/), which config.json's auto_map names (trust_remote_code=True).
   if (adapter->model_type() == kMoetrainHybridModelType)
     for (const HfRemoteCodeFile& f : hf_remote_code_files()) write_file_atomically(tmp.path / f.name, f.text, false);
+  if (config && o.tokenizer_files) write_export_tokenizer_files(tmp.path, *config, out);
   if (config) config->save((tmp.path / "config.resolved.yaml").string());
   fsync_path(tmp.path, true);
   progress.finish();

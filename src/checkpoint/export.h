@@ -47,6 +47,9 @@ struct ExportOptions {
   int64_t max_shard_bytes = kDefaultMaxShardBytes;  // safetensors only
   bool replace = false;      // replace an existing non-empty directory (else an error)
   bool progress = false;     // a progress bar (terminal) or lines (logs) on stderr, with bytes/s
+  // tokenizer.json and tokenizer_config.json for the config's data.tokenizer
+  // (data/hf_tokenizer_files.h); when it cannot be read, one warning and none.
+  bool tokenizer_files = false;
 };
 
 // The tensors of an export, HF names and layouts (the model's HF adapter,

@@ -104,6 +104,7 @@ int run_export(const ExportCommandOptions& o) {
   options.max_shard_bytes = parse_byte_size(o.max_shard_size);
   options.replace = o.force;
   options.progress = !o.no_progress;
+  options.tokenizer_files = true;
   MT_CHECK(!o.out.empty() || o.print_config, "export: --out is required (the directory to write); run 'moetrain "
            "export --help' for the options");
   if (!o.print_config) {

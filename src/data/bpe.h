@@ -99,6 +99,7 @@ struct BpeSpec {
   struct Step {
     enum class Kind { split, byte_level } kind = Kind::split;
     std::string pattern;  // PCRE2 syntax (split)
+    std::string source_pattern;  // split: as the file writes it (Oniguruma / fancy-regex syntax)
     std::string where;    // "file: pre_tokenizer.pretokenizers[0]"
     SplitBehavior behavior = SplitBehavior::isolated;
     bool invert = false;

@@ -64,7 +64,8 @@ void tt_read_description(const std::string& path, const json& j, BpeSpec& spec) 
   BpeSpec::Step step;
   step.kind = BpeSpec::Step::Kind::split;
   step.where = path + ": pattern";
-  step.pattern = translate_split_pattern(j["pattern"].get<std::string>(), step.where);
+  step.source_pattern = j["pattern"].get<std::string>();
+  step.pattern = translate_split_pattern(step.source_pattern, step.where);
   step.behavior = SplitBehavior::removed;  // tiktoken keeps the matches only
   step.invert = true;
   spec.steps.push_back(std::move(step));
