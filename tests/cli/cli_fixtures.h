@@ -3,6 +3,8 @@
 // metrics.jsonl records.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <regex>
 #include <sstream>
@@ -61,6 +63,39 @@ struct TinyGpt2Runs {
     return dir + "/" + run + (file.empty() ? "" : "/" + file);
   }
 };
+
+// The tiny k3 (configs/k3-tiny.yaml at 4 layers, AttnRes blocks of 2) on byte
+// shards, 2 x 16 tokens per rank, one thread per rank; `steps` steps with a
+// checkpoint every `every`; train(np, ...) runs it on one process or under mpirun.
+struct TinyK3Runs {
+  TempDir tmp;
+  std::string dir = tmp.path();
+  int steps, every, warmup;
+
+  TinyK3Runs(int steps_, int every_, int warmup_) : steps(steps_), every(every_), warmup(warmup_) {
+    prepare_byte_shards(dir);
+  }
+  std::string args(const std::string& run, const std::string& sets) const {
+    return "train -c " + std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + dir +
+           "/data/train_*.bin --set data.val= --set train.max_steps=" + std::to_string(steps) +
+           " --set train.warmup_steps=" + std::to_string(warmup) +
+           " --set train.batch_size=2 --set train.seq_len=16 --set train.eval_every=0 --set train.threads=1 "
+           "--set train.log_every=100 --set model.n_layer=4 --set model.attn_res_block_size=2 --set ckpt.every=" +
+           std::to_string(every) + " --set run.dir=" + dir + "/" + run + " " + sets;
+  }
+  CommandOutput train(int np, const std::string& run, const std::string& sets) const {
+    if (np == 1) return run_moetrain(args(run, sets));
+    return capture_command(std::string(kLocalMpirun) + "-np " + std::to_string(np) + " " +
+                           std::string(MOETRAIN_BINARY_DIR) + "/moetrain " + args(run, sets));
+  }
+};
+
+// The largest |got - want| / want over indices from `from` on (losses: positive).
+inline double worst_relative(const std::vector<double>& got, const std::vector<double>& want, size_t from) {
+  double worst = 0;
+  for (size_t i = from; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / want[i]);
+  return worst;
+}
 
 // The "step" of every record of a metrics.jsonl text, in file order.
 inline std::vector<int64_t> steps_of(const std::string& metrics) {

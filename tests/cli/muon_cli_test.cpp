@@ -26,34 +26,19 @@ namespace {
 
 using Result = moetrain::testing::CommandOutput;
 
-// The tiny k3 hybrid (MLA, KDA, latent MoE, AttnRes) at 4 layers, one thread per
-// rank, with MuonClip: Muon and QK-Clip at a threshold its MLA heads pass.
-struct MuonK3Job {
-  TempDir tmp;
-  string dir = tmp.path();
+// The tiny k3 hybrid (MLA, KDA, latent MoE, AttnRes), 12 steps, a checkpoint every 6,
+// with MuonClip: Muon and QK-Clip at a threshold its MLA heads pass.
+struct MuonK3Job : moetrain::testing::TinyK3Runs {
   string tau = "0.005";  // below the tiny model's largest logits (about 0.03 at init): heads clipped every step
 
-  MuonK3Job() { moetrain::testing::prepare_byte_shards(dir); }
-  string args(const string& run, const string& sets) const {
-    return "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + dir +
-           "/data/train_*.bin --set data.val= --set train.max_steps=12 --set train.warmup_steps=3 "
-           "--set train.batch_size=2 --set train.seq_len=16 --set train.eval_every=0 --set train.threads=1 "
-           "--set train.log_every=100 --set model.n_layer=4 --set model.attn_res_block_size=2 --set ckpt.every=6 "
-           "--set train.optimizer=muon --set train.qk_clip=true --set train.qk_clip_tau=" + tau +
-           " --set run.dir=" + dir + "/" + run + " " + sets;
-  }
+  MuonK3Job() : TinyK3Runs(12, 6, 3) {}
   Result train(int np, const string& run, const string& sets) const {
-    if (np == 1) return moetrain::testing::run_moetrain(args(run, sets));
-    return moetrain::testing::capture_command(string(kLocalMpirun) + "-np " + std::to_string(np) + " " +
-                                              string(MOETRAIN_BINARY_DIR) + "/moetrain " + args(run, sets));
+    return TinyK3Runs::train(np, run, "--set train.optimizer=muon --set train.qk_clip=true --set train.qk_clip_tau=" +
+                                          tau + " " + sets);
   }
 };
 
-double worst_relative_after(const std::vector<double>& got, const std::vector<double>& want, size_t from) {
-  double worst = 0;
-  for (size_t i = from; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / want[i]);
-  return worst;
-}
+using moetrain::testing::worst_relative;
 
 }  // namespace
 
@@ -187,7 +172,7 @@ TEST_CASE("cli: Muon on the k3 hybrid: zero 1 gives zero 0's losses bit for bit 
     const std::vector<double> got = metrics_losses(job.dir + "/" + name);
     REQUIRE(got.size() == 6);
     std::vector<double> tail(want.begin() + 6, want.end());
-    CHECK(worst_relative_after(got, tail, 0) < 1e-5);
+    CHECK(worst_relative(got, tail, 0) < 1e-5);
   }
 }
 

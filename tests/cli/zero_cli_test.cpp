@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_fixtures.h"
 #include "testing.h"
 
 using moetrain::testing::kLocalMpirun;
@@ -27,30 +28,12 @@ namespace {
 
 using Result = moetrain::testing::CommandOutput;
 
-struct ZeroJob {
-  TempDir tmp;
-  string dir = tmp.path();
-
-  ZeroJob() { moetrain::testing::prepare_byte_shards(dir); }
-  string args(const string& run, const string& sets) const {
-    return "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/k3-tiny.yaml --set data.train=" + dir +
-           "/data/train_*.bin --set data.val= --set train.max_steps=20 --set train.warmup_steps=5 "
-           "--set train.batch_size=2 --set train.seq_len=16 --set train.eval_every=0 --set train.threads=1 "
-           "--set train.log_every=100 --set model.n_layer=4 --set model.attn_res_block_size=2 --set ckpt.every=10 "
-           "--set run.dir=" + dir + "/" + run + " " + sets;
-  }
-  Result train(int np, const string& run, const string& sets) const {
-    if (np == 1) return moetrain::testing::run_moetrain(args(run, sets));
-    return moetrain::testing::capture_command(string(kLocalMpirun) + "-np " + std::to_string(np) + " " +
-                                              string(MOETRAIN_BINARY_DIR) + "/moetrain " + args(run, sets));
-  }
+// 20 steps, a checkpoint every 10.
+struct ZeroJob : moetrain::testing::TinyK3Runs {
+  ZeroJob() : TinyK3Runs(20, 10, 5) {}
 };
 
-double worst_relative(const std::vector<double>& got, const std::vector<double>& want, size_t from) {
-  double worst = 0;
-  for (size_t i = from; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / want[i]);
-  return worst;
-}
+using moetrain::testing::worst_relative;
 
 }  // namespace
 
