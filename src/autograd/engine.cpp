@@ -62,6 +62,12 @@ struct LaterFirst {
 thread_local const GradReadyHook* t_hook = nullptr;
 thread_local int t_depth = 0;
 thread_local std::vector<std::shared_ptr<TensorImpl>>* t_nested_leaves = nullptr;
+thread_local int t_recomputing = 0;  // checkpoint() blocks being run again, nested
+
+struct RecomputeScope {
+  RecomputeScope() { ++t_recomputing; }
+  ~RecomputeScope() { --t_recomputing; }
+};
 
 struct DepthGuard {
   DepthGuard() { ++t_depth; }
@@ -236,6 +242,8 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   if (ready_leaves) ready_leaves->pass_done();
 }
 
+bool recomputing() { return t_recomputing > 0; }
+
 }  // namespace moetrain::autograd
 
 namespace moetrain {
@@ -275,12 +283,13 @@ Tensors checkpoint(const std::function<Tensors(const Tensors&)>& fn, const Tenso
     Tensors outs;
     {
       EnableGradGuard grad;
+      autograd::RecomputeScope again_scope;
       outs = fn(again);
     }
     g.set_offset(resume_offset);
     Tensors roots, root_grads;
     for (size_t i = 0; i < outs.size(); ++i) {
-      if (!outs[i].requires_grad()) continue;
+      if (!outs[i].requires_grad() || !grad_outputs[i].defined()) continue;  // an output no gradient reached
       roots.push_back(outs[i]);
       root_grads.push_back(grad_outputs[i]);
     }

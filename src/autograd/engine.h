@@ -50,4 +50,13 @@ namespace moetrain {
 // parameters); non-leaf tensors captured by fn are treated as constants.
 Tensors checkpoint(const std::function<Tensors(const Tensors&)>& fn, const Tensors& inputs);
 
+namespace autograd {
+
+// True while checkpoint() runs a block again in backward (on this thread). What a
+// forward counts rather than computes (the MoE layers' routing statistics) is
+// counted in the first run only: a recomputed block must not count twice.
+bool recomputing();
+
+}  // namespace autograd
+
 }  // namespace moetrain

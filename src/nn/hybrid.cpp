@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "autograd/engine.h"
 #include "core/grad_mode.h"
 #include "core/profile.h"
 #include "nn/attention_mixer.h"
@@ -45,16 +46,6 @@ std::vector<MixerKind> mixer_schedule(int64_t n_layer, const std::string& explic
   }
   return out;
 }
-
-// One decoder layer: mixer + FFN with their pre-norms, AttnRes read parameters.
-struct HybridModel::Layer {
-  std::unique_ptr<Mixer> mixer;
-  std::unique_ptr<FeedForward> ffn;
-  MoeLayer* moe = nullptr;  // ffn, when it is an MoE layer
-  Tensor input_layernorm, post_attention_layernorm;
-  Tensor attn_res_proj, attn_res_norm, mlp_res_proj, mlp_res_norm;  // AttnRes (attn pair absent at layer 0)
-  std::unique_ptr<QkClipSite> site;  // MLA and attention mixers of this stage's layers; none for the others
-};
 
 namespace {
 
@@ -123,8 +114,9 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
   for (int64_t l = 0; l < c.n_layer(); ++l) {
     f.set_skipping(l < layers_range_.first || l >= layers_range_.end);
     const std::string p = fmt::format("model.layers.{}.", l);
-    auto layer = std::make_unique<Layer>();
-    Layer& L = *layer;
+    auto layer = std::make_unique<HybridLayer>();
+    HybridLayer& L = *layer;
+    L.index = l;
     L.input_layernorm = f.make(p + "input_layernorm.weight", {D}, Init::ones(), "norm", false);
     L.mixer = make_mixer(c.mixers[static_cast<size_t>(l)], c, f, p + "self_attn.");
     if (l >= layers_range_.first && l < layers_range_.end) L.site = qk_clip_site_of(*L.mixer, p + "self_attn.", l);
@@ -162,6 +154,8 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
     lm_head_ = f.make("lm_head.weight", {Vp, D}, Init::first_rows(Init::trunc_normal(s, -3, 3), V), "lm_head", true);
   }
   f.set_skipping(false);
+  if (c.attn_res) stream_ = std::make_unique<BlockAttnRes>(c.attn_res_block_size);
+  else stream_ = std::make_unique<PlainResidual>();
 }
 
 HybridModel::~HybridModel() = default;
@@ -209,77 +203,45 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
 
 Tensors HybridModel::run_layers(Tensors state, int64_t first, int64_t end, DecodeCache* dcache, bool training) {
   HybridCache* cache = dcache ? static_cast<HybridCache*>(dcache) : nullptr;
-  const double eps = c_.rms_norm_eps;
-  // Profile regions (core/profile.h): each mixer with its pre-norm, each FFN
-  // with its pre-norm, AttnRes, embedding and head.
-  // The sublayers on their normed input (the norm given: `normed`, or made here from `input`).
-  auto mixer = [&](size_t l, const Tensor& input, const Tensor& norm_weight, Tensor normed = Tensor()) {
-    const Layer& L = *layers_[l];
-    profile::Region region(mixer_kind_name(L.mixer->kind()));
-    if (!normed.defined()) normed = rms_norm(input, norm_weight, eps);
-    return L.mixer->forward(normed, cache ? cache->mixers[l].get() : nullptr);
-  };
-  auto ffn = [&](size_t l, const Tensor& input, Tensor normed = Tensor()) {
-    const Layer& L = *layers_[l];
-    profile::Region region(L.ffn->component());
-    if (!normed.defined()) normed = rms_norm(input, L.post_attention_layernorm, eps);
-    return L.ffn->forward(normed, training);
-  };
-  auto res = [&](const Tensors& sources, const Tensor& proj, const Tensor& norm) {
-    profile::Region region("attnres");
-    return attn_res(sources, proj, norm, eps);
-  };
-  Tensor hidden = state.back();
-  if (!c_.attn_res) {
-    // Standard pre-norm residual stream (Kimi-Linear). Each residual add and the
-    // RMSNorm of its sum are one op (add_rms_norm): the mixer's add with the FFN's
-    // pre-norm, the FFN's add with the next layer's input norm (not after the
-    // range's last layer: the final norm or the next stage's layer takes the sum).
-    Tensor normed;  // rms_norm(hidden, input_layernorm of layer l), made by layer l - 1's add
-    for (auto l = static_cast<size_t>(first); l < static_cast<size_t>(end); ++l) {
-      const Layer& L = *layers_[l];
-      Tensor a = mixer(l, hidden, L.input_layernorm, normed);
-      ResidualNorm h;
-      {
-        profile::Region region(L.ffn->component());
-        h = add_rms_norm(hidden, a, L.post_attention_layernorm, eps);
+  // Recomputation (docs/training.md#activation-recomputation): each layer call runs
+  // under checkpoint(), which keeps its input state and its outputs, and runs the
+  // call again in backward. Decided with this forward's grad mode, as Gpt2 does.
+  const bool recompute = c_.recompute && training && autograd::grad_enabled() && !cache;
+  if (first == layers_range_.first) aux_losses_.clear();
+  for (int64_t l = first; l < end; ++l) {
+    const HybridLayer& L = *layers_[static_cast<size_t>(l)];
+    LayerCall call;
+    call.eps = c_.rms_norm_eps;
+    call.training = training;
+    call.cache = cache ? cache->mixers[static_cast<size_t>(l)].get() : nullptr;
+    // The plain stream fuses the layer's last add with the next layer's input norm,
+    // except after the range's last layer (the final norm or the next stage takes the
+    // sum) and at recomputed layers' boundaries, where the state is one tensor
+    // (add_rms_norm is add then rms_norm, bit for bit, docs/training.md#activation-recomputation).
+    if (!c_.attn_res && !recompute && l + 1 < end) call.next_input_norm = layers_[static_cast<size_t>(l) + 1]->input_layernorm;
+    LayerOutput out;
+    if (recompute) {
+      const ResidualStream* stream = stream_.get();
+      const HybridLayer* layer = &L;
+      Tensors outs = checkpoint(
+          [stream, layer, call](const Tensors& in) {
+            LayerOutput o = stream->layer(*layer, in, call);
+            if (o.aux_loss.defined()) o.made.push_back(o.aux_loss);
+            return o.made;
+          },
+          state);
+      if (outs.size() > 1) {  // one state tensor under recomputation, then the aux loss if any
+        out.aux_loss = outs.back();
+        outs.pop_back();
       }
-      Tensor f = ffn(l, h.sum, h.normed);
-      if (l + 1 < static_cast<size_t>(end)) {
-        profile::Region region(mixer_kind_name(layers_[l + 1]->mixer->kind()));
-        ResidualNorm next = add_rms_norm(h.sum, f, layers_[l + 1]->input_layernorm, eps);
-        hidden = next.sum;
-        normed = next.normed;
-      } else {
-        hidden = add(h.sum, f);
-      }
+      out.made = std::move(outs);
+    } else {
+      out = stream_->layer(L, state, call);
     }
-    return {hidden};
+    if (out.aux_loss.defined()) aux_losses_.push_back(out.aux_loss);
+    state = stream_->next_state(L, std::move(state), std::move(out.made));
   }
-  // Block AttnRes (docs/model.md#attnres-schedule): `blocks` holds the embedding and the completed block
-  // sums; `prefix` the running sum of sublayer outputs of the open block.
-  Tensors blocks(state.begin(), state.end() - 1);
-  const auto S = static_cast<size_t>(c_.attn_res_block_size);
-  auto with = [&](const Tensor& last) {
-    Tensors sources = blocks;
-    sources.push_back(last);
-    return sources;
-  };
-  for (auto l = static_cast<size_t>(first); l < static_cast<size_t>(end); ++l) {
-    const Layer& L = *layers_[l];
-    Tensor prefix = hidden, x = hidden;
-    if (!blocks.empty()) x = res(with(prefix), L.attn_res_proj, L.attn_res_norm);
-    if (l % S == 0) {
-      blocks.push_back(prefix);
-      prefix = Tensor();
-    }
-    Tensor a = mixer(l, x, L.input_layernorm);
-    prefix = prefix.defined() ? add(prefix, a) : a;
-    x = res(with(prefix), L.mlp_res_proj, L.mlp_res_norm);
-    hidden = add(prefix, ffn(l, x));
-  }
-  blocks.push_back(hidden);
-  return blocks;
+  return state;
 }
 
 Tensor HybridModel::head(const Tensors& state) {
@@ -337,8 +299,7 @@ StageOutput HybridModel::stage_forward(const Tensor& ids, const Tensors& inputs,
   StageOutput out;
   // The MoE layers' aux losses added one by one after the cross-entropy, as loss() adds them.
   auto add_aux = [&](Tensor l) {
-    for (MoeLayer* m : moe_layers())
-      if (m->aux_loss().defined()) l = l.defined() ? add(l, m->aux_loss().to(l.dtype())) : m->aux_loss();
+    for (const Tensor& aux : aux_losses_) l = l.defined() ? add(l, aux.to(l.dtype())) : aux;
     return l;
   };
   if (!stage_.last()) {
@@ -367,8 +328,7 @@ Tensor HybridModel::forward_padded(const Tensor& ids, bool training) { return ru
 
 Tensor HybridModel::loss(const Tensor& ids, const Tensor& targets, bool training) {
   Tensor l = LanguageModel::loss(ids, targets, training);
-  for (MoeLayer* m : moe_layers())
-    if (m->aux_loss().defined()) l = add(l, m->aux_loss().to(l.dtype()));
+  for (const Tensor& aux : aux_losses_) l = add(l, aux.to(l.dtype()));
   return l;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "nn/ffn.h"
+#include "nn/hybrid_layer.h"
 #include "nn/kda_layer.h"
 #include "nn/language_model.h"
 #include "nn/mixer.h"
@@ -52,6 +53,9 @@ struct HybridConfig {
   double init_std = 0.02;
   double embed_init_std = 1.0;
   DType dtype = DType::f32;
+  // train.activation_checkpointing: each layer's activations recomputed in backward
+  // (docs/training.md#activation-recomputation); the gradients are those without, bit for bit.
+  bool recompute = false;
 
   int64_t n_layer() const { return static_cast<int64_t>(mixers.size()); }
   int64_t padded_vocab_size() const { return (vocab_size + vocab_pad_multiple - 1) / vocab_pad_multiple * vocab_pad_multiple; }
@@ -136,7 +140,6 @@ class HybridModel : public LanguageModel {
   std::unique_ptr<HfAdapter> hf_adapter() const override;  // nn/hybrid_hf.cpp
 
  private:
-  struct Layer;
   Tensor run(const Tensor& ids, DecodeCache* cache, bool training);
   // Layers [first, end) on the state (AttnRes block sums then the open block's
   // running sum; or the residual stream): the state after them.
@@ -148,7 +151,9 @@ class HybridModel : public LanguageModel {
   HybridConfig c_;
   ParamFactory factory_;
   Tensor embed_tokens_, norm_, lm_head_, out_res_proj_, out_res_norm_;
-  std::vector<std::unique_ptr<Layer>> layers_;  // all n_layer; only [layers_range_) have tensors
+  std::vector<std::unique_ptr<HybridLayer>> layers_;  // all n_layer; only [layers_range_) have tensors
+  std::unique_ptr<ResidualStream> stream_;             // PlainResidual or BlockAttnRes
+  Tensors aux_losses_;  // the MoE layers' auxiliary losses of the last forward, in layer order
   PipelineStage stage_;
   StageLayers layers_range_;
 };

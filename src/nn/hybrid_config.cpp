@@ -109,6 +109,7 @@ HybridConfig HybridConfig::from(const Config& config) {
   c.embed_init_std = config.get_number("model.embed_init_std");
   // bf16 (mixed precision) builds the model in f32; the trainer converts it (docs/cuda.md).
   c.dtype = config.get_string("train.dtype") == "f64" ? DType::f64 : DType::f32;
+  c.recompute = config.get_bool("train.activation_checkpointing");
   return c;
 }
 

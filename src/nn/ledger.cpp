@@ -376,9 +376,6 @@ std::string count(double n) {  // 6.2B, 350M
 // What the trainer cannot run yet of what the ledger was asked to count.
 std::vector<std::string> trainer_notes(const Ledger& l) {
   std::vector<std::string> notes;
-  if (l.recompute && l.arch == "hybrid")
-    notes.push_back("note: train.activation_checkpointing is not implemented for model.arch hybrid yet (training "
-                    "refuses it); the recomputing numbers say what it would take\n");
   if (l.layout.pp > 1 && l.arch != "hybrid")
     notes.push_back(fmt::format("note: train.pp runs model.arch hybrid only; the {} stages here are an estimate\n",
                                 l.arch));

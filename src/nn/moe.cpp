@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "autograd/engine.h"
 #include "comm/communicator.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/linalg.h"
@@ -138,7 +139,9 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
           ? static_cast<int64_t>(std::ceil(c_.capacity_factor * static_cast<double>(N * k) / static_cast<double>(E)))
           : 0;
   const ExpertPlan plan = plan_experts(r.experts, E, capacity);
-  if (training) {  // the bias update and the metrics count training assignments only
+  // The bias update and the metrics count training assignments only, once: not
+  // again when activation recomputation runs the layer a second time in backward.
+  if (training && !autograd::recomputing()) {
     for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[e] += static_cast<double>(plan.counts[e]);
     stats_.dropped += plan.dropped;
   }
@@ -153,7 +156,7 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
     y = linear(y, up_proj);
   }
   if (shared) y = add(y, shared_y);
-  aux_loss_ = training ? router.aux_loss(r, B, T) : Tensor();
+  aux_loss_ = training ? router.aux_loss(r, B, T) : Tensor();  // recomputed: the same value, now with its graph
   if (routing) *routing = std::move(r);
   return reshape(y, {B, T, D});
 }

@@ -225,9 +225,6 @@ std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard sha
   check_model_fits(config, shard);
   const auto seed = static_cast<uint64_t>(config.get_int("train.seed"));
   if (config.get_string("model.arch") == "hybrid") {
-    MT_CHECK(!config.get_bool("train.activation_checkpointing"),
-             "{}: train.activation_checkpointing is not supported by model.arch hybrid yet",
-             config.where("train.activation_checkpointing"));
     auto model = std::make_unique<HybridModel>(HybridConfig::from(config), seed, true, shard, stage);
     std::string init = config.get_string("model.init_from");
     if (!init.empty()) {
