@@ -218,7 +218,8 @@ Tensors HybridModel::run_layers(Tensors state, int64_t first, int64_t end, Decod
     // except after the range's last layer (the final norm or the next stage takes the
     // sum) and at recomputed layers' boundaries, where the state is one tensor
     // (add_rms_norm is add then rms_norm, bit for bit, docs/training.md#activation-recomputation).
-    if (!c_.attn_res && !recompute && l + 1 < end) call.next_input_norm = layers_[static_cast<size_t>(l) + 1]->input_layernorm;
+    if (!c_.attn_res && !recompute && l + 1 < end)
+      call.next_input_norm = layers_[static_cast<size_t>(l) + 1]->input_layernorm;
     LayerOutput out;
     if (recompute) {
       const ResidualStream* stream = stream_.get();

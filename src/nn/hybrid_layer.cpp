@@ -47,6 +47,7 @@ LayerOutput PlainResidual::layer(const HybridLayer& L, const Tensors& state, con
   LayerOutput out;
   out.aux_loss = aux_of(L);
   if (call.next_input_norm.defined()) {
+    profile::Region region(L.ffn->component());
     ResidualNorm next = add_rms_norm(h.sum, f, call.next_input_norm, call.eps);
     out.made = {next.sum, next.normed};
   } else {
