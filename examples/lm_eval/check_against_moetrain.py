@@ -9,14 +9,15 @@ LM_EVAL_OUTPUT_DIR is lm_eval's --output_path of a run with --log_samples on EXP
 sample, the same tokens go through `moetrain eval --checkpoint EXPORT_DIR`, one token shard
 per sequence and one window per shard (window i predicts tokens 1..T from 0..T-1):
 
-  loglikelihood_rolling (shakespeare_ppl): the shard is [prefix] + tokens(doc) with
-    T = len(tokens(doc)), so loss * T = -log p(doc | prefix): lm-eval's value for a doc
-    shorter than its max_length (one rolling window; longer docs are refused here);
-  loglikelihood (shakespeare_next_line): with lm-eval's split of context and continuation
-    (trailing whitespace of the context moves to the continuation, both encoded as lm-eval's
-    HF backend does: tokenizer.encode with its default special tokens, or add_bos_token's
-    choice), log p(continuation | context) = S(context) - S(context + continuation), S(x)
-    the summed loss of `moetrain eval` on x with T = len(x) - 1.
+  log p(continuation | context) = S(context) - S(context + continuation), S(x) the summed
+  loss of `moetrain eval` on x with T = len(x) - 1 (0 for one token), with
+  loglikelihood_rolling (shakespeare_ppl): lm-eval's rolling windows of the doc's tokens
+    (lm_eval.utils.get_rolling_token_windows, made disjoint, as its HF backend does): the
+    first is [prefix] -> tokens[:max_length], then windows of max_length tokens; summed;
+  loglikelihood (shakespeare_next_line): lm-eval's split of context and continuation
+    (trailing whitespace of the context moves to the continuation).
+Tokens as lm-eval's HF backend encodes: tokenizer.encode with its default special tokens, or
+model_args' add_bos_token choice.
 
 The prefix token is lm-eval's: model_args' prefix_token_id, else the tokenizer's bos, else
 its eos. Tolerance: each log-likelihood within 1e-5 relative of the summed magnitudes
@@ -111,6 +112,7 @@ def main(argv):
     stamp = os.path.basename(results_path)[len("results_"):-len(".json")]
     folder = os.path.dirname(results_path)
 
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(export, trust_remote_code=True)  # as lm-eval loads it
     margs = parse_model_args(results.get("config", {}).get("model_args"))
@@ -146,12 +148,15 @@ def main(argv):
         for s in ppl:
             text = s["doc"]["text"]
             ll_lm = float(s["filtered_resps"][0])
-            ids = encode(text)
-            if len(ids) + 1 > max_length:
-                die(2, "doc %d has %d tokens: more than one rolling window of %d" % (s["doc_id"], len(ids), max_length))
-            ll_mt = -mt.summed_loss([prefix] + ids)
-            worst = max(worst, abs(ll_lm - ll_mt) / abs(ll_mt))
-            if not close(ll_lm, ll_mt, abs(ll_mt)):
+            ll_mt, scale = 0.0, 0.0
+            # lm-eval's own rolling windows (one for a doc shorter than max_length)
+            for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(
+                    token_list=encode(text), prefix_token=prefix, max_seq_len=max_length, context_len=1)):
+                s_ctx, s_whole = mt.summed_loss(ctx), mt.summed_loss(ctx + cont)
+                ll_mt += s_ctx - s_whole
+                scale += abs(s_ctx) + abs(s_whole)
+            worst = max(worst, abs(ll_lm - ll_mt) / scale)
+            if not close(ll_lm, ll_mt, scale):
                 failures.append("shakespeare_ppl doc %d: lm-eval %.9g, moetrain %.9g" % (s["doc_id"], ll_lm, ll_mt))
             sum_ll_lm += ll_lm
             sum_ll_mt += ll_mt
