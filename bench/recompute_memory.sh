@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Peak RSS and step time of hybrid training with and without activation recomputation
-# (train.activation_checkpointing), against `moetrain ledger`'s memory per rank, on
+# Peak RSS and step time of hybrid training without activation recomputation, with
+# whole layers recomputed (train.activation_checkpointing) and with the selective
+# modules (train.recompute_modules=act,experts), against `moetrain ledger`'s memory per rank, on
 # k3-small (one process) and k3-topology-mini (mpirun -np 4, ep 4): the numbers of
 # docs/performance.md#activation-recomputation. Peak RSS is the trainer's own line
 # "memory per rank: peak RSS ... peak / predicted = R" (src/train/trainer.cpp: the
@@ -21,10 +22,13 @@ MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self
 
 run() {  # name config np data
   local name=$1 config=$2 np=$3 data=$4
-  for mode in false true; do
+  for mode in none full selective; do
+    local recompute="--set train.activation_checkpointing=false"
+    [ "$mode" = full ] && recompute="--set train.activation_checkpointing=true"
+    [ "$mode" = selective ] && recompute="--set train.recompute_modules=act,experts"
     local sets="--set data.train=$data/train_*.bin --set data.val= --set train.max_steps=$STEPS --set train.eval_every=0
       --set train.sample_every=0 --set train.log_every=1 --set ckpt.every=0 --set run.dir=$WORK/run_${name}_$mode
-      --set train.activation_checkpointing=$mode"
+      $recompute"
     local launch=()
     [ "$np" -gt 1 ] && launch=($MPIRUN -np "$np" -x OMP_NUM_THREADS=$((2 / np > 0 ? 2 / np : 1)))
     # shellcheck disable=SC2086
@@ -33,7 +37,7 @@ run() {  # name config np data
     memory=$(grep -o "memory per rank: peak RSS .*" "$WORK/log" | sed 's/memory per rank: //')
     step_ms=$(grep -o "| [0-9]* ms |" "$WORK/log" | awk '{print $2}' | tail -n +2 | sort -n |
       awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
-    printf "%-17s recompute %-5s step %6s ms  %s\n" "$name" "$mode" "$step_ms" "$memory"
+    printf "%-17s recompute %-9s step %6s ms  %s\n" "$name" "$mode" "$step_ms" "$memory"
   done
 }
 

@@ -196,6 +196,7 @@ std::vector<KeySpec> make_schema() {
     choice ("train.device",         "cpu",   {"cpu", "cuda"}, "where the model trains: cpu, or cuda (the GPU local_rank % GPUs of the node; needs a CUDA build and the model's ops on CUDA)"),
     boolean("train.tf32",           "false", "cuda: f32 matrix products may use TF32 tensor cores (10-bit mantissa products), the chunked KDA's state products included (those also in bf16 runs)"),
     boolean("train.activation_checkpointing", "false",     "recompute each block's activations in backward instead of storing them"),
+    string ("train.recompute_modules", "''", "hybrid: selective recomputation, a comma list of act (the SiTU-GLU/SwiGLU output of dense FFNs, shared and routed experts, recomputed with the down-projection) and experts (the routed experts' whole MLPs); docs/training.md#activation-recomputation"),
     boolean("train.profile",        "false", "time each component (mixers, MoE, AttnRes, embedding/head, optimizer, ...) from the second step on and print a table per step at the end"),
 
     // run: where a run's outputs go.

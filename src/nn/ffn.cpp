@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "autograd/engine.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/linalg.h"
 #include "ops/situ/situ.h"
@@ -18,18 +19,25 @@ DenseFfn::DenseFfn(const FfnConfig& c, ParamFactory& f, const std::string& p, co
 }
 
 Tensor DenseFfn::forward(const Tensor& x) const {
-  switch (c_.kind) {
-    case FfnKind::situ_glu: {
-      std::optional<double> lambda;
-      if (c_.situ_linear_beta > 0) lambda = c_.situ_linear_beta;
-      Tensor a = beta.defined() ? situ_glu(linear(x, gate_proj), linear(x, up_proj), beta, lambda)
-                                : situ_glu(linear(x, gate_proj), linear(x, up_proj), c_.situ_beta, lambda);
-      return linear(a, down_proj);
+  // The activation and the down-projection on [gate, up] (gelu: [up]); under
+  // recompute_act one checkpoint() around them, so the activation is not kept.
+  auto act_down = [this](const Tensors& in) {
+    Tensor a;
+    switch (c_.kind) {
+      case FfnKind::situ_glu: {
+        std::optional<double> lambda;
+        if (c_.situ_linear_beta > 0) lambda = c_.situ_linear_beta;
+        a = beta.defined() ? situ_glu(in[0], in[1], beta, lambda) : situ_glu(in[0], in[1], c_.situ_beta, lambda);
+        break;
+      }
+      case FfnKind::swiglu: a = mul(silu(in[0]), in[1]); break;
+      case FfnKind::gelu: a = gelu_tanh(in[0]); break;
     }
-    case FfnKind::swiglu: return linear(mul(silu(linear(x, gate_proj)), linear(x, up_proj)), down_proj);
-    case FfnKind::gelu: return linear(gelu_tanh(linear(x, up_proj)), down_proj);
-  }
-  return Tensor();
+    return Tensors{linear(a, down_proj)};
+  };
+  const Tensors in = c_.kind == FfnKind::gelu ? Tensors{linear(x, up_proj)}
+                                               : Tensors{linear(x, gate_proj), linear(x, up_proj)};
+  return (c_.recompute_act ? checkpoint(act_down, in) : act_down(in))[0];
 }
 
 FfnKind parse_ffn_kind(const std::string& name) {

@@ -22,6 +22,9 @@ struct FfnConfig {
   double situ_linear_beta = 25.0;  // 0: no cap on `up`
   bool situ_learnable_beta = false;
   double init_std = 0.02;
+  // train.recompute_modules act: the activation and the down-projection run again in
+  // backward, so the F-wide activation is not kept (docs/training.md#activation-recomputation).
+  bool recompute_act = false;
 };
 
 // The FFN sublayer of a decoder layer: a dense MLP (below) or an MoE layer (nn/moe.h).

@@ -440,11 +440,16 @@ double HybridModel::activation_bytes_per_token(bool mixed_precision, int64_t fir
   const double E = static_cast<double>(m.num_experts), k = static_cast<double>(m.top_k);
   const double Fe = static_cast<double>(m.expert_d_ff);
   const double W = static_cast<double>(m.latent_dim > 0 ? m.latent_dim : c_.d_model);
+  // Selective recomputation keeps no activation (train.recompute_modules act: one F
+  // of the three) or nothing of a routed expert's hidden (experts).
+  const double hidden = c_.ffn.recompute_act ? 2.0 : 3.0;
+  const double expert_hidden = m.recompute_experts ? 0.0 : hidden;
   for (int64_t l = first; l < end; ++l) {
-    wide += 16.0 * D + 3.0 * F;
+    wide += 16.0 * D + hidden * F;
     kept_f32 += 12.0 * P;
     if (c_.is_moe_layer(l)) {
-      wide += k * (5.0 * W + 3.0 * Fe) + 4.0 * W + D + 3.0 * Fe * static_cast<double>(m.num_shared_experts) - 3.0 * F;
+      wide += k * (5.0 * W + expert_hidden * Fe) + 4.0 * W + D +
+              hidden * Fe * static_cast<double>(m.num_shared_experts) - hidden * F;
       kept_f32 += E;
     }
   }

@@ -96,16 +96,25 @@ MoeLayer::MoeLayer(const MoeConfig& c, int64_t D, const FfnConfig& ffn, double i
 }
 
 Tensor MoeLayer::experts_forward(const Tensor& z, const std::vector<int64_t>& counts) const {
-  Tensor g = grouped_linear(z, w1, counts), u = grouped_linear(z, w3, counts);
-  Tensor h;
-  if (ffn_.kind == FfnKind::situ_glu) {
-    std::optional<double> lambda;
-    if (ffn_.situ_linear_beta > 0) lambda = ffn_.situ_linear_beta;
-    h = situ_glu(g, u, ffn_.situ_beta, lambda);
-  } else {
-    h = mul(silu(g), u);
-  }
-  return grouped_linear(h, w2, counts);
+  // Activation recomputation (docs/training.md#activation-recomputation): `experts`
+  // runs all of this again in backward (only the rows in and out are kept); `act`
+  // the activation and the down-projection (gate and up outputs kept).
+  auto act_down = [this, counts](const Tensors& gu) {
+    Tensor h;
+    if (ffn_.kind == FfnKind::situ_glu) {
+      std::optional<double> lambda;
+      if (ffn_.situ_linear_beta > 0) lambda = ffn_.situ_linear_beta;
+      h = situ_glu(gu[0], gu[1], ffn_.situ_beta, lambda);
+    } else {
+      h = mul(silu(gu[0]), gu[1]);
+    }
+    return Tensors{grouped_linear(h, w2, counts)};
+  };
+  auto mlp = [this, counts, act_down](const Tensors& rows) {
+    const Tensors gu{grouped_linear(rows[0], w1, counts), grouped_linear(rows[0], w3, counts)};
+    return !c_.recompute_experts && ffn_.recompute_act ? checkpoint(act_down, gu) : act_down(gu);
+  };
+  return (c_.recompute_experts ? checkpoint(mlp, {z}) : mlp({z}))[0];
 }
 
 void MoeLayer::set_expert_group(comm::Communicator* group) {

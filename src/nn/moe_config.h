@@ -26,6 +26,9 @@ struct MoeConfig {
   double aux_loss_weight = 0.0;         // α of the sequence-wise balance loss
   double z_loss_weight = 0.0;           // router z-loss
   double capacity_factor = 0.0;         // 0: dropless
+  // train.recompute_modules experts: each routed expert's MLP (gate, up, activation,
+  // down) runs again in backward; only its input and output rows are kept.
+  bool recompute_experts = false;
 };
 
 RouterScore parse_router_score(const std::string& name);

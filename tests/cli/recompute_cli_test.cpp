@@ -1,5 +1,6 @@
-// train.activation_checkpointing on the hybrid model end to end (docs/training.md#activation-recomputation):
-// the same layout with and without recomputation gives the same metrics history bit for bit
+// train.activation_checkpointing and train.recompute_modules on the hybrid model end to end
+// (docs/training.md#activation-recomputation): the same layout with and without recomputation
+// (whole layers; the act and experts modules) gives the same metrics history bit for bit
 // (losses, gradient norms, MoE load, max logits: everything but the timings), on one process
 // and under mpirun at pp 2 x ep 2 and pp 2 x dp 2 x ep 2 (the reductions run in the same
 // order in both runs of a layout, so bitwise equality is what the code guarantees).
@@ -37,9 +38,26 @@ TEST_CASE("cli: hybrid training with layers recomputed equals training that stor
       auto again = job.train(l.np, "again" + tag, layout + " --set train.activation_checkpointing=true");
       INFO(again.output);
       REQUIRE(again.code == 0);
+      auto selective = job.train(l.np, "selective" + tag, layout + " --set train.recompute_modules=act,experts");
+      INFO(selective.output);
+      REQUIRE(selective.code == 0);
       const string want = metrics_history(job.dir + "/stored" + tag);
       REQUIRE(want.find("\"loss\"") != string::npos);
       CHECK(metrics_history(job.dir + "/again" + tag) == want);
+      CHECK(metrics_history(job.dir + "/selective" + tag) == want);
     }
   }
+}
+
+TEST_CASE("cli: train.recompute_modules refuses names it does not know and GPT-2, naming the key", "[cli]") {
+  TinyK3Runs job(1, 0, 1);
+  auto bad = job.train(1, "bad", "--set train.recompute_modules=act,norms");
+  CHECK(bad.code == 2);
+  CHECK(bad.output.find("train.recompute_modules") != string::npos);
+  CHECK(bad.output.find("'norms' is not a module") != string::npos);
+  auto gpt2 = moetrain::testing::run_moetrain(moetrain::testing::tiny_gpt2_train_args(job.dir, job.dir + "/gpt2", 1) +
+                                              " --set train.recompute_modules=act");
+  CHECK(gpt2.code == 2);
+  CHECK(gpt2.output.find("train.recompute_modules") != string::npos);
+  CHECK(gpt2.output.find("GPT-2 recomputes whole blocks") != string::npos);
 }

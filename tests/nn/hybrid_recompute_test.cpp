@@ -21,9 +21,16 @@ struct RecomputeRun {
   std::vector<int64_t> dropped;
 };
 
+// What is recomputed: whole layers and/or the modules of train.recompute_modules.
+struct Recompute {
+  bool layers = false, act = false, experts = false;
+};
+
 // Two micro-batches' gradients accumulated (as the trainer does), then the statistics.
-RecomputeRun recompute_run(HybridConfig c, bool recompute) {
-  c.recompute = recompute;
+RecomputeRun recompute_run(HybridConfig c, Recompute r) {
+  c.recompute = r.layers;
+  c.ffn.recompute_act = r.act;
+  c.moe.recompute_experts = r.experts;
   HybridModel model(c, 17);
   RecomputeRun run;
   for (uint64_t micro = 0; micro < 2; ++micro) {
@@ -67,9 +74,15 @@ TEST_CASE("hybrid recompute: loss, gradients and MoE statistics equal the stored
             c.moe.z_loss_weight = 0.01;
             c.moe.capacity_factor = 1.0;  // drops: counted once
           }
-          const RecomputeRun stored = recompute_run(c, false), again = recompute_run(c, true);
+          const RecomputeRun stored = recompute_run(c, {});
           HybridModel names(c, 17);
-          check_same(stored, again, names);
+          // Whole layers, each selective module, both, and both inside recomputed layers.
+          for (Recompute r : {Recompute{true, false, false}, Recompute{false, true, false},
+                              Recompute{false, false, true}, Recompute{false, true, true},
+                              Recompute{true, true, true}}) {
+            INFO("layers " << r.layers << " act " << r.act << " experts " << r.experts);
+            check_same(stored, recompute_run(c, r), names);
+          }
           // The statistics are real counts: every assignment of both micro-batches (2 x 2 x 9 tokens, top 2).
           double assigned = 0;
           for (size_t i = 0; i < stored.tokens_per_expert.size(); ++i) {
@@ -88,9 +101,9 @@ TEST_CASE("hybrid recompute: the aux loss is in the loss and its gradient reache
   // Without the aux loss the router gradient differs: the recomputed run does not drop it.
   HybridConfig c = tiny_hybrid(DType::f64);
   c.moe.aux_loss_weight = 0.5;
-  const RecomputeRun with = recompute_run(c, true);
+  const RecomputeRun with = recompute_run(c, {true, false, false});
   c.moe.aux_loss_weight = 0.0;
-  const RecomputeRun without = recompute_run(c, true);
+  const RecomputeRun without = recompute_run(c, {true, false, false});
   CHECK(with.loss.item<double>() > without.loss.item<double>());
   HybridModel names(c, 17);
   bool router_differs = false;
@@ -106,9 +119,31 @@ TEST_CASE("hybrid recompute: evaluation and decoding run without checkpoints and
   HybridConfig c = tiny_hybrid(DType::f64);
   HybridModel stored(c, 5);
   c.recompute = true;
+  c.ffn.recompute_act = true;
+  c.moe.recompute_experts = true;
   HybridModel again(c, 5);
   const Tensor ids = random_ids(1, 6, c.vocab_size, 2);
   CHECK(moetrain::testing::bitwise_equal(stored.forward(ids, false), again.forward(ids, false)));
   std::unique_ptr<DecodeCache> a = stored.new_cache(), b = again.new_cache();
   CHECK(moetrain::testing::bitwise_equal(stored.forward_cached(ids, *a), again.forward_cached(ids, *b)));
+}
+
+TEST_CASE("hybrid recompute: the ledger's activations shrink by what each module no longer keeps",
+          "[nn][hybrid][recompute]") {
+  // Per token and layer (f64, no head): act keeps 2 of the 3 F-wide hidden tensors of
+  // the dense FFN, the shared experts and each routed slot; experts none of the routed slots'.
+  HybridConfig c = tiny_hybrid(DType::f64);
+  const double F = static_cast<double>(c.ffn.d_ff), Fe = static_cast<double>(c.moe.expert_d_ff);
+  const double k = static_cast<double>(c.moe.top_k), shared = static_cast<double>(c.moe.num_shared_experts);
+  auto bytes = [&](bool act, bool experts, int64_t layer) {
+    HybridConfig x = c;
+    x.ffn.recompute_act = act;
+    x.moe.recompute_experts = experts;
+    return HybridModel(x, 1, false).activation_bytes_per_token(false, layer, layer + 1, false);
+  };
+  const int64_t dense = 0, moe = 3;  // tiny_hybrid: MoE from layer 2
+  CHECK(bytes(false, false, dense) - bytes(true, false, dense) == Approx(8.0 * F));
+  CHECK(bytes(false, false, moe) - bytes(true, false, moe) == Approx(8.0 * (k * Fe + shared * Fe)));
+  CHECK(bytes(false, false, moe) - bytes(false, true, moe) == Approx(8.0 * 3.0 * k * Fe));
+  CHECK(bytes(false, false, moe) - bytes(true, true, moe) == Approx(8.0 * (3.0 * k * Fe + shared * Fe)));
 }
