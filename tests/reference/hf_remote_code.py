@@ -392,6 +392,7 @@ def main(argv):
     only = argv[3:]
     os.makedirs(WORK, exist_ok=True)
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # loading 52 shards draws one otherwise
     torch.set_num_threads(1)
     print("transformers %s, torch %s" % (transformers.__version__, torch.__version__))
     tokens = make_data()
