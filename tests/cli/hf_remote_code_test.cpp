@@ -11,7 +11,6 @@
 // from_config) read back by --init-from.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
