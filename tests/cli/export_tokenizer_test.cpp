@@ -12,10 +12,10 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli_fixtures.h"
 #include "config/config.h"
 #include "data/tokenizer.h"
 #include "moetrain.h"
-#include "cli_fixtures.h"
 #include "testing.h"
 #include "train/model_source.h"
 

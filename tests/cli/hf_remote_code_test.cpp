@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/export.h"
+#include "cli_fixtures.h"
 #include "config/config.h"
 #include "moetrain.h"
-#include "cli_fixtures.h"
 #include "testing.h"
 #include "train/model_source.h"
 
