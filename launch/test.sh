@@ -55,8 +55,8 @@ fi
 # and transformers in one Python. PyPI's torch is a CUDA build (5.6 GB with its nvidia-* wheels, and
 # it does not import without them), so: Debian's torch 1.13 (launch/setup.sh's python3-torch, with
 # numpy, PyYAML, requests and packaging) seen through a venv with --system-site-packages, plus
-# transformers 4.47.1, the last release that runs on torch 1.x, and its pure-Python dependencies,
-# pinned (--no-deps: 14 MB of wheels; about 15 s). Kept in build/ so later runs reuse it. Without
+# transformers 4.47.1, the last release that accepts torch 1.x (4.48 declares torch >= 2.0), and
+# its pure-Python dependencies, pinned (--no-deps: 14 MB of wheels; about 18 s). Kept in build/ so later runs reuse it. Without
 # PyPI the comparisons skip, with one line each. MOETRAIN_HF_PYTHON set beforehand (a Python with
 # transformers 5, e.g. /work/.venv-hf/bin/python) is used as it is.
 if [[ -z "${MOETRAIN_HF_PYTHON:-}" ]]; then
