@@ -50,6 +50,32 @@ if [[ -z "${MOETRAIN_TOKENIZERS_PYTHON:-}" ]]; then
   fi
 fi
 
+# The comparisons with Hugging Face transformers (tests/cli/hf_remote_code_test.cpp,
+# hf_roundtrip_test.cpp, export_tokenizer_test.cpp; docs/export.md#transformers-in-ci) need torch
+# and transformers in one Python. PyPI's torch is a CUDA build (5.6 GB with its nvidia-* wheels, and
+# it does not import without them), so: Debian's torch 1.13 (launch/setup.sh's python3-torch, with
+# numpy, PyYAML, requests and packaging) seen through a venv with --system-site-packages, plus
+# transformers 4.47.1, the last release that accepts torch 1.x (4.48 declares torch >= 2.0), and
+# its pure-Python dependencies, pinned (--no-deps: 14 MB of wheels; about 18 s). Kept in build/ so later runs reuse it. Without
+# PyPI the comparisons skip, with one line each. MOETRAIN_HF_PYTHON set beforehand (a Python with
+# transformers 5, e.g. /work/.venv-hf/bin/python) is used as it is.
+if [[ -z "${MOETRAIN_HF_PYTHON:-}" ]]; then
+  hf_venv=$PWD/build/venv-hf-ci
+  hf_start=$(date +%s)
+  if "$hf_venv/bin/python" -c 'import torch, transformers, safetensors, tokenizers, yaml' 2>/dev/null ||
+     { rm -rf "$hf_venv" && /usr/bin/python3 -m venv --system-site-packages "$hf_venv" >"$hf_venv.log" 2>&1 &&
+       "$hf_venv/bin/pip" install -q --disable-pip-version-check --no-deps --only-binary :all: --timeout 30 \
+         "transformers==4.47.1" "tokenizers==0.21.0" "huggingface_hub==0.27.1" "safetensors==0.4.5" \
+         "tqdm==4.67.1" "filelock==3.16.1" "fsspec==2024.12.0" >>"$hf_venv.log" 2>&1 &&
+       "$hf_venv/bin/python" -c 'import torch, transformers, safetensors, tokenizers, yaml' >>"$hf_venv.log" 2>&1; }; then
+    export MOETRAIN_HF_PYTHON=$hf_venv/bin/python
+    echo "test: torch and transformers from $hf_venv ($(( $(date +%s) - hf_start )) s)"
+  else
+    echo "test: could not set up torch and transformers in $hf_venv (log: $hf_venv.log); the comparisons with" \
+         "transformers skip" >&2
+  fi
+fi
+
 echo "== tests (build/) =="
 if ! ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 900; then
   kill -- -"$asan_build" 2>/dev/null || true
@@ -65,8 +91,9 @@ if ! wait "$asan_build"; then
 fi
 # Leak checking is off: OpenBLAS and libgomp keep thread pools alive at exit.
 # [reference] (PyTorch comparisons: their time is the Python side's) ran above, and so did
-# the live tokenizer comparisons (no MOETRAIN_TOKENIZERS_PYTHON here: the committed fixtures only).
-env -u MOETRAIN_TOKENIZERS_PYTHON ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 \
+# the live tokenizer and transformers comparisons (no MOETRAIN_TOKENIZERS_PYTHON or
+# MOETRAIN_HF_PYTHON here: the committed fixtures only).
+env -u MOETRAIN_TOKENIZERS_PYTHON -u MOETRAIN_HF_PYTHON ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/moetrain_tests "~[slow]" "~[mpi]" "~[cuda]" "~[reference]"
 
 echo "== all tests passed in $(( $(date +%s) - start )) s =="

@@ -38,7 +38,10 @@ from transformers.utils import ModelOutput
 try:
     from .configuration_moetrain_hybrid import MoetrainHybridConfig
 except ImportError:  # loaded as a plain module (tests)
-    from configuration_moetrain_hybrid import MoetrainHybridConfig
+    # Not spelled `from configuration_moetrain_hybrid import ...`: transformers 4's check of a
+    # remote-code file's imports would demand a package of that name.
+    import importlib
+    MoetrainHybridConfig = importlib.import_module("configuration_moetrain_hybrid").MoetrainHybridConfig
 
 _TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
@@ -422,6 +425,13 @@ class MoetrainMLP(nn.Module):
         beta = self.situ_beta.to(x.dtype) if hasattr(self, "situ_beta") else self.beta_value
         return self.down_proj(situ_glu(self.gate_proj(x), self.up_proj(x), beta, self.linear_beta))
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # transformers 4's from_pretrained renames every tensor whose name holds "beta" to "bias"
+        # (TF-era LayerNorm names) before loading: situ_beta arrives as situ_bias.
+        if hasattr(self, "situ_beta") and prefix + "situ_bias" in state_dict and prefix + "situ_beta" not in state_dict:
+            state_dict[prefix + "situ_beta"] = state_dict.pop(prefix + "situ_bias")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
 
 class MoetrainExpert(nn.Module):
     """One routed expert on the latent (or full) width W: act(z W1^T, z W3^T) W2^T."""
@@ -598,6 +608,11 @@ class MoetrainHybridPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["MoetrainDecoderLayer"]
     # Kimi keeps these in f32 (the export does too): a bf16 load leaves them f32.
     _keep_in_fp32_modules_strict = ["e_score_correction_bias", "A_log", "dt_bias"]
+    if _TRANSFORMERS_MAJOR < 5:
+        # transformers 4 reports the learnable SiTU beta as missing and situ_bias as unexpected
+        # (its "beta" -> "bias" renaming); MoetrainMLP._load_from_state_dict loads it all the same.
+        _keys_to_ignore_on_load_missing = [r"\.mlp\.situ_beta$"]
+        _keys_to_ignore_on_load_unexpected = [r"\.mlp\.situ_bias$"]
 
     @torch.no_grad()
     def _init_weights(self, module):

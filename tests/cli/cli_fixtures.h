@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -16,6 +19,35 @@
 #include "testing.h"
 
 namespace moetrain::testing {
+
+// The Python for the comparisons with Hugging Face transformers (tests/reference/hf_*.py): the
+// first of $MOETRAIN_HF_PYTHON (launch/test.sh sets it to build/venv-hf-ci: Debian's torch 1.13
+// with transformers 4.47.1, docs/export.md#transformers-in-ci), /work/.venv-hf/bin/python (a
+// developer's PyPI torch with transformers 5) and python3 that imports torch, safetensors,
+// transformers >= 4.47 and the modules in `also` (comma-separated, e.g. "yaml"); "" when none
+// does, and the caller skips with one WARN line (kHfPythonHint says what to do). Probed once
+// per `also` in a process.
+inline std::string hf_python(const std::string& also = "") {
+  static std::map<std::string, std::string> found;  // by `also`
+  if (auto it = found.find(also); it != found.end()) return it->second;
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("MOETRAIN_HF_PYTHON"); env && *env) candidates.push_back(env);
+  candidates.push_back("/work/.venv-hf/bin/python");
+  candidates.push_back("python3");
+  const std::string probe = " -c 'import torch, safetensors, transformers" + (also.empty() ? "" : ", " + also) +
+                            "; v = transformers.__version__.split(\".\"); "
+                            "assert (int(v[0]), int(v[1])) >= (4, 47)' >/dev/null 2>&1";
+  std::string& python = found[also];
+  for (const std::string& p : candidates)
+    if ((p.find('/') == std::string::npos || std::filesystem::exists(p)) && run_command(shell_quote(p) + probe) == 0) {
+      python = p;
+      break;
+    }
+  return python;
+}
+inline constexpr const char* kHfPythonHint =
+    "set MOETRAIN_HF_PYTHON to a Python with them, or run launch/test.sh, which builds build/venv-hf-ci; "
+    "docs/export.md#transformers-in-ci";
 
 // GPT-2 at toy size on bytes: 4 steps of 2 x 16 tokens, one thread.
 inline const char* kTinyGpt2Yaml =

@@ -1,10 +1,10 @@
 // `moetrain export` writes the run's tokenizer (data.tokenizer) as tokenizer.json and
 // tokenizer_config.json (data/hf_tokenizer_files.h, docs/export.md#tokenizer-files),
 // and transformers' AutoTokenizer loaded from the export gives moetrain's ids
-// (tests/reference/hf_tokenizer_check.py; needs a Python with transformers:
-// $MOETRAIN_HF_PYTHON, else /work/.venv-hf/bin/python, else python3; else tokenizers'
-// Tokenizer.from_file with $MOETRAIN_TOKENIZERS_PYTHON, as CI has it; that part is
-// skipped with one line without either). A tokenizer that cannot be read gives one
+// (tests/reference/hf_tokenizer_check.py; needs a Python with transformers,
+// testing::hf_python in cli_fixtures.h, as CI has it in build/venv-hf-ci; else tokenizers'
+// Tokenizer.from_file with $MOETRAIN_TOKENIZERS_PYTHON; that part is skipped with one
+// line without either). A tokenizer that cannot be read gives one
 // warning and an export without tokenizer files.
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli_fixtures.h"
 #include "config/config.h"
 #include "data/tokenizer.h"
 #include "moetrain.h"
@@ -33,15 +34,10 @@ bool export_tok_python_has(const string& python, const string& modules) {
                                         "' >/dev/null 2>&1") == 0;
 }
 
-// A Python with transformers, else one with tokenizers ($MOETRAIN_TOKENIZERS_PYTHON, as
-// launch/test.sh sets it), else "".
+// A Python with transformers (testing::hf_python in cli_fixtures.h), else one with tokenizers
+// ($MOETRAIN_TOKENIZERS_PYTHON, as launch/test.sh sets it), else "".
 string export_tok_python() {
-  std::vector<string> candidates;
-  if (const char* env = std::getenv("MOETRAIN_HF_PYTHON"); env && *env) candidates.push_back(env);
-  candidates.push_back("/work/.venv-hf/bin/python");
-  candidates.push_back("python3");
-  for (const string& p : candidates)
-    if (export_tok_python_has(p, "transformers, tokenizers")) return p;
+  if (string python = moetrain::testing::hf_python("tokenizers"); !python.empty()) return python;
   if (const char* env = std::getenv("MOETRAIN_TOKENIZERS_PYTHON"); env && *env && export_tok_python_has(env, "tokenizers"))
     return env;
   return "";

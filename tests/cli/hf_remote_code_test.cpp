@@ -2,21 +2,21 @@
 // config.json's auto_map; docs/export.md#running-a-moetrain_hybrid-export-in-transformers).
 // Without Python: the files are in the export, byte for byte the repository's, with auto_map,
 // and only there (a kimi_linear export, which transformers' own class runs, has neither).
-// With transformers (tests/reference/hf_remote_code.py; $MOETRAIN_HF_PYTHON, else
-// /work/.venv-hf/bin/python, else python3; skipped with one line when none has them): every
+// With transformers (tests/reference/hf_remote_code.py; testing::hf_python in cli_fixtures.h: CI's is
+// launch/test.sh's build/venv-hf-ci; skipped with one line when there is none): every
 // shipped hybrid config (shrunk) and single-feature variant, trained 3 steps and exported,
 // loads with AutoModelForCausalLM(trust_remote_code=True) and matches `moetrain eval` to 1e-5
 // relative and `moetrain generate --temperature 0` for 100 tokens with and without its cache
 // (with capacity, with it only); bf16 and sharded exports; save_pretrained (as loaded, fine-tuned,
-// from_config) read back by --init-from. CI has no torch, so there this case only warns.
+// from_config) read back by --init-from.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/export.h"
+#include "cli_fixtures.h"
 #include "config/config.h"
 #include "moetrain.h"
 #include "testing.h"
@@ -28,22 +28,6 @@ using std::string;
 namespace fs = std::filesystem;
 
 namespace {
-
-bool remote_code_python_ok(const string& python) {
-  const string probe = moetrain::testing::shell_quote(python) +
-                       " -c 'import torch, safetensors, transformers, yaml' >/dev/null 2>&1";
-  return moetrain::testing::run_command(probe) == 0;
-}
-
-string find_remote_code_python() {
-  std::vector<string> candidates;
-  if (const char* env = std::getenv("MOETRAIN_HF_PYTHON"); env && *env) candidates.push_back(env);
-  candidates.push_back("/work/.venv-hf/bin/python");
-  candidates.push_back("python3");
-  for (const string& p : candidates)
-    if ((p.find('/') == string::npos || fs::exists(p)) && remote_code_python_ok(p)) return p;
-  return "";
-}
 
 const char* kRemoteCodeYaml = R"(model:
   arch: hybrid
@@ -108,10 +92,10 @@ TEST_CASE("hf: a moetrain_hybrid export carries the remote code and auto_map; a 
 
 TEST_CASE("hf: moetrain_hybrid exports run in transformers (remote code) with moetrain's loss and greedy text",
           "[cli][export][hf][reference]") {
-  const string python = find_remote_code_python();
+  const string python = moetrain::testing::hf_python("yaml");
   if (python.empty()) {
-    WARN("skipped: no Python with torch, transformers, safetensors and yaml (set MOETRAIN_HF_PYTHON, or pip install "
-         "torch transformers safetensors into /work/.venv-hf; docs/export.md)");
+    WARN("skipped: no Python with torch, transformers >= 4.47, safetensors and yaml ("
+         << moetrain::testing::kHfPythonHint << ")");
     return;
   }
   TempDir tmp;

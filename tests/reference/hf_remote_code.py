@@ -30,6 +30,7 @@ import struct
 import subprocess
 import sys
 
+import safetensors.torch
 import torch
 import transformers
 import yaml
@@ -41,6 +42,9 @@ T = 32         # eval window
 WINDOWS = 4    # eval windows, one batch
 PROMPT = "ROMEO: "
 NEW = 100      # greedy tokens
+# from_pretrained's dtype argument: `dtype` in transformers 5, `torch_dtype` in 4 (where
+# `dtype` would land in the config as an unserialisable attribute).
+DTYPE_ARG = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
 
 BIN = WORK = SRC = None
 WORST = {"loss": 0.0}
@@ -210,8 +214,10 @@ def hf_loss(model, tokens):
 def hf_greedy(model, use_cache):
     ids = torch.tensor([list(PROMPT.encode())])
     with torch.no_grad():
+        # synced_gpus given: left None, transformers 4 asks whether the model is FSDP-managed by
+        # importing torch.distributed.fsdp, which Debian's torch 1.13 cannot import under Python 3.11.
         out = model.generate(ids, max_new_tokens=NEW, do_sample=False, use_cache=use_cache, pad_token_id=0,
-                             eos_token_id=None)
+                             eos_token_id=None, synced_gpus=False)
     return PROMPT.encode() + bytes(out[0, ids.shape[1]:].tolist()) + b"\n"
 
 
@@ -232,11 +238,21 @@ def check_text(name, ours, theirs, what):
 
 
 def load(out, **kw):
-    model, info = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32,
-                                                       output_loading_info=True, **kw)
+    model, info = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, output_loading_info=True,
+                                                       **{DTYPE_ARG: torch.float32}, **kw)
     bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if bad:
         fail("%s: from_pretrained reports %s" % (out, bad))
+    # Every tensor of the export in the model, bit for bit (as f32): a tensor left at its
+    # initial value shows here even where the loss hardly moves (a learnable SiTU beta after
+    # 3 steps), and where transformers 4 renames it (situ_beta -> situ_bias) on the way.
+    state = model.state_dict()
+    for f in sorted(os.listdir(out)):
+        if f.endswith(".safetensors"):
+            for key, t in safetensors.torch.load_file(os.path.join(out, f)).items():
+                if key not in state or not torch.equal(state[key].float(), t.float()):
+                    fail("%s: %s of %s is %s in the loaded model" % (out, key, f, "absent" if key not in state
+                                                                     else "not the file's"))
     model.eval()
     return model
 
@@ -376,6 +392,7 @@ def main(argv):
     only = argv[3:]
     os.makedirs(WORK, exist_ok=True)
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # loading 52 shards draws one otherwise
     torch.set_num_threads(1)
     print("transformers %s, torch %s" % (transformers.__version__, torch.__version__))
     tokens = make_data()

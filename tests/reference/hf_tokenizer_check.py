@@ -9,8 +9,8 @@ the text as one document), "decoded": str (moetrain's decode of ids)}]}.
 
 AutoTokenizer.from_pretrained(EXPORT_DIR) must give, for every text: ids with
 add_special_tokens=False, document with add_special_tokens=True, decoded from
-decode(ids); and the bos/eos tokens named. Without transformers (CI installs only
-tokenizers and tiktoken, launch/test.sh), the same with tokenizers'
+decode(ids); and the bos/eos tokens named. Without transformers (CI has it:
+launch/test.sh's build/venv-hf-ci, transformers 4.47.1), the same with tokenizers'
 Tokenizer.from_file(EXPORT_DIR/tokenizer.json), bos/eos read from
 tokenizer_config.json. Prints one line per difference (at most 10) and a summary;
 exits 1 on any difference.
