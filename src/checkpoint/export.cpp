@@ -270,8 +270,9 @@ void export_model_dir_unchecked(const LanguageModel& model, const ParameterList&
   tmp.keep = true;
   const std::vector<std::string> outside = adapter->features_outside_hf();
   if (!outside.empty())
-    spdlog::info("export {}: model_type {}: transformers has no class for {} (the tensors keep Kimi's names, "
-                 "docs/export.md)", out.string(), adapter->model_type(), fmt::join(outside, ", "));
+    spdlog::info("export {}: model_type {} (for {}, which transformers' own classes lack): load it with "
+                 "trust_remote_code=True, which runs the model code written beside the weights (docs/export.md)",
+                 out.string(), adapter->model_type(), fmt::join(outside, ", "));
 }
 
 }  // namespace

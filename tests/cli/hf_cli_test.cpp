@@ -1,5 +1,5 @@
 // The Hugging Face side of the CLI (docs/export.md): `moetrain export` says when
-// transformers has no class for a model (model_type moetrain_hybrid and one line naming
+// transformers' own classes lack a model (model_type moetrain_hybrid and one line naming
 // the features), --init-from reads a kimi_linear config.json without -c (a YAML key
 // that contradicts it is an error naming the key), and GPT-2 config.json fields that
 // change the math and that moetrain does not compute exit 2 naming the field.
@@ -81,6 +81,7 @@ TEST_CASE("cli: export says moetrain_hybrid and names the features transformers'
   INFO(r.output);
   REQUIRE(r.code == 0);
   CHECK(count(r.output, "model_type moetrain_hybrid") == 1);  // one line
+  CHECK(r.output.find("trust_remote_code=True") != string::npos);  // how to load it
   for (const char* feature : {"KDA lower-bound gate", "MLA output gate", "Block AttnRes"})
     CHECK(r.output.find(feature) != string::npos);
   json cfg = json::parse(testing::read_bytes(tmp / "k3_out/config.json"));
