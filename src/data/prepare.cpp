@@ -2,6 +2,8 @@
 #include "data/prepare.h"
 
 #include <omp.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -332,6 +334,22 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
 
   std::error_code ec;
   moetrain::create_directories(o.out_dir);  // IoError naming it
+  // One prepare at a time per out_dir: two would each see no shards, then move theirs
+  // in over each other (a mix of both runs). flock on the directory itself (no file
+  // left behind), released when the process ends.
+  const int lock_fd = ::open(o.out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (lock_fd < 0) throw IoError(fmt::format("{}: cannot open the directory: {}", o.out_dir, std::strerror(errno)));
+  struct CloseLock {
+    int fd;
+    ~CloseLock() { ::close(fd); }
+  } close_lock{lock_fd};
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    MT_CHECK(err != EWOULDBLOCK, "prepare --out {}: another prepare is writing shards into it now (the directory is "
+                                 "locked); wait for it to finish or choose another --out",
+             o.out_dir);
+    throw IoError(fmt::format("{}: cannot lock the directory: {}", o.out_dir, std::strerror(err)));
+  }
   const std::vector<std::string> stale = existing_shards(o.out_dir, o.name);
   MT_CHECK(stale.empty() || o.overwrite,
            "{}: already holds {} shard(s) named {}* ({}{}); pass --overwrite to replace them, or choose another --out "

@@ -21,7 +21,8 @@
 // Ids are uint16 when the tokenizer has at most 65536 of them, uint32 (llm.c's
 // version-7 shards) otherwise: data/shard.h shard_width_for_vocab.
 //
-// Robustness. Inputs are checked before anything is written (exist, regular
+// Robustness. One prepare at a time writes into an out_dir: it holds a lock
+// (flock on the directory); a second one is an Error naming it. Inputs are checked before anything is written (exist, regular
 // files; for GPT-2 well-formed UTF-8 unless replace_invalid_utf8, see
 // data/utf8.h; the same for every tokenizer file). Shards are written into a hidden staging directory inside
 // out_dir (.prepare.tmp.<host>.<pid>) and renamed into place only after all of
