@@ -791,7 +791,7 @@ size_t BpeTokenizer::find_cut(std::string_view text, bool repair) const {
   if (!chunkable_) return 0;
   const size_t longest_raw = longest_added_[0], longest_norm = longest_added_[1];
   if (text.size() <= longest_raw + 1) return 0;
-  size_t limit = text.size() - longest_raw;
+  size_t limit = text.size() - std::max<size_t>(longest_raw, 1);  // text[limit] exists
   while (limit > 0 && static_cast<uint8_t>(text[limit]) >= 0x80) --limit;  // text[limit]: ASCII
   std::string_view raw = text.substr(0, limit);
   if (!repair) {

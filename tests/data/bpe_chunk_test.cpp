@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "data/bpe.h"
 #include "data/prepare.h"
+#include "data/tiktoken.h"
 #include "data/tokenizer.h"
 #include "data_testing.h"
 
@@ -101,6 +102,38 @@ TEST_CASE("bpe chunks: what cannot be cut is read whole", "[data][tokenizer][bpe
   CHECK(tok->find_cut("first line\n\n\nsecond line\n  " + xs, false) == 13);  // not inside "\n\n\n", nor before spaces
   // Right after an added token, in the text that follows it.
   CHECK(tok->find_cut("ab\nc<|end_of_text|>\nde" + xs, false) == 20);
+  // A match that looks ahead to the end of what has been read is not final: here "\n" alone
+  // is a match only when no capitals and a line break follow; in 50 capitals read so far
+  // none does, but the file goes on "CCC...C\nd" and then "\nCCC...C" is the match.
+  {
+    TempDir tmp;
+    write_bytes(tmp / "r.tiktoken", read_bytes(kChunkFixtures + "/llama3.tiktoken"));
+    TiktokenSettings look;
+    look.pattern = "\\n(?![A-Z]+\\n)|\\n[A-Z]+|[^\\n]+";
+    const auto ahead = make_tokenizer(tmp / "r.tiktoken", "", look);
+    const std::string whole = "ab\n" + std::string(50, 'C') + "\nd\ne";
+    CHECK(ahead->find_cut(std::string_view(whole).substr(0, 40), false) == 0);
+    const size_t p = ahead->find_cut(whole, false);  // after "C...C\n": the "\nd" match starts there
+    CHECK(p == 54);
+    std::vector<int32_t> parts = ahead->encode(whole.substr(0, p)), rest = ahead->encode(whole.substr(p));
+    parts.insert(parts.end(), rest.begin(), rest.end());
+    CHECK(parts == ahead->encode(whole));
+  }
+  // The part before a cut is matched alone too: "[a-z]+\n" is one match only when more text
+  // follows, so "ef\n" at the end of a part would be two pieces where the whole has one.
+  {
+    TempDir tmp;
+    write_bytes(tmp / "r.tiktoken", read_bytes(kChunkFixtures + "/llama3.tiktoken"));
+    TiktokenSettings end_sensitive;
+    end_sensitive.pattern = "[a-z]+\\n(?!$)|[a-z]+|\\n";
+    const auto tok2 = make_tokenizer(tmp / "r.tiktoken", "", end_sensitive);
+    const std::string whole = "ab\ncd\nef\ngh";
+    const size_t p = tok2->find_cut(whole, false);
+    CHECK(p == 0);
+    std::vector<int32_t> parts = tok2->encode(whole.substr(0, p)), rest = tok2->encode(whole.substr(p));
+    parts.insert(parts.end(), rest.begin(), rest.end());
+    CHECK(parts == tok2->encode(whole));
+  }
   // Ill-formed UTF-8 without repair: no cut after it (the part with it fails to encode, naming it).
   const std::string bad = std::string(30, 'a') + "\n" + std::string(30, 'b') + "\nc\xFF\nd\ne\n" + xs;
   CHECK(tok->find_cut(bad, false) == 31);
