@@ -18,6 +18,10 @@ namespace {
 
 using nlohmann::json;
 
+// Ids a rank file and its description may use: 2^24 (Kimi's 163,840 and o200k's 200,019
+// are far below); a larger id would size the vocabulary tables by it (an id of 2e9: 64 GB).
+constexpr int64_t kTtMaxIds = int64_t{1} << 24;
+
 // Strict base64 (RFC 4648 alphabet, '=' padding), as Python's b64decode of tiktoken's files.
 std::optional<std::string> tt_base64_decode(std::string_view s) {
   auto value = [](char c) -> int {
@@ -77,8 +81,9 @@ void tt_read_description(const std::string& path, const json& j, BpeSpec& spec, 
     const json& st = j["special_tokens"];
     if (!st.is_object()) fail("special_tokens", "is not an object of token texts to ids");
     for (const auto& [content, id] : st.items()) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 31) - 1)
-        fail("special_tokens", fmt::format("gives \"{}\" the id {}; ids are integers in [0, 2^31 - 1)", content, id.dump()));
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kTtMaxIds)
+        fail("special_tokens", fmt::format("gives \"{}\" the id {}; ids are integers in [0, {})", content, id.dump(),
+                                           kTtMaxIds));
       if (content.empty()) fail("special_tokens", "holds an empty token");
       const auto i = static_cast<int32_t>(id.get<int64_t>());
       if (static_cast<size_t>(i) < spec.tokens.size() && spec.has_token[i])
@@ -92,8 +97,9 @@ void tt_read_description(const std::string& path, const json& j, BpeSpec& spec, 
   int64_t vocab_size = max_id + 1;
   if (j.contains("vocab_size")) {
     const json& v = j["vocab_size"];
-    if (!v.is_number_integer() || v.get<int64_t>() < vocab_size || v.get<int64_t>() >= (int64_t{1} << 31) - 1)
-      fail("vocab_size", fmt::format("is {}; it must be an integer of at least {} (the largest id + 1)", v.dump(), vocab_size));
+    if (!v.is_number_integer() || v.get<int64_t>() < vocab_size || v.get<int64_t>() > kTtMaxIds)
+      fail("vocab_size", fmt::format("is {}; it must be an integer of at least {} (the largest id + 1) and at most {}",
+                                     v.dump(), vocab_size, kTtMaxIds));
     vocab_size = v.get<int64_t>();
   }
   spec.tokens.resize(static_cast<size_t>(vocab_size));
@@ -213,14 +219,14 @@ std::pair<std::string, int64_t> parse_special_token_option(const std::string& te
   const size_t eq = text.rfind('=');
   auto bad = [&]() -> void {
     MT_THROW("--special-token {}: expected NAME=ID, e.g. --special-token '<|endoftext|>=100257' (ids are integers in "
-             "[0, 2^31 - 1))",
-             text);
+             "[0, {}))",
+             text, kTtMaxIds);
   };
   if (eq == std::string::npos || eq == 0 || eq + 1 == text.size() || text.size() - eq - 1 > 10) bad();
   const std::string digits = text.substr(eq + 1);
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) bad();
   const int64_t id = std::stoll(digits);
-  if (id >= (int64_t{1} << 31) - 1) bad();
+  if (id >= kTtMaxIds) bad();
   return {text.substr(0, eq), id};
 }
 
@@ -255,6 +261,8 @@ BpeSpec read_tiktoken(const std::string& rank_path, const std::string& rank_text
     MT_CHECK(bytes.has_value() && !bytes->empty() && rank >= 0 && rank < (int64_t{1} << 31) - 1,
              "{}:{}: expected \"<token in base64> <rank>\" (a tiktoken rank file), found \"{}\"", rank_path, line_no,
              line.substr(0, 80));
+    MT_CHECK(rank < kTtMaxIds, "{}:{}: rank {}: moetrain reads ranks (ids) below {}", rank_path, line_no, rank,
+             kTtMaxIds);
     MT_CHECK(rank_of.emplace(*bytes, static_cast<int32_t>(rank)).second, "{}:{}: the token {} appears twice",
              rank_path, line_no, line.substr(0, space));
     ranked.emplace_back(std::move(*bytes), static_cast<int32_t>(rank));

@@ -141,6 +141,14 @@ TEST_CASE("tiktoken settings: hostile values are refused naming the option", "[d
   unknown_prefix.document_prefix = {"<|nope|>"};
   CHECK_THROWS_WITH(make_tokenizer(rank, "", unknown_prefix),
                     Catch::Contains("document_prefix names \"<|nope|>\", which is not in special_tokens"));
+  // Ids that would size the tables by themselves (2e9 rows: out of memory) are refused first.
+  TiktokenSettings huge = tts_settings("llama3");
+  huge.special_tokens.push_back({"<|x|>", 2'000'000'000});
+  CHECK_THROWS_WITH(make_tokenizer(rank, "", huge),
+                    Catch::Contains("gives \"<|x|>\" the id 2000000000; ids are integers in [0, 16777216)"));
+  write_bytes(tmp / "big_rank.tiktoken", read_bytes(rank) + "QUJDREVGR0g= 2000000000\n");
+  CHECK_THROWS_WITH(make_tokenizer(tmp / "big_rank.tiktoken", "", tts_settings("llama3")),
+                    Catch::Contains("big_rank.tiktoken:701: rank 2000000000: moetrain reads ranks (ids) below 16777216"));
   // Settings for a tokenizer that is no tiktoken rank file.
   CHECK_THROWS_WITH(make_tokenizer("gpt2", kGpt2Dir, tts_settings("llama3")),
                     Catch::Contains("describe a tiktoken rank file; --tokenizer is gpt2"));
@@ -148,7 +156,7 @@ TEST_CASE("tiktoken settings: hostile values are refused naming the option", "[d
                     Catch::Contains("a Hugging Face tokenizer.json carries its own pattern"));
   // --special-token's syntax.
   CHECK(parse_special_token_option("<|a=b|>=7") == std::pair<std::string, int64_t>{"<|a=b|>", 7});
-  for (const char* bad : {"<|x|>", "=5", "<|x|>=", "<|x|>=-1", "<|x|>=1e3", "<|x|>=2147483647", "<|x|>=99999999999"})
+  for (const char* bad : {"<|x|>", "=5", "<|x|>=", "<|x|>=-1", "<|x|>=1e3", "<|x|>=16777216", "<|x|>=99999999999"})
     CHECK_THROWS_WITH(parse_special_token_option(bad), Catch::Contains("--special-token") &&
                                                            Catch::Contains("expected NAME=ID"));
 }
