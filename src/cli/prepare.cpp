@@ -32,6 +32,21 @@ void add_prepare_command(CLI::App& app, Commands& commands) {
                   "gpt2, byte, or the path of a Hugging Face tokenizer.json or a tiktoken rank file (its description "
                   "<file>.json beside it) or description (docs/training.md#tokenizers)")
       ->capture_default_str();
+  auto special_tokens = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--tiktoken-pattern", options->tiktoken.pattern,
+                  "A tiktoken rank file's split pattern: a preset (" + data::tiktoken_pattern_preset_names() +
+                      ") or a regex (tiktoken's pat_str); with a description beside the file it must agree with it");
+  cmd->add_option("--special-token", *special_tokens,
+                  "A tiktoken rank file's special token NAME=ID (repeat for more); must agree with the description "
+                  "beside the file, if any")
+      ->take_all()
+      ->allow_extra_args(false);
+  cmd->add_option("--document-prefix", options->tiktoken.document_prefix,
+                  "tiktoken: the special tokens (names) before each document (repeat for more)")
+      ->allow_extra_args(false);
+  cmd->add_option("--document-suffix", options->tiktoken.document_suffix,
+                  "tiktoken: the special tokens (names) after each document (repeat for more)")
+      ->allow_extra_args(false);
   cmd->add_option("--tokenizer-dir", options->tokenizer_dir, "Directory with encoder.json and vocab.bpe (gpt2)")
       ->capture_default_str();
   cmd->add_option("--val-tokens", options->val_tokens, "Tokens for val_000000.bin (0: no val shard)")
@@ -44,9 +59,17 @@ void add_prepare_command(CLI::App& app, Commands& commands) {
       ->check(CLI::IsMember({"error", "replace"}))
       ->capture_default_str();
   cmd->add_flag("--overwrite", options->overwrite, "Replace shards of the same name already in --out");
+  cmd->add_option("--chunk-bytes", options->chunk_bytes,
+                  "Read and tokenize text files in parts of about this many bytes (memory: about 2 x threads x this); "
+                  "the shards are the same for any value")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+      ->capture_default_str();
 
-  commands.push_back({cmd, [options, invalid_utf8] {
+  commands.push_back({cmd, [options, invalid_utf8, special_tokens] {
     options->replace_invalid_utf8 = *invalid_utf8 == "replace";
+    options->tiktoken.special_tokens.clear();
+    for (const std::string& s : *special_tokens)
+      options->tiktoken.special_tokens.push_back(data::parse_special_token_option(s));
     data::PrepareSummary s = data::prepare_shards(*options);
     fmt::print("prepared {} tokens ({}) from {} document(s), {} bytes, in {:.2f} s ({} tok/s)\n", s.num_tokens,
                s.tokenizer, s.num_documents, s.num_bytes, s.seconds,

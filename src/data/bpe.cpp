@@ -317,7 +317,26 @@ SplitRegex::SplitRegex(const std::string& pattern, const std::string& where) : i
                               &error, &offset, nullptr);
   MT_CHECK(impl_->code != nullptr, "{}: the pattern does not compile in PCRE2 at offset {}: {} (pattern \"{}\")",
            where, offset, bpe_pcre2_message(error), pattern);
-  impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
+  impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD) == 0;
+  // \b, \B, \A and lookbehinds count in MAXLOOKBEHIND; ^ and \G outside a class are
+  // looked for in the text (conservatively: a false hit only costs chunked reading).
+  uint32_t lookbehind = 1;
+  pcre2_pattern_info(impl_->code, PCRE2_INFO_MAXLOOKBEHIND, &lookbehind);
+  bool anchor = false;
+  for (size_t i = 0, depth = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '\\') {
+      if (i + 1 < pattern.size() && pattern[i + 1] == 'G') anchor = true;
+      ++i;
+    } else if (pattern[i] == '[') {
+      ++depth;
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') ++i;  // a negated class
+    } else if (pattern[i] == ']' && depth > 0) {
+      --depth;
+    } else if (pattern[i] == '^' && depth == 0) {
+      anchor = true;
+    }
+  }
+  looks_behind_ = lookbehind > 0 || anchor;
 }
 
 SplitRegex::~SplitRegex() = default;
@@ -358,6 +377,43 @@ void SplitRegex::find_matches(std::string_view text, std::vector<std::pair<size_
     start = e;
     last_match_end = e;
   }
+}
+
+size_t SplitRegex::find_final_matches(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
+  out.clear();
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(impl_->code, nullptr);
+  MT_CHECK(md != nullptr, "tokenizer: out of memory for PCRE2 match data");
+  struct Free {
+    pcre2_match_data* md;
+    ~Free() { pcre2_match_data_free(md); }
+  } free_md{md};
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  const size_t n = text.size();
+  size_t start = 0;
+  std::optional<size_t> last_match_end;
+  while (start < n) {
+    int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, n, start, PCRE2_PARTIAL_HARD, md, nullptr) : -1;
+    if (!impl_->jit || rc == PCRE2_ERROR_JIT_STACKLIMIT)
+      rc = pcre2_match(impl_->code, subject, n, start, PCRE2_NO_UTF_CHECK | PCRE2_PARTIAL_HARD, md, nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) return n;
+    if (rc == PCRE2_ERROR_PARTIAL) return pcre2_get_ovector_pointer(md)[0];  // what follows decides
+    if (rc < 0) MT_THROW("tokenizer: pre-tokenisation failed at byte offset {}: {}", start, bpe_pcre2_message(rc));
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    const size_t b = ov[0], e = ov[1];
+    if (b == e && last_match_end == e) {  // as find_matches
+      size_t len = 1;
+      const auto lead = static_cast<uint8_t>(text[start]);
+      if (lead >= 0xF0) len = 4;
+      else if (lead >= 0xE0) len = 3;
+      else if (lead >= 0xC0) len = 2;
+      start += len;
+      continue;
+    }
+    out.emplace_back(b, e);
+    start = e;
+    last_match_end = e;
+  }
+  return n;
 }
 
 // ---- NFC ----------------------------------------------------------------------------
@@ -462,6 +518,16 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
     const BpeSpec::Added& a = spec_.added[k];
     MT_CHECK(!a.content.empty(), "{}: added token {} is empty", spec_.source, a.id);
     added_by_byte_[a.normalized ? 1 : 0][static_cast<uint8_t>(a.content[0])].push_back(static_cast<int32_t>(k));
+  }
+  for (const BpeSpec::Added& a : spec_.added)
+    longest_added_[a.normalized ? 1 : 0] = std::max(longest_added_[a.normalized ? 1 : 0], a.content.size());
+  if (!spec_.steps.empty()) {
+    const BpeSpec::Step& first = spec_.steps[0];
+    if (first.kind == BpeSpec::Step::Kind::split)
+      chunkable_ = (first.behavior == SplitBehavior::isolated || first.behavior == SplitBehavior::removed) &&
+                   !regexes_[0]->looks_behind();
+    else
+      chunkable_ = first.use_regex && !first.add_prefix_space && !gpt2_regex_->looks_behind();
   }
   for (auto& table : added_by_byte_)
     for (auto& list : table)
@@ -649,6 +715,141 @@ std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
     out += spec_.tokens[ids[i]];  // an id no token has (a reserved one) is empty, as HF's decode skips it
   }
   return out;
+}
+
+// Step `step` on `text` (one piece of the step before; more of it may follow when
+// `open`) cut at q: the pieces of text[0, q) and of the rest must be the whole's.
+// At a boundary of the step's matches (final ones: no later byte changes them)
+// the whole's search restarts there as the rest's does (the pattern looks at
+// nothing before its start offset), and the part before is searched alone and
+// compared. Inside a gap between matches, the same holds for the gap's start;
+// the gap is one piece (Isolated, or Removed without invert), which the next
+// steps must cut at q in turn, or dropped (Removed with invert). Inside a match
+// the rest's search would start where the whole's did not: refused.
+bool BpeTokenizer::cut_keeps_pieces(std::string_view text, size_t q, bool open, size_t step) const {
+  for (; step < spec_.steps.size(); ++step) {
+    const BpeSpec::Step& st = spec_.steps[step];
+    if (st.kind == BpeSpec::Step::Kind::byte_level && !st.use_regex) {
+      if (st.add_prefix_space) return false;  // the rest would get a space of its own
+      continue;
+    }
+    if (st.kind == BpeSpec::Step::Kind::byte_level && st.add_prefix_space) return false;
+    const SplitRegex& regex = st.kind == BpeSpec::Step::Kind::split ? *regexes_[step] : *gpt2_regex_;
+    const SplitBehavior behavior = st.kind == BpeSpec::Step::Kind::split ? st.behavior : SplitBehavior::isolated;
+    const bool invert = st.kind == BpeSpec::Step::Kind::split && st.invert;
+    if (regex.looks_behind() || (behavior != SplitBehavior::isolated && behavior != SplitBehavior::removed))
+      return false;
+    std::vector<std::pair<size_t, size_t>> matches, alone;
+    const size_t settled = open ? regex.find_final_matches(text, matches) : (regex.find_matches(text, matches), text.size());
+    // The span holding q: after `before` matches; a boundary, or inside the gap [gap_b, gap_e).
+    size_t before = 0, gap_b = 0;
+    bool boundary = q == 0, in_match = false;
+    std::optional<size_t> gap_e;
+    for (const auto& [b, e] : matches) {
+      if (e <= q) {
+        ++before;
+        gap_b = e;
+        if (e == q) boundary = true;
+        continue;
+      }
+      if (b == q) boundary = true;
+      else if (b < q) in_match = true;
+      else gap_e = b;
+      break;
+    }
+    if (in_match) return false;
+    if (!boundary && !gap_e && q >= settled) return false;  // a match may still start before q
+    regex.find_matches(text.substr(0, q), alone);
+    if (alone.size() != before || !std::equal(alone.begin(), alone.end(), matches.begin())) return false;
+    if (boundary) return true;
+    const bool gap_kept = behavior == SplitBehavior::isolated || !invert;
+    if (!gap_kept) return true;  // removed on both sides of the cut
+    open = open && !gap_e;
+    text = text.substr(gap_b, gap_e ? *gap_e - gap_b : std::string_view::npos);
+    q -= gap_b;
+  }
+  return false;  // inside a piece that BPE would see in two
+}
+
+// A cut of a document's text such that its parts encode as the whole (tokenizer.h
+// find_cut). The pipeline is followed on `text` up to a window end that more text
+// cannot change, and a cut is taken where every stage agrees:
+//   - the window ends before an ASCII byte (so NFC and U+FFFD repair of the window
+//     are a prefix of the whole's: an ASCII character is a starter that composes
+//     with nothing before it, and no ill-formed sequence contains one), and at
+//     least the longest added token before the end of `text`;
+//   - the cut is right after a '\n' of the last segment between added tokens (raw
+//     and then normalized: no added token spans it) and before an ASCII byte other
+//     than whitespace; NFC neither makes nor takes a '\n', so the k-th of the raw
+//     segment is the k-th of the normalized one;
+//   - in the normalized sub-segment, the cut is a boundary of the first step's
+//     matches that are final (find_final_matches: no later byte changes them), so
+//     the whole's search restarts there as the rest's does (the pattern does not
+//     look behind), and the matches of the part before the cut, searched alone,
+//     are exactly the whole's there (checked). Later steps work inside pieces.
+size_t BpeTokenizer::find_cut(std::string_view text, bool repair) const {
+  if (!chunkable_) return 0;
+  const size_t longest_raw = longest_added_[0], longest_norm = longest_added_[1];
+  if (text.size() <= longest_raw + 1) return 0;
+  size_t limit = text.size() - std::max<size_t>(longest_raw, 1);  // text[limit] exists
+  while (limit > 0 && static_cast<uint8_t>(text[limit]) >= 0x80) --limit;  // text[limit]: ASCII
+  std::string_view raw = text.substr(0, limit);
+  if (!repair) {
+    // Encoding fails on ill-formed UTF-8 (the part holding it says where): look before it only.
+    if (const Utf8Error e = find_invalid_utf8(raw); e.offset >= 0) {
+      limit = static_cast<size_t>(e.offset);
+      while (limit > 0 && static_cast<uint8_t>(text[limit]) >= 0x80) --limit;
+      raw = text.substr(0, limit);
+    }
+  }
+  if (raw.empty()) return 0;
+  std::string repaired;
+  if (repair) repaired = replace_invalid_utf8(raw);
+  const std::string_view work = repair ? std::string_view(repaired) : raw;  // the same '\n's as raw
+
+  // The last raw segment: after the last added token of the window.
+  std::vector<std::pair<std::string_view, int32_t>> parts;
+  split_added(work, false, parts);
+  size_t seg_begin = 0;
+  for (const auto& [part, id] : parts)
+    if (id >= 0) seg_begin = static_cast<size_t>(part.data() + part.size() - work.data());
+  if (work.size() - seg_begin <= longest_raw) return 0;
+  const std::string_view seg = work.substr(seg_begin);
+  std::string normalized_storage;
+  if (spec_.nfc) normalized_storage = nfc_normalize(seg);
+  const std::string_view norm = spec_.nfc ? std::string_view(normalized_storage) : seg;
+  // The last normalized sub-segment.
+  parts.clear();
+  split_added(norm, true, parts);
+  size_t sub_begin = 0;
+  for (const auto& [part, id] : parts)
+    if (id >= 0) sub_begin = static_cast<size_t>(part.data() + part.size() - norm.data());
+  if (norm.size() - sub_begin <= longest_norm) return 0;
+  const std::string_view sub = norm.substr(sub_begin);
+
+  // '\n' positions: the k-th of seg is the k-th of norm; in raw, count those before seg.
+  std::vector<size_t> nl_raw, nl_norm;
+  for (size_t i = 0; i < raw.size(); ++i)
+    if (raw[i] == '\n') nl_raw.push_back(i);
+  const auto before_seg = static_cast<size_t>(std::count(work.begin(), work.begin() + seg_begin, '\n'));
+  for (size_t i = 0; i < norm.size(); ++i)
+    if (norm[i] == '\n') nl_norm.push_back(i);
+  if (nl_raw.size() != before_seg + nl_norm.size()) return 0;  // cannot happen; never guess
+
+  int tries = 0;
+  for (size_t k = nl_norm.size(); k-- > 0 && tries < 8;) {
+    const size_t j = nl_norm[k] + 1;  // in norm
+    if (j < sub_begin) break;
+    if (j + longest_norm > norm.size()) continue;
+    const size_t p = nl_raw[before_seg + k] + 1;  // in text
+    if (p + longest_raw >= limit) continue;  // every added-token decision before p is final
+    const auto next = static_cast<uint8_t>(text[p]);
+    if (next >= 0x80 || next == ' ' || next == '\t' || next == '\n' || next == '\r' || next == '\v' || next == '\f')
+      continue;
+    ++tries;
+    if (j == sub_begin || cut_keeps_pieces(sub, j - sub_begin, /*open=*/true, 0)) return p;
+  }
+  return 0;
 }
 
 }  // namespace moetrain::data

@@ -61,10 +61,20 @@ class SplitRegex {
   // empty match the search resumes one character further on, and an empty
   // match right where the previous match ended is skipped.
   void find_matches(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
+  // The same for `text` that more text may follow: only the matches no later
+  // byte can change (PCRE2's hard partial matching: the search stops at the first
+  // attempt that reads the end of `text`).
+  // Returns the offset before which no match starts other than those in `out`.
+  size_t find_final_matches(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
+  // Whether a match may depend on text before the offset the search starts at
+  // (a lookbehind, \b, \B, \A, ^ or \G): then matches found in a text cut at an
+  // offset may differ from those found from that offset in the whole.
+  bool looks_behind() const { return looks_behind_; }
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  bool looks_behind_ = true;
 };
 
 // `pattern` (Oniguruma / fancy-regex syntax, as in tokenizer.json or a tiktoken
@@ -161,7 +171,11 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> eot_token() const override { return spec_.eot; }
   DocumentTokens document_tokens() const override { return {spec_.document_prefix, spec_.document_suffix}; }
   bool needs_utf8() const override { return true; }
-  bool encodes_in_chunks() const override { return false; }
+  // Whether find_cut can cut a document: the first pre-tokenizer step is a Split
+  // (Isolated or Removed) or ByteLevel with its regex and no prefix space, and its
+  // pattern looks at nothing before a match's start.
+  bool encodes_in_chunks() const override { return chunkable_; }
+  size_t find_cut(std::string_view text, bool repair) const override;
 
   // The pieces the pre-tokenizer cuts `text` into (no added tokens in it), after normalization.
   std::vector<std::string> pre_tokenize(std::string_view text) const;
@@ -170,6 +184,9 @@ class BpeTokenizer final : public Tokenizer {
   // The pre-tokenizer's pieces of normalized `text`; pieces given a prefix space live in `arena`.
   void split_pieces(std::string_view text, std::deque<std::string>& arena, std::vector<std::string_view>& pieces) const;
   void split_added(std::string_view text, bool normalized, std::vector<std::pair<std::string_view, int32_t>>& out) const;
+  // Whether cutting the pre-tokenizer's input `text` (more may follow when `open`) at
+  // `q` gives the whole's pieces, step `step` on (find_cut).
+  bool cut_keeps_pieces(std::string_view text, size_t q, bool open, size_t step) const;
 
   BpeSpec spec_;
   BpeModel model_;
@@ -177,6 +194,8 @@ class BpeTokenizer final : public Tokenizer {
   std::unique_ptr<SplitRegex> gpt2_regex_;
   // Added tokens by first byte, longest first: [raw, normalized].
   std::vector<int32_t> added_by_byte_[2][256];
+  size_t longest_added_[2] = {0, 0};  // bytes of the longest added token: [raw, normalized]
+  bool chunkable_ = false;
 };
 
 // GPT-2's bytes_to_unicode(): the character standing for each byte in a

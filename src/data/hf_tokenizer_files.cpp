@@ -2,6 +2,7 @@
 #include "data/hf_tokenizer_files.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 #include <tuple>
 
@@ -200,6 +201,75 @@ std::string hftf_spec_config(const BpeSpec& spec) {
   return hftf_config(contents(spec.document_prefix), contents(spec.document_suffix), added, eot);
 }
 
+// The token text a tokenizer_config.json gives for `key`: a string or an AddedToken
+// object ({"content": ...}); nullopt when absent or null.
+std::optional<std::string> hftf_declared_token(const std::string& file, const json& c, const char* key) {
+  if (!c.contains(key) || c[key].is_null()) return std::nullopt;
+  const json& v = c[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  MT_THROW("{}: {} is {}; expected a token's text or {{\"content\": text, ...}}", file, key, v.dump().substr(0, 80));
+}
+
+// The source's tokenizer_config.json (and chat_template.jinja) beside the tokenizer
+// file, in the Hugging Face layout: its chat_template and the bos/eos tokens it
+// declares replace those of `config` (the export's tokenizer_config.json).
+void hftf_carry_source_config(const std::string& tokenizer_path, const BpeSpec& spec, std::string& config) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(tokenizer_path).parent_path();
+  const fs::path config_path = dir / "tokenizer_config.json", jinja_path = dir / "chat_template.jinja";
+  std::error_code ec;
+  const bool have_config = fs::exists(config_path, ec), have_jinja = fs::exists(jinja_path, ec);
+  if (!have_config && !have_jinja) return;
+  ordered_json out = ordered_json::parse(config);
+  std::optional<json> chat_template;
+  if (have_config) {
+    const std::string file = config_path.string();
+    json c;
+    try {
+      c = json::parse(read_regular_file(file, "the tokenizer's tokenizer_config.json", int64_t{64} << 20));
+    } catch (const json::exception& e) {
+      MT_THROW("{}: not valid JSON ({}); expected the tokenizer's tokenizer_config.json (its chat_template and "
+               "bos/eos tokens go into the export: docs/export.md#tokenizer-files)",
+               file, e.what());
+    }
+    MT_CHECK(c.is_object(), "{}: not a JSON object; expected the tokenizer's tokenizer_config.json", file);
+    if (c.contains("chat_template") && !c["chat_template"].is_null()) {
+      const json& t = c["chat_template"];
+      bool ok = t.is_string();
+      if (t.is_array()) {
+        ok = !t.empty();
+        for (const json& item : t)
+          ok = ok && item.is_object() && item.contains("name") && item["name"].is_string() &&
+               item.contains("template") && item["template"].is_string();
+      }
+      MT_CHECK(ok, "{}: chat_template is {}; expected a Jinja template (a string) or a list of {{\"name\", "
+                   "\"template\"}} objects, as transformers reads it",
+               file, t.dump().substr(0, 80));
+      chat_template = t;
+    }
+    for (const char* key : {"bos_token", "eos_token"}) {
+      const std::optional<std::string> token = hftf_declared_token(file, c, key);
+      if (!token) continue;
+      bool known = false;
+      for (size_t id = 0; id < spec.tokens.size() && !known; ++id) known = spec.has_token[id] && spec.tokens[id] == *token;
+      MT_CHECK(known,
+               "{}: {} \"{}\" is no token of {}; transformers would add it as a new id past the model's vocabulary "
+               "(fix {} or the tokenizer)",
+               file, key, *token, tokenizer_path, key);
+      out[key] = *token;
+    }
+  }
+  if (have_jinja) {
+    const std::string jinja = read_regular_file(jinja_path.string(), "the tokenizer's chat_template.jinja", int64_t{16} << 20);
+    MT_CHECK(!chat_template || (chat_template->is_string() && chat_template->get<std::string>() == jinja),
+             "{} and the chat_template of {} differ; keep one of them", jinja_path.string(), config_path.string());
+    chat_template = jinja;
+  }
+  if (chat_template) out["chat_template"] = *chat_template;
+  config = out.dump(2) + "\n";
+}
+
 }  // namespace
 
 std::vector<HfTokenizerFile> hf_tokenizer_files(std::string_view name, const std::string& tokenizer_dir) {
@@ -209,18 +279,24 @@ std::vector<HfTokenizerFile> hf_tokenizer_files(std::string_view name, const std
   make_tokenizer(name, tokenizer_dir);  // as training reads it, or the Error naming file and field
   const std::string text = read_regular_file(path, "a tokenizer file", int64_t{1} << 30);
   const size_t first = text.find_first_not_of(" \t\r\n");
+  std::vector<HfTokenizerFile> files;
+  BpeSpec spec;
   if (first == std::string::npos || text[first] != '{') {
-    const BpeSpec spec = read_tiktoken(path, text, path + ".json");
-    return {{"tokenizer.json", hftf_tiktoken_json(spec)}, {"tokenizer_config.json", hftf_spec_config(spec)}};
+    spec = read_tiktoken(path, text, path + ".json");
+    files = {{"tokenizer.json", hftf_tiktoken_json(spec)}, {"tokenizer_config.json", hftf_spec_config(spec)}};
+  } else {
+    const json j = json::parse(text);
+    if (j.contains("model")) {
+      // The file itself: transformers reads every field moetrain does (and more).
+      spec = read_tokenizer_json(path, j);
+      files = {{"tokenizer.json", text}, {"tokenizer_config.json", hftf_spec_config(spec)}};
+    } else {
+      spec = read_tiktoken_description(path, j);
+      files = {{"tokenizer.json", hftf_tiktoken_json(spec)}, {"tokenizer_config.json", hftf_spec_config(spec)}};
+    }
   }
-  const json j = json::parse(text);
-  if (j.contains("model")) {
-    // The file itself: transformers reads every field moetrain does (and more).
-    const BpeSpec spec = read_tokenizer_json(path, j);
-    return {{"tokenizer.json", text}, {"tokenizer_config.json", hftf_spec_config(spec)}};
-  }
-  const BpeSpec spec = read_tiktoken_description(path, j);
-  return {{"tokenizer.json", hftf_tiktoken_json(spec)}, {"tokenizer_config.json", hftf_spec_config(spec)}};
+  hftf_carry_source_config(path, spec, files[1].text);
+  return files;
 }
 
 }  // namespace moetrain::data

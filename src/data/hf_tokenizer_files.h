@@ -20,7 +20,11 @@
 //                          after it (else "<|endoftext|>", "<|end_of_text|>" or
 //                          "</s>" when an added token, else the end-of-text token);
 //                          clean_up_tokenization_spaces false (decode gives the
-//                          text back).
+//                          text back). A tokenizer file with a tokenizer_config.json
+//                          (or chat_template.jinja) beside it, the Hugging Face
+//                          layout, gives its chat_template and the bos_token /
+//                          eos_token it declares (which must be tokens of the
+//                          tokenizer; an Error naming the file and field otherwise).
 //
 // Where they differ: moetrain's gpt2 reads a literal "<|endoftext|>" in text as
 // ordinary text (tiktoken's encode_ordinary); the export, like GPT-2 on the Hub,

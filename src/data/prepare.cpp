@@ -2,6 +2,8 @@
 #include "data/prepare.h"
 
 #include <omp.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,15 +43,16 @@ namespace fs = std::filesystem;
 // The staging directory in out_dir: "<prefix><host>.<pid>" (io/paths.h temp_entry_name).
 constexpr const char* kStagingPrefix = ".prepare.tmp.";
 
-// Reads a file in chunks of about chunk_bytes that end at a find_split_point,
-// so each chunk tokenizes as it would inside the whole file. A chunk grows
-// until a split point appears (or the file ends). With split false the one
-// chunk is the whole file (a tokenizer whose pieces may span any cut).
+// Reads a file in chunks of about chunk_bytes that end at the tokenizer's
+// find_cut (find_split_point without a tokenizer), so each chunk tokenizes as it
+// would inside the whole file. A chunk grows until a cut appears (or the file
+// ends). With a tokenizer that cannot be cut (encodes_in_chunks false) the one
+// chunk is the whole file.
 class ChunkReader {
  public:
-  ChunkReader(const CorpusInput& input, size_t chunk_bytes, bool split = true)
-      : path_(input.path), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)), split_(split),
-        source_(open_corpus_source(input)) {}
+  ChunkReader(const CorpusInput& input, size_t chunk_bytes, const Tokenizer* tok = nullptr, bool repair = false)
+      : path_(input.path), chunk_bytes_(std::max<size_t>(chunk_bytes, 1)), tok_(tok), repair_(repair),
+        split_(tok == nullptr || tok->encodes_in_chunks()), source_(open_corpus_source(input)) {}
 
   // The next chunk (valid until the next call) and its byte offset in the file; false at the end.
   bool next(std::string_view& chunk, int64_t& offset) {
@@ -58,21 +61,23 @@ class ChunkReader {
     taken_ = 0;
     for (;;) {
       if (!eof_) {
-        const size_t old = buf_.size();
-        buf_.resize(old + chunk_bytes_);
+        // chunk_bytes more, or as much as is held when no cut appeared in it: the
+        // search for a cut then costs a constant factor over the text, not its square.
+        const size_t old = buf_.size(), want = std::max(chunk_bytes_, old);
+        buf_.resize(old + want);
         size_t got = 0;
-        while (got < chunk_bytes_) {  // a decompressor may return less than asked before the end
-          const size_t n = source_->read(buf_.data() + old + got, chunk_bytes_ - got);
+        while (got < want) {  // a decompressor may return less than asked before the end
+          const size_t n = source_->read(buf_.data() + old + got, want - got);
           if (n == 0) break;
           got += n;
         }
         buf_.resize(old + got);
-        if (got < chunk_bytes_) eof_ = true;
+        if (got < want) eof_ = true;
       }
       if (eof_) {
         taken_ = buf_.size();
       } else {
-        taken_ = split_ ? find_split_point(buf_, buf_.size()) : 0;
+        taken_ = !split_ ? 0 : tok_ ? tok_->find_cut(buf_, repair_) : find_split_point(buf_, buf_.size());
         if (taken_ == 0) continue;  // no split point yet: read more
       }
       if (taken_ == 0) return false;
@@ -85,6 +90,8 @@ class ChunkReader {
  private:
   std::string path_;
   size_t chunk_bytes_;
+  const Tokenizer* tok_;
+  bool repair_;
   bool split_;
   std::unique_ptr<CorpusSource> source_;
   std::string buf_;
@@ -312,7 +319,7 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
   }
   MT_CHECK(o.threads >= 0, "prepare: --threads = {} must be >= 0 (0: all cores)", o.threads);
   const int threads = o.threads > 0 ? o.threads : std::max(1, omp_get_max_threads());  // moetrain --threads
-  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer, o.tokenizer_dir);
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer, o.tokenizer_dir, o.tiktoken);
   const TokenWidth width = shard_width_for_vocab(tokenizer->vocab_size());  // uint32 only where uint16 cannot hold it
   const bool needs_utf8 = tokenizer->needs_utf8();
   summary.tokenizer = tokenizer->name();
@@ -327,6 +334,22 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
 
   std::error_code ec;
   moetrain::create_directories(o.out_dir);  // IoError naming it
+  // One prepare at a time per out_dir: two would each see no shards, then move theirs
+  // in over each other (a mix of both runs). flock on the directory itself (no file
+  // left behind), released when the process ends.
+  const int lock_fd = ::open(o.out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (lock_fd < 0) throw IoError(fmt::format("{}: cannot open the directory: {}", o.out_dir, std::strerror(errno)));
+  struct CloseLock {
+    int fd;
+    ~CloseLock() { ::close(fd); }
+  } close_lock{lock_fd};
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    MT_CHECK(err != EWOULDBLOCK, "prepare --out {}: another prepare is writing shards into it now (the directory is "
+                                 "locked); wait for it to finish or choose another --out",
+             o.out_dir);
+    throw IoError(fmt::format("{}: cannot lock the directory: {}", o.out_dir, std::strerror(err)));
+  }
   const std::vector<std::string> stale = existing_shards(o.out_dir, o.name);
   MT_CHECK(stale.empty() || o.overwrite,
            "{}: already holds {} shard(s) named {}* ({}{}); pass --overwrite to replace them, or choose another --out "
@@ -393,7 +416,7 @@ PrepareSummary prepare_shards(const PrepareOptions& o) {
     };
     for (const CorpusInput& input : inputs) {
       if (input.format == CorpusFormat::text) {
-        ChunkReader reader(input, o.chunk_bytes, tokenizer->encodes_in_chunks());
+        ChunkReader reader(input, o.chunk_bytes, tokenizer.get(), needs_utf8 && o.replace_invalid_utf8);
         std::string_view chunk;
         int64_t offset = 0;
         bool first = true;

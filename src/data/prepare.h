@@ -21,7 +21,8 @@
 // Ids are uint16 when the tokenizer has at most 65536 of them, uint32 (llm.c's
 // version-7 shards) otherwise: data/shard.h shard_width_for_vocab.
 //
-// Robustness. Inputs are checked before anything is written (exist, regular
+// Robustness. One prepare at a time writes into an out_dir: it holds a lock
+// (flock on the directory); a second one is an Error naming it. Inputs are checked before anything is written (exist, regular
 // files; for GPT-2 well-formed UTF-8 unless replace_invalid_utf8, see
 // data/utf8.h; the same for every tokenizer file). Shards are written into a hidden staging directory inside
 // out_dir (.prepare.tmp.<host>.<pid>) and renamed into place only after all of
@@ -32,11 +33,14 @@
 // error unless overwrite, which then removes those not rewritten (so no stale
 // train_000007.bin from a bigger earlier run stays behind).
 //
-// Files are read in chunks cut at find_split_point (data/tokenizer.h), which
-// gives the same tokens as encoding each file whole, in bounded memory, for
-// GPT-2 and bytes. A tokenizer file's pattern may make pieces that span any
-// such cut, so with one each file is read and encoded whole (memory: a few
-// times the largest file).
+// Files are read in chunks of about chunk_bytes cut at the tokenizer's find_cut
+// (data/tokenizer.h), which gives the same tokens as encoding each file whole,
+// in bounded memory: for GPT-2 and bytes after a '\n' that follows printable
+// ASCII; for a tokenizer file (BpeTokenizer::find_cut, data/bpe.h) after a '\n'
+// where every stage of its pipeline is checked to restart. A text with no such
+// cut (no line breaks; a pattern that looks behind, a first pre-tokenizer step
+// that merges pieces or adds a prefix space) is read whole: memory a few times
+// the file.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +49,7 @@
 
 #include "data/progress.h"
 #include "data/shard.h"
+#include "data/tiktoken.h"
 
 namespace moetrain::data {
 
@@ -53,12 +58,13 @@ struct PrepareOptions {
   std::string out_dir;
   std::string tokenizer = "gpt2";     // "gpt2", "byte" or a tokenizer file (data/tokenizer.h make_tokenizer)
   std::string tokenizer_dir = "data/gpt2";
+  TiktokenSettings tiktoken;          // a rank file's description from the command line (data/tiktoken.h)
   int64_t val_tokens = 32768;
   int64_t shard_tokens = 100'000'000;
   std::string name;                   // file name prefix; "" for none
   bool replace_invalid_utf8 = false;  // false: ill-formed UTF-8 is an error naming file, offset and line
   bool overwrite = false;
-  size_t chunk_bytes = size_t{1} << 22;  // read and tokenize this much at a time (about)
+  size_t chunk_bytes = size_t{1} << 22;  // read and tokenize this much at a time (about; --chunk-bytes)
   std::string text_field = "text";       // JSONL: the field that holds the document
   int threads = 0;                       // tokenizing threads; 0: OpenMP's (moetrain --threads, else all cores)
   ProgressOptions progress;              // the progress report on stderr

@@ -18,6 +18,10 @@ namespace {
 
 using nlohmann::json;
 
+// Ids a rank file and its description may use: 2^24 (Kimi's 163,840 and o200k's 200,019
+// are far below); a larger id would size the vocabulary tables by it (an id of 2e9: 64 GB).
+constexpr int64_t kTtMaxIds = int64_t{1} << 24;
+
 // Strict base64 (RFC 4648 alphabet, '=' padding), as Python's b64decode of tiktoken's files.
 std::optional<std::string> tt_base64_decode(std::string_view s) {
   auto value = [](char c) -> int {
@@ -48,7 +52,8 @@ std::optional<std::string> tt_base64_decode(std::string_view s) {
 }
 
 // The description's fields into `spec` (tokens and merges already read).
-void tt_read_description(const std::string& path, const json& j, BpeSpec& spec) {
+// `pattern_where` names where the pattern came from, for a pattern that does not compile.
+void tt_read_description(const std::string& path, const json& j, BpeSpec& spec, const std::string& pattern_where) {
   auto fail = [&](const std::string& field, const std::string& what) -> void {
     MT_THROW("{}: {} {} (the tiktoken description: docs/training.md#tokenizers)", path, field, what);
   };
@@ -63,7 +68,7 @@ void tt_read_description(const std::string& path, const json& j, BpeSpec& spec) 
     fail("pattern", "is missing or not a non-empty string: give tiktoken's pat_str");
   BpeSpec::Step step;
   step.kind = BpeSpec::Step::Kind::split;
-  step.where = path + ": pattern";
+  step.where = pattern_where;
   step.source_pattern = j["pattern"].get<std::string>();
   step.pattern = translate_split_pattern(step.source_pattern, step.where);
   step.behavior = SplitBehavior::removed;  // tiktoken keeps the matches only
@@ -76,8 +81,9 @@ void tt_read_description(const std::string& path, const json& j, BpeSpec& spec) 
     const json& st = j["special_tokens"];
     if (!st.is_object()) fail("special_tokens", "is not an object of token texts to ids");
     for (const auto& [content, id] : st.items()) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 31) - 1)
-        fail("special_tokens", fmt::format("gives \"{}\" the id {}; ids are integers in [0, 2^31 - 1)", content, id.dump()));
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kTtMaxIds)
+        fail("special_tokens", fmt::format("gives \"{}\" the id {}; ids are integers in [0, {})", content, id.dump(),
+                                           kTtMaxIds));
       if (content.empty()) fail("special_tokens", "holds an empty token");
       const auto i = static_cast<int32_t>(id.get<int64_t>());
       if (static_cast<size_t>(i) < spec.tokens.size() && spec.has_token[i])
@@ -91,8 +97,9 @@ void tt_read_description(const std::string& path, const json& j, BpeSpec& spec) 
   int64_t vocab_size = max_id + 1;
   if (j.contains("vocab_size")) {
     const json& v = j["vocab_size"];
-    if (!v.is_number_integer() || v.get<int64_t>() < vocab_size || v.get<int64_t>() >= (int64_t{1} << 31) - 1)
-      fail("vocab_size", fmt::format("is {}; it must be an integer of at least {} (the largest id + 1)", v.dump(), vocab_size));
+    if (!v.is_number_integer() || v.get<int64_t>() < vocab_size || v.get<int64_t>() > kTtMaxIds)
+      fail("vocab_size", fmt::format("is {}; it must be an integer of at least {} (the largest id + 1) and at most {}",
+                                     v.dump(), vocab_size, kTtMaxIds));
     vocab_size = v.get<int64_t>();
   }
   spec.tokens.resize(static_cast<size_t>(vocab_size));
@@ -121,9 +128,110 @@ void tt_read_description(const std::string& path, const json& j, BpeSpec& spec) 
     spec.document_prefix.push_back(*spec.eot);
 }
 
+
+// The description `j` (of `path`; null when there is none) with the command
+// line's `settings` added; a field both give differently is an Error naming
+// the option and the file. Sets `pattern_where` to the pattern's origin.
+json tt_merge_settings(const std::string& path, const json& j, const TiktokenSettings& settings,
+                       std::string& pattern_where) {
+  json merged = j.is_null() ? json::object() : j;
+  pattern_where = path + ": pattern";
+  if (settings.empty()) return merged;
+  const std::string file = j.is_null() ? std::string() : path;
+  if (!settings.pattern.empty()) {
+    const std::string* preset = tiktoken_pattern_preset(settings.pattern);
+    const std::string pattern = preset ? *preset : settings.pattern;
+    if (!file.empty() && merged.is_object() && merged.contains("pattern") && merged["pattern"] != json(pattern))
+      MT_THROW("--tiktoken-pattern {} differs from the pattern of {} ({}); give the pattern in one place only",
+               settings.pattern, file, merged["pattern"].dump().substr(0, 120));
+    merged["pattern"] = pattern;
+    pattern_where = preset ? fmt::format("--tiktoken-pattern {}", settings.pattern) : "--tiktoken-pattern";
+  }
+  if (!settings.special_tokens.empty()) {
+    json& st = merged["special_tokens"];
+    if (st.is_null()) st = json::object();
+    MT_CHECK(st.is_object(), "{}: special_tokens is not an object of token texts to ids", path);
+    // What the file says, to tell a clash with it from a clash among the options.
+    const json from_file = st;
+    json from_options = json::object();
+    for (const auto& [name, id] : settings.special_tokens) {
+      if (from_file.contains(name)) {
+        MT_CHECK(from_file[name] == json(id),
+                 "--special-token {}={} differs from {}, which gives \"{}\" the id {}; give each special token in one "
+                 "place only",
+                 name, id, file, name, from_file[name].dump());
+        continue;
+      }
+      for (const auto& [other, other_id] : from_file.items())
+        MT_CHECK(other_id != json(id), "--special-token {}={}: {} gives the id {} to \"{}\" already", name, id, file,
+                 id, other);
+      if (from_options.contains(name))
+        MT_CHECK(from_options[name] == json(id), "--special-token gives \"{}\" two ids: {} and {}", name,
+                 from_options[name].dump(), id);
+      for (const auto& [other, other_id] : from_options.items())
+        MT_CHECK(other == name || other_id != json(id), "--special-token gives the id {} to \"{}\" and \"{}\"", id,
+                 other, name);
+      from_options[name] = id;
+      st[name] = id;
+    }
+  }
+  for (const auto& [key, names] :
+       {std::pair<const char*, const std::vector<std::string>*>{"document_prefix", &settings.document_prefix},
+        {"document_suffix", &settings.document_suffix}}) {
+    if (names->empty()) continue;
+    const json list = *names;
+    const std::string option = std::string("--") + (std::string_view(key) == "document_prefix" ? "document-prefix"
+                                                                                              : "document-suffix");
+    if (!file.empty() && merged.contains(key) && merged[key] != list)
+      MT_THROW("{} {} differs from {} in {}; give it in one place only", option, list.dump(), merged[key].dump(), file);
+    merged[key] = list;
+  }
+  return merged;
+}
+
 }  // namespace
 
-BpeSpec read_tiktoken(const std::string& rank_path, const std::string& rank_text, const std::string& description_path) {
+const std::string* tiktoken_pattern_preset(std::string_view name) {
+  // The patterns as their originals write them (Oniguruma / fancy-regex syntax); the
+  // fixtures of tests/data/bpe/ (tests/reference/bpe_reference.py) use the same strings.
+  static const std::string llama3 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const std::string o200k =
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+      R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const std::string kimi =
+      R"([\p{Han}]+|)"
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+)"
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*)"
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+      R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  if (name == "llama3") return &llama3;
+  if (name == "o200k") return &o200k;
+  if (name == "kimi") return &kimi;
+  return nullptr;
+}
+
+std::string tiktoken_pattern_preset_names() { return "llama3, o200k, kimi"; }
+
+std::pair<std::string, int64_t> parse_special_token_option(const std::string& text) {
+  const size_t eq = text.rfind('=');
+  auto bad = [&]() -> void {
+    MT_THROW("--special-token {}: expected NAME=ID, e.g. --special-token '<|endoftext|>=100257' (ids are integers in "
+             "[0, {}))",
+             text, kTtMaxIds);
+  };
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size() || text.size() - eq - 1 > 10) bad();
+  const std::string digits = text.substr(eq + 1);
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) bad();
+  const int64_t id = std::stoll(digits);
+  if (id >= kTtMaxIds) bad();
+  return {text.substr(0, eq), id};
+}
+
+BpeSpec read_tiktoken(const std::string& rank_path, const std::string& rank_text, const std::string& description_path,
+                      const TiktokenSettings& settings) {
   BpeSpec spec;
   spec.name = rank_path;
   spec.source = rank_path;
@@ -153,6 +261,8 @@ BpeSpec read_tiktoken(const std::string& rank_path, const std::string& rank_text
     MT_CHECK(bytes.has_value() && !bytes->empty() && rank >= 0 && rank < (int64_t{1} << 31) - 1,
              "{}:{}: expected \"<token in base64> <rank>\" (a tiktoken rank file), found \"{}\"", rank_path, line_no,
              line.substr(0, 80));
+    MT_CHECK(rank < kTtMaxIds, "{}:{}: rank {}: moetrain reads ranks (ids) below {}", rank_path, line_no, rank,
+             kTtMaxIds);
     MT_CHECK(rank_of.emplace(*bytes, static_cast<int32_t>(rank)).second, "{}:{}: the token {} appears twice",
              rank_path, line_no, line.substr(0, space));
     ranked.emplace_back(std::move(*bytes), static_cast<int32_t>(rank));
@@ -181,6 +291,19 @@ BpeSpec read_tiktoken(const std::string& rank_path, const std::string& rank_text
     }
 
   std::string description;
+  std::error_code exists_ec;
+  const bool no_description = !std::filesystem::exists(description_path, exists_ec) && !exists_ec;
+  if (no_description && !settings.empty()) {
+    // The command line is the whole description.
+    std::string pattern_where;
+    const json merged = tt_merge_settings(description_path, json(), settings, pattern_where);
+    MT_CHECK(merged.contains("pattern"),
+             "{}: no description beside it ({}) and no --tiktoken-pattern: give the split pattern (a preset: {}; or "
+             "a regex) or write the description (docs/training.md#tokenizers)",
+             rank_path, description_path, tiktoken_pattern_preset_names());
+    tt_read_description("the command line", merged, spec, pattern_where);
+    return spec;
+  }
   try {
     description = read_regular_file(description_path, "the tiktoken description", int64_t{16} << 20);
   } catch (const Error& e) {
@@ -195,17 +318,19 @@ BpeSpec read_tiktoken(const std::string& rank_path, const std::string& rank_text
     MT_THROW("{}: not valid JSON ({}); expected the tiktoken description (docs/training.md#tokenizers)",
              description_path, e.what());
   }
-  tt_read_description(description_path, j, spec);
+  std::string pattern_where;
+  const json merged = tt_merge_settings(description_path, j, settings, pattern_where);
+  tt_read_description(description_path, merged, spec, pattern_where);
   return spec;
 }
 
-BpeSpec read_tiktoken_description(const std::string& path, const json& j) {
+BpeSpec read_tiktoken_description(const std::string& path, const json& j, const TiktokenSettings& settings) {
   MT_CHECK(j["tiktoken"].is_string() && !j["tiktoken"].get<std::string>().empty(),
            "{}: tiktoken is {}; expected the path of the rank file (relative to this file)", path, j["tiktoken"].dump());
   std::filesystem::path rank_path = j["tiktoken"].get<std::string>();
   if (rank_path.is_relative()) rank_path = std::filesystem::path(path).parent_path() / rank_path;
   const std::string rank_text = read_regular_file(rank_path.string(), "a tiktoken rank file", int64_t{1} << 30);
-  BpeSpec spec = read_tiktoken(rank_path.string(), rank_text, path);
+  BpeSpec spec = read_tiktoken(rank_path.string(), rank_text, path, settings);
   spec.name = path;
   return spec;
 }

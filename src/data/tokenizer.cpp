@@ -194,21 +194,34 @@ std::string Gpt2Tokenizer::decode(std::span<const int32_t> ids) const {
 // ---- factory and chunking ----------------------------------------------------------------
 
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& tokenizer_dir) {
+  return make_tokenizer(name, tokenizer_dir, TiktokenSettings{});
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& tokenizer_dir,
+                                          const TiktokenSettings& tiktoken) {
+  MT_CHECK(tiktoken.empty() || (name.find('/') != std::string_view::npos || name.find('.') != std::string_view::npos),
+           "--tiktoken-pattern, --special-token, --document-prefix and --document-suffix describe a tiktoken rank "
+           "file; --tokenizer is {}",
+           name);
   if (name == "gpt2") return std::make_unique<Gpt2Tokenizer>(tokenizer_dir);
   if (name == "byte") return std::make_unique<ByteTokenizer>();
   if (name.find('/') != std::string_view::npos || name.find('.') != std::string_view::npos)
-    return load_tokenizer_file(std::string(name));
+    return load_tokenizer_file(std::string(name), tiktoken);
   MT_THROW("unknown tokenizer \"{}\"; choose gpt2, byte, or the path of a tokenizer file (a Hugging Face "
            "tokenizer.json or a tiktoken rank file: docs/training.md#tokenizers)",
            name);
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path) {
+  return load_tokenizer_file(path, TiktokenSettings{});
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path, const TiktokenSettings& tiktoken) {
   // Llama 3's tokenizer.json has 9 MB, Qwen2's 7 MB; 1 GiB is no tokenizer file.
   const std::string text = read_regular_file(path, "a tokenizer file", int64_t{1} << 30);
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || text[first] != '{')
-    return std::make_unique<BpeTokenizer>(read_tiktoken(path, text, path + ".json"));
+    return std::make_unique<BpeTokenizer>(read_tiktoken(path, text, path + ".json", tiktoken));
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -217,9 +230,15 @@ std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path) {
              "(docs/training.md#tokenizers)",
              path, e.what());
   }
-  if (j.is_object() && j.contains("model")) return std::make_unique<BpeTokenizer>(read_tokenizer_json(path, j));
+  if (j.is_object() && j.contains("model")) {
+    MT_CHECK(tiktoken.empty(),
+             "{}: a Hugging Face tokenizer.json carries its own pattern and special tokens; --tiktoken-pattern, "
+             "--special-token, --document-prefix and --document-suffix are for a tiktoken rank file",
+             path);
+    return std::make_unique<BpeTokenizer>(read_tokenizer_json(path, j));
+  }
   if (j.is_object() && j.contains("tiktoken"))
-    return std::make_unique<BpeTokenizer>(read_tiktoken_description(path, j));
+    return std::make_unique<BpeTokenizer>(read_tiktoken_description(path, j, tiktoken));
   MT_THROW("{}: a JSON object with neither \"model\" (a Hugging Face tokenizer.json) nor \"tiktoken\" (a tiktoken "
            "description: docs/training.md#tokenizers)",
            path);

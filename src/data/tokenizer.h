@@ -31,7 +31,10 @@
 
 namespace moetrain::data {
 
+size_t find_split_point(std::string_view text, size_t limit);  // below
+
 class BpeModel;    // data/bpe.h
+struct TiktokenSettings;  // data/tiktoken.h
 class SplitRegex;  // data/bpe.h
 
 // The ids `prepare` puts around every document: the tokenizer's way of
@@ -59,9 +62,17 @@ class Tokenizer {
   }
   // Whether encode() takes only well-formed UTF-8.
   virtual bool needs_utf8() const = 0;
-  // Whether a text cut at find_split_point encodes, part by part, as the whole
-  // (GPT-2, bytes); otherwise prepare encodes each document whole.
+  // Whether prepare may read a document in parts cut at find_cut; otherwise it
+  // encodes each document whole.
   virtual bool encodes_in_chunks() const = 0;
+  // A cut in `text` (the start of a document, or of its rest after an earlier
+  // cut; more text may follow) such that encoding text[0, cut) and then the
+  // rest from the cut on gives the ids of the whole, also when each part is
+  // repaired by replace_invalid_utf8 first (`repair`, data/utf8.h); 0 when
+  // `text` has none (read more). Default: find_split_point (GPT-2, bytes).
+  virtual size_t find_cut(std::string_view text, bool repair) const {
+    return encodes_in_chunks() ? find_split_point(text, text.size()) : 0;
+  }
 };
 
 // Ids 0..255 are the bytes 0x00..0xff. No end-of-text token: 256 ids leave no
@@ -123,8 +134,14 @@ class Gpt2Tokenizer final : public Tokenizer {
 // description beside it, or that description (data/tiktoken.h). The choice of
 // data.tokenizer and prepare --tokenizer.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& tokenizer_dir);
+// The same with a tiktoken description's fields from the command line (prepare
+// --tiktoken-pattern, --special-token, ...): `name` must then be a tiktoken rank
+// file or description, else an Error naming the options.
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::string& tokenizer_dir,
+                                          const TiktokenSettings& tiktoken);
 // The tokenizer file at `path`, as above; errors name the file and the field.
 std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path);
+std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path, const TiktokenSettings& tiktoken);
 
 // A byte position at which `text` can be cut so that the GPT-2 pieces of the
 // two halves are exactly the pieces of the whole: the last '\n' (before
