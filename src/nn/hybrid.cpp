@@ -394,6 +394,27 @@ double HybridModel::flops_per_token(int64_t T, int64_t first, int64_t end, bool 
   return 6.0 * matmul + seq;
 }
 
+double HybridModel::selective_recompute_flops_per_token(int64_t first, int64_t end) const {
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  double elements = 0;
+  for (const ParamSpec& s : factory_.specs()) {
+    const int64_t l = parameter_layer(s.name);
+    if (l < first || l >= end) continue;
+    const double n = static_cast<double>(s.shape.numel());
+    const double routed = static_cast<double>(c_.moe.top_k) / static_cast<double>(std::max<int64_t>(c_.moe.num_experts, 1));
+    if (s.group == "experts") {
+      if (c_.moe.recompute_experts) elements += n * routed;
+      else if (c_.ffn.recompute_act && ends_with(s.name, "experts.w2.weight")) elements += n * routed;
+    } else if (c_.ffn.recompute_act &&
+               (ends_with(s.name, "mlp.down_proj.weight") || ends_with(s.name, "shared_experts.down_proj.weight"))) {
+      elements += n;  // the dense FFN's and the shared experts' (not the latent routed_expert_down_proj)
+    }
+  }
+  return 2.0 * elements;
+}
+
 int64_t HybridModel::parameter_layer(const std::string& name) const {
   static const std::string prefix = "model.layers.";
   if (name.rfind(prefix, 0) == 0) return std::stoll(name.substr(prefix.size()));

@@ -128,6 +128,10 @@ class HybridModel : public LanguageModel {
   // AttnRes read, final norm, LM head, logits); over all layers with the head they
   // are the whole-model numbers.
   double flops_per_token(int64_t seq_len, int64_t first, int64_t end, bool head) const;
+  // The forward FLOPs per token that train.recompute_modules runs again in backward over
+  // layers [first, end): act the down-projections (dense FFN, shared and routed experts),
+  // experts the routed experts' three matrices (2 per weight element a token meets).
+  double selective_recompute_flops_per_token(int64_t first, int64_t end) const;
   double activation_bytes_per_token(bool mixed_precision, int64_t first, int64_t end, bool head) const;
   // Values per token that flow from layer - 1 into layer `layer` (what a pipeline
   // stage starting there receives, and the gradient it sends back): the AttnRes

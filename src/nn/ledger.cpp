@@ -53,6 +53,9 @@ struct ModelSummary {
   std::map<int64_t, int64_t> decode_cache_bytes;
   // The model's estimates over layers [first, end), with or without the head.
   std::function<double(int64_t, int64_t, bool)> flops, activations;
+  // Forward FLOPs per token that train.recompute_modules runs again, over layers [first, end).
+  std::function<double(int64_t, int64_t)> selective_flops = [](int64_t, int64_t) { return 0.0; };
+  std::string recompute_modules;  // train.recompute_modules
   std::function<int64_t(int64_t)> boundary;  // values per token entering layer l
 };
 
@@ -93,6 +96,8 @@ ModelSummary summarize(const Config& config) {
     m.d_model = hc.d_model;
     for (int64_t l = 0; l < m.n_layer; ++l) m.moe_layer.push_back(hc.is_moe_layer(l));
     bind_estimates(p);
+    m.selective_flops = [p](int64_t first, int64_t end) { return p->selective_recompute_flops_per_token(first, end); };
+    m.recompute_modules = config.get_string("train.recompute_modules");
     m.model = std::move(h);
   } else {
     Gpt2Config gc = Gpt2Config::from(config);
@@ -208,6 +213,7 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
   l.batch_size = layout.micro_batch;
   l.dtype = m.dtype;
   l.recompute = m.recompute;
+  l.recompute_modules = m.recompute_modules;
   l.layout = layout;
   l.cluster = cluster;
   l.decode_cache_bytes = m.decode_cache_bytes;
@@ -275,9 +281,11 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
       st.activation_bytes = static_cast<double>(st.num_micro_batches_in_flight) * st.activation_bytes_per_micro_batch +
                             tokens * (widest + (last ? m.activations(end, end, true) : 0.0));
     }
-    // Compute: forward + backward of one micro-batch (+ one more forward of the layers with recompute).
+    // Compute: forward + backward of one micro-batch (+ one more forward of the layers with
+    // recompute, + the selective modules' forward again: also inside recomputed layers).
     double flops = m.flops(first, end, last);
     if (m.recompute) flops += m.flops(first, end, false) / 3.0;
+    flops += m.selective_flops(first, end);
     st.compute_s = tokens * flops / compute_rate;
     // MoE all-to-all: per token and MoE layer, top_k rows of the dispatched width go
     // out (dispatch) and come back (combine), in forward and again in backward; with
@@ -399,7 +407,7 @@ std::string step_text(const Ledger& l) {
       "{:.0f} GB/s in a node of {}, {:.0f} GB/s across nodes{}):\n",
       l.layout.num_micro_batches, l.layout.micro_batch, l.seq_len, with_commas(e.sequences_per_step),
       c.peak_flops / 1e12, c.mfu, c.intra_bandwidth / 1e9, c.devices_per_node, c.inter_bandwidth / 1e9,
-      l.recompute ? "; layers recomputed in backward" : "");
+      l.recompute || !l.recompute_modules.empty() ? "; " + l.recompute_text() : std::string());
   out += fmt::format("  slowest stage per micro-batch: compute {} + all-to-all {} + p2p {} = {}\n",
                      seconds(slowest->compute_s), seconds(slowest->all_to_all_s), seconds(slowest->p2p_s),
                      seconds(slowest->micro_batch_s()));
@@ -526,6 +534,7 @@ std::string ledger_json(const Ledger& l) {
                       {"batch_size", l.batch_size},
                       {"dtype", l.dtype},
                       {"recompute", l.recompute},
+                      {"recompute_modules", l.recompute_modules},
                       {"gpu_memory_bytes", l.cluster.gpu_memory},
                       {"reserve_bytes", l.cluster.reserve}};
   j.update(layout_json(l));
@@ -604,7 +613,7 @@ std::string plan_text(const Plan& plan) {
         "plan for {} devices ({}); global batch {} sequences of {} tokens, micro-batch {}; {}; {:.0f} TFLOP/s x "
         "{:.2f} MFU, {:.0f} GB/s in a node of {}, {:.0f} GB/s across nodes\n",
         o.devices, cluster_text(l.cluster), with_commas(o.global_batch), l.seq_len, o.micro_batch,
-        l.recompute ? "layers recomputed in backward" : "no recompute", l.cluster.peak_flops / 1e12, l.cluster.mfu,
+        l.recompute_text(), l.cluster.peak_flops / 1e12, l.cluster.mfu,
         l.cluster.intra_bandwidth / 1e9, l.cluster.devices_per_node, l.cluster.inter_bandwidth / 1e9);
   }
   if (plan.feasible.empty()) {
@@ -653,6 +662,24 @@ std::string plan_json(const Plan& plan) {
   for (const Ledger& l : plan.feasible) j["feasible"].push_back(layout_json(l));
   for (const Ledger& l : plan.closest) j["closest"].push_back(layout_json(l));
   return j.dump(2);
+}
+
+std::string Ledger::recompute_text() const {
+  // The names as HybridConfig::from read them (checked there): comma-separated, blanks around them dropped.
+  std::vector<std::string> names;
+  for (size_t start = 0; start < recompute_modules.size();) {
+    const size_t comma = std::min(recompute_modules.find(',', start), recompute_modules.size());
+    std::string name = recompute_modules.substr(start, comma - start);
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (!name.empty()) names.push_back(name);
+    start = comma + 1;
+  }
+  const std::string modules =
+      names.empty() ? std::string() : fmt::format("{} recomputed in backward", fmt::join(names, ", "));
+  if (recompute && !modules.empty()) return "layers recomputed in backward, " + modules + " again inside them";
+  if (recompute) return "layers recomputed in backward";
+  return modules.empty() ? "no recompute" : modules;
 }
 
 }  // namespace moetrain

@@ -78,6 +78,9 @@ struct Ledger {
   int64_t seq_len = 0, batch_size = 0;  // batch_size: sequences per micro-batch (the layout's micro_batch)
   std::string dtype;                    // train.dtype
   bool recompute = false;               // train.activation_checkpointing
+  std::string recompute_modules;        // train.recompute_modules (hybrid)
+  // "layers recomputed in backward", "act, experts recomputed in backward", both, or "no recompute".
+  std::string recompute_text() const;
   LedgerLayout layout;                  // micro_batch and num_micro_batches resolved
   ClusterAssumptions cluster;
   // Per rank, of the stage with the largest total (the only stage at pp 1):

@@ -147,3 +147,22 @@ TEST_CASE("hybrid recompute: the ledger's activations shrink by what each module
   CHECK(bytes(false, false, moe) - bytes(false, true, moe) == Approx(8.0 * 3.0 * k * Fe));
   CHECK(bytes(false, false, moe) - bytes(true, true, moe) == Approx(8.0 * (3.0 * k * Fe + shared * Fe)));
 }
+
+TEST_CASE("hybrid recompute: the selective modules' extra forward FLOPs the ledger charges",
+          "[nn][hybrid][recompute]") {
+  // tiny_hybrid: D 12, dense FFN F 10 in layers 0-1; latent MoE in layers 2-4 (W 4, E 4,
+  // top 2, F_e 3, one shared expert of width F_e on D). 2 FLOPs per weight element a token meets.
+  HybridConfig c = tiny_hybrid(DType::f64);
+  const double D = 12, F = 10, W = 4, Fe = 3, k = 2;
+  auto flops = [&](bool act, bool experts) {
+    HybridConfig x = c;
+    x.ffn.recompute_act = act;
+    x.moe.recompute_experts = experts;
+    return HybridModel(x, 1, false).selective_recompute_flops_per_token(0, x.n_layer());
+  };
+  const double dense_down = 2 * 2 * D * F, shared_down = 3 * 2 * D * Fe;
+  CHECK(flops(false, false) == 0.0);
+  CHECK(flops(true, false) == Approx(dense_down + shared_down + 3 * 2 * k * W * Fe));    // down-projections
+  CHECK(flops(false, true) == Approx(3 * 2 * k * 3 * W * Fe));                          // w1, w3, w2 per slot
+  CHECK(flops(true, true) == Approx(dense_down + shared_down + 3 * 2 * k * 3 * W * Fe));
+}
