@@ -55,6 +55,9 @@ TEST_CASE("cli: train.recompute_modules refuses names it does not know and GPT-2
   CHECK(bad.code == 2);
   CHECK(bad.output.find("train.recompute_modules") != string::npos);
   CHECK(bad.output.find("'norms' is not a module") != string::npos);
+  auto overlap = job.train(1, "overlap", "--set train.recompute_modules=experts --set train.overlap_grad_sync=true");
+  CHECK(overlap.code == 2);
+  CHECK(overlap.output.find("experts does not run with train.overlap_grad_sync: true yet") != string::npos);
   auto gpt2 = moetrain::testing::run_moetrain(moetrain::testing::tiny_gpt2_train_args(job.dir, job.dir + "/gpt2", 1) +
                                               " --set train.recompute_modules=act");
   CHECK(gpt2.code == 2);
