@@ -3,6 +3,7 @@
 #include <optional>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "autograd/grad_sum.h"
@@ -94,7 +95,12 @@ class ReadyTracker {
   void node_done() {
     std::vector<std::shared_ptr<TensorImpl>> leaves;
     leaves.swap(nested_);
+    // A nested pass lists a leaf once per edge that delivered a gradient (a block's
+    // input read twice inside it is listed twice): each is looked at once, in the
+    // order of its first delivery (the same order on every rank).
+    std::unordered_set<TensorImpl*> seen;
     for (const auto& leaf : leaves) {
+      if (!seen.insert(leaf.get()).second) continue;
       MT_CHECK(!fired(leaf.get()),
                "backward: a recomputed block (checkpoint) added to the gradient of a leaf {} after the leaf was "
                "reported final to the grad-ready hook (its uses outside recomputed blocks had finished); a "

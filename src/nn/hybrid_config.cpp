@@ -128,12 +128,6 @@ HybridConfig HybridConfig::from(const Config& config) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  // Not yet with the overlapped gradient sync: the grad-ready bookkeeping reports the
-  // recomputed experts' input rows twice (docs/training.md#activation-recomputation).
-  if (c.moe.recompute_experts && config.get_bool("train.overlap_grad_sync"))
-    config.fail("train.recompute_modules", "experts does not run with train.overlap_grad_sync: true yet; use act "
-                                           "(or whole layers, train.activation_checkpointing), or set "
-                                           "train.overlap_grad_sync: false");
   return c;
 }
 
