@@ -342,6 +342,14 @@ SplitRegex::SplitRegex(const std::string& pattern, const std::string& where) : i
 SplitRegex::~SplitRegex() = default;
 
 void SplitRegex::find_matches(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
+  scan(text, out, false);
+}
+
+size_t SplitRegex::find_final_matches(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
+  return scan(text, out, true);
+}
+
+size_t SplitRegex::scan(std::string_view text, std::vector<std::pair<size_t, size_t>>& out, bool partial) const {
   out.clear();
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(impl_->code, nullptr);
   MT_CHECK(md != nullptr, "tokenizer: out of memory for PCRE2 match data");
@@ -351,56 +359,23 @@ void SplitRegex::find_matches(std::string_view text, std::vector<std::pair<size_
   } free_md{md};
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   const size_t n = text.size();
+  const uint32_t hard = partial ? PCRE2_PARTIAL_HARD : 0;
   size_t start = 0;
   std::optional<size_t> last_match_end;
-  while (start <= n) {
-    int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, n, start, 0, md, nullptr) : -1;
+  // A partial scan stops before the end: an attempt there could only read past it.
+  while (partial ? start < n : start <= n) {
+    int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, n, start, hard, md, nullptr) : -1;
     // The interpreter serves when there is no JIT, or when a pathological input
     // overflows the JIT stack (it keeps its backtracking frames on the heap).
     if (!impl_->jit || rc == PCRE2_ERROR_JIT_STACKLIMIT)
-      rc = pcre2_match(impl_->code, subject, n, start, PCRE2_NO_UTF_CHECK, md, nullptr);
+      rc = pcre2_match(impl_->code, subject, n, start, PCRE2_NO_UTF_CHECK | hard, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc == PCRE2_ERROR_PARTIAL) return pcre2_get_ovector_pointer(md)[0];  // what follows decides
     if (rc < 0) MT_THROW("tokenizer: pre-tokenisation failed at byte offset {}: {}", start, bpe_pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t b = ov[0], e = ov[1];
     if (b == e && last_match_end == e) {  // onig's FindMatches: skip, one character on
       if (start >= n) break;
-      size_t len = 1;
-      const auto lead = static_cast<uint8_t>(text[start]);
-      if (lead >= 0xF0) len = 4;
-      else if (lead >= 0xE0) len = 3;
-      else if (lead >= 0xC0) len = 2;
-      start += len;
-      continue;
-    }
-    out.emplace_back(b, e);
-    start = e;
-    last_match_end = e;
-  }
-}
-
-size_t SplitRegex::find_final_matches(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
-  out.clear();
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(impl_->code, nullptr);
-  MT_CHECK(md != nullptr, "tokenizer: out of memory for PCRE2 match data");
-  struct Free {
-    pcre2_match_data* md;
-    ~Free() { pcre2_match_data_free(md); }
-  } free_md{md};
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  const size_t n = text.size();
-  size_t start = 0;
-  std::optional<size_t> last_match_end;
-  while (start < n) {
-    int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, n, start, PCRE2_PARTIAL_HARD, md, nullptr) : -1;
-    if (!impl_->jit || rc == PCRE2_ERROR_JIT_STACKLIMIT)
-      rc = pcre2_match(impl_->code, subject, n, start, PCRE2_NO_UTF_CHECK | PCRE2_PARTIAL_HARD, md, nullptr);
-    if (rc == PCRE2_ERROR_NOMATCH) return n;
-    if (rc == PCRE2_ERROR_PARTIAL) return pcre2_get_ovector_pointer(md)[0];  // what follows decides
-    if (rc < 0) MT_THROW("tokenizer: pre-tokenisation failed at byte offset {}: {}", start, bpe_pcre2_message(rc));
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    const size_t b = ov[0], e = ov[1];
-    if (b == e && last_match_end == e) {  // as find_matches
       size_t len = 1;
       const auto lead = static_cast<uint8_t>(text[start]);
       if (lead >= 0xF0) len = 4;

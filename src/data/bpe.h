@@ -72,6 +72,9 @@ class SplitRegex {
   bool looks_behind() const { return looks_behind_; }
 
  private:
+  // find_matches (partial false: returns text.size()) and find_final_matches (true).
+  size_t scan(std::string_view text, std::vector<std::pair<size_t, size_t>>& out, bool partial) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   bool looks_behind_ = true;
