@@ -786,4 +786,18 @@ bool f32_holds(double v) {
   return a == 0 || (a >= normal && a < overflow);
 }
 
+std::vector<std::string> split_comma_list(const std::string& value) {
+  std::vector<std::string> items;
+  if (value.empty()) return items;
+  for (size_t start = 0;;) {
+    const size_t comma = value.find(',', start);
+    std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    items.push_back(std::move(item));
+    if (comma == std::string::npos) return items;
+    start = comma + 1;
+  }
+}
+
 }  // namespace moetrain

@@ -118,4 +118,9 @@ class Config {
 // number key (the schema) and of every number option on the command line.
 bool f32_holds(double v);
 
+// The items of a comma-list value (model.layer_mixers, train.recompute_modules):
+// split at every comma, blanks around each item dropped, empty items kept (the
+// reader names them as wrong); none for an empty value.
+std::vector<std::string> split_comma_list(const std::string& value);
+
 }  // namespace moetrain

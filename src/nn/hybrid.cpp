@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "autograd/engine.h"
+#include "config/config.h"
 #include "core/grad_mode.h"
 #include "core/profile.h"
 #include "nn/attention_mixer.h"
@@ -26,16 +27,7 @@ std::vector<MixerKind> mixer_schedule(int64_t n_layer, const std::string& explic
                                       MixerKind attn_mixer, int64_t every, int64_t offset, bool last) {
   std::vector<MixerKind> out;
   if (!explicit_list.empty()) {
-    size_t start = 0;
-    while (start <= explicit_list.size()) {
-      size_t comma = explicit_list.find(',', start);
-      std::string item = explicit_list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      item.erase(0, item.find_first_not_of(" \t"));
-      item.erase(item.find_last_not_of(" \t") + 1);
-      out.push_back(parse_mixer_kind(item));
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
+    for (const std::string& item : split_comma_list(explicit_list)) out.push_back(parse_mixer_kind(item));
     MT_CHECK(static_cast<int64_t>(out.size()) == n_layer, "the mixer list names {} layers but n_layer is {}",
              out.size(), n_layer);
     return out;

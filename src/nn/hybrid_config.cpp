@@ -111,13 +111,7 @@ HybridConfig HybridConfig::from(const Config& config) {
   c.dtype = config.get_string("train.dtype") == "f64" ? DType::f64 : DType::f32;
   c.recompute = config.get_bool("train.activation_checkpointing");
   // Selective recomputation: the modules named (docs/training.md#activation-recomputation).
-  const std::string modules = config.get_string("train.recompute_modules");
-  size_t start = 0;
-  while (!modules.empty() && start <= modules.size()) {
-    const size_t comma = modules.find(',', start);
-    std::string name = modules.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    name.erase(0, name.find_first_not_of(" \t"));
-    name.erase(name.find_last_not_of(" \t") + 1);
+  for (const std::string& name : split_comma_list(config.get_string("train.recompute_modules"))) {
     if (name == "act") c.ffn.recompute_act = true;
     else if (name == "experts") c.moe.recompute_experts = true;
     else
@@ -125,8 +119,6 @@ HybridConfig HybridConfig::from(const Config& config) {
                   fmt::format("'{}' is not a module that can be recomputed: act (the FFN activations, with the "
                               "down-projections), experts (the routed experts' MLPs); a comma list of them",
                               name));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return c;
 }

@@ -665,16 +665,8 @@ std::string plan_json(const Plan& plan) {
 }
 
 std::string Ledger::recompute_text() const {
-  // The names as HybridConfig::from read them (checked there): comma-separated, blanks around them dropped.
-  std::vector<std::string> names;
-  for (size_t start = 0; start < recompute_modules.size();) {
-    const size_t comma = std::min(recompute_modules.find(',', start), recompute_modules.size());
-    std::string name = recompute_modules.substr(start, comma - start);
-    name.erase(0, name.find_first_not_of(" \t"));
-    name.erase(name.find_last_not_of(" \t") + 1);
-    if (!name.empty()) names.push_back(name);
-    start = comma + 1;
-  }
+  // The names as HybridConfig::from read them (checked there).
+  const std::vector<std::string> names = split_comma_list(recompute_modules);
   const std::string modules =
       names.empty() ? std::string() : fmt::format("{} recomputed in backward", fmt::join(names, ", "));
   if (recompute && !modules.empty()) return "layers recomputed in backward, " + modules + " again inside them";
