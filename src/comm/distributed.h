@@ -37,6 +37,7 @@ struct Distributed {
   std::unique_ptr<GradReducer> reducer;           // made at the first overlapped step
   bool overlap_logged = false;                    // the first overlapped step's line is printed
   bool tied_pipeline = false;  // pp > 1 with tied embeddings: first and last stage both hold the table
+  int64_t pp_virtual = 1;      // train.pp_virtual: chunks (virtual stages) per pipeline rank
   int zero = 0;                                   // train.zero (0 with one rank: nothing to shard)
   std::vector<ZeroGroup> zero_groups;             // train.zero 1: made with the optimizer
 

@@ -87,10 +87,12 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
   MT_CHECK(!c.mixers.empty(), "hybrid model: no layers");
   MT_CHECK(c.dtype == DType::f32 || c.dtype == DType::f64, "hybrid model: dtype {} is not supported on the CPU",
            c.dtype);
-  MT_CHECK(stage.count >= 1 && stage.count <= c.n_layer() && stage.index >= 0 && stage.index < stage.count,
-           "hybrid model: pipeline stage {} of {} over {} layers (each stage needs at least one layer)", stage.index,
-           stage.count, c.n_layer());
-  layers_range_ = moetrain::stage_layers(c.n_layer(), stage.count, stage.index);
+  MT_CHECK(stage.count >= 1 && stage.chunks >= 1 && stage.virtual_count() <= c.n_layer() && stage.index >= 0 &&
+               stage.index < stage.count,
+           "hybrid model: pipeline stage {} of {}{} over {} layers (each stage needs at least one layer)", stage.index,
+           stage.count, stage.chunks > 1 ? fmt::format(", {} virtual stages each", stage.chunks) : std::string(),
+           c.n_layer());
+  for (int64_t k = 0; k < stage.chunks; ++k) chunks_.push_back(moetrain::stage_layers(c.n_layer(), stage, k));
   MT_CHECK(c.vocab_pad_multiple >= 1, "hybrid model: vocab_pad_multiple = {} must be at least 1",
            c.vocab_pad_multiple);
   const int64_t D = c.d_model, V = c.vocab_size, Vp = c.padded_vocab_size();
@@ -104,14 +106,14 @@ HybridModel::HybridModel(const HybridConfig& c, uint64_t seed, bool allocate, Ex
   embed_tokens_ = f.make("model.embed_tokens.weight", {Vp, D}, Init::first_rows(Init::normal(c.embed_init_std), V),
                          "embedding", false);
   for (int64_t l = 0; l < c.n_layer(); ++l) {
-    f.set_skipping(l < layers_range_.first || l >= layers_range_.end);
+    f.set_skipping(!holds_layer(l));
     const std::string p = fmt::format("model.layers.{}.", l);
     auto layer = std::make_unique<HybridLayer>();
     HybridLayer& L = *layer;
     L.index = l;
     L.input_layernorm = f.make(p + "input_layernorm.weight", {D}, Init::ones(), "norm", false);
     L.mixer = make_mixer(c.mixers[static_cast<size_t>(l)], c, f, p + "self_attn.");
-    if (l >= layers_range_.first && l < layers_range_.end) L.site = qk_clip_site_of(*L.mixer, p + "self_attn.", l);
+    if (holds_layer(l)) L.site = qk_clip_site_of(*L.mixer, p + "self_attn.", l);
     L.post_attention_layernorm = f.make(p + "post_attention_layernorm.weight", {D}, Init::ones(), "norm", false);
     if (c.is_moe_layer(l)) {
       auto moe = std::make_unique<MoeLayer>(c.moe, D, c.ffn, c.init_std, f, p + "mlp.", shard);
@@ -174,8 +176,9 @@ std::string HybridModel::describe() const {
 
 Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
   MT_CHECK(factory_.allocating(), "hybrid model: built with shapes only (ledger); it cannot run");
-  MT_CHECK(stage_.whole(), "hybrid model: stage {} of a {}-stage pipeline holds layers [{}, {}) only; forward, loss "
-           "and decoding need the whole model", stage_.index, stage_.count, layers_range_.first, layers_range_.end);
+  MT_CHECK(stage_.whole(), "hybrid model: stage {} of a {}-stage pipeline holds layers [{}, {}){} only; forward, "
+           "loss and decoding need the whole model", stage_.index, stage_.count, chunks_.front().first,
+           chunks_.front().end, chunks_.size() > 1 ? " and more chunks" : "");
   MT_CHECK(ids.dim() == 2, "hybrid model: ids must be [B, T], got {}", ids.shape());
   HybridCache* cache = dcache ? dynamic_cast<HybridCache*>(dcache) : nullptr;
   MT_CHECK(!dcache || cache, "hybrid model: the decode cache belongs to another model");
@@ -188,6 +191,7 @@ Tensor HybridModel::run(const Tensor& ids, DecodeCache* dcache, bool training) {
     profile::Region region("embedding/head");
     hidden = embedding(embed_tokens_, ids);  // [B, T, D]
   }
+  aux_losses_.clear();
   Tensors state = run_layers({hidden}, 0, c_.n_layer(), dcache, training);
   if (cache) cache->tokens += T;
   return head(state);
@@ -199,7 +203,6 @@ Tensors HybridModel::run_layers(Tensors state, int64_t first, int64_t end, Decod
   // under checkpoint(), which keeps its input state and its outputs, and runs the
   // call again in backward. Decided with this forward's grad mode, as Gpt2 does.
   const bool recompute = c_.recompute && training && autograd::grad_enabled() && !cache;
-  if (first == layers_range_.first) aux_losses_.clear();
   for (int64_t l = first; l < end; ++l) {
     const HybridLayer& L = *layers_[static_cast<size_t>(l)];
     LayerCall call;
@@ -254,32 +257,45 @@ Tensor HybridModel::without_padding(const Tensor& logits) const {
   return slice(logits, 2, 0, c_.vocab_size);
 }
 
+bool HybridModel::holds_layer(int64_t l) const {
+  for (const StageLayers& r : chunks_)
+    if (l >= r.first && l < r.end) return true;
+  return false;
+}
+
+StageLayers HybridModel::pipeline_stage_layers(int64_t chunk) const {
+  MT_CHECK(chunk >= 0 && chunk < stage_.chunks, "hybrid model: chunk {} of {}", chunk, stage_.chunks);
+  return chunks_[static_cast<size_t>(chunk)];
+}
+
 bool HybridModel::stage_holds(const std::string& name) const {
   if (stage_.whole()) return true;
   const std::string layer_prefix = "model.layers.";
-  if (name.rfind(layer_prefix, 0) == 0) {
-    const int64_t l = std::strtoll(name.c_str() + layer_prefix.size(), nullptr, 10);
-    return l >= layers_range_.first && l < layers_range_.end;
-  }
+  if (name.rfind(layer_prefix, 0) == 0)
+    return holds_layer(std::strtoll(name.c_str() + layer_prefix.size(), nullptr, 10));
   if (name == "model.embed_tokens.weight") return stage_.first() || (stage_.last() && c_.tie_embeddings);
   return stage_.last();  // the final AttnRes read, norm and head
 }
 
-int64_t HybridModel::stage_input_count() const {
-  const int64_t first = layers_range_.first;
+int64_t HybridModel::stage_input_count(int64_t chunk) const {
+  const int64_t first = pipeline_stage_layers(chunk).first;
   if (first == 0) return 0;
   if (!c_.attn_res) return 1;
   const int64_t S = c_.attn_res_block_size;
   return (first + S - 1) / S + 1;  // blocks opened at layers 0, S, 2S, ... below `first`, then the open sum
 }
 
-StageOutput HybridModel::stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training) {
+StageOutput HybridModel::stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training,
+                                       int64_t chunk) {
   MT_CHECK(factory_.allocating(), "hybrid model: built with shapes only (ledger); it cannot run");
-  MT_CHECK(static_cast<int64_t>(inputs.size()) == stage_input_count(),
-           "hybrid model: pipeline stage {} (layers [{}, {})) takes {} tensors from the previous stage, got {}",
-           stage_.index, layers_range_.first, layers_range_.end, stage_input_count(), inputs.size());
+  const StageLayers layers = pipeline_stage_layers(chunk);
+  const int64_t g = stage_.virtual_index(chunk);  // this chunk's virtual stage
+  const bool first = g == 0, last = g == stage_.virtual_count() - 1;
+  MT_CHECK(static_cast<int64_t>(inputs.size()) == stage_input_count(chunk),
+           "hybrid model: pipeline stage {} (layers [{}, {})) takes {} tensors from the previous stage, got {}", g,
+           layers.first, layers.end, stage_input_count(chunk), inputs.size());
   Tensors state = inputs;
-  if (stage_.first()) {
+  if (first) {
     MT_CHECK(ids.dim() == 2, "hybrid model: ids must be [B, T], got {}", ids.shape());
     MT_CHECK(ids.size(1) <= c_.n_ctx, "hybrid model: {} tokens exceed model.n_ctx = {}", ids.size(1), c_.n_ctx);
     profile::Region region("embedding/head");
@@ -287,15 +303,16 @@ StageOutput HybridModel::stage_forward(const Tensor& ids, const Tensors& inputs,
   }
   for (const Tensor& t : state)
     MT_CHECK(t.dim() == 3 && t.size(2) == c_.d_model, "hybrid model: pipeline stage {} received {}, expected [B, T, "
-             "{}]", stage_.index, t.shape(), c_.d_model);
-  state = run_layers(std::move(state), layers_range_.first, layers_range_.end, nullptr, training);
+             "{}]", g, t.shape(), c_.d_model);
+  aux_losses_.clear();
+  state = run_layers(std::move(state), layers.first, layers.end, nullptr, training);
   StageOutput out;
   // The MoE layers' aux losses added one by one after the cross-entropy, as loss() adds them.
   auto add_aux = [&](Tensor l) {
     for (const Tensor& aux : aux_losses_) l = l.defined() ? add(l, aux.to(l.dtype())) : aux;
     return l;
   };
-  if (!stage_.last()) {
+  if (!last) {
     out.activations = std::move(state);
     out.loss = add_aux(Tensor());
     return out;
@@ -331,8 +348,9 @@ void HybridModel::set_expert_group(comm::Communicator* group) {
 
 std::vector<MoeLayer*> HybridModel::moe_layers() const {
   std::vector<MoeLayer*> out;
-  for (int64_t l = layers_range_.first; l < layers_range_.end; ++l)
-    if (MoeLayer* m = layers_[static_cast<size_t>(l)]->moe) out.push_back(m);
+  for (const StageLayers& r : chunks_)
+    for (int64_t l = r.first; l < r.end; ++l)
+      if (MoeLayer* m = layers_[static_cast<size_t>(l)]->moe) out.push_back(m);
   return out;
 }
 

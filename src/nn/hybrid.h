@@ -80,6 +80,7 @@ class HybridModel : public LanguageModel {
   // parameter has the value it has in the whole model of the same seed.
   // A padded vocabulary's embedding and head rows past vocab_size are 0; the
   // others, and every other parameter, are those of the unpadded model of the same seed.
+  // With virtual stages (stage.chunks > 1) it holds each of its chunks' layers.
   HybridModel(const HybridConfig& config, uint64_t seed, bool allocate = true, ExpertShard shard = {},
               PipelineStage stage = {});
   ~HybridModel() override;
@@ -92,13 +93,14 @@ class HybridModel : public LanguageModel {
   DType dtype() const override { return c_.dtype; }
   int64_t hidden_size() const override { return c_.d_model; }
   PipelineStage pipeline_stage() const override { return stage_; }
-  // What crosses the boundary before layer `stage_.first`: with AttnRes the
+  // What crosses the boundary before the chunk's first layer: with AttnRes the
   // completed block sums (ceil(first / S) of them, the embedding the first) and
   // the running sum of the open block; without, the residual stream.
-  int64_t stage_input_count() const override;
-  StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training) override;
+  int64_t stage_input_count(int64_t chunk = 0) const override;
+  StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training,
+                            int64_t chunk = 0) override;
   bool stage_holds(const std::string& name) const override;
-  StageLayers pipeline_stage_layers() const override { return layers_range_; }
+  StageLayers pipeline_stage_layers(int64_t chunk = 0) const override;
 
   // ids -> logits [B, T, vocab_size] (the padding columns of a padded vocabulary cut off).
   Tensor forward(const Tensor& ids, bool training = true) override;
@@ -155,11 +157,12 @@ class HybridModel : public LanguageModel {
   HybridConfig c_;
   ParamFactory factory_;
   Tensor embed_tokens_, norm_, lm_head_, out_res_proj_, out_res_norm_;
-  std::vector<std::unique_ptr<HybridLayer>> layers_;  // all n_layer; only [layers_range_) have tensors
+  std::vector<std::unique_ptr<HybridLayer>> layers_;  // all n_layer; only the chunks' have tensors
   std::unique_ptr<ResidualStream> stream_;             // PlainResidual or BlockAttnRes
   Tensors aux_losses_;  // the MoE layers' auxiliary losses of the last forward, in layer order
   PipelineStage stage_;
-  StageLayers layers_range_;
+  std::vector<StageLayers> chunks_;  // this rank's layers: one range per chunk (one for the whole model)
+  bool holds_layer(int64_t l) const;
 };
 
 }  // namespace moetrain

@@ -23,7 +23,8 @@ Tensor LanguageModel::loss(const Tensor& ids, const Tensor& targets, bool traini
 }
 
 StageOutput LanguageModel::stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets,
-                                         bool training) {
+                                         bool training, int64_t chunk) {
+  MT_CHECK(chunk == 0, "{} model: chunk {} of a model without virtual stages", arch(), chunk);
   MT_CHECK(pipeline_stage().whole(), "{} model: a pipeline stage needs the model's own stage_forward", arch());
   MT_CHECK(inputs.empty(), "{} model: the whole model receives no activations, got {}", arch(), inputs.size());
   StageOutput out;

@@ -120,18 +120,21 @@ class LanguageModel {
   // model built for one stage holds only that stage's parameters (their values
   // those of the whole model with the same seed); forward(), loss() and decoding
   // need the whole model.
+  // With virtual stages (train.pp_virtual) a rank's model holds pipeline_stage().chunks
+  // stages, its chunks; `chunk` below picks one (0 without virtual stages).
   virtual PipelineStage pipeline_stage() const { return {}; }
-  // The stage's layers [first, end) (all of them for the whole model; empty for a model without layers).
-  virtual StageLayers pipeline_stage_layers() const { return {}; }
-  // How many [B, T, hidden_size()] tensors this stage receives from the previous
-  // one (0 for the first stage).
-  virtual int64_t stage_input_count() const { return 0; }
+  // The chunk's layers [first, end) (all of them for the whole model; empty for a model without layers).
+  virtual StageLayers pipeline_stage_layers(int64_t chunk = 0) const { return {}; }
+  // How many [B, T, hidden_size()] tensors the chunk receives from the previous
+  // virtual stage (0 for the first).
+  virtual int64_t stage_input_count(int64_t chunk = 0) const { return 0; }
   virtual int64_t hidden_size() const { return 0; }
-  // One stage's forward on one micro-batch: the first stage reads ids [B, T], the
-  // others `inputs` (what the previous stage's activations were); the last stage
-  // gives the loss against targets, or the logits when targets is undefined. For
-  // the whole model: the loss (or logits) of ids.
-  virtual StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training);
+  // One chunk's forward on one micro-batch: virtual stage 0 reads ids [B, T], the
+  // others `inputs` (what the previous one's activations were); the last gives the
+  // loss against targets, or the logits when targets is undefined. For the whole
+  // model: the loss (or logits) of ids.
+  virtual StageOutput stage_forward(const Tensor& ids, const Tensors& inputs, const Tensor& targets, bool training,
+                                    int64_t chunk = 0);
   // Whether a parameter or buffer of the whole model with this name belongs to
   // this stage (checkpoint loads: a name of another stage is not "unexpected").
   virtual bool stage_holds(const std::string& name) const { return true; }

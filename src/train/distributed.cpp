@@ -144,6 +144,22 @@ Distributed make_distributed(const Config& config) {
       config.fail("train.pp", fmt::format("exceeds the model's {} layers (each stage needs at least one)", layers));
     d.tied_pipeline = config.get_bool("model.tie_embeddings");
   }
+  // Virtual stages (docs/parallelism.md#interleaved-virtual-stages).
+  const int64_t virtual_stages = config.get_int("train.pp_virtual");
+  if (virtual_stages > 1) {
+    if (pp == 1) config.fail("train.pp_virtual", "needs train.pp > 1 (it splits each pipeline rank's layers into chunks)");
+    const int64_t layers = HybridConfig::from(config).n_layer();
+    if (pp * virtual_stages > layers)
+      config.fail("train.pp_virtual", fmt::format("gives train.pp x train.pp_virtual = {} virtual stages, more than the "
+                                                  "model's {} layers (each needs at least one)",
+                                                  pp * virtual_stages, layers));
+    const int64_t M = config.get_int("train.grad_accum");
+    if (M % pp != 0)
+      config.fail("train.grad_accum", fmt::format("= {} micro-batches is not a multiple of train.pp = {}: the "
+                                                  "interleaved schedule of train.pp_virtual = {} runs them in groups "
+                                                  "of pp", M, pp, virtual_stages));
+  }
+  d.pp_virtual = virtual_stages;
   const int64_t experts = hybrid ? config.get_int("model.moe.num_experts") : 0;
   if (ep > 1 && experts == 0)
     config.fail("train.ep", "expert parallelism needs MoE layers (model.moe.num_experts > 0)");

@@ -2,12 +2,13 @@
 // docs/parallelism.md#pipeline-parallelism).
 #include "train/pipeline.h"
 
-#include <deque>
+#include <map>
 
 #include "autograd/engine.h"
 #include "comm/watchdog.h"
 #include "core/grad_mode.h"
 #include "core/profile.h"
+#include "nn/pipeline_schedule.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/view/view.h"
 
@@ -17,19 +18,10 @@ namespace {
 
 using comm::P2POp;
 
-// The neighbours of this rank in its pipeline (ranks of pipe_group), -1 at the ends.
-struct Neighbours {
-  int prev = -1, next = -1;
-  explicit Neighbours(const Distributed& d) {
-    if (!d.grid.first_stage()) prev = d.grid.pp_index - 1;
-    if (!d.grid.last_stage()) next = d.grid.pp_index + 1;
-  }
-};
-
-// What this stage receives for one micro-batch: stage_input_count() tensors [B, T, D].
-Tensors empty_inputs(const LanguageModel& stage, int64_t B, int64_t T, Device device) {
+// What a chunk receives for one micro-batch: stage_input_count(chunk) tensors [B, T, D].
+Tensors empty_inputs(const LanguageModel& stage, int64_t chunk, int64_t B, int64_t T, Device device) {
   Tensors out;
-  for (int64_t i = 0; i < stage.stage_input_count(); ++i)
+  for (int64_t i = 0; i < stage.stage_input_count(chunk); ++i)
     out.push_back(empty({B, T, stage.hidden_size()}, stage.dtype(), device));
   return out;
 }
@@ -40,100 +32,111 @@ Tensors empty_like_all(const Tensors& ts) {
   return out;
 }
 
-// One send_recv over the pipeline group: `sends` to `to`, `recvs` from `from`
-// (either list may be empty, a peer of -1 means none).
-void exchange(Distributed& d, const char* what, int to, const Tensors& sends, int from, const Tensors& recvs) {
-  std::vector<P2POp> ops;
-  if (to >= 0)
-    for (const Tensor& t : sends) ops.push_back({P2POp::Kind::send, to, t.detach()});
-  if (from >= 0)
-    for (const Tensor& t : recvs) ops.push_back({P2POp::Kind::recv, from, t});
+// One send_recv over the pipeline group (ops may be empty: nothing to do).
+void exchange(Distributed& d, const char* what, std::vector<P2POp> ops) {
   if (ops.empty()) return;
   comm::WatchdogLabel label(what);
   profile::Region region("pipeline p2p");
   d.grid.pipe_group->send_recv(ops);
 }
 
+void append(std::vector<P2POp>& ops, P2POp::Kind kind, int peer, const Tensors& ts) {
+  for (const Tensor& t : ts) ops.push_back({kind, peer, kind == P2POp::Kind::send ? t.detach() : t});
+}
+
+// Runs this rank's ticks of the step's timeline (nn/pipeline_schedule.h): in each,
+// its action (a chunk's forward or backward of one micro-batch), then one
+// send_recv with the messages of the tick, which its peers post in the same tick.
 class Schedule {
  public:
   Schedule(Distributed& d, LanguageModel& stage, const std::vector<data::Batch>& batches, Device device)
-      : d_(d), stage_(stage), batches_(batches), device_(device), peers_(d),
+      : d_(d), stage_(stage), batches_(batches), device_(device), where_(stage.pipeline_stage()),
         scale_(1.0 / static_cast<double>(batches.size())) {}
 
   PipelineStepResult run() {
     const int64_t M = static_cast<int64_t>(batches_.size());
-    const int64_t warmup = std::min<int64_t>(d_.grid.pp - d_.grid.pp_index - 1, M), steady = M - warmup;
-    for (int64_t i = 0; i < warmup; ++i) {
-      Tensors in = receive_inputs();
-      exchange(d_, "pipeline: send activations", peers_.next, forward(std::move(in)), -1, {});
-    }
-    Tensors in;
-    if (steady > 0) in = receive_inputs();
-    for (int64_t j = 0; j < steady; ++j) {
-      Tensors out = forward(std::move(in));
-      // Send this forward's output while receiving the gradient of the oldest one in flight.
-      Tensors grads = peers_.next >= 0 ? empty_like_all(flight_.front().out.activations) : Tensors{};
-      exchange(d_, "pipeline: send activations, receive gradients", peers_.next, out, peers_.next, grads);
-      Tensors input_grads = backward(grads);
-      if (j == steady - 1) {
-        exchange(d_, "pipeline: send gradients", peers_.prev, input_grads, -1, {});
-      } else {
-        in = peers_.prev >= 0 ? empty_inputs(stage_, batch_rows(), batch_cols(), device_) : Tensors{};
-        exchange(d_, "pipeline: send gradients, receive activations", peers_.prev, input_grads, peers_.prev, in);
+    const PipelineTimeline timeline = pipeline_timeline(where_.count, where_.chunks, M);
+    for (const PipelineTick& tick : timeline.ranks[static_cast<size_t>(where_.index)]) {
+      Tensors made;  // what this tick's action sends on
+      if (tick.has_action)
+        made = tick.action.kind == PipelineAction::Kind::forward ? forward(tick.action) : backward(tick.action);
+      std::vector<P2POp> ops;
+      for (const PipelineMessage& m : tick.sends) append(ops, P2POp::Kind::send, m.peer, made);
+      for (const PipelineMessage& m : tick.recvs) {
+        const Key k{m.micro, m.chunk};
+        Tensors& box = m.gradient ? grads_[k] : inputs_[k];
+        box = m.gradient ? empty_like_all(flight_.at(k).out.activations)
+                         : empty_inputs(stage_, m.chunk, batch_rows(), batch_cols(), device_);
+        append(ops, P2POp::Kind::recv, m.peer, box);
       }
+      exchange(d_, tick.recvs.empty() ? "pipeline: send" : "pipeline: send and receive", std::move(ops));
     }
-    for (int64_t i = 0; i < warmup; ++i) {
-      Tensors grads = peers_.next >= 0 ? empty_like_all(flight_.front().out.activations) : Tensors{};
-      exchange(d_, "pipeline: receive gradients", -1, {}, peers_.next, grads);
-      exchange(d_, "pipeline: send gradients", peers_.prev, backward(grads), -1, {});
-    }
-    MT_ASSERT(flight_.empty() && next_forward_ == M, "pipeline schedule: {} micro-batches in flight after the step",
-              flight_.size());
+    MT_ASSERT(flight_.empty() && inputs_.empty() && grads_.empty(),
+              "pipeline schedule: {} micro-batches in flight, {} inputs and {} gradients unused after the step",
+              flight_.size(), inputs_.size(), grads_.size());
     return result_;
   }
 
  private:
+  using Key = std::pair<int64_t, int64_t>;  // (micro-batch, chunk)
   struct InFlight {
-    Tensors inputs;  // leaves: their grads go back to the previous stage
+    Tensors inputs;  // leaves: their grads go back to the previous virtual stage
     StageOutput out;
   };
 
   int64_t batch_rows() const { return batches_.front().inputs.size(0); }
   int64_t batch_cols() const { return batches_.front().inputs.size(1); }
+  bool first_virtual(int64_t chunk) const { return where_.virtual_index(chunk) == 0; }
+  bool last_virtual(int64_t chunk) const { return where_.virtual_index(chunk) == where_.virtual_count() - 1; }
 
-  Tensors receive_inputs() {
-    if (peers_.prev < 0) return {};
-    Tensors in = empty_inputs(stage_, batch_rows(), batch_cols(), device_);
-    exchange(d_, "pipeline: receive activations", -1, {}, peers_.prev, in);
-    return in;
-  }
-
-  Tensors forward(Tensors inputs) {
-    const data::Batch& b = batches_[static_cast<size_t>(next_forward_++)];
+  // A chunk's forward of one micro-batch; returns what goes to the next virtual stage.
+  Tensors forward(const PipelineAction& a) {
+    const data::Batch& b = batches_[static_cast<size_t>(a.micro)];
+    const Key k{a.micro, a.chunk};
+    Tensors inputs;
+    if (!first_virtual(a.chunk)) {
+      auto it = inputs_.find(k);
+      MT_ASSERT(it != inputs_.end(), "pipeline: micro-batch {} chunk {} runs before its input arrived", a.micro,
+                a.chunk);
+      inputs = std::move(it->second);
+      inputs_.erase(it);
+    }
     for (Tensor& t : inputs) t.set_requires_grad(true);
-    const PipelineStage s = stage_.pipeline_stage();
     // Host batches: the embedding and the loss move them (docs/cuda.md, "Host synchronisation").
-    const Tensor ids = s.first() ? b.inputs : Tensor();
-    const Tensor targets = s.last() ? b.targets : Tensor();
-    StageOutput out = stage_.stage_forward(ids, inputs, targets, true);
-    if (s.last()) result_.loss_sum += out.loss.item<double>();
-    flight_.push_back({std::move(inputs), std::move(out)});
+    const Tensor ids = first_virtual(a.chunk) ? b.inputs : Tensor();
+    const Tensor targets = last_virtual(a.chunk) ? b.targets : Tensor();
+    StageOutput out = stage_.stage_forward(ids, inputs, targets, true, a.chunk);
+    if (last_virtual(a.chunk)) result_.loss_sum += out.loss.item<double>();
+    Tensors sent = out.activations;
+    flight_.emplace(k, InFlight{std::move(inputs), std::move(out)});
     result_.max_in_flight = std::max(result_.max_in_flight, static_cast<int64_t>(flight_.size()));
-    return flight_.back().out.activations;
+    return sent;
   }
 
-  // Backward of the oldest micro-batch in flight, given the gradients of its
-  // outputs (none on the last stage); returns the gradients of its inputs.
-  Tensors backward(const Tensors& output_grads) {
-    InFlight f = std::move(flight_.front());
-    flight_.pop_front();
+  // A chunk's backward of one micro-batch, given the gradients of its outputs
+  // (received; none on the last virtual stage); returns its inputs' gradients.
+  Tensors backward(const PipelineAction& a) {
+    const Key k{a.micro, a.chunk};
+    auto fit = flight_.find(k);
+    MT_ASSERT(fit != flight_.end(), "pipeline: backward of micro-batch {} chunk {} before its forward", a.micro,
+              a.chunk);
+    InFlight f = std::move(fit->second);
+    flight_.erase(fit);
+    Tensors output_grads;
+    if (!last_virtual(a.chunk)) {
+      auto git = grads_.find(k);
+      MT_ASSERT(git != grads_.end(), "pipeline: backward of micro-batch {} chunk {} before its gradients arrived",
+                a.micro, a.chunk);
+      output_grads = std::move(git->second);
+      grads_.erase(git);
+    }
     Tensors roots, grads;
-    if (f.out.loss.defined()) {  // the loss (last stage) or the stage's aux losses, scaled for accumulation
+    if (f.out.loss.defined()) {  // the loss (last stage) or the chunk's aux losses, scaled for accumulation
       roots.push_back(mul_scalar(f.out.loss, scale_));
       grads.emplace_back();
     }
-    MT_ASSERT(output_grads.size() == (stage_.pipeline_stage().last() ? 0 : f.out.activations.size()),
-              "pipeline: {} output gradients for {} outputs", output_grads.size(), f.out.activations.size());
+    MT_ASSERT(output_grads.size() == f.out.activations.size(), "pipeline: {} output gradients for {} outputs",
+              output_grads.size(), f.out.activations.size());
     for (size_t i = 0; i < output_grads.size(); ++i) {
       roots.push_back(f.out.activations[i]);
       grads.push_back(output_grads[i]);
@@ -151,17 +154,17 @@ class Schedule {
   LanguageModel& stage_;
   const std::vector<data::Batch>& batches_;
   Device device_;
-  Neighbours peers_;
+  PipelineStage where_;
   double scale_;
-  int64_t next_forward_ = 0;
-  std::deque<InFlight> flight_;
+  std::map<Key, InFlight> flight_;
+  std::map<Key, Tensors> inputs_, grads_;  // received, not yet consumed
   PipelineStepResult result_;
 };
 
 // The whole model from one stage (pipelined_model).
 class PipelinedModel final : public LanguageModel {
  public:
-  PipelinedModel(Distributed& d, LanguageModel& stage) : d_(d), stage_(stage), peers_(d) {}
+  PipelinedModel(Distributed& d, LanguageModel& stage) : d_(d), stage_(stage) {}
 
   std::string arch() const override { return stage_.arch(); }
   std::string describe() const override { return stage_.describe(); }
@@ -170,15 +173,28 @@ class PipelinedModel final : public LanguageModel {
   DType dtype() const override { return stage_.dtype(); }
   int64_t hidden_size() const override { return stage_.hidden_size(); }
 
+  // Every virtual stage in turn: this rank runs its chunks, receiving each one's
+  // input from the rank before it (the last rank for chunk c > 0 on rank 0).
   Tensor forward(const Tensor& ids, bool training) override {
     NoGradGuard no_grad;
     MT_CHECK(ids.dim() == 2, "pipelined model: ids must be [B, T], got {}", ids.shape());
     const int64_t B = ids.size(0), T = ids.size(1);
     const Device device = stage_.parameters().front().tensor.device();
-    Tensors in = peers_.prev >= 0 ? empty_inputs(stage_, B, T, device) : Tensors{};
-    exchange(d_, "pipeline (eval): receive activations", -1, {}, peers_.prev, in);
-    StageOutput out = stage_.stage_forward(ids.to(device), in, Tensor(), training);
-    exchange(d_, "pipeline (eval): send activations", peers_.next, out.activations, -1, {});
+    const PipelineStage where = stage_.pipeline_stage();
+    const int pp = static_cast<int>(where.count);
+    const int prev = (d_.grid.pp_index + pp - 1) % pp, next = (d_.grid.pp_index + 1) % pp;
+    StageOutput out;
+    for (int64_t c = 0; c < where.chunks; ++c) {
+      const int64_t g = where.virtual_index(c);
+      Tensors in = g > 0 ? empty_inputs(stage_, c, B, T, device) : Tensors{};
+      std::vector<P2POp> ops;
+      append(ops, P2POp::Kind::recv, prev, in);
+      exchange(d_, "pipeline (eval): receive activations", std::move(ops));
+      out = stage_.stage_forward(ids.to(device), in, Tensor(), training, c);
+      ops.clear();
+      if (g < where.virtual_count() - 1) append(ops, P2POp::Kind::send, next, out.activations);
+      exchange(d_, "pipeline (eval): send activations", std::move(ops));
+    }
     Tensor logits = d_.grid.last_stage() ? out.logits : empty({B, T, vocab_size()}, stage_.dtype(), device);
     comm::WatchdogLabel label("pipeline (eval): logits from the last stage");
     d_.grid.pipe_group->broadcast(logits, d_.grid.pp - 1);
@@ -212,7 +228,6 @@ class PipelinedModel final : public LanguageModel {
 
   Distributed& d_;
   LanguageModel& stage_;
-  Neighbours peers_;
 };
 
 }  // namespace

@@ -2,9 +2,11 @@
 // 1F1B schedule of one training step over the stages of a pipeline, and a whole-
 // model view of a stage for evaluation and samples.
 //
-// Each rank holds one stage (a HybridModel built for it, nn/pipeline_stages.h)
-// and talks to the ranks of its pipeline (ProcessGrid::pipe_group: the same
-// index in the neighbouring stages) with Communicator::send_recv. What crosses a
+// Each rank holds one stage (a HybridModel built for it, nn/pipeline_stages.h),
+// or V of them with virtual stages, and talks to the ranks of its pipeline
+// (ProcessGrid::pipe_group: the same index in the neighbouring stages; with
+// virtual stages the last rank's chunk c feeds the first rank's chunk c + 1) with
+// Communicator::send_recv. What crosses a
 // boundary is the stage's state: with Block AttnRes the completed block sums and
 // the open block's running sum (so a block list that spans stages travels with
 // the activations, and its gradient comes back), else the residual stream; all
@@ -27,17 +29,17 @@ struct PipelineStepResult {
 };
 
 // Forward and backward of one optimizer step's micro-batches through the
-// pipeline, in the non-interleaved 1F1B order: stage s of pp runs
-// min(pp - s - 1, M) forwards first, then alternates one forward and one
-// backward, then finishes the backwards; each stage keeps at most pp - s
-// micro-batches of activations. Sends and receives are paired the way both
-// neighbours post them (send the forward's output while receiving a gradient,
-// send a gradient while receiving the next input), so no ordering deadlocks.
-// Every micro-batch's loss is scaled by 1 / M (gradient accumulation); the
-// parameters' grads hold this rank's sums, to be reduced over the replicas after.
-// Collective over the pipeline (and, inside stages, the MoE layers' expert
-// groups). batches: the M micro-batches (inputs on the first stage, targets on
-// the last are read; every stage passes the same ones).
+// pipeline, in the order of nn/pipeline_schedule.h: with one chunk per rank the
+// non-interleaved 1F1B (stage s runs min(pp - s - 1, M) forwards first, then
+// alternates, keeping at most pp - s micro-batches of activations); with V chunks
+// (train.pp_virtual) the interleaved 1F1B over the pp x V virtual stages, whose
+// bubble is V times smaller. The ranks run the schedule's timeline in lock step:
+// each tick's sends and receives are posted together by both neighbours, so no
+// ordering deadlocks. Every micro-batch's loss is scaled by 1 / M (gradient
+// accumulation); the parameters' grads hold this rank's sums, to be reduced over
+// the replicas after. Collective over the pipeline (and, inside stages, the MoE
+// layers' expert groups). batches: the M micro-batches (inputs on the first stage,
+// targets on the last are read; every stage passes the same ones).
 PipelineStepResult pipeline_train_step(Distributed& d, LanguageModel& stage, const std::vector<data::Batch>& batches,
                                        Device device);
 

@@ -85,13 +85,17 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
     spdlog::info("  {:<10} {:>14} parameters ({:5.1f}%)", group, with_commas(n), 100.0 * n / total);
   const PipelineStage stage = model.pipeline_stage();
   if (!stage.whole()) {  // pipeline: the groups above are this rank's stage
-    const StageLayers layers = model.pipeline_stage_layers();
-    spdlog::info("  {:<10} {:>14} parameters on rank 0: stage 1 of {} (layers {}-{} and the embedding{}, train.pp {})",
-                 "this rank", with_commas(total), stage.count, layers.first, layers.end - 1,
+    std::string layers;
+    for (int64_t c = 0; c < stage.chunks; ++c) {
+      const StageLayers r = model.pipeline_stage_layers(c);
+      layers += fmt::format("{}{}-{}", c ? ", " : "", r.first, r.end - 1);
+    }
+    spdlog::info("  {:<10} {:>14} parameters on rank 0: stage 1 of {} (layers {} and the embedding{}, train.pp {}{})",
+                 "this rank", with_commas(total), stage.count, layers,
                  ledger.layout.ep > 1 ? fmt::format("; its 1/{} of the routed experts, train.ep {}", ledger.layout.ep,
                                                     ledger.layout.ep)
                                       : std::string(),
-                 stage.count);
+                 stage.count, stage.chunks > 1 ? fmt::format(", train.pp_virtual {}", stage.chunks) : std::string());
     spdlog::info("  {:<10} {:>14} parameters in the model ({} active per token)", "total", with_commas(ledger.total),
                  with_commas(ledger.active));
   } else if (ledger.layout.ep > 1 && total != ledger.total) {  // expert parallel: the groups above are this rank's
@@ -254,7 +258,7 @@ void Trainer::build() {
   baseline_rss_ = current_rss_bytes();
   // The worst stage at pp > 1; at train.zero 1 the moments over each parameter's replicas.
   ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep, dist_.grid.pp, dist_.zero});
-  model_ = build_model(config_, expert_shard(dist_), PipelineStage{dist_.grid.pp_index, dist_.grid.pp});
+  model_ = build_model(config_, expert_shard(dist_), PipelineStage{dist_.grid.pp_index, dist_.grid.pp, dist_.pp_virtual});
   if (dist_.grid.pp > 1) whole_model_ = pipelined_model(dist_, *model_);
   if (dist_.grid.ep > 1) model_->set_expert_group(dist_.grid.ep_group.get());
   ParameterList& params = model_->parameters();

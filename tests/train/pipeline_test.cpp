@@ -112,26 +112,31 @@ TEST_CASE("pipeline: a stage holds exactly the whole model's parameters of its l
                     Catch::Contains("each stage needs at least one layer"));
 }
 
-TEST_CASE("pipeline: 1F1B loss and every gradient equal one process (pp 2, 4; with ep 2 or dp 2)",
+TEST_CASE("pipeline: 1F1B loss and every gradient equal one process (pp 2, 4; with ep 2 or dp 2; virtual stages)",
           "[train][pipeline][mpi]") {
   comm::Communicator& world = comm::world();
   const int W = world.size();
   if (W == 1) return;  // the stage split alone, above
-  const int64_t B = 2, T = 6, M = 3;  // rows per micro-batch, tokens, micro-batches per replica
+  const int64_t B = 2, T = 6;  // rows per micro-batch, tokens
   struct Layout {
     int pp, ep;
+    int64_t V, M;  // chunks per rank (train.pp_virtual), micro-batches per replica
   };
   for (bool tied : {false, true}) {
     const HybridConfig c = pipeline_model(tied);
-    for (Layout layout : {Layout{2, 1}, Layout{2, 2}, Layout{4, 1}, Layout{W, 1}}) {
+    // Virtual stages: pp 2 x V 2 (layers 0-1 | 2 | 3-4 | 5: rank 0 holds 0-1 and 3-4, block 1 opens in
+    // rank 0's second chunk after crossing the ring), pp 2 x V 3 (one layer per virtual stage), with ep 2.
+    for (Layout layout : {Layout{2, 1, 1, 3}, Layout{2, 2, 1, 3}, Layout{4, 1, 1, 3}, Layout{W, 1, 1, 3},
+                          Layout{2, 1, 2, 4}, Layout{2, 2, 2, 2}, Layout{2, 1, 3, 2}}) {
+      const int64_t M = layout.M;
       if (layout.pp > W || W % (layout.pp * layout.ep) != 0) continue;
       Distributed d;
       d.world = &world;
       d.grid = comm::make_process_grid(world, layout.ep, "ep", layout.pp, "pp");
       d.tied_pipeline = tied;
       const int R = d.grid.replicas();
-      INFO("world " << W << " pp " << layout.pp << " ep " << layout.ep << " dp " << d.grid.dp << " tied " << tied
-                    << " rank " << d.rank());
+      INFO("world " << W << " pp " << layout.pp << " V " << layout.V << " ep " << layout.ep << " dp " << d.grid.dp
+                    << " tied " << tied << " rank " << d.rank());
       // The global batch: M x R micro-batches; replica q takes q, q + R, ... (as the trainer's stream).
       Generator gen(11);
       std::vector<data::Batch> all;
@@ -146,10 +151,12 @@ TEST_CASE("pipeline: 1F1B loss and every gradient equal one process (pp 2, 4; wi
       }
       std::vector<data::Batch> mine;
       for (int64_t i = d.grid.local_index(); i < M * R; i += R) mine.push_back(all[static_cast<size_t>(i)]);
-      HybridModel m(c, 5, true, expert_shard(d), PipelineStage{d.grid.pp_index, d.grid.pp});
+      HybridModel m(c, 5, true, expert_shard(d), PipelineStage{d.grid.pp_index, d.grid.pp, layout.V});
       if (layout.ep > 1) m.set_expert_group(d.grid.ep_group.get());
       const PipelineStepResult r = pipeline_train_step(d, m, mine, kCpu);
-      CHECK(r.max_in_flight == std::min<int64_t>(layout.pp - d.grid.pp_index, M));
+      if (layout.V == 1) CHECK(r.max_in_flight == std::min<int64_t>(layout.pp - d.grid.pp_index, M));
+      // Interleaved, pp 2 x V 2, M 4: rank 0 runs 4 warm-up forwards and holds 5 (micro-batch, chunk) pairs.
+      if (layout.V == 2 && layout.M == 4) CHECK(r.max_in_flight == (d.grid.pp_index == 0 ? 5 : 3));
       sync_gradients(d, m);
       const double loss = mean_loss(d, r.loss_sum / M);
       CHECK(std::abs(loss - ref_loss) < 1e-12 * std::abs(ref_loss));
