@@ -90,6 +90,50 @@ TEST_CASE("cli: pipeline training equals one process and its checkpoints reshard
   }
 }
 
+TEST_CASE("cli: virtual pipeline stages (train.pp_virtual) equal one process; checkpoints resume across V",
+          "[cli][slow]") {
+  // 4 layers over pp 2 x V 2: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3 (block 1 opens at layer 3).
+  PipelineJob job;
+  Result one = job.train(1, 1, 1, "one");
+  INFO(one.output);
+  REQUIRE(one.code == 0);
+  const std::vector<double> want = metrics_losses(job.dir + "/one");
+  REQUIRE(want.size() == 4);
+  const auto val = [](const string& out) { return out.substr(out.rfind("val loss"), 16); };
+  for (int ep : {1, 2}) {
+    const string name = "virtual" + std::to_string(ep);
+    Result r = job.train(2 * ep, 2, ep, name, "--set train.pp_virtual=2");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    CHECK(r.output.find("layers 0-0, 2-2 and the embedding") != string::npos);
+    check_close(metrics_losses(job.dir + "/" + name), want);
+    CHECK(val(r.output) == val(one.output));
+  }
+  // The pp 2 x V 2 checkpoint of step 2 resumes with V 1, at one process and at pp 4 (one layer a rank);
+  // a V 1 checkpoint resumes with V 2.
+  Result plain = job.train(2, 2, 1, "plain");
+  REQUIRE(plain.code == 0);
+  struct Resume {
+    string from;
+    int np, pp, V;
+  };
+  for (const Resume& l : {Resume{"virtual1", 2, 2, 1}, Resume{"virtual1", 1, 1, 1}, Resume{"virtual1", 4, 4, 1},
+                          Resume{"plain", 2, 2, 2}}) {
+    const string name = "resume_" + l.from + std::to_string(l.np) + std::to_string(l.pp) + std::to_string(l.V);
+    Result copy = moetrain::testing::capture_command("cp -r " + job.dir + "/" + l.from + " " + job.dir + "/" + name +
+                                                     " && rm -r " + job.dir + "/" + name + "/checkpoints/step_00000004");
+    REQUIRE(copy.code == 0);
+    Result r = job.train(l.np, l.pp, 1, name, "--set ckpt.resume=step_00000002 --set train.pp_virtual=" +
+                                                  std::to_string(l.V));
+    INFO("from " << l.from << " np " << l.np << " pp " << l.pp << " V " << l.V << "\n" << r.output);
+    REQUIRE(r.code == 0);
+    CHECK(r.output.find("resumed from") != string::npos);
+    const std::vector<double> got = metrics_losses(job.dir + "/" + name);
+    REQUIRE(got.size() >= 2);
+    check_close({got.end() - 2, got.end()}, {want.end() - 2, want.end()});
+  }
+}
+
 TEST_CASE("cli: train.pp refuses layouts it cannot run, naming the key", "[cli]") {
   PipelineJob job;
   Result odd = job.train(2, 3, 1, "odd");  // 2 ranks into 3 stages
@@ -101,6 +145,17 @@ TEST_CASE("cli: train.pp refuses layouts it cannot run, naming the key", "[cli]"
   Result too_many = job.train(8, 8, 1, "too_many");  // 4 layers over 8 stages
   CHECK(too_many.code == 2);
   CHECK(too_many.output.find("exceeds the model's 4 layers") != string::npos);
+  Result lone = job.train(1, 1, 1, "lone", "--set train.pp_virtual=2");  // nothing to interleave
+  CHECK(lone.code == 2);
+  CHECK(lone.output.find("train.pp_virtual") != string::npos);
+  CHECK(lone.output.find("needs train.pp > 1") != string::npos);
+  Result thin = job.train(2, 2, 1, "thin", "--set train.pp_virtual=3");  // 6 virtual stages, 4 layers
+  CHECK(thin.code == 2);
+  CHECK(thin.output.find("6 virtual stages, more than the model's 4 layers") != string::npos);
+  Result odd_m = job.train(2, 2, 1, "odd_m", "--set train.pp_virtual=2 --set train.grad_accum=3");
+  CHECK(odd_m.code == 2);
+  CHECK(odd_m.output.find("train.grad_accum") != string::npos);
+  CHECK(odd_m.output.find("not a multiple of train.pp = 2") != string::npos);
   Result gpt2 = moetrain::testing::run_moetrain("train -c " + string(MOETRAIN_SOURCE_DIR) +
                                                 "/configs/gpt2-shakespeare.yaml --set train.pp=2 --set run.dir=" + job.dir +
                                                 "/gpt2");
