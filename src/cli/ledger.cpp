@@ -64,10 +64,13 @@ void add_ledger_command(CLI::App& app, Commands& commands) {
   cmd->add_option("--micro-batches", o->layout.num_micro_batches,
                   "micro-batches per step and pipeline, the 1F1B schedule's M (default train.grad_accum)")
       ->check(positive());
+  cmd->add_option("--pp-virtual", o->layout.virtual_stages,
+                  "virtual stages per pipeline rank, the interleaved 1F1B (default train.pp_virtual)")
+      ->check(positive());
   CLI::Option* plan = cmd->add_option("--plan", o->plan,
                                       "search the layouts of this many devices; print the feasible ones, fastest first")
                           ->check(positive());
-  for (const char* one_layout : {"--pp", "--dp", "--ep", "--zero", "--micro-batches"})
+  for (const char* one_layout : {"--pp", "--pp-virtual", "--dp", "--ep", "--zero", "--micro-batches"})
     plan->excludes(cmd->get_option(one_layout));
   cmd->add_option("--global-batch", o->global_batch,
                   "--plan: sequences per optimizer step (default: devices x train.batch_size x train.grad_accum)")

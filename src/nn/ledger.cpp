@@ -18,6 +18,7 @@
 #include "nn/gpt2.h"
 #include "nn/hybrid.h"
 #include "nn/parameters.h"
+#include "nn/pipeline_schedule.h"
 #include "nn/pipeline_stages.h"
 
 namespace moetrain {
@@ -48,7 +49,7 @@ struct ModelSummary {
   double param_bytes = 4;       // one weight (or gradient, or moment) in the run's dtype (f32, f64)
   double activation_bytes = 4;  // one value sent between ranks (bf16 runs: 2)
   double flops_per_token = 0;
-  int64_t seq_len = 0, batch_size = 0, grad_accum = 1;
+  int64_t seq_len = 0, batch_size = 0, grad_accum = 1, pp_virtual = 1;
   std::string dtype;
   std::map<int64_t, int64_t> decode_cache_bytes;
   // The model's estimates over layers [first, end), with or without the head.
@@ -64,6 +65,7 @@ ModelSummary summarize(const Config& config) {
   m.seq_len = config.get_int("train.seq_len");
   m.batch_size = config.get_int("train.batch_size");
   m.grad_accum = config.get_int("train.grad_accum");
+  m.pp_virtual = config.get_int("train.pp_virtual");
   m.dtype = config.get_string("train.dtype");
   m.mixed_precision = m.dtype == "bf16";
   m.recompute = config.get_bool("train.activation_checkpointing");
@@ -158,6 +160,17 @@ void check_layout(const ModelSummary& m, const Config& config, const LedgerLayou
   if (layout.micro_batch < 1 || layout.num_micro_batches < 1)
     throw Error(fmt::format("ledger: --micro-batch {} and --micro-batches {} must be at least 1", layout.micro_batch,
                             layout.num_micro_batches));
+  if (layout.virtual_stages < 1)
+    throw Error(fmt::format("ledger: --pp-virtual {} must be at least 1", layout.virtual_stages));
+  if (layout.virtual_stages > 1 && layout.pp == 1)
+    throw Error(fmt::format("ledger: --pp-virtual {} needs --pp > 1", layout.virtual_stages));
+  if (layout.pp * layout.virtual_stages > m.n_layer)
+    throw Error(fmt::format("ledger: --pp {} x --pp-virtual {} = {} virtual stages exceed the model's {} layers",
+                            layout.pp, layout.virtual_stages, layout.pp * layout.virtual_stages, m.n_layer));
+  if (layout.virtual_stages > 1 && layout.num_micro_batches % layout.pp != 0)
+    throw Error(fmt::format("ledger: --micro-batches {} is not a multiple of --pp {}: the interleaved schedule of "
+                            "--pp-virtual {} runs them in groups of pp",
+                            layout.num_micro_batches, layout.pp, layout.virtual_stages));
 }
 
 // Bytes per element of one parameter's state.
@@ -201,6 +214,17 @@ double ring_seconds(double bytes, bool one_node, const ClusterAssumptions& c) {
   return bytes / (one_node ? c.intra_bandwidth : c.inter_bandwidth);
 }
 
+}  // namespace
+
+std::string StageLedger::layers_text() const {
+  std::string out;
+  for (const auto& [first, end] : chunks)
+    out += fmt::format("{}{}-{}", out.empty() ? "" : ", ", first, end - 1);
+  return out;
+}
+
+namespace {
+
 Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const ClusterAssumptions& cluster) {
   Ledger l;
   l.arch = m.arch;
@@ -218,19 +242,23 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
   l.cluster = cluster;
   l.decode_cache_bytes = m.decode_cache_bytes;
   const int64_t pp = layout.pp, dp = layout.dp, ep = layout.ep, M = layout.num_micro_batches;
+  const int64_t V = layout.virtual_stages, S = pp * V;  // chunks per rank, virtual stages
   const int64_t stage_ranks = dp * ep;
   const double tokens = static_cast<double>(layout.micro_batch * m.seq_len);  // per micro-batch and rank
   const double grad_wire = m.param_bytes;  // gradients are summed in f32 buckets (f64 in f64 runs), bf16 ones too
 
   std::vector<int64_t> stage_of(static_cast<size_t>(m.n_layer));
   l.stages.resize(static_cast<size_t>(pp));
-  for (int64_t s = 0; s < pp; ++s) {
-    const StageLayers layers = stage_layers(m.n_layer, pp, s);
-    StageLedger& st = l.stages[static_cast<size_t>(s)];
-    st.first_layer = layers.first;
-    st.end_layer = layers.end;
+  for (int64_t g = 0; g < S; ++g) {  // virtual stage g is chunk g / pp of stage g % pp
+    const StageLayers layers = stage_layers(m.n_layer, S, g);
+    StageLedger& st = l.stages[static_cast<size_t>(g % pp)];
+    if (g < pp) {
+      st.first_layer = layers.first;
+      st.end_layer = layers.end;
+    }
+    st.chunks.emplace_back(layers.first, layers.end);
     for (int64_t i = layers.first; i < layers.end; ++i) {
-      stage_of[static_cast<size_t>(i)] = s;
+      stage_of[static_cast<size_t>(i)] = g % pp;
       st.num_moe_layers += m.moe_layer[static_cast<size_t>(i)];
     }
   }
@@ -260,32 +288,40 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
   for (int64_t s = 0; s < pp; ++s) {
     StageLedger& st = l.stages[static_cast<size_t>(s)];
     const bool last = s == pp - 1;
-    const int64_t first = st.first_layer, end = st.end_layer;
     const int64_t first_rank = s * stage_ranks;
-    // Activations: the stage's layers (and the head on the last), plus what it
-    // received from the previous stage, per micro-batch in flight (1F1B keeps
-    // min(pp - s, M) alive on stage s).
-    const double received = s > 0 ? static_cast<double>(m.boundary(first)) * m.activation_bytes : 0.0;
-    st.num_micro_batches_in_flight = std::min(pp - s, M);
-    if (!m.recompute) {
-      st.activation_bytes_per_micro_batch = tokens * (m.activations(first, end, last) + received);
-      st.activation_bytes = static_cast<double>(st.num_micro_batches_in_flight) * st.activation_bytes_per_micro_batch;
-    } else {
-      // Recompute: each micro-batch keeps its layers' inputs (the stage input, then
-      // one D-wide hidden per further layer); one layer's full activations (and the
-      // logits on the last stage) exist at a time, during that layer's backward.
-      double widest = 0;
-      for (int64_t i = first; i < end; ++i) widest = std::max(widest, m.activations(i, i + 1, false));
-      const double kept = static_cast<double>(m.boundary(first) + (end - first - 1) * m.d_model) * m.activation_bytes;
-      st.activation_bytes_per_micro_batch = tokens * kept;
-      st.activation_bytes = static_cast<double>(st.num_micro_batches_in_flight) * st.activation_bytes_per_micro_batch +
-                            tokens * (widest + (last ? m.activations(end, end, true) : 0.0));
+    // Activations per chunk: its layers (and the head on the last virtual stage),
+    // plus what it received from the previous virtual stage; the stage keeps the
+    // micro-batch chunks its schedule has in flight (nn/pipeline_schedule.h: 1F1B
+    // keeps min(pp - s, M) on stage s, the interleaved order more, each smaller).
+    std::vector<double> chunk_bytes;
+    double widest = 0, flops = 0;
+    for (int64_t k = 0; k < V; ++k) {
+      const auto [first, end] = st.chunks[static_cast<size_t>(k)];
+      const int64_t g = k * pp + s;
+      const bool head = g == S - 1;
+      const double received = g > 0 ? static_cast<double>(m.boundary(first)) * m.activation_bytes : 0.0;
+      if (!m.recompute) {
+        chunk_bytes.push_back(tokens * (m.activations(first, end, head) + received));
+      } else {
+        // Recompute: each micro-batch keeps its layers' inputs (the chunk's input, then
+        // one D-wide hidden per further layer); one layer's full activations (and the
+        // logits on the last) exist at a time, during that layer's backward.
+        for (int64_t i = first; i < end; ++i) widest = std::max(widest, m.activations(i, i + 1, false));
+        chunk_bytes.push_back(tokens * static_cast<double>(m.boundary(first) + (end - first - 1) * m.d_model) *
+                              m.activation_bytes);
+      }
+      // Compute: forward + backward of one micro-batch (+ one more forward of the layers with
+      // recompute, + the selective modules' forward again: also inside recomputed layers).
+      flops += m.flops(first, end, head);
+      if (m.recompute) flops += m.flops(first, end, false) / 3.0;
+      flops += m.selective_flops(first, end);
     }
-    // Compute: forward + backward of one micro-batch (+ one more forward of the layers with
-    // recompute, + the selective modules' forward again: also inside recomputed layers).
-    double flops = m.flops(first, end, last);
-    if (m.recompute) flops += m.flops(first, end, false) / 3.0;
-    flops += m.selective_flops(first, end);
+    const std::vector<PipelineAction> order = pipeline_actions(pp, V, M, s);
+    st.num_micro_batches_in_flight = pipeline_max_in_flight(order);
+    st.in_flight_bytes = pipeline_peak_in_flight(order, chunk_bytes);
+    for (double b : chunk_bytes) st.activation_bytes_per_micro_batch += b;
+    st.activation_bytes = st.in_flight_bytes;
+    if (m.recompute) st.activation_bytes += tokens * (widest + (last ? m.activations(m.n_layer, m.n_layer, true) : 0.0));
     st.compute_s = tokens * flops / compute_rate;
     // MoE all-to-all: per token and MoE layer, top_k rows of the dispatched width go
     // out (dispatch) and come back (combine), in forward and again in backward; with
@@ -298,18 +334,26 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
       st.all_to_all_s = std::max(per_peer * static_cast<double>(ep - 1 - remote) / c.intra_bandwidth,
                                  per_peer * static_cast<double>(remote) / c.inter_bandwidth);
     }
-    // Pipeline point-to-point: the activations in from stage s - 1 and out to s + 1
-    // (their gradients travel the other way on the same full-duplex links); rank r
-    // talks to r -/+ dp x ep, over the NIC if any such pair of the stage crosses nodes.
-    auto pairs_on_nodes = [&](int64_t from) {
-      for (int64_t r = from; r < from + stage_ranks; ++r)
-        if (!on_one_node(r, stage_ranks, 2, c)) return false;
+    // Pipeline point-to-point: each chunk's activations in from the virtual stage
+    // before and out to the one after (their gradients travel the other way on the
+    // same full-duplex links); rank r talks to the same local rank of the stages
+    // s -/+ 1 (around the ring from the last stage to the first with virtual
+    // stages), over the NIC if any such pair of the two stages crosses nodes.
+    auto pairs_on_nodes = [&](int64_t a, int64_t b) {  // stages a and b
+      for (int64_t r = 0; r < stage_ranks; ++r)
+        if (!on_one_node(std::min(a, b) * stage_ranks + r, std::abs(a - b) * stage_ranks, 2, c)) return false;
       return true;
     };
-    if (s > 0) st.p2p_s += ring_seconds(tokens * received, pairs_on_nodes(first_rank - stage_ranks), c);
-    if (!last)
-      st.p2p_s += ring_seconds(tokens * static_cast<double>(m.boundary(end)) * m.activation_bytes,
-                               pairs_on_nodes(first_rank), c);
+    for (int64_t k = 0; k < V; ++k) {
+      const auto [first, end] = st.chunks[static_cast<size_t>(k)];
+      const int64_t g = k * pp + s;
+      if (g > 0)
+        st.p2p_s += ring_seconds(tokens * static_cast<double>(m.boundary(first)) * m.activation_bytes,
+                                 pairs_on_nodes(s, (s + pp - 1) % pp), c);
+      if (g < S - 1)
+        st.p2p_s += ring_seconds(tokens * static_cast<double>(m.boundary(end)) * m.activation_bytes,
+                                 pairs_on_nodes(s, (s + 1) % pp), c);
+    }
     // Gradient sync per step, ring collectives: zero 0 all-reduces the gradients
     // (2 (R - 1) / R of them per rank); zero 1 reduce-scatters them and all-gathers the
     // updated weights ((R - 1) / R each). Replicated parameters over the stage's dp x ep
@@ -350,8 +394,9 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
   l.fits = l.bytes_per_rank <= c.usable();
 
   StepEstimate& e = l.step;
-  e.bubble = static_cast<double>(pp - 1) / static_cast<double>(M + pp - 1);
-  e.pipeline_s = static_cast<double>(M + pp - 1) * slowest;
+  // The interleaved schedule's fill and drain take one chunk (1 / V of a stage's micro-batch) per stage.
+  e.bubble = pipeline_bubble_model(pp, V, M);
+  e.pipeline_s = (static_cast<double>(M) + static_cast<double>(pp - 1) / static_cast<double>(V)) * slowest;
   e.step_s = e.pipeline_s + e.grad_sync_s;
   e.sequences_per_step = M * layout.micro_batch * stage_ranks;
   const double step_tokens = static_cast<double>(e.sequences_per_step * m.seq_len);
@@ -365,6 +410,7 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
 LedgerLayout resolved(const ModelSummary& m, LedgerLayout layout) {
   if (layout.micro_batch == 0) layout.micro_batch = m.batch_size;
   if (layout.num_micro_batches == 0) layout.num_micro_batches = m.grad_accum;
+  if (layout.virtual_stages == 0) layout.virtual_stages = m.pp_virtual;
   return layout;
 }
 
@@ -411,9 +457,10 @@ std::string step_text(const Ledger& l) {
   out += fmt::format("  slowest stage per micro-batch: compute {} + all-to-all {} + p2p {} = {}\n",
                      seconds(slowest->compute_s), seconds(slowest->all_to_all_s), seconds(slowest->p2p_s),
                      seconds(slowest->micro_batch_s()));
-  out += fmt::format("  pipeline ({} + {} - 1) x {} = {} (bubble {:.1f}%), gradient sync {}: step {}, {} tokens/s, "
-                     "MFU {:.1f}%\n",
-                     l.layout.num_micro_batches, l.layout.pp, seconds(slowest->micro_batch_s()), seconds(e.pipeline_s),
+  out += fmt::format("  pipeline ({} + ({} - 1) / {}) x {} = {} (bubble {:.1f}%), gradient sync {}: step {}, {} "
+                     "tokens/s, MFU {:.1f}%\n",
+                     l.layout.num_micro_batches, l.layout.pp, l.layout.virtual_stages, seconds(slowest->micro_batch_s()),
+                     seconds(e.pipeline_s),
                      100.0 * e.bubble, seconds(e.grad_sync_s), seconds(e.step_s),
                      with_commas(static_cast<int64_t>(e.tokens_per_second)), 100.0 * e.mfu);
   return out;
@@ -422,16 +469,19 @@ std::string step_text(const Ledger& l) {
 std::string memory_text(const Ledger& l) {
   const StageLedger& w = l.stages[static_cast<size_t>(l.worst_stage)];
   const ClusterAssumptions& c = l.cluster;
-  const double alive = static_cast<double>(w.num_micro_batches_in_flight) * w.activation_bytes_per_micro_batch;
+  const double alive = w.in_flight_bytes;
+  const std::string held =
+      l.layout.virtual_stages > 1
+          ? fmt::format("{} micro-batch chunks alive at the peak, {} a micro-batch over the {} chunks{}",
+                        w.num_micro_batches_in_flight, human_bytes(w.activation_bytes_per_micro_batch),
+                        l.layout.virtual_stages, l.recompute ? ", layer inputs" : "")
+          : fmt::format("{} x {}{}", w.num_micro_batches_in_flight, human_bytes(w.activation_bytes_per_micro_batch),
+                        l.recompute ? " layer inputs" : "");
   std::string out = fmt::format(
-      "memory per rank{}: weights+grads {} + optimizer {} + activations {} ({} x {}{}) = {}\n",
-      l.layout.pp > 1 ? fmt::format(" (worst: stage {}, layers {}-{})", l.worst_stage, w.first_layer, w.end_layer - 1)
-                      : "",
-      human_bytes(w.weight_grad_bytes), human_bytes(w.optimizer_bytes), human_bytes(w.activation_bytes),
-      w.num_micro_batches_in_flight, human_bytes(w.activation_bytes_per_micro_batch),
-      l.recompute ? fmt::format(" layer inputs + {} for the layer being recomputed",
-                                human_bytes(w.activation_bytes - alive))
-                  : "",
+      "memory per rank{}: weights+grads {} + optimizer {} + activations {} ({}{}) = {}\n",
+      l.layout.pp > 1 ? fmt::format(" (worst: stage {}, layers {})", l.worst_stage, w.layers_text()) : "",
+      human_bytes(w.weight_grad_bytes), human_bytes(w.optimizer_bytes), human_bytes(w.activation_bytes), held,
+      l.recompute ? fmt::format(" + {} for the layer being recomputed", human_bytes(w.activation_bytes - alive)) : "",
       human_bytes(l.bytes_per_rank));
   out += fmt::format("  against {}: {}\n", cluster_text(c),
                      l.fits ? fmt::format("fits, {} to spare", human_bytes(c.usable() - l.bytes_per_rank))
@@ -446,7 +496,7 @@ std::string stage_table(const Ledger& l) {
   for (size_t s = 0; s < l.stages.size(); ++s) {
     const StageLedger& st = l.stages[s];
     out += fmt::format("  {:>5} {:>7} {:>4} {:>10} {:>13} {:>11} {:>6} {:>12} {:>11} {:>12}{}\n", s,
-                       fmt::format("{}-{}", st.first_layer, st.end_layer - 1), st.num_moe_layers,
+                       st.layers_text(), st.num_moe_layers,
                        count(static_cast<double>(st.params)), human_bytes(st.weight_grad_bytes),
                        human_bytes(st.optimizer_bytes), st.num_micro_batches_in_flight,
                        human_bytes(st.activation_bytes), human_bytes(st.total_bytes()), seconds(st.micro_batch_s()),
@@ -461,6 +511,7 @@ nlohmann::json layout_json(const Ledger& l) {
                         {"dp", l.layout.dp},
                         {"ep", l.layout.ep},
                         {"zero", l.layout.zero},
+                        {"virtual_stages", l.layout.virtual_stages},
                         {"micro_batch", l.layout.micro_batch},
                         {"num_micro_batches", l.layout.num_micro_batches}}},
                       {"params_per_rank", l.params_per_rank},
@@ -581,10 +632,14 @@ Plan plan_layouts(const Config& config, PlanOptions options, const ClusterAssump
       const int64_t dp = N / pp / ep;
       const int64_t per_pipeline = options.micro_batch * dp * ep;  // sequences per micro-batch over the stage's ranks
       if (options.global_batch % per_pipeline) continue;
-      for (int64_t zero : {0, 1}) {
-        LedgerLayout layout{dp, ep, pp, zero, options.micro_batch, options.global_batch / per_pipeline};
-        all.push_back(evaluate_layout(m, layout, cluster));
-        ++plan.searched;
+      const int64_t M = options.global_batch / per_pipeline;
+      for (int64_t V = 1; V <= 8 && pp * V <= m.n_layer; ++V) {
+        if (V > 1 && (pp == 1 || M % pp != 0)) break;
+        for (int64_t zero : {0, 1}) {
+          LedgerLayout layout{dp, ep, pp, zero, options.micro_batch, M, V};
+          all.push_back(evaluate_layout(m, layout, cluster));
+          ++plan.searched;
+        }
       }
     }
   }
@@ -625,18 +680,18 @@ std::string plan_text(const Plan& plan) {
     out += fmt::format("{} of {} layouts fit; the {} fastest:\n", plan.feasible.size(), plan.searched,
                        std::min<size_t>(plan.feasible.size(), static_cast<size_t>(o.top)));
   }
-  out += fmt::format("  {:>3} {:>4} {:>4} {:>4} {:>4} {:>4} {:>6} {:>9} {:>10} {:>11} {:>10} {:>6} {:>9} {:>9} {:>9} "
-                     "{:>9} {:>9} {:>6}\n",
-                     "#", "pp", "dp", "ep", "zero", "M", "bubble", "params", "state", "activations", "total", "stage",
+  out += fmt::format("  {:>3} {:>4} {:>2} {:>4} {:>4} {:>4} {:>4} {:>6} {:>9} {:>10} {:>11} {:>10} {:>6} {:>9} {:>9} "
+                     "{:>9} {:>9} {:>9} {:>6}\n",
+                     "#", "pp", "V", "dp", "ep", "zero", "M", "bubble", "params", "state", "activations", "total", "stage",
                      "compute", "a2a", "p2p", "grad sync", "step", "MFU");
   for (size_t i = 0; i < shown.size() && i < static_cast<size_t>(o.top); ++i) {
     const Ledger& l = shown[i];
     const StageLedger* slowest = &l.stages[0];
     for (const StageLedger& st : l.stages)
       if (st.micro_batch_s() > slowest->micro_batch_s()) slowest = &st;
-    out += fmt::format("  {:>3} {:>4} {:>4} {:>4} {:>4} {:>4} {:>5.1f}% {:>9} {:>10} {:>11} {:>10} {:>6} {:>9} {:>9} "
-                       "{:>9} {:>9} {:>9} {:>5.1f}%\n",
-                       i + 1, l.layout.pp, l.layout.dp, l.layout.ep, l.layout.zero, l.layout.num_micro_batches,
+    out += fmt::format("  {:>3} {:>4} {:>2} {:>4} {:>4} {:>4} {:>4} {:>5.1f}% {:>9} {:>10} {:>11} {:>10} {:>6} {:>9} "
+                       "{:>9} {:>9} {:>9} {:>9} {:>5.1f}%\n",
+                       i + 1, l.layout.pp, l.layout.virtual_stages, l.layout.dp, l.layout.ep, l.layout.zero, l.layout.num_micro_batches,
                        100.0 * l.step.bubble, count(static_cast<double>(l.params_per_rank)),
                        human_bytes(l.state_bytes_per_rank), human_bytes(l.activation_bytes_per_rank),
                        human_bytes(l.bytes_per_rank), l.worst_stage, seconds(slowest->compute_s),
@@ -644,7 +699,8 @@ std::string plan_text(const Plan& plan) {
                        seconds(l.step.step_s), 100.0 * l.step.mfu);
   }
   out += "  (params, state, activations, total: per rank on the stage that needs the most; compute, a2a, p2p: one "
-         "micro-batch on the slowest stage; step = (M + pp - 1) x that + grad sync)\n";
+         "micro-batch on the slowest stage, all its V chunks; step = (M + (pp - 1) / V) x that + grad sync; V: "
+         "virtual stages per rank, train.pp_virtual)\n";
   std::string notes;
   for (size_t i = 0; i < shown.size() && i < static_cast<size_t>(o.top); ++i)
     for (const std::string& note : trainer_notes(shown[i]))

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moetrain {
@@ -25,6 +26,7 @@ struct LedgerLayout {
   int64_t zero = 0;  // 1: AdamW moments (and bf16 runs' f32 master) sharded over each parameter's replicas
   int64_t micro_batch = 0;    // sequences per micro-batch; 0: train.batch_size
   int64_t num_micro_batches = 0;  // per optimizer step and pipeline (the 1F1B schedule's M); 0: train.grad_accum
+  int64_t virtual_stages = 0;     // chunks per pipeline rank (interleaved 1F1B); 0: train.pp_virtual
   int64_t ranks() const { return pp * dp * ep; }
 };
 
@@ -41,18 +43,24 @@ struct ClusterAssumptions {
   double usable() const { return gpu_memory - reserve; }
 };
 
-// One pipeline stage, as seen by each of its dp x ep ranks.
+// One pipeline stage, as seen by each of its dp x ep ranks (with virtual stages:
+// one pipeline rank's position, holding its V chunks).
 struct StageLedger {
-  int64_t first_layer = 0, end_layer = 0;     // layers [first, end)
+  int64_t first_layer = 0, end_layer = 0;     // layers [first, end) (of the first chunk with virtual stages)
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // every chunk's layers [first, end), in chunk order
   std::map<std::string, int64_t> components;  // parameters per component on one rank (experts: its shard)
   int64_t params = 0;                         // on one rank
   int64_t expert_params = 0;                  // of those, the rank's shard of the routed experts
   int64_t num_moe_layers = 0;
   double weight_grad_bytes = 0;  // weights and gradients (never sharded)
   double optimizer_bytes = 0;    // AdamW moments and the f32 master (bf16 runs); / replicas with zero 1
-  double activation_bytes_per_micro_batch = 0;
-  int64_t num_micro_batches_in_flight = 0;  // 1F1B: min(pp - stage, M)
-  double activation_bytes = 0;          // the peak of this stage
+  double activation_bytes_per_micro_batch = 0;  // one micro-batch through all the stage's chunks
+  // 1F1B: min(pp - stage, M); interleaved: the most (micro-batch, chunk) pairs alive
+  // (nn/pipeline_schedule.h), e.g. 2 (pp - 1) + (V - 1) pp + 1 on stage 0.
+  int64_t num_micro_batches_in_flight = 0;
+  double in_flight_bytes = 0;           // their stored activations at the peak
+  double activation_bytes = 0;          // the peak of this stage (with recompute: + the layer being recomputed)
+  std::string layers_text() const;      // "3-5" or, with virtual stages, "0-1, 6-7"
   double total_bytes() const { return weight_grad_bytes + optimizer_bytes + activation_bytes; }
   // Seconds: per micro-batch (forward + backward), and per step for the gradient sync.
   double compute_s = 0, all_to_all_s = 0, p2p_s = 0, grad_sync_s = 0;
@@ -60,8 +68,8 @@ struct StageLedger {
 };
 
 struct StepEstimate {
-  double bubble = 0;           // (pp - 1) / (M + pp - 1)
-  double pipeline_s = 0;       // (M + pp - 1) x the slowest stage's micro-batch
+  double bubble = 0;           // (pp - 1) / (V M + pp - 1)
+  double pipeline_s = 0;       // (M + (pp - 1) / V) x the slowest stage's micro-batch (all its chunks)
   double grad_sync_s = 0;      // the slowest stage's gradient sync (after the last backward)
   double step_s = 0;           // pipeline_s + grad_sync_s
   int64_t sequences_per_step = 0;  // M x micro_batch x dp x ep
@@ -104,7 +112,8 @@ std::string ledger_text(const Ledger& ledger);
 std::string ledger_json(const Ledger& ledger);
 
 // `--plan N`: every layout of N devices (pp dividing N up to n_layer, ep dividing
-// N / pp and num_experts, dp the rest, zero 0 and 1) whose micro-batch count
+// N / pp and num_experts, dp the rest, zero 0 and 1, virtual stages V = 1 .. 8
+// with pp V <= n_layer and M a multiple of pp when V > 1) whose micro-batch count
 // M = global_batch / (micro_batch x dp x ep) is a whole number; the feasible ones
 // sorted by estimated step time.
 struct PlanOptions {

@@ -257,7 +257,7 @@ void Trainer::open_data() {
 void Trainer::build() {
   baseline_rss_ = current_rss_bytes();
   // The worst stage at pp > 1; at train.zero 1 the moments over each parameter's replicas.
-  ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep, dist_.grid.pp, dist_.zero});
+  ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep, dist_.grid.pp, dist_.zero, 0, 0, dist_.pp_virtual});
   model_ = build_model(config_, expert_shard(dist_), PipelineStage{dist_.grid.pp_index, dist_.grid.pp, dist_.pp_virtual});
   if (dist_.grid.pp > 1) whole_model_ = pipelined_model(dist_, *model_);
   if (dist_.grid.ep > 1) model_->set_expert_group(dist_.grid.ep_group.get());

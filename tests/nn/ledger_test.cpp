@@ -204,6 +204,60 @@ TEST_CASE("ledger: 1F1B keeps min(pp - s, M) micro-batches alive; bubble (pp - 1
   CHECK(n_layer == 13);
 }
 
+TEST_CASE("ledger: virtual stages (--pp-virtual): chunks, the interleaved schedule's memory, bubble (pp - 1) / (V M + pp - 1)",
+          "[nn][ledger]") {
+  const Config config = load("k3-small", {"train.dtype=bf16"});
+  const HybridConfig hc = HybridConfig::from(config);
+  const int64_t D = hc.d_model, S = hc.attn_res_block_size;
+  const double tokens = static_cast<double>(config.get_int("train.batch_size") * config.get_int("train.seq_len"));
+  const HybridModel whole(hc, 0, /*allocate=*/false);
+  // pp 2 x V 2 over 13 layers: virtual stages 0-3, 4-6, 7-9, 10-12; stage 0 holds 0-3 and 7-9.
+  const Ledger l = make_ledger(config, LedgerLayout{1, 1, 2, 0, 0, 4, 2});
+  const StageLedger& st0 = l.stages[0];
+  REQUIRE(st0.chunks.size() == 2);
+  CHECK(st0.chunks[0] == std::pair<int64_t, int64_t>{0, 4});
+  CHECK(st0.chunks[1] == std::pair<int64_t, int64_t>{7, 10});
+  CHECK(st0.layers_text() == "0-3, 7-9");
+  CHECK(l.stages[1].layers_text() == "4-6, 10-12");
+  CHECK(l.step.bubble == Approx(1.0 / 9.0));
+  // Chunk bytes by hand: its layers' activations plus what it received (AttnRes blocks opened before
+  // it and the hidden state, bf16). The interleaved order on stage 0, M 4, is F0 F1 F0' F1' F2 B0' F3
+  // B1' ... (' chunk 1): 5 pairs alive after F2 (micro-batches 0-2 in chunk 0, 0-1 in chunk 1) and again
+  // after F3 (0-3 in chunk 0, 1 in chunk 1); chunk 0 has 4 layers to chunk 1's 3, so the second is the peak.
+  auto received = [&](int64_t first) {
+    int64_t blocks = 0;
+    for (int64_t i = 0; i < first; ++i) blocks += i % S == 0;
+    return first == 0 ? 0.0 : static_cast<double>((blocks + 1) * D) * 2.0;
+  };
+  const double c0 = tokens * whole.activation_bytes_per_token(true, 0, 4, false);
+  const double c1 = tokens * (whole.activation_bytes_per_token(true, 7, 10, false) + received(7));
+  CHECK(st0.num_micro_batches_in_flight == 5);
+  CHECK(st0.activation_bytes == Approx(std::max(3 * c0 + 2 * c1, 4 * c0 + c1)).epsilon(1e-12));
+  CHECK(st0.activation_bytes_per_micro_batch == Approx(c0 + c1).epsilon(1e-12));
+  // Parameters: what the trainer's model with two chunks allocates.
+  for (int64_t s = 0; s < 2; ++s) {
+    HybridModel stage(hc, 0, /*allocate=*/true, ExpertShard{}, PipelineStage{s, 2, 2});
+    int64_t held = 0;
+    for (const NamedParameter& p : stage.parameters()) held += p.tensor.numel();
+    CHECK(l.stages[static_cast<size_t>(s)].params == held);
+    CHECK(stage.stage_input_count(1) * D == whole.boundary_values_per_token(stage.pipeline_stage_layers(1).first));
+  }
+  // The compute of a step is the model's whatever the split; p2p doubles with twice the boundaries.
+  const Ledger plain = make_ledger(config, LedgerLayout{1, 1, 2, 0, 0, 4, 1});
+  double a = 0, b = 0;
+  for (int64_t s = 0; s < 2; ++s) {
+    a += l.stages[static_cast<size_t>(s)].compute_s;
+    b += plain.stages[static_cast<size_t>(s)].compute_s;
+  }
+  CHECK(a == Approx(b).epsilon(1e-12));
+  CHECK(l.stages[0].p2p_s > plain.stages[0].p2p_s);
+  CHECK(l.step.pipeline_s == Approx((4 + 1.0 / 2.0) * std::max(l.stages[0].micro_batch_s(), l.stages[1].micro_batch_s())));
+  // Refusals name the flag.
+  CHECK_THROWS_WITH(make_ledger(config, LedgerLayout{1, 1, 1, 0, 0, 4, 2}), Catch::Contains("needs --pp > 1"));
+  CHECK_THROWS_WITH(make_ledger(config, LedgerLayout{1, 1, 2, 0, 0, 3, 2}), Catch::Contains("not a multiple of --pp 2"));
+  CHECK_THROWS_WITH(make_ledger(config, LedgerLayout{1, 1, 2, 0, 0, 4, 7}), Catch::Contains("exceed the model's 13"));
+}
+
 TEST_CASE("ledger: the step estimate's traffic terms follow the rank layout", "[nn][ledger]") {
   const Config config = load("k3-small", {"train.dtype=bf16"});
   const double tokens = static_cast<double>(config.get_int("train.batch_size") * config.get_int("train.seq_len"));
