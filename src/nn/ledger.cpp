@@ -410,7 +410,8 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
 LedgerLayout resolved(const ModelSummary& m, LedgerLayout layout) {
   if (layout.micro_batch == 0) layout.micro_batch = m.batch_size;
   if (layout.num_micro_batches == 0) layout.num_micro_batches = m.grad_accum;
-  if (layout.virtual_stages == 0) layout.virtual_stages = m.pp_virtual;
+  // train.pp_virtual splits pipeline stages: a layout without a pipeline has none to split.
+  if (layout.virtual_stages == 0) layout.virtual_stages = layout.pp > 1 ? m.pp_virtual : 1;
   return layout;
 }
 

@@ -26,7 +26,7 @@ struct LedgerLayout {
   int64_t zero = 0;  // 1: AdamW moments (and bf16 runs' f32 master) sharded over each parameter's replicas
   int64_t micro_batch = 0;    // sequences per micro-batch; 0: train.batch_size
   int64_t num_micro_batches = 0;  // per optimizer step and pipeline (the 1F1B schedule's M); 0: train.grad_accum
-  int64_t virtual_stages = 0;     // chunks per pipeline rank (interleaved 1F1B); 0: train.pp_virtual
+  int64_t virtual_stages = 0;     // chunks per pipeline rank (interleaved 1F1B); 0: train.pp_virtual (1 at pp 1)
   int64_t ranks() const { return pp * dp * ep; }
 };
 
