@@ -50,6 +50,7 @@ struct ModelSummary {
   double activation_bytes = 4;  // one value sent between ranks (bf16 runs: 2)
   double flops_per_token = 0;
   int64_t seq_len = 0, batch_size = 0, grad_accum = 1, pp_virtual = 1;
+  double grad_bucket_bytes = 32.0 * 1048576.0;  // train.grad_bucket_mb
   std::string dtype;
   std::map<int64_t, int64_t> decode_cache_bytes;
   // The model's estimates over layers [first, end), with or without the head.
@@ -66,6 +67,7 @@ ModelSummary summarize(const Config& config) {
   m.batch_size = config.get_int("train.batch_size");
   m.grad_accum = config.get_int("train.grad_accum");
   m.pp_virtual = config.get_int("train.pp_virtual");
+  m.grad_bucket_bytes = config.get_number("train.grad_bucket_mb") * 1048576.0;
   m.dtype = config.get_string("train.dtype");
   m.mixed_precision = m.dtype == "bf16";
   m.recompute = config.get_bool("train.activation_checkpointing");
@@ -365,6 +367,10 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
       return ring_seconds(bytes, one_node, c);
     };
     const double replicated = static_cast<double>(st.params - st.expert_params);
+    double largest_group = 0;  // gradient bytes summed over replicas
+    if (stage_ranks > 1) largest_group = replicated * grad_wire;
+    if (dp > 1) largest_group = std::max(largest_group, static_cast<double>(st.expert_params) * grad_wire);
+    st.grad_sync_bytes = 2.0 * std::min(m.grad_bucket_bytes, largest_group);
     bool expert_groups_on_nodes = true;  // the dp ranks first_rank + e + d ep of each ep_index e
     for (int64_t e = 0; e < ep; ++e) expert_groups_on_nodes &= on_one_node(first_rank + e, ep, dp, c);
     st.grad_sync_s = sync(replicated, replicated_weight_bytes[static_cast<size_t>(s)], stage_ranks,
@@ -389,6 +395,7 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
   l.worst_stage = static_cast<int64_t>(worst);
   l.params_per_rank = w.params;
   l.state_bytes_per_rank = w.weight_grad_bytes + w.optimizer_bytes;
+  l.grad_sync_bytes_per_rank = w.grad_sync_bytes;
   l.activation_bytes_per_rank = w.activation_bytes;
   l.bytes_per_rank = w.total_bytes();
   l.fits = l.bytes_per_rank <= c.usable();
@@ -479,10 +486,11 @@ std::string memory_text(const Ledger& l) {
           : fmt::format("{} x {}{}", w.num_micro_batches_in_flight, human_bytes(w.activation_bytes_per_micro_batch),
                         l.recompute ? " layer inputs" : "");
   std::string out = fmt::format(
-      "memory per rank{}: weights+grads {} + optimizer {} + activations {} ({}{}) = {}\n",
+      "memory per rank{}: weights+grads {} + optimizer {} + activations {} ({}{}){} = {}\n",
       l.layout.pp > 1 ? fmt::format(" (worst: stage {}, layers {})", l.worst_stage, w.layers_text()) : "",
       human_bytes(w.weight_grad_bytes), human_bytes(w.optimizer_bytes), human_bytes(w.activation_bytes), held,
       l.recompute ? fmt::format(" + {} for the layer being recomputed", human_bytes(w.activation_bytes - alive)) : "",
+      w.grad_sync_bytes > 0 ? fmt::format(" + gradient buckets {}", human_bytes(w.grad_sync_bytes)) : "",
       human_bytes(l.bytes_per_rank));
   out += fmt::format("  against {}: {}\n", cluster_text(c),
                      l.fits ? fmt::format("fits, {} to spare", human_bytes(c.usable() - l.bytes_per_rank))
@@ -602,6 +610,7 @@ std::string ledger_json(const Ledger& l) {
                         {"activation_bytes_per_micro_batch", st.activation_bytes_per_micro_batch},
                         {"num_micro_batches_in_flight", st.num_micro_batches_in_flight},
                         {"activation_bytes", st.activation_bytes},
+                        {"grad_sync_bytes", st.grad_sync_bytes},
                         {"total_bytes", st.total_bytes()},
                         {"compute_s", st.compute_s},
                         {"all_to_all_s", st.all_to_all_s},

@@ -61,7 +61,11 @@ struct StageLedger {
   double in_flight_bytes = 0;           // their stored activations at the peak
   double activation_bytes = 0;          // the peak of this stage (with recompute: + the layer being recomputed)
   std::string layers_text() const;      // "3-5" or, with virtual stages, "0-1, 6-7"
-  double total_bytes() const { return weight_grad_bytes + optimizer_bytes + activation_bytes; }
+  // Gradient sync with several replicas: the bucket being summed and the MPI
+  // reduction's own copy of it, 2 x min(train.grad_bucket_mb, the largest replica
+  // group's gradient bytes); measured to add to the peak (docs/performance.md#activation-recomputation).
+  double grad_sync_bytes = 0;
+  double total_bytes() const { return weight_grad_bytes + optimizer_bytes + activation_bytes + grad_sync_bytes; }
   // Seconds: per micro-batch (forward + backward), and per step for the gradient sync.
   double compute_s = 0, all_to_all_s = 0, p2p_s = 0, grad_sync_s = 0;
   double micro_batch_s() const { return compute_s + all_to_all_s + p2p_s; }
@@ -94,6 +98,7 @@ struct Ledger {
   // Per rank, of the stage with the largest total (the only stage at pp 1):
   int64_t params_per_rank = 0;           // replicated parameters + this rank's expert shard
   double state_bytes_per_rank = 0;       // weights + gradients + optimizer state
+  double grad_sync_bytes_per_rank = 0;   // the gradient buckets in flight (StageLedger::grad_sync_bytes)
   double activation_bytes_per_rank = 0;  // the micro-batches in flight (one at pp 1)
   double bytes_per_rank = 0;             // state + activations
   int64_t worst_stage = 0;

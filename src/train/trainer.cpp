@@ -67,7 +67,7 @@ void report_memory(Distributed& dist, const Ledger& ledger, double baseline_rss)
     if (v[2 * r] > v[2 * worst]) worst = r;
     lowest = std::min(lowest, v[2 * r]);
   }
-  const double estimate = ledger.state_bytes_per_rank + ledger.activation_bytes_per_rank;
+  const double estimate = ledger.bytes_per_rank;  // state, activations, gradient buckets
   const double predicted = estimate + v[2 * worst + 1];
   spdlog::info("memory per rank: peak RSS {} (rank {}; lowest {}) against {} predicted = the ledger's {} + {} "
                "resident before the model was built: peak / predicted = {:.3f}",

@@ -258,6 +258,28 @@ TEST_CASE("ledger: virtual stages (--pp-virtual): chunks, the interleaved schedu
   CHECK_THROWS_WITH(make_ledger(config, LedgerLayout{1, 1, 2, 0, 0, 4, 7}), Catch::Contains("exceed the model's 13"));
 }
 
+TEST_CASE("ledger: several replicas add the gradient buckets in flight, 2 x min(bucket, the group's gradients)",
+          "[nn][ledger]") {
+  // Measured on k3-topology-mini at 4 ranks with layers recomputed (docs/performance.md#activation-recomputation):
+  // the peak grew by about twice the bucket size (bucket 4, 32, 64 MiB).
+  for (double mb : {4.0, 32.0}) {
+    const Config config = load("k3-small", {fmt::format("train.grad_bucket_mb={}", mb)});
+    const Ledger one = make_ledger(config, LedgerLayout{});
+    CHECK(one.stages[0].grad_sync_bytes == 0);
+    CHECK(one.bytes_per_rank == Approx(one.state_bytes_per_rank + one.activation_bytes_per_rank));
+    const Ledger dp2 = make_ledger(config, LedgerLayout{2, 1, 1});
+    const double grads = static_cast<double>(dp2.stages[0].params) * 4.0;  // f32 buckets
+    CHECK(dp2.stages[0].grad_sync_bytes == Approx(2.0 * std::min(mb * 1048576.0, grads)));
+    CHECK(dp2.bytes_per_rank == Approx(dp2.state_bytes_per_rank + dp2.activation_bytes_per_rank +
+                                       dp2.grad_sync_bytes_per_rank));
+    // ep 2 alone (dp 1): the replicated parameters are summed over the 2 ranks, the expert shards not at all.
+    const Ledger ep2 = make_ledger(config, LedgerLayout{1, 2, 1});
+    const StageLedger& st = ep2.stages[0];
+    CHECK(st.grad_sync_bytes ==
+          Approx(2.0 * std::min(mb * 1048576.0, static_cast<double>(st.params - st.expert_params) * 4.0)));
+  }
+}
+
 TEST_CASE("ledger: the step estimate's traffic terms follow the rank layout", "[nn][ledger]") {
   const Config config = load("k3-small", {"train.dtype=bf16"});
   const double tokens = static_cast<double>(config.get_int("train.batch_size") * config.get_int("train.seq_len"));
