@@ -118,6 +118,31 @@ void check_param_grad(const char* op, const GradTensor& p) {
            op, p.name, describe(g), describe(p.tensor));
 }
 
+// A group of one rank on the CPU: the sum is the rank's own grad, so each grad is
+// scaled where it is, as unpack(pack(grad)) would (same products, bf16 through
+// f32), without a bucket's copy (the expert shards at ep = world: their dp group).
+bool scaled_alone(const Communicator& comm, const GradTensors& params, double scale) {
+  if (comm.size() != 1 || params.empty() || params.front().tensor.is_cuda()) return false;
+  for (const GradTensor& p : params) {
+    Tensor g = p.tensor.grad();
+    if (!g.defined() || scale == 1.0) continue;
+    const int64_t n = g.numel();
+    if (g.dtype() == DType::bf16) {
+      bf16* d = g.data<bf16>();
+      const float s = static_cast<float>(scale);
+      for (int64_t i = 0; i < n; ++i) d[i] = bf16::from_float(d[i].to_float() * s);
+    } else {
+      dispatch_float(g.dtype(), "all_reduce_grads", [&](auto tag) {
+        using T = decltype(tag);
+        T* d = g.data<T>();
+        const T s = static_cast<T>(scale);
+        for (int64_t i = 0; i < n; ++i) d[i] = d[i] * s;
+      });
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 GradSyncStats all_reduce_grads(Communicator& comm, const GradTensors& params, const GradSyncOptions& options) {
@@ -133,6 +158,7 @@ GradSyncStats all_reduce_grads(Communicator& comm, const GradTensors& params, co
   Tensor has_grad = zeros(Shape{static_cast<int64_t>(params.size())}, DType::i32);
   for (size_t i = 0; i < params.size(); ++i) has_grad.data<int32_t>()[i] = params[i].tensor.grad().defined() ? 1 : 0;
   comm.all_reduce_sum(has_grad);
+  if (scaled_alone(comm, params, options.scale)) return {};
 
   GradSyncStats stats;
   const Device device = params.empty() ? kCpu : params.front().tensor.device();
@@ -317,6 +343,7 @@ GradSyncStats reduce_scatter_grads(Communicator& comm, const GradTensors& params
   for (size_t i = 0; i < params.size(); ++i)
     if (has_grad.data<int32_t>()[i] > 0 && !params[i].tensor.grad().defined())
       params[i].tensor.set_grad(zeros_like(params[i].tensor.detach()));
+  if (scaled_alone(comm, params, options.scale)) return {};
 
   GradSyncStats stats;
   const Device device = params.empty() ? kCpu : params.front().tensor.device();
