@@ -201,3 +201,18 @@ TEST_CASE("parallel dims: named degrees validated once; tp and cp refused as not
   CHECK(error_of<ConfigError>([&] { parallel_dims(k3, 3); })
             .find("--set train.pp=2: train.pp = 2: does not divide the 3 ranks of this run") == 0);
 }
+
+TEST_CASE("model family: config.json's model_type picks the family's reader; an unknown one lists the registry's",
+          "[nn]") {
+  testing::TempDir dir;
+  const std::string llama = dir.write("llama/config.json", R"({"model_type": "llama", "hidden_size": 64})");
+  const std::string e = error_of([&] { read_hf_architecture(llama); });
+  CHECK(e.find(llama + ": model_type \"llama\" is not one moetrain reads (gpt2, kimi_linear, moetrain_hybrid)") == 0);
+  // GPT-2's reader, also for a config.json from before transformers wrote model_type.
+  const std::string gpt2 = dir.write("gpt2/config.json", R"({"vocab_size": 64, "n_positions": 16, "n_embd": 32,
+      "n_layer": 2, "n_head": 2, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"})");
+  const HfArchitecture a = read_hf_architecture(gpt2);
+  CHECK(a.model_type == "gpt2");
+  REQUIRE_FALSE(a.keys.empty());
+  CHECK(a.keys.front() == std::pair<std::string, std::string>{"model.arch", "gpt2"});
+}
