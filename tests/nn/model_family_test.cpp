@@ -139,6 +139,9 @@ TEST_CASE("model family: the refusals come from the capabilities, naming the key
   e = error_of<ConfigError>([&] { check_capabilities(gpt2_pp, model_family("gpt2")); });
   CHECK(e.find("train.pp = 2: pipeline parallelism needs model.arch hybrid; model.arch gpt2 has no pipeline stages") !=
         std::string::npos);
+  e = error_of<ConfigError>(
+      [&] { check_capabilities(family_test_config("gpt2-shakespeare", {"train.ep=2"}), model_family("gpt2")); });
+  CHECK(e.find("--set train.ep=2: train.ep = 2: expert parallelism needs model.arch hybrid with MoE layers") == 0);
   // ... and where the trainer and build_model meet them: before the world's divisibility
   // (one process here, which 2 stages would not divide).
   e = error_of<ConfigError>([&] { make_distributed(gpt2_pp); });
