@@ -160,6 +160,10 @@ TEST_CASE("model family: the model must be cut as train.pp and train.ep ask", "[
   CHECK_NOTHROW(check_parallel_fit(with({"train.pp=2", "train.ep=16"}), hybrid));
   CHECK(error_of<ConfigError>([&] { check_parallel_fit(with({"train.pp=3"}), hybrid); })
             .find("--set train.pp=3: train.pp = 3: exceeds the model's 2 layers") == 0);
+  CHECK_NOTHROW(check_parallel_fit(with({"train.pp=2", "train.pp_virtual=1"}), hybrid));
+  CHECK(error_of<ConfigError>([&] { check_parallel_fit(with({"train.pp=2", "train.pp_virtual=2"}), hybrid); })
+            .find("--set train.pp_virtual=2: train.pp_virtual = 2: gives train.pp x train.pp_virtual = 4 virtual "
+                  "stages, more than the model's 2 layers") == 0);
   CHECK(error_of<ConfigError>([&] { check_parallel_fit(with({"train.ep=3"}), hybrid); })
             .find("train.ep = 3: does not divide model.moe.num_experts = 16") != std::string::npos);
   CHECK(error_of<ConfigError>([&] { check_parallel_fit(with({"model.moe.num_experts=0", "train.ep=2"}), hybrid); })
@@ -186,6 +190,14 @@ TEST_CASE("parallel dims: named degrees validated once; tp and cp refused as not
   CHECK(error_of([&] { comm::make_parallel_dims(8, d); })
             .find("train.tp = 2: tensor parallelism is not implemented") == 0);
   d.tp = 1;
+  d.pp = 1;
+  d.pp_virtual = 2;
+  CHECK(error_of([&] { comm::make_parallel_dims(8, d); })
+            .find("train.pp_virtual = 2: needs train.pp > 1") == 0);
+  d.pp = 2;
+  CHECK(comm::make_parallel_dims(8, d).pp_virtual == 2);  // virtual stages add no ranks
+  CHECK(comm::make_parallel_dims(8, d).dp == 4);
+  d.pp_virtual = 1;
   d.cp = 4;
   CHECK(error_of([&] { comm::make_parallel_dims(8, d); })
             .find("train.cp = 4: context parallelism is not implemented") == 0);
