@@ -21,7 +21,6 @@ const ModelFamily& gpt2_family() {
     f.capabilities.selective_recompute = false;
     f.capabilities.learned_positions = true;
     f.capabilities.tied_embeddings = TiedEmbeddings::always;
-    f.check_config = [](const Config& config) { Gpt2Config::from(config); };
     f.build = [](const Config& config, const ModelPlacement& placement) -> std::unique_ptr<LanguageModel> {
       MT_ASSERT(placement.shard.size == 1 && placement.stage.whole(),
                 "gpt2: built for expert shard {}/{} and stage {}/{}; check_capabilities refuses those",
@@ -46,7 +45,6 @@ const ModelFamily& gpt2_family() {
     f.num_layers = [](const Config& config) { return config.get_int("model.n_layer"); };
     f.routed_experts = [](const Config&) { return int64_t{0}; };
     f.ties_embeddings = [](const Config&) { return true; };
-    f.splits_d_model_by_n_head = [](const Config&) { return true; };
     f.hf_model_types = {"gpt2"};
     f.read_hf_architecture = [](const std::string& path, const std::string&) { return gpt2_hf_architecture(path); };
     return f;

@@ -22,7 +22,6 @@ const ModelFamily& hybrid_family() {
     f.capabilities.selective_recompute = true;
     f.capabilities.learned_positions = false;
     f.capabilities.tied_embeddings = TiedEmbeddings::optional;
-    f.check_config = [](const Config& config) { HybridConfig::from(config); };
     f.build = [](const Config& config, const ModelPlacement& placement) -> std::unique_ptr<LanguageModel> {
       return std::make_unique<HybridModel>(HybridConfig::from(config), model_seed(config), true, placement.shard,
                                            placement.stage);
@@ -47,11 +46,6 @@ const ModelFamily& hybrid_family() {
     f.num_layers = [](const Config& config) { return HybridConfig::from(config).n_layer(); };
     f.routed_experts = [](const Config& config) { return config.get_int("model.moe.num_experts"); };
     f.ties_embeddings = [](const Config& config) { return config.get_bool("model.tie_embeddings"); };
-    // model.n_head splits d_model in the plain attention mixer only.
-    f.splits_d_model_by_n_head = [](const Config& config) {
-      return config.get_string("model.mixer") == "attention" || config.get_string("model.attn_mixer") == "attention" ||
-             config.get_string("model.layer_mixers").find("attention") != std::string::npos;
-    };
     f.hf_model_types = {"kimi_linear", kMoetrainHybridModelType};
     f.read_hf_architecture = [](const std::string& path, const std::string& model_type) {
       HfArchitecture a = hybrid_hf_architecture(read_hybrid_hf_config(path));

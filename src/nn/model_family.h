@@ -66,18 +66,15 @@ struct ModelFamily {
   std::string description;  // one line with its docs section (the schema's doc of model.arch)
   ModelCapabilities capabilities;
 
-  // Reads (and so validates) the family's model section; errors name the key (Config::fail).
-  std::function<void(const Config&)> check_config;
-  // The model with random weights (seed train.seed) for `placement`; model.init_from is
-  // build_model's business (train/model_source.h).
+  // The model with random weights (seed train.seed) for `placement`, its config read
+  // (and so validated: errors name the key, Config::fail) on the way; model.init_from
+  // is build_model's business (train/model_source.h).
   std::function<std::unique_ptr<LanguageModel>(const Config&, const ModelPlacement&)> build;
   // The ledger's view: the model built on shapes only, at sequence length seq_len.
   std::function<LedgerShapes(const Config&, int64_t seq_len, bool mixed_precision)> ledger_shapes;
   std::function<int64_t(const Config&)> num_layers;
   std::function<int64_t(const Config&)> routed_experts;  // 0: no MoE layers
   std::function<bool(const Config&)> ties_embeddings;
-  // Whether model.n_head splits model.d_model (Config's consistency check).
-  std::function<bool(const Config&)> splits_d_model_by_n_head;
 
   // Hugging Face config.json model_type values this family reads, and the reader.
   std::vector<std::string> hf_model_types;
@@ -88,7 +85,8 @@ struct ModelFamily {
 const std::vector<const ModelFamily*>& model_families();
 // The registered names, in registration order: model.arch's choices (config/schema.cpp).
 std::vector<std::string> model_family_names();
-// "gpt2 = GPT-2 (docs/...); hybrid = ...": model.arch's doc in the schema.
+// "gpt2 = GPT-2 (docs/...); hybrid = ...": what model.arch's doc in config/schema.cpp
+// must say (config/ sits below nn/, so the schema spells it; tests compare).
 std::string model_families_doc();
 // The family `name`; ConfigError naming model.arch and the families there are when none.
 const ModelFamily& model_family(const std::string& name);

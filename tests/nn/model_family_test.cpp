@@ -80,7 +80,7 @@ TEST_CASE("model family: capabilities of gpt2 and hybrid", "[nn]") {
   CHECK(families_with(&ModelCapabilities::pipeline_parallel) == "model.arch hybrid");
   CHECK(families_with(&ModelCapabilities::full_recompute) == "model.arch gpt2 or hybrid");
 
-  // What the families read of a config: layers, routed experts, tying, n_head.
+  // What the families read of a config: layers, routed experts, tying.
   const Config k3 = family_test_config("k3-tiny");
   CHECK(hybrid.num_layers(k3) == k3.get_int("model.n_layer"));
   CHECK(hybrid.routed_experts(k3) == 16);
@@ -90,9 +90,6 @@ TEST_CASE("model family: capabilities of gpt2 and hybrid", "[nn]") {
   CHECK(gpt2.routed_experts(g) == 0);
   CHECK(gpt2.ties_embeddings(g));
   CHECK(gpt2.num_layers(g) == g.get_int("model.n_layer"));
-  CHECK(gpt2.splits_d_model_by_n_head(g));
-  CHECK(hybrid.splits_d_model_by_n_head(family_test_config("k3-tiny", {"model.n_head=2", "model.layer_mixers=kda,mla,attention"})));
-  CHECK_FALSE(hybrid.splits_d_model_by_n_head(family_test_config("k3-tiny", {"model.layer_mixers=kda,mla,kda"})));
 
   // The builder gives the family's model, and the ledger's view its shapes.
   const Config small = family_test_config("gpt2-shakespeare", {"model.n_layer=1", "model.d_model=32", "model.n_head=2",
