@@ -36,6 +36,7 @@
 #include "io/hdf5.h"
 #include "io/paths.h"
 #include "nn/language_model.h"
+#include "nn/model_family.h"
 #include "ops/reduce/reduce.h"
 #include "optim/optimizer.h"
 
@@ -107,7 +108,7 @@ data::ProgressOptions progress_options(bool report) { return data::ProgressOptio
 bool is_expert(const NamedParameter& p) { return p.group == "experts"; }
 
 int64_t global_experts(const Config& config) {
-  return config.get_string("model.arch") == "hybrid" ? config.get_int("model.moe.num_experts") : 0;
+  return model_family(config).routed_experts(config);
 }
 
 // This rank's global expert rows [lo, hi).

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
+#include "nn/model_family.h"
 #include "train/sampling.h"
 
 namespace moetrain::cli {
@@ -89,7 +90,8 @@ void add_generate_command(CLI::App& app, Commands& commands) {
     // received a gradient, and text generated there degrades.
     const int64_t trained = config.get_int("train.seq_len");
     const int64_t total = static_cast<int64_t>(prompt.size()) + s.max_new_tokens;
-    if (!source->source.checkpoint.empty() && model->arch() == "gpt2" && total > trained)
+    if (!source->source.checkpoint.empty() && model_family(config).capabilities.learned_positions &&
+        total > trained)
       spdlog::warn("generate: {} positions (prompt + new tokens), but the model was trained on sequences of "
                    "train.seq_len = {}: its learned positions past {} were never trained and text there degrades; "
                    "pass --max-new-tokens {} or less", total, trained, trained,

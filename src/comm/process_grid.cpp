@@ -2,37 +2,24 @@
 // same order on every rank.
 #include "comm/process_grid.h"
 
-#include <vector>
-
 namespace moetrain::comm {
-
-namespace {
-
-std::string divisors_of(int n) {
-  std::vector<int> divisors;
-  for (int d = 1; d <= n; ++d)
-    if (n % d == 0) divisors.push_back(d);
-  return fmt::format("{}", fmt::join(divisors, ", "));
-}
-
-}  // namespace
 
 ProcessGrid make_process_grid(const Communicator& world, int ep, std::string_view ep_key, int pp,
                               std::string_view pp_key) {
-  const int ranks = world.size();
-  if (pp < 1 || ranks % pp != 0)
-    MT_THROW("{} = {} must divide the number of ranks ({}, from the launcher) into pipeline stages; choose one of {}",
-             pp_key, pp, ranks, divisors_of(ranks));
-  const int n = ranks / pp;  // ranks per stage
-  if (ep < 1 || n % ep != 0) {
-    if (pp == 1)
-      MT_THROW("{} = {} must divide the number of ranks ({}, from the launcher) into expert-parallel groups; "
-               "choose one of {}",
-               ep_key, ep, n, divisors_of(n));
-    MT_THROW("{} = {} must divide the {} ranks of a pipeline stage ({} ranks / {} = {}) into expert-parallel "
-             "groups; choose one of {}",
-             ep_key, ep, n, ranks, pp_key, pp, divisors_of(n));
-  }
+  ParallelDegrees degrees;
+  degrees.pp = pp;
+  degrees.ep = ep;
+  degrees.pp_key = pp_key;
+  degrees.ep_key = ep_key;
+  return make_process_grid(world, make_parallel_dims(world.size(), degrees));
+}
+
+ProcessGrid make_process_grid(const Communicator& world, const ParallelDims& dims) {
+  MT_ASSERT(dims.world == world.size() && dims.pp * dims.dp * dims.ep == dims.world && dims.tp == 1 && dims.cp == 1,
+            "make_process_grid: dims pp {} x dp {} x ep {} (tp {}, cp {}) for {} ranks", dims.pp, dims.dp, dims.ep,
+            dims.tp, dims.cp, world.size());
+  const int pp = dims.pp, ep = dims.ep;
+  const int n = dims.stage_ranks();  // ranks per stage
   ProcessGrid grid;
   grid.pp = pp;
   grid.ep = ep;

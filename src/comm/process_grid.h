@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "comm/communicator.h"
+#include "comm/parallel_dims.h"
 
 namespace moetrain::comm {
 
@@ -41,8 +42,10 @@ struct ProcessGrid {
   bool last_stage() const { return pp_index == pp - 1; }
 };
 
-// Splits `world` into the grid. pp x ep must divide world.size(); `ep_key` and
-// `pp_key` name the settings in the errors (config keys, or CLI flags).
+// Splits `world` into the grid of `dims` (make_parallel_dims of world.size()).
+ProcessGrid make_process_grid(const Communicator& world, const ParallelDims& dims);
+// The same for degrees not validated yet: make_parallel_dims's errors, `ep_key` and
+// `pp_key` naming the settings (config keys, or CLI flags).
 ProcessGrid make_process_grid(const Communicator& world, int ep, std::string_view ep_key = "train.ep", int pp = 1,
                               std::string_view pp_key = "train.pp");
 

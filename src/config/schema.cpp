@@ -44,8 +44,8 @@ KeySpec numeric(ConfigType type, std::string key, std::string def, Range r, std:
 bool sizes_tensors(const std::string& key) {
   static const std::vector<std::string> train = {"train.batch_size", "train.seq_len", "train.grad_accum",
                                                  "train.eval_batches", "train.sample_tokens", "train.sample_top_k",
-                                                 "train.ep", "train.pp", "train.pp_virtual", "train.max_steps",
-                                                 "train.warmup_steps"};
+                                                 "train.ep", "train.pp", "train.pp_virtual", "train.tp", "train.cp",
+                                                 "train.max_steps", "train.warmup_steps"};
   return key.rfind("model.", 0) == 0 || key.rfind("data.synthetic", 0) == 0 ||
          std::find(train.begin(), train.end(), key) != train.end();
 }
@@ -191,6 +191,8 @@ std::vector<KeySpec> make_schema() {
     integer("train.ep",             "1",     at_least(1),  "expert-parallel ranks: experts sharded over groups of ep ranks (world = pp x dp x ep under mpirun)"),
     integer("train.pp",             "1",     at_least(1),  "pipeline stages: the layers split over pp groups of ranks, 1F1B over train.grad_accum micro-batches (world = pp x dp x ep; model.arch hybrid; docs/parallelism.md#pipeline-parallelism)"),
     integer("train.pp_virtual",     "1",     at_least(1),  "virtual pipeline stages per rank: the layers split over pp x pp_virtual stages, rank r holding r, pp + r, ...; the interleaved 1F1B shrinks the bubble pp_virtual-fold (train.grad_accum a multiple of train.pp; docs/parallelism.md#interleaved-virtual-stages)"),
+    integer("train.tp",             "1",     at_least(1),  "tensor parallelism: not implemented; 1 (named so that a layout can be written down; anything else is refused, docs/parallelism.md)"),
+    integer("train.cp",             "1",     at_least(1),  "context parallelism: not implemented; 1 (named so that a layout can be written down; anything else is refused, docs/parallelism.md)"),
     number ("train.grad_bucket_mb", "32",    above(0),     "several ranks: the most MiB of gradients one bucket all-reduce carries (a larger grad goes alone); smaller buckets start earlier with train.overlap_grad_sync"),
     boolean("train.overlap_grad_sync", "false",           "several ranks: sum gradient buckets while backward runs (of the last micro-batch) instead of after it; same sums"),
     integer("train.zero",           "0",     at_least(0),  "several ranks: 1 shards the optimizer state (AdamW moments by element ranges, Muon momentum by whole matrices, and bf16 runs' f32 master weights) over the data-parallel replicas of each parameter, gradients reduce-scattered and updated parameters all-gathered (ZeRO stage 1, docs/parallelism.md#distributed-optimizer-trainzero); 0 keeps them whole on every rank"),

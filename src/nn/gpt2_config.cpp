@@ -20,9 +20,7 @@ Gpt2Config Gpt2Config::from(const Config& config) {
   // bf16 (mixed precision) builds the model in f32; the trainer converts it (docs/cuda.md).
   c.dtype = config.get_string("train.dtype") == "f64" ? DType::f64 : DType::f32;
   c.activation_checkpointing = config.get_bool("train.activation_checkpointing");
-  if (!config.get_string("train.recompute_modules").empty())
-    config.fail("train.recompute_modules", "is for model.arch hybrid; GPT-2 recomputes whole blocks: "
-                                           "train.activation_checkpointing: true");
+  // train.recompute_modules is refused by the family's capabilities (nn/model_family.h check_capabilities).
   return c;
 }
 

@@ -3,11 +3,11 @@
 
 #include <filesystem>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "io/paths.h"
-#include "nn/gpt2_hf.h"
-#include "nn/hybrid_hf.h"
+#include "nn/model_family.h"
 
 namespace moetrain {
 
@@ -32,14 +32,10 @@ HfArchitecture read_hf_architecture(const std::string& path) {
   // GPT-2 configs from before transformers wrote model_type have none.
   const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>()
                                                                                     : "gpt2";
-  if (type == "gpt2") return gpt2_hf_architecture(path);
-  if (type == "kimi_linear" || type == kMoetrainHybridModelType) {
-    HfArchitecture a = hybrid_hf_architecture(read_hybrid_hf_config(path));
-    a.model_type = type;
-    return a;
-  }
-  MT_THROW("{}: model_type \"{}\" is not one moetrain reads (gpt2, kimi_linear, {})", path, type,
-           kMoetrainHybridModelType);
+  if (const ModelFamily* family = model_family_for_hf_type(type)) return family->read_hf_architecture(path, type);
+  std::vector<std::string> types;
+  for (const ModelFamily* f : model_families()) types.insert(types.end(), f->hf_model_types.begin(), f->hf_model_types.end());
+  MT_THROW("{}: model_type \"{}\" is not one moetrain reads ({})", path, type, fmt::join(types, ", "));
 }
 
 bool is_hf_model_dir(const std::string& path) {

@@ -15,8 +15,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/format.h"
-#include "nn/gpt2.h"
-#include "nn/hybrid.h"
+#include "nn/model_family.h"
 #include "nn/parameters.h"
 #include "nn/pipeline_schedule.h"
 #include "nn/pipeline_stages.h"
@@ -73,48 +72,24 @@ ModelSummary summarize(const Config& config) {
   m.recompute = config.get_bool("train.activation_checkpointing");
   m.param_bytes = m.dtype == "f64" ? 8 : 4;
   m.activation_bytes = m.mixed_precision ? 2 : m.param_bytes;
-  const uint64_t seed = 0;
-  const std::vector<ParamSpec>* specs = nullptr;
-  std::function<int64_t(const std::string&)> layer_of;
-  // The layer-range estimates of the model (HybridModel or Gpt2: the same member functions).
-  auto bind_estimates = [&](const auto* p) {
-    const bool mixed = m.mixed_precision;
-    const int64_t T = m.seq_len;
-    m.flops = [p, T](int64_t first, int64_t end, bool head) { return p->flops_per_token(T, first, end, head); };
-    m.activations = [p, mixed](int64_t first, int64_t end, bool head) {
-      return p->activation_bytes_per_token(mixed, first, end, head);
-    };
-    m.boundary = [p](int64_t l) { return p->boundary_values_per_token(l); };
-    layer_of = [p](const std::string& name) { return p->parameter_layer(name); };
-  };
-  if (config.get_string("model.arch") == "hybrid") {
-    HybridConfig hc = HybridConfig::from(config);
-    auto h = std::make_unique<HybridModel>(hc, seed, /*allocate=*/false);
-    const HybridModel* p = h.get();
-    specs = &h->param_specs();
-    m.experts = hc.moe.num_experts;
-    m.top_k = hc.moe.top_k;
-    m.moe_width = hc.moe.latent_dim > 0 ? hc.moe.latent_dim : hc.d_model;
-    m.tied = hc.tie_embeddings;
-    m.n_layer = hc.n_layer();
-    m.d_model = hc.d_model;
-    for (int64_t l = 0; l < m.n_layer; ++l) m.moe_layer.push_back(hc.is_moe_layer(l));
-    bind_estimates(p);
-    m.selective_flops = [p](int64_t first, int64_t end) { return p->selective_recompute_flops_per_token(first, end); };
-    m.recompute_modules = config.get_string("train.recompute_modules");
-    m.model = std::move(h);
-  } else {
-    Gpt2Config gc = Gpt2Config::from(config);
-    auto g = std::make_unique<Gpt2>(gc, seed, /*allocate=*/false);
-    const Gpt2* p = g.get();
-    specs = &g->param_specs();
-    m.tied = true;
-    m.n_layer = gc.n_layer;
-    m.d_model = gc.d_model;
-    m.moe_layer.assign(static_cast<size_t>(m.n_layer), false);
-    bind_estimates(p);
-    m.model = std::move(g);
-  }
+  const ModelFamily& family = model_family(config);
+  check_capabilities(config, family, /*layout=*/false);  // the ledger estimates layouts the trainer cannot run
+  LedgerShapes shapes = family.ledger_shapes(config, m.seq_len, m.mixed_precision);
+  const std::vector<ParamSpec>* specs = shapes.specs;
+  const std::function<int64_t(const std::string&)> layer_of = shapes.layer_of;
+  m.experts = shapes.experts;
+  m.top_k = shapes.top_k;
+  m.moe_width = shapes.moe_width;
+  m.tied = shapes.tied;
+  m.n_layer = shapes.n_layer;
+  m.d_model = shapes.d_model;
+  m.moe_layer = shapes.moe_layer;
+  m.flops = shapes.flops;
+  m.activations = shapes.activations;
+  m.boundary = shapes.boundary;
+  m.selective_flops = shapes.selective_flops;
+  m.recompute_modules = config.get_string("train.recompute_modules");  // empty unless the family recomputes selectively
+  m.model = std::move(shapes.model);
   m.arch = m.model->arch();
   m.description = m.model->describe();
   m.vocab = m.model->padded_vocab_size();  // the embedding's rows (a padded vocabulary counts its padding)
@@ -438,9 +413,9 @@ std::string count(double n) {  // 6.2B, 350M
 // What the trainer cannot run yet of what the ledger was asked to count.
 std::vector<std::string> trainer_notes(const Ledger& l) {
   std::vector<std::string> notes;
-  if (l.layout.pp > 1 && l.arch != "hybrid")
-    notes.push_back(fmt::format("note: train.pp runs model.arch hybrid only; the {} stages here are an estimate\n",
-                                l.arch));
+  if (l.layout.pp > 1 && !model_family(l.arch).capabilities.pipeline_parallel)
+    notes.push_back(fmt::format("note: train.pp runs {} only; the {} stages here are an estimate\n",
+                                families_with(&ModelCapabilities::pipeline_parallel), l.arch));
   return notes;
 }
 

@@ -10,7 +10,7 @@
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
 #include "core/grad_mode.h"
-#include "nn/hybrid.h"
+#include "nn/model_family.h"
 #include "optim/make_optimizer.h"
 
 namespace moetrain {
@@ -126,45 +126,33 @@ std::vector<ElementRange> make_zero_shards(Distributed& d, const ParameterList& 
   return owned;
 }
 
+comm::ParallelDims parallel_dims(const Config& config, int world) {
+  comm::ParallelDegrees degrees;
+  // The schema bounds these to [1, 2^31 - 1] (config/schema.cpp sizes_tensors).
+  degrees.pp = static_cast<int>(config.get_int(degrees.pp_key));
+  degrees.pp_virtual = static_cast<int>(config.get_int(degrees.pp_virtual_key));
+  degrees.ep = static_cast<int>(config.get_int(degrees.ep_key));
+  degrees.tp = static_cast<int>(config.get_int(degrees.tp_key));
+  degrees.cp = static_cast<int>(config.get_int(degrees.cp_key));
+  return comm::make_parallel_dims(world, degrees,
+                                  [&config](const std::string& key, const std::string& message) { config.fail(key, message); });
+}
+
 Distributed make_distributed(const Config& config) {
   Distributed d;
   d.world = &comm::world();
-  const int64_t ep = config.get_int("train.ep"), pp = config.get_int("train.pp");
-  const bool hybrid = config.get_string("model.arch") == "hybrid";
-  if (pp > 1 && !hybrid) config.fail("train.pp", "pipeline parallelism needs model.arch hybrid");
-  if (d.world->size() % pp != 0)
-    config.fail("train.pp",
-                fmt::format("does not divide the {} ranks of this run (world = pp x dp x ep)", d.world->size()));
-  if (d.world->size() / pp % ep != 0)
-    config.fail("train.ep", fmt::format("does not divide the {} ranks of {} (world = pp x dp x ep)",
-                                        d.world->size() / pp, pp > 1 ? "a pipeline stage" : "this run"));
-  if (pp > 1) {
-    const int64_t layers = HybridConfig::from(config).n_layer();
-    if (pp > layers)
-      config.fail("train.pp", fmt::format("exceeds the model's {} layers (each stage needs at least one)", layers));
-    d.tied_pipeline = config.get_bool("model.tie_embeddings");
-  }
-  // Virtual stages (docs/parallelism.md#interleaved-virtual-stages).
-  const int64_t virtual_stages = config.get_int("train.pp_virtual");
-  if (virtual_stages > 1) {
-    if (pp == 1) config.fail("train.pp_virtual", "needs train.pp > 1 (it splits each pipeline rank's layers into chunks)");
-    const int64_t layers = HybridConfig::from(config).n_layer();
-    if (pp * virtual_stages > layers)
-      config.fail("train.pp_virtual", fmt::format("gives train.pp x train.pp_virtual = {} virtual stages, more than the "
-                                                  "model's {} layers (each needs at least one)",
-                                                  pp * virtual_stages, layers));
-    const int64_t M = config.get_int("train.grad_accum");
-    if (M % pp != 0)
-      config.fail("train.grad_accum", fmt::format("= {} micro-batches is not a multiple of train.pp = {}: the "
-                                                  "interleaved schedule of train.pp_virtual = {} runs them in groups "
-                                                  "of pp", M, pp, virtual_stages));
-  }
-  d.pp_virtual = virtual_stages;
-  const int64_t experts = hybrid ? config.get_int("model.moe.num_experts") : 0;
-  if (ep > 1 && experts == 0)
-    config.fail("train.ep", "expert parallelism needs MoE layers (model.moe.num_experts > 0)");
-  if (ep > 1 && experts % ep != 0)
-    config.fail("train.ep", fmt::format("does not divide model.moe.num_experts = {}", experts));
+  const ModelFamily& family = model_family(config);
+  check_capabilities(config, family);  // train.pp, train.ep, recomputation the family cannot run
+  const comm::ParallelDims dims = parallel_dims(config, d.world->size());
+  const int64_t pp = dims.pp;
+  check_parallel_fit(config, family);  // layers for the (virtual) stages, routed experts for train.ep
+  if (pp > 1) d.tied_pipeline = family.ties_embeddings(config);
+  // Virtual stages (docs/parallelism.md#interleaved-virtual-stages): the schedule runs micro-batches in groups of pp.
+  if (dims.pp_virtual > 1 && config.get_int("train.grad_accum") % pp != 0)
+    config.fail("train.grad_accum", fmt::format("= {} micro-batches is not a multiple of train.pp = {}: the "
+                                                "interleaved schedule of train.pp_virtual = {} runs them in groups "
+                                                "of pp", config.get_int("train.grad_accum"), pp, dims.pp_virtual));
+  d.pp_virtual = dims.pp_virtual;
   const double timeout_s = config.get_number("dist.timeout_s");
   if (timeout_s > 0 && d.world->size() > 1)
     d.watchdog = std::make_unique<comm::Watchdog>(comm::WatchdogOptions{
@@ -187,7 +175,7 @@ Distributed make_distributed(const Config& config) {
   if (zero == 1 && d.zero == 0)
     spdlog::info("train.zero 1 with one rank: nothing to shard; the optimizer state stays whole");
   comm::WatchdogLabel label("process grid");
-  d.grid = comm::make_process_grid(*d.world, static_cast<int>(ep), "train.ep", static_cast<int>(pp), "train.pp");
+  d.grid = comm::make_process_grid(*d.world, dims);
   return d;
 }
 

@@ -30,8 +30,14 @@ class HybridModel;
 // This rank's slice of the experts (its ep index and the ep size).
 inline ExpertShard expert_shard(const Distributed& d) { return {d.grid.ep_index, d.grid.ep}; }
 
+// The run's parallel dimensions from the config (train.pp, train.ep, train.tp,
+// train.cp) over `world` ranks: comm::make_parallel_dims, its refusals a ConfigError
+// naming the key with where it was set (exit 2).
+comm::ParallelDims parallel_dims(const Config& config, int world);
+
 // The world (MPI under mpirun, else one process) split by train.ep; errors name
-// the key (ep must divide the world size and model.moe.num_experts). Starts the
+// the key (ep must divide the world size and model.moe.num_experts; the model
+// family's capabilities, nn/model_family.h check_capabilities, before anything else). Starts the
 // collective watchdog (comm/watchdog.h) when dist.timeout_s > 0 and there are
 // several ranks. The collectives below label their waits for its message.
 Distributed make_distributed(const Config& config);

@@ -14,10 +14,10 @@
 #include "checkpoint/export.h"
 #include "comm/distributed.h"
 #include "core/format.h"
-#include "nn/gpt2.h"
 #include "nn/hf_adapter.h"
 #include "nn/hybrid.h"
 #include "nn/ledger.h"
+#include "nn/model_family.h"
 
 namespace moetrain {
 
@@ -222,34 +222,18 @@ Config resolve_config(const ModelSource& source) {
 }
 
 std::unique_ptr<LanguageModel> build_model(const Config& config, ExpertShard shard, PipelineStage stage) {
+  const ModelFamily& family = model_family(config);
+  check_capabilities(config, family);
   check_model_fits(config, shard);
-  const auto seed = static_cast<uint64_t>(config.get_int("train.seed"));
-  if (config.get_string("model.arch") == "hybrid") {
-    auto model = std::make_unique<HybridModel>(HybridConfig::from(config), seed, true, shard, stage);
-    std::string init = config.get_string("model.init_from");
-    if (!init.empty()) {
-      MT_CHECK(stage.whole(), "{}: model.init_from with train.pp = {} is not supported yet: start the pipeline from "
-               "a training checkpoint (ckpt.resume) or from random weights", config.where("model.init_from"),
-               stage.count);
-      MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
-               config.where("model.init_from"), init);
-      load_init_weights(config, *model, init, shard);  // this rank's experts only
-      check_loaded_weights(config, *model);
-    }
-    return model;
-  }
-  MT_CHECK(shard.size == 1, "{}: train.ep = {} needs a model with MoE layers (model.arch hybrid, "
-           "model.moe.num_experts > 0)", config.where("train.ep"), shard.size);
-  MT_CHECK(stage.whole(), "{}: train.pp = {}: pipeline parallelism needs model.arch hybrid", config.where("train.pp"),
-           stage.count);
-  Gpt2Config c = Gpt2Config::from(config);
-  MT_CHECK(c.d_model % c.n_head == 0, "model.d_model = {} is not divisible by model.n_head = {}", c.d_model, c.n_head);
-  auto model = std::make_unique<Gpt2>(c, seed);
-  std::string init = config.get_string("model.init_from");
+  std::unique_ptr<LanguageModel> model = family.build(config, ModelPlacement{shard, stage});
+  const std::string init = config.get_string("model.init_from");
   if (!init.empty()) {
+    MT_CHECK(stage.whole(), "{}: model.init_from with train.pp = {} is not supported yet: start the pipeline from "
+             "a training checkpoint (ckpt.resume) or from random weights", config.where("model.init_from"),
+             stage.count);
     MT_CHECK(std::filesystem::exists(init), "{}: model.init_from ({}) does not exist",
              config.where("model.init_from"), init);
-    load_init_weights(config, *model, init, {});
+    load_init_weights(config, *model, init, shard);  // this rank's experts only
     check_loaded_weights(config, *model);
   }
   return model;

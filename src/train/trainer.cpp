@@ -22,6 +22,7 @@
 #include "config/schema.h"
 #include "data/synthetic.h"
 #include "data/utf8.h"
+#include "nn/model_family.h"
 #include "nn/moe.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/linalg.h"
@@ -105,7 +106,9 @@ void report_model(const LanguageModel& model, int64_t seq_len, const Ledger& led
                  with_commas(ledger.active));
   } else {
     spdlog::info("  {:<10} {:>14} parameters{}", "total", with_commas(total),
-                 model.arch() == "gpt2" ? " (LM head tied to wte)" : "");
+                 model_family(model.arch()).capabilities.tied_embeddings == TiedEmbeddings::always
+                     ? " (LM head tied to the token embedding)"
+                     : "");
   }
   spdlog::info("  FLOPs/token {:.3g}, {:.3g} per optimizer step of {} tokens", model.flops_per_token(seq_len),
                model.flops_per_token(seq_len) * tokens_per_step, with_commas(tokens_per_step));

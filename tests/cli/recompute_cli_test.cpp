@@ -83,5 +83,5 @@ TEST_CASE("cli: train.recompute_modules refuses names it does not know and GPT-2
                                               " --set train.recompute_modules=act");
   CHECK(gpt2.code == 2);
   CHECK(gpt2.output.find("train.recompute_modules") != string::npos);
-  CHECK(gpt2.output.find("GPT-2 recomputes whole blocks") != string::npos);
+  CHECK(gpt2.output.find("model.arch gpt2 recomputes whole blocks only") != string::npos);
 }

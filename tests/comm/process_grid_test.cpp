@@ -42,8 +42,8 @@ TEST_CASE("comm: process grid of one process", "[comm]") {
   std::unique_ptr<Communicator> one = single_process();
   check_grid(*one, 1);
   CHECK_THAT(error_of([&] { make_process_grid(*one, 2); }),
-             Catch::Contains("train.ep = 2 must divide the number of ranks (1") && Catch::Contains("choose one of 1"));
-  CHECK_THAT(error_of([&] { make_process_grid(*one, 0, "--ep"); }), Catch::StartsWith("--ep = 0"));
+             Catch::Contains("train.ep = 2: does not divide the 1 ranks of this run") && Catch::Contains("choose one of 1"));
+  CHECK_THAT(error_of([&] { make_process_grid(*one, 0, "--ep"); }), Catch::StartsWith("--ep = 0: must be at least 1"));
 }
 
 TEST_CASE("comm: process grid layout for every ep dividing the world", "[comm][mpi]") {
@@ -52,7 +52,7 @@ TEST_CASE("comm: process grid layout for every ep dividing the world", "[comm][m
     if (w.size() % ep == 0) check_grid(w, ep);
   if (w.size() == 4) {
     CHECK_THAT(error_of([&] { make_process_grid(w, 3); }),
-               Catch::Contains("train.ep = 3 must divide the number of ranks (4") &&
+               Catch::Contains("train.ep = 3: does not divide the 4 ranks of this run") &&
                    Catch::Contains("choose one of 1, 2, 4"));
   }
 }
@@ -99,10 +99,10 @@ TEST_CASE("comm: pp x dp x ep grid: stages of consecutive ranks, groups inside a
   }
   if (W == 4) {
     CHECK_THAT(error_of([&] { make_process_grid(w, 1, "train.ep", 3, "train.pp"); }),
-               Catch::Contains("train.pp = 3 must divide the number of ranks (4") &&
+               Catch::Contains("train.pp = 3: does not divide the 4 ranks of this run") &&
                    Catch::Contains("choose one of 1, 2, 4"));
     CHECK_THAT(error_of([&] { make_process_grid(w, 4, "train.ep", 2, "train.pp"); }),
-               Catch::Contains("train.ep = 4 must divide the 2 ranks of a pipeline stage") &&
+               Catch::Contains("train.ep = 4: does not divide the 2 ranks of a pipeline stage") &&
                    Catch::Contains("choose one of 1, 2"));
   }
 }
