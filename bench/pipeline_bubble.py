@@ -15,7 +15,9 @@ time, the measured pipeline overhead is (step - M a) / step, which also holds c 
 any stage imbalance (stage 0 has the embedding, the last stage the head). With V
 virtual stages per rank (the interleaved 1F1B, --virtual) the fill and drain take
 a chunk, t / V, per stage: step = (M + (P - 1) / V) t + c, bubble (P - 1) / (V M + P - 1);
-each V gets its own fit.
+each V gets its own fit. The runs use train.profile, whose table gives a second,
+direct measure: the share of rank 0's step spent in pipeline send/receive (waiting
+for a neighbour: the bubble, plus any stage imbalance).
 
   bench/pipeline_bubble.py --np 4 --pp 4 --micro 2,4,8,16     # the issue's run (4 ranks)
   bench/pipeline_bubble.py --np 2 --pp 2 --micro 1,2,4,8      # one rank per core on a 2-core box
@@ -82,12 +84,18 @@ def main():
                           f"--set train.pp_virtual={V} --set train.grad_accum={m} --set train.batch_size={a.batch_size} "
                           f"--set train.seq_len={a.seq_len} --set train.max_steps={a.steps} --set train.warmup_steps=1 "
                           f"--set train.eval_every=0 --set train.sample_every=0 --set ckpt.every=0 "
-                          f"--set train.threads=1 --set train.log_every=1 --set run.dir={run_dir}", env)
+                          f"--set train.threads=1 --set train.log_every=1 --set train.profile=true "
+                          f"--set run.dir={run_dir}", env)
                 steps = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl") if '"step_ms"' in line]
                 times = [s["step_ms"] for s in steps if s["step"] > 1]
                 mem = re.search(r"memory per rank: peak RSS (.+?) \(rank (\d+); lowest (.+?)\) against (.+?) predicted.*"
                                 r"peak / predicted = ([0-9.]+)", out)
-                rows.append((m, statistics.median(times), mem.groups() if mem else None))
+                # train.profile's table (rank 0): the share of its step spent in pipeline send/receive,
+                # i.e. waiting for a neighbour (the transfers themselves are memory copies here).
+                p2p = re.search(r"pipeline p2p +[0-9.]+ +[0-9.]+ +([0-9.]+) ", out)
+                total = re.search(r"\n +total +([0-9.]+)", out)
+                wait = float(p2p.group(1)) / float(total.group(1)) if p2p and total else float("nan")
+                rows.append((m, statistics.median(times), mem.groups() if mem else None, wait))
             # Least squares step = a M + b.
             n = len(rows)
             mx = sum(r[0] for r in rows) / n
@@ -96,15 +104,15 @@ def main():
             intercept = my - slope * mx
             print(f"V {V}: fit step_ms = {slope:.1f} M + {intercept:.1f}  (t per micro-batch per stage {slope:.1f} ms; "
                   f"the model's bubble alone would give an intercept of (P - 1) t / V = {(P - 1) * slope / V:.1f} ms)")
-            print(f"{'V':>3} {'M':>4} {'step ms':>9} {'per micro':>10} {'bubble model':>13} {'measured overhead':>18}  "
-                  f"memory")
-            for m, step, mem in rows:
+            print(f"{'V':>3} {'M':>4} {'step ms':>9} {'per micro':>10} {'bubble model':>13} {'measured overhead':>18} "
+                  f"{'rank 0 in p2p':>14}  memory")
+            for m, step, mem, wait in rows:
                 model = (P - 1) / (V * m + P - 1)
                 measured = (step - m * slope) / step
                 mem_text = (f"peak RSS {mem[0]} (rank {mem[1]}; lowest {mem[2]}) vs {mem[3]} predicted: {mem[4]}"
                             if mem else "no memory line")
-                print(f"{V:>3} {m:>4} {step:>9.1f} {step / m:>10.1f} {100 * model:>12.1f}% {100 * measured:>17.1f}%  "
-                      f"{mem_text}", flush=True)
+                print(f"{V:>3} {m:>4} {step:>9.1f} {step / m:>10.1f} {100 * model:>12.1f}% {100 * measured:>17.1f}% "
+                      f"{100 * wait:>13.1f}%  {mem_text}", flush=True)
 
 
 if __name__ == "__main__":
