@@ -56,6 +56,8 @@ def main():
                     "V > 1 needs every M a multiple of --pp")
     ap.add_argument("--batch-size", type=int, default=2, help="sequences per micro-batch (train.batch_size)")
     ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=256, help="model.vocab_size: 256 (the byte data's) keeps the last "
+                    "stage's LM head from outweighing its layers, which would show as bubble; 0 keeps the config's")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps per run; the first is not timed")
     ap.add_argument("--moetrain", default=os.path.join(ROOT, "build", "moetrain"))
     a = ap.parse_args()
@@ -74,6 +76,7 @@ def main():
           f"{a.batch_size} x {a.seq_len}, median of {a.steps - 1} steps, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="pipeline_bubble.") as tmp:
         run(f"{a.moetrain} prepare {ROOT}/data/tinyshakespeare.txt --out {tmp}/data --tokenizer byte", env)
+        fits = []  # (V, slope, intercept, rows)
         for V in virtual:
             rows = []
             for m in micro:
@@ -82,6 +85,7 @@ def main():
                           f"--set data.train='{tmp}/data/train_*.bin' "
                           f"--set data.val= --set data.tokenizer=byte --set train.pp={a.pp} --set train.ep={a.ep} "
                           f"--set train.pp_virtual={V} --set train.grad_accum={m} --set train.batch_size={a.batch_size} "
+                          + (f"--set model.vocab_size={a.vocab} " if a.vocab else "") +
                           f"--set train.seq_len={a.seq_len} --set train.max_steps={a.steps} --set train.warmup_steps=1 "
                           f"--set train.eval_every=0 --set train.sample_every=0 --set ckpt.every=0 "
                           f"--set train.threads=1 --set train.log_every=1 --set train.profile=true "
@@ -113,6 +117,24 @@ def main():
                             if mem else "no memory line")
                 print(f"{V:>3} {m:>4} {step:>9.1f} {step / m:>10.1f} {100 * model:>12.1f}% {100 * measured:>17.1f}% "
                       f"{100 * wait:>13.1f}%  {mem_text}", flush=True)
+            fits.append((V, slope, intercept, rows))
+        if len(fits) >= 2:
+            # Across V: intercept_V = c + b / V, c the step's fixed part (gradient sums, clipping, AdamW), b the
+            # fill and drain of one micro-batch per stage, (P - 1) t by the model. Least squares on 1 / V.
+            xs = [1.0 / f[0] for f in fits]
+            ys = [f[2] for f in fits]
+            x0, y0 = sum(xs) / len(xs), sum(ys) / len(ys)
+            b = sum((x - x0) * (y - y0) for x, y in zip(xs, ys)) / sum((x - x0) ** 2 for x in xs)
+            c = y0 - b * x0
+            t = sum(f[1] for f in fits) / len(fits)
+            print(f"across V: intercept = {c:.1f} ms + {b:.1f} ms / V  (the model: fixed part c, plus (P - 1) t / V "
+                  f"with t = {t:.1f} ms: {(P - 1) * t:.1f} ms / V)")
+            print(f"{'V':>3} {'M':>4} {'step ms':>9} {'bubble model':>13} {'bubble measured':>16}   (measured: "
+                  f"(intercept_V - c) / (step - c), the idle share of the pipeline's time)")
+            for V, slope, intercept, rows in fits:
+                for m, step, _, _ in rows:
+                    print(f"{V:>3} {m:>4} {step:>9.1f} {100 * (P - 1) / (V * m + P - 1):>12.1f}% "
+                          f"{100 * (intercept - c) / (step - c):>15.1f}%")
 
 
 if __name__ == "__main__":
