@@ -127,6 +127,14 @@ class Communicator {
   // contiguous; all of one call on the same kind of device. The one-process
   // communicator pairs the k-th send to itself with its k-th receive (a copy).
   virtual void send_recv(std::vector<P2POp>& ops) = 0;
+  // send_recv started and not finished: the ops are posted now and the handle's
+  // wait() ends them (receives filled; the handle keeps every tensor alive until
+  // then), so a pipeline rank goes on computing while its messages travel and
+  // waits only for a receive it is about to use. Messages between two ranks still
+  // match in posting order. CPU under MPI: MPI_Isend/MPI_Irecv; elsewhere (CUDA:
+  // NCCL's group is queued on the stream anyway; one process) send_recv runs at
+  // once and the handle is already done.
+  virtual std::unique_ptr<PendingCollective> start_send_recv(std::vector<P2POp> ops);
 };
 
 inline constexpr int kNoGroup = -1;  // split() color of a rank that joins no group

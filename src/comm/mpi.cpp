@@ -124,6 +124,7 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  const std::string& group() const { return group_; }
   std::string host() const override { return g_host; }
 
   void check(int code, std::string_view call, std::string_view context = {}) const {
@@ -322,43 +323,10 @@ class MpiCommunicator final : public Communicator {
     detail::check_send_recv(ops, size_);
     if (ops.empty()) return;
     if (ops.front().tensor.is_cuda()) return nccl_.send_recv(ops);
-    // Bytes in chunks of at most kChunk, each its own message with tag 0:
-    // messages of one pair and direction are matched in posting order.
-    std::vector<MPI_Request> requests;
-    std::vector<int64_t> expected;  // bytes of each request (receives checked after)
-    for (P2POp& op : ops) {
-      char* p = static_cast<char*>(op.tensor.raw_data());
-      const int64_t n = op.tensor.nbytes();
-      int64_t at = 0;
-      do {  // one message even for 0 bytes, so both sides post the same number
-        const int count = static_cast<int>(std::min(kChunk, n - at));
-        MPI_Request request = MPI_REQUEST_NULL;
-        if (op.kind == P2POp::Kind::send)
-          check(MPI_Isend(p + at, count, MPI_BYTE, op.peer, 0, comm_, &request), "MPI_Isend",
-                fmt::format("to rank {}, {}", op.peer, describe(op.tensor)));
-        else
-          check(MPI_Irecv(p + at, count, MPI_BYTE, op.peer, 0, comm_, &request), "MPI_Irecv",
-                fmt::format("from rank {}, {}", op.peer, describe(op.tensor)));
-        requests.push_back(request);
-        expected.push_back(op.kind == P2POp::Kind::recv ? count : -1);
-        at += count;
-      } while (at < n);
-    }
-    std::vector<MPI_Status> statuses(requests.size());
-    {
-      WatchdogWait wait("send_recv");
-      check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data()), "MPI_Waitall",
-            fmt::format("send_recv of {} transfers", ops.size()));
-    }
-    for (size_t i = 0; i < statuses.size(); ++i) {
-      if (expected[i] < 0) continue;
-      int got = 0;
-      check(MPI_Get_count(&statuses[i], MPI_BYTE, &got), "MPI_Get_count");
-      MT_CHECK(got == expected[i], "send_recv: a message from rank {} has {} bytes, {} were expected (rank {} of {} "
-               "in {}): the sender passed another shape", statuses[i].MPI_SOURCE, got, expected[i], rank_, size_,
-               group_);
-    }
+    start_send_recv(std::move(ops))->wait();
   }
+
+  std::unique_ptr<PendingCollective> start_send_recv(std::vector<P2POp> ops) override;
 
  private:
   // A committed datatype of `bytes` contiguous bytes: one row.
@@ -408,12 +376,108 @@ bool MpiPendingSum::test() {
   return done != 0;
 }
 
+// start_send_recv on the CPU: the MPI_Isend/MPI_Irecv requests of the ops' chunks.
+class MpiPendingP2P final : public PendingCollective {
+ public:
+  MpiPendingP2P(const MpiCommunicator& comm, std::vector<P2POp> ops) : comm_(comm), ops_(std::move(ops)) {}
+  ~MpiPendingP2P() override;
+  MpiPendingP2P(const MpiPendingP2P&) = delete;
+  MpiPendingP2P& operator=(const MpiPendingP2P&) = delete;
+  void wait() override;
+  bool test() override;
+  std::vector<P2POp>& ops() { return ops_; }
+  std::vector<MPI_Request>& requests() { return requests_; }
+  std::vector<int64_t>& expected() { return expected_; }
+
+ private:
+  // Receives are checked against the bytes they expected (a shorter message).
+  void check_received(const std::vector<MPI_Status>& statuses);
+  const MpiCommunicator& comm_;
+  std::vector<P2POp> ops_;             // keeps every buffer alive while MPI reads or writes it
+  std::vector<MPI_Request> requests_;
+  std::vector<int64_t> expected_;      // bytes of each request (-1: a send)
+};
+
 MpiPendingSum::~MpiPendingSum() {
   if (requests_.empty() || !initialized_and_not_finalized()) return;
   try {
     wait();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moetrain: an all_reduce_sum never waited for failed: %s\n", e.what());
+  }
+}
+
+std::unique_ptr<PendingCollective> MpiCommunicator::start_send_recv(std::vector<P2POp> ops) {
+  detail::check_send_recv(ops, size_);
+  if (ops.empty() || ops.front().tensor.is_cuda()) return Communicator::start_send_recv(std::move(ops));
+  // Bytes in chunks of at most kChunk, each its own message with tag 0: messages of
+  // one pair and direction are matched in posting order.
+  auto pending = std::make_unique<MpiPendingP2P>(*this, std::move(ops));
+  for (P2POp& op : pending->ops()) {
+    char* p = static_cast<char*>(op.tensor.raw_data());
+    const int64_t n = op.tensor.nbytes();
+    int64_t at = 0;
+    do {  // one message even for 0 bytes, so both sides post the same number
+      const int count = static_cast<int>(std::min(kChunk, n - at));
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (op.kind == P2POp::Kind::send)
+        check(MPI_Isend(p + at, count, MPI_BYTE, op.peer, 0, comm_, &request), "MPI_Isend",
+              fmt::format("to rank {}, {}", op.peer, describe(op.tensor)));
+      else
+        check(MPI_Irecv(p + at, count, MPI_BYTE, op.peer, 0, comm_, &request), "MPI_Irecv",
+              fmt::format("from rank {}, {}", op.peer, describe(op.tensor)));
+      pending->requests().push_back(request);
+      pending->expected().push_back(op.kind == P2POp::Kind::recv ? count : -1);
+      at += count;
+    } while (at < n);
+  }
+  return pending;
+}
+
+void MpiPendingP2P::check_received(const std::vector<MPI_Status>& statuses) {
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    if (expected_[i] < 0) continue;
+    int got = 0;
+    comm_.check(MPI_Get_count(&statuses[i], MPI_BYTE, &got), "MPI_Get_count");
+    MT_CHECK(got == expected_[i], "send_recv: a message from rank {} has {} bytes, {} were expected (rank {} of {} "
+             "in {}): the sender passed another shape", statuses[i].MPI_SOURCE, got, expected_[i], comm_.rank(),
+             comm_.size(), comm_.group());
+  }
+}
+
+void MpiPendingP2P::wait() {
+  if (requests_.empty()) return;
+  std::vector<MPI_Status> statuses(requests_.size());
+  int code = MPI_SUCCESS;
+  {
+    WatchdogWait wait("send_recv");
+    code = MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data());
+  }
+  requests_.clear();
+  comm_.check(code, "MPI_Waitall", fmt::format("send_recv of {} transfers", ops_.size()));
+  check_received(statuses);
+  expected_.clear();
+}
+
+bool MpiPendingP2P::test() {
+  if (requests_.empty()) return true;
+  int done = 0;
+  std::vector<MPI_Status> statuses(requests_.size());
+  comm_.check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, statuses.data()),
+              "MPI_Testall", fmt::format("send_recv of {} transfers", ops_.size()));
+  if (!done) return false;
+  requests_.clear();  // MPI freed them
+  check_received(statuses);
+  expected_.clear();
+  return true;
+}
+
+MpiPendingP2P::~MpiPendingP2P() {
+  if (requests_.empty() || !initialized_and_not_finalized()) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moetrain: a send_recv never waited for failed: %s\n", e.what());
   }
 }
 

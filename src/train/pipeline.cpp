@@ -2,7 +2,9 @@
 // docs/parallelism.md#pipeline-parallelism).
 #include "train/pipeline.h"
 
+#include <deque>
 #include <map>
+#include <memory>
 
 #include "autograd/engine.h"
 #include "comm/watchdog.h"
@@ -53,25 +55,52 @@ class Schedule {
       : d_(d), stage_(stage), batches_(batches), device_(device), where_(stage.pipeline_stage()),
         scale_(1.0 / static_cast<double>(batches.size())) {}
 
+  // Each tick's messages are started (Communicator::start_send_recv) and not waited
+  // for: the rank goes on to its next action and waits only for a receive that
+  // action consumes, so a forward is not held back by a neighbour's longer
+  // backward (the ticks order the work; they are not time). Sends finish in the
+  // background, their buffers kept by the handles; all end before the step returns.
   PipelineStepResult run() {
     const int64_t M = static_cast<int64_t>(batches_.size());
     const PipelineTimeline timeline = pipeline_timeline(where_.count, where_.chunks, M);
     for (const PipelineTick& tick : timeline.ranks[static_cast<size_t>(where_.index)]) {
       Tensors made;  // what this tick's action sends on
-      if (tick.has_action)
-        made = tick.action.kind == PipelineAction::Kind::forward ? forward(tick.action) : backward(tick.action);
+      if (tick.has_action) {
+        const PipelineAction& a = tick.action;
+        const bool forward_pass = a.kind == PipelineAction::Kind::forward;
+        if (forward_pass ? !first_virtual(a.chunk) : !last_virtual(a.chunk)) arrival({a.micro, a.chunk}, !forward_pass);
+        made = forward_pass ? forward(a) : backward(a);
+      }
       std::vector<P2POp> ops;
       for (const PipelineMessage& m : tick.sends) append(ops, P2POp::Kind::send, m.peer, made);
+      std::vector<std::pair<Key, bool>> arriving;
       for (const PipelineMessage& m : tick.recvs) {
         const Key k{m.micro, m.chunk};
         Tensors& box = m.gradient ? grads_[k] : inputs_[k];
         box = m.gradient ? empty_like_all(flight_.at(k).out.activations)
                          : empty_inputs(stage_, m.chunk, batch_rows(), batch_cols(), device_);
         append(ops, P2POp::Kind::recv, m.peer, box);
+        arriving.emplace_back(k, m.gradient);
       }
-      exchange(d_, tick.recvs.empty() ? "pipeline: send" : "pipeline: send and receive", std::move(ops));
+      if (ops.empty()) continue;
+      std::shared_ptr<comm::PendingCollective> pending;
+      {
+        profile::Region region("pipeline p2p");
+        pending = d_.grid.pipe_group->start_send_recv(std::move(ops));
+      }
+      for (const auto& [k, gradient] : arriving) (gradient ? grad_arrivals_ : input_arrivals_)[k] = pending;
+      in_transit_.push_back(std::move(pending));
+      // Let MPI move what is under way, and drop the handles that are done.
+      while (!in_transit_.empty() && in_transit_.front()->test()) in_transit_.pop_front();
     }
-    MT_ASSERT(flight_.empty() && inputs_.empty() && grads_.empty(),
+    {
+      comm::WatchdogLabel label("pipeline: the step's last sends");
+      profile::Region region("pipeline p2p");
+      for (const auto& p : in_transit_) p->wait();
+      in_transit_.clear();
+    }
+    MT_ASSERT(flight_.empty() && inputs_.empty() && grads_.empty() && input_arrivals_.empty() &&
+                  grad_arrivals_.empty(),
               "pipeline schedule: {} micro-batches in flight, {} inputs and {} gradients unused after the step",
               flight_.size(), inputs_.size(), grads_.size());
     return result_;
@@ -83,6 +112,18 @@ class Schedule {
     Tensors inputs;  // leaves: their grads go back to the previous virtual stage
     StageOutput out;
   };
+
+  // Waits until the input (gradient: the output gradient) of (micro-batch, chunk) has arrived.
+  void arrival(const Key& k, bool gradient) {
+    auto& arrivals = gradient ? grad_arrivals_ : input_arrivals_;
+    auto it = arrivals.find(k);
+    MT_ASSERT(it != arrivals.end(), "pipeline: micro-batch {} chunk {} needs its {} before it was posted", k.first,
+              k.second, gradient ? "gradient" : "input");
+    comm::WatchdogLabel label(gradient ? "pipeline: receive gradients" : "pipeline: receive activations");
+    profile::Region region("pipeline p2p");
+    it->second->wait();
+    arrivals.erase(it);
+  }
 
   int64_t batch_rows() const { return batches_.front().inputs.size(0); }
   int64_t batch_cols() const { return batches_.front().inputs.size(1); }
@@ -157,7 +198,10 @@ class Schedule {
   PipelineStage where_;
   double scale_;
   std::map<Key, InFlight> flight_;
-  std::map<Key, Tensors> inputs_, grads_;  // received, not yet consumed
+  std::map<Key, Tensors> inputs_, grads_;  // received (or being received), not yet consumed
+  // The started send_recv that fills each of them, and every one not known done yet.
+  std::map<Key, std::shared_ptr<comm::PendingCollective>> input_arrivals_, grad_arrivals_;
+  std::deque<std::shared_ptr<comm::PendingCollective>> in_transit_;
   PipelineStepResult result_;
 };
 

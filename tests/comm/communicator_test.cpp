@@ -319,6 +319,29 @@ void check_send_recv(Communicator& comm) {
   }
 }
 
+// start_send_recv: three batches started one after another without waiting (the
+// pipeline's ticks), the later ones waited first; every tensor arrives in posting
+// order, the handles keep the buffers alive (the caller's copies are dropped), and a
+// receive of the wrong size is reported by wait().
+void check_start_send_recv(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto stamp = [](int from, int k) { return from_vector({100.0 * from + k, -2.0 * k}, Shape{2}, DType::f64); };
+  std::vector<Tensor> got;
+  std::vector<std::unique_ptr<PendingCollective>> started;
+  for (int k = 0; k < 3; ++k) {
+    got.push_back(zeros(Shape{2}, DType::f64));
+    started.push_back(comm.start_send_recv({{P2POp::Kind::send, next, stamp(r, k)}, {P2POp::Kind::recv, prev, got.back()}}));
+  }
+  for (int k = 2; k >= 0; --k) started[static_cast<size_t>(k)]->wait();
+  for (int k = 0; k < 3; ++k) CHECK(bitwise_equal(got[static_cast<size_t>(k)], stamp(prev, k)));
+  if (n > 1) {
+    Tensor large = zeros(Shape{4}, DType::f64);
+    auto bad = comm.start_send_recv({{P2POp::Kind::send, next, zeros(Shape{2}, DType::f64)},
+                                     {P2POp::Kind::recv, prev, large}});
+    CHECK_THAT(error_of([&] { bad->wait(); }), Catch::Contains("16 bytes, 32 were expected"));
+  }
+}
+
 void check_suite(Communicator& comm) {
   INFO("rank " << comm.rank() << " of " << comm.size() << " on " << comm.host());
   CHECK(!comm.host().empty());
@@ -333,6 +356,7 @@ void check_suite(Communicator& comm) {
   check_split(comm);
   check_argument_errors(comm);
   check_send_recv(comm);
+  check_start_send_recv(comm);
   comm.barrier();
 }
 
