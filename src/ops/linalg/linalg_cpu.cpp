@@ -1,10 +1,14 @@
 // CPU kernels of the linalg family: matmul through BLAS; linear with a bias (and
 // GELU) as one GEMM and one vectorised pass, its backward as one pass (GELU's
-// derivative and the bias gradient) and two GEMMs.
+// derivative and the bias gradient) and two GEMMs. bf16: the products through
+// oneDNN's bf16 matmul with f32 accumulation (backend/cpu/onednn.h), the bias, GELU
+// and bias-gradient passes in f32 on the f32 products, each bf16 output rounded once.
 #include <algorithm>
+#include <vector>
 
 #include "backend/cpu/blas.h"
 #include "backend/cpu/isa.h"
+#include "backend/cpu/onednn.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/common/gelu.h"
@@ -12,7 +16,121 @@
 
 namespace moetrain::cpu {
 
+namespace {
+
+// bf16 x bf16 through oneDNN: C [m, n] (bf16 or f32) = op(A) op(B), row-major.
+void linalg_bf16_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda, const bf16* b,
+                      int64_t ldb, void* c, DType c_type, int64_t ldc) {
+  onednn::MatmulShape s;
+  s.trans_a = ta, s.trans_b = tb, s.m = m, s.n = n, s.k = k, s.lda = lda, s.ldb = ldb, s.ldc = ldc;
+  onednn::matmul(s, DType::bf16, a, b, c_type, c);
+}
+
+void matmul_forward_bf16(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  const int64_t m = out.size(-2), n = out.size(-1);
+  const int64_t k = trans_a ? a.size(-2) : a.size(-1);
+  onednn::MatmulShape s;
+  s.trans_a = trans_a, s.trans_b = trans_b, s.n = n, s.k = k, s.lda = a.size(-1), s.ldb = b.size(-1), s.ldc = n;
+  if (b.dim() == 2 && (a.dim() == 2 || !trans_a)) {
+    s.m = a.dim() == 2 ? m : a.shape().numel(0, a.dim() - 1);  // all rows of a at once
+  } else {
+    s.m = m;
+    s.batch = out.shape().numel(0, out.dim() - 2);
+    s.stride_a = a.dim() == 2 ? 0 : a.size(-2) * a.size(-1);
+    s.stride_b = b.dim() == 2 ? 0 : b.size(-2) * b.size(-1);
+    s.stride_c = m * n;
+  }
+  onednn::matmul(s, DType::bf16, a.data<bf16>(), b.data<bf16>(), DType::bf16, out.data<bf16>());
+}
+
+// grad_z columns [lo, hi) from grad_y (and z for GELU), grad_b[j] = Σ_r grad_z[r, j] in
+// double, rows in order (the f32 kernel's bias_grad_columns on widened values).
+void bias_grad_columns_bf16(bf16* gz, bf16* gb, const float* gy, const bf16* z, int64_t rows, int64_t n, int64_t lo,
+                            int64_t hi) {
+  constexpr int64_t kBlock = 256;
+  double acc[kBlock];
+  for (int64_t j0 = lo; j0 < hi; j0 += kBlock) {
+    const int64_t w = std::min(kBlock, hi - j0);
+    for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = r * n + j0;
+      for (int64_t j = 0; j < w; ++j) {
+        float g = gy[at + j];
+        if (z) g *= gelu_tanh_derivative_of(z[at + j].to_float());
+        if (gz) gz[at + j] = bf16::from_float(g);
+        acc[j] += static_cast<double>(g);
+      }
+    }
+    if (gb)
+      for (int64_t j = 0; j < w; ++j) gb[j0 + j] = bf16::from_float(static_cast<float>(acc[j]));
+  }
+}
+
+std::vector<float> widen_rows_bf16(const bf16* p, int64_t count) {
+  std::vector<float> out(static_cast<size_t>(count));
+  parallel_for(count, 1 << 15, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) out[i] = p[i].to_float();
+  });
+  return out;
+}
+
+void linear_forward_bf16(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor& b, Activation act) {
+  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  std::vector<float> acc(static_cast<size_t>(rows * out));
+  linalg_bf16_gemm(false, true, rows, out, in, x.data<bf16>(), in, w.data<bf16>(), in, acc.data(), DType::f32, out);
+  const bf16* pb = b.data<bf16>();
+  bf16* py = y.data<bf16>();
+  bf16* pz = act == Activation::gelu_tanh ? z.data<bf16>() : nullptr;
+  const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(out, 1));
+  parallel_for(rows, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      for (int64_t j = 0; j < out; ++j) {
+        const float v = acc[r * out + j] + pb[j].to_float();
+        if (pz) {
+          pz[r * out + j] = bf16::from_float(v);
+          py[r * out + j] = bf16::from_float(gelu_tanh_of(v));
+        } else {
+          py[r * out + j] = bf16::from_float(v);
+        }
+      }
+  });
+}
+
+void linear_backward_bf16(Tensor& grad_x, Tensor& grad_w, Tensor& grad_b, const Tensor& grad_y, const Tensor& x,
+                          const Tensor& w, const Tensor& z, Activation act) {
+  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  const bool gelu = act == Activation::gelu_tanh;
+  Tensor gz_buf = gelu ? empty_like(grad_y) : Tensor{};
+  const bf16* gz = gelu ? gz_buf.data<bf16>() : grad_y.data<bf16>();
+  if (gelu || grad_b.defined()) {
+    const std::vector<float> gy = widen_rows_bf16(grad_y.data<bf16>(), rows * out);
+    bf16* gb = grad_b.defined() ? grad_b.data<bf16>() : nullptr;
+    bf16* gzw = gelu ? gz_buf.data<bf16>() : nullptr;
+    const bf16* pz = gelu ? z.data<bf16>() : nullptr;
+    parallel_for(out, 256, [&](int64_t lo, int64_t hi) { bias_grad_columns_bf16(gzw, gb, gy.data(), pz, rows, out, lo, hi); });
+  }
+  if (grad_w.defined())
+    linalg_bf16_gemm(true, false, out, in, rows, gz, out, x.data<bf16>(), in, grad_w.data<bf16>(), DType::bf16, in);
+  if (grad_x.defined())
+    linalg_bf16_gemm(false, false, rows, in, out, gz, out, w.data<bf16>(), in, grad_x.data<bf16>(), DType::bf16, in);
+}
+
+void gelu_input_backward_bf16(Tensor& grad_z, Tensor& grad_b, const Tensor& grad_y, const Tensor& w,
+                              const Tensor& z) {
+  const int64_t in = w.size(1), out = w.size(0), rows = z.numel() / in;
+  std::vector<float> grad_m(static_cast<size_t>(rows * in));
+  linalg_bf16_gemm(false, false, rows, in, out, grad_y.data<bf16>(), out, w.data<bf16>(), in, grad_m.data(),
+                   DType::f32, in);
+  bf16* gz = grad_z.data<bf16>();
+  bf16* gb = grad_b.defined() ? grad_b.data<bf16>() : nullptr;
+  const bf16* pz = z.data<bf16>();
+  parallel_for(in, 256, [&](int64_t lo, int64_t hi) { bias_grad_columns_bf16(gz, gb, grad_m.data(), pz, rows, in, lo, hi); });
+}
+
+}  // namespace
+
 void matmul_forward(Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  if (a.dtype() == DType::bf16) return matmul_forward_bf16(out, a, b, trans_a, trans_b);
   dispatch_float(a.dtype(), "matmul", [&](auto tag) {
     using T = decltype(tag);
     int64_t m = out.size(-2), n = out.size(-1);
@@ -97,6 +215,7 @@ inline void bias_grad_columns(T* gz, T* __restrict gb, const T* gy, const T* __r
 }  // namespace
 
 void linear_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor& b, Activation act) {
+  if (x.dtype() == DType::bf16) return linear_forward_bf16(y, z, x, w, b, act);
   dispatch_float(x.dtype(), "linear", [&](auto tag) {
     using T = decltype(tag);
     const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
@@ -121,6 +240,7 @@ void linear_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, cons
 
 void linear_backward(Tensor& grad_x, Tensor& grad_w, Tensor& grad_b, const Tensor& grad_y, const Tensor& x,
                      const Tensor& w, const Tensor& z, Activation act) {
+  if (x.dtype() == DType::bf16) return linear_backward_bf16(grad_x, grad_w, grad_b, grad_y, x, w, z, act);
   dispatch_float(x.dtype(), "linear_backward", [&](auto tag) {
     using T = decltype(tag);
     const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
@@ -150,6 +270,7 @@ void linear_backward(Tensor& grad_x, Tensor& grad_w, Tensor& grad_b, const Tenso
 }
 
 void gelu_input_backward(Tensor& grad_z, Tensor& grad_b, const Tensor& grad_y, const Tensor& w, const Tensor& z) {
+  if (z.dtype() == DType::bf16) return gelu_input_backward_bf16(grad_z, grad_b, grad_y, w, z);
   dispatch_float(z.dtype(), "gelu_input_backward", [&](auto tag) {
     using T = decltype(tag);
     const int64_t in = w.size(1), out = w.size(0), rows = z.numel() / in;
