@@ -5,9 +5,10 @@
 //
 // Tolerance: a bf16 run rounds its parameters, activations and gradients to 8
 // significant bits, so its losses are not the f32 run's; on these toy runs (lr 3e-3,
-// 8-12 steps) each step's loss stays within 0.5% of the f32 run's (measured on an AMD
-// EPYC Zen 4: at most 0.03% for GPT-2, 0.08% for k3-tiny; a wrong bf16 product or a
-// lost gradient is off by far more). The parallel layouts sum in other orders (bf16
+// 8-12 steps) each step's loss stays within 0.15% (GPT-2) and 0.3% (k3-tiny) of the
+// f32 run's: measured on an AMD EPYC Zen 4 (oneDNN brg:avx512_core_bf16) at most 0.03%
+// and 0.08%; GPT-2 without the GELU derivative in the bf16 MLP backward (a planted bug)
+// is off by 0.29% at step 12. The parallel layouts sum in other orders (bf16
 // gradients reduced in f32 buckets, then rounded), so they follow the one-process bf16
 // run within 0.1% (measured: at most 2e-5 relative at train.zero 1).
 #include <catch2/catch.hpp>
@@ -27,7 +28,7 @@ namespace {
 
 using Result = moetrain::testing::CommandOutput;
 
-constexpr double kBf16VsF32 = 0.005;
+constexpr double kBf16VsF32Gpt2 = 0.0015, kBf16VsF32Hybrid = 0.003;
 constexpr double kLayoutVsOne = 0.001;
 
 struct Bf16Job {
@@ -82,7 +83,7 @@ TEST_CASE("cli: GPT-2 and the hybrid train in bf16 on the CPU, their losses foll
     CHECK(b.output.find("mixed precision: bf16 parameters and activations") != string::npos);
     const std::vector<double> want = metrics_losses(job.dir + "/" + f32), got = metrics_losses(job.dir + "/" + b16);
     REQUIRE(want.size() == static_cast<size_t>(steps));
-    check_follows(got, want, kBf16VsF32);
+    check_follows(got, want, hybrid ? kBf16VsF32Hybrid : kBf16VsF32Gpt2);
     CHECK(got.back() < got.front());  // it learns
     CHECK(got != want);               // and is not the f32 run
   }

@@ -107,7 +107,8 @@ void linear_backward_bf16(Tensor& grad_x, Tensor& grad_w, Tensor& grad_b, const 
     bf16* gb = grad_b.defined() ? grad_b.data<bf16>() : nullptr;
     bf16* gzw = gelu ? gz_buf.data<bf16>() : nullptr;
     const bf16* pz = gelu ? z.data<bf16>() : nullptr;
-    parallel_for(out, 256, [&](int64_t lo, int64_t hi) { bias_grad_columns_bf16(gzw, gb, gy.data(), pz, rows, out, lo, hi); });
+    parallel_for(out, 256,
+                 [&](int64_t lo, int64_t hi) { bias_grad_columns_bf16(gzw, gb, gy.data(), pz, rows, out, lo, hi); });
   }
   if (grad_w.defined())
     linalg_bf16_gemm(true, false, out, in, rows, gz, out, x.data<bf16>(), in, grad_w.data<bf16>(), DType::bf16, in);
@@ -124,7 +125,8 @@ void gelu_input_backward_bf16(Tensor& grad_z, Tensor& grad_b, const Tensor& grad
   bf16* gz = grad_z.data<bf16>();
   bf16* gb = grad_b.defined() ? grad_b.data<bf16>() : nullptr;
   const bf16* pz = z.data<bf16>();
-  parallel_for(in, 256, [&](int64_t lo, int64_t hi) { bias_grad_columns_bf16(gz, gb, grad_m.data(), pz, rows, in, lo, hi); });
+  parallel_for(in, 256,
+               [&](int64_t lo, int64_t hi) { bias_grad_columns_bf16(gz, gb, grad_m.data(), pz, rows, in, lo, hi); });
 }
 
 }  // namespace
