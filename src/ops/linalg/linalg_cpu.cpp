@@ -11,6 +11,7 @@
 #include "backend/cpu/onednn.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "ops/common/bf16_widen.h"
 #include "ops/common/gelu.h"
 #include "ops/linalg/linalg_kernels.h"
 
@@ -41,92 +42,6 @@ void matmul_forward_bf16(Tensor& out, const Tensor& a, const Tensor& b, bool tra
     s.stride_c = m * n;
   }
   onednn::matmul(s, DType::bf16, a.data<bf16>(), b.data<bf16>(), DType::bf16, out.data<bf16>());
-}
-
-// grad_z columns [lo, hi) from grad_y (and z for GELU), grad_b[j] = Σ_r grad_z[r, j] in
-// double, rows in order (the f32 kernel's bias_grad_columns on widened values).
-void bias_grad_columns_bf16(bf16* gz, bf16* gb, const float* gy, const bf16* z, int64_t rows, int64_t n, int64_t lo,
-                            int64_t hi) {
-  constexpr int64_t kBlock = 256;
-  double acc[kBlock];
-  for (int64_t j0 = lo; j0 < hi; j0 += kBlock) {
-    const int64_t w = std::min(kBlock, hi - j0);
-    for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t at = r * n + j0;
-      for (int64_t j = 0; j < w; ++j) {
-        float g = gy[at + j];
-        if (z) g *= gelu_tanh_derivative_of(z[at + j].to_float());
-        if (gz) gz[at + j] = bf16::from_float(g);
-        acc[j] += static_cast<double>(g);
-      }
-    }
-    if (gb)
-      for (int64_t j = 0; j < w; ++j) gb[j0 + j] = bf16::from_float(static_cast<float>(acc[j]));
-  }
-}
-
-std::vector<float> widen_rows_bf16(const bf16* p, int64_t count) {
-  std::vector<float> out(static_cast<size_t>(count));
-  parallel_for(count, 1 << 15, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) out[i] = p[i].to_float();
-  });
-  return out;
-}
-
-void linear_forward_bf16(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor& b, Activation act) {
-  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
-  std::vector<float> acc(static_cast<size_t>(rows * out));
-  linalg_bf16_gemm(false, true, rows, out, in, x.data<bf16>(), in, w.data<bf16>(), in, acc.data(), DType::f32, out);
-  const bf16* pb = b.data<bf16>();
-  bf16* py = y.data<bf16>();
-  bf16* pz = act == Activation::gelu_tanh ? z.data<bf16>() : nullptr;
-  const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(out, 1));
-  parallel_for(rows, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r)
-      for (int64_t j = 0; j < out; ++j) {
-        const float v = acc[r * out + j] + pb[j].to_float();
-        if (pz) {
-          pz[r * out + j] = bf16::from_float(v);
-          py[r * out + j] = bf16::from_float(gelu_tanh_of(v));
-        } else {
-          py[r * out + j] = bf16::from_float(v);
-        }
-      }
-  });
-}
-
-void linear_backward_bf16(Tensor& grad_x, Tensor& grad_w, Tensor& grad_b, const Tensor& grad_y, const Tensor& x,
-                          const Tensor& w, const Tensor& z, Activation act) {
-  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
-  const bool gelu = act == Activation::gelu_tanh;
-  Tensor gz_buf = gelu ? empty_like(grad_y) : Tensor{};
-  const bf16* gz = gelu ? gz_buf.data<bf16>() : grad_y.data<bf16>();
-  if (gelu || grad_b.defined()) {
-    const std::vector<float> gy = widen_rows_bf16(grad_y.data<bf16>(), rows * out);
-    bf16* gb = grad_b.defined() ? grad_b.data<bf16>() : nullptr;
-    bf16* gzw = gelu ? gz_buf.data<bf16>() : nullptr;
-    const bf16* pz = gelu ? z.data<bf16>() : nullptr;
-    parallel_for(out, 256,
-                 [&](int64_t lo, int64_t hi) { bias_grad_columns_bf16(gzw, gb, gy.data(), pz, rows, out, lo, hi); });
-  }
-  if (grad_w.defined())
-    linalg_bf16_gemm(true, false, out, in, rows, gz, out, x.data<bf16>(), in, grad_w.data<bf16>(), DType::bf16, in);
-  if (grad_x.defined())
-    linalg_bf16_gemm(false, false, rows, in, out, gz, out, w.data<bf16>(), in, grad_x.data<bf16>(), DType::bf16, in);
-}
-
-void gelu_input_backward_bf16(Tensor& grad_z, Tensor& grad_b, const Tensor& grad_y, const Tensor& w,
-                              const Tensor& z) {
-  const int64_t in = w.size(1), out = w.size(0), rows = z.numel() / in;
-  std::vector<float> grad_m(static_cast<size_t>(rows * in));
-  linalg_bf16_gemm(false, false, rows, in, out, grad_y.data<bf16>(), out, w.data<bf16>(), in, grad_m.data(),
-                   DType::f32, in);
-  bf16* gz = grad_z.data<bf16>();
-  bf16* gb = grad_b.defined() ? grad_b.data<bf16>() : nullptr;
-  const bf16* pz = z.data<bf16>();
-  parallel_for(in, 256,
-               [&](int64_t lo, int64_t hi) { bias_grad_columns_bf16(gz, gb, grad_m.data(), pz, rows, in, lo, hi); });
 }
 
 }  // namespace
@@ -212,6 +127,86 @@ inline void bias_grad_columns(T* gz, T* __restrict gb, const T* gy, const T* __r
     if (gb)
       for (int64_t j = 0; j < w; ++j) gb[j0 + j] = static_cast<T>(acc[j]);
   }
+}
+
+// bf16 linear: the product in f32 (oneDNN, f32 accumulation), then the f32 kernel's
+// vectorised bias / GELU / bias-gradient passes on f32 copies, each bf16 output
+// rounded once (cpu::round_into_bf16).
+void linear_forward_bf16(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor& b, Activation act) {
+  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  Tensor acc = empty({rows, out}, DType::f32);
+  linalg_bf16_gemm(false, true, rows, out, in, x.data<bf16>(), in, w.data<bf16>(), in, acc.data<float>(), DType::f32,
+                   out);
+  const Tensor bf = widen_bf16(b);
+  const bool gelu = act == Activation::gelu_tanh;
+  Tensor zf = gelu ? empty({rows, out}, DType::f32) : Tensor();
+  float* pa = acc.data<float>();
+  float* pz = gelu ? zf.data<float>() : nullptr;
+  const float* pb = bf.data<float>();
+  bf16* py = y.data<bf16>();
+  bf16* pz16 = gelu ? z.data<bf16>() : nullptr;
+  const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(out, 1));
+  parallel_for(rows, grain, [&](int64_t lo, int64_t hi) {
+    if (gelu)
+      run_vector_isa([](auto... a) { bias_act_rows<float, true>(a...); }, pa, pz, pb, out, lo, hi);
+    else
+      run_vector_isa([](auto... a) { bias_act_rows<float, false>(a...); }, pa, pz, pb, out, lo, hi);
+    for (int64_t i = lo * out; i < hi * out; ++i) {
+      py[i] = bf16::from_float(pa[i]);
+      if (gelu) pz16[i] = bf16::from_float(pz[i]);
+    }
+  });
+}
+
+// grad_z (f32, written when gelu) and grad_b (rounded into gb when defined) from grad_y
+// (f32) and z (f32, when gelu) over [rows, n]: the f32 kernel's column pass.
+void bias_grad_f32_for_bf16(Tensor* gz, Tensor& grad_b, const Tensor& gy, const Tensor* zf, int64_t rows, int64_t n) {
+  Tensor gb = grad_b.defined() ? empty({n}, DType::f32) : Tensor();
+  float* pgz = gz ? gz->data<float>() : nullptr;
+  float* pgb = gb.defined() ? gb.data<float>() : nullptr;
+  const float* pgy = gy.data<float>();
+  const float* pz = zf ? zf->data<float>() : nullptr;
+  parallel_for(n, 256, [&](int64_t lo, int64_t hi) {
+    if (zf)
+      run_vector_isa([](auto... a) { bias_grad_columns<float, true>(a...); }, pgz, pgb, pgy, pz, rows, n, lo, hi);
+    else
+      run_vector_isa([](auto... a) { bias_grad_columns<float, false>(a...); }, pgz, pgb, pgy, pz, rows, n, lo, hi);
+  });
+  if (gb.defined()) round_into_bf16(grad_b, gb);
+}
+
+void linear_backward_bf16(Tensor& grad_x, Tensor& grad_w, Tensor& grad_b, const Tensor& grad_y, const Tensor& x,
+                          const Tensor& w, const Tensor& z, Activation act) {
+  const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
+  const bool gelu = act == Activation::gelu_tanh;
+  Tensor gz_buf = gelu ? empty_like(grad_y) : Tensor{};
+  if (gelu || grad_b.defined()) {
+    const Tensor gy = widen_bf16(grad_y);
+    if (gelu) {
+      const Tensor zf = widen_bf16(z);
+      Tensor gzf = empty({rows, out}, DType::f32);
+      bias_grad_f32_for_bf16(&gzf, grad_b, gy, &zf, rows, out);
+      round_into_bf16(gz_buf, gzf);
+    } else {
+      bias_grad_f32_for_bf16(nullptr, grad_b, gy, nullptr, rows, out);
+    }
+  }
+  const bf16* gz = gelu ? gz_buf.data<bf16>() : grad_y.data<bf16>();
+  if (grad_w.defined())
+    linalg_bf16_gemm(true, false, out, in, rows, gz, out, x.data<bf16>(), in, grad_w.data<bf16>(), DType::bf16, in);
+  if (grad_x.defined())
+    linalg_bf16_gemm(false, false, rows, in, out, gz, out, w.data<bf16>(), in, grad_x.data<bf16>(), DType::bf16, in);
+}
+
+void gelu_input_backward_bf16(Tensor& grad_z, Tensor& grad_b, const Tensor& grad_y, const Tensor& w, const Tensor& z) {
+  const int64_t in = w.size(1), out = w.size(0), rows = z.numel() / in;
+  Tensor grad_m = empty({rows, in}, DType::f32);
+  linalg_bf16_gemm(false, false, rows, in, out, grad_y.data<bf16>(), out, w.data<bf16>(), in, grad_m.data<float>(),
+                   DType::f32, in);
+  const Tensor zf = widen_bf16(z);
+  Tensor gzf = empty({rows, in}, DType::f32);
+  bias_grad_f32_for_bf16(&gzf, grad_b, grad_m, &zf, rows, in);
+  round_into_bf16(grad_z, gzf);
 }
 
 }  // namespace
