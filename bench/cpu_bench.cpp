@@ -19,6 +19,9 @@
 //   kda-2048-128, kda-8192-128   the same at K = V = 128
 //   moe                the MoE layer of k3-small (EP=1) forward+backward on B·T = 1024 tokens
 //   gemm-bf16          the gemm shapes on the f32 route in use, oneDNN f32 and oneDNN bf16 (f32 accumulation)
+//   bf16-step-64, bf16-step-256   GPT-2 124M train steps at B=4, T=64 / 256, an f32 and a bf16
+//                      model taking turns step by step (--steps rounds): on a shared machine a
+//                      changing load falls on both alike; best and median ms per step
 //   gpt2-64-bf16, gpt2-256-bf16, k3-small-bf16
 //                      those cases in mixed precision (train.dtype bf16: bf16 parameters and
 //                      activations, f32 masters and moments; docs/cuda.md, bf16 on the CPU)
@@ -316,6 +319,42 @@ void gemm_step_table(int rounds) {
   }
 }
 
+// GPT-2 124M steps at B=4, T, an f32 model and a bf16 one (mixed precision) taking
+// turns, as gemm_step_table does for the GEMM routes.
+void bf16_step_table(int64_t T, int rounds) {
+  Gpt2Config config;
+  Gpt2 f32_model(config, 1), bf16_model(config, 1);
+  AdamW f32_opt(f32_model.parameters(), {}), bf16_opt(bf16_model.parameters(), {});
+  to_mixed_precision(bf16_opt);
+  Generator gen(7);
+  Tensor ids = randint({4, T}, config.vocab_size, DType::i32, gen);
+  Tensor targets = randint({4, T}, config.vocab_size, DType::i32, gen);
+  train_step(f32_model, f32_opt, ids, targets);  // warm-up
+  train_step(bf16_model, bf16_opt, ids, targets);
+  std::vector<double> ms[2];
+  for (int r = 0; r < rounds; ++r) {
+    auto t0 = Clock::now();
+    train_step(f32_model, f32_opt, ids, targets);
+    ms[0].push_back(seconds_since(t0) * 1e3);
+    t0 = Clock::now();
+    train_step(bf16_model, bf16_opt, ids, targets);
+    ms[1].push_back(seconds_since(t0) * 1e3);
+  }
+  fmt::print("\nGPT-2 124M step (B=4, T={}), f32 and bf16 taking turns, {} rounds (ms per step; f32 GEMM {}, "
+             "bf16 products {} {}):\n",
+             T, rounds, cpu::gemm_route_name(cpu::gemm_route()), cpu::onednn::version(), cpu::onednn::effective_isa());
+  fmt::print("  {:<6} {:>9} {:>9}   {}\n", "dtype", "best", "median", "all");
+  const char* names[2] = {"f32", "bf16"};
+  double med[2];
+  for (int i = 0; i < 2; ++i) {
+    std::vector<double> v = ms[i];
+    std::sort(v.begin(), v.end());
+    med[i] = v[v.size() / 2];
+    fmt::print("  {:<6} {:>9.1f} {:>9.1f}   {:.0f}\n", names[i], v.front(), med[i], fmt::join(ms[i], " "));
+  }
+  fmt::print("  bf16 speed-up (medians): {:.2f}x\n", med[0] / med[1]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -354,6 +393,10 @@ int main(int argc, char** argv) {
     }
     if (name == "gemm-bf16") {
       gemm_bf16_table(peak.gflops);
+      continue;
+    }
+    if (name == "bf16-step-64" || name == "bf16-step-256") {
+      bf16_step_table(name == "bf16-step-64" ? 64 : 256, steps);
       continue;
     }
     if (name == "gemm-step") {
