@@ -246,6 +246,14 @@ TEST_CASE(
                          {true, true});
   check_bf16_matches_f32([](const Tensors& in) { return Tensors{sum(in[0], 1), silu(in[0])}; }, {x}, {true});
   check_bf16_matches_f32([](const Tensors& in) { return transpose(in[0], 0, 1); }, {x}, {true});
+  // The byte-moving views take bf16 as it is: the same values exactly.
+  const Tensor ids = from_vector({3, 0, 3, 6, 1}, {5}, DType::i64);
+  check_bf16_matches_f32(
+      [&](const Tensors& in) {
+        return Tensors{concat({slice(in[0], 1, 2, 5), in[1]}, 1), index_select(in[0], 1, ids), embedding(in[2], ids),
+                       permute(in[0], {2, 0, 1})};
+      },
+      {x, z, rnd({7, 40}, 39)}, {true, true, true}, {}, 0.0, kBf16BackwardTol);
 }
 
 TEST_CASE(

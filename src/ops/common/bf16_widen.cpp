@@ -33,7 +33,7 @@ const Tensor& Bf16Widening::input(const Tensor& t) {
 
 Tensor& Bf16Widening::output(Tensor& t) {
   if (!cpu_is_bf16(t)) return t;
-  Tensor& copy = copies_.emplace_back(widen_bf16(t));
+  Tensor& copy = copies_.emplace_back(copy_outputs_in_ ? widen_bf16(t) : empty(t.shape(), DType::f32, t.device()));
   outs_.push_back(Out{&t, &copy, copy.impl_ptr()});
   return copy;
 }
@@ -49,7 +49,10 @@ std::vector<Tensor>& Bf16Widening::outputs(std::vector<Tensor>& v) {
   OutList& list = output_lists_.emplace_back();
   list.caller = &v;
   list.copy.reserve(v.size());
-  for (const Tensor& t : v) list.copy.push_back(cpu_is_bf16(t) ? widen_bf16(t) : t);
+  for (const Tensor& t : v)
+    list.copy.push_back(!cpu_is_bf16(t)    ? t
+                        : copy_outputs_in_ ? widen_bf16(t)
+                                           : empty(t.shape(), DType::f32, t.device()));
   return list.copy;
 }
 

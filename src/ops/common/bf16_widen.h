@@ -31,11 +31,48 @@
 
 namespace moetrain::cpu {
 
-// The kernels that take bf16 tensors themselves (matrix products through oneDNN).
+// The kernels that take bf16 tensors themselves: the matrix products (oneDNN) and the
+// view kernels that move bytes (any dtype).
 constexpr bool cpu_bf16_native(std::string_view kernel) {
-  constexpr std::string_view kNative[] = {"matmul_forward",      "linear_forward",         "linear_backward",
-                                          "gelu_input_backward", "grouped_linear_forward", "grouped_linear_backward"};
+  constexpr std::string_view kNative[] = {
+      "matmul_forward",          "linear_forward", "linear_backward", "gelu_input_backward", "grouped_linear_forward",
+      "grouped_linear_backward", "permute_copy",   "copy_into_mid",   "copy_from_mid",       "index_select_forward"};
   for (std::string_view k : kNative)
+    if (k == kernel) return true;
+  return false;
+}
+
+// The kernels that write every element of every output without reading it (their
+// contracts in <op>_kernels.h): their bf16 outputs are passed as uninitialised f32
+// tensors instead of widened copies. The others (KDA's state, add_inplace, the
+// accumulating backward kernels, ...) get their outputs' contents.
+constexpr bool cpu_bf16_overwrites(std::string_view kernel) {
+  constexpr std::string_view kOverwrite[] = {"layer_norm_forward",
+                                             "layer_norm_backward",
+                                             "scaled_norm_forward",
+                                             "scaled_norm_backward",
+                                             "add_layer_norm_forward",
+                                             "add_layer_norm_backward",
+                                             "add_scaled_norm_forward",
+                                             "add_scaled_norm_backward",
+                                             "attn_res_forward",
+                                             "attn_res_backward",
+                                             "softmax_forward",
+                                             "softmax_backward",
+                                             "binary_forward",
+                                             "unary_forward",
+                                             "unary_backward",
+                                             "affine_forward",
+                                             "pow_forward",
+                                             "situ_glu_forward",
+                                             "situ_glu_backward",
+                                             "decay_gate_forward",
+                                             "decay_gate_backward",
+                                             "causal_conv1d_forward",
+                                             "causal_conv1d_backward",
+                                             "causal_attention_forward",
+                                             "dropout_apply"};
+  for (std::string_view k : kOverwrite)
     if (k == kernel) return true;
   return false;
 }
@@ -47,7 +84,9 @@ void round_into_bf16(Tensor& dst, const Tensor& src);
 
 class Bf16Widening {
  public:
-  Bf16Widening() = default;
+  // copy_outputs_in: whether bf16 outputs are passed with their contents (false for
+  // the kernels of cpu_bf16_overwrites).
+  explicit Bf16Widening(bool copy_outputs_in) : copy_outputs_in_(copy_outputs_in) {}
   Bf16Widening(const Bf16Widening&) = delete;
   Bf16Widening& operator=(const Bf16Widening&) = delete;
 
@@ -94,6 +133,7 @@ class Bf16Widening {
   };
   std::deque<OutList> output_lists_;
   std::vector<Out> outs_;
+  bool copy_outputs_in_ = true;
 };
 
 inline bool cpu_is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; }
@@ -124,7 +164,7 @@ template <class R, class... P, class... A>
 R run_kernel(std::string_view kernel, R (*fn)(P...), A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "run_kernel: argument count differs from the kernel's");
   if (cpu_bf16_native(kernel) || !(cpu_arg_has_bf16(args) || ...)) return fn(std::forward<A>(args)...);
-  Bf16Widening w;
+  Bf16Widening w(!cpu_bf16_overwrites(kernel));
   if constexpr (std::is_void_v<R>) {
     fn(w.template adapt<P>(std::forward<A>(args))...);
     w.write_back();
