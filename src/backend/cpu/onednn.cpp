@@ -15,28 +15,28 @@ namespace moetrain::cpu::onednn {
 
 namespace {
 
-using dt = dnnl::memory::data_type;
-using dims_t = dnnl::memory::dims;
+using onednn_dt = dnnl::memory::data_type;
+using onednn_dims = dnnl::memory::dims;
 
 dnnl::engine& onednn_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;
 }
 
-dt onednn_type(DType t, const char* what) {
+onednn_dt onednn_type(DType t, const char* what) {
   switch (t) {
-    case DType::f32: return dt::f32;
-    case DType::bf16: return dt::bf16;
+    case DType::f32: return onednn_dt::f32;
+    case DType::bf16: return onednn_dt::bf16;
     default: MT_THROW("onednn::matmul: {} is {}; expected f32 or bf16", what, t);
   }
 }
 
 // Logical [batch?, rows, cols] of a matrix stored row-major with leading dimension ld
 // (transposed: stored as [cols, rows]); a batch stride of 0 broadcasts (dims 1).
-dnnl::memory::desc onednn_matrix(dt type, int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
+dnnl::memory::desc onednn_matrix(onednn_dt type, int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
                                  bool trans) {
-  const dims_t d2 = {rows, cols};
-  const dims_t s2 = trans ? dims_t{1, ld} : dims_t{ld, 1};
+  const onednn_dims d2 = {rows, cols};
+  const onednn_dims s2 = trans ? onednn_dims{1, ld} : onednn_dims{ld, 1};
   if (batch == 1) return dnnl::memory::desc(d2, type, s2);
   const int64_t b = stride == 0 ? 1 : batch;
   const int64_t bs = stride == 0 ? rows * cols : stride;
@@ -54,7 +54,7 @@ struct OnednnEntry {
 std::mutex onednn_mutex;
 std::map<OnednnKey, std::shared_ptr<const OnednnEntry>> onednn_cache;
 
-std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, dt ab, dt ct, bool accumulate) {
+std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool accumulate) {
   const int64_t sa = s.batch == 1 ? 0 : s.stride_a, sb = s.batch == 1 ? 0 : s.stride_b;
   const int64_t sc = s.batch == 1 ? 0 : s.stride_c;
   const OnednnKey key{s.trans_a,
@@ -102,7 +102,7 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, dt ab,
 }  // namespace
 
 void matmul(const MatmulShape& s, DType ab, const void* a, const void* b, DType c_type, void* c, bool accumulate) {
-  const dt tab = onednn_type(ab, "a/b"), tc = onednn_type(c_type, "c");
+  const onednn_dt tab = onednn_type(ab, "a/b"), tc = onednn_type(c_type, "c");
   MT_CHECK(!(ab == DType::f32 && c_type == DType::bf16), "onednn::matmul: f32 inputs with a bf16 output");
   if (s.batch <= 0 || s.m <= 0 || s.n <= 0) return;
   if (s.k <= 0) {
@@ -143,9 +143,10 @@ std::string effective_isa() {
 }
 
 std::string matmul_impl(int64_t m, int64_t n, int64_t k, DType ab) {
-  const dt t = onednn_type(ab, "a/b");
-  dnnl::matmul::desc desc(dnnl::memory::desc({m, k}, t, dims_t{k, 1}), dnnl::memory::desc({k, n}, t, dims_t{n, 1}),
-                          dnnl::memory::desc({m, n}, dt::f32, dims_t{n, 1}));
+  const onednn_dt t = onednn_type(ab, "a/b");
+  dnnl::matmul::desc desc(dnnl::memory::desc({m, k}, t, onednn_dims{k, 1}),
+                          dnnl::memory::desc({k, n}, t, onednn_dims{n, 1}),
+                          dnnl::memory::desc({m, n}, onednn_dt::f32, onednn_dims{n, 1}));
   dnnl::matmul::primitive_desc pd(desc, onednn_engine());
   return pd.impl_info_str();
 }
