@@ -111,6 +111,28 @@ TEST_CASE("cli: a bf16 run on the CPU resumes from its checkpoint bit for bit an
   CHECK(exported.code == 0);
 }
 
+TEST_CASE("cli: bf16 runs on the CPU give the same bits at 1 and 2 threads", "[cli]") {
+  // oneDNN's products and the widened kernels at these shapes (docs/performance.md,
+  // Reproducibility): the written model's bytes and the metrics.
+  Bf16Job job;
+  for (const bool hybrid : {false, true}) {
+    INFO(string(hybrid ? "hybrid (k3-tiny)" : "gpt2"));
+    string models[2], histories[2];
+    for (int threads : {1, 2}) {
+      const string name = string(hybrid ? "h" : "g") + std::to_string(threads);
+      const string base = hybrid ? job.hybrid(name, 4) : job.gpt2(name, 4);
+      Result r = job.run(1, base + " --set train.dtype=bf16 --set train.threads=" + std::to_string(threads));
+      INFO(r.output);
+      REQUIRE(r.code == 0);
+      models[threads - 1] = moetrain::testing::read_bytes(job.dir + "/" + name + "/model/model.safetensors");
+      histories[threads - 1] = moetrain::testing::metrics_history(job.dir + "/" + name);
+    }
+    CHECK(!models[0].empty());
+    CHECK(models[0] == models[1]);
+    CHECK(histories[0] == histories[1]);
+  }
+}
+
 TEST_CASE("cli: bf16 on the CPU under mpirun: train.zero 1 at 2 ranks follows one process", "[cli][slow]") {
   Bf16Job job;
   const int steps = 6;
