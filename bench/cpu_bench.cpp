@@ -18,6 +18,13 @@
 //   kda-2048, kda-8192 chunked KDA op forward+backward (bench/kda_case.h: B=1, H=4, K=V=64, chunk 64)
 //   kda-2048-128, kda-8192-128   the same at K = V = 128
 //   moe                the MoE layer of k3-small (EP=1) forward+backward on B·T = 1024 tokens
+//   gemm-bf16          the gemm shapes on the f32 route in use, oneDNN f32 and oneDNN bf16 (f32 accumulation)
+//   bf16-step-64, bf16-step-256   GPT-2 124M train steps at B=4, T=64 / 256, an f32 and a bf16
+//                      model taking turns step by step (--steps rounds): on a shared machine a
+//                      changing load falls on both alike; best and median ms per step
+//   gpt2-64-bf16, gpt2-256-bf16, k3-small-bf16
+//                      those cases in mixed precision (train.dtype bf16: bf16 parameters and
+//                      activations, f32 masters and moments; docs/cuda.md, bf16 on the CPU)
 // FLOP counts: the models' own flops_per_token (6N + attention), the KDA chunked
 // FLOP model of bench/kda_case.h, and 3x the MoE layer's forward multiply-adds.
 #include <algorithm>
@@ -32,6 +39,7 @@
 
 #include "backend/cpu/allocator.h"
 #include "backend/cpu/blas.h"
+#include "backend/cpu/onednn.h"
 #include "bench/harness.h"
 #include "bench/kda_case.h"
 #include "config/config.h"
@@ -40,6 +48,7 @@
 #include "nn/gpt2.h"
 #include "nn/hybrid.h"
 #include "nn/moe.h"
+#include "nn/parameters.h"
 #include "ops/kda/kda.h"
 #include "optim/adamw.h"
 #include "train/model_source.h"
@@ -99,33 +108,41 @@ void train_step(LanguageModel& model, AdamW& opt, const Tensor& ids, const Tenso
   opt.step(1e-4);
 }
 
-Result gpt2_case(int64_t B, int64_t T, int steps, bool torch) {
+// Mixed precision as the trainer sets it up (Trainer::place_on_device).
+void to_mixed_precision(Optimizer& opt) {
+  opt.convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
+}
+
+Result gpt2_case(int64_t B, int64_t T, int steps, bool torch, bool bf16 = false) {
   Gpt2Config config;  // GPT-2 small, 124M
   Gpt2 model(config, 1);
   AdamW opt(model.parameters(), {});
+  if (bf16) to_mixed_precision(opt);
   Generator gen(7);
   Tensor ids = randint({B, T}, config.vocab_size, DType::i32, gen);
   Tensor targets = randint({B, T}, config.vocab_size, DType::i32, gen);
   auto step = [&] { train_step(model, opt, ids, targets); };
-  Result r = measure(fmt::format("gpt2-{}", T), steps, static_cast<double>(B * T),
+  Result r = measure(fmt::format("gpt2-{}{}", T, bf16 ? "-bf16" : ""), steps, static_cast<double>(B * T),
                      model.flops_per_token(T) * static_cast<double>(B * T), step);
   profile_steps(r.name, steps, step);
-  if (torch)
+  if (torch && !bf16)
     r.torch_ms = torch_ms(fmt::format("gpt2_step_torch.py --batch {} --seq {} --steps {} --threads {}", B, T, steps,
                                       cpu::num_threads()));
   return r;
 }
 
-Result k3_case(int steps) {
+Result k3_case(int steps, bool bf16 = false) {
   Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
   std::unique_ptr<LanguageModel> model = build_model(config);
   AdamW opt(model->parameters(), {});
+  if (bf16) to_mixed_precision(opt);
   const int64_t B = 4, T = 256;
   Generator gen(7);
   const int64_t vocab = config.get_int("model.vocab_size");
   Tensor ids = randint({B, T}, vocab, DType::i32, gen), targets = randint({B, T}, vocab, DType::i32, gen);
   auto step = [&] { train_step(*model, opt, ids, targets); };
-  Result r = measure("k3-small", steps, static_cast<double>(B * T), model->flops_per_token(T) * B * T, step);
+  Result r = measure(bf16 ? "k3-small-bf16" : "k3-small", steps, static_cast<double>(B * T),
+                     model->flops_per_token(T) * B * T, step);
   profile_steps(r.name, steps, step);
   return r;
 }
@@ -214,6 +231,61 @@ void gemm_table(double peak) {
   cpu::set_gemm_route(saved);
 }
 
+// The gemm table's shapes on the f32 route in use, oneDNN's f32 matmul and oneDNN's
+// bf16 matmul (bf16 inputs, f32 accumulation and output): best of 5.
+void gemm_bf16_table(double peak) {
+  struct Shape3 {
+    int64_t m, k, n;
+    bool ta, tb;
+    const char* what;
+  };
+  const Shape3 shapes[] = {{256, 768, 2304, false, true, "c_attn forward (x W^T)"},
+                           {256, 3072, 768, false, true, "mlp c_proj forward"},
+                           {256, 768, 50304, false, true, "lm head forward"},
+                           {256, 3072, 768, false, false, "dX = dY W (c_fc)"},
+                           {768, 256, 3072, true, false, "dW = dY^T X (c_fc)"},
+                           {50304, 256, 768, true, false, "lm head dW"},
+                           {1024, 768, 3072, false, false, "1024 x 768 x 3072"}};
+  fmt::print("\nGEMM: f32 route {} vs {} f32 and bf16 (ISA {}; GFLOP/s, share of the f32 FMA peak):\n",
+             cpu::gemm_route_name(cpu::gemm_route()), cpu::onednn::version(), cpu::onednn::effective_isa());
+  fmt::print("  {:<24} {:>17} {:>15} {:>15} {:>15}  {}\n", "shape", "M x K x N",
+             cpu::gemm_route_name(cpu::gemm_route()), "onednn f32", "onednn bf16", "bf16 impl");
+  auto best_of = [](const std::function<void()>& fn) {
+    double best = 1e30;
+    fn();  // primitive creation
+    for (int rep = 0; rep < 5; ++rep) {
+      auto t0 = Clock::now();
+      fn();
+      best = std::min(best, seconds_since(t0));
+    }
+    return best;
+  };
+  for (const Shape3& s : shapes) {
+    Tensor a = randn({s.ta ? s.k : s.m, s.ta ? s.m : s.k}, DType::f32, 1);
+    Tensor b = randn({s.tb ? s.n : s.k, s.tb ? s.k : s.n}, DType::f32, 2), c = empty({s.m, s.n});
+    Tensor a16 = a.to(DType::bf16), b16 = b.to(DType::bf16);
+    cpu::onednn::MatmulShape ms;
+    ms.trans_a = s.ta, ms.trans_b = s.tb, ms.m = s.m, ms.n = s.n, ms.k = s.k, ms.lda = a.size(1), ms.ldb = b.size(1);
+    ms.ldc = s.n;
+    const double flop = 2.0 * s.m * s.n * s.k;
+    const double t_route = best_of([&] {
+      cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data<float>(), a.size(1), b.data<float>(), b.size(1), 0.f,
+                c.data<float>(), s.n);
+    });
+    const double t_f32 = best_of([&] {
+      cpu::onednn::matmul(ms, DType::f32, a.data<float>(), b.data<float>(), DType::f32, c.data<float>());
+    });
+    const double t_bf16 = best_of([&] {
+      cpu::onednn::matmul(ms, DType::bf16, a16.data<bf16>(), b16.data<bf16>(), DType::f32, c.data<float>());
+    });
+    auto cell = [&](double t) {
+      return fmt::format("{:>7.1f} ({:>3.0f}%)", flop / t / 1e9, 100 * flop / t / 1e9 / peak);
+    };
+    fmt::print("  {:<24} {:>17} {:>15} {:>15} {:>15}  {}\n", s.what, fmt::format("{}x{}x{}", s.m, s.k, s.n),
+               cell(t_route), cell(t_f32), cell(t_bf16), cpu::onednn::matmul_impl(s.m, s.n, s.k));
+  }
+}
+
 // GPT-2 124M steps (B=4, T=64), the routes taking turns step by step, so that a
 // changing load on a shared machine falls on all of them alike; best and median
 // of `rounds` steps per route.
@@ -245,6 +317,42 @@ void gemm_step_table(int rounds) {
     fmt::print("  {:<15} {:>9.1f} {:>9.1f}   {:.0f}\n", cpu::gemm_route_name(routes[i]), v.front(), v[v.size() / 2],
                fmt::join(ms[i], " "));
   }
+}
+
+// GPT-2 124M steps at B=4, T, an f32 model and a bf16 one (mixed precision) taking
+// turns, as gemm_step_table does for the GEMM routes.
+void bf16_step_table(int64_t T, int rounds) {
+  Gpt2Config config;
+  Gpt2 f32_model(config, 1), bf16_model(config, 1);
+  AdamW f32_opt(f32_model.parameters(), {}), bf16_opt(bf16_model.parameters(), {});
+  to_mixed_precision(bf16_opt);
+  Generator gen(7);
+  Tensor ids = randint({4, T}, config.vocab_size, DType::i32, gen);
+  Tensor targets = randint({4, T}, config.vocab_size, DType::i32, gen);
+  train_step(f32_model, f32_opt, ids, targets);  // warm-up
+  train_step(bf16_model, bf16_opt, ids, targets);
+  std::vector<double> ms[2];
+  for (int r = 0; r < rounds; ++r) {
+    auto t0 = Clock::now();
+    train_step(f32_model, f32_opt, ids, targets);
+    ms[0].push_back(seconds_since(t0) * 1e3);
+    t0 = Clock::now();
+    train_step(bf16_model, bf16_opt, ids, targets);
+    ms[1].push_back(seconds_since(t0) * 1e3);
+  }
+  fmt::print("\nGPT-2 124M step (B=4, T={}), f32 and bf16 taking turns, {} rounds (ms per step; f32 GEMM {}, "
+             "bf16 products {} {}):\n",
+             T, rounds, cpu::gemm_route_name(cpu::gemm_route()), cpu::onednn::version(), cpu::onednn::effective_isa());
+  fmt::print("  {:<6} {:>9} {:>9}   {}\n", "dtype", "best", "median", "all");
+  const char* names[2] = {"f32", "bf16"};
+  double med[2];
+  for (int i = 0; i < 2; ++i) {
+    std::vector<double> v = ms[i];
+    std::sort(v.begin(), v.end());
+    med[i] = v[v.size() / 2];
+    fmt::print("  {:<6} {:>9.1f} {:>9.1f}   {:.0f}\n", names[i], v.front(), med[i], fmt::join(ms[i], " "));
+  }
+  fmt::print("  bf16 speed-up (medians): {:.2f}x\n", med[0] / med[1]);
 }
 
 }  // namespace
@@ -283,6 +391,14 @@ int main(int argc, char** argv) {
       gemm_table(peak.gflops);
       continue;
     }
+    if (name == "gemm-bf16") {
+      gemm_bf16_table(peak.gflops);
+      continue;
+    }
+    if (name == "bf16-step-64" || name == "bf16-step-256") {
+      bf16_step_table(name == "bf16-step-64" ? 64 : 256, steps);
+      continue;
+    }
     if (name == "gemm-step") {
       gemm_step_table(steps);
       continue;
@@ -290,6 +406,9 @@ int main(int argc, char** argv) {
     if (name == "gpt2-64") r = gpt2_case(4, 64, steps, torch);
     else if (name == "gpt2-256") r = gpt2_case(4, 256, steps, torch);
     else if (name == "k3-small") r = k3_case(steps);
+    else if (name == "gpt2-64-bf16") r = gpt2_case(4, 64, steps, torch, true);
+    else if (name == "gpt2-256-bf16") r = gpt2_case(4, 256, steps, torch, true);
+    else if (name == "k3-small-bf16") r = k3_case(steps, true);
     else if (name == "kda-2048") r = kda_case(2048, kKdaK, steps, torch);
     else if (name == "kda-8192") r = kda_case(8192, kKdaK, steps, torch);
     else if (name == "kda-2048-128") r = kda_case(2048, 128, steps, torch);

@@ -8,7 +8,7 @@ packages=(
   # toolchain
   g++ cmake ninja-build pkg-config git
   # math, parallelism, storage
-  libopenblas-dev libopenblas-openmp-dev libblis4-openmp libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
+  libopenblas-dev libopenblas-openmp-dev libblis4-openmp libdnnl-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
   # logging, config, CLI, JSON, tokenizer regex and NFC, crypto (sha256)
   libspdlog-dev libfmt-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libssl-dev
   # prepare's compressed inputs (.gz, .zst)

@@ -9,6 +9,7 @@
 #include "backend/cpu/blas.h"
 #include "backend/cpu/denormals.h"
 #include "backend/cpu/isa.h"
+#include "backend/cpu/onednn.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cuda/runtime.h"
 #include "cli/commands.h"
@@ -31,6 +32,8 @@ int print_info(bool require_cuda) {
   fmt::print("f32 gemm    {} (MOETRAIN_GEMM={}): {}\n", cpu::gemm_route_name(cpu::gemm_route()),
              gemm && *gemm ? gemm : "auto", cpu::gemm_threading());
   fmt::print("gemm why    {}\n", cpu::gemm_route_reason());
+  fmt::print("bf16 gemm   {}, ISA {} (bf16 x bf16 -> f32 on a GPT-2 shape: {})\n", cpu::onednn::version(),
+             cpu::onednn::effective_isa(), cpu::onednn::matmul_impl(256, 768, 768));
   fmt::print("denormals   {}\n", cpu::denormal_description());
   const char* isa = std::getenv("MOETRAIN_ISA");
   fmt::print("vector isa  {} (MOETRAIN_ISA={}{}; CPU: {}): the copy our own vector kernels run (KDA, MoE experts,\n"

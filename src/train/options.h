@@ -34,7 +34,7 @@ struct TrainOptions {
   std::string sample_prompt;
   bool profile = false;
   bool cuda = false;               // train.device cuda
-  bool mixed_precision = false;    // train.dtype bf16 (cuda only)
+  bool mixed_precision = false;    // train.dtype bf16 (CPU or CUDA)
   bool tf32 = false;
 
   static TrainOptions from(const Config& config);

@@ -51,7 +51,8 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, doubl
       return Grads{grad_q, grad_k, grad_v};
     }
     Tensor grad_q = empty_like(q), grad_k = zeros_like(k), grad_v = zeros_like(v);  // dK, dV accumulate
-    cpu::causal_attention_backward(grad_q, grad_k, grad_v, grad_o, q, k, v, o_saved, lse, scale);
+    cpu::run_kernel("causal_attention_backward", &cpu::causal_attention_backward, grad_q, grad_k, grad_v, grad_o, q, k,
+                    v, o_saved, lse, scale);
     return Grads{grad_q, grad_k, grad_v};
   });
 }

@@ -4,10 +4,10 @@ namespace moetrain {
 
 void check_float(const char* op, const char* arg, const Tensor& t) {
   MT_CHECK(t.defined(), "{}: {} is undefined", op, arg);
-  // bf16 computes only on CUDA (in f32 registers); the CPU kernels are f32/f64.
-  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || (t.dtype() == DType::bf16 && t.is_cuda()),
-           "{}: {} is {}; expected f32 or f64 (bf16 only on CUDA; convert with .to(DType::f32))", op, arg,
-           describe(t));
+  // bf16 on the CPU: matrix products through oneDNN, the other kernels widened to
+  // f32 (ops/common/bf16_widen.h); on CUDA in f32 registers.
+  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::bf16,
+           "{}: {} is {}; expected f32, f64 or bf16", op, arg, describe(t));
 }
 
 void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {

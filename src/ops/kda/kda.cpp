@@ -89,8 +89,8 @@ KdaResult kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const
       cuda::kda_recurrent_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
                                    beta, checkpoints, scale);
     else
-      cpu::kda_recurrent_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
-                                  beta, checkpoints, scale);
+      cpu::run_kernel("kda_recurrent_backward", &cpu::kda_recurrent_backward, grad_q, grad_k, grad_v, grad_g, grad_beta,
+                      grad_h0, grads[0], grads[1], q, k, v, g, beta, checkpoints, scale);
     return Grads{grad_q, grad_k, grad_v, grad_g, grad_beta, h0.defined() ? grad_h0 : Tensor()};
   });
   return {out[0], out[1]};
@@ -119,8 +119,8 @@ KdaResult kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const T
       cuda::kda_chunked_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
                                  beta, chunk_states, scale, chunk_size);
     else
-      cpu::kda_chunked_backward(grad_q, grad_k, grad_v, grad_g, grad_beta, grad_h0, grads[0], grads[1], q, k, v, g,
-                                beta, chunk_states, scale, chunk_size);
+      cpu::run_kernel("kda_chunked_backward", &cpu::kda_chunked_backward, grad_q, grad_k, grad_v, grad_g, grad_beta,
+                      grad_h0, grads[0], grads[1], q, k, v, g, beta, chunk_states, scale, chunk_size);
     return Grads{grad_q, grad_k, grad_v, grad_g, grad_beta, h0.defined() ? grad_h0 : Tensor()};
   });
   return {out[0], out[1]};

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "autograd/node.h"
+#include "ops/common/bf16_widen.h"
 #include "ops/common/checks.h"
 #include "ops/kda/kda_kernels.h"
 #include "ops/linear_attention/linear_attention_kernels.h"
@@ -70,11 +71,12 @@ LinearAttentionResult linear_attention_recurrent(const Tensor& q, const Tensor& 
   Tensor o = empty(v.shape(), q.dtype(), q.device());
   Tensor state = linear_attention_initial_state(q, v, h0);  // S_0, becomes S_T
   Tensor h0_saved = h0.defined() ? h0.detach() : Tensor();
-  cpu::linear_attention_recurrent_forward(o, state, q, k, v);
+  cpu::run_kernel("linear_attention_recurrent_forward", &cpu::linear_attention_recurrent_forward, o, state, q, k, v);
   Tensors out = autograd::record("linear_attention_recurrent", {o, state}, {q, k, v, h0}, [=](const Tensors& grads) {
     Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v);
     Tensor grad_h0 = empty({q.size(0), q.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
-    cpu::linear_attention_recurrent_backward(grad_q, grad_k, grad_v, grad_h0, grads[0], grads[1], q, k, v, h0_saved);
+    cpu::run_kernel("linear_attention_recurrent_backward", &cpu::linear_attention_recurrent_backward, grad_q, grad_k,
+                    grad_v, grad_h0, grads[0], grads[1], q, k, v, h0_saved);
     return Grads{grad_q, grad_k, grad_v, h0.defined() ? grad_h0 : Tensor()};
   });
   return {out[0], out[1]};
@@ -94,13 +96,13 @@ LinearAttentionResult linear_attention_chunked(const Tensor& q, const Tensor& k,
   if (autograd::needs_grad(inputs))
     chunk_states = empty({q.size(0), q.size(2), cpu::linear_attention_num_chunks(q.size(1), chunk_size), q.size(3),
                           v.size(3)}, q.dtype(), q.device());
-  cpu::linear_attention_chunked_forward(o, state, chunk_states.defined() ? &chunk_states : nullptr, q, k, v,
-                                        chunk_size);
+  cpu::run_kernel("linear_attention_chunked_forward", &cpu::linear_attention_chunked_forward, o, state,
+                  chunk_states.defined() ? &chunk_states : nullptr, q, k, v, chunk_size);
   Tensors out = autograd::record("linear_attention_chunked", {o, state}, inputs, [=](const Tensors& grads) {
     Tensor grad_q = empty_like(q), grad_k = empty_like(k), grad_v = empty_like(v);
     Tensor grad_h0 = empty({q.size(0), q.size(2), q.size(3), v.size(3)}, q.dtype(), q.device());
-    cpu::linear_attention_chunked_backward(grad_q, grad_k, grad_v, grad_h0, grads[0], grads[1], q, k, v,
-                                           chunk_states, chunk_size);
+    cpu::run_kernel("linear_attention_chunked_backward", &cpu::linear_attention_chunked_backward, grad_q, grad_k,
+                    grad_v, grad_h0, grads[0], grads[1], q, k, v, chunk_states, chunk_size);
     return Grads{grad_q, grad_k, grad_v, h0.defined() ? grad_h0 : Tensor()};
   });
   return {out[0], out[1]};
@@ -125,7 +127,7 @@ Tensor linear_attention_decode_step(const Tensor& q, const Tensor& k, const Tens
   if (q.is_cuda())
     cuda::linear_attention_forward(o, s, nullptr, q, k, v);
   else
-    cpu::linear_attention_recurrent_forward(o, s, q, k, v);
+    cpu::run_kernel("linear_attention_recurrent_forward", &cpu::linear_attention_recurrent_forward, o, s, q, k, v);
   return o;
 }
 

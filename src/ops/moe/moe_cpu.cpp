@@ -16,6 +16,7 @@
 
 #include "backend/cpu/blas.h"
 #include "backend/cpu/isa.h"
+#include "backend/cpu/onednn.h"
 #include "backend/cpu/tile_gemm.h"
 #include "core/dispatch.h"
 #include "core/parallel.h"
@@ -104,8 +105,28 @@ void for_each_expert(const std::vector<int64_t>& counts, double macs_per_row, F&
 
 }  // namespace
 
+namespace {
+// One expert's bf16 product through oneDNN (f32 accumulation, bf16 C rounded once).
+void expert_product_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                         const bf16* a, const bf16* b, bf16* c) {
+  onednn::MatmulShape s;
+  s.trans_a = ta, s.trans_b = tb, s.m = m, s.n = n, s.k = k, s.lda = lda, s.ldb = ldb, s.ldc = ldc;
+  onednn::matmul(s, DType::bf16, a, b, DType::bf16, c);
+}
+}  // namespace
+
 void grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts) {
   const int64_t in = x.size(1), out = w.size(1);
+  if (x.dtype() == DType::bf16) {
+    const bf16* px = x.data<bf16>();
+    const bf16* pw = w.data<bf16>();
+    bf16* py = y.data<bf16>();
+    for_each_expert(counts, static_cast<double>(in * out), [&](int64_t e, int64_t row, bool) {
+      expert_product_bf16(false, true, counts[e], out, in, in, in, out, px + row * in, pw + e * out * in,
+                          py + row * out);
+    });
+    return;
+  }
   dispatch_float(x.dtype(), "grouped_linear", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();
@@ -122,6 +143,21 @@ void grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const s
 void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                              const std::vector<int64_t>& counts) {
   const int64_t in = x.size(1), out = w.size(1);
+  if (x.dtype() == DType::bf16) {
+    const bf16* px = x.data<bf16>();
+    const bf16* pw = w.data<bf16>();
+    const bf16* pdy = dy.data<bf16>();
+    bf16* pdx = dx.data<bf16>();
+    bf16* pdw = dw.data<bf16>();
+    for (int64_t e = 0; e < static_cast<int64_t>(counts.size()); ++e)
+      if (counts[e] == 0) std::fill(pdw + e * out * in, pdw + (e + 1) * out * in, bf16{});
+    for_each_expert(counts, 2.0 * static_cast<double>(in * out), [&](int64_t e, int64_t row, bool) {
+      const int64_t m = counts[e];
+      expert_product_bf16(false, false, m, in, out, out, in, in, pdy + row * out, pw + e * out * in, pdx + row * in);
+      expert_product_bf16(true, false, out, in, m, out, in, in, pdy + row * out, px + row * in, pdw + e * out * in);
+    });
+    return;
+  }
   dispatch_float(x.dtype(), "grouped_linear", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();

@@ -57,7 +57,8 @@ Tensor situ_glu(const Tensor& gate, const Tensor& up, const Tensor& beta, std::o
       return Grads{grad_gate, grad_up, grad_beta};
     }
     double gb = 0;
-    cpu::situ_glu_backward(grad_gate, grad_up, beta.requires_grad() ? &gb : nullptr, grad_out, gate, up, b, lambda);
+    cpu::run_kernel("situ_glu_backward", &cpu::situ_glu_backward, grad_gate, grad_up,
+                    beta.requires_grad() ? &gb : nullptr, grad_out, gate, up, b, lambda);
     if (beta.requires_grad()) grad_beta = full(beta.shape(), gb, beta.dtype(), beta.device());
     return Grads{grad_gate, grad_up, grad_beta};
   });

@@ -87,12 +87,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   const double divisor = mean ? static_cast<double>(std::max<int64_t>(counted, 1)) : 1.0;
   double loss_sum = 0;
   int64_t count = 0;
-  cpu::cross_entropy_forward(lse, loss_sum, count, logits, targets, ignore_index, num_classes);
+  cpu::run_kernel("cross_entropy_forward", &cpu::cross_entropy_forward, lse, loss_sum, count, logits, targets,
+                  ignore_index, num_classes);
   Tensor loss = full({}, loss_sum / divisor, loss_dtype, logits.device());
   return record("cross_entropy", loss, {logits}, [logits, targets, lse, divisor, ignore_index, num_classes](const Tensor& g) {
     Tensor grad_logits = empty_like(logits);
-    cpu::cross_entropy_backward(grad_logits, logits, targets, lse, g.item<double>() / divisor, ignore_index,
-                                num_classes);
+    cpu::run_kernel("cross_entropy_backward", &cpu::cross_entropy_backward, grad_logits, logits, targets, lse,
+                    g.item<double>() / divisor, ignore_index, num_classes);
     return Grads{grad_logits};
   });
 }

@@ -227,7 +227,7 @@ TEST_CASE("reduce: bad inputs throw naming the op", "[ops][reduce][errors]") {
   CHECK_THROWS_WITH(sum(arange(4)), Catch::Contains("sum") && Catch::Contains("i64"));
   CHECK_THROWS_WITH(sum(arange(4), 0), Catch::Contains("sum"));
   CHECK_THROWS_WITH(max(arange(4, DType::i32), 0), Catch::Contains("max"));
-  CHECK_THROWS_WITH(argmax(zeros({4}, DType::bf16), 0), Catch::Contains("max"));
+  CHECK_THROWS_WITH(argmax(zeros({4}, DType::u16), 0), Catch::Contains("max"));
   CHECK_THROWS_WITH(max(zeros({3, 0}), 1), Catch::Contains("max") && Catch::Contains("empty"));
   CHECK_THROWS_WITH(mean(zeros({3, 0}), 1), Catch::Contains("mean") && Catch::Contains("empty"));
   CHECK_THROWS_WITH(mean(zeros({0})), Catch::Contains("mean") && Catch::Contains("empty"));

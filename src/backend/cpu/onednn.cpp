@@ -1,0 +1,159 @@
+#include "backend/cpu/onednn.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "core/error.h"
+
+namespace moetrain::cpu::onednn {
+
+namespace {
+
+using onednn_dt = dnnl::memory::data_type;
+using onednn_dims = dnnl::memory::dims;
+
+dnnl::engine& onednn_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+onednn_dt onednn_type(DType t, const char* what) {
+  switch (t) {
+    case DType::f32: return onednn_dt::f32;
+    case DType::bf16: return onednn_dt::bf16;
+    default: MT_THROW("onednn::matmul: {} is {}; expected f32 or bf16", what, t);
+  }
+}
+
+// Logical [batch?, rows, cols] of a matrix stored row-major with leading dimension ld
+// (transposed: stored as [cols, rows]); a batch stride of 0 broadcasts (dims 1).
+dnnl::memory::desc onednn_matrix(onednn_dt type, int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
+                                 bool trans) {
+  const onednn_dims d2 = {rows, cols};
+  const onednn_dims s2 = trans ? onednn_dims{1, ld} : onednn_dims{ld, 1};
+  if (batch == 1) return dnnl::memory::desc(d2, type, s2);
+  const int64_t b = stride == 0 ? 1 : batch;
+  const int64_t bs = stride == 0 ? rows * cols : stride;
+  return dnnl::memory::desc({b, rows, cols}, type, {bs, s2[0], s2[1]});
+}
+
+using OnednnKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, int, int, bool>;
+
+struct OnednnEntry {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c, scratch;
+};
+
+std::mutex onednn_mutex;
+std::map<OnednnKey, std::shared_ptr<const OnednnEntry>> onednn_cache;
+
+std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool accumulate) {
+  const int64_t sa = s.batch == 1 ? 0 : s.stride_a, sb = s.batch == 1 ? 0 : s.stride_b;
+  const int64_t sc = s.batch == 1 ? 0 : s.stride_c;
+  const OnednnKey key{s.trans_a,
+                      s.trans_b,
+                      s.batch,
+                      s.m,
+                      s.n,
+                      s.k,
+                      s.lda,
+                      s.ldb,
+                      s.ldc,
+                      sa,
+                      sb,
+                      sc,
+                      static_cast<int>(ab),
+                      static_cast<int>(ct),
+                      accumulate};
+  std::lock_guard<std::mutex> lock(onednn_mutex);
+  auto it = onednn_cache.find(key);
+  if (it != onednn_cache.end()) return it->second;
+  auto e = std::make_shared<OnednnEntry>();
+  e->a = onednn_matrix(ab, s.batch, sa, s.m, s.k, s.lda, s.trans_a);
+  e->b = onednn_matrix(ab, s.batch, sb, s.k, s.n, s.ldb, s.trans_b);
+  e->c = onednn_matrix(ct, s.batch, sc, s.m, s.n, s.ldc, false);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  try {
+    dnnl::matmul::desc desc(e->a, e->b, e->c);
+    dnnl::matmul::primitive_desc pd(desc, attr, onednn_engine());
+    e->scratch = pd.scratchpad_desc();
+    e->prim = dnnl::matmul(pd);
+  } catch (const dnnl::error& err) {
+    MT_THROW("onednn::matmul: oneDNN refused [{}x{}]{} x [{}x{}]{} (batch {}): {}", s.m, s.k, s.trans_a ? "^T" : "",
+             s.k, s.n, s.trans_b ? "^T" : "", s.batch, err.what());
+  }
+  onednn_cache.emplace(key, e);
+  return e;
+}
+
+}  // namespace
+
+void matmul(const MatmulShape& s, DType ab, const void* a, const void* b, DType c_type, void* c, bool accumulate) {
+  const onednn_dt tab = onednn_type(ab, "a/b"), tc = onednn_type(c_type, "c");
+  MT_CHECK(!(ab == DType::f32 && c_type == DType::bf16), "onednn::matmul: f32 inputs with a bf16 output");
+  if (s.batch <= 0 || s.m <= 0 || s.n <= 0) return;
+  if (s.k <= 0) {
+    if (accumulate) return;
+    const int64_t es = dtype_size(c_type);
+    for (int64_t i = 0; i < s.batch; ++i)
+      for (int64_t r = 0; r < s.m; ++r)
+        std::memset(static_cast<char*>(c) + (i * s.stride_c + r * s.ldc) * es, 0, static_cast<size_t>(s.n * es));
+    return;
+  }
+  const auto e = onednn_primitive(s, tab, tc, accumulate);
+  dnnl::engine& eng = onednn_engine();
+  thread_local dnnl::stream stream(eng);
+  thread_local std::vector<uint8_t> scratch_buf;
+  const size_t scratch_bytes = e->scratch.get_size();
+  if (scratch_buf.size() < scratch_bytes) scratch_buf.resize(scratch_bytes);
+  dnnl::memory ma(e->a, eng, const_cast<void*>(a)), mb(e->b, eng, const_cast<void*>(b)), mc(e->c, eng, c);
+  dnnl::memory ms(e->scratch, eng, scratch_bytes ? scratch_buf.data() : nullptr);
+  e->prim.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
+  stream.wait();
+}
+
+std::string effective_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::all: return "all";
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+  }
+  return "unknown";
+}
+
+std::string matmul_impl(int64_t m, int64_t n, int64_t k, DType ab) {
+  const onednn_dt t = onednn_type(ab, "a/b");
+  dnnl::matmul::desc desc(dnnl::memory::desc({m, k}, t, onednn_dims{k, 1}),
+                          dnnl::memory::desc({k, n}, t, onednn_dims{n, 1}),
+                          dnnl::memory::desc({m, n}, onednn_dt::f32, onednn_dims{n, 1}));
+  dnnl::matmul::primitive_desc pd(desc, onednn_engine());
+  return pd.impl_info_str();
+}
+
+std::string version() {
+  const dnnl_version_t* v = dnnl_version();
+  return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
+}
+
+}  // namespace moetrain::cpu::onednn
