@@ -21,10 +21,10 @@ namespace {
 using comm::P2POp;
 
 // What a chunk receives for one micro-batch: stage_input_count(chunk) tensors [B, T, D].
-Tensors empty_inputs(const LanguageModel& stage, int64_t chunk, int64_t B, int64_t T, Device device) {
+Tensors empty_inputs(const LanguageModel& stage, int64_t chunk, int64_t B, int64_t T, DType dtype, Device device) {
   Tensors out;
   for (int64_t i = 0; i < stage.stage_input_count(chunk); ++i)
-    out.push_back(empty({B, T, stage.hidden_size()}, stage.dtype(), device));
+    out.push_back(empty({B, T, stage.hidden_size()}, dtype, device));
   return out;
 }
 
@@ -51,8 +51,10 @@ void append(std::vector<P2POp>& ops, P2POp::Kind kind, int peer, const Tensors& 
 // send_recv with the messages of the tick, which its peers post in the same tick.
 class Schedule {
  public:
-  Schedule(Distributed& d, LanguageModel& stage, const std::vector<data::Batch>& batches, Device device)
-      : d_(d), stage_(stage), batches_(batches), device_(device), where_(stage.pipeline_stage()),
+  Schedule(Distributed& d, LanguageModel& stage, const std::vector<data::Batch>& batches, Device device,
+           DType activations)
+      : d_(d), stage_(stage), batches_(batches), device_(device), activations_(activations),
+        where_(stage.pipeline_stage()),
         scale_(1.0 / static_cast<double>(batches.size())) {}
 
   // Each tick's messages are started (Communicator::start_send_recv) and not waited
@@ -78,7 +80,7 @@ class Schedule {
         const Key k{m.micro, m.chunk};
         Tensors& box = m.gradient ? grads_[k] : inputs_[k];
         box = m.gradient ? empty_like_all(flight_.at(k).out.activations)
-                         : empty_inputs(stage_, m.chunk, batch_rows(), batch_cols(), device_);
+                         : empty_inputs(stage_, m.chunk, batch_rows(), batch_cols(), activations_, device_);
         append(ops, P2POp::Kind::recv, m.peer, box);
         arriving.emplace_back(k, m.gradient);
       }
@@ -195,6 +197,7 @@ class Schedule {
   LanguageModel& stage_;
   const std::vector<data::Batch>& batches_;
   Device device_;
+  DType activations_;
   PipelineStage where_;
   double scale_;
   std::map<Key, InFlight> flight_;
@@ -208,7 +211,8 @@ class Schedule {
 // The whole model from one stage (pipelined_model).
 class PipelinedModel final : public LanguageModel {
  public:
-  PipelinedModel(Distributed& d, LanguageModel& stage) : d_(d), stage_(stage) {}
+  PipelinedModel(Distributed& d, LanguageModel& stage, DType activations)
+      : d_(d), stage_(stage), activations_(activations) {}
 
   std::string arch() const override { return stage_.arch(); }
   std::string describe() const override { return stage_.describe(); }
@@ -230,7 +234,7 @@ class PipelinedModel final : public LanguageModel {
     StageOutput out;
     for (int64_t c = 0; c < where.chunks; ++c) {
       const int64_t g = where.virtual_index(c);
-      Tensors in = g > 0 ? empty_inputs(stage_, c, B, T, device) : Tensors{};
+      Tensors in = g > 0 ? empty_inputs(stage_, c, B, T, activations_, device) : Tensors{};
       std::vector<P2POp> ops;
       append(ops, P2POp::Kind::recv, prev, in);
       exchange(d_, "pipeline (eval): receive activations", std::move(ops));
@@ -239,7 +243,7 @@ class PipelinedModel final : public LanguageModel {
       if (g < where.virtual_count() - 1) append(ops, P2POp::Kind::send, next, out.activations);
       exchange(d_, "pipeline (eval): send activations", std::move(ops));
     }
-    Tensor logits = d_.grid.last_stage() ? out.logits : empty({B, T, vocab_size()}, stage_.dtype(), device);
+    Tensor logits = d_.grid.last_stage() ? out.logits : empty({B, T, vocab_size()}, activations_, device);
     comm::WatchdogLabel label("pipeline (eval): logits from the last stage");
     d_.grid.pipe_group->broadcast(logits, d_.grid.pp - 1);
     return logits;
@@ -272,23 +276,25 @@ class PipelinedModel final : public LanguageModel {
 
   Distributed& d_;
   LanguageModel& stage_;
+  DType activations_;
 };
 
 }  // namespace
 
 PipelineStepResult pipeline_train_step(Distributed& d, LanguageModel& stage, const std::vector<data::Batch>& batches,
-                                       Device device) {
+                                       Device device, std::optional<DType> activations) {
   MT_CHECK(d.grid.pp > 1 && d.grid.pipe_group, "pipeline_train_step: this run has no pipeline (train.pp = 1)");
   MT_CHECK(!batches.empty(), "pipeline_train_step: no micro-batches");
   MT_CHECK(stage.pipeline_stage().index == d.grid.pp_index && stage.pipeline_stage().count == d.grid.pp,
            "pipeline_train_step: the model is stage {} of {}, this rank is stage {} of {}", stage.pipeline_stage().index,
            stage.pipeline_stage().count, d.grid.pp_index, d.grid.pp);
-  return Schedule(d, stage, batches, device).run();
+  return Schedule(d, stage, batches, device, activations.value_or(stage.dtype())).run();
 }
 
-std::unique_ptr<LanguageModel> pipelined_model(Distributed& d, LanguageModel& stage) {
+std::unique_ptr<LanguageModel> pipelined_model(Distributed& d, LanguageModel& stage,
+                                               std::optional<DType> activations) {
   MT_CHECK(d.grid.pp > 1 && d.grid.pipe_group, "pipelined_model: this run has no pipeline (train.pp = 1)");
-  return std::make_unique<PipelinedModel>(d, stage);
+  return std::make_unique<PipelinedModel>(d, stage, activations.value_or(stage.dtype()));
 }
 
 }  // namespace moetrain

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/distributed.h"
@@ -40,8 +41,10 @@ struct PipelineStepResult {
 // the replicas after. Collective over the pipeline (and, inside stages, the MoE
 // layers' expert groups). batches: the M micro-batches (inputs on the first stage,
 // targets on the last are read; every stage passes the same ones).
+// activations: the dtype of what crosses a boundary (train.dtype bf16: bf16, though
+// the model reports f32, its parameters converted after it was built); default the model's.
 PipelineStepResult pipeline_train_step(Distributed& d, LanguageModel& stage, const std::vector<data::Batch>& batches,
-                                       Device device);
+                                       Device device, std::optional<DType> activations = std::nullopt);
 
 // The whole model seen from one stage, for evaluation and samples: forward(ids)
 // runs the pipeline with no gradients (every stage of a pipeline must call it
@@ -49,6 +52,7 @@ PipelineStepResult pipeline_train_step(Distributed& d, LanguageModel& stage, con
 // the same windows and sample with the same seed) and returns the logits on every
 // stage (broadcast from the last). Decoding recomputes the whole prefix at each
 // call (no per-stage caches): meant for the short samples of a training log.
-std::unique_ptr<LanguageModel> pipelined_model(Distributed& d, LanguageModel& stage);
+std::unique_ptr<LanguageModel> pipelined_model(Distributed& d, LanguageModel& stage,
+                                               std::optional<DType> activations = std::nullopt);
 
 }  // namespace moetrain
