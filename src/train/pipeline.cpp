@@ -47,8 +47,8 @@ void append(std::vector<P2POp>& ops, P2POp::Kind kind, int peer, const Tensors& 
 }
 
 // Runs this rank's ticks of the step's timeline (nn/pipeline_schedule.h): in each,
-// its action (a chunk's forward or backward of one micro-batch), then one
-// send_recv with the messages of the tick, which its peers post in the same tick.
+// its action (a chunk's forward or backward of one micro-batch), then the messages
+// of the tick, started in one start_send_recv, which its peers post in the same tick.
 class Schedule {
  public:
   Schedule(Distributed& d, LanguageModel& stage, const std::vector<data::Batch>& batches, Device device,
