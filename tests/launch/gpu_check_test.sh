@@ -22,7 +22,25 @@ script() { printf '#!/usr/bin/env bash\n%s\n' "$2" >"$b/bin/$1"; chmod +x "$b/bi
 script moetrain 'echo "moetrain 0.1.0"
 if [ -n "${FAKE_NO_GPU:-}" ]; then echo "cuda        built in, 0 device(s)"; echo "no CUDA device" >&2; exit 69; fi
 echo "cuda        built in, 1 device(s)"; echo "  cuda:0    NVIDIA H200 (fake)"'
-script moetrain_tests 'echo "0.512 s: cuda case one"; echo "0.734 s: cuda case two"; sleep 60; echo "never printed"'
+# The test binary lists its cases (FAKE_CASES, one per line) and runs the one its spec names
+# (Catch2's escapes undone): "segv" kills itself with SIGSEGV, "abort" with SIGABRT, "hang"
+# sleeps, "bad" fails, any other passes. FAKE_RUNS gets a line per process.
+script moetrain_tests 'cases=${FAKE_CASES:-$(printf "cuda case one\ncuda case two, with a comma\nhang")}
+if [ "${2:-}" = --list-test-names-only ]; then printf "%s\n" "$cases"; exit 0; fi
+[ -n "${FAKE_RUNS:-}" ] && echo "$1" >>"$FAKE_RUNS"
+one() {
+  case $1 in
+    *segv*) echo "running $1"; kill -SEGV $$ ;;
+    *abort*) echo "running $1"; kill -ABRT $$ ;;
+    *hang*) echo "0.100 s: $1 started"; sleep 60; echo "never printed" ;;
+    *bad*) echo "$1: FAILED"; return 1 ;;
+    *) echo "0.512 s: $1" ;;
+  esac
+}
+if [ "${1:0:1}" = "[" ]; then  # a tag: every case, in this one process
+  rc=0; while IFS= read -r c; do one "$c" || rc=1; done <<<"$cases"; exit $rc
+fi
+one "$(printf "%s" "$1" | sed "s/\\\\\(.\)/\\1/g")"'
 script moetrain_bench_cuda 'while [ $# -gt 0 ]; do [ "$1" = --out ] && o=$2; shift; done
 echo "| case | ms |" >"$o"; for r in 1 2; do echo "| row $r | 1.0 |" | tee -a "$o"; sleep 0.2; done
 sleep 60; echo "| row 3 | 1.0 |" >>"$o"'
@@ -52,6 +70,8 @@ export MOETRAIN_NVIDIA_ROOTS=$tmp/cuda-decoy:$site NVIDIA_SMI=$tmp/nvidia-smi CU
 
 check() { grep -q -- "$2" "$1" || fail "$(basename "$1") lacks '$2'"; }
 status() { awk -F'\t' -v s="$1" '$1 == s {print $2}' "$out/steps.tsv"; }
+casestat() { awk -F'\t' -v s="$1" '$2 == s {print $3}' "$out/cases.tsv"; }
+casecol() { awk -F'\t' -v s="$1" -v c="$2" '$2 == s {print $c}' "$out/cases.tsv"; }
 
 # 1. Tests and benchmark hang: each is killed at its limit, the record keeps their lines.
 out=$tmp/out1
@@ -64,8 +84,9 @@ took=$(($(date +%s) - t0))
 for s in setup device sass; do [ "$(status $s)" = ok ] || fail "step $s: $(status $s), expected ok"; done
 [ "$(status tests)" = timeout ] || fail "tests: $(status tests), expected timeout"
 [ "$(status bench)" = timeout ] || fail "bench: $(status bench), expected timeout"
-check "$out/tests.log" "0.734 s: cuda case two"
+check "$out/tests.log" "0.512 s: cuda case two, with a comma"
 grep -q "never printed" "$out/tests.log" && fail "tests.log: the test run was not stopped"
+[ "$(casestat "cuda case one")" = ok ] || fail "cases.tsv: cuda case one $(casestat "cuda case one")"
 check "$out/bench.md" "| row 2 | 1.0 |"
 grep -q "row 3" "$out/bench.md" && fail "bench.md: the benchmark was not stopped"
 check "$out/sass.txt" "kernels 2, HMMA instructions 3"
@@ -120,4 +141,59 @@ rc=0
 [ "$rc" = 2 ] || fail "no cuBLASLt: exit $rc, expected 2"
 check "$out/steps.tsv" "libcublas.so.13 (with libcublasLt.so.13 beside it) not found"
 echo "run 5 (cuBLAS without cuBLASLt): ok"
+sed -i 's/^glibc_needed=.*/glibc_needed=2.17/' "$b/manifest.txt"
+touch "$site/cu13/lib/libcublasLt.so.13"
+
+# 6. Each case in its own process: a segfault, an abort, a hang and a failure cost their
+#    case only; the later cases run and every case has its line in cases.tsv.
+out=$tmp/out6
+runs=$tmp/runs6
+t0=$(date +%s)
+rc=0
+FAKE_RUNS=$runs FAKE_CASES=$'first ok\nsegv case\nabort case, with a comma\nhang case\nbad case\nlast ok' T_CASE=2 T_TESTS=60 T_BENCH=3 \
+  "$repo/launch/gpu-check.sh" --bundle "$b" "$out" >/dev/null 2>&1 || rc=$?
+took=$(($(date +%s) - t0))
+[ "$rc" = 1 ] || fail "run 6: exit $rc, expected 1"
+[ "$(wc -l <"$runs")" = 6 ] || fail "run 6: $(wc -l <"$runs") test processes for 6 cases: $(cat "$runs")"
+grep -qxF 'abort case\, with a comma' "$runs" || fail "run 6: the comma in a case name was not escaped: $(cat "$runs")"
+[ "$(casestat "first ok")" = ok ] || fail "first ok: $(casestat "first ok")"
+[ "$(casestat "segv case")" = crashed ] || fail "segv case: $(casestat "segv case"), expected crashed"
+[ "$(casecol "segv case" 6)" = SIGSEGV ] || fail "segv case: note '$(casecol "segv case" 6)', expected SIGSEGV"
+[ "$(casecol "abort case, with a comma" 6)" = SIGABRT ] || fail "abort case: '$(casecol "abort case, with a comma" 6)'"
+[ "$(casestat "hang case")" = timeout ] || fail "hang case: $(casestat "hang case"), expected timeout"
+awk -v s="$(casecol "hang case" 5)" 'BEGIN {exit !(s >= 2 && s < 8)}' || fail "hang case took $(casecol "hang case" 5) s, its limit is 2 s"
+[ "$(casestat "bad case")" = failed ] || fail "bad case: $(casestat "bad case"), expected failed"
+[ "$(casestat "last ok")" = ok ] || fail "last ok: $(casestat "last ok"), expected ok (after a crash and a hang)"
+[ "$(sed 1d "$out/cases.tsv" | cut -f2 | tr '\n' '|')" = "first ok|segv case|abort case, with a comma|hang case|bad case|last ok|" ] ||
+  fail "cases.tsv order: $(cut -f2 "$out/cases.tsv" | tr '\n' '|')"
+[ "$(status tests)" = failed ] || fail "run 6: tests $(status tests), expected failed"
+check "$out/tests.log" "0.512 s: last ok"
+grep -q "never printed" "$out/tests.log" && fail "run 6: the hanging case was not stopped"
+[ "$took" -lt 30 ] || fail "run 6 took $took s"
+[ "$(ls "$out" | wc -l)" -le 8 ] || fail "more than 8 record files: $(ls "$out")"
+echo "run 6 (a crash, an abort, a hang, a failure among the cases): ok in $took s"
+
+# 7. Cheapest first from an earlier record; the step's limit spent: the rest "skipped".
+out=$tmp/out7
+printf 'kind\tname\tstatus\trc\tseconds\tnote\nbench\tc\tok\t0\t0.1\t\ntest\tc\tok\t0\t0.2\t\ntest\thang\ttimeout\t124\t60\t\ntest\ta\tok\t0\t3.5\t\n' >"$tmp/prev.tsv"
+FAKE_CASES=$'a\nb\nhang\nc' CASES_FROM=$tmp/prev.tsv T_CASE=60 T_TESTS=6 T_BENCH=3 \
+  "$repo/launch/gpu-check.sh" --bundle "$b" "$out" >/dev/null 2>&1 || true
+[ "$(sed 1d "$out/cases.tsv" | cut -f2 | tr '\n' '|')" = "c|a|hang|b|" ] || fail "cheapest first: $(cut -f2 "$out/cases.tsv" | tr '\n' '|')"
+[ "$(casestat hang)" = timeout ] || fail "run 7: hang $(casestat hang)"
+[ "$(casestat b)" = skipped ] || fail "run 7: b $(casestat b), expected skipped"
+[ "$(status tests)" = timeout ] || fail "run 7: tests $(status tests), expected timeout"
+echo "run 7 (cheapest first, the step's limit): ok"
+
+# 8. nvidia-smi missing, then failing: recorded, the tests still run and pass.
+for smi in "$tmp/no-such-nvidia-smi" "$tmp/failing-smi"; do
+  printf '#!/bin/sh\necho "NVIDIA-SMI has failed" >&2; exit 9\n' >"$tmp/failing-smi"; chmod +x "$tmp/failing-smi"
+  out=$tmp/out8
+  rm -rf "$out"
+  rc=0
+  NVIDIA_SMI=$smi FAKE_CASES=$'a\nb' T_BENCH=3 "$repo/launch/gpu-check.sh" --bundle "$b" "$out" >/dev/null 2>&1 || rc=$?
+  [ "$(status nvidia-smi)" = noted ] || fail "nvidia-smi $smi: $(status nvidia-smi), expected noted"
+  [ "$(casestat b)" = ok ] || fail "nvidia-smi $smi: the tests did not run: $(casestat b)"
+  [ "$(status tests)" = ok ] || fail "nvidia-smi $smi: tests $(status tests)"
+done
+echo "run 8 (nvidia-smi missing or failing): ok"
 echo "gpu-check driver test passed"
