@@ -12,7 +12,8 @@
 #   sass     one cuobjdump -sass pass: kernels, HMMA per kernel -> sass.txt (beside the tests: CPU only)
 #   tests    each moetrain_tests "[cuda]" case in its own process, under its own
 #            timeout (T_CASE), one line each in cases.tsv as it ends -> tests.log, cases.tsv
-#   bench    moetrain_bench_cuda: one row per line, flushed   -> bench.md
+#   bench    each moetrain_bench_cuda --list case in its own process (--case NAME), under
+#            its own timeout (T_ROW), one line each in cases.tsv: rows -> bench.md
 #            and each training row's per-component device times -> components.md
 #   tests_mpi moetrain_tests "[cuda][mpi]" under mpirun, only with 2+ GPUs and an mpirun -> tests.log
 # steps.tsv gets a line per step as it ends (step, status, exit code, seconds,
@@ -24,7 +25,7 @@
 #
 # Knobs (environment): MOETRAIN_GPU_BUDGET total seconds (520: a 540 s call); T_SETUP T_DEVICE
 # T_SASS T_TESTS T_BENCH per-step limits (60 40 120 250 160); T_CASE one test case's limit (60,
-# cut to what is left of T_TESTS); CASES_FROM an earlier cases.tsv (cheapest cases first); BENCH_STEPS (5);
+# cut to what is left of T_TESTS); T_ROW one bench case's limit (60); CASES_FROM an earlier cases.tsv (cheapest cases first); BENCH_STEPS (5);
 # NVIDIA_SMI, CUOBJDUMP (commands); TESTS_SPEC ("[cuda]"). Without --bundle the
 # binaries come from MOETRAIN_BIN_DIR (default build/, a build made on this machine).
 set -uo pipefail
@@ -218,10 +219,40 @@ run_tests_cases() {
   record tests "$rc" $(($(date +%s) - s0)) "$n cases: $((n - bad - cut)) ok, $bad not ok, $cut skipped (cases.tsv)"
   return "$rc"
 }
+# The bench step: each case of moetrain_bench_cuda --list in its own process (--case NAME,
+# appending its rows to bench.md and components.md), in the listed order (the tables' order),
+# each under T_ROW s cut to what is left of T_BENCH; a line per case in cases.tsv (kind
+# "bench"). A bench binary without --list runs whole, in one process, as before.
+run_bench_cases() {
+  local t_step s0 end names name left t n=0 bad=0 cut=0 rc
+  local bench=("$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-5}" --out "$out/bench.md" --components "$out/components.md")
+  if ! names=$(timeout 30 "$bin/moetrain_bench_cuda" --list 2>/dev/null) || [ -z "$names" ]; then
+    run_step bench "${T_BENCH:-160}" "$out/gpu-check.log" "${bench[@]}"
+    return
+  fi
+  t_step=$(limit "${T_BENCH:-160}")
+  if [ "$t_step" -lt 3 ]; then record bench - 0 "budget spent"; return 1; fi
+  s0=$(date +%s) end=$(($(date +%s) + t_step))
+  echo "== bench (limit $t_step s, one process per case, $(elapsed) s into the budget)"
+  : >"$out/bench.md"; : >"$out/components.md"
+  while IFS= read -r name; do
+    [ -n "$name" ] || continue
+    n=$((n + 1)) left=$((end - $(date +%s)))
+    if [ "$left" -lt 3 ]; then
+      case_line "$out/cases.tsv" bench "$name" skipped - 0 "the bench step's limit of $t_step s was spent"
+      cut=$((cut + 1)); continue
+    fi
+    t=${T_ROW:-60}; [ "$t" -lt "$left" ] || t=$left
+    run_case "$out/cases.tsv" bench "$name" "$t" "$out/gpu-check.log" "${bench[@]}" --case "$name" || bad=$((bad + 1))
+  done <<<"$names"
+  rc=0; [ "$bad" = 0 ] || rc=1
+  [ "$cut" = 0 ] && [ "$((end - $(date +%s)))" -ge 1 ] || rc=124
+  record bench "$rc" $(($(date +%s) - s0)) "$n cases: $((n - bad - cut)) ok, $bad not ok, $cut skipped (cases.tsv)"
+  return "$rc"
+}
 if [ "${gpu:-0}" -gt 0 ]; then
   run_tests_cases
-  run_step bench "${T_BENCH:-160}" "$out/gpu-check.log" "$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-5}" \
-    --out "$out/bench.md" --components "$out/components.md"
+  run_bench_cases
   ngpu=$(grep -o 'built in, [0-9]* device' "$dev" | grep -o '[0-9]*' | tail -1)
   if [ "${ngpu:-1}" -gt 1 ]; then
     if command -v mpirun >/dev/null; then

@@ -12,7 +12,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; [ -n "${out:-}" ] && tail -n +1 "$out"/steps.tsv "$out"/gpu-check.log >&2; exit 1; }
 
 # The fake bundle.
@@ -41,9 +41,14 @@ if [ "${1:0:1}" = "[" ]; then  # a tag: every case, in this one process
   rc=0; while IFS= read -r c; do one "$c" || rc=1; done <<<"$cases"; exit $rc
 fi
 one "$(printf "%s" "$1" | sed "s/\\\\\(.\)/\\1/g")"'
-script moetrain_bench_cuda 'while [ $# -gt 0 ]; do [ "$1" = --out ] && o=$2; shift; done
-echo "| case | ms |" >"$o"; for r in 1 2; do echo "| row $r | 1.0 |" | tee -a "$o"; sleep 0.2; done
-sleep 60; echo "| row 3 | 1.0 |" >>"$o"'
+# The bench lists its cases (FAKE_ROWS) and runs the one --case names, appending its row
+# to --out ("segv" crashes, "hang" hangs); FAKE_BENCH_RUNS gets a line per process.
+script moetrain_bench_cuda 'c= l=; while [ $# -gt 0 ]; do case $1 in --out) o=$2; shift ;; --case) c=$2; shift ;; --list) l=1 ;; esac; shift; done
+rows=${FAKE_ROWS:-$(printf "row 1\nrow 2\nhang row\nrow 3")}
+if [ -n "$l" ]; then printf "%s\n" "$rows"; exit 0; fi
+[ -n "${FAKE_BENCH_RUNS:-}" ] && echo "$c" >>"$FAKE_BENCH_RUNS"
+row() { case $1 in *hang*) echo "| $1 | started"; sleep 60 ;; *segv*) kill -SEGV $$ ;; esac; echo "| $1 | 1.0 |" | tee -a "$o"; }
+if [ -z "$c" ]; then echo "| case | ms |" >"$o"; while IFS= read -r r; do row "$r"; done <<<"$rows"; else row "$c"; fi'
 cat >"$b/manifest.txt" <<EOF
 source_dir=$tmp/src
 binary_subdir=build
@@ -71,6 +76,7 @@ export MOETRAIN_NVIDIA_ROOTS=$tmp/cuda-decoy:$site NVIDIA_SMI=$tmp/nvidia-smi CU
 check() { grep -q -- "$2" "$1" || fail "$(basename "$1") lacks '$2'"; }
 status() { awk -F'\t' -v s="$1" '$1 == s {print $2}' "$out/steps.tsv"; }
 casestat() { awk -F'\t' -v s="$1" '$2 == s {print $3}' "$out/cases.tsv"; }
+testnames() { awk -F'\t' '$1 == "test" {printf "%s|", $2}' "$out/cases.tsv"; }
 casecol() { awk -F'\t' -v s="$1" -v c="$2" '$2 == s {print $c}' "$out/cases.tsv"; }
 
 # 1. Tests and benchmark hang: each is killed at its limit, the record keeps their lines.
@@ -89,6 +95,7 @@ grep -q "never printed" "$out/tests.log" && fail "tests.log: the test run was no
 [ "$(casestat "cuda case one")" = ok ] || fail "cases.tsv: cuda case one $(casestat "cuda case one")"
 check "$out/bench.md" "| row 2 | 1.0 |"
 grep -q "row 3" "$out/bench.md" && fail "bench.md: the benchmark was not stopped"
+[ "$(awk -F'\t' '$1 == "bench" && $2 == "hang row" {print $3}' "$out/cases.tsv")" = timeout ] || fail "bench: hang row not recorded as timeout"
 check "$out/sass.txt" "kernels 2, HMMA instructions 3"
 check "$out/sass.txt" "_Z9kernel_bv"
 check "$out/device.txt" "NVIDIA H200 (fake"
@@ -102,7 +109,7 @@ echo "run 1 (hanging tests and benchmark): ok in $took s"
 # 2. The budget: a 14 s budget cuts the test step's 60 s limit and skips what no longer fits.
 out=$tmp/out2
 t0=$(date +%s)
-MOETRAIN_GPU_BUDGET=14 T_TESTS=60 T_BENCH=60 "$repo/launch/gpu-check.sh" --bundle "$b" "$out" >/dev/null 2>&1 || true
+FAKE_CASES=hang MOETRAIN_GPU_BUDGET=14 T_TESTS=60 T_BENCH=60 "$repo/launch/gpu-check.sh" --bundle "$b" "$out" >/dev/null 2>&1 || true
 took=$(($(date +%s) - t0))
 [ "$took" -le 16 ] || fail "run 2 took $took s with a budget of 14 s"
 [ "$(status tests)" = timeout ] || fail "budget: tests $(status tests), expected timeout"
@@ -150,7 +157,9 @@ out=$tmp/out6
 runs=$tmp/runs6
 t0=$(date +%s)
 rc=0
-FAKE_RUNS=$runs FAKE_CASES=$'first ok\nsegv case\nabort case, with a comma\nhang case\nbad case\nlast ok' T_CASE=2 T_TESTS=60 T_BENCH=3 \
+bruns=$tmp/bruns6
+FAKE_RUNS=$runs FAKE_BENCH_RUNS=$bruns FAKE_ROWS=$'row 1\nsegv row\nhang row\nlast row' T_ROW=2 \
+FAKE_CASES=$'first ok\nsegv case\nabort case, with a comma\nhang case\nbad case\nlast ok' T_CASE=2 T_TESTS=60 T_BENCH=20 \
   "$repo/launch/gpu-check.sh" --bundle "$b" "$out" >/dev/null 2>&1 || rc=$?
 took=$(($(date +%s) - t0))
 [ "$rc" = 1 ] || fail "run 6: exit $rc, expected 1"
@@ -164,11 +173,15 @@ grep -qxF 'abort case\, with a comma' "$runs" || fail "run 6: the comma in a cas
 awk -v s="$(casecol "hang case" 5)" 'BEGIN {exit !(s >= 2 && s < 8)}' || fail "hang case took $(casecol "hang case" 5) s, its limit is 2 s"
 [ "$(casestat "bad case")" = failed ] || fail "bad case: $(casestat "bad case"), expected failed"
 [ "$(casestat "last ok")" = ok ] || fail "last ok: $(casestat "last ok"), expected ok (after a crash and a hang)"
-[ "$(sed 1d "$out/cases.tsv" | cut -f2 | tr '\n' '|')" = "first ok|segv case|abort case, with a comma|hang case|bad case|last ok|" ] ||
+[ "$(testnames)" = "first ok|segv case|abort case, with a comma|hang case|bad case|last ok|" ] ||
   fail "cases.tsv order: $(cut -f2 "$out/cases.tsv" | tr '\n' '|')"
 [ "$(status tests)" = failed ] || fail "run 6: tests $(status tests), expected failed"
 check "$out/tests.log" "0.512 s: last ok"
 grep -q "never printed" "$out/tests.log" && fail "run 6: the hanging case was not stopped"
+[ "$(wc -l <"$bruns")" = 4 ] || fail "run 6: $(wc -l <"$bruns") bench processes for 4 rows"
+[ "$(awk -F'\t' '$1 == "bench" && $2 == "segv row" {print $3 $6}' "$out/cases.tsv")" = crashedSIGSEGV ] || fail "bench: segv row not recorded as crashed"
+check "$out/bench.md" "| last row | 1.0 |"
+[ "$(status bench)" = failed ] || fail "run 6: bench $(status bench), expected failed"
 [ "$took" -lt 30 ] || fail "run 6 took $took s"
 [ "$(ls "$out" | wc -l)" -le 8 ] || fail "more than 8 record files: $(ls "$out")"
 echo "run 6 (a crash, an abort, a hang, a failure among the cases): ok in $took s"
@@ -178,7 +191,7 @@ out=$tmp/out7
 printf 'kind\tname\tstatus\trc\tseconds\tnote\nbench\tc\tok\t0\t0.1\t\ntest\tc\tok\t0\t0.2\t\ntest\thang\ttimeout\t124\t60\t\ntest\ta\tok\t0\t3.5\t\n' >"$tmp/prev.tsv"
 FAKE_CASES=$'a\nb\nhang\nc' CASES_FROM=$tmp/prev.tsv T_CASE=60 T_TESTS=6 T_BENCH=3 \
   "$repo/launch/gpu-check.sh" --bundle "$b" "$out" >/dev/null 2>&1 || true
-[ "$(sed 1d "$out/cases.tsv" | cut -f2 | tr '\n' '|')" = "c|a|hang|b|" ] || fail "cheapest first: $(cut -f2 "$out/cases.tsv" | tr '\n' '|')"
+[ "$(testnames)" = "c|a|hang|b|" ] || fail "cheapest first: $(cut -f2 "$out/cases.tsv" | tr '\n' '|')"
 [ "$(casestat hang)" = timeout ] || fail "run 7: hang $(casestat hang)"
 [ "$(casestat b)" = skipped ] || fail "run 7: b $(casestat b), expected skipped"
 [ "$(status tests)" = timeout ] || fail "run 7: tests $(status tests), expected timeout"
