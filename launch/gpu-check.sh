@@ -134,6 +134,11 @@ for b in moetrain moetrain_tests moetrain_bench_cuda; do
     setup_fail "$b: libraries not found (device.txt)"
   fi
 done
+# For the second command (launch/gpu-recheck.sh, on this machine): where the binaries are
+# and how they load; the case record is copied there as the run ends.
+state=${MOETRAIN_GPU_STATE:-/tmp/moetrain-gpu-check}
+mkdir -p "$state" && printf 'bin=%q\nexport LD_LIBRARY_PATH=%q\n' "$bin" "$LD_LIBRARY_PATH" >"$state/env.sh"
+echo "binaries: $bin (for launch/gpu-recheck.sh: $state/env.sh)" >>"$dev"
 record setup 0 $(($(date +%s) - s0)) "glibc $have_glibc (needs ${need_glibc:-?}), GLIBCXX $have_cxx (needs ${need_cxx:-?})"
 
 # --- sass: in the background, beside the device steps (it needs no GPU) -------------
@@ -267,6 +272,7 @@ else
   record tests 1 0 "moetrain sees no CUDA device (device.txt)"
   record bench - 0 "no CUDA device"
 fi
+cp "$out/cases.tsv" "$state/cases.tsv"
 wait "$sass_pid"
 grep -q "^sass	" "$out/steps.tsv" || record sass 137 "$sass_t" "the SASS pass did not finish"
 # The sass step records from a subshell: the verdict comes from the record itself.

@@ -71,6 +71,7 @@ printf '\tFunction : _Z9kernel_av\n        /*0000*/   MOV R1, c[0x0][0x28] ;\n  
 printf '\tFunction : _Z9kernel_bv\n        /*0000*/   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n        /*0010*/   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n        /*0020*/   EXIT ;\n'
 EOF
 chmod +x "$tmp/nvidia-smi" "$tmp/cuobjdump"
+export MOETRAIN_GPU_STATE=$tmp/state  # gpu-check.sh's env.sh and cases.tsv, for gpu-recheck.sh
 export MOETRAIN_NVIDIA_ROOTS=$tmp/cuda-decoy:$site NVIDIA_SMI=$tmp/nvidia-smi CUOBJDUMP=$tmp/cuobjdump
 
 check() { grep -q -- "$2" "$1" || fail "$(basename "$1") lacks '$2'"; }
@@ -209,4 +210,67 @@ for smi in "$tmp/no-such-nvidia-smi" "$tmp/failing-smi"; do
   [ "$(status tests)" = ok ] || fail "nvidia-smi $smi: tests $(status tests)"
 done
 echo "run 8 (nvidia-smi missing or failing): ok"
+# 9. gpu-recheck.sh with a (fake) compute-sanitizer: the failed, crashed and timed-out
+#    cases of a record, one process each, memcheck first, racecheck for those that pass it.
+cat >"$tmp/compute-sanitizer" <<'EOF'
+#!/usr/bin/env bash
+# --tool T --error-exitcode N --print-limit L CMD...: "segv" cases are caught by memcheck
+# (exit N), "race" cases by racecheck; anything else runs as it is.
+tool=$2 code=$4; shift 6
+echo "$tool $*" >>"$FAKE_SAN_RUNS"
+case "$tool $*" in
+  "memcheck "*segv*) echo "========= Invalid __global__ write of size 4"; exit "$code" ;;
+  "racecheck "*race*) echo "========= Error: Race reported"; exit "$code" ;;
+esac
+"$@"
+EOF
+chmod +x "$tmp/compute-sanitizer"
+prev=$tmp/prev9
+mkdir -p "$prev"
+{
+  printf 'kind\tname\tstatus\trc\tseconds\tnote\n'
+  printf 'test\tfirst ok\tok\t0\t0.1\t\n'
+  printf 'test\trace case, with a comma\tfailed\t1\t0.1\t\n'
+  printf 'test\tsegv case\tcrashed\t139\t0.1\tSIGSEGV\n'
+  printf 'test\thang case\ttimeout\t124\t2\t\n'
+  printf 'test\tnot run\tskipped\t-\t0\t\n'
+  printf 'bench\tsegv row\tcrashed\t139\t0.1\tSIGSEGV\n'
+} >"$prev/cases.tsv"
+rstat() { awk -F'\t' -v k="$1" -v n="$2" -v t="$3" '$1 == k && $2 == n && $3 == t {print $4 ($7 ~ /sanitizer reported/ ? "+san" : "")}' "$out/recheck.tsv"; }
+out=$tmp/out9
+rc=0
+FAKE_SAN_RUNS=$tmp/san9 COMPUTE_SANITIZER=$tmp/compute-sanitizer T_SANITIZE=2 \
+  "$repo/launch/gpu-recheck.sh" --from "$prev" "$out" >/dev/null 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "recheck: exit $rc, expected 1"
+[ "$(rstat test "race case, with a comma" memcheck)" = ok ] || fail "recheck race memcheck: $(rstat test "race case, with a comma" memcheck)"
+[ "$(rstat test "race case, with a comma" racecheck)" = failed+san ] || fail "recheck race racecheck: $(rstat test "race case, with a comma" racecheck)"
+[ "$(rstat test "segv case" memcheck)" = failed+san ] || fail "recheck segv memcheck: $(rstat test "segv case" memcheck)"
+[ -z "$(rstat test "segv case" racecheck)" ] || fail "recheck: racecheck ran after memcheck failed"
+[ "$(rstat test "hang case" memcheck)" = timeout ] || fail "recheck hang: $(rstat test "hang case" memcheck)"
+[ "$(rstat bench "segv row" memcheck)" = failed+san ] || fail "recheck bench segv row: $(rstat bench "segv row" memcheck)"
+grep -q "first ok\|not run" "$out/recheck.tsv" && fail "recheck reran a case that passed or was not run"
+[ "$(wc -l <"$tmp/san9")" = 5 ] || fail "recheck: $(wc -l <"$tmp/san9") sanitizer runs, expected 5: $(cat "$tmp/san9")"
+grep -q "^memcheck .*/moetrain_bench_cuda --steps 1 --case segv row$" "$tmp/san9" || fail "recheck: the bench case was not rerun by the bench: $(cat "$tmp/san9")"
+grep -qF 'moetrain_tests race case\, with a comma --use-colour no' "$tmp/san9" || fail "recheck: the test case's spec: $(cat "$tmp/san9")"
+check "$out/recheck.log" "Invalid __global__ write"
+echo "run 9 (gpu-recheck.sh, compute-sanitizer): ok"
+
+# 10. gpu-recheck.sh without compute-sanitizer: said so, each case rerun plainly; the
+#     record and the binaries from what gpu-check.sh left in MOETRAIN_GPU_STATE.
+out=$tmp/out10
+cp "$prev/cases.tsv" "$MOETRAIN_GPU_STATE/cases.tsv"
+rc=0
+COMPUTE_SANITIZER=$tmp/no-such-sanitizer T_SANITIZE=2 "$repo/launch/gpu-recheck.sh" "$out" >/dev/null 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "plain recheck: exit $rc, expected 1"
+check "$out/recheck.log" "compute-sanitizer not found"
+[ "$(rstat test "race case, with a comma" plain)" = ok ] || fail "plain race case: $(rstat test "race case, with a comma" plain)"
+[ "$(rstat test "segv case" plain)" = crashed ] || fail "plain segv case: $(rstat test "segv case" plain)"
+[ "$(rstat test "hang case" plain)" = timeout ] || fail "plain hang case: $(rstat test "hang case" plain)"
+[ "$(rstat bench "segv row" plain)" = crashed ] || fail "plain segv row: $(rstat bench "segv row" plain)"
+# No record anywhere: refused (2), naming the first command.
+rc=0
+MOETRAIN_GPU_STATE=$tmp/empty-state "$repo/launch/gpu-recheck.sh" "$tmp/out10b" >/dev/null 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "recheck without a record: exit $rc, expected 2"
+check "$tmp/out10b/recheck.log" "run launch/gpu-check.sh first"
+echo "run 10 (gpu-recheck.sh without compute-sanitizer; no record): ok"
 echo "gpu-check driver test passed"
