@@ -44,11 +44,11 @@ elapsed() { awk -v s="$start" -v n="$(date +%s.%N)" 'BEGIN {printf "%.0f", n - s
 exec > >(tee -a "$out/gpu-check.log") 2>&1
 printf 'step\tstatus\trc\tseconds\tnote\n' >"$out/steps.tsv"
 failed=0
-record() {  # record STEP RC SECONDS NOTE  (RC "-": skipped)
-  local status=ok
-  case $2 in 0) ;; 124|137) status=timeout ;; -) status=skipped ;; noted) status=noted ;; *) status=failed ;; esac
-  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$status" "$2" "$3" "${4:-}" >>"$out/steps.tsv"
-  echo "== $1: $status (exit $2, $3 s) ${4:-}"
+record() {  # record STEP RC SECONDS NOTE  (RC "-": skipped; "noted:RC": noted, not a failure)
+  local status=ok rc=$2
+  case $2 in 0) ;; 124|137) status=timeout ;; -) status=skipped ;; noted:*) status=noted rc=${2#noted:} ;; *) status=failed ;; esac
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$status" "$rc" "$3" "${4:-}" >>"$out/steps.tsv"
+  echo "== $1: $status (exit $rc, $3 s) ${4:-}"
 }
 # limit T: the step's limit, cut to what is left of the budget (10 s kept for the end).
 limit() { local left=$((budget - $(elapsed) - 10)); echo $(($1 < left ? $1 : left)); }
@@ -170,12 +170,12 @@ smi=${NVIDIA_SMI:-nvidia-smi}
 s0=$(date +%s)
 if ! command -v "$smi" >/dev/null 2>&1; then
   echo "nvidia-smi: not found ($smi)" >>"$dev"
-  record nvidia-smi noted 0 "not found: $smi (optional; the tests go on)"
+  record nvidia-smi noted:127 0 "not found: $smi (optional; the tests go on)"
 else
   timeout --kill-after=5 "$(limit "${T_SMI:-20}")" "$smi" >>"$dev" 2>&1
   rc=$?
   if [ "$rc" = 0 ]; then record nvidia-smi 0 $(($(date +%s) - s0)); else
-    record nvidia-smi noted $(($(date +%s) - s0)) "exit $rc (optional; the tests go on)"; fi
+    record nvidia-smi "noted:$rc" $(($(date +%s) - s0)) "exit $rc (optional; the tests go on)"; fi
 fi
 echo "# moetrain info" >>"$dev"
 if ! run_step device "${T_DEVICE:-40}" "$dev" "$bin/moetrain" info --require-cuda; then
