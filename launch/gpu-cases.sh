@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by launch/gpu-check.sh and launch/gpu-recheck.sh (docs/cuda.md, "Proof on a
 # GPU"): run one test case or bench row in its own process under its own timeout, and
 # append its line to a case record the moment it ends, so a crash (SIGSEGV, abort, a

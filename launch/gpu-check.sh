@@ -199,7 +199,7 @@ run_tests_cases() {
   if [ "$t_step" -lt 3 ]; then record tests - 0 "budget spent"; return 1; fi
   s0=$(date +%s) end=$(($(date +%s) + t_step))
   echo "== tests (limit $t_step s, one process per case, $(elapsed) s into the budget)"
-  names=$(timeout 30 "$bin/moetrain_tests" "${TESTS_SPEC:-[cuda]}" --list-test-names-only 2>>"$out/tests.log")
+  names=$(timeout $((t_step < 30 ? t_step : 30)) "$bin/moetrain_tests" "${TESTS_SPEC:-[cuda]}" --list-test-names-only 2>>"$out/tests.log")
   if [ -z "$names" ]; then record tests 1 $(($(date +%s) - s0)) "moetrain_tests listed no case for ${TESTS_SPEC:-[cuda]}"; return 1; fi
   if [ -n "${CASES_FROM:-}" ] && [ -r "$CASES_FROM" ]; then
     # Known cases by their seconds there, ascending; the unknown ones after them, as listed.
@@ -231,13 +231,13 @@ run_tests_cases() {
 run_bench_cases() {
   local t_step s0 end names name left t n=0 bad=0 cut=0 rc
   local bench=("$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-5}" --out "$out/bench.md" --components "$out/components.md")
-  if ! names=$(timeout 30 "$bin/moetrain_bench_cuda" --list 2>/dev/null) || [ -z "$names" ]; then
-    run_step bench "${T_BENCH:-160}" "$out/gpu-check.log" "${bench[@]}"
-    return
-  fi
   t_step=$(limit "${T_BENCH:-160}")
   if [ "$t_step" -lt 3 ]; then record bench - 0 "budget spent"; return 1; fi
   s0=$(date +%s) end=$(($(date +%s) + t_step))
+  if ! names=$(timeout $((t_step < 30 ? t_step : 30)) "$bin/moetrain_bench_cuda" --list 2>/dev/null) || [ -z "$names" ]; then
+    run_step bench "$((end - $(date +%s)))" "$out/gpu-check.log" "${bench[@]}"
+    return
+  fi
   echo "== bench (limit $t_step s, one process per case, $(elapsed) s into the budget)"
   : >"$out/bench.md"; : >"$out/components.md"
   while IFS= read -r name; do

@@ -21,7 +21,7 @@
 # Knobs (environment): RECHECK_BUDGET total seconds (520: a 540 s call); T_SANITIZE one
 # rerun's limit (120, cut to what is left); BENCH_STEPS for bench cases (1).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 repo=$PWD
 from=
 if [ "${1:-}" = "--from" ]; then from=${2:?usage: launch/gpu-recheck.sh [--from DIR] OUT_DIR}; shift 2; fi
