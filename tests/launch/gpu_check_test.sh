@@ -8,7 +8,10 @@
 # per step; the library search takes cuBLAS from the install that has cuBLASLt;
 # a glibc floor above the machine's stops the run before anything starts; no GPU
 # (moetrain info --require-cuda exits 69) skips the tests and the benchmark.
-#   tests/launch/gpu_check_test.sh           (ctest: gpu_check_driver)
+# With the real test binary as argument (ctest passes it): each [cuda] case's name,
+# escaped as gpu-check.sh escapes it (launch/gpu-cases.sh: catch_spec), selects that
+# case alone in real Catch2.
+#   tests/launch/gpu_check_test.sh [BUILD/moetrain_tests]   (ctest: gpu_check_driver)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
@@ -273,4 +276,17 @@ MOETRAIN_GPU_STATE=$tmp/empty-state "$repo/launch/gpu-recheck.sh" "$tmp/out10b" 
 [ "$rc" = 2 ] || fail "recheck without a record: exit $rc, expected 2"
 check "$tmp/out10b/recheck.log" "run launch/gpu-check.sh first"
 echo "run 10 (gpu-recheck.sh without compute-sanitizer; no record): ok"
+# 11. The real test binary: every [cuda] name, as a spec, lists exactly that case.
+if [ -n "${1:-}" ]; then
+  # shellcheck source=launch/gpu-cases.sh
+  . "$repo/launch/gpu-cases.sh"
+  n=0
+  while IFS= read -r name; do
+    got=$("$1" "$(catch_spec "$name")" --list-test-names-only) || true
+    [ "$got" = "$name" ] || fail "the spec for '$name' ($(catch_spec "$name")) selects: '$got'"
+    n=$((n + 1))
+  done < <("$1" "[cuda]" --list-test-names-only)
+  [ "$n" -gt 0 ] || fail "$1 lists no [cuda] case"
+  echo "run 11 (the $n [cuda] names of $1, each selecting itself): ok"
+fi
 echo "gpu-check driver test passed"
