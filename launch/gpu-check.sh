@@ -135,7 +135,7 @@ for b in moetrain moetrain_tests moetrain_bench_cuda; do
   fi
 done
 # For the second command (launch/gpu-recheck.sh, on this machine): where the binaries are
-# and how they load; the case record is copied there as the run ends.
+# and how they load; the case record is copied there as each case ends.
 state=${MOETRAIN_GPU_STATE:-/tmp/moetrain-gpu-check}
 mkdir -p "$state" && printf 'bin=%q\nexport LD_LIBRARY_PATH=%q\n' "$bin" "$LD_LIBRARY_PATH" >"$state/env.sh"
 echo "binaries: $bin (for launch/gpu-recheck.sh: $state/env.sh)" >>"$dev"
@@ -217,6 +217,7 @@ run_tests_cases() {
     t=${T_CASE:-60}; [ "$t" -lt "$left" ] || t=$left
     run_case "$out/cases.tsv" test "$name" "$t" "$out/tests.log" stdbuf -oL -eL "$bin/moetrain_tests" \
       "$(catch_spec "$name")" --durations yes --use-colour no || bad=$((bad + 1))
+    cp "$out/cases.tsv" "$state/cases.tsv"  # for gpu-recheck.sh, even if this call is killed
   done <<<"$names"
   rc=0; [ "$bad" = 0 ] || rc=1
   # The step's own limit ran out: cases skipped, or the last one cut short by it.
@@ -249,6 +250,7 @@ run_bench_cases() {
     fi
     t=${T_ROW:-60}; [ "$t" -lt "$left" ] || t=$left
     run_case "$out/cases.tsv" bench "$name" "$t" "$out/gpu-check.log" "${bench[@]}" --case "$name" || bad=$((bad + 1))
+    cp "$out/cases.tsv" "$state/cases.tsv"
   done <<<"$names"
   rc=0; [ "$bad" = 0 ] || rc=1
   [ "$cut" = 0 ] && [ "$((end - $(date +%s)))" -ge 1 ] || rc=124

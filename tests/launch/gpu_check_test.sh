@@ -188,6 +188,8 @@ check "$out/bench.md" "| last row | 1.0 |"
 [ "$(status bench)" = failed ] || fail "run 6: bench $(status bench), expected failed"
 [ "$took" -lt 30 ] || fail "run 6 took $took s"
 [ "$(ls "$out" | wc -l)" -le 8 ] || fail "more than 8 record files: $(ls "$out")"
+cmp -s "$out/cases.tsv" "$MOETRAIN_GPU_STATE/cases.tsv" || fail "run 6: cases.tsv not copied to MOETRAIN_GPU_STATE for gpu-recheck.sh"
+check "$MOETRAIN_GPU_STATE/env.sh" "bin="
 echo "run 6 (a crash, an abort, a hang, a failure among the cases): ok in $took s"
 
 # 7. Cheapest first from an earlier record; the step's limit spent: the rest "skipped".
