@@ -3,7 +3,10 @@
 // measured in the same run (the "peak" row), and of the datasheet bf16 dense
 // peak when the GPU is a known one. Every time is CUDA events around the work
 // on the device's stream, after a warm-up.
-//   build/moetrain_bench_cuda [--steps N] [--out FILE.md] [--components FILE.md]
+//   build/moetrain_bench_cuda [--steps N] [--out FILE.md] [--components FILE.md] [--list | --case NAME]
+// --list names the cases (one per line, no GPU needed); --case NAME runs that one
+// alone, appending to FILE.md (launch/gpu-check.sh runs each in its own process, so a
+// crash costs one row); its table's header comes with the first case of each table.
 // Each row is printed and appended to FILE.md as soon as it is measured (flushed),
 // so a run stopped at a time limit keeps its rows. No CUDA device: exit 69
 // (kExitNoDevice), distinct from the loader's 127.
@@ -348,16 +351,109 @@ double datasheet_bf16_tflops(const std::string& name) {
 
 int main(int argc, char** argv) {
   int steps = 10;
-  std::string out_path, components_path;
+  std::string out_path, components_path, only;
+  bool list = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--components" && i + 1 < argc) components_path = argv[++i];
+    else if (a == "--case" && i + 1 < argc) only = argv[++i];
+    else if (a == "--list") list = true;
     else {
-      fmt::print(stderr, "usage: moetrain_bench_cuda [--steps N] [--out FILE.md] [--components FILE.md]\n");
+      fmt::print(stderr,
+                 "usage: moetrain_bench_cuda [--steps N] [--out FILE.md] [--components FILE.md] [--list | --case NAME]\n");
       return 2;
     }
+  }
+  // The cases, in the table's order; each prints its rows. Sections: 0 the compute
+  // table (its header with the peak probe), 1 the memory-bound table, 2 the compute
+  // table again (the f32 steps). With --case one runs alone (its own process: launch/
+  // gpu-check.sh), its section's header printed when it is the section's first case.
+  struct BenchCase {
+    std::string name;
+    int section;
+    std::function<void()> run;
+  };
+  std::vector<BenchCase> cases;
+  auto add = [&](std::string name, int section, std::function<void()> run) {
+    cases.push_back({std::move(name), section, std::move(run)});
+  };
+  // Filled below, once the device is known; the cases only run after that.
+  std::function<void(const Row&)> row;
+  std::function<void(const BwRow&)> bw;
+  std::function<void(TrainResult)> train;
+  std::function<TrainResult(int64_t, bool)> k3_row;
+  std::function<void()> peak_rows;
+  std::function<void(const BwRow&)> set_copy;
+
+  add("peak", 0, [&] { peak_rows(); });
+  for (int64_t B : {8, 16})
+    add(fmt::format("gpt2-small train bf16 B{}", B), 0, [&, B] {
+      Gpt2Config c;  // GPT-2 small, 124M, its head on the vocabulary padded to 50,304 (model.vocab_pad_multiple 64)
+      c.vocab_pad_multiple = 64;
+      train(train_row("gpt2-small (head 50304)", std::make_unique<Gpt2>(c, 1), c.vocab_size, B, 1024, steps, true,
+                      kProfiledSteps));
+    });
+  add("k3-small train bf16 B4", 0, [&] { train(k3_row(4, true)); });
+  // GPT-2 small's GEMMs at B*T = 8192 tokens (qkv, attention proj, fc, mlp proj, head).
+  const int64_t N = 8192;
+  add("gemm gpt2 qkv", 0, [&] { row(gemm_row("gemm gpt2 qkv", DType::bf16, N, 2304, 768, steps)); });
+  add("gemm gpt2 fc", 0, [&] { row(gemm_row("gemm gpt2 fc", DType::bf16, N, 3072, 768, steps)); });
+  add("gemm gpt2 mlp proj", 0, [&] { row(gemm_row("gemm gpt2 mlp proj", DType::bf16, N, 768, 3072, steps)); });
+  add("gemm gpt2 head", 0, [&] { row(gemm_row("gemm gpt2 head", DType::bf16, N, 50304, 768, steps)); });
+  add("gemm gpt2 head unpadded", 0,
+      [&] { row(gemm_row("gemm gpt2 head (unpadded vocab)", DType::bf16, N, 50257, 768, steps)); });
+  add("gemm f32", 0, [&] { row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps)); });
+  add("gemm f32 tf32", 0, [&] { row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps, true)); });
+  for (int64_t T : {4096, 8192})
+    add(fmt::format("attention tc T{}", T), 0, [&, T] { row(attention_row(T, 16, 128, steps)); });
+  add("attention scalar T4096", 0, [&] { row(attention_row(4096, 16, 128, steps, false)); });
+  for (int64_t T : {4096, 8192}) add(fmt::format("kda chunked T{}", T), 0, [&, T] { row(kda_row(T, steps)); });
+  for (int64_t T : {4096, 8192})
+    add(fmt::format("kda chunked tc T{}", T), 0, [&, T] { row(kda_row(T, steps, KdaMode::chunked, true)); });
+  add("kda chunked tc T8192 cols16", 0,
+      [&] { row(kda_row(8192, steps, KdaMode::chunked, true, 16)); });  // twice the scan blocks
+  add("kda recurrent T4096", 0, [&] { row(kda_row(4096, steps, KdaMode::recurrent)); });
+  for (bool tc : {false, true})
+    add(fmt::format("kda chunked{} auto T8192", tc ? " tc" : ""), 0,
+        [&, tc] { row(kda_row(8192, steps, KdaMode::chunked, tc, kKdaAutoColumns)); });
+  for (bool tc : {false, true})
+    add(fmt::format("kda chunked{} auto B8 T1024", tc ? " tc" : ""), 0,
+        [&, tc] { row(kda_row(1024, steps, KdaMode::chunked, tc, kKdaAutoColumns, 8)); });
+  add("kda chunked fixed B8 T1024", 0,
+      [&] { row(kda_row(1024, steps, KdaMode::chunked, false, 0, 8)); });  // B8 on the fixed tile, beside the automatic one
+  for (bool on_gpu : {true, false})
+    add(fmt::format("router {}", on_gpu ? "gpu" : "host"), 0,
+        [&, on_gpu] { row(router_row(8192, 896, 16, steps, on_gpu)); });  // K3's router
+  // The memory-bound families, each against the copy rate of this run (the copy row first).
+  add("memory copy", 1, [&] {
+    const BwRow probe = copy_row(int64_t{1} << 30, steps);
+    set_copy(probe);
+    bw(probe);
+  });
+  add("memory layer_norm", 1, [&] { bw(layer_norm_row(8192, 768, steps)); });
+  add("memory cross_entropy", 1, [&] { bw(cross_entropy_row(8192, 50304, steps)); });
+  add("memory embedding", 1, [&] { bw(embedding_row(8192, 50304, 768, steps)); });
+  add("memory adamw", 1, [&] { bw(adamw_row(steps)); });
+  // The f32 step (TF32 GEMMs) beside the bf16 one: its MFU column is against the bf16 peak, so compare times.
+  add("gpt2-small train f32 B8", 2, [&] {
+    Gpt2Config c;
+    c.vocab_pad_multiple = 64;
+    train(train_row("gpt2-small (head 50304)", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps, false, 0));
+  });
+  add("k3-small train f32 B4", 2, [&] { train(k3_row(4, false)); });
+
+  if (list) {  // no device needed
+    for (const BenchCase& c : cases) fmt::print("{}\n", c.name);
+    return 0;
+  }
+  const BenchCase* chosen = nullptr;
+  for (const BenchCase& c : cases)
+    if (c.name == only) chosen = &c;
+  if (!only.empty() && !chosen) {
+    fmt::print(stderr, "moetrain_bench_cuda: --case '{}' is not a case (--list names them)\n", only);
+    return 2;
   }
   if (cuda::device_count() == 0) {
     fmt::print(stderr, "moetrain_bench_cuda: no CUDA device is visible\n");
@@ -366,9 +462,11 @@ int main(int argc, char** argv) {
   cuda::set_device(0);
   const std::string gpu = cuda::device_name(0);
   // Each row is printed (and appended to --out) the moment it is measured, flushed:
-  // a run stopped at a time limit keeps the rows it finished.
-  std::FILE* out = out_path.empty() ? nullptr : std::fopen(out_path.c_str(), "w");
-  std::FILE* components = components_path.empty() ? nullptr : std::fopen(components_path.c_str(), "w");
+  // a run stopped at a time limit keeps the rows it finished. With --case the files
+  // are appended to (one process per case adds its rows to the table).
+  const char* mode = chosen ? "a" : "w";
+  std::FILE* out = out_path.empty() ? nullptr : std::fopen(out_path.c_str(), mode);
+  std::FILE* components = components_path.empty() ? nullptr : std::fopen(components_path.c_str(), mode);
   for (const auto& [path, file] : {std::pair{out_path, out}, std::pair{components_path, components}})
     if (!path.empty() && !file) {
       fmt::print(stderr, "moetrain_bench_cuda: cannot write {}\n", path);
@@ -384,7 +482,20 @@ int main(int argc, char** argv) {
   };
   auto emit = [&](const std::string& text) { write(out, text); };
   const double sheet = datasheet_bf16_tflops(gpu);
+  const std::string compute_header =
+      "| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) |\n|---|---|---|---|---|---|---|\n";
+  // The peak: the best of a few large bf16 GEMMs, measured before the table starts (in
+  // each --case process of the compute table too: its "of peak" column needs it).
+  std::vector<Row> probes;
   double peak = 0;
+  bool peak_measured = false;
+  auto measure_peak = [&] {
+    peak_measured = true;
+    for (int64_t s : {4096, 8192, 16384})
+      probes.push_back(gemm_row("gemm (peak probe)", DType::bf16, s, s, s, steps));
+    for (const Row& r : probes)
+      if (r.ms > 0) peak = std::max(peak, r.flops / (r.ms * 1e-3) / 1e12);
+  };
   auto line = [&](const Row& r) {
     if (r.ms < 0) return fmt::format("| {} | {} | n/a | | | | {} |\n", r.name, r.shape, r.note);
     if (r.flops == 0)  // bookkeeping, not FLOPs: the time and the rate only
@@ -394,27 +505,24 @@ int main(int argc, char** argv) {
                        100 * tf / peak, r.tokens > 0 ? fmt::format("{:.0f}", r.tokens / (r.ms * 1e-3)) : "",
                        r.tokens > 0 && sheet > 0 ? fmt::format("{:.1f}%", 100 * tf / sheet) : "");
   };
-  // The peak: the best of a few large bf16 GEMMs, measured before the table starts.
-  std::vector<Row> probes;
-  for (int64_t s : {4096, 8192, 16384}) probes.push_back(gemm_row("gemm (peak probe)", DType::bf16, s, s, s, steps));
-  for (const Row& r : probes)
-    if (r.ms > 0) peak = std::max(peak, r.flops / (r.ms * 1e-3) / 1e12);
-  emit(fmt::format(
-      "GPU: {}; peak = best bf16 cuBLAS GEMM of this run: {:.1f} TFLOP/s{}\n\n", gpu, peak,
-      sheet > 0 ? fmt::format(" ({:.0f}% of the {:.1f} TFLOP/s datasheet bf16 dense peak)", 100 * peak / sheet, sheet)
-                : ""));
-  emit("| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) |\n|---|---|---|---|---|---|---|\n");
-  for (const Row& r : probes) emit(line(r));
-  auto row = [&](const Row& r) { emit(line(r)); };
+  peak_rows = [&] {
+    emit(fmt::format(
+        "GPU: {}; peak = best bf16 cuBLAS GEMM of this run: {:.1f} TFLOP/s{}\n\n", gpu, peak,
+        sheet > 0 ? fmt::format(" ({:.0f}% of the {:.1f} TFLOP/s datasheet bf16 dense peak)", 100 * peak / sheet, sheet)
+                  : ""));
+    emit(compute_header);
+    for (const Row& r : probes) emit(line(r));
+  };
+  row = [&](const Row& r) { emit(line(r)); };
   // Training steps first (what the targets are about), each followed by its
   // per-component table in --components, then the kernel families.
-  auto train = [&](TrainResult t) {
+  train = [&](TrainResult t) {
     row(t.row);
     if (!t.table.empty())
       write(components, fmt::format("{} {} ({} profiled steps, device time per step, ms)\n```\n{}\n```\n\n",
                                     t.row.name, t.row.shape, kProfiledSteps, t.table));
   };
-  auto k3_row = [&](int64_t B, bool bf16) {
+  k3_row = [&](int64_t B, bool bf16) {
     TrainResult t{Row{"k3-small train step", fmt::format("B{} T1024", B)}, {}};
     t.row = guarded(t.row.name, t.row.shape, [&] {  // loading the config may fail too: the row says so
       const Config k3 = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
@@ -423,57 +531,35 @@ int main(int argc, char** argv) {
     });
     return t;
   };
-  for (int64_t B : {8, 16}) {
-    Gpt2Config c;  // GPT-2 small, 124M, its head on the vocabulary padded to 50,304 (model.vocab_pad_multiple 64)
-    c.vocab_pad_multiple = 64;
-    train(train_row("gpt2-small (head 50304)", std::make_unique<Gpt2>(c, 1), c.vocab_size, B, 1024, steps, true,
-                    kProfiledSteps));
+  double copy_gbs = 0;
+  bool copy_measured = false;
+  set_copy = [&](const BwRow& probe) {
+    copy_gbs = probe.ms > 0 ? probe.bytes / (probe.ms * 1e-3) / 1e9 : 0;
+    copy_measured = true;
+  };
+  bw = [&](const BwRow& r) {
+    if (!copy_measured) set_copy(copy_row(int64_t{1} << 30, steps));  // a --case process: a silent copy first
+    if (r.ms < 0) return emit(fmt::format("| {} | {} | n/a | | {} |\n", r.name, r.shape, r.note));
+    const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
+    emit(fmt::format("| {} | {} | {:.3f} | {:.0f} | {} |\n", r.name, r.shape, r.ms, gbs,
+                     copy_gbs > 0 ? fmt::format("{:.0f}%", 100 * gbs / copy_gbs) : ""));
+  };
+  // Section headers: the compute table's comes with the peak rows; the others before
+  // their section's first case (in a --case run, when the case is that first one).
+  auto section_header = [&](int section) {
+    if (section == 1) emit("\n| memory-bound case | shape | ms | GB/s | of copy |\n|---|---|---|---|---|\n");
+    if (section == 2) emit("\n" + compute_header);
+  };
+  int previous = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const BenchCase& c = cases[i];
+    if (chosen && chosen != &c) continue;
+    if (c.section != 1 && !peak_measured) measure_peak();
+    const bool first_of_section = i > 0 && cases[i - 1].section != c.section;
+    if (chosen ? first_of_section : c.section != previous) section_header(c.section);
+    previous = c.section;
+    c.run();
   }
-  train(k3_row(4, true));
-  // GPT-2 small's GEMMs at B*T = 8192 tokens (qkv, attention proj, fc, mlp proj, head).
-  const int64_t N = 8192;
-  row(gemm_row("gemm gpt2 qkv", DType::bf16, N, 2304, 768, steps));
-  row(gemm_row("gemm gpt2 fc", DType::bf16, N, 3072, 768, steps));
-  row(gemm_row("gemm gpt2 mlp proj", DType::bf16, N, 768, 3072, steps));
-  row(gemm_row("gemm gpt2 head", DType::bf16, N, 50304, 768, steps));
-  row(gemm_row("gemm gpt2 head (unpadded vocab)", DType::bf16, N, 50257, 768, steps));
-  row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps));
-  row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps, true));
-  for (int64_t T : {4096, 8192}) row(attention_row(T, 16, 128, steps));
-  row(attention_row(4096, 16, 128, steps, false));
-  for (int64_t T : {4096, 8192}) row(kda_row(T, steps));
-  for (int64_t T : {4096, 8192}) row(kda_row(T, steps, KdaMode::chunked, true));
-  row(kda_row(8192, steps, KdaMode::chunked, true, 16));  // twice the scan blocks
-  row(kda_row(4096, steps, KdaMode::recurrent));
-  for (bool tc : {false, true}) row(kda_row(8192, steps, KdaMode::chunked, tc, kKdaAutoColumns));
-  for (bool tc : {false, true}) row(kda_row(1024, steps, KdaMode::chunked, tc, kKdaAutoColumns, 8));
-  row(kda_row(1024, steps, KdaMode::chunked, false, 0, 8));  // B8 on the fixed tile, beside the automatic one
-  for (bool on_gpu : {true, false}) row(router_row(8192, 896, 16, steps, on_gpu));  // K3's router
-  // The memory-bound families, each against the copy rate of this run.
-  {
-    const BwRow probe = copy_row(int64_t{1} << 30, steps);
-    const double copy_gbs = probe.ms > 0 ? probe.bytes / (probe.ms * 1e-3) / 1e9 : 0;
-    emit("\n| memory-bound case | shape | ms | GB/s | of copy |\n|---|---|---|---|---|\n");
-    auto bw = [&](const BwRow& r) {
-      if (r.ms < 0) return emit(fmt::format("| {} | {} | n/a | | {} |\n", r.name, r.shape, r.note));
-      const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
-      emit(fmt::format("| {} | {} | {:.3f} | {:.0f} | {} |\n", r.name, r.shape, r.ms, gbs,
-                       copy_gbs > 0 ? fmt::format("{:.0f}%", 100 * gbs / copy_gbs) : ""));
-    };
-    bw(probe);
-    bw(layer_norm_row(8192, 768, steps));
-    bw(cross_entropy_row(8192, 50304, steps));
-    bw(embedding_row(8192, 50304, 768, steps));
-    bw(adamw_row(steps));
-    emit("\n| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) |\n|---|---|---|---|---|---|---|\n");
-  }
-  // The f32 step (TF32 GEMMs) beside the bf16 one: its MFU column is against the bf16 peak, so compare times.
-  {
-    Gpt2Config c;
-    c.vocab_pad_multiple = 64;
-    train(train_row("gpt2-small (head 50304)", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps, false, 0));
-  }
-  train(k3_row(4, false));
   if (out) std::fclose(out);
   if (components) std::fclose(components);
   return 0;

@@ -7,19 +7,25 @@
 # (launch/gpu-libs.sh). Steps, each under its own timeout, each writing its record
 # the moment it has it, so a step killed at its limit leaves what it had:
 #   setup    unpack, glibc/GLIBCXX floors, find NVIDIA's libraries, loader check
-#   device   nvidia-smi, moetrain info                        -> device.txt
+#   nvidia-smi optional: missing or failing is recorded "noted" and the run goes on -> device.txt
+#   device   moetrain info --require-cuda                     -> device.txt
 #   sass     one cuobjdump -sass pass: kernels, HMMA per kernel -> sass.txt (beside the tests: CPU only)
-#   tests    moetrain_tests "[cuda]" --durations yes          -> tests.log (line-buffered)
-#   bench    moetrain_bench_cuda: one row per line, flushed   -> bench.md
+#   tests    each moetrain_tests "[cuda]" case in its own process, under its own
+#            timeout (T_CASE), one line each in cases.tsv as it ends -> tests.log, cases.tsv
+#   bench    each moetrain_bench_cuda --list case in its own process (--case NAME), under
+#            its own timeout (T_ROW), one line each in cases.tsv: rows -> bench.md
 #            and each training row's per-component device times -> components.md
-#   tests_mpi moetrain_tests "[cuda][mpi]" under mpirun, only with 2+ GPUs and an mpirun -> tests-mpi.log
+#   tests_mpi moetrain_tests "[cuda][mpi]" under mpirun, only with 2+ GPUs and an mpirun -> tests.log
 # steps.tsv gets a line per step as it ends (step, status, exit code, seconds,
 # note): ok, failed, timeout or skipped; gpu-check.log is this script's output.
-# Seven files (eight with tests-mpi.log): the device tool brings back at most eight.
+# Eight files at most (the device tool brings back eight): steps.tsv, cases.tsv, gpu-check.log,
+# device.txt, sass.txt, tests.log, bench.md, components.md. The failed cases of cases.tsv are
+# rerun one by one under compute-sanitizer by launch/gpu-recheck.sh OUT_DIR (the second command).
 # Exits 0 when every step passed, 1 otherwise (2: usage, bundle unusable).
 #
 # Knobs (environment): MOETRAIN_GPU_BUDGET total seconds (520: a 540 s call); T_SETUP T_DEVICE
-# T_SASS T_TESTS T_BENCH per-step limits (60 40 120 250 160); BENCH_STEPS (5);
+# T_SASS T_TESTS T_BENCH per-step limits (60 40 120 250 160); T_CASE one test case's limit (60,
+# cut to what is left of T_TESTS); T_ROW one bench case's limit (60); CASES_FROM an earlier cases.tsv (cheapest cases first); BENCH_STEPS (5);
 # NVIDIA_SMI, CUOBJDUMP (commands); TESTS_SPEC ("[cuda]"). Without --bundle the
 # binaries come from MOETRAIN_BIN_DIR (default build/, a build made on this machine).
 set -uo pipefail
@@ -38,11 +44,11 @@ elapsed() { awk -v s="$start" -v n="$(date +%s.%N)" 'BEGIN {printf "%.0f", n - s
 exec > >(tee -a "$out/gpu-check.log") 2>&1
 printf 'step\tstatus\trc\tseconds\tnote\n' >"$out/steps.tsv"
 failed=0
-record() {  # record STEP RC SECONDS NOTE  (RC "-": skipped)
-  local status=ok
-  case $2 in 0) ;; 124|137) status=timeout ;; -) status=skipped ;; *) status=failed ;; esac
-  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$status" "$2" "$3" "${4:-}" >>"$out/steps.tsv"
-  echo "== $1: $status (exit $2, $3 s) ${4:-}"
+record() {  # record STEP RC SECONDS NOTE  (RC "-": skipped; "noted:RC": noted, not a failure)
+  local status=ok rc=$2
+  case $2 in 0) ;; 124|137) status=timeout ;; -) status=skipped ;; noted:*) status=noted rc=${2#noted:} ;; *) status=failed ;; esac
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$status" "$rc" "$3" "${4:-}" >>"$out/steps.tsv"
+  echo "== $1: $status (exit $rc, $3 s) ${4:-}"
 }
 # limit T: the step's limit, cut to what is left of the budget (10 s kept for the end).
 limit() { local left=$((budget - $(elapsed) - 10)); echo $(($1 < left ? $1 : left)); }
@@ -128,6 +134,11 @@ for b in moetrain moetrain_tests moetrain_bench_cuda; do
     setup_fail "$b: libraries not found (device.txt)"
   fi
 done
+# For the second command (launch/gpu-recheck.sh, on this machine): where the binaries are
+# and how they load; the case record is copied there as each case ends.
+state=${MOETRAIN_GPU_STATE:-/tmp/moetrain-gpu-check}
+mkdir -p "$state" && printf 'bin=%q\nexport LD_LIBRARY_PATH=%q\n' "$bin" "$LD_LIBRARY_PATH" >"$state/env.sh"
+echo "binaries: $bin (for launch/gpu-recheck.sh: $state/env.sh)" >>"$dev"
 record setup 0 $(($(date +%s) - s0)) "glibc $have_glibc (needs ${need_glibc:-?}), GLIBCXX $have_cxx (needs ${need_cxx:-?})"
 
 # --- sass: in the background, beside the device steps (it needs no GPU) -------------
@@ -152,24 +163,108 @@ sass_t=$(limit "${T_SASS:-120}")
 sass_pid=$!
 
 # --- device ----------------------------------------------------------------------------
+# nvidia-smi is optional: missing or failing, it is recorded (status "noted", not a
+# failure) and the run goes on; moetrain info --require-cuda decides whether a GPU is there.
 echo "# nvidia-smi" >>"$dev"
-if ! run_step device "${T_DEVICE:-40}" "$dev" bash -c "${NVIDIA_SMI:-nvidia-smi} && echo '# moetrain info' && '$bin/moetrain' info --require-cuda"; then
+smi=${NVIDIA_SMI:-nvidia-smi}
+s0=$(date +%s)
+if ! command -v "$smi" >/dev/null 2>&1; then
+  echo "nvidia-smi: not found ($smi)" >>"$dev"
+  record nvidia-smi noted:127 0 "not found: $smi (optional; the tests go on)"
+else
+  timeout --kill-after=5 "$(limit "${T_SMI:-20}")" "$smi" >>"$dev" 2>&1
+  rc=$?
+  if [ "$rc" = 0 ]; then record nvidia-smi 0 $(($(date +%s) - s0)); else
+    record nvidia-smi "noted:$rc" $(($(date +%s) - s0)) "exit $rc (optional; the tests go on)"; fi
+fi
+echo "# moetrain info" >>"$dev"
+if ! run_step device "${T_DEVICE:-40}" "$dev" "$bin/moetrain" info --require-cuda; then
   gpu=0
 else
   gpu=$(grep -o 'built in, [0-9]* device' "$dev" | grep -o '[0-9]*' | tail -1)
 fi
 
 # --- tests and bench -------------------------------------------------------------------
+# The tests step: each case of TESTS_SPEC in its own process (launch/gpu-cases.sh), in the
+# order CASES_FROM (an earlier cases.tsv) gives, cheapest first, else as listed; each under
+# T_CASE s cut to what is left of the step's limit; each case's line goes to cases.tsv as
+# it ends, its output to tests.log. A case the step's limit leaves no time for is recorded
+# "skipped" and the step "timeout".
+# shellcheck source=launch/gpu-cases.sh
+. "$repo/launch/gpu-cases.sh"
+case_header "$out/cases.tsv"
+run_tests_cases() {
+  local t_step s0 end names name left t n=0 bad=0 cut=0 rc
+  t_step=$(limit "${T_TESTS:-250}")
+  if [ "$t_step" -lt 3 ]; then record tests - 0 "budget spent"; return 1; fi
+  s0=$(date +%s) end=$(($(date +%s) + t_step))
+  echo "== tests (limit $t_step s, one process per case, $(elapsed) s into the budget)"
+  names=$(timeout $((t_step < 30 ? t_step : 30)) "$bin/moetrain_tests" "${TESTS_SPEC:-[cuda]}" --list-test-names-only 2>>"$out/tests.log")
+  if [ -z "$names" ]; then record tests 1 $(($(date +%s) - s0)) "moetrain_tests listed no case for ${TESTS_SPEC:-[cuda]}"; return 1; fi
+  if [ -n "${CASES_FROM:-}" ] && [ -r "$CASES_FROM" ]; then
+    # Known cases by their seconds there, ascending; the unknown ones after them, as listed.
+    names=$(awk -F'\t' 'NR == FNR { if ($1 == "test" && $5 != "") s[$2] = $5; next }
+                         { print (($0 in s) ? s[$0] : 1e9) "\t" FNR "\t" $0 }' "$CASES_FROM" - <<<"$names" |
+            sort -t$'\t' -k1,1g -k2,2n | cut -f3-)
+  fi
+  while IFS= read -r name; do
+    [ -n "$name" ] || continue
+    n=$((n + 1)) left=$((end - $(date +%s)))
+    if [ "$left" -lt 3 ]; then
+      case_line "$out/cases.tsv" test "$name" skipped - 0 "the tests step's limit of $t_step s was spent"
+      cut=$((cut + 1)); continue
+    fi
+    t=${T_CASE:-60}; [ "$t" -lt "$left" ] || t=$left
+    run_case "$out/cases.tsv" test "$name" "$t" "$out/tests.log" stdbuf -oL -eL "$bin/moetrain_tests" \
+      "$(catch_spec "$name")" --durations yes --use-colour no || bad=$((bad + 1))
+    cp "$out/cases.tsv" "$state/cases.tsv"  # for gpu-recheck.sh, even if this call is killed
+  done <<<"$names"
+  rc=0; [ "$bad" = 0 ] || rc=1
+  # The step's own limit ran out: cases skipped, or the last one cut short by it.
+  [ "$cut" = 0 ] && [ "$((end - $(date +%s)))" -ge 1 ] || rc=124
+  record tests "$rc" $(($(date +%s) - s0)) "$n cases: $((n - bad - cut)) ok, $bad not ok, $cut skipped (cases.tsv)"
+  return "$rc"
+}
+# The bench step: each case of moetrain_bench_cuda --list in its own process (--case NAME,
+# appending its rows to bench.md and components.md), in the listed order (the tables' order),
+# each under T_ROW s cut to what is left of T_BENCH; a line per case in cases.tsv (kind
+# "bench"). A bench binary without --list runs whole, in one process, as before.
+run_bench_cases() {
+  local t_step s0 end names name left t n=0 bad=0 cut=0 rc
+  local bench=("$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-5}" --out "$out/bench.md" --components "$out/components.md")
+  t_step=$(limit "${T_BENCH:-160}")
+  if [ "$t_step" -lt 3 ]; then record bench - 0 "budget spent"; return 1; fi
+  s0=$(date +%s) end=$(($(date +%s) + t_step))
+  if ! names=$(timeout $((t_step < 30 ? t_step : 30)) "$bin/moetrain_bench_cuda" --list 2>/dev/null) || [ -z "$names" ]; then
+    run_step bench "$((end - $(date +%s)))" "$out/gpu-check.log" "${bench[@]}"
+    return
+  fi
+  echo "== bench (limit $t_step s, one process per case, $(elapsed) s into the budget)"
+  : >"$out/bench.md"; : >"$out/components.md"
+  while IFS= read -r name; do
+    [ -n "$name" ] || continue
+    n=$((n + 1)) left=$((end - $(date +%s)))
+    if [ "$left" -lt 3 ]; then
+      case_line "$out/cases.tsv" bench "$name" skipped - 0 "the bench step's limit of $t_step s was spent"
+      cut=$((cut + 1)); continue
+    fi
+    t=${T_ROW:-60}; [ "$t" -lt "$left" ] || t=$left
+    run_case "$out/cases.tsv" bench "$name" "$t" "$out/gpu-check.log" "${bench[@]}" --case "$name" || bad=$((bad + 1))
+    cp "$out/cases.tsv" "$state/cases.tsv"
+  done <<<"$names"
+  rc=0; [ "$bad" = 0 ] || rc=1
+  [ "$cut" = 0 ] && [ "$((end - $(date +%s)))" -ge 1 ] || rc=124
+  record bench "$rc" $(($(date +%s) - s0)) "$n cases: $((n - bad - cut)) ok, $bad not ok, $cut skipped (cases.tsv)"
+  return "$rc"
+}
 if [ "${gpu:-0}" -gt 0 ]; then
-  run_step tests "${T_TESTS:-250}" "$out/tests.log" stdbuf -oL -eL "$bin/moetrain_tests" "${TESTS_SPEC:-[cuda]}" \
-    --durations yes --use-colour no
-  tail -3 "$out/tests.log"
-  run_step bench "${T_BENCH:-160}" "$out/gpu-check.log" "$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-5}" \
-    --out "$out/bench.md" --components "$out/components.md"
+  run_tests_cases
+  run_bench_cases
   ngpu=$(grep -o 'built in, [0-9]* device' "$dev" | grep -o '[0-9]*' | tail -1)
   if [ "${ngpu:-1}" -gt 1 ]; then
     if command -v mpirun >/dev/null; then
-      run_step tests_mpi "${T_TESTS_MPI:-120}" "$out/tests-mpi.log" mpirun --allow-run-as-root --oversubscribe \
+      echo "== tests_mpi: moetrain_tests [cuda][mpi] on $ngpu ranks" >>"$out/tests.log"
+      run_step tests_mpi "${T_TESTS_MPI:-120}" "$out/tests.log" mpirun --allow-run-as-root --oversubscribe \
         -np "$ngpu" -x OMP_NUM_THREADS=1 -x LD_LIBRARY_PATH "$bin/moetrain_tests" "[cuda][mpi]"
     else
       record tests_mpi - 0 "$ngpu GPUs but no mpirun on this machine (the bundle carries no MPI launcher)"
@@ -179,9 +274,10 @@ else
   record tests 1 0 "moetrain sees no CUDA device (device.txt)"
   record bench - 0 "no CUDA device"
 fi
+cp "$out/cases.tsv" "$state/cases.tsv"
 wait "$sass_pid"
 grep -q "^sass	" "$out/steps.tsv" || record sass 137 "$sass_t" "the SASS pass did not finish"
 # The sass step records from a subshell: the verdict comes from the record itself.
-cut -f2 "$out/steps.tsv" | grep -qE '^(failed|timeout)$' && failed=1
+cut -f2 "$out/steps.tsv" | grep -qE '^(failed|timeout)$' && failed=1  # "noted" (nvidia-smi) is not a failure
 echo "== done in $(elapsed) s: $([ $failed = 0 ] && echo passed || echo FAILED) (steps.tsv)"
 exit $failed

@@ -36,6 +36,7 @@ void launch_advised(const char* name, const char* what, void (*kernel)(KArgs...)
   kernel<<<dim3(static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y), static_cast<unsigned>(grid.z)),
            dim3(static_cast<unsigned>(block.x), static_cast<unsigned>(block.y), static_cast<unsigned>(block.z)),
            static_cast<size_t>(shared_bytes), stream>>>(args...);
+  g_last_kernel_launched.store(name, std::memory_order_relaxed);  // named by a later sticky error (runtime.cpp)
   MT_CUDA_CHECK_LAUNCH(name);
 }
 

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 
 namespace moetrain::cuda {
@@ -43,6 +45,15 @@ bool check_launch(std::string_view kernel, LaunchDims grid, LaunchDims block, in
            "CUDA launch of {}: needs {} bytes of shared memory per block ({} dynamic + {} static), the GPU offers {}{}",
            kernel, total, shared_bytes, func.static_shared, device.shared_optin, advice(what));
   return total > device.shared_default;
+}
+
+std::string device_fault_message(std::string_view error_name, std::string_view error_string, int code,
+                                 std::string_view during, const char* last_kernel) {
+  return fmt::format(
+      "CUDA error {} ({}, code {}) while {}: not out of memory. An earlier kernel failed on the device and left "
+      "this process's CUDA context unusable; every later CUDA call fails the same way. The last kernel launched: "
+      "{}. Rerun the failing case under compute-sanitizer (launch/gpu-recheck.sh; docs/cuda.md, \"Proof on a GPU\")",
+      error_name, error_string, code, during, last_kernel ? last_kernel : "none through cuda::launch");
 }
 
 }  // namespace moetrain::cuda

@@ -11,7 +11,9 @@
 // GPU (tests/backend/launch_check_test.cpp) against the H100/H200's limits.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace moetrain::cuda {
@@ -57,5 +59,20 @@ DeviceLaunchLimits hopper_launch_limits();
 // launch): when static + dynamic exceeds the default 48 KiB.
 bool check_launch(std::string_view kernel, LaunchDims grid, LaunchDims block, int64_t shared_bytes,
                   const DeviceLaunchLimits& device, const KernelLaunchLimits& func, std::string_view what = {});
+
+// The last kernel launched through cuda::launch in this process (its name, a string
+// literal; nullptr before the first): one relaxed store per launch (launch.cuh). An
+// error of a kernel's execution (an illegal address) surfaces at a later CUDA call;
+// the allocator's error names this kernel as the likely culprit (runtime.cpp).
+inline std::atomic<const char*> g_last_kernel_launched{nullptr};
+
+// The message for a CUDA call that failed with an error other than "out of memory"
+// where the caller expected memory: a sticky error left by an earlier kernel
+// (cudaErrorIllegalAddress, cudaErrorLaunchFailure, ...) makes every later call fail,
+// cudaMalloc and cudaMemGetInfo included, which used to read as "out of memory ... 0
+// free of 0". Names the error (cudaGetErrorName, cudaGetErrorString, code), what was
+// being done, the last kernel launched, and what to do (docs/cuda.md, "Proof on a GPU").
+std::string device_fault_message(std::string_view error_name, std::string_view error_string, int code,
+                                 std::string_view during, const char* last_kernel);
 
 }  // namespace moetrain::cuda

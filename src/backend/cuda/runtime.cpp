@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch_check.h"
 #include "backend/cuda/pending_copy.h"
 #include "backend/cuda/staging_ring.h"
 #include "core/error.h"
@@ -57,21 +58,40 @@ int select_device(int local_rank) {
 
 namespace {
 
+// A CUDA error where memory was expected: by its name, not as "out of memory"
+// (launch_check.h: device_fault_message). Not cleared: a sticky error cannot be.
+[[noreturn]] void throw_device_fault(cudaError_t err, const std::string& during) {
+  throw Error(device_fault_message(cudaGetErrorName(err), cudaGetErrorString(err), static_cast<int>(err), during,
+                                   g_last_kernel_launched.load(std::memory_order_relaxed)));
+}
+
 class CudaMemory final : public RawMemory {
  public:
   explicit CudaMemory(int device) : device_(device) {}
   void* allocate(int64_t nbytes) override {
     void* p = nullptr;
-    if (cudaMalloc(&p, static_cast<size_t>(nbytes)) != cudaSuccess) {
-      cudaGetLastError();  // an allocation failure is not sticky; clear it
-      return nullptr;
+    const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(nbytes));
+    if (err != cudaSuccess) {
+      // Out of memory is not sticky: cleared, and the caching allocator frees its cache,
+      // retries and reports the memory. Any other error (a sticky one from an earlier
+      // kernel: cudaErrorIllegalAddress, ...) is reported as what it is, not as OOM.
+      const cudaError_t last = cudaPeekAtLastError();
+      if (err == cudaErrorMemoryAllocation && (last == cudaSuccess || last == cudaErrorMemoryAllocation)) {
+        cudaGetLastError();
+        return nullptr;
+      }
+      throw_device_fault(err != cudaErrorMemoryAllocation ? err : last,
+                         fmt::format("allocating {} bytes on cuda:{}", nbytes, device_));
     }
     return p;
   }
   void release(void* ptr) override { cudaFree(ptr); }
   void memory_info(int64_t* free_bytes, int64_t* total_bytes) override {
     size_t f = 0, t = 0;
-    if (cudaMemGetInfo(&f, &t) != cudaSuccess) cudaGetLastError();
+    const cudaError_t err = cudaMemGetInfo(&f, &t);
+    if (err != cudaSuccess && err != cudaErrorMemoryAllocation)
+      throw_device_fault(err, fmt::format("asking cuda:{} for its free memory", device_));
+    if (err != cudaSuccess) cudaGetLastError();
     *free_bytes = static_cast<int64_t>(f);
     *total_bytes = static_cast<int64_t>(t);
   }
