@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""moetrain's GPT-2 124M training step against PyTorch's, in one run (issue 25).
+"""moetrain's GPT-2 124M training step against PyTorch's, in one run (issues 25, 38).
 
 The peer is nanoGPT's model (Karpathy's GPT: pre-LayerNorm blocks, causal
 self-attention through F.scaled_dot_product_attention, GELU MLP, LM head tied to
 the token embedding), written here, with the shapes of our bench's GPT-2 case:
-124M parameters, vocab 50257, B = 4, T = 64 and 256, f32, one training step =
+124M parameters, vocab 50257, B = 4, T = 64 and 256, f32 and bf16, one training step =
 forward, backward, AdamW (lr 1e-4, betas 0.9/0.95, weight decay 0.1). GELU is the
 tanh form, as GPT-2 and moetrain's Gpt2 (nanoGPT's own default is erf).
 
@@ -16,6 +16,13 @@ count. Rounds interleave so that a changing load on a shared machine falls on
 all three alike; the table gives the median of the rounds' ms per step and the
 ratios PyTorch / moetrain (> 1: moetrain faster).
 
+bf16 (--dtypes f32,bf16, the default): our `gpt2-T-bf16` case (train.dtype bf16 on
+the CPU: bf16 weights and activations, f32 masters, oneDNN's bf16 matmuls) against
+PyTorch's mixed precision as its users run it on a CPU: f32 weights and AdamW, the
+forward and loss under torch.autocast("cpu", dtype=torch.bfloat16), eager and
+compiled. Each bf16 row's ratios are against our bf16 step; the f32 row's against
+our f32 step.
+
 Which PyTorch: the interpreter named by --python, else $MOETRAIN_TORCH_PYTHON,
 else this interpreter if it imports torch >= 2, else Debian's /usr/bin/python3
 (torch 1.13: no torch.compile; the output says "fallback"). None with torch: exits
@@ -25,7 +32,7 @@ with status 2 and says what to set. Make a venv with PyPI's torch:
 Not part of the test run (minutes per round).
 
   bench/gpt2_peer.py [--build build] [--python PY] [--seqs 64,256] [--batch 4]
-                     [--steps 3] [--rounds 3] [--threads N] [--no-compile]
+                     [--steps 3] [--rounds 3] [--threads N] [--no-compile] [--dtypes f32,bf16]
 """
 import argparse
 import json
@@ -114,14 +121,21 @@ def worker(a):
     model = GPT()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     fwd = model
-    if a.mode == "compile":
+    if a.mode.startswith("compile"):
         fwd = torch.compile(model)
     tokens = torch.randint(0, 50257, (a.batch, a.seq + 1))
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
+    bf16 = a.mode.endswith("-bf16")
+
     def step():
         opt.zero_grad(set_to_none=True)
-        fwd(x, y).backward()
+        if bf16:  # mixed precision as PyTorch users run it on a CPU: autocast around forward and loss
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = fwd(x, y)
+        else:
+            loss = fwd(x, y)
+        loss.backward()
         opt.step()
 
     t0 = time.perf_counter()
@@ -190,9 +204,9 @@ def cpu_name():
     return f"{name} (CPUID family {family}, {isa}), {os.cpu_count()} CPUs"
 
 
-def run_ours(binary, seq, steps, threads):
+def run_ours(binary, case, steps, threads):
     env = dict(os.environ, MOETRAIN_NUM_THREADS=str(threads))
-    out = subprocess.run([binary, "--cases", f"gpt2-{seq}", "--no-torch", "--no-profile", "--steps", str(steps)],
+    out = subprocess.run([binary, "--cases", case, "--no-torch", "--no-profile", "--steps", str(steps)],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"gpt2_peer: {binary} failed:\n{out.stdout}{out.stderr}")
@@ -200,10 +214,10 @@ def run_ours(binary, seq, steps, threads):
     head = out.stdout.splitlines()[0] if out.stdout else ""
     for line in out.stdout.splitlines():
         f = line.split()
-        if f and f[0] == f"gpt2-{seq}":
+        if f and f[0] == case:
             ms = float(f[1])
     if ms is None:
-        sys.exit(f"gpt2_peer: no gpt2-{seq} line in the output of {binary}:\n{out.stdout}")
+        sys.exit(f"gpt2_peer: no {case} line in the output of {binary}:\n{out.stdout}")
     return ms, head
 
 
@@ -232,6 +246,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("MOETRAIN_NUM_THREADS", os.cpu_count())))
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--dtypes", default="f32,bf16", help="f32, bf16 or both (comma separated)")
     a = ap.parse_args()
     if a.worker:
         return worker(a)
@@ -241,28 +256,34 @@ def main():
         sys.exit(f"gpt2_peer: {binary} not found; build it: cmake --build {a.build} --target moetrain_bench_cpu")
     python, version, label = find_torch(a.python)
     compile_ok = major(version) >= 2 and not a.no_compile
+    dtypes = [d for d in a.dtypes.split(",") if d]
+    if not dtypes or any(d not in ("f32", "bf16") for d in dtypes):
+        sys.exit(f"gpt2_peer: --dtypes {a.dtypes}: expected f32, bf16 or f32,bf16")
     modes = ["eager"] + (["compile"] if compile_ok else [])
-    print(f"gpt2_peer: GPT-2 124M train step (fwd + bwd + AdamW), f32, B={a.batch}, {a.threads} threads, "
-          f"{a.rounds} rounds x {a.steps} steps (after a warm-up step) per process")
+    print(f"gpt2_peer: GPT-2 124M train step (fwd + bwd + AdamW), {' and '.join(dtypes)}, B={a.batch}, "
+          f"{a.threads} threads, {a.rounds} rounds x {a.steps} steps (after a warm-up step) per process")
     print(f"  CPU: {cpu_name()}")
     print(f"  PyTorch {version} from {label}" + ("" if compile_ok else "; torch.compile not run"))
     print(f"  load average before: {open('/proc/loadavg').read().split()[:3]}")
     t_start = time.time()
     seqs = [int(s) for s in a.seqs.split(",")]
-    res = {(s, m): [] for s in seqs for m in ["ours"] + modes}
+    # A case: (T, dtype); our bench case gpt2-T[-bf16], PyTorch's modes eager[-bf16], compile[-bf16].
+    cases = [(s, d) for d in dtypes for s in seqs]
+    suffix = {"f32": "", "bf16": "-bf16"}
+    res = {(s, d, m): [] for s, d in cases for m in ["ours"] + modes}
     info, head = {}, ""
     for r in range(a.rounds):
-        for s in seqs:
-            ms, head = run_ours(binary, s, a.steps, a.threads)
-            res[(s, "ours")].append(ms)
-            line = f"  round {r + 1} T={s}: moetrain {ms:.0f} ms"
+        for s, d in cases:
+            ms, head = run_ours(binary, f"gpt2-{s}{suffix[d]}", a.steps, a.threads)
+            res[(s, d, "ours")].append(ms)
+            line = f"  round {r + 1} T={s} {d}: moetrain {ms:.0f} ms"
             for m in modes:
-                out = run_torch(python, m, s, a, a.threads)
+                out = run_torch(python, m + suffix[d], s, a, a.threads)
                 if out is None:
                     line += f", {m} failed"
                     continue
                 info = out
-                res[(s, m)].append(statistics.mean(out["ms"]))
+                res[(s, d, m)].append(statistics.mean(out["ms"]))
                 line += f", torch {m} {statistics.mean(out['ms']):.0f} ms (warm-up {out['warmup_s']:.1f} s)"
             print(line, flush=True)
     print(f"  ours: {head}")
@@ -271,14 +292,15 @@ def main():
     print(f"  load average after: {open('/proc/loadavg').read().split()[:3]}; wall time {time.time() - t_start:.0f} s")
     print()
     cols = ["moetrain ms"] + [f"torch {m} ms" for m in modes] + [f"{m}/moetrain" for m in modes]
-    print(f"{'case':<10}" + "".join(f"{c:>20}" for c in cols))
-    for s in seqs:
-        med = {m: statistics.median(res[(s, m)]) if res[(s, m)] else float("nan") for m in ["ours"] + modes}
-        row = f"{'gpt2-' + str(s):<10}" + f"{med['ours']:>20.1f}"
+    print(f"{'case':<15}" + "".join(f"{c:>20}" for c in cols))
+    for s, d in cases:
+        med = {m: statistics.median(res[(s, d, m)]) if res[(s, d, m)] else float("nan") for m in ["ours"] + modes}
+        row = f"{'gpt2-' + str(s) + suffix[d]:<15}" + f"{med['ours']:>20.1f}"
         row += "".join(f"{med[m]:>20.1f}" for m in modes)
         row += "".join(f"{med[m] / med['ours']:>19.2f}x" for m in modes)
         print(row)
-    print("(medians over rounds of each process's mean ms per step; ratio > 1: moetrain faster)")
+    print("(medians over rounds of each process's mean ms per step; ratio > 1: moetrain faster; a -bf16 row: our "
+          "train.dtype bf16 against PyTorch's autocast)")
 
 
 if __name__ == "__main__":
