@@ -187,21 +187,23 @@ Result moe_case(int steps) {
   });
 }
 
+// The GEMMs of a GPT-2 step at B·T = 256 (and one square-ish shape): the gemm tables' rows.
+struct GemmShape {
+  int64_t m, k, n;
+  bool ta, tb;
+  const char* what;
+};
+constexpr GemmShape kGpt2GemmShapes[] = {{256, 768, 2304, false, true, "c_attn forward (x W^T)"},
+                                         {256, 3072, 768, false, true, "mlp c_proj forward"},
+                                         {256, 768, 50304, false, true, "lm head forward"},
+                                         {256, 3072, 768, false, false, "dX = dY W (c_fc)"},
+                                         {768, 256, 3072, true, false, "dW = dY^T X (c_fc)"},
+                                         {50304, 256, 768, true, false, "lm head dW"},
+                                         {1024, 768, 3072, false, false, "1024 x 768 x 3072"}};
+
 // f32 GEMM on the shapes of a GPT-2 step at B·T = 256 (and one square-ish
 // shape), on each route (backend/cpu/blas.h): best of 5, GFLOP/s and share of peak.
 void gemm_table(double peak) {
-  struct Shape3 {
-    int64_t m, k, n;
-    bool ta, tb;
-    const char* what;
-  };
-  const Shape3 shapes[] = {{256, 768, 2304, false, true, "c_attn forward (x W^T)"},
-                           {256, 3072, 768, false, true, "mlp c_proj forward"},
-                           {256, 768, 50304, false, true, "lm head forward"},
-                           {256, 3072, 768, false, false, "dX = dY W (c_fc)"},
-                           {768, 256, 3072, true, false, "dW = dY^T X (c_fc)"},
-                           {50304, 256, 768, true, false, "lm head dW"},
-                           {1024, 768, 3072, false, false, "1024 x 768 x 3072"}};
   std::vector<cpu::GemmRoute> routes{cpu::GemmRoute::openblas};
   if (cpu::blis_available()) routes.insert(routes.end(), {cpu::GemmRoute::blis, cpu::GemmRoute::blis_threaded});
   const cpu::GemmRoute saved = cpu::gemm_route();
@@ -210,7 +212,7 @@ void gemm_table(double peak) {
   std::string header = fmt::format("  {:<24} {:>17}", "shape", "M x K x N");
   for (cpu::GemmRoute route : routes) header += fmt::format(" {:>15}", cpu::gemm_route_name(route));
   fmt::print("{}\n", header);
-  for (const Shape3& s : shapes) {
+  for (const GemmShape& s : kGpt2GemmShapes) {
     Tensor a = randn({s.ta ? s.k : s.m, s.ta ? s.m : s.k}, DType::f32, 1);
     Tensor b = randn({s.tb ? s.n : s.k, s.tb ? s.k : s.n}, DType::f32, 2), c = empty({s.m, s.n});
     std::string row = fmt::format("  {:<24} {:>17}", s.what, fmt::format("{}x{}x{}", s.m, s.k, s.n));
@@ -234,18 +236,6 @@ void gemm_table(double peak) {
 // The gemm table's shapes on the f32 route in use, oneDNN's f32 matmul and oneDNN's
 // bf16 matmul (bf16 inputs, f32 accumulation and output): best of 5.
 void gemm_bf16_table(double peak) {
-  struct Shape3 {
-    int64_t m, k, n;
-    bool ta, tb;
-    const char* what;
-  };
-  const Shape3 shapes[] = {{256, 768, 2304, false, true, "c_attn forward (x W^T)"},
-                           {256, 3072, 768, false, true, "mlp c_proj forward"},
-                           {256, 768, 50304, false, true, "lm head forward"},
-                           {256, 3072, 768, false, false, "dX = dY W (c_fc)"},
-                           {768, 256, 3072, true, false, "dW = dY^T X (c_fc)"},
-                           {50304, 256, 768, true, false, "lm head dW"},
-                           {1024, 768, 3072, false, false, "1024 x 768 x 3072"}};
   fmt::print("\nGEMM: f32 route {} vs {} f32 and bf16 (ISA {}; GFLOP/s, share of the f32 FMA peak):\n",
              cpu::gemm_route_name(cpu::gemm_route()), cpu::onednn::version(), cpu::onednn::effective_isa());
   fmt::print("  {:<24} {:>17} {:>15} {:>15} {:>15}  {}\n", "shape", "M x K x N",
@@ -260,7 +250,7 @@ void gemm_bf16_table(double peak) {
     }
     return best;
   };
-  for (const Shape3& s : shapes) {
+  for (const GemmShape& s : kGpt2GemmShapes) {
     Tensor a = randn({s.ta ? s.k : s.m, s.ta ? s.m : s.k}, DType::f32, 1);
     Tensor b = randn({s.tb ? s.n : s.k, s.tb ? s.k : s.n}, DType::f32, 2), c = empty({s.m, s.n});
     Tensor a16 = a.to(DType::bf16), b16 = b.to(DType::bf16);
