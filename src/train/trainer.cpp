@@ -263,7 +263,7 @@ void Trainer::build() {
   ledger_ = make_ledger(config_, {dist_.grid.dp, dist_.grid.ep, dist_.grid.pp, dist_.zero, 0, 0, dist_.pp_virtual});
   model_ = build_model(config_, expert_shard(dist_), PipelineStage{dist_.grid.pp_index, dist_.grid.pp, dist_.pp_virtual});
   if (dist_.grid.pp > 1)
-    whole_model_ = pipelined_model(dist_, *model_, train_.mixed_precision ? DType::bf16 : model_->dtype());
+    whole_model_ = pipelined_model(dist_, *model_, activation_dtype());
   if (dist_.grid.ep > 1) model_->set_expert_group(dist_.grid.ep_group.get());
   ParameterList& params = model_->parameters();
   if (train_.decay_embeddings)
@@ -519,6 +519,8 @@ data::Batch Trainer::next_batch() {
   return batch;
 }
 
+DType Trainer::activation_dtype() const { return train_.mixed_precision ? DType::bf16 : model_->dtype(); }
+
 // The micro-batches of one step (gradient accumulation): this rank's share of the
 // stream is batches rank, rank + world, ... Returns this rank's mean loss (under
 // pp: the last stage's; 0 on the others).
@@ -526,8 +528,7 @@ double Trainer::forward_backward(int64_t step) {
   if (dist_.grid.pp > 1) {
     std::vector<data::Batch> batches;
     for (int64_t micro = 0; micro < train_.grad_accum; ++micro) batches.push_back(next_batch());
-    const PipelineStepResult r = pipeline_train_step(dist_, *model_, batches, device_,
-                                                     train_.mixed_precision ? DType::bf16 : model_->dtype());
+    const PipelineStepResult r = pipeline_train_step(dist_, *model_, batches, device_, activation_dtype());
     faults_.after_backward(step, model_->parameters());
     return r.loss_sum / static_cast<double>(train_.grad_accum);
   }

@@ -122,6 +122,8 @@ class Trainer {
   void begin_run(const StartPlan& plan);
   data::Batch next_batch();
   double forward_backward(int64_t step);
+  // What a pipeline stage sends and receives: bf16 under mixed precision (the model reports f32).
+  DType activation_dtype() const;
   // What evaluation and samples run: the model, or under pp the pipelined view of it.
   LanguageModel& whole_model() { return whole_model_ ? *whole_model_ : *model_; }
   double reduce_gradients();
