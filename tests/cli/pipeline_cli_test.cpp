@@ -50,16 +50,41 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
   }
 }
 
+// The validation loss line of a run's output.
+string val_loss(const string& out) { return out.substr(out.rfind("val loss"), 16); }
+
+// The one-process run every layout is compared with (4 steps).
+Result reference_run(const PipelineJob& job) {
+  Result one = job.train(1, 1, 1, "one");
+  INFO(one.output);
+  REQUIRE(one.code == 0);
+  REQUIRE(metrics_losses(job.dir + "/one").size() == 4);
+  return one;
+}
+
+// Run `from` copied to `name` without its step-4 checkpoint, resumed from step 2 with
+// job.train(np, pp, ep, name, sets): its steps 3-4 must be the uninterrupted ones (want).
+void check_resume(const PipelineJob& job, const string& from, const string& name, int np, int pp, int ep,
+                  const string& sets, const std::vector<double>& want) {
+  Result copy = moetrain::testing::capture_command("cp -r " + job.dir + "/" + from + " " + job.dir + "/" + name +
+                                                   " && rm -r " + job.dir + "/" + name + "/checkpoints/step_00000004");
+  REQUIRE(copy.code == 0);
+  Result r = job.train(np, pp, ep, name, "--set ckpt.resume=step_00000002 " + sets);
+  INFO("from " << from << " np " << np << " pp " << pp << " ep " << ep << " " << sets << "\n" << r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.output.find("resumed from") != string::npos);
+  const std::vector<double> got = metrics_losses(job.dir + "/" + name);
+  REQUIRE(got.size() >= 2);
+  check_close({got.end() - 2, got.end()}, {want.end() - 2, want.end()});
+}
+
 }  // namespace
 
 TEST_CASE("cli: pipeline training equals one process and its checkpoints reshard (pp 2/4, ep 2, dp 2)",
           "[cli][slow]") {
   PipelineJob job;
-  Result one = job.train(1, 1, 1, "one");
-  INFO(one.output);
-  REQUIRE(one.code == 0);
+  const Result one = reference_run(job);
   const std::vector<double> want = metrics_losses(job.dir + "/one");
-  REQUIRE(want.size() == 4);
 
   Result pipe = job.train(4, 2, 2, "pipe");
   INFO(pipe.output);
@@ -68,38 +93,23 @@ TEST_CASE("cli: pipeline training equals one process and its checkpoints reshard
   check_close(metrics_losses(job.dir + "/pipe"), want);
   // The validation loss (the pipelined view of the model) and the written model are the whole model's.
   CHECK(one.output.find("val loss") != string::npos);
-  const auto val = [](const string& out) { return out.substr(out.rfind("val loss"), 16); };
-  CHECK(val(pipe.output) == val(one.output));
+  CHECK(val_loss(pipe.output) == val_loss(one.output));
 
   // Resume the pp 2 x ep 2 checkpoint of step 2 in other layouts: steps 3-4 as uninterrupted.
   struct Layout {
     int np, pp, ep;
   };
-  for (Layout l : {Layout{1, 1, 1}, Layout{4, 4, 1}, Layout{8, 2, 2}}) {
-    const string name = "resume" + std::to_string(l.np) + std::to_string(l.pp) + std::to_string(l.ep);
-    Result copy = moetrain::testing::capture_command("cp -r " + job.dir + "/pipe " + job.dir + "/" + name + " && rm -r " +
-                                                     job.dir + "/" + name + "/checkpoints/step_00000004");
-    REQUIRE(copy.code == 0);
-    Result r = job.train(l.np, l.pp, l.ep, name, "--set ckpt.resume=step_00000002");
-    INFO("np " << l.np << " pp " << l.pp << " ep " << l.ep << "\n" << r.output);
-    REQUIRE(r.code == 0);
-    CHECK(r.output.find("resumed from") != string::npos);
-    const std::vector<double> got = metrics_losses(job.dir + "/" + name);
-    REQUIRE(got.size() >= 2);
-    check_close({got.end() - 2, got.end()}, {want.end() - 2, want.end()});
-  }
+  for (Layout l : {Layout{1, 1, 1}, Layout{4, 4, 1}, Layout{8, 2, 2}})
+    check_resume(job, "pipe", "resume" + std::to_string(l.np) + std::to_string(l.pp) + std::to_string(l.ep), l.np,
+                 l.pp, l.ep, "", want);
 }
 
 TEST_CASE("cli: virtual pipeline stages (train.pp_virtual) equal one process; checkpoints resume across V",
           "[cli][slow]") {
   // 4 layers over pp 2 x V 2: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3 (block 1 opens at layer 3).
   PipelineJob job;
-  Result one = job.train(1, 1, 1, "one");
-  INFO(one.output);
-  REQUIRE(one.code == 0);
+  const Result one = reference_run(job);
   const std::vector<double> want = metrics_losses(job.dir + "/one");
-  REQUIRE(want.size() == 4);
-  const auto val = [](const string& out) { return out.substr(out.rfind("val loss"), 16); };
   for (int ep : {1, 2}) {
     const string name = "virtual" + std::to_string(ep);
     Result r = job.train(2 * ep, 2, ep, name, "--set train.pp_virtual=2");
@@ -107,7 +117,7 @@ TEST_CASE("cli: virtual pipeline stages (train.pp_virtual) equal one process; ch
     REQUIRE(r.code == 0);
     CHECK(r.output.find("layers 0-0, 2-2 and the embedding") != string::npos);
     check_close(metrics_losses(job.dir + "/" + name), want);
-    CHECK(val(r.output) == val(one.output));
+    CHECK(val_loss(r.output) == val_loss(one.output));
   }
   // The pp 2 x V 2 checkpoint of step 2 resumes with V 1, at one process and at pp 4 (one layer a rank);
   // a V 1 checkpoint resumes with V 2.
@@ -118,20 +128,9 @@ TEST_CASE("cli: virtual pipeline stages (train.pp_virtual) equal one process; ch
     int np, pp, V;
   };
   for (const Resume& l : {Resume{"virtual1", 2, 2, 1}, Resume{"virtual1", 1, 1, 1}, Resume{"virtual1", 4, 4, 1},
-                          Resume{"plain", 2, 2, 2}}) {
-    const string name = "resume_" + l.from + std::to_string(l.np) + std::to_string(l.pp) + std::to_string(l.V);
-    Result copy = moetrain::testing::capture_command("cp -r " + job.dir + "/" + l.from + " " + job.dir + "/" + name +
-                                                     " && rm -r " + job.dir + "/" + name + "/checkpoints/step_00000004");
-    REQUIRE(copy.code == 0);
-    Result r = job.train(l.np, l.pp, 1, name, "--set ckpt.resume=step_00000002 --set train.pp_virtual=" +
-                                                  std::to_string(l.V));
-    INFO("from " << l.from << " np " << l.np << " pp " << l.pp << " V " << l.V << "\n" << r.output);
-    REQUIRE(r.code == 0);
-    CHECK(r.output.find("resumed from") != string::npos);
-    const std::vector<double> got = metrics_losses(job.dir + "/" + name);
-    REQUIRE(got.size() >= 2);
-    check_close({got.end() - 2, got.end()}, {want.end() - 2, want.end()});
-  }
+                          Resume{"plain", 2, 2, 2}})
+    check_resume(job, l.from, "resume_" + l.from + std::to_string(l.np) + std::to_string(l.pp) + std::to_string(l.V),
+                 l.np, l.pp, 1, "--set train.pp_virtual=" + std::to_string(l.V), want);
 }
 
 TEST_CASE("cli: train.pp refuses layouts it cannot run, naming the key", "[cli]") {
