@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cublaslt.h"
+#include "core/error.h"
 
 using namespace moetrain;
 using cuda::LtEpilogue;
@@ -128,4 +129,24 @@ TEST_CASE("cuBLASLt GELU check: tells the tanh form from the erf form", "[backen
   nan_y[100] = NAN;
   CHECK(cuda::classify_gelu(x.data(), nan_y.data(), n) == cuda::GeluForm::unknown);
   CHECK(cuda::classify_gelu(x.data(), tanh_y.data(), 0) == cuda::GeluForm::unknown);
+}
+
+TEST_CASE("cuBLASLt switch: MOETRAIN_CUBLASLT_EPILOGUES parses to a mask of epilogues", "[backend][cublaslt]") {
+  auto bit = [](LtEpilogue e) { return 1u << static_cast<int>(e); };
+  CHECK(cuda::parse_lt_epilogues("all") == cuda::kAllLtEpilogues);
+  CHECK(cuda::parse_lt_epilogues("none") == 0u);
+  CHECK(cuda::parse_lt_epilogues("bias") == bit(LtEpilogue::bias));
+  CHECK(cuda::parse_lt_epilogues("dgelu_bgrad,bgrad_a") == (bit(LtEpilogue::dgelu_bgrad) | bit(LtEpilogue::bgrad_a)));
+  CHECK(cuda::parse_lt_epilogues("gelu_aux_bias,bias,dgelu_bgrad,bgrad_a") == cuda::kAllLtEpilogues);
+  for (const char* bad : {"", "gelu", "bias,", ",bias", "bias,,bgrad_a", "ALL"}) {
+    INFO(bad);
+    try {
+      cuda::parse_lt_epilogues(bad);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      CHECK(what.find("MOETRAIN_CUBLASLT_EPILOGUES=") != std::string::npos);
+      CHECK(what.find("is not an epilogue") != std::string::npos);
+    }
+  }
 }

@@ -151,8 +151,6 @@ bool run(const LtGemm& g, int device) {
   MT_CUBLASLT_CHECK(cublasLtMatmul(s.handle, p.desc, &one, g.b, p.layout_a, g.a, p.layout_b, &zero, g.c, p.layout_c,
                                    g.c, p.layout_c, &p.algo, s.workspace, static_cast<size_t>(kWorkspaceBytes),
                                    stream(device)));
-  std::lock_guard<std::mutex> stats_lock(g_stats_mutex);
-  ++g_stats.runs[static_cast<int>(g.epilogue)];
   return true;
 }
 
@@ -204,8 +202,17 @@ GeluForm probe_gelu(int device) {
   return form;
 }
 
-void count_fallback() {
+enum class LtOutcome { ran, unavailable, disabled, refused };
+
+void count(const LtGemm& g, LtOutcome outcome) {
+  const int e = static_cast<int>(g.epilogue);
   std::lock_guard<std::mutex> lock(g_stats_mutex);
+  if (outcome == LtOutcome::ran) {
+    ++g_stats.runs[e];
+    return;
+  }
+  if (outcome == LtOutcome::unavailable) ++g_stats.unavailable[e];
+  if (outcome == LtOutcome::disabled) ++g_stats.disabled[e];
   ++g_stats.fallbacks;
 }
 
@@ -225,9 +232,13 @@ GeluForm lt_gelu_form(int device) {
 }
 
 bool lt_matmul(const LtGemm& g, int device) {
-  const bool ran = (!with_aux(g.epilogue) || lt_gelu_form(device) == GeluForm::tanh) && run(g, device);
-  if (!ran) count_fallback();
-  return ran;
+  LtOutcome outcome = LtOutcome::ran;
+  if ((lt_epilogues_enabled() & (1u << static_cast<int>(g.epilogue))) == 0) outcome = LtOutcome::disabled;
+  else if (!lt_refusal(g).empty()) outcome = LtOutcome::refused;
+  else if (with_aux(g.epilogue) && lt_gelu_form(device) != GeluForm::tanh) outcome = LtOutcome::unavailable;
+  else if (!run(g, device)) outcome = LtOutcome::unavailable;  // no algorithm for this shape (warned once)
+  count(g, outcome);
+  return outcome == LtOutcome::ran;
 }
 
 LtStats lt_stats() {

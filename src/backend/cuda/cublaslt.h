@@ -68,10 +68,23 @@ GeluForm classify_gelu(const double* x, const double* y, int64_t n);
 const char* gelu_form_name(GeluForm f);
 
 // Runs `g` through cublasLtMatmul on `device`'s stream. False, with nothing
-// written, when lt_refusal(g) refuses it, when the epilogue is gelu_aux_bias or
-// dgelu_bgrad and lt_gelu_form(device) is not tanh, or when cuBLASLt's heuristic
-// offers no algorithm: the caller then takes the plain cuBLAS path.
+// written, when the epilogue is switched off (lt_epilogues_enabled), when
+// lt_refusal(g) refuses it, when the epilogue is gelu_aux_bias or dgelu_bgrad and
+// lt_gelu_form(device) is not tanh, or when cuBLASLt's heuristic offers no
+// algorithm (said once per shape): the caller then takes the plain cuBLAS path,
+// whose numbers the tests check as they check the epilogue's.
 bool lt_matmul(const LtGemm& g, int device);
+
+// Which epilogues lt_matmul may use, a bit per LtEpilogue (bit 1 << int(e)): all
+// by default, or what MOETRAIN_CUBLASLT_EPILOGUES says at the first call (a comma
+// list of epilogue names, "all" or "none"; docs/cuda.md). The tests switch them
+// off to check the fallback; users to rule an epilogue out.
+inline constexpr unsigned kAllLtEpilogues = 0xFu;
+unsigned lt_epilogues_enabled();
+void set_lt_epilogues_enabled(unsigned mask);
+// Parses a MOETRAIN_CUBLASLT_EPILOGUES value into a mask; throws Error naming the
+// variable, the bad name and the names it takes (plain C++, cublaslt_rules.cpp).
+unsigned parse_lt_epilogues(const std::string& value);
 
 // The GELU this device's cuBLASLt epilogue computes, probed once per device (a
 // GEMM with GELU_AUX_BIAS on 256 points in [-4, 4], read back to the host) and
@@ -79,10 +92,15 @@ bool lt_matmul(const LtGemm& g, int device);
 // taken only where this says tanh.
 GeluForm lt_gelu_form(int device);
 
-// Calls since the start, for the tests: cuBLASLt matmuls run, by epilogue
-// (indexed by LtEpilogue), and GEMMs that fell back to the plain path.
+// Calls since the start, for the tests, by epilogue (indexed by LtEpilogue):
+// cuBLASLt matmuls run; GEMMs cuBLASLt could not take although the shape was
+// allowed (no algorithm offered, or the GELU is not the tanh form: reported, not
+// a failure); GEMMs of a switched-off epilogue; and every GEMM that fell back to
+// the plain path (these two plus lt_refusal's).
 struct LtStats {
   int64_t runs[4] = {0, 0, 0, 0};
+  int64_t unavailable[4] = {0, 0, 0, 0};
+  int64_t disabled[4] = {0, 0, 0, 0};
   int64_t fallbacks = 0;
 };
 LtStats lt_stats();

@@ -2,14 +2,17 @@
 // without a GPU (tests/backend/cublaslt_test.cpp): which GEMMs cuBLASLt may take,
 // and which GELU a probe's outputs follow.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "backend/cuda/cublaslt.h"
+#include "core/error.h"
 
 namespace moetrain::cuda {
 
@@ -30,6 +33,48 @@ const char* gelu_form_name(GeluForm f) {
     case GeluForm::unknown: return "unknown";
   }
   return "?";
+}
+
+unsigned parse_lt_epilogues(const std::string& value) {
+  if (value == "all") return kAllLtEpilogues;
+  if (value == "none") return 0;
+  unsigned mask = 0;
+  size_t start = 0;
+  while (start <= value.size()) {
+    const size_t comma = std::min(value.find(',', start), value.size());
+    const std::string_view name(value.data() + start, comma - start);
+    bool known = false;
+    for (int e = 0; e < 4; ++e)
+      if (name == lt_epilogue_name(static_cast<LtEpilogue>(e))) {
+        mask |= 1u << e;
+        known = true;
+      }
+    MT_CHECK(known,
+             "MOETRAIN_CUBLASLT_EPILOGUES={}: '{}' is not an epilogue; give a comma list of bias, gelu_aux_bias, "
+             "dgelu_bgrad, bgrad_a, or all, or none",
+             value, name);
+    start = comma + 1;
+  }
+  return mask;
+}
+
+namespace {
+
+// The switch: MOETRAIN_CUBLASLT_EPILOGUES read at the first use.
+std::atomic<unsigned>& enabled_lt_epilogues() {
+  static std::atomic<unsigned> mask{[] {
+    const char* v = std::getenv("MOETRAIN_CUBLASLT_EPILOGUES");
+    return v && *v ? parse_lt_epilogues(v) : kAllLtEpilogues;
+  }()};
+  return mask;
+}
+
+}  // namespace
+
+unsigned lt_epilogues_enabled() { return enabled_lt_epilogues().load(std::memory_order_relaxed); }
+
+void set_lt_epilogues_enabled(unsigned mask) {
+  enabled_lt_epilogues().store(mask & kAllLtEpilogues, std::memory_order_relaxed);
 }
 
 std::string lt_refusal(const LtGemm& g) {
