@@ -125,19 +125,23 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
   d=$(MOETRAIN_NVIDIA_ROOTS=${MOETRAIN_NVIDIA_ROOTS:-/usr/local/nvidia:/usr/lib/x86_64-linux-gnu:/usr/lib64} nvidia_find libcuda.so.1) &&
     libpath=$libpath:$d && echo "libcuda.so.1 (driver): $d" >>"$dev"
 fi
-export LD_LIBRARY_PATH=${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$dev"
+# These folders reach our binaries only: each of our commands runs under
+# `env LD_LIBRARY_PATH=...` ("${ours[@]}"); this script's own tools (timeout, awk,
+# tar, nvidia-smi, cuobjdump) keep the machine's environment.
+our_libs=${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+ours=(env "LD_LIBRARY_PATH=$our_libs")
+echo "LD_LIBRARY_PATH of our binaries: $our_libs" >>"$dev"
 for b in moetrain moetrain_tests moetrain_bench_cuda; do
   [ -x "$bin/$b" ] || setup_fail "$bin/$b is missing"
-  if ldd "$bin/$b" 2>/dev/null | grep -q "not found"; then
-    ldd "$bin/$b" | grep "not found" >>"$dev"
+  if "${ours[@]}" ldd "$bin/$b" 2>/dev/null | grep -q "not found"; then
+    "${ours[@]}" ldd "$bin/$b" | grep "not found" >>"$dev"
     setup_fail "$b: libraries not found (device.txt)"
   fi
 done
 # For the second command (launch/gpu-recheck.sh, on this machine): where the binaries are
 # and how they load; the case record is copied there as each case ends.
 state=${MOETRAIN_GPU_STATE:-/tmp/moetrain-gpu-check}
-mkdir -p "$state" && printf 'bin=%q\nexport LD_LIBRARY_PATH=%q\n' "$bin" "$LD_LIBRARY_PATH" >"$state/env.sh"
+mkdir -p "$state" && printf 'bin=%q\nour_libs=%q\n' "$bin" "$our_libs" >"$state/env.sh"
 echo "binaries: $bin (for launch/gpu-recheck.sh: $state/env.sh)" >>"$dev"
 record setup 0 $(($(date +%s) - s0)) "glibc $have_glibc (needs ${need_glibc:-?}), GLIBCXX $have_cxx (needs ${need_cxx:-?})"
 
@@ -178,7 +182,7 @@ else
     record nvidia-smi "noted:$rc" $(($(date +%s) - s0)) "exit $rc (optional; the tests go on)"; fi
 fi
 echo "# moetrain info" >>"$dev"
-if ! run_step device "${T_DEVICE:-40}" "$dev" "$bin/moetrain" info --require-cuda; then
+if ! run_step device "${T_DEVICE:-40}" "$dev" "${ours[@]}" "$bin/moetrain" info --require-cuda; then
   gpu=0
 else
   gpu=$(grep -o 'built in, [0-9]* device' "$dev" | grep -o '[0-9]*' | tail -1)
@@ -199,7 +203,7 @@ run_tests_cases() {
   if [ "$t_step" -lt 3 ]; then record tests - 0 "budget spent"; return 1; fi
   s0=$(date +%s) end=$(($(date +%s) + t_step))
   echo "== tests (limit $t_step s, one process per case, $(elapsed) s into the budget)"
-  names=$(timeout $((t_step < 30 ? t_step : 30)) "$bin/moetrain_tests" "${TESTS_SPEC:-[cuda]}" --list-test-names-only 2>>"$out/tests.log")
+  names=$(timeout $((t_step < 30 ? t_step : 30)) "${ours[@]}" "$bin/moetrain_tests" "${TESTS_SPEC:-[cuda]}" --list-test-names-only 2>>"$out/tests.log")
   if [ -z "$names" ]; then record tests 1 $(($(date +%s) - s0)) "moetrain_tests listed no case for ${TESTS_SPEC:-[cuda]}"; return 1; fi
   if [ -n "${CASES_FROM:-}" ] && [ -r "$CASES_FROM" ]; then
     # Known cases by their seconds there, ascending; the unknown ones after them, as listed.
@@ -215,7 +219,7 @@ run_tests_cases() {
       cut=$((cut + 1)); continue
     fi
     t=${T_CASE:-60}; [ "$t" -lt "$left" ] || t=$left
-    run_case "$out/cases.tsv" test "$name" "$t" "$out/tests.log" stdbuf -oL -eL "$bin/moetrain_tests" \
+    run_case "$out/cases.tsv" test "$name" "$t" "$out/tests.log" "${ours[@]}" stdbuf -oL -eL "$bin/moetrain_tests" \
       "$(catch_spec "$name")" --durations yes --use-colour no || bad=$((bad + 1))
     cp "$out/cases.tsv" "$state/cases.tsv"  # for gpu-recheck.sh, even if this call is killed
   done <<<"$names"
@@ -231,11 +235,11 @@ run_tests_cases() {
 # "bench"). A bench binary without --list runs whole, in one process, as before.
 run_bench_cases() {
   local t_step s0 end names name left t n=0 bad=0 cut=0 rc
-  local bench=("$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-5}" --out "$out/bench.md" --components "$out/components.md")
+  local bench=("${ours[@]}" "$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-5}" --out "$out/bench.md" --components "$out/components.md")
   t_step=$(limit "${T_BENCH:-160}")
   if [ "$t_step" -lt 3 ]; then record bench - 0 "budget spent"; return 1; fi
   s0=$(date +%s) end=$(($(date +%s) + t_step))
-  if ! names=$(timeout $((t_step < 30 ? t_step : 30)) "$bin/moetrain_bench_cuda" --list 2>/dev/null) || [ -z "$names" ]; then
+  if ! names=$(timeout $((t_step < 30 ? t_step : 30)) "${ours[@]}" "$bin/moetrain_bench_cuda" --list 2>/dev/null) || [ -z "$names" ]; then
     run_step bench "$((end - $(date +%s)))" "$out/gpu-check.log" "${bench[@]}"
     return
   fi
@@ -262,10 +266,12 @@ if [ "${gpu:-0}" -gt 0 ]; then
   run_bench_cases
   ngpu=$(grep -o 'built in, [0-9]* device' "$dev" | grep -o '[0-9]*' | tail -1)
   if [ "${ngpu:-1}" -gt 1 ]; then
-    if command -v mpirun >/dev/null; then
+    if [ ! -e "$bin/libmoetrain_mpi.so" ]; then
+      record tests_mpi - 0 "$ngpu GPUs, but the bundle is for one GPU: it carries no MPI (docs/distributed.md); build here for [cuda][mpi]"
+    elif command -v mpirun >/dev/null; then
       echo "== tests_mpi: moetrain_tests [cuda][mpi] on $ngpu ranks" >>"$out/tests.log"
       run_step tests_mpi "${T_TESTS_MPI:-120}" "$out/tests.log" mpirun --allow-run-as-root --oversubscribe \
-        -np "$ngpu" -x OMP_NUM_THREADS=1 -x LD_LIBRARY_PATH "$bin/moetrain_tests" "[cuda][mpi]"
+        -np "$ngpu" -x OMP_NUM_THREADS=1 -x "LD_LIBRARY_PATH=$our_libs" "$bin/moetrain_tests" "[cuda][mpi]"
     else
       record tests_mpi - 0 "$ngpu GPUs but no mpirun on this machine (the bundle carries no MPI launcher)"
     fi

@@ -14,8 +14,9 @@
 #                (memcheck, racecheck, plain), status (ok, failed, timeout, crashed,
 #                skipped), exit code, seconds, note (sanitizer errors: exit 86)
 #   recheck.log  the reruns' output (the sanitizers' reports) and this script's
-# The binaries and LD_LIBRARY_PATH come from gpu-check.sh's env.sh in MOETRAIN_GPU_STATE
-# (or MOETRAIN_BIN_DIR). Exits 0 when every rerun passed, 1 otherwise, 2 when there is no
+# The binaries and their library path come from gpu-check.sh's env.sh in MOETRAIN_GPU_STATE
+# (or MOETRAIN_BIN_DIR, with the caller's LD_LIBRARY_PATH); the path is given to the reruns
+# only (with compute-sanitizer, which passes it to the binary it starts), not to this script. Exits 0 when every rerun passed, 1 otherwise, 2 when there is no
 # record or no binaries (run launch/gpu-check.sh first).
 #
 # Knobs (environment): RECHECK_BUDGET total seconds (520: a 540 s call); T_SANITIZE one
@@ -50,6 +51,7 @@ else
   die "no $state/env.sh (written by launch/gpu-check.sh on this machine) and no MOETRAIN_BIN_DIR"
 fi
 for b in moetrain_tests moetrain_bench_cuda; do [ -x "$bin/$b" ] || die "$bin/$b is missing"; done
+ours=(env "LD_LIBRARY_PATH=${our_libs-${LD_LIBRARY_PATH:-}}")
 
 sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 if [ -x "$sanitizer" ] || command -v "$sanitizer" >/dev/null 2>&1; then
@@ -80,6 +82,7 @@ rerun() {
   if [ "$kind" = bench ]; then cmd=("$bin/moetrain_bench_cuda" --steps "${BENCH_STEPS:-1}" --case "$name")
   else cmd=("$bin/moetrain_tests" "$(catch_spec "$name")" --use-colour no); fi
   [ "$tool" = plain ] || cmd=("$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "${cmd[@]}")
+  cmd=("${ours[@]}" "${cmd[@]}")
   # run_case's record (kind name status rc seconds note) with the tool put in after the name.
   tmp=$(mktemp)
   run_case "$tmp" "$kind" "$name" "$t" "$out/recheck.log" "${cmd[@]}"

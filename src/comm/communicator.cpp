@@ -213,14 +213,18 @@ bool launched_with_mpi() {
 }
 
 Communicator& world() {
-  static const std::unique_ptr<Communicator> instance = use_mpi() ? detail::mpi_world() : single_process();
+  static const std::unique_ptr<Communicator> instance =
+      use_mpi() ? detail::load_mpi_plugin().world() : single_process();
   return *instance;
 }
 
-bool mpi_active() { return detail::mpi_active(); }
+bool mpi_active() {
+  const detail::MpiPlugin* mpi = detail::loaded_mpi_plugin();
+  return mpi && mpi->active();
+}
 
 void abort_job(int exit_code) {
-  if (detail::mpi_active()) detail::mpi_abort(exit_code);
+  if (const detail::MpiPlugin* mpi = detail::loaded_mpi_plugin(); mpi && mpi->active()) mpi->abort(exit_code);
   std::exit(exit_code);
 }
 

@@ -481,11 +481,8 @@ MpiPendingP2P::~MpiPendingP2P() {
   }
 }
 
-}  // namespace
-
-namespace detail {
-
-std::unique_ptr<Communicator> mpi_world() {
+// The plugin's three entry points (comm/mpi_world.h).
+std::unique_ptr<Communicator> plugin_world() {
   static std::once_flag once;
   std::call_once(once, [] {
     int initialized = 0, finalized = 0;
@@ -516,13 +513,21 @@ std::unique_ptr<Communicator> mpi_world() {
   return std::make_unique<MpiCommunicator>(dup, "world");
 }
 
-bool mpi_active() { return initialized_and_not_finalized(); }
+bool plugin_active() { return initialized_and_not_finalized(); }
 
-void mpi_abort(int exit_code) {
+void plugin_abort(int exit_code) {
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; in case it does
 }
 
-}  // namespace detail
+const detail::MpiPlugin kPlugin{detail::kMpiPluginAbi, sizeof(Communicator), plugin_world, plugin_active,
+                                plugin_abort};
+
+}  // namespace
 
 }  // namespace moetrain::comm
+
+// The entry point communicator.cpp looks up with dlsym (comm/mpi_world.h).
+extern "C" __attribute__((visibility("default"))) const moetrain::comm::detail::MpiPlugin* moetrain_mpi_plugin() {
+  return &moetrain::comm::kPlugin;
+}

@@ -29,6 +29,14 @@ MOETRAIN_BUNDLE_PARTIAL=1 "$repo/launch/gpu-bundle.sh" --dir "$build" "$root/bun
 cat "$root/bundle/manifest.txt"
 nvidia_libs=$(sed -n 's/^nvidia_libs=//p' "$root/bundle/manifest.txt")
 [ -n "$nvidia_libs" ] || fail "the manifest names no NVIDIA libraries"
+# One GPU, no MPI: Open MPI and NCCL live in the MPI plugin (docs/distributed.md), which the
+# bundle leaves out, so nothing in it needs more than glibc 2.34 (Ubuntu 22.04, EL9).
+glibc_needed=$(sed -n 's/^glibc_needed=//p' "$root/bundle/manifest.txt")
+[ "$(printf '%s\n2.34\n' "$glibc_needed" | sort -V | tail -1)" = 2.34 ] ||
+  fail "the bundle needs glibc $glibc_needed, above the 2.34 floor: $(grep " glibc=$glibc_needed " "$root/bundle/needs.txt" | head -5)"
+mpi_libs=$(ls "$root/bundle/lib" "$root/bundle/bin" | grep -E '^(libmpi|libopen-|libevent|libhwloc|libnccl|libmoetrain_mpi)' || true)
+[ -z "$mpi_libs" ] || fail "the one-GPU bundle carries MPI or NCCL: $mpi_libs"
+case " $nvidia_libs " in *" libnccl"*) fail "the binaries load NCCL themselves: $nvidia_libs" ;; esac
 
 # Link, or copy across file systems.
 put() { mkdir -p "$(dirname "$2")"; ln -f "$1" "$2" 2>/dev/null || cp "$1" "$2"; }
