@@ -176,3 +176,45 @@ TEST_CASE("cli: bf16 on the CPU with train.pp 2 follows one process", "[cli][slo
   check_follows(metrics_losses(job.dir + "/hv"), metrics_losses(job.dir + "/h1"), kLayoutVsOne);
   check_follows(metrics_losses(job.dir + "/hp"), metrics_losses(job.dir + "/h1"), kLayoutVsOne);
 }
+
+// Expert parallelism in bf16: the tokens' activations cross the all-to-all in bf16 and
+// the experts' shards keep f32 masters; at train.ep 2 (and with train.zero 1 on top)
+// the hybrid follows the one-process bf16 run at the same global batch.
+TEST_CASE("cli: bf16 on the CPU with train.ep 2 follows one process", "[cli][slow]") {
+  Bf16Job job;
+  const int steps = 6;
+  Result one = job.run(1, job.hybrid("h1", steps) + " --set train.dtype=bf16 --set train.grad_accum=2");
+  INFO(one.output);
+  REQUIRE(one.code == 0);
+  for (const string zero : {"0", "1"}) {
+    const string name = "he" + zero;
+    Result ep = job.run(2, job.hybrid(name, steps) + " --set train.dtype=bf16 --set train.ep=2 --set train.zero=" + zero);
+    INFO("train.zero " << zero << "\n" << ep.output);
+    REQUIRE(ep.code == 0);
+    CHECK(ep.output.find("mixed precision: bf16 parameters and activations") != string::npos);
+    check_follows(metrics_losses(job.dir + "/" + name), metrics_losses(job.dir + "/h1"), kLayoutVsOne);
+  }
+}
+
+// Every shipped config that fits one process trains in bf16 (2 steps, finite losses);
+// kimi-k3, k3-scaled and k3-scaled-lite are billions of parameters (their layouts are
+// the ledger's), k3-base is an include.
+TEST_CASE("cli: train.dtype bf16 trains every shipped config that fits one process on the CPU", "[cli][slow]") {
+  Bf16Job job;
+  for (const string config : {"gpt2-shakespeare", "gpt2-small", "k3-tiny", "k3-small", "k3-shakespeare",
+                              "k3-shakespeare-bpe", "k3-topology-mini"}) {
+    const string run = job.dir + "/" + config;
+    const Result r = job.run(
+        1, "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/" + config + ".yaml --set data.train=" + job.dir +
+               "/data/train_*.bin --set data.val= --set data.tokenizer=byte --set model.vocab_size=256 "
+               "--set train.max_steps=2 --set train.warmup_steps=1 --set train.batch_size=1 --set train.seq_len=16 "
+               "--set train.eval_every=0 --set train.sample_every=0 --set train.threads=1 --set train.ep=1 "
+               "--set train.dtype=bf16 --set run.dir=" + run);
+    INFO(config << "\n" << r.output);
+    REQUIRE(r.code == 0);
+    CHECK(r.output.find("mixed precision: bf16 parameters and activations") != string::npos);
+    const std::vector<double> losses = metrics_losses(run);
+    REQUIRE(losses.size() == 2);
+    for (double l : losses) CHECK(std::isfinite(l));
+  }
+}
