@@ -46,7 +46,9 @@ if [ -z "$cuobjdump" ]; then
              "nvidia-cuda-cuobjdump==13.2.86" "nvidia-cuda-nvdisasm==13.2.86" >>"$log" 2>&1; }; then
       # Unreachable: pip's connection warnings (shown without -q), or an index that
       # lists no version at all of a package PyPI has (retries off hide the warnings).
-      if grep -qiE "NewConnectionError|Max retries exceeded|Temporary failure in name resolution|Network is unreachable|Connection refused|ProxyError|ConnectTimeout|ReadTimeout|timed out|\(from versions: none\)" "$log"; then
+      unreachable="NewConnectionError|Max retries exceeded|Temporary failure in name resolution|Network is unreachable"
+      unreachable+="|Connection refused|ProxyError|ConnectTimeout|ReadTimeout|timed out|\\(from versions: none\\)"
+      if grep -qiE "$unreachable" "$log"; then
         echo "************************************************************************" >&2
         echo "sass_check: SKIPPED - PyPI cannot be reached, so cuobjdump (nvidia-cuda-cuobjdump)" >&2
         echo "could not be installed into $venv (log: $log). The attention kernels' SASS is NOT" >&2
