@@ -1,8 +1,9 @@
 // The tensor-core attention bodies (ops/attention/attention_tc.h), run on the host block by
-// block (HostBlock, HostMma standing in for the tensor cores: bf16 operands, f32
-// sums) against the CPU attention kernels on the same bf16-rounded inputs. This
-// runs on every machine: what a GPU run of attention_tc_cuda.cu adds is the
-// launch, wmma's fragment handling and the hardware's summation order, checked by
+// block (HostBlock, HostMma standing in for the tensor cores: the bodies' lane maps
+// fed to a model of ldmatrix and mma.m16n8k16, bf16 operands, f32 sums) against the
+// CPU attention kernels on the same bf16-rounded inputs. This runs on every
+// machine: what a GPU run of attention_tc_cuda.cu adds is the launch, the hardware
+// itself (the model is PTX's documentation) and its summation order, checked by
 // the bf16 [cuda] cases in attention_test.cpp and the one here that sets the
 // register path against the shared one. Both accumulator paths
 // (simt::TcAccumulators) run here; the register path must give the shared
