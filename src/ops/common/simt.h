@@ -27,7 +27,7 @@
 // synchronisation).
 //   blk.warp_sync()   orders the warp's shared-memory accesses before it against
 //                     those after it (__syncwarp on the GPU, nothing on the host):
-//                     between a warp-collective store (wmma's store_matrix_sync)
+//                     between a warp-collective store (an accumulator tile's store_acc)
 //                     and lanes() that read what it stored.
 // State a warp keeps across phases (attention_tc.h's accumulator fragments):
 //   typename Blk::template PerWarp<X> st(blk);  st.at(w) is warp w's X.
