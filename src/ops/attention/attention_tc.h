@@ -1,17 +1,20 @@
 // Causal attention on tensor cores, for bf16 (FlashAttention-2's tiling): the
 // bodies of the kernels in attention_tc_cuda.cu, written once for the GPU and
 // the host (ops/common/simt.h). Scores, probabilities and gradients are products of
-// 16x16x16 tiles: bf16 operands, f32 accumulation (wmma on the GPU, HostMma
-// on the host: the same operands, rounded to bf16 the same way, summed in
-// f32), so tests/ops/attention/attention_tc_test.cpp runs these very bodies on the CPU
-// against the CPU attention kernels.
+// 16x16x16 tiles: bf16 operands, f32 accumulation (ldmatrix and mma.sync on
+// the GPU, HostMma on the host: the same lane maps fed to a model of those
+// instructions, the same operands rounded to bf16 the same way, summed in f32),
+// so tests/ops/attention/attention_tc_test.cpp runs these very bodies on the CPU
+// against the CPU attention kernels. Operands are staged into shared memory by
+// 16-byte asynchronous copies (cp.async; element by element where a tensor is
+// not 16-byte aligned).
 //
 // A block of 4 warps takes a tile of 64 query rows (forward, dQ) or 64 keys
 // (dK/dV); warp w owns rows (keys) 16w..16w+15 of it. Per tile of the other
 // side, in phases:
-//   forward: S = Q Kᵀ (warps) -> online softmax, P in bf16, O's rows rescaled
-//            by warp w's lanes (shared path) or their factors written to the
-//            warp's factor tile (register path) -> O (rescaled) += P V (warps)
+//   forward: S = Q Kᵀ (warps) -> online softmax of warp w's 16 rows at once,
+//            two lanes a row: P in bf16 and the rows' factors alpha ->
+//            O (rows times alpha) += P V (warps)
 //   dK, dV:  Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (warps) -> Pᵀ = e^{scale Sᵀ - lse},
 //            dSᵀ = Pᵀ (dPᵀ - delta) in bf16 (every thread, elementwise) ->
 //            dV += Pᵀ dO, dK += dSᵀ Q (warps)
@@ -22,13 +25,10 @@
 // Accumulators (O, dK, dV, dQ) live in one of two places (TcAccumulators):
 //   registers: a body instantiated for its head dims (DK, DV template
 //     arguments, the pairs of tc_register_dims) keeps warp w's 16 rows of each
-//     accumulator in wmma fragments across the whole loop (Blk::PerWarp,
-//     simt.h), indexed only in unrolled loops. The forward's online softmax
-//     rescales O's rows through a fragment of the same type: warp w writes its
-//     16 row factors alpha_i into its own 16x16 f32 tile (row i = alpha_i in
-//     every column), loads it as an accumulator and multiplies elementwise
-//     (M::mul), since two fragments of one type map their elements to (row,
-//     col) alike, whatever that map is. At the end each warp stores its
+//     accumulator in mma accumulator registers across the whole loop
+//     (Blk::PerWarp, simt.h), indexed only in unrolled loops. The forward's
+//     online softmax rescales O's rows in the registers (M::scale_rows: each
+//     register's row is tc_acc_cell's, PTX's documented layout). At the end each warp stores its
 //     fragments through its own rows of S (free by then) and its lanes write
 //     them to global memory.
 //   shared: every other shape (DK = DV = 0): f32 arrays in shared memory that
@@ -67,93 +67,241 @@ inline constexpr int kTcMaxDim = 256;
 // (f32) modulo 32, so 8 consecutive bf16 rows start in the 8 different groups of
 // 4 banks (4 f32 rows in the 4 groups of 8): the rows a tile access reads
 // together fall on different banks. dim + 8 is still a multiple of 8 elements
-// (wmma's ldm) and every tile 32-byte aligned. kTcPad = 0 gives the unpadded
+// (ldmatrix's 16-byte rows, cp.async's 16-byte copies) and every tile 32-byte aligned. kTcPad = 0 gives the unpadded
 // layout, which the bank tests compare with.
 inline constexpr int kTcPad = 8;
 
-// The host's tensor core: D += A B on 16x16 tiles of operands already rounded
-// to bf16 (held as float), products and sums in f32 in k order.
+// The tile products: 16x16x16, bf16 operands in shared memory, f32
+// accumulators in registers, as two PTX mma.m16n8k16 (the left and right 8
+// columns of the tile) on operands loaded by ldmatrix.x4 (docs/cuda.md,
+// "Attention on tensor cores"). The body side of the seam is below: which row
+// of shared memory each lane hands ldmatrix (tc_ldsm_*) and which (row, col)
+// each accumulator register holds (tc_acc_cell). DeviceMma feeds these to the
+// hardware; HostMma feeds them to a model of the hardware written from the PTX
+// ISA's fragment tables, so the host tests check the lane maps, not only the
+// arithmetic.
+struct TcRC {
+  int row, col;
+};
+// ldmatrix.x4 loads four 8x8 bf16 matrices; lane l gives the address of row l % 8
+// of matrix l / 8 (16 bytes), and register m of every lane receives matrix m.
+// A (row-major, (i, k) at p[i * ld + k]): matrices (rows i, columns k) 0-7/0-7,
+// 8-15/0-7, 0-7/8-15, 8-15/8-15 = mma's a0..a3.
+MT_HOST_DEVICE inline TcRC tc_ldsm_a(int lane) { return {lane % 16, 8 * (lane / 16)}; }
+// B given as Bᵀ ((k, j) at p[j * ld + k]), loaded as stored: matrices (rows j,
+// columns k) 0-7/0-7, 0-7/8-15, 8-15/0-7, 8-15/8-15 = b0, b1 of the left 8
+// columns, then b0, b1 of the right 8.
+MT_HOST_DEVICE inline TcRC tc_ldsm_bt(int lane) {
+  const int m = lane / 8;
+  return {lane % 8 + 8 * (m / 2), 8 * (m % 2)};
+}
+// B row-major ((k, j) at p[k * ld + j]), loaded transposed (.trans): matrices
+// (rows k, columns j) 0-7/0-7, 8-15/0-7, 0-7/8-15, 8-15/8-15, the same registers.
+MT_HOST_DEVICE inline TcRC tc_ldsm_b(int lane) {
+  const int m = lane / 8;
+  return {lane % 8 + 8 * (m % 2), 8 * (m / 2)};
+}
+// Accumulator register e (0..7) of lane l: e / 4 picks the left or right 8
+// columns, e % 4 is mma's c0..c3 there (c0, c1 on row l / 4, c2, c3 eight rows below).
+MT_HOST_DEVICE inline TcRC tc_acc_cell(int lane, int e) {
+  return {lane / 4 + 8 * ((e / 2) % 2), 8 * (e / 4) + 2 * (lane % 4) + e % 2};
+}
+inline constexpr int kTcAccRegs = 8;  // f32 registers of a lane in one 16x16 accumulator
+
+// The host's tensor core, lane by lane: a tile is what each of the 32 lanes
+// holds (operands already rounded to bf16, held as float); the products are in
+// f32 in k order (the GPU's order inside a tile is its own).
 struct HostMma {
   using E = float;  // an operand in shared memory
   struct Tile {
-    float x[16][16];
+    float v[32][8];  // lane's registers 0..3, two bf16 each: v[lane][2 * reg + half]
   };
-  using TileA = Tile;   // A, row-major: (i, k) at p[i * ld + k]
-  using TileBt = Tile;  // B given as Bᵀ row-major: (k, j) at p[j * ld + k]
-  using TileB = Tile;   // B, row-major: (k, j) at p[k * ld + j]
-  using Acc = Tile;     // f32, row-major
+  using TileA = Tile;
+  using TileBt = Tile;
+  using TileB = Tile;
+  struct Acc {
+    float v[32][kTcAccRegs];
+  };
 
   static E operand(float f) { return moetrain::bf16::from_float(f).to_float(); }
-  static void load_a(TileA& t, const E* p, int ld) {
-    for (int i = 0; i < 16; ++i)
-      for (int k = 0; k < 16; ++k) t.x[i][k] = p[i * ld + k];
+  // ldmatrix.x4 (PTX ISA, "ldmatrix"): rows[8m + r] is row r of matrix m; lane t
+  // receives row t / 4, elements 2(t % 4) and +1 of each matrix (with .trans,
+  // column t / 4, rows 2(t % 4) and +1).
+  static void ldmatrix(Tile& t, const float* const* rows, bool trans) {
+    for (int m = 0; m < 4; ++m)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int h = 0; h < 2; ++h)
+          t.v[lane][2 * m + h] =
+              trans ? rows[8 * m + 2 * (lane % 4) + h][lane / 4] : rows[8 * m + lane / 4][2 * (lane % 4) + h];
   }
-  static void load_bt(TileBt& t, const E* p, int ld) {
-    for (int k = 0; k < 16; ++k)
-      for (int j = 0; j < 16; ++j) t.x[k][j] = p[j * ld + k];
+  template <class Map>
+  static void load(Tile& t, const E* p, int ld, Map map, bool trans) {
+    const float* rows[32];
+    for (int lane = 0; lane < 32; ++lane) {
+      const TcRC c = map(lane);
+      rows[lane] = p + c.row * ld + c.col;
+    }
+    ldmatrix(t, rows, trans);
   }
-  static void load_b(TileB& t, const E* p, int ld) {
-    for (int k = 0; k < 16; ++k)
-      for (int j = 0; j < 16; ++j) t.x[k][j] = p[k * ld + j];
-  }
+  static void load_a(TileA& t, const E* p, int ld) { load(t, p, ld, tc_ldsm_a, false); }
+  static void load_bt(TileBt& t, const E* p, int ld) { load(t, p, ld, tc_ldsm_bt, false); }
+  static void load_b(TileB& t, const E* p, int ld) { load(t, p, ld, tc_ldsm_b, true); }
   static void zero(Acc& t) {
-    for (auto& row : t.x)
-      for (float& v : row) v = 0.0f;
+    for (auto& lane : t.v)
+      for (float& x : lane) x = 0.0f;
   }
   static void load_acc(Acc& t, const float* p, int ld) {
-    for (int i = 0; i < 16; ++i)
-      for (int j = 0; j < 16; ++j) t.x[i][j] = p[i * ld + j];
-  }
-  static void store_acc(float* p, const Acc& t, int ld) {
-    for (int i = 0; i < 16; ++i)
-      for (int j = 0; j < 16; ++j) p[i * ld + j] = t.x[i][j];
-  }
-  // d *= s elementwise (the forward's row rescale: s holds a row's factor in
-  // every column).
-  static void mul(Acc& d, const Acc& s) {
-    for (int i = 0; i < 16; ++i)
-      for (int j = 0; j < 16; ++j) d.x[i][j] *= s.x[i][j];
-  }
-  static void mma(Acc& d, const Tile& a, const Tile& b) {
-    for (int i = 0; i < 16; ++i)
-      for (int j = 0; j < 16; ++j) {
-        float s = d.x[i][j];
-        for (int k = 0; k < 16; ++k) s += a.x[i][k] * b.x[k][j];
-        d.x[i][j] = s;
+    for (int lane = 0; lane < 32; ++lane)
+      for (int e = 0; e < kTcAccRegs; ++e) {
+        const TcRC c = tc_acc_cell(lane, e);
+        t.v[lane][e] = p[c.row * ld + c.col];
       }
   }
+  static void store_acc(float* p, const Acc& t, int ld) {
+    for (int lane = 0; lane < 32; ++lane)
+      for (int e = 0; e < kTcAccRegs; ++e) {
+        const TcRC c = tc_acc_cell(lane, e);
+        p[c.row * ld + c.col] = t.v[lane][e];
+      }
+  }
+  // Row r of the tile times f[r] (the forward's online-softmax rescale).
+  static void scale_rows(Acc& d, const float* f) {
+    for (int lane = 0; lane < 32; ++lane)
+      for (int e = 0; e < kTcAccRegs; ++e) d.v[lane][e] *= f[tc_acc_cell(lane, e).row];
+  }
+  // D += A B as two mma.m16n8k16.row.col (PTX ISA, "Matrix Fragments for
+  // mma.m16n8k16", written here apart from the lane maps above): with g = lane / 4,
+  // c = lane % 4, A's register r holds (g + 8(r % 2), 2c + 8(r / 2)) and the next
+  // column; B's b0 (k = 2c, 2c + 1; n = g) and b1 (k + 8) of the n-th 8 columns
+  // are registers 2n and 2n + 1; C's c0, c1 (g, 2c and + 1) and c2, c3 (g + 8).
+  static void mma(Acc& d, const Tile& a, const Tile& b) {
+    float A[16][16], B[16][16], C[16][16];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, c = lane % 4;
+      for (int r = 0; r < 4; ++r)
+        for (int h = 0; h < 2; ++h) A[g + 8 * (r % 2)][2 * c + h + 8 * (r / 2)] = a.v[lane][2 * r + h];
+      for (int n = 0; n < 2; ++n) {
+        for (int r = 0; r < 2; ++r)
+          for (int h = 0; h < 2; ++h) B[2 * c + h + 8 * r][g + 8 * n] = b.v[lane][2 * (2 * n + r) + h];
+        for (int i = 0; i < 4; ++i) C[g + 8 * (i / 2)][8 * n + 2 * c + i % 2] = d.v[lane][4 * n + i];
+      }
+    }
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j) {
+        float s = C[i][j];
+        for (int k = 0; k < 16; ++k) s += A[i][k] * B[k][j];
+        C[i][j] = s;
+      }
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, c = lane % 4;
+      for (int n = 0; n < 2; ++n)
+        for (int i = 0; i < 4; ++i) d.v[lane][4 * n + i] = C[g + 8 * (i / 2)][8 * n + 2 * c + i % 2];
+    }
+  }
+  // Staging: 8 consecutive elements (one 16-byte asynchronous copy on the GPU).
+  template <class T>
+  static void copy8(E* dst, const T* src) {
+    for (int i = 0; i < 8; ++i) dst[i] = src[i].to_float();
+  }
+  static void zero8(E* dst) {
+    for (int i = 0; i < 8; ++i) dst[i] = 0.0f;
+  }
+  static void copy_wait() {}
 };
 
 inline float widen(moetrain::bf16 x) { return x.to_float(); }
 inline void narrow(moetrain::bf16& dst, float f) { dst = moetrain::bf16::from_float(f); }
 
 #if defined(__CUDACC__)
-// The GPU's: wmma 16x16x16 bf16 -> f32 (sm_80 and later). Warp-collective.
+// The GPU's (sm_80 and later): ldmatrix from shared memory (addresses in the
+// .shared window, __cvta_generic_to_shared, so they compile to LDSM), mma.sync
+// (HMMA.16816.F32.BF16), 8-byte accumulator loads and stores, cp.async staging.
+// Warp-collective; rows 16-byte aligned (row strides multiples of 8 elements).
 struct DeviceMma {
   using E = __nv_bfloat16;
-  using TileA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, E, nvcuda::wmma::row_major>;
-  using TileBt = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, E, nvcuda::wmma::col_major>;
-  using TileB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, E, nvcuda::wmma::row_major>;
-  using Acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+  struct Tile {
+    uint32_t r[4];
+  };
+  using TileA = Tile;
+  using TileBt = Tile;
+  using TileB = Tile;
+  struct Acc {
+    float x[kTcAccRegs];
+  };
 
+  __device__ static int lane() { return static_cast<int>(threadIdx.x & 31); }
+  __device__ static uint32_t shared_address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  }
   __device__ static E operand(float f) { return __float2bfloat16_rn(f); }
-  __device__ static void load_a(TileA& t, const E* p, int ld) { nvcuda::wmma::load_matrix_sync(t, p, ld); }
-  __device__ static void load_bt(TileBt& t, const E* p, int ld) { nvcuda::wmma::load_matrix_sync(t, p, ld); }
-  __device__ static void load_b(TileB& t, const E* p, int ld) { nvcuda::wmma::load_matrix_sync(t, p, ld); }
-  __device__ static void zero(Acc& t) { nvcuda::wmma::fill_fragment(t, 0.0f); }
+  __device__ static void ldmatrix(Tile& t, const E* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(t.r[0]), "=r"(t.r[1]), "=r"(t.r[2]), "=r"(t.r[3])
+                 : "r"(shared_address(row)));
+  }
+  __device__ static void ldmatrix_trans(Tile& t, const E* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(t.r[0]), "=r"(t.r[1]), "=r"(t.r[2]), "=r"(t.r[3])
+                 : "r"(shared_address(row)));
+  }
+  __device__ static void load_a(TileA& t, const E* p, int ld) {
+    const TcRC c = tc_ldsm_a(lane());
+    ldmatrix(t, p + c.row * ld + c.col);
+  }
+  __device__ static void load_bt(TileBt& t, const E* p, int ld) {
+    const TcRC c = tc_ldsm_bt(lane());
+    ldmatrix(t, p + c.row * ld + c.col);
+  }
+  __device__ static void load_b(TileB& t, const E* p, int ld) {
+    const TcRC c = tc_ldsm_b(lane());
+    ldmatrix_trans(t, p + c.row * ld + c.col);
+  }
+  __device__ static void zero(Acc& t) {
+#pragma unroll
+    for (int e = 0; e < kTcAccRegs; ++e) t.x[e] = 0.0f;
+  }
+  // Registers e and e + 1 are two adjacent columns: one 8-byte access.
   __device__ static void load_acc(Acc& t, const float* p, int ld) {
-    nvcuda::wmma::load_matrix_sync(t, p, ld, nvcuda::wmma::mem_row_major);
+#pragma unroll
+    for (int e = 0; e < kTcAccRegs; e += 2) {
+      const TcRC c = tc_acc_cell(lane(), e);
+      const float2 x = *reinterpret_cast<const float2*>(p + c.row * ld + c.col);
+      t.x[e] = x.x;
+      t.x[e + 1] = x.y;
+    }
   }
   __device__ static void store_acc(float* p, const Acc& t, int ld) {
-    nvcuda::wmma::store_matrix_sync(p, t, ld, nvcuda::wmma::mem_row_major);
-  }
-  __device__ static void mul(Acc& d, const Acc& s) {
 #pragma unroll
-    for (int i = 0; i < d.num_elements; ++i) d.x[i] *= s.x[i];
+    for (int e = 0; e < kTcAccRegs; e += 2) {
+      const TcRC c = tc_acc_cell(lane(), e);
+      *reinterpret_cast<float2*>(p + c.row * ld + c.col) = make_float2(t.x[e], t.x[e + 1]);
+    }
   }
-  template <class B>
-  __device__ static void mma(Acc& d, const TileA& a, const B& b) {
-    nvcuda::wmma::mma_sync(d, a, b, d);
+  __device__ static void scale_rows(Acc& d, const float* f) {
+#pragma unroll
+    for (int e = 0; e < kTcAccRegs; ++e) d.x[e] *= f[tc_acc_cell(lane(), e).row];
+  }
+  __device__ static void mma(Acc& d, const Tile& a, const Tile& b) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      float* c = d.x + 4 * n;
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+          "{%0, %1, %2, %3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2 * n]), "r"(b.r[2 * n + 1]));
+    }
+  }
+  // 16 bytes global -> shared without passing through registers (cp.async.cg:
+  // cached in L2 only); copy_wait() waits for this thread's copies.
+  __device__ static void copy8(E* dst, const __nv_bfloat16* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)),
+                 "l"(__cvta_generic_to_global(src)));
+  }
+  __device__ static void zero8(E* dst) { *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0); }
+  __device__ static void copy_wait() {
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
   }
 };
 
@@ -200,19 +348,19 @@ enum class TcAccumulators { shared, registers };
 
 // Row strides (elements) of the shared arrays: ld_k for rows of Dk (Q, K, dQ,
 // dK), ld_v for rows of Dv (V, dO, O, dV), ld_t for rows of a tile (S, P, dP,
-// dS), ld_a for the forward's row factors (16 columns).
+// dS).
 struct TcStrides {
-  int ld_k, ld_v, ld_t, ld_a;
-  MT_HOST_DEVICE TcStrides(int Dk, int Dv, int pad)
-      : ld_k(Dk + pad), ld_v(Dv + pad), ld_t(kTcTile + pad), ld_a(16 + pad) {}
+  int ld_k, ld_v, ld_t;
+  MT_HOST_DEVICE TcStrides(int Dk, int Dv, int pad) : ld_k(Dk + pad), ld_v(Dv + pad), ld_t(kTcTile + pad) {}
 };
 
-// O: the shared accumulator (shared path only); alpha: the register path's
-// row factors, [kTcTile][16] (warp w's tile is rows 16w..16w+15).
+// O: the shared accumulator (shared path only). Per row of the tile: m and l,
+// the online softmax's max and sum; mx, the max over this key tile too;
+// alpha, the factor e^{m - mx} that rescales O's row before P V is added.
 template <class E>
 struct TcForwardSmem : TcStrides {
   E *Q, *K, *V, *P;
-  float *S, *O, *alpha, *m, *l;
+  float *S, *O, *alpha, *mx, *m, *l;
   size_t bytes;
   MT_HOST_DEVICE TcForwardSmem(unsigned char* base, int Dk, int Dv, TcAccumulators acc, int pad = kTcPad)
       : TcStrides(Dk, Dv, pad) {
@@ -224,7 +372,8 @@ struct TcForwardSmem : TcStrides {
     P = c.take<E>(kTcTile * ld_t);
     S = c.take<float>(kTcTile * ld_t);
     O = shared ? c.take<float>(kTcTile * ld_v) : nullptr;
-    alpha = shared ? nullptr : c.take<float>(kTcTile * ld_a);
+    alpha = c.take<float>(kTcTile);
+    mx = c.take<float>(kTcTile);
     m = c.take<float>(kTcTile);
     l = c.take<float>(kTcTile);
     bytes = c.used;
@@ -291,26 +440,63 @@ struct TcFrags<M, 0> {};  // the shared path: its accumulators are in shared mem
 
 // The row phases use every thread of the block, and a warp's lanes touch
 // consecutive elements of a row (docs/cuda.md, "Attention on tensor cores"):
-//   elementwise phases (staging, zeroing, P and dS in the backward, the stores):
+//   elementwise phases (zeroing, P and dS in the backward, the stores):
 //     thread tid takes elements e = tid, tid + threads, ... of a [kTcTile][dim]
 //     tile, cell tc_cell(e, dim);
-//   the forward's softmax: warp w walks its own rows 16w..16w+15 one at a time,
-//     lane taking columns tc_lane_col(lane, j), j < kTcTile / 32; the row's max and
-//     sum are warp_max/warp_sum (simt.h).
+//   staging: thread tid takes 8-element chunks e = tid, tid + threads, ... of
+//     a [kTcTile][dim] tile, cell tc_chunk(e, dim) (one 16-byte copy each);
+//   the forward's softmax: warp w's 16 rows at once, kTcRowLanes = 2 lanes a
+//     row: lane l on row l / 2 of the warp's, its j-th column (j < kTcLaneCols)
+//     tc_softmax_cell(l, j).col; a row's max and sum are
+//     group_max/group_sum<2> (simt.h: one shuffle).
 struct TcCell {
   int row, col;
 };
 MT_HOST_DEVICE inline TcCell tc_cell(int e, int dim) { return {e / dim, e % dim}; }
-MT_HOST_DEVICE inline int tc_lane_col(int lane, int j) { return lane + 32 * j; }
-inline constexpr int kTcLaneCols = kTcTile / 32;
+inline constexpr int kTcChunk = 8;  // elements of one staging copy (16 bytes of bf16)
+MT_HOST_DEVICE inline TcCell tc_chunk(int e, int dim) {
+  return {e / (dim / kTcChunk), e % (dim / kTcChunk) * kTcChunk};
+}
+inline constexpr int kTcRowLanes = 2;
+inline constexpr int kTcLaneCols = kTcTile / kTcRowLanes;
+// The two lanes of row r take the even and odd columns, starting r pairs to the
+// right (rotated): 32 lanes on 32 banks of S (f32, 72 floats a row: bank 10r +
+// 2j + half) and of P (bf16: bank 5r + j, the pair sharing a word).
+MT_HOST_DEVICE inline TcCell tc_softmax_cell(int lane, int j) {
+  const int r = lane / kTcRowLanes;
+  return {r, kTcRowLanes * ((j + r) % kTcLaneCols) + lane % kTcRowLanes};
+}
+
+// Whether every staged row of src can be copied 16 bytes at a time: dim (a
+// multiple of 16) makes every row a multiple of 32 bytes, so the base decides.
+template <class T>
+MT_HOST_DEVICE bool tc_aligned16(const T* src) {
+  return reinterpret_cast<uintptr_t>(src) % 16 == 0;
+}
 
 // Rows first..first+63 of a [.., H, dim] tensor (row index of (b, t, h) =
-// row0 + t·H; rows >= limit read as 0) into dst as operands, row stride ld.
+// row0 + t·H; rows >= limit read as 0) into dst as operands, row stride ld:
+// 16-byte asynchronous copies (M::copy8, cp.async on the GPU) where src is
+// 16-byte aligned, element by element otherwise (a view at an odd offset).
 MT_SIMT_BODY
 template <class M, class Blk, class T>
 MT_HOST_DEVICE void tc_stage(const Blk& blk, typename M::E* dst, int ld, const T* src, int64_t row0, int64_t H,
                              int64_t first, int64_t limit, int dim) {
   const int n = blk.threads;
+  if (tc_aligned16(src)) {
+    blk.each([&](int tid) {
+      for (int e = tid; e < kTcTile * dim / kTcChunk; e += n) {
+        const TcCell x = tc_chunk(e, dim);
+        const int64_t t = first + x.row;
+        if (t < limit)
+          M::copy8(dst + x.row * ld + x.col, src + (row0 + t * H) * dim + x.col);
+        else
+          M::zero8(dst + x.row * ld + x.col);
+      }
+      M::copy_wait();
+    });
+    return;
+  }
   blk.each([&](int tid) {
     for (int e = tid; e < kTcTile * dim; e += n) {
       const TcCell x = tc_cell(e, dim);
@@ -355,14 +541,16 @@ MT_HOST_DEVICE void tc_rows_times_rows(float* out, int ld_out, const typename M:
 }
 
 // acc[16 rows of warp w][dim] += P_w Y: P [64][64] (row stride ld_p) and Y
-// [64][dim] row-major; Y and acc have row stride ld.
+// [64][dim] row-major; Y and acc have row stride ld. row_scale (if not null):
+// acc's row i is first multiplied by row_scale[i] ([64], the forward's alpha).
 MT_SIMT_BODY
 template <class M>
 MT_HOST_DEVICE void tc_accumulate(float* acc_rows, const typename M::E* P, int ld_p, const typename M::E* Y, int ld,
-                                  int dim, int w) {
+                                  int dim, int w, const float* row_scale = nullptr) {
   for (int j = 0; j < dim; j += 16) {
     typename M::Acc acc;
     M::load_acc(acc, acc_rows + 16 * w * ld + j, ld);
+    if (row_scale) M::scale_rows(acc, row_scale + 16 * w);
     for (int kk = 0; kk < kTcTile; kk += 16) {
       typename M::TileA p;
       typename M::TileB y;
@@ -431,7 +619,7 @@ MT_HOST_DEVICE void tc_attention_forward(const Blk& blk, const TcAttention<T>& a
   const int Dk = kRegs ? DK : a.Dk, Dv = kRegs ? DV : a.Dv, n = blk.threads;
   const int64_t b = bh / a.H, h = bh % a.H, r0 = tile * kTcTile;
   const TcForwardSmem<typename M::E> s(smem, Dk, Dv, kRegs ? TcAccumulators::registers : TcAccumulators::shared);
-  const int ldk = s.ld_k, ldv = s.ld_v, ldt = s.ld_t, lda = s.ld_a;
+  const int ldk = s.ld_k, ldv = s.ld_v, ldt = s.ld_t;
   const int64_t q0 = a.query_row(b, 0, h), k0 = a.key_row(b, 0, h);
   typename Blk::template PerWarp<TcFrags<M, DV / 16>> o_acc(blk);  // O: warp w's 16 rows
   tc_stage<M>(blk, s.Q, ldk, a.q, q0, a.H, r0, a.Tq, Dk);
@@ -451,56 +639,60 @@ MT_HOST_DEVICE void tc_attention_forward(const Blk& blk, const TcAttention<T>& a
     tc_stage<M>(blk, s.K, ldk, a.k, k0, a.H, c0, a.Tk, Dk);
     tc_stage<M>(blk, s.V, ldv, a.v, k0, a.H, c0, a.Tk, Dv);
     blk.each_warp([&](int w) { tc_rows_times_rows<M>(s.S, ldt, s.Q, s.K, ldk, Dk, w); });
-    // The online softmax of warp w's rows. Every lane reads m_i before the
-    // reductions; lane 0 writes m_i and l_i after them.
+    // The online softmax of warp w's 16 rows, two lanes a row (tc_softmax_cell):
+    // the rows' maxima (mx), then P = e^{scale S - mx} and the rows' sums; the
+    // first lane of a row writes what the next call reads (mx), then alpha,
+    // l and m.
     blk.each_warp([&](int w) {
-      for (int i = 16 * w; i < 16 * w + 16; ++i) {
-        const int64_t t = min_i(r0 + i, a.Tq - 1);
-        const int64_t last = a.off + t - c0;  // keys c <= last of this tile are seen
-        const float* Si = s.S + i * ldt;
-        const float m_old = s.m[i];
-        const float mx = blk.warp_max([&](int lane) {
-          float x = m_old;
-          for (int j = 0; j < kTcLaneCols; ++j) {
-            const int c = tc_lane_col(lane, j);
-            if (c <= last) x = fmaxf(x, Si[c] * a.scale);
-          }
-          return x;
-        });
-        const float alpha = exp_a(m_old - mx);  // 0 on the first tile (m = -inf), mx is finite
-        const float sum = blk.warp_sum([&](int lane) {
-          float part = 0.0f;
-          for (int j = 0; j < kTcLaneCols; ++j) {
-            const int c = tc_lane_col(lane, j);
-            const float p = c <= last ? exp_a(Si[c] * a.scale - mx) : 0.0f;
-            part += p;
-            s.P[i * ldt + c] = M::operand(p);
-          }
-          return part;
-        });
-        blk.lanes([&](int lane) {
-          if constexpr (kRegs) {
-            if (lane < 16) s.alpha[i * lda + lane] = alpha;
-          } else {
-            for (int d = lane; d < Dv; d += 32) s.O[i * ldv + d] *= alpha;
-          }
-          if (lane == 0) {
+      auto row_of = [&](int lane) { return 16 * w + lane / kTcRowLanes; };
+      auto last_of = [&](int i) {  // keys c <= last of this tile are seen by row i
+        return a.off + min_i(r0 + i, a.Tq - 1) - c0;
+      };
+      blk.template group_max<kTcRowLanes>(
+          [&](int lane) {
+            const int i = row_of(lane);
+            const int64_t last = last_of(i);
+            float x = s.m[i];
+            for (int j = 0; j < kTcLaneCols; ++j) {
+              const int c = tc_softmax_cell(lane, j).col;
+              if (c <= last) x = fmaxf(x, s.S[i * ldt + c] * a.scale);
+            }
+            return x;
+          },
+          [&](int lane, float mx) {
+            if (lane % kTcRowLanes == 0) s.mx[row_of(lane)] = mx;
+          });
+      blk.template group_sum<kTcRowLanes>(
+          [&](int lane) {
+            const int i = row_of(lane);
+            const int64_t last = last_of(i);
+            const float mx = s.mx[i];
+            float part = 0.0f;
+            for (int j = 0; j < kTcLaneCols; ++j) {
+              const int c = tc_softmax_cell(lane, j).col;
+              const float p = c <= last ? exp_a(s.S[i * ldt + c] * a.scale - mx) : 0.0f;
+              part += p;
+              s.P[i * ldt + c] = M::operand(p);
+            }
+            return part;
+          },
+          [&](int lane, float sum) {
+            const int i = row_of(lane);
+            if (lane % kTcRowLanes != 0) return;
+            const float alpha = exp_a(s.m[i] - s.mx[i]);  // 0 on the first tile (m = -inf), mx is finite
+            s.alpha[i] = alpha;
             s.l[i] = s.l[i] * alpha + sum;
-            s.m[i] = mx;
-          }
-        });
-      }
+            s.m[i] = s.mx[i];
+          });
     });
     blk.each_warp([&](int w) {
       if constexpr (kRegs) {
         auto& o = o_acc.at(w);
-        typename M::Acc rescale;  // row i of warp w's tile: alpha_i in every column
-        M::load_acc(rescale, s.alpha + 16 * w * lda, lda);
 MT_UNROLL
-        for (int j = 0; j < DV / 16; ++j) M::mul(o.f[j], rescale);
+        for (int j = 0; j < DV / 16; ++j) M::scale_rows(o.f[j], s.alpha + 16 * w);
         tc_accumulate_frags(o, s.P, ldt, s.V, ldv, w);
       } else {
-        tc_accumulate<M>(s.O, s.P, ldt, s.V, ldv, Dv, w);
+        tc_accumulate<M>(s.O, s.P, ldt, s.V, ldv, Dv, w, s.alpha);
       }
     });
   }

@@ -30,7 +30,10 @@ __global__ void __launch_bounds__(kTcThreads) tc_forward_kernel(TcAttention<bf16
   simt::tc_attention_forward<DeviceMma>(DeviceBlock{kTcThreads}, a, blockIdx.x, blockIdx.y, tc_smem);
 }
 
-__global__ void __launch_bounds__(kTcThreads) tc_grad_kv_kernel(TcAttention<bf16_t> a) {
+// dK/dV's second bound (2 blocks an SM: up to 255 registers): with the plain
+// bound ptxas trims the shared-path kernel to 72 registers and 96/64's register
+// kernel to 168, both with 4-8 bytes of spills (CUDA 13.0).
+__global__ void __launch_bounds__(kTcThreads, 2) tc_grad_kv_kernel(TcAttention<bf16_t> a) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   simt::tc_attention_grad_kv<DeviceMma>(DeviceBlock{kTcThreads}, a, blockIdx.x, blockIdx.y, tc_smem);
 }
@@ -49,8 +52,8 @@ __global__ void __launch_bounds__(kTcThreads, 2) tc_forward_registers_kernel(TcA
   simt::tc_attention_forward<DeviceMma, DK, DV>(DeviceBlock{kTcThreads}, a, blockIdx.x, blockIdx.y, tc_smem);
 }
 
-template <int DK, int DV>
-__global__ void __launch_bounds__(kTcThreads) tc_grad_kv_registers_kernel(TcAttention<bf16_t> a) {
+template <int DK, int DV>  // the second bound as tc_grad_kv_kernel's
+__global__ void __launch_bounds__(kTcThreads, 2) tc_grad_kv_registers_kernel(TcAttention<bf16_t> a) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   simt::tc_attention_grad_kv<DeviceMma, DK, DV>(DeviceBlock{kTcThreads}, a, blockIdx.x, blockIdx.y, tc_smem);
 }

@@ -11,6 +11,13 @@
 //                     f(lane) for every lane, then its 32 values reduced by a
 //                     butterfly (xor 16, 8, 4, 2, 1: __shfl_xor_sync on the GPU,
 //                     the same additions on the host), the same bits in every lane.
+//   blk.group_sum<G>(f, g), blk.group_max<G>(f, g)
+//                     f(lane) for every lane, each group of G consecutive lanes
+//                     (G a power of two, at most 32) reduced by the butterfly's
+//                     steps xor G/2, ..., 1, then g(lane, value) for every lane:
+//                     several rows reduced at once, one group of lanes a row
+//                     (attention_tc.h's softmax). g may write what no f of the
+//                     call reads.
 // A lane writes only what it owns and reads nothing another lane writes within one
 // lanes/warp_sum/warp_max call; across calls the warp is in step (the shuffles
 // synchronise it on the GPU, and lanes() ends with __syncwarp). Code between the
@@ -20,7 +27,7 @@
 // synchronisation).
 //   blk.warp_sync()   orders the warp's shared-memory accesses before it against
 //                     those after it (__syncwarp on the GPU, nothing on the host):
-//                     between a warp-collective store (wmma's store_matrix_sync)
+//                     between a warp-collective store (an accumulator tile's store_acc)
 //                     and lanes() that read what it stored.
 // State a warp keeps across phases (attention_tc.h's accumulator fragments):
 //   typename Blk::template PerWarp<X> st(blk);  st.at(w) is warp w's X.
@@ -100,8 +107,29 @@ struct HostBlock {
   float warp_max(F&& f) const {
     return butterfly(f, [](float x, float y) { return std::fmax(x, y); });
   }
+  template <int G, class F, class Gf>
+  void group_sum(F&& f, Gf&& g) const {
+    group<G>(f, g, [](float x, float y) { return x + y; });
+  }
+  template <int G, class F, class Gf>
+  void group_max(F&& f, Gf&& g) const {
+    group<G>(f, g, [](float x, float y) { return std::fmax(x, y); });
+  }
 
  private:
+  template <int G, class F, class Gf, class Op>
+  void group(F& f, Gf& g, Op op) const {
+    static_assert(G >= 1 && G <= 32 && (G & (G - 1)) == 0, "a group is a power of two of lanes");
+    float v[32], next[32];
+    auto lane_value = [&](int lane) { v[lane] = f(lane); };
+    run(32, lane_value);
+    for (int off = G / 2; off > 0; off /= 2) {
+      for (int i = 0; i < 32; ++i) next[i] = op(v[i], v[i ^ off]);
+      for (int i = 0; i < 32; ++i) v[i] = next[i];
+    }
+    auto lane_result = [&](int lane) { g(lane, v[lane]); };
+    run(32, lane_result);
+  }
   // The GPU's butterfly: in step `off` lane i adds (maxes) lane i ^ off's value to
   // its own, v_i + v_(i^off) in that operand order, as `v += __shfl_xor_sync(.., v, off)`.
   template <class F, class Op>
@@ -174,6 +202,24 @@ struct DeviceBlock {
     float v = f(static_cast<int>(threadIdx.x & 31));
     for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
     return v;
+  }
+  template <int G, class F, class Gf>
+  __device__ void group_sum(F&& f, Gf&& g) const {
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    float v = f(lane);
+#pragma unroll
+    for (int off = G / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    g(lane, v);
+    __syncwarp();
+  }
+  template <int G, class F, class Gf>
+  __device__ void group_max(F&& f, Gf&& g) const {
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    float v = f(lane);
+#pragma unroll
+    for (int off = G / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    g(lane, v);
+    __syncwarp();
   }
 };
 #endif

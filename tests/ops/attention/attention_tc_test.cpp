@@ -1,8 +1,9 @@
 // The tensor-core attention bodies (ops/attention/attention_tc.h), run on the host block by
-// block (HostBlock, HostMma standing in for the tensor cores: bf16 operands, f32
-// sums) against the CPU attention kernels on the same bf16-rounded inputs. This
-// runs on every machine: what a GPU run of attention_tc_cuda.cu adds is the
-// launch, wmma's fragment handling and the hardware's summation order, checked by
+// block (HostBlock, HostMma standing in for the tensor cores: the bodies' lane maps
+// fed to a model of ldmatrix and mma.m16n8k16, bf16 operands, f32 sums) against the
+// CPU attention kernels on the same bf16-rounded inputs. This runs on every
+// machine: what a GPU run of attention_tc_cuda.cu adds is the launch, the hardware
+// itself (the model is PTX's documentation) and its summation order, checked by
 // the bf16 [cuda] cases in attention_test.cpp and the one here that sets the
 // register path against the shared one. Both accumulator paths
 // (simt::TcAccumulators) run here; the register path must give the shared
@@ -205,6 +206,86 @@ TEST_CASE("attention (tensor-core bodies on the host): register accumulators giv
   }
 }
 
+TEST_CASE("attention (tensor-core bodies): the lane maps give ldmatrix and mma the tile's elements",
+          "[ops][attention][simt]") {
+  // HostMma models ldmatrix.x4 and mma.m16n8k16 from PTX's fragment tables; fed
+  // the bodies' lane maps (tc_ldsm_a, tc_ldsm_b, tc_ldsm_bt, tc_acc_cell) it
+  // must give D = C + A B for every loader, and scale_rows row i times f[i].
+  // Small integers: every product and sum is exact, in any order.
+  constexpr int ld = 24, ldc = 20;  // padded strides, as the bodies use
+  std::vector<float> A(16 * ld), B(16 * ld), Bt(16 * ld), C(16 * ldc, 0.0f), D(16 * ldc, 0.0f), f(16);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      A[i * ld + j] = static_cast<float>((i * 7 + j * 3) % 9 - 4);
+      B[i * ld + j] = static_cast<float>((i * 5 + j * 11) % 7 - 3);
+      Bt[j * ld + i] = B[i * ld + j];
+      C[i * ldc + j] = static_cast<float>(i * 16 + j);
+    }
+  for (int i = 0; i < 16; ++i) f[i] = static_cast<float>(i + 2);
+  auto expect = [&](int i, int j) {
+    float s = C[i * ldc + j];
+    for (int k = 0; k < 16; ++k) s += A[i * ld + k] * B[k * ld + j];
+    return s;
+  };
+  simt::HostMma::TileA a;
+  simt::HostMma::TileB b;
+  simt::HostMma::TileBt bt;
+  simt::HostMma::load_a(a, A.data(), ld);
+  simt::HostMma::load_b(b, B.data(), ld);
+  simt::HostMma::load_bt(bt, Bt.data(), ld);
+  for (const simt::HostMma::Tile* y : {&b, &bt}) {
+    simt::HostMma::Acc acc;
+    simt::HostMma::load_acc(acc, C.data(), ldc);
+    simt::HostMma::mma(acc, a, *y);
+    simt::HostMma::store_acc(D.data(), acc, ldc);
+    int wrong = 0;
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j) wrong += D[i * ldc + j] != expect(i, j);
+    CHECK(wrong == 0);
+  }
+  simt::HostMma::Acc acc;
+  simt::HostMma::load_acc(acc, C.data(), ldc);
+  simt::HostMma::scale_rows(acc, f.data());
+  simt::HostMma::store_acc(D.data(), acc, ldc);
+  int wrong = 0;
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) wrong += D[i * ldc + j] != C[i * ldc + j] * f[i];
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("attention (tensor-core bodies): staging copies 16-byte chunks where aligned, elements otherwise",
+          "[ops][attention][simt]") {
+  // Rows row0 + t·H of a [.., H, dim] tensor, t in [first, first + 64), rows >=
+  // limit as zeros: from a 16-byte aligned pointer (the chunked path, cp.async on
+  // the GPU) and from one 2 bytes further on (the element-by-element path).
+  const int dim = 48, ld = dim + simt::kTcPad;
+  const int64_t H = 3, row0 = 1, first = 5, limit = 50;
+  const size_t count = static_cast<size_t>((row0 + (first + simt::kTcTile) * H) * dim);
+  std::vector<bf16> storage(count + 16);
+  bf16* aligned = storage.data();
+  while (!simt::tc_aligned16(aligned)) ++aligned;
+  bf16* odd = aligned + 1;
+  REQUIRE_FALSE(simt::tc_aligned16(odd));
+  for (bf16* src : {aligned, odd}) {
+    for (size_t i = 0; i < count; ++i) src[i] = bf16::from_float(static_cast<float>(i % 251) - 125.0f);
+    DYNAMIC_SECTION((src == aligned ? "aligned" : "2 bytes off")) {
+      for (HostOrder order : {HostOrder::natural, HostOrder::reversed, HostOrder::shuffled}) {
+        std::vector<float> dst(static_cast<size_t>(simt::kTcTile * ld), std::nan(""));
+        simt::tc_stage<simt::HostMma>(testing::host_block(simt::kTcThreads, order), dst.data(), ld, src, row0, H,
+                                      first, limit, dim);
+        int wrong = 0;
+        for (int r = 0; r < simt::kTcTile; ++r)
+          for (int c = 0; c < dim; ++c) {
+            const int64_t t = first + r;
+            const float want = t < limit ? src[(row0 + t * H) * dim + c].to_float() : 0.0f;
+            wrong += !(dst[static_cast<size_t>(r * ld + c)] == want);
+          }
+        CHECK(wrong == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("attention (tensor-core bodies): shared memory fits the GPU for the heads used", "[ops][attention][simt]") {
   // H100/H200 offer 227 KiB per block (opt-in): GPT-2 (64), K3's MLA (192/128) and
   // 128/128 heads must run on the tensor cores; the largest kernel is dK/dV.
@@ -220,17 +301,16 @@ TEST_CASE("attention (tensor-core bodies): shared memory fits the GPU for the he
 
 TEST_CASE("attention (tensor-core bodies): the register path's layouts drop the shared accumulators",
           "[ops][attention][simt]") {
-  // Forward: O [64][Dv + 8] f32 gives way to the row factors [64][16 + 8] f32;
+  // Forward: O [64][Dv + 8] f32 goes (the row factors alpha [64] are in both);
   // dK/dV: dK [64][Dk + 8] and dV [64][Dv + 8] f32 go; dQ: dQ [64][Dk + 8] f32 goes.
   // Every array is a multiple of 128 bytes here, so no alignment padding moves.
   using E = uint16_t;
   for (auto [Dk, Dv] : {std::pair{32, 32}, std::pair{64, 64}, std::pair{96, 64}, std::pair{192, 128}}) {
     const size_t f32_rows = 64 * sizeof(float);
-    const size_t o = f32_rows * static_cast<size_t>(Dv + 8), dk = f32_rows * static_cast<size_t>(Dk + 8),
-                 alpha = f32_rows * (16 + 8);
+    const size_t o = f32_rows * static_cast<size_t>(Dv + 8), dk = f32_rows * static_cast<size_t>(Dk + 8);
     CHECK(simt::TcForwardSmem<E>(nullptr, Dk, Dv, TcAccumulators::shared).bytes -
               simt::TcForwardSmem<E>(nullptr, Dk, Dv, TcAccumulators::registers).bytes ==
-          o - alpha);
+          o);
     CHECK(simt::TcBackwardSmem<E>(nullptr, Dk, Dv, true, TcAccumulators::shared).bytes -
               simt::TcBackwardSmem<E>(nullptr, Dk, Dv, true, TcAccumulators::registers).bytes ==
           dk + o);
@@ -249,6 +329,25 @@ constexpr int kIdle = -1;
 template <class X>
 int64_t offset_of(const X* p, const unsigned char* base) {
   return reinterpret_cast<const unsigned char*>(p) - base;
+}
+
+// Worst passes of the staging copies into a [kTcTile][dim] bf16 array of row
+// stride ld: warp w's lanes on chunk e = 32w + lane + k·threads, cell
+// tc_chunk(e, dim), 16 bytes each (the GPU's cp.async, 8 lanes a phase).
+int chunk_ways(int64_t at, int ld, int dim) {
+  int worst = 1;
+  const int chunks = simt::kTcTile * dim / simt::kTcChunk;
+  for (int w = 0; w < simt::kTcWarps; ++w)
+    for (int k = 0; k < chunks; k += simt::kTcThreads) {
+      Lanes a;
+      for (int l = 0; l < 32; ++l) {
+        const int e = 32 * w + l + k;
+        const simt::TcCell x = simt::tc_chunk(e, dim);
+        a[static_cast<size_t>(l)] = e < chunks ? at + (int64_t{x.row} * ld + x.col) * 2 : kIdle;
+      }
+      worst = std::max(worst, testing::bank_ways(a, 16));
+    }
+  return worst;
 }
 
 // Worst passes of the elementwise phases over a [kTcTile][dim] array of row
@@ -285,76 +384,73 @@ int row_stat_ways(int64_t at, bool by_col) {
   return worst;
 }
 
-// The forward's softmax phase: warp w's lanes on row i, columns tc_lane_col(lane, j)
-// of S (f32) and P (bf16), then columns lane + 32j of O (shared path) or lanes
-// 0..15 on row i of the row factors (register path).
+// The forward's softmax phase: warp w's lanes on rows 16w + lane / 2, column
+// tc_softmax_cell(lane, j).col of S (f32) and P (bf16) for j < kTcLaneCols; the
+// first lane of each row on that row's statistics (mx, alpha, m, l).
 struct SoftmaxWays {
-  int S = 1, P = 1, O = 1, alpha = 1;
+  int S = 1, P = 1, stats = 1;
 };
-SoftmaxWays softmax_ways(const simt::TcForwardSmem<uint16_t>& s, const unsigned char* base, int Dv) {
+SoftmaxWays softmax_ways(const simt::TcForwardSmem<uint16_t>& s, const unsigned char* base) {
   SoftmaxWays r;
-  for (int i = 0; i < simt::kTcTile; ++i) {
+  for (int w = 0; w < simt::kTcWarps; ++w) {
     for (int j = 0; j < simt::kTcLaneCols; ++j) {
       Lanes aS, aP;
       for (int l = 0; l < 32; ++l) {
-        const int c = simt::tc_lane_col(l, j);
-        aS[static_cast<size_t>(l)] = offset_of(s.S + i * s.ld_t + c, base);
-        aP[static_cast<size_t>(l)] = offset_of(s.P + i * s.ld_t + c, base);
+        const simt::TcCell x = simt::tc_softmax_cell(l, j);
+        const int i = 16 * w + x.row;
+        aS[static_cast<size_t>(l)] = offset_of(s.S + i * s.ld_t + x.col, base);
+        aP[static_cast<size_t>(l)] = offset_of(s.P + i * s.ld_t + x.col, base);
       }
       r.S = std::max(r.S, testing::bank_ways(aS, 4));
       r.P = std::max(r.P, testing::bank_ways(aP, 2));
     }
-    if (s.alpha) {
-      Lanes aA;
+    for (const float* stat : {s.mx, s.alpha, s.m, s.l}) {
+      Lanes a;
       for (int l = 0; l < 32; ++l)
-        aA[static_cast<size_t>(l)] = l < 16 ? offset_of(s.alpha + i * s.ld_a + l, base) : kIdle;
-      r.alpha = std::max(r.alpha, testing::bank_ways(aA, 4));
-    }
-    for (int d0 = 0; s.O && d0 < Dv; d0 += 32) {
-      Lanes aO;
-      for (int l = 0; l < 32; ++l)
-        aO[static_cast<size_t>(l)] = d0 + l < Dv ? offset_of(s.O + i * s.ld_v + d0 + l, base) : kIdle;
-      r.O = std::max(r.O, testing::bank_ways(aO, 4));
+        a[static_cast<size_t>(l)] =
+            l % simt::kTcRowLanes == 0 ? offset_of(stat + 16 * w + l / simt::kTcRowLanes, base) : kIdle;
+      r.stats = std::max(r.stats, testing::bank_ways(a, 4));
     }
   }
   return r;
 }
 
-// Tile accesses of the products, for every 16x16 tile of an array. How wmma
-// moves a fragment is not documented, so three patterns a 16x16 bf16 tile can
-// take are counted: ldmatrix.x4 (8 lanes a phase, each a 16-byte row piece: rows
-// lane % 16, column 8·(lane / 16)), and mma.m16n8k16's register layouts, A
-// (lane reads row lane / 4, columns 2·(lane % 4) and +1, 4 bytes) and B from a
-// row-major array (row 2·(lane % 4), column lane / 4, 2 bytes). An f32
-// accumulator tile: the accumulator layout (row lane / 4, columns 2·(lane % 4)
-// and +1), as one 8-byte access or two 4-byte ones.
+// Tile accesses of the products, for every 16x16 tile of an array, from the
+// bodies' own lane maps: ldmatrix.x4 as an A operand (tc_ldsm_a), as a B
+// operand given transposed (tc_ldsm_bt) and row-major (tc_ldsm_b), each lane a
+// 16-byte row piece, 8 lanes a phase; an f32 accumulator tile loaded or stored
+// by 8-byte accesses at tc_acc_cell(lane, e), e = 0, 2, 4, 6.
 struct TileWays {
-  int ldmatrix = 1, frag_a = 1, frag_b = 1, acc8 = 1, acc4 = 1;
+  int ldsm_a = 1, ldsm_bt = 1, ldsm_b = 1, acc = 1;
 };
 void operand_tile_ways(TileWays& r, const uint16_t* array, int ld, int dim, const unsigned char* base) {
   for (int row0 = 0; row0 < simt::kTcTile; row0 += 16)
     for (int col0 = 0; col0 < dim; col0 += 16) {
       const uint16_t* t = array + row0 * ld + col0;
-      Lanes lm, fa, fb;
+      Lanes a, bt, b;
       for (int l = 0; l < 32; ++l) {
-        lm[static_cast<size_t>(l)] = offset_of(t + (l % 16) * ld + 8 * (l / 16), base);
-        fa[static_cast<size_t>(l)] = offset_of(t + (l / 4) * ld + 2 * (l % 4), base);
-        fb[static_cast<size_t>(l)] = offset_of(t + 2 * (l % 4) * ld + l / 4, base);
+        const simt::TcRC ca = simt::tc_ldsm_a(l), cbt = simt::tc_ldsm_bt(l), cb = simt::tc_ldsm_b(l);
+        a[static_cast<size_t>(l)] = offset_of(t + ca.row * ld + ca.col, base);
+        bt[static_cast<size_t>(l)] = offset_of(t + cbt.row * ld + cbt.col, base);
+        b[static_cast<size_t>(l)] = offset_of(t + cb.row * ld + cb.col, base);
       }
-      r.ldmatrix = std::max(r.ldmatrix, testing::bank_ways(lm, 16));
-      r.frag_a = std::max(r.frag_a, testing::bank_ways(fa, 4));
-      r.frag_b = std::max(r.frag_b, testing::bank_ways(fb, 2));
+      r.ldsm_a = std::max(r.ldsm_a, testing::bank_ways(a, 16));
+      r.ldsm_bt = std::max(r.ldsm_bt, testing::bank_ways(bt, 16));
+      r.ldsm_b = std::max(r.ldsm_b, testing::bank_ways(b, 16));
     }
 }
 void acc_tile_ways(TileWays& r, const float* array, int ld, int dim, const unsigned char* base) {
   for (int row0 = 0; row0 < simt::kTcTile; row0 += 16)
-    for (int col0 = 0; col0 < dim; col0 += 16) {
-      const float* t = array + row0 * ld + col0;
-      Lanes a;
-      for (int l = 0; l < 32; ++l) a[static_cast<size_t>(l)] = offset_of(t + (l / 4) * ld + 2 * (l % 4), base);
-      r.acc8 = std::max(r.acc8, testing::bank_ways(a, 8));
-      r.acc4 = std::max(r.acc4, testing::bank_ways(a, 4));
-    }
+    for (int col0 = 0; col0 < dim; col0 += 16)
+      for (int e = 0; e < simt::kTcAccRegs; e += 2) {
+        const float* t = array + row0 * ld + col0;
+        Lanes a;
+        for (int l = 0; l < 32; ++l) {
+          const simt::TcRC c = simt::tc_acc_cell(l, e);
+          a[static_cast<size_t>(l)] = offset_of(t + c.row * ld + c.col, base);
+        }
+        r.acc = std::max(r.acc, testing::bank_ways(a, 8));
+      }
 }
 
 // The register path's stores: warp w's lanes read its 16 rows of S (the
@@ -380,8 +476,8 @@ struct LayoutWays {
 
 // Every shared access of the three bodies for heads Dk, Dv with row padding `pad`
 // and accumulators `acc`, from the bodies' own layouts (TcForwardSmem,
-// TcBackwardSmem with the GPU's 2-byte operands) and cell maps (tc_cell,
-// tc_lane_col).
+// TcBackwardSmem with the GPU's 2-byte operands) and lane maps (tc_cell,
+// tc_chunk, tc_softmax_cell, tc_ldsm_*, tc_acc_cell).
 LayoutWays layout_ways(int Dk, int Dv, int pad, TcAccumulators acc) {
   using E = uint16_t;
   LayoutWays r;
@@ -390,10 +486,9 @@ LayoutWays layout_ways(int Dk, int Dv, int pad, TcAccumulators acc) {
   std::vector<unsigned char> fwd(f.bytes);
   const simt::TcForwardSmem<E> s(fwd.data(), Dk, Dv, acc, pad);
   const unsigned char* fb = fwd.data();
-  r.softmax = softmax_ways(s, fb, Dv);
-  r.staging = std::max({elementwise_ways(offset_of(s.Q, fb), s.ld_k, Dk, 2),
-                        elementwise_ways(offset_of(s.K, fb), s.ld_k, Dk, 2),
-                        elementwise_ways(offset_of(s.V, fb), s.ld_v, Dv, 2)});
+  r.softmax = softmax_ways(s, fb);
+  r.staging = std::max({chunk_ways(offset_of(s.Q, fb), s.ld_k, Dk), chunk_ways(offset_of(s.K, fb), s.ld_k, Dk),
+                        chunk_ways(offset_of(s.V, fb), s.ld_v, Dv)});
   operand_tile_ways(r.tiles, s.Q, s.ld_k, Dk, fb);
   operand_tile_ways(r.tiles, s.K, s.ld_k, Dk, fb);
   operand_tile_ways(r.tiles, s.V, s.ld_v, Dv, fb);
@@ -403,7 +498,6 @@ LayoutWays layout_ways(int Dk, int Dv, int pad, TcAccumulators acc) {
     r.staging = std::max(r.staging, elementwise_ways(offset_of(s.O, fb), s.ld_v, Dv, 4));
     acc_tile_ways(r.tiles, s.O, s.ld_v, Dv, fb);
   } else {
-    acc_tile_ways(r.tiles, s.alpha, s.ld_a, 16, fb);  // the row factors, loaded as a fragment
     r.scratch = scratch_ways(s.S, s.ld_t, fb);
   }
   for (bool key_tile : {true, false}) {
@@ -418,10 +512,9 @@ LayoutWays layout_ways(int Dk, int Dv, int pad, TcAccumulators acc) {
                                 row_stat_ways(offset_of(b.delta, bb), key_tile)});
     if (key_tile)
       r.backward_rows = std::max(r.backward_rows, elementwise_ways(offset_of(b.P, bb), b.ld_t, simt::kTcTile, 2));
-    r.staging = std::max({r.staging, elementwise_ways(offset_of(b.Q, bb), b.ld_k, Dk, 2),
-                          elementwise_ways(offset_of(b.K, bb), b.ld_k, Dk, 2),
-                          elementwise_ways(offset_of(b.V, bb), b.ld_v, Dv, 2),
-                          elementwise_ways(offset_of(b.dO, bb), b.ld_v, Dv, 2)});
+    r.staging = std::max({r.staging, chunk_ways(offset_of(b.Q, bb), b.ld_k, Dk),
+                          chunk_ways(offset_of(b.K, bb), b.ld_k, Dk), chunk_ways(offset_of(b.V, bb), b.ld_v, Dv),
+                          chunk_ways(offset_of(b.dO, bb), b.ld_v, Dv)});
     for (const E* op : {b.Q, b.K}) operand_tile_ways(r.tiles, op, b.ld_k, Dk, bb);
     for (const E* op : {b.V, b.dO}) operand_tile_ways(r.tiles, op, b.ld_v, Dv, bb);
     operand_tile_ways(r.tiles, b.dS, b.ld_t, simt::kTcTile, bb);
@@ -454,19 +547,16 @@ TEST_CASE("attention (tensor-core bodies): shared-memory accesses are free of ba
         // The row phases: a warp's lanes on consecutive elements of one row.
         CHECK(w.softmax.S == 1);
         CHECK(w.softmax.P == 1);
-        CHECK(w.softmax.O == 1);
-        CHECK(w.softmax.alpha == 1);
+        CHECK(w.softmax.stats == 1);
         CHECK(w.scratch == 1);
         CHECK(w.backward_rows == 1);
         // Staging and stores: a warp straddles two rows where 32 does not divide the head dim.
         CHECK(w.staging <= 2);
-        // Tiles: the padded rows put a tile's 8 rows on distinct banks. Only two
-        // 4-byte accumulator accesses of a lane stay 2-way (they touch even words only).
-        CHECK(w.tiles.ldmatrix == 1);
-        CHECK(w.tiles.frag_a == 1);
-        CHECK(w.tiles.frag_b == 1);
-        CHECK(w.tiles.acc8 == 1);
-        CHECK(w.tiles.acc4 <= 2);
+        // Tiles: the padded rows put the 8 row pieces of an ldmatrix phase on distinct banks.
+        CHECK(w.tiles.ldsm_a == 1);
+        CHECK(w.tiles.ldsm_bt == 1);
+        CHECK(w.tiles.ldsm_b == 1);
+        CHECK(w.tiles.acc == 1);
       }
     }
 }
@@ -476,11 +566,10 @@ TEST_CASE("attention (tensor-core bodies): the unpadded layout the bank model me
   // The same model on the unpadded rows (kTcPad = 0), GPT-2's heads: the tiles'
   // rows share banks (8-way for ldmatrix, 4-way for 8-byte accumulator accesses).
   const LayoutWays w = layout_ways(64, 64, 0, TcAccumulators::shared);
-  CHECK(w.tiles.ldmatrix == 8);
-  CHECK(w.tiles.frag_a == 8);
-  CHECK(w.tiles.frag_b == 4);
-  CHECK(w.tiles.acc8 == 4);
-  CHECK(w.tiles.acc4 == 8);
+  CHECK(w.tiles.ldsm_a == 8);
+  CHECK(w.tiles.ldsm_bt == 8);
+  CHECK(w.tiles.ldsm_b == 8);
+  CHECK(w.tiles.acc == 4);
   // The old row phases walked row i in thread i: a warp reads one column of 32
   // rows of S, 64 floats apart, all in one bank.
   const simt::TcForwardSmem<uint16_t> f(nullptr, 64, 64, TcAccumulators::shared, 0);

@@ -3,7 +3,7 @@
 // with a planted race (a barrier missing between a phase that writes shared memory
 // and the read of another thread's value) passes in the natural order, which
 // happens to run the writer first, and the shuffled order exposes it. Also the
-// warp's lane primitives (lanes, warp_sum, warp_max) and the shared-memory bank
+// warp's lane primitives (lanes, warp_sum, warp_max, group_sum, group_max) and the shared-memory bank
 // model the layout tests use (ops/smem_banks.h).
 #include <catch2/catch.hpp>
 
@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ops/common/simt.h"
@@ -142,6 +143,55 @@ TEST_CASE("simt: warp_sum and warp_max reduce the lanes' values by the GPU's but
     std::sort(sorted.begin(), sorted.end());
     for (int i = 0; i < 32; ++i) REQUIRE(sorted[static_cast<size_t>(i)] == i);
     if (order == HostOrder::reversed) CHECK(seen.front() == 31);
+  }
+}
+
+TEST_CASE("simt: group_sum and group_max reduce each group of lanes by the butterfly's last steps",
+          "[ops][simt]") {
+  // Groups of G lanes (G = 2, 4, 32): every lane gets its own group's reduction,
+  // summed as the GPU's xor G/2, ..., 1 shuffles sum it, in every lane order.
+  std::vector<float> x(32);
+  for (int i = 0; i < 32; ++i)
+    x[static_cast<size_t>(i)] = std::ldexp(1.0f + 0.37f * static_cast<float>(i % 5), (i * 7) % 23 - 11);
+  auto expect = [&](int G, int lane, bool max) {
+    float v[32];
+    for (int i = 0; i < 32; ++i) v[i] = x[static_cast<size_t>(i)];
+    for (int off = G / 2; off > 0; off /= 2) {
+      float next[32];
+      for (int i = 0; i < 32; ++i) next[i] = max ? std::fmax(v[i], v[i ^ off]) : v[i] + v[i ^ off];
+      std::copy(next, next + 32, v);
+    }
+    return v[lane];
+  };
+  for (HostOrder order : {HostOrder::natural, HostOrder::reversed, HostOrder::shuffled}) {
+    const simt::HostBlock blk = host_block(32, order);
+    auto check = [&](auto g_tag) {
+      constexpr int G = decltype(g_tag)::value;
+      std::vector<float> sum(32, -1.0f), mx(32, -1.0f);
+      std::vector<int> calls(32, 0);
+      blk.group_sum<G>([&](int lane) { return x[static_cast<size_t>(lane)]; },
+                       [&](int lane, float v) {
+                         sum[static_cast<size_t>(lane)] = v;
+                         ++calls[static_cast<size_t>(lane)];
+                       });
+      blk.group_max<G>([&](int lane) { return x[static_cast<size_t>(lane)]; },
+                       [&](int lane, float v) { mx[static_cast<size_t>(lane)] = v; });
+      for (int lane = 0; lane < 32; ++lane) {
+        const float want = expect(G, lane, false);
+        CHECK(std::memcmp(&sum[static_cast<size_t>(lane)], &want, sizeof(float)) == 0);
+        CHECK(mx[static_cast<size_t>(lane)] == expect(G, lane, true));
+        CHECK(calls[static_cast<size_t>(lane)] == 1);
+      }
+      // Lanes of one group agree; the first lanes of two groups do not (for G < 32).
+      if (G < 32) CHECK(sum[0] != sum[G]);
+    };
+    check(std::integral_constant<int, 2>{});
+    check(std::integral_constant<int, 4>{});
+    check(std::integral_constant<int, 32>{});
+    // G = 32 is warp_sum's butterfly.
+    const float whole = blk.warp_sum([&](int lane) { return x[static_cast<size_t>(lane)]; });
+    const float g32 = expect(32, 0, false);
+    CHECK(std::memcmp(&whole, &g32, sizeof(float)) == 0);
   }
 }
 
