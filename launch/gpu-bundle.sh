@@ -11,17 +11,19 @@
 #   lib/       every shared library they load that is neither glibc's (libc, libm,
 #              libdl, libpthread, librt, libresolv, the loader: the machine's own,
 #              they are one package and must match each other) nor NVIDIA's
-#              (libcudart, libcublas, libcublasLt, libnccl: found there at run time,
-#              launch/gpu-libs.sh) nor the C++ runtime
+#              (libcudart, libcublas, libcublasLt: found there at run time,
+#              launch/gpu-libs.sh) nor the C++ runtime. No Open MPI and no NCCL: they
+#              live in the MPI plugin (docs/distributed.md), which this one-GPU
+#              bundle leaves out, so the core needs glibc 2.34 (Ubuntu 22.04, EL9)
 #   lib/cxx/   libstdc++ and libgcc_s, put on the path only where the machine's
 #              libstdc++ is older than the bundle needs (its GLIBCXX version)
 #   manifest.txt  the source and binary paths the test binary has compiled in,
-#              the commit, the NVIDIA sonames to find, and the newest glibc and
-#              GLIBCXX symbol versions anything in the bundle needs; needs.txt: per file
-# Why shared libraries and not static linking: Debian 12 ships no libfmt.a,
-# libspdlog.a nor Open MPI archives, so static linking cannot drop the shared
-# C++ runtime or MPI's chain (libevent_core needs glibc 2.36), and HDF5's archive
-# drags libcurl's TLS/Kerberos/LDAP chain in; docs/cuda.md has the measurements.
+#              the commit, the NVIDIA sonames to find, the newest glibc and GLIBCXX
+#              symbol versions bin/ and lib/ need, and the glibc lib/cxx needs
+#              (cxx_glibc_needed); needs.txt: per file
+# Why shared libraries and not static linking: Debian 12 ships no libfmt.a nor
+# libspdlog.a, so static linking cannot drop the shared C++ runtime, and HDF5's
+# archive drags libcurl's TLS/Kerberos/LDAP chain in; docs/cuda.md has the measurements.
 set -euo pipefail
 dir_mode=0
 if [ "${1:-}" = "--dir" ]; then dir_mode=1; shift; fi
@@ -84,13 +86,17 @@ done < <(for b in "${bins[@]}"; do ldd "$build/$b"; done | awk '{n = $1; sub(".*
 nvidia_needed=$(for b in "${bins[@]}"; do readelf -d "$build/$b"; done | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' |
                   grep -E "$nvidia_re" | sort -u | tr '\n' ' ')
 
-# What each file needs of glibc and of the C++ runtime.
-glibc_max=0 glibcxx_max=0
+# What each file needs of glibc and of the C++ runtime. lib/cxx is loaded only where the
+# machine's libstdc++ is older than the rest needs, so its glibc need is its own line
+# (Debian 12's libstdc++ needs glibc 2.36 for arc4random, its libgcc_s 2.35).
+glibc_max=0 glibcxx_max=0 cxx_glibc_max=0
 : >"$stage/needs.txt"
 for f in "$stage"/bin/* "$stage"/lib/*.so* "$stage"/lib/cxx/*; do
   g=$(needs "$f" GLIBC); x=$(needs "$f" GLIBCXX)
   echo "${f#"$stage"/} glibc=${g:-none} glibcxx=${x:-none}" >>"$stage/needs.txt"
-  [ -n "$g" ] && glibc_max=$(vmax "$g" "$glibc_max")
+  if [ -n "$g" ]; then
+    case $f in "$stage"/lib/cxx/*) cxx_glibc_max=$(vmax "$g" "$cxx_glibc_max") ;; *) glibc_max=$(vmax "$g" "$glibc_max") ;; esac
+  fi
   # libstdc++ needs itself only; what the others need of it decides whether lib/cxx is used.
   [ -n "$x" ] && [ "$f" != "$stage/lib/cxx/libstdc++.so.6" ] && glibcxx_max=$(vmax "$x" "$glibcxx_max")
 done
@@ -102,8 +108,9 @@ done
   echo "nvidia_libs=${nvidia_needed% }"
   echo "glibc_needed=$glibc_max"
   echo "glibcxx_needed=$glibcxx_max"
+  echo "cxx_glibc_needed=$cxx_glibc_max"
 } >"$stage/manifest.txt"
-summary="${#bins[@]} binaries, $(ls "$stage/lib" | grep -c "\.so") libraries (+ $(ls "$stage/lib/cxx" | wc -l) C++ runtime), needs glibc >= $glibc_max, GLIBCXX >= $glibcxx_max"
+summary="${#bins[@]} binaries, $(ls "$stage/lib" | grep -c "\.so") libraries (+ $(ls "$stage/lib/cxx" | wc -l) C++ runtime), needs glibc >= $glibc_max and GLIBCXX >= $glibcxx_max (or glibc >= $cxx_glibc_max with lib/cxx)"
 if [ $dir_mode = 1 ]; then
   echo "gpu-bundle: $dest ($(du -sh "$stage" | cut -f1)): $summary"
 else

@@ -96,10 +96,11 @@ if [ -n "$bundle_arg" ]; then
     if [ ! -e "$t" ] || [ -L "$t" ]; then ln -sfn "$b" "$t"; fi
   done
   need_glibc=$(manifest glibc_needed) need_cxx=$(manifest glibcxx_needed) nvidia_libs=$(manifest nvidia_libs)
+  cxx_glibc=$(manifest cxx_glibc_needed)
   libpath=$bundle/lib
 else
   bin=$(cd "${MOETRAIN_BIN_DIR:-build}" && pwd) || setup_fail "no binaries: build/ is missing (or pass --bundle)"
-  need_glibc= need_cxx= nvidia_libs= libpath=
+  need_glibc= need_cxx= nvidia_libs= libpath= cxx_glibc=
 fi
 have_glibc=$(glibc_version) have_cxx=$(glibcxx_version)
 if [ -n "$need_glibc" ] && ! version_ge "${have_glibc:-0}" "$need_glibc"; then
@@ -108,6 +109,10 @@ if [ -n "$need_glibc" ] && ! version_ge "${have_glibc:-0}" "$need_glibc"; then
   setup_fail "this machine's glibc ${have_glibc:-unknown} is older than the bundle's $need_glibc (needs.txt names the files); build here instead (docs/cuda.md)"
 fi
 if [ -n "$need_cxx" ] && ! version_ge "${have_cxx:-0}" "$need_cxx"; then
+  # The bundle's own libstdc++ then loads, and it needs a newer glibc than the rest.
+  if [ -n "$cxx_glibc" ] && ! version_ge "${have_glibc:-0}" "$cxx_glibc"; then
+    setup_fail "this machine's libstdc++ (GLIBCXX_${have_cxx:-?}) is older than the bundle's $need_cxx, and the bundle's own libstdc++ needs glibc $cxx_glibc (this machine: ${have_glibc:-unknown}); install a newer libstdc++ (GCC 12 or later) or build here (docs/cuda.md)"
+  fi
   libpath=$libpath:$bundle/lib/cxx
   echo "libstdc++: this machine's GLIBCXX_${have_cxx:-?} < $need_cxx: the bundle's lib/cxx goes first" >>"$dev"
 fi

@@ -146,6 +146,18 @@ rc=0
 check "$out/steps.tsv" "older than the bundle's 99.0"
 [ -z "$(status device)" ] || fail "glibc floor: the device step ran"
 echo "run 4 (glibc floor): ok"
+# 4b. The core's floor met, but this machine's libstdc++ is older than the bundle needs
+# and the bundle's own (lib/cxx) needs a newer glibc: refused at setup, saying which.
+sed -i 's/^glibc_needed=.*/glibc_needed=2.17/; s/^glibcxx_needed=.*/glibcxx_needed=99.0/' "$b/manifest.txt"
+echo "cxx_glibc_needed=99.0" >>"$b/manifest.txt"
+out=$tmp/out4b
+rc=0
+"$repo/launch/gpu-check.sh" --bundle "$b" "$out" >/dev/null 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "lib/cxx floor: exit $rc, expected 2"
+check "$out/steps.tsv" "the bundle's own libstdc++ needs glibc 99.0"
+[ -z "$(status device)" ] || fail "lib/cxx floor: the device step ran"
+sed -i 's/^glibcxx_needed=.*/glibcxx_needed=3.4.20/; /^cxx_glibc_needed=/d' "$b/manifest.txt"
+echo "run 4b (lib/cxx's glibc floor): ok"
 
 # 5. cuBLAS only without cuBLASLt anywhere: refused, naming the pair.
 sed -i 's/^glibc_needed=.*/glibc_needed=2.17/' "$b/manifest.txt"
