@@ -58,9 +58,14 @@ Init lower_bound_spread_dt(const Tensor& A_log, double lower_bound) {
   });
 }
 
-// SiLU of the depthwise causal conv (one fused op: ops/conv/conv_silu.h), continuing
-// from `state` (the last W−1 inputs, [B, W−1, P]) when given; updates the state.
-Tensor short_conv(const Tensor& x, const Tensor& w, Tensor* state) {
+// SiLU of the depthwise causal conv of x in the compute dtype cd (one fused op, the
+// cast to cd included when it is bf16 -> f32: ops/conv/conv_silu.h), continuing from
+// `state` (the last W−1 inputs, [B, W−1, P], in cd) when given; updates the state.
+Tensor short_conv(const Tensor& x_in, const Tensor& w, DType cd, Tensor* state) {
+  // The cast to the compute dtype is fused into the conv when it is bf16 -> f32 (w is f32).
+  const bool fused_cast = x_in.dtype() == DType::bf16 && w.dtype() == DType::f32 && cd == DType::f32;
+  if (!state && fused_cast) return causal_conv1d_silu(x_in, w);
+  const Tensor x = x_in.to(cd);
   if (!state) return causal_conv1d_silu(x, w);
   const int64_t B = x.size(0), T = x.size(1), P = x.size(2), Wm1 = w.size(1) - 1;
   if (Wm1 == 0) return causal_conv1d_silu(x, w);
@@ -161,9 +166,9 @@ Tensor KdaLayer::forward(const Tensor& x, MixerCache* mixer_cache) const {
   // o_proj's input the layer computes in f32 (short conv, gates, the recurrence and
   // its state, the output norm), whose parameters stay f32 (docs/model.md#mixed-precision).
   const DType cd = x.dtype() == DType::bf16 ? DType::f32 : x.dtype();
-  Tensor q = short_conv(linear(x, q_proj).to(cd), q_conv, cache ? &cache->conv_q : nullptr);
-  Tensor k = short_conv(linear(x, k_proj).to(cd), k_conv, cache ? &cache->conv_k : nullptr);
-  Tensor v = short_conv(linear(x, v_proj).to(cd), v_conv, cache ? &cache->conv_v : nullptr);
+  Tensor q = short_conv(linear(x, q_proj), q_conv, cd, cache ? &cache->conv_q : nullptr);
+  Tensor k = short_conv(linear(x, k_proj), k_conv, cd, cache ? &cache->conv_k : nullptr);
+  Tensor v = short_conv(linear(x, v_proj), v_conv, cd, cache ? &cache->conv_v : nullptr);
   q = l2_norm(reshape(q, {B, T, H, K}), c_.l2norm_eps);
   k = l2_norm(reshape(k, {B, T, H, K}), c_.l2norm_eps);
   v = reshape(v, {B, T, HV, K});

@@ -15,12 +15,14 @@ Tensor causal_conv1d_op(const Tensor& x, const Tensor& weight, bool silu) {
   const char* op = silu ? "causal_conv1d_silu" : "causal_conv1d";
   check_float(op, "x", x);
   check_float(op, "weight", weight);
-  check_same_kind(op, x, weight);
+  // With silu, bf16 x under an f32 weight: the cast to f32 is fused too (conv_silu.h).
+  if (!(silu && x.dtype() == DType::bf16 && weight.dtype() == DType::f32)) check_same_kind(op, x, weight);
+  MT_CHECK(x.device() == weight.device(), "{}: x on {} but weight on {}", op, x.device(), weight.device());
   check_rank(op, "x", x, 3);
   check_rank(op, "weight", weight, 2);
   MT_CHECK(weight.size(0) == x.size(2) && weight.size(1) >= 1,
            "{}: weight {} must be [C, W] with C = {} channels of x {}", op, weight.shape(), x.size(2), x.shape());
-  Tensor y = empty_like(x);
+  Tensor y = empty(x.shape(), weight.dtype(), x.device());  // the weight's dtype
   MT_ON_DEVICE(x, causal_conv1d_forward, y, x, weight, silu);
   return record(op, y, {x, weight}, [x, weight, silu](const Tensor& grad_y) {
     Tensor grad_x, grad_w;

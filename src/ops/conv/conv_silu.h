@@ -11,7 +11,10 @@
 
 namespace moetrain {
 
-// x [B, T, C], weight [C, W] -> [B, T, C].
+// x [B, T, C], weight [C, W] -> [B, T, C] in the weight's dtype. x may be bf16 under an
+// f32 weight (mixed precision: KDA's conv weights stay f32): the cast of x to f32 is
+// fused too, silu(causal_conv1d(x.to(f32), w)) in one kernel forward and none more
+// backward (grad_x is rounded to bf16 in the kernel, as the cast's backward rounds it).
 Tensor causal_conv1d_silu(const Tensor& x, const Tensor& weight);
 
 }  // namespace moetrain

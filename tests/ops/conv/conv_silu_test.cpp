@@ -2,7 +2,8 @@
 // fused equals the unfused silu(causal_conv1d(x, w)) in values and gradients, its
 // gradients match float64 finite differences, the CUDA kernels' SiLU arithmetic
 // (conv_silu_simt.h, run here on the host) gives the unfused CUDA kernels' bits, and
-// it launches fewer kernels than the sequence (core/launch_count.h).
+// it launches fewer kernels than the sequence (core/launch_count.h); with bf16 x under
+// an f32 weight the cast is fused too.
 #include <cmath>
 #include <vector>
 
@@ -106,6 +107,50 @@ TEST_CASE("causal_conv1d_silu: one launch forward and one backward on the CPU, w
   CHECK(count(fused_conv) == 2);
 }
 
+// Mixed precision: KDA's projections are bf16, the conv weights f32. The cast of x to
+// f32 is fused: the values and grad_w of the f32 conv of the widened x (exact), and
+// grad_x rounded to bf16 once, as the cast's backward rounds the f32 gradient.
+TEST_CASE("causal_conv1d_silu: bf16 x under an f32 weight equals the cast then the conv, bit for bit",
+          "[ops][conv]") {
+  Tensor xb = mul_scalar(randn({2, 11, 33}, DType::f32, 11), 2.0).to(DType::bf16), w = randn({33, 4}, DType::f32, 12);
+  Tensor g = randn({2, 11, 33}, DType::f32, 13);
+  ConvRun fused = run_conv(fused_conv, xb, w, g);
+  ConvRun plain = run_conv([](const Tensor& x, const Tensor& wt) { return causal_conv1d_silu(x.to(DType::f32), wt); },
+                           xb, w, g);
+  CHECK(fused.y.dtype() == DType::f32);
+  CHECK(fused.grad_x.dtype() == DType::bf16);
+  CHECK(moetrain::testing::bitwise_equal(fused.y, plain.y));
+  CHECK(moetrain::testing::bitwise_equal(fused.grad_x, plain.grad_x));
+  CHECK(moetrain::testing::bitwise_equal(fused.grad_w, plain.grad_w));
+  // Other mixes are refused, naming the op and both dtypes.
+  CHECK_THROWS_WITH(causal_conv1d_silu(xb, w.to(DType::f64)), Catch::Contains("causal_conv1d_silu") &&
+                                                                  Catch::Contains("dtype mismatch"));
+  CHECK_THROWS_WITH(causal_conv1d(xb, w), Catch::Contains("causal_conv1d") && Catch::Contains("dtype mismatch"));
+}
+
+TEST_CASE("causal_conv1d_silu: on a GPU, the bf16 cast fused saves its two launches", "[ops][conv][cuda][launch]") {
+  using namespace moetrain::testing;
+  if (!gpu_available()) return;
+  Tensor xb = randn({2, 37, 33}, DType::f32, 14).to(DType::bf16).to(kCuda), w = randn({33, 4}, DType::f32, 15).to(kCuda);
+  Tensor g = randn({2, 37, 33}, DType::f32, 16).to(kCuda);
+  auto count = [&](auto fn) {
+    cuda::synchronize(0);
+    const LaunchCounts before = launch_counts();
+    ConvRun r = run_conv(fn, xb, w, g);
+    return std::pair{(launch_counts() - before).cuda_kernels, r};
+  };
+  auto [plain_n, plain] =
+      count([](const Tensor& x, const Tensor& wt) { return silu(causal_conv1d(x.to(DType::f32), wt)); });
+  auto [fused_n, fused] = count(fused_conv);
+  // cast, conv, silu; backward: silu's, conv's dx, dw's partials and total, the cast's
+  CHECK(plain_n == 7);
+  // conv+silu; backward: dx (in bf16), dw's partials and total
+  CHECK(fused_n == 4);
+  CHECK(rel_error(fused.y.to(kCpu), plain.y.to(kCpu)) < 1e-6);
+  CHECK(rel_error(fused.grad_x.to(kCpu).to(DType::f32), plain.grad_x.to(kCpu).to(DType::f32)) < 1e-2);
+  CHECK(rel_error(fused.grad_w.to(kCpu), plain.grad_w.to(kCpu)) < 1e-5);
+}
+
 TEST_CASE("causal_conv1d_silu: CUDA matches CPU", "[ops][conv][cuda]") {
   using namespace moetrain::testing;
   if (!gpu_available()) return;
@@ -117,4 +162,12 @@ TEST_CASE("causal_conv1d_silu: CUDA matches CPU", "[ops][conv][cuda]") {
                                {true, true}, dt, tolerance_for(dt));
       }
     }
+  // bf16 x under an f32 weight (the fused cast) against the same on the CPU
+  Tensor xb = randn({2, 37, 33}, DType::f32, 17).to(DType::bf16), w = randn({33, 4}, DType::f32, 18);
+  Tensor g = randn({2, 37, 33}, DType::f32, 19);
+  ConvRun cpu_run = run_conv(fused_conv, xb, w, g);
+  ConvRun gpu_run = run_conv(fused_conv, xb.to(kCuda), w.to(kCuda), g.to(kCuda));
+  CHECK(rel_error(gpu_run.y.to(kCpu), cpu_run.y) < 1e-6);
+  CHECK(rel_error(gpu_run.grad_x.to(kCpu).to(DType::f32), cpu_run.grad_x.to(DType::f32)) < 1e-2);
+  CHECK(rel_error(gpu_run.grad_w.to(kCpu), cpu_run.grad_w) < 1e-5);
 }
