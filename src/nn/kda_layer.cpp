@@ -201,7 +201,9 @@ Tensor KdaLayer::forward(const Tensor& x, MixerCache* mixer_cache) const {
     if (cache) cache->state = r.final_state.detach().clone();  // owned: decode steps update it in place
     o = r.o;
   }
-  Tensor z = (c_.full_rank_output_gate ? linear(x, g_proj) : linear(linear(x, g_a_proj), g_b_proj)).to(cd);
+  Tensor z = c_.full_rank_output_gate ? linear(x, g_proj) : linear(linear(x, g_a_proj), g_b_proj);
+  // A bf16 gate under f32 o: gated_rms_norm reads it as it is (its cast fused, ops/norm/norm.cpp).
+  if (!(z.dtype() == DType::bf16 && cd == DType::f32)) z = z.to(cd);
   o = gated_rms_norm(o, o_norm, reshape(z, {B, T, HV, K}), c_.norm_eps);  // RMSNorm(o) ⊙ σ(z), fused
   return linear(reshape(o, {B, T, HV * K}).to(x.dtype()), o_proj);
 }
