@@ -10,9 +10,10 @@
 // Each row is printed and appended to FILE.md as soon as it is measured (flushed),
 // so a run stopped at a time limit keeps its rows. No CUDA device: exit 69
 // (kExitNoDevice), distinct from the loader's 127.
-// Cases, most important first: training steps (forward, backward, AdamW) of
-// GPT-2 small at B = 8 and 16, T = 1024, and k3-small at B = 4, in bf16 mixed
-// precision as train.dtype bf16 runs them, with tokens/s and MFU; each one's
+// Cases, most important first: training steps (as the trainer's: host ids, forward,
+// backward, clipping, the finite and update checks, AdamW) of GPT-2 small at B = 8 and
+// 16, T = 1024, and k3-small at B = 4, in bf16 mixed precision as train.dtype bf16 runs
+// them, with tokens/s, MFU and launches per step (core/launch_count.h); each one's
 // per-component device time (the profiler on CUDA events) goes to --components.
 // Then GEMMs (GPT-2 small's shapes, the head padded and not, f32 with and
 // without TF32), causal attention forward+backward at T = 4096 / 8192 (tensor
@@ -21,9 +22,11 @@
 // expert selection on the GPU against the host path it replaced, and the f32
 // (TF32) training steps for comparison.
 // A case whose op has no CUDA kernel yet prints the error instead of a number.
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +36,8 @@
 #include "backend/cuda/cublas.h"
 #include "backend/cuda/runtime.h"
 #include "config/config.h"
+#include "core/grad_mode.h"
+#include "core/launch_count.h"
 #include "core/profile.h"
 #include "moetrain.h"
 #include "nn/gpt2.h"
@@ -55,11 +60,12 @@ struct Row {
   std::string name, shape;
   double ms, flops, tokens;
   std::string note;
+  std::string launches_per_step;  // training steps: format_launches_per_step of the timed steps
 };
 
-// Warm-up, then the mean of `steps` runs of fn, timed with events.
-double time_ms(int steps, const std::function<void()>& fn) {
-  fn();
+// Warm-up (unless the caller ran it), then the mean of `steps` runs of fn, timed with events.
+double time_ms(int steps, const std::function<void()>& fn, bool warm_up = true) {
+  if (warm_up) fn();
   cuda::synchronize(0);
   cuda::EventTimer timer(0);
   timer.start();
@@ -161,7 +167,15 @@ Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_c
   });
 }
 
-// A training step (forward, backward, AdamW) as the trainer runs it on a GPU.
+// A training step as the trainer runs it on a GPU (Trainer::train_step, one rank,
+// train.grad_accum 1): host token ids (the batch stays on the host; the embedding and
+// the loss move what they need), forward and backward, the loss read back once (f64),
+// the gradient norm and clipping (train.grad_clip 1.0, as the shipped configs), the
+// finite checks of the loss and the norm, the update check (train.check_update, on by
+// default: AdamW's read pass), then AdamW. A step whose loss, norm or update would not
+// be finite throws (the row then says so): the trainer would skip it, the bench does
+// not time skipped steps. The launches per step (core/launch_count.h) are counted over
+// the timed steps: kernels and cuBLAS/cuBLASLt calls.
 // bf16: train.dtype bf16 (bf16 parameters and activations, f32 master weights and
 // moments, the parameters the trainer keeps in f32 kept so, the KDA state
 // products on TF32 tensor cores); otherwise f32 with train.tf32. The FLOPs are
@@ -172,6 +186,10 @@ struct TrainResult {
   Row row;
   std::string table;
 };
+
+// The trainer's train.grad_clip (configs/gpt2-small.yaml, configs/k3-base.yaml).
+constexpr double kBenchGradClip = 1.0;
+constexpr double kBenchLr = 1e-4;
 
 TrainResult train_row(const std::string& name, std::unique_ptr<LanguageModel> model, int64_t vocab, int64_t B,
                       int64_t T, int steps, bool bf16, int profiled) {
@@ -187,15 +205,43 @@ TrainResult train_row(const std::string& name, std::unique_ptr<LanguageModel> mo
     for (const Tensor& t : opt.exp_avg_sq()) move_to_device_(t, kGpu);
     if (bf16) opt.convert_to_bf16([](const NamedParameter& p) { return !stays_f32_in_mixed_precision(p); });
     Generator gen(7);
-    Tensor ids = randint({B, T}, vocab, DType::i32, gen).to(kGpu), targets = randint({B, T}, vocab, DType::i32, gen).to(kGpu);
+    // Host ids, as the trainer's batches (data::Batch: [B, T] i32 on the host).
+    Tensor ids = randint({B, T}, vocab, DType::i32, gen), targets = randint({B, T}, vocab, DType::i32, gen);
     Row r{name + " train step", shape, 0, model->flops_per_token(T) * B * T, static_cast<double>(B * T)};
-    auto step = [&] {
-      opt.zero_grad();
-      model->loss(ids, targets).backward();
-      profile::Region region("optimizer");  // as the trainer names it
-      opt.step(1e-4);
+    auto step = [&] {  // the regions as the trainer names them
+      {
+        profile::Region region("optimizer");
+        opt.zero_grad();
+      }
+      Tensor loss = model->loss(ids, targets, true);
+      Tensor loss_f64;
+      {
+        NoGradGuard no_grad;
+        loss_f64 = loss.detach().to(DType::f64);
+      }
+      loss.backward();
+      const double l = loss_f64.item<double>();  // the trainer's one wait for the GPU per step
+      double norm = 0;
+      {
+        profile::Region region("grad sync+clip");
+        norm = clip_grad_norm(model->parameters(), kBenchGradClip);
+      }
+      if (!std::isfinite(l) || !std::isfinite(norm))
+        throw NumericalError(fmt::format("loss {}, gradient norm {}: the trainer would skip this step", l, norm));
+      {
+        profile::Region region("update check");
+        if (std::optional<NonFiniteTensor> bad = opt.non_finite_update(kBenchLr))
+          throw NumericalError(
+              fmt::format("the update would make {}: the trainer would skip this step", describe(*bad)));
+      }
+      profile::Region region("optimizer");
+      opt.step(kBenchLr);
     };
-    r.ms = time_ms(steps, step);
+    step();  // the warm-up (its launches not counted: the first step allocates and plans)
+    cuda::synchronize(0);
+    const LaunchCounts launches_from = launch_counts();
+    r.ms = time_ms(steps, step, /*warm_up=*/false);
+    r.launches_per_step = format_launches_per_step(launch_counts() - launches_from, steps, true);
     if (profiled > 0) {
       struct Off {  // a step that throws leaves the profiler off and on the host clock for the next rows
         ~Off() {
@@ -483,7 +529,8 @@ int main(int argc, char** argv) {
   auto emit = [&](const std::string& text) { write(out, text); };
   const double sheet = datasheet_bf16_tflops(gpu);
   const std::string compute_header =
-      "| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) |\n|---|---|---|---|---|---|---|\n";
+      "| case | shape | ms | TFLOP/s | of peak | tokens/s | MFU (datasheet) | launches per step |\n"
+      "|---|---|---|---|---|---|---|---|\n";
   // The peak: the best of a few large bf16 GEMMs, measured before the table starts (in
   // each --case process of the compute table too: its "of peak" column needs it).
   std::vector<Row> probes;
@@ -497,13 +544,14 @@ int main(int argc, char** argv) {
       if (r.ms > 0) peak = std::max(peak, r.flops / (r.ms * 1e-3) / 1e12);
   };
   auto line = [&](const Row& r) {
-    if (r.ms < 0) return fmt::format("| {} | {} | n/a | | | | {} |\n", r.name, r.shape, r.note);
+    if (r.ms < 0) return fmt::format("| {} | {} | n/a | | | | {} | |\n", r.name, r.shape, r.note);
     if (r.flops == 0)  // bookkeeping, not FLOPs: the time and the rate only
-      return fmt::format("| {} | {} | {:.3f} | | | {:.0f} | |\n", r.name, r.shape, r.ms, r.tokens / (r.ms * 1e-3));
+      return fmt::format("| {} | {} | {:.3f} | | | {:.0f} | | |\n", r.name, r.shape, r.ms, r.tokens / (r.ms * 1e-3));
     double tf = r.flops / (r.ms * 1e-3) / 1e12;
-    return fmt::format("| {} | {} | {:.3f} | {:.1f} | {:.0f}% | {} | {} |\n", r.name, r.shape, r.ms, tf,
+    return fmt::format("| {} | {} | {:.3f} | {:.1f} | {:.0f}% | {} | {} | {} |\n", r.name, r.shape, r.ms, tf,
                        100 * tf / peak, r.tokens > 0 ? fmt::format("{:.0f}", r.tokens / (r.ms * 1e-3)) : "",
-                       r.tokens > 0 && sheet > 0 ? fmt::format("{:.1f}%", 100 * tf / sheet) : "");
+                       r.tokens > 0 && sheet > 0 ? fmt::format("{:.1f}%", 100 * tf / sheet) : "",
+                       r.launches_per_step);
   };
   peak_rows = [&] {
     emit(fmt::format(

@@ -6,6 +6,7 @@
 
 #include "core/grad_mode.h"
 #include "ops/conv/conv.h"
+#include "ops/conv/conv_silu.h"
 #include "ops/kda/decay_gate.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/kda/kda.h"
@@ -57,15 +58,20 @@ Init lower_bound_spread_dt(const Tensor& A_log, double lower_bound) {
   });
 }
 
-// Depthwise causal conv continuing from `state` (the last W−1 inputs, [B, W−1, P])
-// when given; updates the state.
-Tensor short_conv(const Tensor& x, const Tensor& w, Tensor* state) {
-  if (!state) return causal_conv1d(x, w);
+// SiLU of the depthwise causal conv of x in the compute dtype cd (one fused op, the
+// cast to cd included when it is bf16 -> f32: ops/conv/conv_silu.h), continuing from
+// `state` (the last W−1 inputs, [B, W−1, P], in cd) when given; updates the state.
+Tensor short_conv(const Tensor& x_in, const Tensor& w, DType cd, Tensor* state) {
+  // The cast to the compute dtype is fused into the conv when it is bf16 -> f32 (w is f32).
+  const bool fused_cast = x_in.dtype() == DType::bf16 && w.dtype() == DType::f32 && cd == DType::f32;
+  if (!state && fused_cast) return causal_conv1d_silu(x_in, w);
+  const Tensor x = x_in.to(cd);
+  if (!state) return causal_conv1d_silu(x, w);
   const int64_t B = x.size(0), T = x.size(1), P = x.size(2), Wm1 = w.size(1) - 1;
-  if (Wm1 == 0) return causal_conv1d(x, w);
+  if (Wm1 == 0) return causal_conv1d_silu(x, w);
   if (!state->defined()) *state = zeros({B, Wm1, P}, x.dtype(), x.device());
   Tensor full_in = concat({*state, x}, 1);
-  Tensor y = slice(causal_conv1d(full_in, w), 1, Wm1, Wm1 + T);
+  Tensor y = slice(causal_conv1d_silu(full_in, w), 1, Wm1, Wm1 + T);
   *state = slice(full_in, 1, T, T + Wm1).detach().contiguous();
   return y;
 }
@@ -160,9 +166,9 @@ Tensor KdaLayer::forward(const Tensor& x, MixerCache* mixer_cache) const {
   // o_proj's input the layer computes in f32 (short conv, gates, the recurrence and
   // its state, the output norm), whose parameters stay f32 (docs/model.md#mixed-precision).
   const DType cd = x.dtype() == DType::bf16 ? DType::f32 : x.dtype();
-  Tensor q = silu(short_conv(linear(x, q_proj).to(cd), q_conv, cache ? &cache->conv_q : nullptr));
-  Tensor k = silu(short_conv(linear(x, k_proj).to(cd), k_conv, cache ? &cache->conv_k : nullptr));
-  Tensor v = silu(short_conv(linear(x, v_proj).to(cd), v_conv, cache ? &cache->conv_v : nullptr));
+  Tensor q = short_conv(linear(x, q_proj), q_conv, cd, cache ? &cache->conv_q : nullptr);
+  Tensor k = short_conv(linear(x, k_proj), k_conv, cd, cache ? &cache->conv_k : nullptr);
+  Tensor v = short_conv(linear(x, v_proj), v_conv, cd, cache ? &cache->conv_v : nullptr);
   q = l2_norm(reshape(q, {B, T, H, K}), c_.l2norm_eps);
   k = l2_norm(reshape(k, {B, T, H, K}), c_.l2norm_eps);
   v = reshape(v, {B, T, HV, K});
@@ -195,7 +201,9 @@ Tensor KdaLayer::forward(const Tensor& x, MixerCache* mixer_cache) const {
     if (cache) cache->state = r.final_state.detach().clone();  // owned: decode steps update it in place
     o = r.o;
   }
-  Tensor z = (c_.full_rank_output_gate ? linear(x, g_proj) : linear(linear(x, g_a_proj), g_b_proj)).to(cd);
+  Tensor z = c_.full_rank_output_gate ? linear(x, g_proj) : linear(linear(x, g_a_proj), g_b_proj);
+  // A bf16 gate under f32 o: gated_rms_norm reads it as it is (its cast fused, ops/norm/norm.cpp).
+  if (!(z.dtype() == DType::bf16 && cd == DType::f32)) z = z.to(cd);
   o = gated_rms_norm(o, o_norm, reshape(z, {B, T, HV, K}), c_.norm_eps);  // RMSNorm(o) ⊙ σ(z), fused
   return linear(reshape(o, {B, T, HV * K}).to(x.dtype()), o_proj);
 }

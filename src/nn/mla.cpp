@@ -6,6 +6,7 @@
 #include "nn/language_model.h"
 #include "ops/attention/attention.h"
 #include "ops/elementwise/elementwise.h"
+#include "ops/elementwise/sigmoid_gate.h"
 #include "ops/linalg/linalg.h"
 #include "ops/norm/norm.h"
 #include "ops/view/view.h"
@@ -92,7 +93,7 @@ Tensor MlaLayer::forward(const Tensor& x, MixerCache* mixer_cache) const {
       causal_attention(q, k, kv[1], 1.0 / std::sqrt(static_cast<double>(dn + dr)), record ? &max_logit : nullptr);
   if (record) fold_max_logit(*site_, max_logit);
   o = reshape(o, {B, T, H * dv});
-  if (c_.output_gate) o = mul(o, sigmoid(linear(x, g_proj)));
+  if (c_.output_gate) o = sigmoid_gate(o, linear(x, g_proj));  // o ⊙ σ(x W_g^T), one kernel
   return linear(o, o_proj);
 }
 

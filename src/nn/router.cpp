@@ -9,6 +9,7 @@
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/linalg.h"
 #include "ops/reduce/reduce.h"
+#include "ops/router/route_weights.h"
 #include "ops/router/router.h"
 #include "ops/softmax/softmax.h"
 #include "ops/topk/topk.h"
@@ -30,7 +31,7 @@ PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Ten
   // The selected s, read with the ids where they were made (no host indices):
   // its gradient is a plain per-row scatter.
   Tensor w = gather_last(scores, experts.tensor());  // [N, k]
-  if (c.renormalize && c.top_k > 1) w = div(w, add_scalar(sum(w, -1, true), 1e-20));
+  if (c.renormalize && c.top_k > 1) w = renormalize_rows(w, 1e-20);  // w / (Σ_slots w + 1e-20), one kernel
   if (c.routed_scaling_factor != 1.0) w = mul_scalar(w, c.routed_scaling_factor);
   return {std::move(logits), std::move(scores), std::move(w), std::move(experts)};
 }

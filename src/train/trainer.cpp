@@ -473,7 +473,10 @@ StepResult Trainer::train_step() {
   r.step = progress_.step + 1;
   // train.profile: components timed from the second step of this run on (the first
   // allocates its buffers); eval, samples and checkpoints are not counted.
-  if (train_.profile && progress_.step > start_step_) profile::set_enabled(true);
+  if (train_.profile && progress_.step > start_step_) {
+    profile::set_enabled(true);
+    step_launches_from_ = launch_counts();
+  }
   comm::set_watchdog_step(r.step);
   faults_.at_step_start(r.step);
   r.lr = train_.schedule.at(progress_.step);
@@ -621,6 +624,7 @@ void Trainer::end_step(StepResult& r, Clock::time_point t0) {
   if (profile::enabled()) {
     profile::set_enabled(false);  // what follows (logging, eval, checkpoints) is not a step's work
     ++profiled_steps_;
+    profiled_launches_ = profiled_launches_ + (launch_counts() - step_launches_from_);
   }
   r.seconds = seconds_since(t0);
   r.tokens = train_.tokens_per_step(dist_.grid.replicas());
@@ -767,10 +771,12 @@ void Trainer::report_end() {
   if (progress_.tokens > start_tokens_) report_memory(dist_, *ledger_, baseline_rss_);  // steps ran here
   if (!train_.profile) return;
   profile::set_enabled(false);
-  if (profiled_steps_ > 0)
+  if (profiled_steps_ > 0) {
     spdlog::info("time per step by component (train.profile; this rank, mean of {} steps after the first):\n{}",
                  profiled_steps_, profile::format_table(profile::entries(), profiled_steps_));
-  else
+    spdlog::info("launches per step (train.profile; this rank, mean of {} steps): {}", profiled_steps_,
+                 format_launches_per_step(profiled_launches_, profiled_steps_, device_.is_cuda()));
+  } else
     spdlog::info("train.profile: no step after the first ran here, nothing to report");
 }
 

@@ -27,6 +27,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
+#include "core/launch_count.h"
 #include "core/signals.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
@@ -157,6 +158,9 @@ class Trainer {
   SaveOptions save_options_;
   TrainProgress progress_;
   int64_t start_step_ = 0, start_tokens_ = 0, profiled_steps_ = 0;
+  // train.profile: the launch counter (core/launch_count.h) at the profiled step's
+  // start, and the launches of the profiled steps so far.
+  LaunchCounts step_launches_from_, profiled_launches_;
   double model_flops_per_token_ = 0;  // training FLOPs (forward + backward) at train.seq_len
   double peak_flops_ = 0;             // per rank: train.peak_tflops, or measured at the start
   double step_seconds_avg_ = 0;       // the step line's smoothed step time

@@ -12,6 +12,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/runtime.h"
+#include "core/launch_count.h"
 
 #define MT_CUBLAS_CHECK(call)                                                                       \
   do {                                                                                              \
@@ -73,6 +74,7 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   const void* pb = dtype == DType::f64 ? static_cast<const void*>(&beta) : &beta_f;
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   // Column-major: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m).
+  count_cuda_library_call();
   MT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       handle(device), op_b, op_a, to_int(n, "N"), to_int(m, "M"), to_int(k, "K"), pa, b, type, to_int(ldb, "ldb"),
       stride_b, a, type, to_int(lda, "lda"), stride_a, pb, c, type, to_int(ldc, "ldc"), stride_c,
@@ -118,6 +120,7 @@ void gemm_grouped(DType dtype, bool trans_a, bool trans_b, const std::vector<Gem
   write_pointers(static_cast<void* const*>(on_device), pointers.data(), static_cast<int64_t>(pointers.size()), device);
   const void* const* dev = static_cast<const void* const*>(on_device);
   void* const* outputs = static_cast<void* const*>(on_device) + 2 * groups;
+  count_cuda_library_call();
   const cublasStatus_t st = cublasGemmGroupedBatchedEx(
       handle(device), first.data(), second.data(), rows.data(), cols.data(), depth.data(), alpha.data(), dev, type,
       ld_first.data(), dev + groups, type, ld_second.data(), beta.data(), outputs, type, ld_c.data(), groups,

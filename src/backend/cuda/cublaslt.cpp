@@ -1,12 +1,13 @@
 // cuBLASLt calls (compiled only with the CUDA backend): one handle per device,
 // the device's stream, a 32 MiB workspace per device from the caching allocator,
-// and a plan per GEMM shape (descriptors and the heuristic's first algorithm)
+// and a plan per GEMM shape and thread (descriptors and the heuristic's first algorithm)
 // kept for the process's life. Row-major C = op(A) op(B) is column-major
 // C^T = op(B)^T op(A)^T: cuBLASLt's A is our B, its B our A (as in cublas.cpp).
 // docs/cuda.md, "cuBLASLt epilogues".
 #include "backend/cuda/cublaslt.h"
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cublas.h"
 #include "backend/cuda/runtime.h"
+#include "core/launch_count.h"
 
 #define MT_CUBLASLT_CHECK(call)                                                                     \
   do {                                                                                              \
@@ -66,11 +68,14 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;
 };
-std::mutex g_plans_mutex;
-std::map<PlanKey, Plan> g_plans;
+// Per thread: a cached descriptor's pointers (bias, aux) are set per call, so each
+// thread has its own plans and a GEMM takes no lock (a shape's plan is made once per
+// thread; in training, one thread per device).
+thread_local std::map<PlanKey, Plan> t_plans;
 
-std::mutex g_stats_mutex;
-LtStats g_stats;
+// LtStats, counted without a lock.
+std::array<std::atomic<int64_t>, 4> g_runs{}, g_unavailable{}, g_disabled{};
+std::atomic<int64_t> g_fallbacks{0};
 
 cublasLtEpilogue_t to_lt(LtEpilogue e) {
   switch (e) {
@@ -140,14 +145,14 @@ bool run(const LtGemm& g, int device) {
   const bool tf32 = g.dtype == DType::f32 && allow_tf32();
   const PlanKey key{device, static_cast<int>(g.dtype), tf32, g.trans_a, g.trans_b, g.m, g.n, g.k,
                     g.lda, g.ldb, g.ldc, static_cast<int>(g.epilogue), with_aux(g.epilogue) ? g.ld_aux : 0};
-  std::lock_guard<std::mutex> lock(g_plans_mutex);  // the cached descriptor's pointers are set per call
-  auto it = g_plans.find(key);
-  if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(g, s)).first;
+  auto it = t_plans.find(key);
+  if (it == t_plans.end()) it = t_plans.emplace(key, make_plan(g, s)).first;
   Plan& p = it->second;
   if (!p.ok) return false;
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (with_aux(g.epilogue)) set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
   const float one = 1.0f, zero = 0.0f;
+  count_cuda_library_call();
   MT_CUBLASLT_CHECK(cublasLtMatmul(s.handle, p.desc, &one, g.b, p.layout_a, g.a, p.layout_b, &zero, g.c, p.layout_c,
                                    g.c, p.layout_c, &p.algo, s.workspace, static_cast<size_t>(kWorkspaceBytes),
                                    stream(device)));
@@ -205,15 +210,14 @@ GeluForm probe_gelu(int device) {
 enum class LtOutcome { ran, unavailable, disabled, refused };
 
 void count(const LtGemm& g, LtOutcome outcome) {
-  const int e = static_cast<int>(g.epilogue);
-  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  const size_t e = static_cast<size_t>(g.epilogue);
   if (outcome == LtOutcome::ran) {
-    ++g_stats.runs[e];
+    g_runs[e].fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (outcome == LtOutcome::unavailable) ++g_stats.unavailable[e];
-  if (outcome == LtOutcome::disabled) ++g_stats.disabled[e];
-  ++g_stats.fallbacks;
+  if (outcome == LtOutcome::unavailable) g_unavailable[e].fetch_add(1, std::memory_order_relaxed);
+  if (outcome == LtOutcome::disabled) g_disabled[e].fetch_add(1, std::memory_order_relaxed);
+  g_fallbacks.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -242,8 +246,14 @@ bool lt_matmul(const LtGemm& g, int device) {
 }
 
 LtStats lt_stats() {
-  std::lock_guard<std::mutex> lock(g_stats_mutex);
-  return g_stats;
+  LtStats s;
+  for (size_t i = 0; i < g_runs.size(); ++i) {
+    s.runs[i] = g_runs[i].load(std::memory_order_relaxed);
+    s.unavailable[i] = g_unavailable[i].load(std::memory_order_relaxed);
+    s.disabled[i] = g_disabled[i].load(std::memory_order_relaxed);
+  }
+  s.fallbacks = g_fallbacks.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace moetrain::cuda

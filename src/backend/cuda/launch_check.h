@@ -60,6 +60,15 @@ DeviceLaunchLimits hopper_launch_limits();
 bool check_launch(std::string_view kernel, LaunchDims grid, LaunchDims block, int64_t shared_bytes,
                   const DeviceLaunchLimits& device, const KernelLaunchLimits& func, std::string_view what = {});
 
+// This thread's device (runtime.cpp, built with CUDA only): the one it is bound to by cuda::set_device
+// (select_device, or any call naming a device: stream(d), the allocator, ...), kept in
+// a thread_local, so setting the bound device again and every stream(device) and
+// allocation on it cost a compare and a load, no CUDA call; before the first, CUDA's
+// current device, asked once. Only cuda::set_device may change a thread's device (a
+// direct cudaSetDevice leaves the binding stale). docs/cuda.md, "The launch path and
+// the launch counter".
+int current_device();
+
 // The last kernel launched through cuda::launch in this process (its name, a string
 // literal; nullptr before the first): one relaxed store per launch (launch.cuh). An
 // error of a kernel's execution (an illegal address) surfaces at a later CUDA call;

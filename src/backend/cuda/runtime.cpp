@@ -40,11 +40,34 @@ std::string device_name(int device) {
   return prop.name;
 }
 
+namespace {
+
+struct DeviceState;
+
+// The device this thread is bound to (-1: none yet) and its state once made: set by
+// set_device, read by every stream() and allocation (state() below), so the launch
+// path never asks CUDA which device is current nor sets it again.
+thread_local int t_device = -1;
+thread_local DeviceState* t_state = nullptr;
+
+}  // namespace
+
 void set_device(int device) {
+  if (device == t_device) [[likely]] return;
   int n = device_count();
   MT_CHECK(device >= 0 && device < n, "cuda:{} requested but {} CUDA device(s) are visible{}", device, n,
            n == 0 ? " (no driver or no GPU; check nvidia-smi and CUDA_VISIBLE_DEVICES)" : "");
   MT_CUDA_CHECK(cudaSetDevice(device));
+  t_device = device;
+  t_state = nullptr;  // found again by state() on first use
+}
+
+int current_device() {
+  if (t_device >= 0) [[likely]] return t_device;
+  int device = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  set_device(device);
+  return device;
 }
 
 int select_device(int local_rank) {
@@ -157,12 +180,20 @@ bool event_passed(cudaEvent_t e) {
 std::array<std::once_flag, kMaxDevices> g_once;
 std::array<DeviceState*, kMaxDevices> g_state{};
 
-DeviceState& state(int device) {
-  MT_CHECK(device < kMaxDevices, "cuda:{}: at most {} devices per process", device, kMaxDevices);
+// The state of `device`, made current for this thread. The bound device's is a
+// compare and a load (t_state); another device binds the thread to it first.
+DeviceState& bind_state(int device) {
+  MT_CHECK(device >= 0 && device < kMaxDevices, "cuda:{}: at most {} devices per process", device, kMaxDevices);
   set_device(device);
   std::call_once(g_once[static_cast<size_t>(device)],
                  [device] { g_state[static_cast<size_t>(device)] = new DeviceState(device); });
-  return *g_state[static_cast<size_t>(device)];
+  t_state = g_state[static_cast<size_t>(device)];
+  return *t_state;
+}
+
+DeviceState& state(int device) {
+  if (device == t_device && t_state) [[likely]] return *t_state;
+  return bind_state(device);
 }
 
 }  // namespace

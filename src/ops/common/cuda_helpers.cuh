@@ -65,13 +65,8 @@ template <class A> __device__ Ranked<A> block_first(Ranked<A> r) {
   return warp_first(w);
 }
 
-// An attribute of the current device.
-inline int device_attribute(cudaDeviceAttr attribute) {
-  int device = 0, value = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&device));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
-  return value;
-}
+// device_attribute (launch.cuh): an attribute of this thread's device, asked of CUDA
+// once per device (no cudaGetDevice per call).
 
 // The opt-in shared memory per block of the current device, in bytes.
 inline int max_shared_bytes() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }

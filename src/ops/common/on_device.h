@@ -8,10 +8,14 @@
 // Its value is the kernel's (both return the same type). On the CPU the call goes
 // through cpu::run_kernel (ops/common/bf16_widen.h): bf16 tensors are widened to f32
 // for the kernels without a bf16 path of their own, and their outputs rounded back.
+// The CPU call is counted as one kernel launch (core/launch_count.h: cpu_kernels), the
+// op's CUDA kernel counting itself in cuda::launch.
 #pragma once
 
+#include "core/launch_count.h"
 #include "ops/common/bf16_widen.h"
 
-#define MT_ON_DEVICE(t, kernel, ...)                          \
-  ((t).is_cuda() ? ::moetrain::cuda::kernel(__VA_ARGS__)      \
-                 : ::moetrain::cpu::run_kernel(#kernel, &::moetrain::cpu::kernel, __VA_ARGS__))
+#define MT_ON_DEVICE(t, kernel, ...)                                                \
+  ((t).is_cuda() ? ::moetrain::cuda::kernel(__VA_ARGS__)                            \
+                 : (::moetrain::count_cpu_kernel_call(),                            \
+                    ::moetrain::cpu::run_kernel(#kernel, &::moetrain::cpu::kernel, __VA_ARGS__)))

@@ -336,4 +336,35 @@ void add_inplace(Tensor& dst, const Tensor& src, double alpha) {
   });
 }
 
+// The same products as the unfused sigmoid then mul (sigmoid_of as the CPU sigmoid).
+void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& z) {
+  dispatch_float(x.dtype(), "sigmoid_gate", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    const T* pz = z.data<T>();
+    T* py = y.data<T>();
+    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) py[i] = px[i] * sigmoid_of(pz[i]);
+    });
+  });
+}
+
+void sigmoid_gate_backward(Tensor* grad_x, Tensor* grad_z, const Tensor& grad_y, const Tensor& x, const Tensor& z) {
+  dispatch_float(x.dtype(), "sigmoid_gate_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    const T* pz = z.data<T>();
+    const T* gy = grad_y.data<T>();
+    T* gx = grad_x ? grad_x->data<T>() : nullptr;
+    T* gz = grad_z ? grad_z->data<T>() : nullptr;
+    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const T s = sigmoid_of(pz[i]);
+        if (gx) gx[i] = gy[i] * s;
+        if (gz) gz[i] = (gy[i] * px[i]) * (s * (T(1) - s));
+      }
+    });
+  });
+}
+
 }  // namespace moetrain::cpu

@@ -2,6 +2,7 @@
 // whose formulas these follow). bf16 computes in f32; sums (sum_to) accumulate
 // in double like the CPU kernel.
 #include "ops/elementwise/elementwise_kernels.h"
+#include "ops/elementwise/sigmoid_gate_simt.h"
 
 #include "backend/cuda/kernel_utils.cuh"
 
@@ -152,6 +153,21 @@ template <class T> __global__ void add_inplace_kernel(T* d, const T* s, acc_t<T>
   MT_GRID_LOOP(i, n) store(d, i, load(d, i) + alpha * load(s, i));
 }
 
+// sigmoid_gate: the arithmetic of sigmoid_gate_simt.h, in the compute type.
+template <class T> __global__ void sigmoid_gate_kernel(T* y, const T* x, const T* z, int64_t n) {
+  MT_GRID_LOOP(i, n) store(y, i, simt::sigmoid_gate_value(load(x, i), load(z, i)));
+}
+
+template <class T>
+__global__ void sigmoid_gate_backward_kernel(T* gx, T* gz, const T* gy, const T* x, const T* z, int64_t n) {
+  MT_GRID_LOOP(i, n) {
+    acc_t<T> dx, dz;
+    simt::sigmoid_gate_grads(load(gy, i), load(x, i), load(z, i), dx, dz);
+    if (gx) store(gx, i, dx);
+    if (gz) store(gz, i, dz);
+  }
+}
+
 // sum_to: target element j sums t over the reduced dims. `kept`/`red` list dims
 // of t with their extents and strides; j and r decompose over them.
 struct Reduction {
@@ -300,6 +316,27 @@ void add_inplace(Tensor& dst, const Tensor& src, double alpha) {
     using T = decltype(tag);
     launch("add_inplace_kernel", add_inplace_kernel<T>, blocks_for(n), kThreads, 0, stream_of(dst), ptr<T>(dst),
            ptr<T>(src), static_cast<acc_t<T>>(alpha), n);
+  });
+}
+
+void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& z) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_float_cuda(x.dtype(), "sigmoid_gate", [&](auto tag) {
+    using T = decltype(tag);
+    launch("sigmoid_gate_kernel", sigmoid_gate_kernel<T>, blocks_for(n), kThreads, 0, stream_of(x), ptr<T>(y),
+           ptr<T>(x), ptr<T>(z), n);
+  });
+}
+
+void sigmoid_gate_backward(Tensor* grad_x, Tensor* grad_z, const Tensor& grad_y, const Tensor& x, const Tensor& z) {
+  const int64_t n = x.numel();
+  if (n == 0 || (!grad_x && !grad_z)) return;
+  dispatch_float_cuda(x.dtype(), "sigmoid_gate_backward", [&](auto tag) {
+    using T = decltype(tag);
+    launch("sigmoid_gate_backward_kernel", sigmoid_gate_backward_kernel<T>, blocks_for(n), kThreads, 0, stream_of(x),
+           grad_x ? ptr<T>(*grad_x) : nullptr, grad_z ? ptr<T>(*grad_z) : nullptr, ptr<T>(grad_y), ptr<T>(x),
+           ptr<T>(z), n);
   });
 }
 

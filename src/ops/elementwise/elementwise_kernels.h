@@ -22,6 +22,10 @@ void pow_forward(Tensor& y, const Tensor& x, double p);
 void sum_to(Tensor& out, const Tensor& t);
 void broadcast_copy(Tensor& out, const Tensor& x);
 void add_inplace(Tensor& dst, const Tensor& src, double alpha);
+// sigmoid_gate (sigmoid_gate.h): y = x σ(z), x, z, y of one shape (overwrites y).
+void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& z);
+// grad_x = grad_y σ(z), grad_z = grad_y x σ(z) (1 - σ(z)); either may be null (overwrites).
+void sigmoid_gate_backward(Tensor* grad_x, Tensor* grad_z, const Tensor& grad_y, const Tensor& x, const Tensor& z);
 }  // namespace cpu
 
 // The CUDA twins (elementwise_cuda.cu): same contracts; f32, f64 and bf16.
@@ -35,6 +39,9 @@ MT_CUDA_KERNEL(void pow_forward(Tensor& y, const Tensor& x, double p));
 MT_CUDA_KERNEL(void sum_to(Tensor& out, const Tensor& t));
 MT_CUDA_KERNEL(void broadcast_copy(Tensor& out, const Tensor& x));
 MT_CUDA_KERNEL(void add_inplace(Tensor& dst, const Tensor& src, double alpha));
+MT_CUDA_KERNEL(void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& z));
+MT_CUDA_KERNEL(void sigmoid_gate_backward(Tensor* grad_x, Tensor* grad_z, const Tensor& grad_y, const Tensor& x,
+                                          const Tensor& z));
 }  // namespace cuda
 
 }  // namespace moetrain

@@ -3,7 +3,10 @@
 //   RMSNorm:   dx = r (g - x̂ mean(g ⊙ x̂)),            dw = Σ dy ⊙ x̂
 //   L2 norm:   dx = r (dy - y (y · dy))
 //   gated RMSNorm, y = ŷ ⊙ σ(z) with ŷ the RMSNorm: the RMSNorm formulas with
-//              dy σ(z) for dy, and dz = dy ŷ σ(z)(1 - σ(z))
+//              dy σ(z) for dy, and dz = dy ŷ σ(z)(1 - σ(z)). The gate may be bf16
+//              under f32 x (KDA's bf16 gate projection, mixed precision): read as it
+//              is and dz written in bf16, the cast to f32 and its backward fused
+//              (the same bits as casting first: one rounding of dz either way).
 //   residual add + norm, h = x + d, y = norm(h): dx = dd = dh + (the norm's dx at h)
 #include "ops/norm/norm.h"
 
@@ -52,7 +55,9 @@ Tensor scaled_norm(const char* op, const Tensor& x, const Tensor& weight, const 
   if (gate.defined()) {
     MT_CHECK(gate.shape() == x.shape(), "{}: gate is {} but x is {}; they must have the same shape", op,
              gate.shape(), x.shape());
-    check_same_kind(op, x, gate);
+    // A bf16 gate under f32 x: the gate's cast to f32 is fused (gated RMSNorm in the comment above).
+    if (!(x.dtype() == DType::f32 && gate.dtype() == DType::bf16)) check_same_kind(op, x, gate);
+    MT_CHECK(gate.device() == x.device(), "{}: gate on {} but x on {}", op, gate.device(), x.device());
   }
   Tensor y = empty_like(x);
   Tensor rstd = empty(x.shape().drop_last(), stats_dtype(x), x.device());

@@ -6,6 +6,7 @@
 // mean and rstd are stored in acc_t<T> too (the op gives bf16 data f32
 // statistics).
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/common/cuda_helpers.cuh"
 #include "ops/norm/norm_kernels.h"
@@ -77,8 +78,8 @@ __global__ void layer_norm_grad_x_kernel(T* dx, const T* dy, const T* x, const T
 // times σ(z[r, j]) where a gate z is given.
 // Block (32, 8): thread (tx, ty) adds rows ty, ty + 8, ... of the chunk for column
 // blockIdx.x * 32 + tx; the 8 row lanes are then added in order.
-template <class T>
-__global__ void norm_param_partials_kernel(double* pw, double* pb, const T* dy, const T* x, const T* z,
+template <class T, class TZ>
+__global__ void norm_param_partials_kernel(double* pw, double* pb, const T* dy, const T* x, const TZ* z,
                                            const acc_t<T>* mean, const acc_t<T>* rstd, int64_t rows, int64_t n,
                                            int64_t chunk_rows) {
   using A = acc_t<T>;
@@ -126,8 +127,9 @@ __global__ void norm_param_finish_kernel(T* dw, T* db, const double* pw, const d
 // The weight and bias gradients (either may be null), for every column (zeros
 // when rows == 0): row chunks of kChunkRows (at most kMaxChunks of them) summed
 // in parallel, then the chunks in order.
-template <class T>
-void norm_param_grads(T* dw, T* db, const T* dy, const T* x, const T* z, const acc_t<T>* mean,
+// TZ: the gate's storage type (T, or bf16 under f32: gated_rms_norm's fused cast).
+template <class T, class TZ = T>
+void norm_param_grads(T* dw, T* db, const T* dy, const T* x, const TZ* z, const acc_t<T>* mean,
                       const acc_t<T>* rstd, int64_t rows, int64_t n, Device device, cudaStream_t s) {
   int64_t chunk_rows = std::max(kChunkRows, (rows + kMaxChunks - 1) / kMaxChunks);
   int64_t chunks = std::max<int64_t>(1, (rows + chunk_rows - 1) / chunk_rows);
@@ -135,14 +137,14 @@ void norm_param_grads(T* dw, T* db, const T* dy, const T* x, const T* z, const a
   double* pw = ptr<double>(partial);
   double* pb = pw + chunks * n;
   const LaunchDims grid((n + kColTile - 1) / kColTile, chunks);
-  launch("norm_param_partials_kernel", norm_param_partials_kernel<T>, grid, dim3(kColTile, kRowLanes), 0, s, pw, pb, dy,
+  launch("norm_param_partials_kernel", norm_param_partials_kernel<T, TZ>, grid, dim3(kColTile, kRowLanes), 0, s, pw, pb, dy,
          x, z, mean, rstd, rows, n, chunk_rows);
   launch("norm_param_finish_kernel", norm_param_finish_kernel<T>, blocks_for(n), kThreads, 0, s, dw, db, pw, pb, n,
          chunks);
 }
 
-template <class T>
-__global__ void scaled_norm_forward_kernel(T* y, acc_t<T>* rstd, const T* x, const T* w, const T* z, int64_t rows,
+template <class T, class TZ>
+__global__ void scaled_norm_forward_kernel(T* y, acc_t<T>* rstd, const T* x, const T* w, const TZ* z, int64_t rows,
                                            int64_t n, double scale, double eps) {
   using A = acc_t<T>;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -164,14 +166,14 @@ __global__ void scaled_norm_forward_kernel(T* y, acc_t<T>* rstd, const T* x, con
 
 // dx = r (g - x r scale Σ_j g_j x_j r), g = dy σ(z) ⊙ w (σ(z) = 1 without a gate);
 // dz = dy x r w σ(z)(1 - σ(z)) (see norm_cpu.cpp).
-template <class T>
-__global__ void scaled_norm_grad_x_kernel(T* dx, T* dz, const T* dy, const T* x, const T* w, const T* z,
+template <class T, class TZ>
+__global__ void scaled_norm_grad_x_kernel(T* dx, TZ* dz, const T* dy, const T* x, const T* w, const TZ* z,
                                           const acc_t<T>* rstd, int64_t rows, int64_t n, double scale) {
   using A = acc_t<T>;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * n;
     const T* gr = dy + r * n;
-    const T* zr = z ? z + r * n : nullptr;
+    const TZ* zr = z ? z + r * n : nullptr;
     A rs = rstd[r], dot = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
       dot += load(gr, j) * (zr ? sigmoid_a(load(zr, j)) : A(1)) * (w ? load(w, j) : A(1)) * load(xr, j) * rs;
@@ -205,6 +207,17 @@ __global__ void add_norm_backward_kernel(simt::AddNormArgs<T> a) {
 
 template <class T> const T* ptr_or_null(const Tensor& t) { return t.defined() ? ptr<T>(t) : nullptr; }
 template <class T> T* ptr_or_null(Tensor* t) { return t ? ptr<T>(*t) : nullptr; }
+
+// f(T{}, TZ{}): T x's type, TZ the gate's: T, or bf16 under f32 x (the gate's cast
+// fused: gated_rms_norm, norm.cpp); no gate: T.
+template <class F> void dispatch_gate_types(const Tensor& x, const Tensor& z, const char* op, F&& f) {
+  dispatch_float_cuda(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float>)
+      if (z.defined() && z.dtype() == DType::bf16) return f(float{}, bf16_t{});
+    return f(T{}, T{});
+  });
+}
 
 struct RowsCols {
   int64_t rows, n;
@@ -250,10 +263,12 @@ void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor&
                          double eps) {
   auto [rows, n] = rows_cols(x);
   if (rows == 0 || n == 0) return;
-  dispatch_float_cuda(x.dtype(), "norm", [&](auto tag) {
+  dispatch_gate_types(x, z, "norm", [&](auto tag, auto z_tag) {
     using T = decltype(tag);
-    launch("scaled_norm_forward_kernel", scaled_norm_forward_kernel<T>, row_blocks(rows), kThreads, 0, stream_of(x),
-           ptr<T>(y), ptr<acc_t<T>>(rstd), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(z), rows, n, scale, eps);
+    using TZ = decltype(z_tag);
+    launch("scaled_norm_forward_kernel", scaled_norm_forward_kernel<T, TZ>, row_blocks(rows), kThreads, 0,
+           stream_of(x), ptr<T>(y), ptr<acc_t<T>>(rstd), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<TZ>(z), rows, n,
+           scale, eps);
   });
 }
 
@@ -261,17 +276,19 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const 
                           const Tensor& w, const Tensor& z, const Tensor& rstd, double scale) {
   auto [rows, n] = rows_cols(x);
   if (n == 0) return;
-  dispatch_float_cuda(x.dtype(), "norm_backward", [&](auto tag) {
+  dispatch_gate_types(x, z, "norm_backward", [&](auto tag, auto z_tag) {
     using T = decltype(tag);
+    using TZ = decltype(z_tag);
     cudaStream_t s = stream_of(x);
     if (rows > 0) {
-      launch("scaled_norm_grad_x_kernel", scaled_norm_grad_x_kernel<T>, row_blocks(rows), kThreads, 0, s,
-             ptr<T>(grad_x), ptr_or_null<T>(grad_z), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(w), ptr_or_null<T>(z),
-             ptr<acc_t<T>>(rstd), rows, n, scale);
+      launch("scaled_norm_grad_x_kernel", scaled_norm_grad_x_kernel<T, TZ>, row_blocks(rows), kThreads, 0, s,
+             ptr<T>(grad_x), ptr_or_null<TZ>(grad_z), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(w),
+             ptr_or_null<TZ>(z), ptr<acc_t<T>>(rstd), rows, n, scale);
     }
     if (grad_w)
-      norm_param_grads<T>(ptr<T>(*grad_w), static_cast<T*>(nullptr), ptr<T>(grad_y), ptr<T>(x), ptr_or_null<T>(z),
-                          static_cast<const acc_t<T>*>(nullptr), ptr<acc_t<T>>(rstd), rows, n, x.device(), s);
+      norm_param_grads<T, TZ>(ptr<T>(*grad_w), static_cast<T*>(nullptr), ptr<T>(grad_y), ptr<T>(x),
+                              ptr_or_null<TZ>(z), static_cast<const acc_t<T>*>(nullptr), ptr<acc_t<T>>(rstd), rows, n,
+                              x.device(), s);
   });
 }
 
