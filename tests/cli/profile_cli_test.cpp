@@ -39,6 +39,13 @@ TEST_CASE("cli: train.profile prints the time per step of each component", "[cli
   std::smatch kda;
   REQUIRE(std::regex_search(run.output, kda, std::regex("\\n.*  kda +[0-9.]+ +[0-9.]+ +([0-9.]+)")));
   CHECK(std::stod(kda[1]) > 0);
+  // And the kernel launches per step (core/launch_count.h): every profiled step runs the
+  // same kernels, so a whole mean, and more than a handful.
+  std::smatch launches;
+  REQUIRE(std::regex_search(run.output, launches,
+                            std::regex("launches per step \\(train\\.profile; this rank, mean of 3 steps\\): "
+                                       "([0-9]+) CPU kernel calls")));
+  CHECK(std::stoll(launches[1]) > 100);
 
   auto off = moetrain::testing::run_moetrain(args + " --set train.profile=false --set run.dir=" + tmp.path() + "/b");
   CHECK(off.code == 0);
