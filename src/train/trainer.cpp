@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "backend/cpu/onednn.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cuda/cublas.h"
 #include "backend/cuda/runtime.h"
@@ -436,6 +437,10 @@ void Trainer::place_on_device() {
   spdlog::info("mixed precision: bf16 parameters and activations, f32 master weights and optimizer state; {} of {} "
                "parameters stay f32 (router, KDA gate, conv and output norm)", with_commas(kept),
                with_commas(count_parameters(params)));
+  if (!device_.is_cuda() && !cpu::onednn::has_bf16_kernels())
+    spdlog::warn("bf16 on this CPU: oneDNN has no bf16 matmul at ISA {} (below AVX-512), so the products widen to f32 "
+                 "and the bf16 step is slower than an f32 one; train.dtype: f32 is faster here (docs/performance.md)",
+                 cpu::onednn::effective_isa());
 }
 
 // The root makes the start durable (run directory, resolved config) and opens the metrics.

@@ -218,3 +218,30 @@ TEST_CASE("cli: train.dtype bf16 trains every shipped config that fits one proce
     for (double l : losses) CHECK(std::isfinite(l));
   }
 }
+
+// Below AVX-512 oneDNN 2.6 has no bf16 matmul (creating one throws): bf16 products then
+// widen to f32 on the f32 GEMM route (backend/cpu/onednn.h). ONEDNN_MAX_CPU_ISA=AVX2 with
+// MOETRAIN_ISA=avx2 stands in for an AVX2-only CPU: `moetrain info` says so and a bf16
+// run trains, following the native bf16 run (the same exact products, summed in another
+// order) within the bf16-vs-f32 bound. Before the fallback, both stopped with "could not
+// create a primitive descriptor iterator".
+TEST_CASE("cli: bf16 on a CPU without oneDNN bf16 kernels (AVX2) widens its products and trains", "[cli]") {
+  Bf16Job job;
+  const string avx2 = "env ONEDNN_MAX_CPU_ISA=AVX2 MOETRAIN_ISA=avx2 ";
+  const Result info = moetrain::testing::capture_command(avx2 + string(MOETRAIN_BINARY_DIR) + "/moetrain info");
+  INFO(info.output);
+  CHECK(info.code == 0);
+  CHECK(info.output.find("ISA avx2 (bf16 x bf16 -> f32 on a GPT-2 shape: none at this ISA: bf16 products widen to "
+                         "f32") != string::npos);
+  const int steps = 8;
+  Result native = job.run(1, job.gpt2("native", steps) + " --set train.dtype=bf16");
+  INFO(native.output);
+  REQUIRE(native.code == 0);
+  Result widened = moetrain::testing::capture_command(avx2 + string(MOETRAIN_BINARY_DIR) + "/moetrain " +
+                                                      job.gpt2("widened", steps) + " --set train.dtype=bf16");
+  INFO(widened.output);
+  REQUIRE(widened.code == 0);
+  CHECK(widened.output.find("bf16 on this CPU: oneDNN has no bf16 matmul at ISA avx2") != string::npos);
+  CHECK(native.output.find("oneDNN has no bf16 matmul") == string::npos);
+  check_follows(metrics_losses(job.dir + "/widened"), metrics_losses(job.dir + "/native"), kBf16VsF32Gpt2);
+}

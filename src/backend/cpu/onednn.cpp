@@ -9,6 +9,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "backend/cpu/blas.h"
 #include "core/error.h"
 
 namespace moetrain::cpu::onednn {
@@ -99,7 +100,59 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn
   return e;
 }
 
+// Whether oneDNN has a bf16 matmul on this CPU: it has none below AVX-512 (an
+// AVX2-only CPU, or ONEDNN_MAX_CPU_ISA=AVX2), where creating one throws. Asked once.
+bool onednn_has_bf16() {
+  static const bool has = [] {
+    try {
+      const dnnl::memory::desc a({4, 16}, onednn_dt::bf16, onednn_dims{16, 1});
+      const dnnl::memory::desc b({16, 16}, onednn_dt::bf16, onednn_dims{16, 1});
+      const dnnl::memory::desc c({4, 16}, onednn_dt::f32, onednn_dims{16, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), onednn_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return has;
+}
+
+// A stored matrix (rows x cols at ld) of bf16 widened into a packed f32 buffer (exact).
+void widen_stored(const bf16* p, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) out[static_cast<size_t>(r * cols + j)] = p[r * ld + j].to_float();
+}
+
+// The bf16 products where oneDNN has no bf16 kernel: A and B widened to f32 (exact), the
+// f32 GEMM route (blas.h) accumulating in f32, C rounded to bf16 once. The same math as
+// oneDNN's bf16 kernels (exact products, f32 sums), in the f32 route's order.
+void widened_bf16_matmul(const MatmulShape& s, const void* a, const void* b, DType c_type, void* c, bool accumulate) {
+  std::vector<float> fa, fb, fc;
+  const int64_t ra = s.trans_a ? s.k : s.m, ca = s.trans_a ? s.m : s.k;
+  const int64_t rb = s.trans_b ? s.n : s.k, cb = s.trans_b ? s.k : s.n;
+  for (int64_t i = 0; i < s.batch; ++i) {
+    widen_stored(static_cast<const bf16*>(a) + i * s.stride_a, ra, ca, s.lda, fa);
+    widen_stored(static_cast<const bf16*>(b) + i * s.stride_b, rb, cb, s.ldb, fb);
+    if (c_type == DType::f32) {
+      float* ci = static_cast<float*>(c) + i * s.stride_c;
+      gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, fa.data(), ca, fb.data(), cb, accumulate ? 1.0f : 0.0f, ci,
+           s.ldc);
+      continue;
+    }
+    bf16* ci = static_cast<bf16*>(c) + i * s.stride_c;
+    if (accumulate) widen_stored(ci, s.m, s.n, s.ldc, fc);
+    else fc.assign(static_cast<size_t>(s.m * s.n), 0.0f);
+    gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, fa.data(), ca, fb.data(), cb, accumulate ? 1.0f : 0.0f,
+         fc.data(), s.n);
+    for (int64_t r = 0; r < s.m; ++r)
+      for (int64_t j = 0; j < s.n; ++j) ci[r * s.ldc + j] = bf16::from_float(fc[static_cast<size_t>(r * s.n + j)]);
+  }
+}
+
 }  // namespace
+
+bool has_bf16_kernels() { return onednn_has_bf16(); }
 
 void matmul(const MatmulShape& s, DType ab, const void* a, const void* b, DType c_type, void* c, bool accumulate) {
   const onednn_dt tab = onednn_type(ab, "a/b"), tc = onednn_type(c_type, "c");
@@ -111,6 +164,10 @@ void matmul(const MatmulShape& s, DType ab, const void* a, const void* b, DType 
     for (int64_t i = 0; i < s.batch; ++i)
       for (int64_t r = 0; r < s.m; ++r)
         std::memset(static_cast<char*>(c) + (i * s.stride_c + r * s.ldc) * es, 0, static_cast<size_t>(s.n * es));
+    return;
+  }
+  if (ab == DType::bf16 && !onednn_has_bf16()) {
+    widened_bf16_matmul(s, a, b, c_type, c, accumulate);
     return;
   }
   const auto e = onednn_primitive(s, tab, tc, accumulate);
@@ -143,6 +200,7 @@ std::string effective_isa() {
 }
 
 std::string matmul_impl(int64_t m, int64_t n, int64_t k, DType ab) {
+  if (ab == DType::bf16 && !onednn_has_bf16()) return "none at this ISA: bf16 products widen to f32, the f32 GEMM route";
   const onednn_dt t = onednn_type(ab, "a/b");
   dnnl::matmul::desc desc(dnnl::memory::desc({m, k}, t, onednn_dims{k, 1}),
                           dnnl::memory::desc({k, n}, t, onednn_dims{n, 1}),

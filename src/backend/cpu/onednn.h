@@ -2,7 +2,10 @@
 // (the matrix products of train.dtype: bf16 on the CPU), and f32 x f32 -> f32
 // (bench/cpu_bench's comparison with the BLIS route). oneDNN picks its kernel by CPU:
 // AMX (avx512_core_amx), AVX512-BF16 (avx512_core_bf16), or its own fallback that
-// widens bf16 to f32 in registers (AVX-512 / AVX2); `moetrain info` says which.
+// widens bf16 to f32 in registers (AVX-512). Below AVX-512 (AVX2-only CPUs) oneDNN 2.6
+// has no bf16 matmul: bf16 products then widen A and B to f32 (exact) and run on the
+// f32 GEMM route (backend/cpu/blas.h), C rounded once: the same math, slower.
+// `moetrain info` says which.
 // Primitives are created once per shape, strides, transposes and dtypes and kept (a
 // process-wide cache, thread safe).
 //
@@ -33,6 +36,9 @@ struct MatmulShape {
 // rounded once for bf16 C). k == 0 writes zeros (or leaves C when accumulating).
 void matmul(const MatmulShape& s, DType ab, const void* a, const void* b, DType c_type, void* c,
             bool accumulate = false);
+
+// Whether oneDNN has a bf16 matmul kernel on this CPU (else the widening above).
+bool has_bf16_kernels();
 
 // The CPU ISA oneDNN dispatches to here, e.g. "avx512_core_bf16"
 // (dnnl::get_effective_cpu_isa).
