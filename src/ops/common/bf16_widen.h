@@ -18,7 +18,9 @@
 // only its bf16 outputs are rounded.
 //
 // Kernels with their own bf16 CPU path (oneDNN's bf16 matmul with f32 accumulation: the
-// linalg family, the grouped expert GEMMs) are called as they are (cpu_bf16_native).
+// linalg family, the grouped expert GEMMs; kernels that widen and round row by row,
+// ops/common/bf16_rows.h, with the same bits as widening: cross entropy, binary ops, SiTU-GLU) are called as
+// they are (cpu_bf16_native).
 #pragma once
 
 #include <deque>
@@ -36,7 +38,8 @@ namespace moetrain::cpu {
 constexpr bool cpu_bf16_native(std::string_view kernel) {
   constexpr std::string_view kNative[] = {
       "matmul_forward",          "linear_forward", "linear_backward", "gelu_input_backward", "grouped_linear_forward",
-      "grouped_linear_backward", "permute_copy",   "copy_into_mid",   "copy_from_mid",       "index_select_forward"};
+      "grouped_linear_backward", "permute_copy",   "copy_into_mid",   "copy_from_mid",       "index_select_forward",
+      "cross_entropy_forward",   "cross_entropy_backward", "binary_forward",  "situ_glu_forward",    "situ_glu_backward"};
   for (std::string_view k : kNative)
     if (k == kernel) return true;
   return false;
