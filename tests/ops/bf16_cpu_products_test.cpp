@@ -1,10 +1,11 @@
 // The CPU kernels with a bf16 path of their own (issue 38, second slice): instead of
 // cpu::run_kernel's whole-tensor widening (ops/common/bf16_widen.h) they widen a row
 // or block at a time into a per-thread f32 buffer and round their outputs once
-// (ops/common/bf16_rows.h): cross entropy, the binary ops, SiTU-GLU.
+// (ops/common/bf16_rows.h): cross entropy, the binary ops, SiTU-GLU; and causal
+// attention, whose products run on oneDNN's bf16 matmul with f32 accumulation.
 //
 // What is checked, per kernel:
-//  - the same bits as the widening route (widen_bf16, the f32 kernel, round_into_bf16),
+//  - (not attention, whose P and dS are bf16 operands) the same bits as the widening route (widen_bf16, the f32 kernel, round_into_bf16),
 //    since both compute each value with the same f32 arithmetic and round once; SiTU's
 //    dβ sums per block in double, so it is compared to 1e-12 relative instead;
 //  - the op on bf16 inputs against the op on the f32 copies of the same values (the
@@ -14,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/parallel.h"
@@ -231,4 +233,73 @@ TEST_CASE("bf16 cpu products: the same bits at 1 and 2 threads", "[ops][bf16]") 
   CHECK(same_bits(one.situ, two.situ));
   CHECK(same_bits(one.dg, two.dg));
   CHECK(same_bits(one.du, two.du));
+}
+
+namespace {
+
+struct AttentionRun {
+  Tensor o, max_logit, dq, dk, dv;
+};
+
+// causal_attention forward (with QK-Clip's max logit) and backward with upstream w.
+AttentionRun attention_run(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& w, double scale) {
+  Tensor q = q0.detach(), k = k0.detach(), v = v0.detach();
+  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  AttentionRun r;
+  r.o = causal_attention(q, k, v, scale, &r.max_logit);
+  autograd::backward({r.o}, {w.to(r.o.dtype())});
+  r.dq = q.grad();
+  r.dk = k.grad();
+  r.dv = v.grad();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 cpu products: causal attention on oneDNN's bf16 products matches f32", "[ops][bf16][attention]") {
+  struct Case {
+    int64_t B, T, Tk, H, Dk, Dv;
+  };
+  // Several query tiles with a partial last one; a decode-like query block (T < Tk);
+  // MLA's head dims (Dk 96, Dv 64).
+  for (Case c : {Case{2, 150, 150, 3, 40, 24}, Case{1, 20, 90, 2, 32, 32}, Case{1, 256, 256, 2, 96, 64}}) {
+    INFO(fmt::format("B {} T {} Tk {} H {} Dk {} Dv {}", c.B, c.T, c.Tk, c.H, c.Dk, c.Dv));
+    const Tensor q = products_rnd({c.B, c.T, c.H, c.Dk}, 20, 1.5), k = products_rnd({c.B, c.Tk, c.H, c.Dk}, 21, 1.5);
+    const Tensor v = products_rnd({c.B, c.Tk, c.H, c.Dv}, 22), w = products_rnd({c.B, c.T, c.H, c.Dv}, 23);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dk));
+    const AttentionRun lo = attention_run(q, k, v, w, scale);
+    const AttentionRun hi = attention_run(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), w, scale);
+    CHECK(lo.o.dtype() == DType::bf16);
+    CHECK(lo.max_logit.dtype() == DType::f32);
+    const double eo = products_rel_error(lo.o.to(DType::f64), hi.o.to(DType::f64));
+    // the row maxima come from f32 scores of the same bf16 values: f32 rounding only
+    const double em = products_rel_error(lo.max_logit.to(DType::f64), hi.max_logit.to(DType::f64));
+    INFO("forward relative error " << eo << ", max logit " << em);
+    CHECK(eo <= kProductsForwardTol);
+    CHECK(em <= 1e-5);
+    for (auto [l, h, what] : {std::tuple{lo.dq, hi.dq, "dq"}, std::tuple{lo.dk, hi.dk, "dk"},
+                              std::tuple{lo.dv, hi.dv, "dv"}}) {
+      REQUIRE(l.defined());
+      CHECK(l.dtype() == DType::bf16);
+      const double e = products_rel_error(l.to(DType::f64), h.to(DType::f64));
+      INFO(what << " relative error " << e);
+      CHECK(e <= kProductsBackwardTol);
+    }
+  }
+}
+
+TEST_CASE("bf16 cpu products: causal attention's bf16 path gives the same bits at 1 and 2 threads",
+          "[ops][bf16][attention]") {
+  ProductsThreadsGuard guard;
+  const Tensor q = products_rnd({2, 130, 2, 48}, 30), k = products_rnd({2, 130, 2, 48}, 31);
+  const Tensor v = products_rnd({2, 130, 2, 32}, 32), w = products_rnd({2, 130, 2, 32}, 33);
+  cpu::set_num_threads(1);
+  const AttentionRun one = attention_run(q, k, v, w, 0.2);
+  cpu::set_num_threads(2);
+  const AttentionRun two = attention_run(q, k, v, w, 0.2);
+  CHECK(same_bits(one.o, two.o));
+  CHECK(same_bits(one.max_logit, two.max_logit));
+  CHECK(same_bits(one.dq, two.dq));
+  CHECK(same_bits(one.dk, two.dk));
+  CHECK(same_bits(one.dv, two.dv));
 }
