@@ -1,7 +1,7 @@
 // The CPU kernels with a bf16 path of their own (issue 38, second slice): instead of
 // cpu::run_kernel's whole-tensor widening (ops/common/bf16_widen.h) they widen a row
 // or block at a time into a per-thread f32 buffer and round their outputs once
-// (ops/common/bf16_rows.h): cross entropy, the binary ops, SiTU-GLU; and causal
+// (ops/common/bf16_rows.h): cross entropy, the binary ops, SiTU-GLU, AttnRes; and causal
 // attention, whose products run on oneDNN's bf16 matmul with f32 accumulation.
 //
 // What is checked, per kernel:
@@ -20,6 +20,7 @@
 
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
+#include "ops/attnres/attnres_kernels.h"
 #include "ops/common/bf16_widen.h"
 #include "ops/elementwise/elementwise_kernels.h"
 #include "ops/situ/situ.h"
@@ -302,4 +303,41 @@ TEST_CASE("bf16 cpu products: causal attention's bf16 path gives the same bits a
   CHECK(same_bits(one.dq, two.dq));
   CHECK(same_bits(one.dk, two.dk));
   CHECK(same_bits(one.dv, two.dv));
+}
+
+TEST_CASE("bf16 cpu products: AttnRes token by token has the bits of the widened kernel", "[ops][bf16]") {
+  // M = 3 sources of [2, 37, 48]; proj bf16, norm f32 (a parameter that stays f32);
+  // source 1 needs no gradient.
+  const int64_t M = 3, D = 48;
+  std::vector<Tensor> src;
+  for (int64_t m = 0; m < M; ++m) src.push_back(products_rnd({2, 37, D}, 40 + static_cast<uint64_t>(m)));
+  const Tensor proj = products_rnd({D}, 50, 0.5), norm = randn({D}, DType::f32, 51);
+  std::vector<const Tensor*> ptrs, wide_ptrs;
+  std::vector<Tensor> wide_src;
+  for (const Tensor& t : src) wide_src.push_back(widened(t));
+  for (int64_t m = 0; m < M; ++m) {
+    ptrs.push_back(&src[static_cast<size_t>(m)]);
+    wide_ptrs.push_back(&wide_src[static_cast<size_t>(m)]);
+  }
+  const Tensor wide_proj = widened(proj);
+  Tensor h = empty(src[0].shape(), DType::bf16), wh = empty(src[0].shape(), DType::f32);
+  Tensor alpha = empty({2, 37, M}, DType::f32), rstd = empty({2, 37, M}, DType::f32);
+  Tensor walpha = empty({2, 37, M}, DType::f32), wrstd = empty({2, 37, M}, DType::f32);
+  cpu::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, 1e-5);
+  cpu::attn_res_forward(wh, walpha, wrstd, wide_ptrs, wide_proj, norm, 1e-5);
+  CHECK(same_bits(h, rounded(wh)));
+  CHECK(same_bits(alpha, walpha));
+  CHECK(same_bits(rstd, wrstd));
+  const Tensor gh = products_rnd(src[0].shape(), 52);
+  std::vector<Tensor> gs = {empty_like(src[0]), Tensor(), empty_like(src[0])};
+  std::vector<Tensor> wgs = {empty(src[0].shape(), DType::f32), Tensor(), empty(src[0].shape(), DType::f32)};
+  Tensor gp = empty_like(proj), gn = empty_like(norm), wgp = empty({D}, DType::f32), wgn = empty({D}, DType::f32);
+  cpu::attn_res_backward(gs, &gp, &gn, gh, ptrs, proj, norm, alpha, rstd);
+  cpu::attn_res_backward(wgs, &wgp, &wgn, widened(gh), wide_ptrs, wide_proj, norm, walpha, wrstd);
+  CHECK(same_bits(gs[0], rounded(wgs[0])));
+  CHECK(!gs[1].defined());
+  CHECK(same_bits(gs[2], rounded(wgs[2])));
+  CHECK(gp.dtype() == DType::bf16);
+  CHECK(same_bits(gp, rounded(wgp)));
+  CHECK(same_bits(gn, wgn));  // norm stays f32: its gradient too
 }
