@@ -5,8 +5,9 @@
 // attention, whose products run on oneDNN's bf16 matmul with f32 accumulation.
 //
 // What is checked, per kernel:
-//  - (not attention, whose P and dS are bf16 operands) the same bits as the widening route (widen_bf16, the f32 kernel, round_into_bf16),
-//    since both compute each value with the same f32 arithmetic and round once; SiTU's
+//  - (not attention, whose P and dS are bf16 operands) the same bits as the widening
+//    route (widen_bf16, the f32 kernel, round_into_bf16), since both compute each
+//    value with the same f32 arithmetic and round once; SiTU's
 //    dβ sums per block in double, so it is compared to 1e-12 relative instead;
 //  - the op on bf16 inputs against the op on the f32 copies of the same values (the
 //    tolerances of tests/ops/bf16_cpu_test.cpp: 1e-2 forward, 3e-2 gradients, as
@@ -40,7 +41,7 @@ Tensor products_rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
 }
 
 // Same element count, dtype and bytes.
-bool same_bits(const Tensor& a, const Tensor& b) {
+bool products_same_bits(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.numel() != b.numel()) return false;
   return std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(),
                      static_cast<size_t>(a.numel() * dtype_size(a.dtype()))) == 0;
@@ -60,8 +61,8 @@ double products_rel_error(const Tensor& a, const Tensor& b) {
 
 // The widening route of cpu::run_kernel, spelled out: f32 copies in, the f32 kernel,
 // each bf16 output rounded once.
-Tensor widened(const Tensor& t) { return cpu::widen_bf16(t); }
-Tensor rounded(const Tensor& f32) {
+Tensor products_widened(const Tensor& t) { return cpu::widen_bf16(t); }
+Tensor products_rounded(const Tensor& f32) {
   Tensor out = empty(f32.shape(), DType::bf16);
   cpu::round_into_bf16(out, f32);
   return out;
@@ -102,12 +103,12 @@ TEST_CASE("bf16 cpu products: cross entropy row by row has the bits of the widen
   const Tensor logits = products_rnd({n, v}, 1, 3.0);
   const Tensor targets = cross_entropy_targets(n, classes);
   const CrossEntropyRun native = cross_entropy_kernels(logits, targets, classes);
-  const CrossEntropyRun wide = cross_entropy_kernels(widened(logits), targets, classes);
+  const CrossEntropyRun wide = cross_entropy_kernels(products_widened(logits), targets, classes);
   CHECK(native.grad.dtype() == DType::bf16);
-  CHECK(same_bits(native.lse, wide.lse));
+  CHECK(products_same_bits(native.lse, wide.lse));
   CHECK(native.loss_sum == wide.loss_sum);  // same row values summed in the same order
   CHECK(native.count == wide.count);
-  CHECK(same_bits(native.grad, rounded(wide.grad)));
+  CHECK(products_same_bits(native.grad, products_rounded(wide.grad)));
 }
 
 TEST_CASE("bf16 cpu products: cross entropy on bf16 logits matches f32", "[ops][bf16]") {
@@ -141,8 +142,8 @@ TEST_CASE("bf16 cpu products: binary ops have the bits of the widened kernel", "
       INFO(fmt::format("op {} a {} b {}", static_cast<int>(op), s.a, s.b));
       Tensor native = empty(s.out, DType::bf16), wide = empty(s.out, DType::f32);
       cpu::binary_forward(op, native, a, b);
-      cpu::binary_forward(op, wide, widened(a), widened(b));
-      CHECK(same_bits(native, rounded(wide)));
+      cpu::binary_forward(op, wide, products_widened(a), products_widened(b));
+      CHECK(products_same_bits(native, products_rounded(wide)));
     }
   }
   // NaN stays NaN through the rounding (max passes a NaN on).
@@ -163,15 +164,15 @@ TEST_CASE("bf16 cpu products: SiTU-GLU in blocks has the bits of the widened ker
     INFO("lambda " << lambda);
     Tensor native = empty_like(gate), wide = empty(gate.shape(), DType::f32);
     cpu::situ_glu_forward(native, gate, up, 1.5, lambda);
-    cpu::situ_glu_forward(wide, widened(gate), widened(up), 1.5, lambda);
-    CHECK(same_bits(native, rounded(wide)));
+    cpu::situ_glu_forward(wide, products_widened(gate), products_widened(up), 1.5, lambda);
+    CHECK(products_same_bits(native, products_rounded(wide)));
     Tensor dg = empty_like(gate), du = empty_like(gate);
     Tensor wdg = empty(gate.shape(), DType::f32), wdu = empty(gate.shape(), DType::f32);
     double beta_native = 0, beta_wide = 0;
     cpu::situ_glu_backward(dg, du, &beta_native, dout, gate, up, 1.5, lambda);
-    cpu::situ_glu_backward(wdg, wdu, &beta_wide, widened(dout), widened(gate), widened(up), 1.5, lambda);
-    CHECK(same_bits(dg, rounded(wdg)));
-    CHECK(same_bits(du, rounded(wdu)));
+    cpu::situ_glu_backward(wdg, wdu, &beta_wide, products_widened(dout), products_widened(gate), products_widened(up), 1.5, lambda);
+    CHECK(products_same_bits(dg, products_rounded(wdg)));
+    CHECK(products_same_bits(du, products_rounded(wdu)));
     CHECK(std::abs(beta_native - beta_wide) <= 1e-12 * std::abs(beta_wide));
     CHECK(beta_wide != 0.0);
   }
@@ -227,13 +228,13 @@ TEST_CASE("bf16 cpu products: the same bits at 1 and 2 threads", "[ops][bf16]") 
   const Run one = run();
   cpu::set_num_threads(2);
   const Run two = run();
-  CHECK(same_bits(one.ce.lse, two.ce.lse));
-  CHECK(same_bits(one.ce.grad, two.ce.grad));
+  CHECK(products_same_bits(one.ce.lse, two.ce.lse));
+  CHECK(products_same_bits(one.ce.grad, two.ce.grad));
   CHECK(one.ce.loss_sum == two.ce.loss_sum);
-  CHECK(same_bits(one.sum, two.sum));
-  CHECK(same_bits(one.situ, two.situ));
-  CHECK(same_bits(one.dg, two.dg));
-  CHECK(same_bits(one.du, two.du));
+  CHECK(products_same_bits(one.sum, two.sum));
+  CHECK(products_same_bits(one.situ, two.situ));
+  CHECK(products_same_bits(one.dg, two.dg));
+  CHECK(products_same_bits(one.du, two.du));
 }
 
 namespace {
@@ -298,11 +299,11 @@ TEST_CASE("bf16 cpu products: causal attention's bf16 path gives the same bits a
   const AttentionRun one = attention_run(q, k, v, w, 0.2);
   cpu::set_num_threads(2);
   const AttentionRun two = attention_run(q, k, v, w, 0.2);
-  CHECK(same_bits(one.o, two.o));
-  CHECK(same_bits(one.max_logit, two.max_logit));
-  CHECK(same_bits(one.dq, two.dq));
-  CHECK(same_bits(one.dk, two.dk));
-  CHECK(same_bits(one.dv, two.dv));
+  CHECK(products_same_bits(one.o, two.o));
+  CHECK(products_same_bits(one.max_logit, two.max_logit));
+  CHECK(products_same_bits(one.dq, two.dq));
+  CHECK(products_same_bits(one.dk, two.dk));
+  CHECK(products_same_bits(one.dv, two.dv));
 }
 
 TEST_CASE("bf16 cpu products: AttnRes token by token has the bits of the widened kernel", "[ops][bf16]") {
@@ -314,30 +315,30 @@ TEST_CASE("bf16 cpu products: AttnRes token by token has the bits of the widened
   const Tensor proj = products_rnd({D}, 50, 0.5), norm = randn({D}, DType::f32, 51);
   std::vector<const Tensor*> ptrs, wide_ptrs;
   std::vector<Tensor> wide_src;
-  for (const Tensor& t : src) wide_src.push_back(widened(t));
+  for (const Tensor& t : src) wide_src.push_back(products_widened(t));
   for (int64_t m = 0; m < M; ++m) {
     ptrs.push_back(&src[static_cast<size_t>(m)]);
     wide_ptrs.push_back(&wide_src[static_cast<size_t>(m)]);
   }
-  const Tensor wide_proj = widened(proj);
+  const Tensor wide_proj = products_widened(proj);
   Tensor h = empty(src[0].shape(), DType::bf16), wh = empty(src[0].shape(), DType::f32);
   Tensor alpha = empty({2, 37, M}, DType::f32), rstd = empty({2, 37, M}, DType::f32);
   Tensor walpha = empty({2, 37, M}, DType::f32), wrstd = empty({2, 37, M}, DType::f32);
   cpu::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, 1e-5);
   cpu::attn_res_forward(wh, walpha, wrstd, wide_ptrs, wide_proj, norm, 1e-5);
-  CHECK(same_bits(h, rounded(wh)));
-  CHECK(same_bits(alpha, walpha));
-  CHECK(same_bits(rstd, wrstd));
+  CHECK(products_same_bits(h, products_rounded(wh)));
+  CHECK(products_same_bits(alpha, walpha));
+  CHECK(products_same_bits(rstd, wrstd));
   const Tensor gh = products_rnd(src[0].shape(), 52);
   std::vector<Tensor> gs = {empty_like(src[0]), Tensor(), empty_like(src[0])};
   std::vector<Tensor> wgs = {empty(src[0].shape(), DType::f32), Tensor(), empty(src[0].shape(), DType::f32)};
   Tensor gp = empty_like(proj), gn = empty_like(norm), wgp = empty({D}, DType::f32), wgn = empty({D}, DType::f32);
   cpu::attn_res_backward(gs, &gp, &gn, gh, ptrs, proj, norm, alpha, rstd);
-  cpu::attn_res_backward(wgs, &wgp, &wgn, widened(gh), wide_ptrs, wide_proj, norm, walpha, wrstd);
-  CHECK(same_bits(gs[0], rounded(wgs[0])));
+  cpu::attn_res_backward(wgs, &wgp, &wgn, products_widened(gh), wide_ptrs, wide_proj, norm, walpha, wrstd);
+  CHECK(products_same_bits(gs[0], products_rounded(wgs[0])));
   CHECK(!gs[1].defined());
-  CHECK(same_bits(gs[2], rounded(wgs[2])));
+  CHECK(products_same_bits(gs[2], products_rounded(wgs[2])));
   CHECK(gp.dtype() == DType::bf16);
-  CHECK(same_bits(gp, rounded(wgp)));
-  CHECK(same_bits(gn, wgn));  // norm stays f32: its gradient too
+  CHECK(products_same_bits(gp, products_rounded(wgp)));
+  CHECK(products_same_bits(gn, wgn));  // norm stays f32: its gradient too
 }
