@@ -22,9 +22,14 @@
 //   bf16-step-64, bf16-step-256   GPT-2 124M train steps at B=4, T=64 / 256, an f32 and a bf16
 //                      model taking turns step by step (--steps rounds): on a shared machine a
 //                      changing load falls on both alike; best and median ms per step
-//   gpt2-64-bf16, gpt2-256-bf16, k3-small-bf16
+//   bf16-step-k3       k3-small steps at B=4, T=256, f32 and bf16 taking turns (as bf16-step-*)
+//   gpt2-64-bf16, gpt2-256-bf16, k3-small-bf16, moe-bf16, kda-2048-bf16, kda-8192-bf16
 //                      those cases in mixed precision (train.dtype bf16: bf16 parameters and
-//                      activations, f32 masters and moments; docs/cuda.md, bf16 on the CPU)
+//                      activations, f32 masters and moments; docs/cuda.md, bf16 on the CPU); the
+//                      kda ones run the op on bf16 inputs, which the trainer's KDA layer never
+//                      does (it runs KDA in f32), so they show the widened op's cost
+//   The bf16-step-* tables print each dtype's median CPU time (user + system) as well:
+//   with MOETRAIN_NUM_THREADS=1 it is the work per step even on a loaded machine.
 // FLOP counts: the models' own flops_per_token (6N + attention), the KDA chunked
 // FLOP model of bench/kda_case.h, and 3x the MoE layer's forward multiply-adds.
 #include <algorithm>
@@ -147,25 +152,36 @@ Result k3_case(int steps, bool bf16 = false) {
   return r;
 }
 
-// K = V = dim; scale K^-1/2 as the layer.
-Result kda_case(int64_t T, int64_t dim, int steps, bool torch) {
+// K = V = dim; scale K^-1/2 as the layer. bf16: the op on bf16 copies of the inputs
+// (the trainer's KDA layer never calls it so: it runs KDA in f32, docs/model.md#mixed-precision).
+Result kda_case(int64_t T, int64_t dim, int steps, bool torch, bool bf16 = false) {
   KdaInputs in = make_kda_inputs(T, dim, dim);
+  if (bf16) {
+    for (Tensor& t : in.leaves) {
+      t = t.to(DType::bf16).detach();
+      t.set_requires_grad(true);
+    }
+    in.grad_o = in.grad_o.to(DType::bf16);
+  }
   const Tensors& x = in.leaves;
-  const std::string name = dim == kKdaK ? fmt::format("kda-{}", T) : fmt::format("kda-{}-{}", T, dim);
+  const std::string name = (dim == kKdaK ? fmt::format("kda-{}", T) : fmt::format("kda-{}-{}", T, dim)) +
+                           (bf16 ? "-bf16" : "");
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   Result r = measure(name, steps, static_cast<double>(T), kda_chunked_flops(T, dim, dim), [&] {
     KdaResult out = kda(x[0], x[1], x[2], x[3], x[4], Tensor(), scale, KdaMode::chunked, kKdaC);
     autograd::backward({out.o}, {in.grad_o});
     for (const Tensor& t : x) t.zero_grad();
   });
-  if (torch)
+  if (torch && !bf16)
     r.torch_ms = torch_ms(fmt::format("kda_torch.py --seq {} --heads {} --dim {} --chunk {} --batch 1 --threads {} "
                                       "--steps {}",
                                       T, kKdaH, dim, kKdaC, cpu::num_threads(), steps));
   return r;
 }
 
-Result moe_case(int steps) {
+// bf16: the layer's parameters as a mixed-precision run has them (bf16 but for those
+// that stay f32; AdamW's f32 masters), bf16 input.
+Result moe_case(int steps, bool bf16 = false) {
   Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
   const HybridConfig hc = HybridConfig::from(config);  // k3-small's MoE layer as the model builds it
   const int64_t D = hc.d_model;
@@ -173,14 +189,17 @@ Result moe_case(int steps) {
   ParamFactory f(true, DType::f32, 1);
   MoeLayer layer(c, D, hc.ffn, hc.init_std, f, "mlp.", {0, 1});
   const int64_t N = 4 * 256;
+  AdamW opt(f.params(), {});
+  if (bf16) to_mixed_precision(opt);
   Tensor x = randn({4, 256, D}, DType::f32, 100);
+  if (bf16) x = x.to(DType::bf16).detach();
   x.set_requires_grad(true);
   const double L = static_cast<double>(c.latent_dim), F = static_cast<double>(c.expert_d_ff);
   const double per_token = 2.0 * D * static_cast<double>(c.num_experts)            // router
                            + 2.0 * D * L + 2.0 * L * D                             // latent down / up
                            + static_cast<double>(c.top_k) * 3 * 2 * L * F          // routed experts
                            + 3 * 2.0 * D * F * static_cast<double>(c.num_shared_experts);  // shared
-  return measure("moe", steps, static_cast<double>(N), 3 * per_token * static_cast<double>(N), [&] {
+  return measure(bf16 ? "moe-bf16" : "moe", steps, static_cast<double>(N), 3 * per_token * static_cast<double>(N), [&] {
     sum(layer.forward(x, true)).backward();
     x.zero_grad();
     for (const NamedParameter& p : f.params()) p.tensor.zero_grad();
@@ -309,6 +328,50 @@ void gemm_step_table(int rounds) {
   }
 }
 
+// Per-step wall and CPU (user + system, getrusage) milliseconds of two steps taking turns.
+struct TurnTimes {
+  std::vector<double> wall[2], cpu[2];
+};
+
+TurnTimes take_turns(int rounds, const std::function<void()>& f32_step, const std::function<void()>& bf16_step) {
+  f32_step();  // warm-up
+  bf16_step();
+  TurnTimes t;
+  const std::function<void()>* steps[2] = {&f32_step, &bf16_step};
+  for (int r = 0; r < rounds; ++r)
+    for (int i = 0; i < 2; ++i) {
+      const Usage u0 = Usage::now();
+      const auto t0 = Clock::now();
+      (*steps[i])();
+      t.wall[i].push_back(seconds_since(t0) * 1e3);
+      const Usage du = Usage::now() - u0;
+      t.cpu[i].push_back((du.user_s + du.sys_s) * 1e3);
+    }
+  return t;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void print_turns(const std::string& title, const TurnTimes& t, int rounds) {
+  fmt::print("\n{}, f32 and bf16 taking turns, {} rounds (ms per step; f32 GEMM {}, bf16 products {} {}; cpu = "
+             "user + system time of the process, all threads):\n",
+             title, rounds, cpu::gemm_route_name(cpu::gemm_route()), cpu::onednn::version(),
+             cpu::onednn::effective_isa());
+  fmt::print("  {:<6} {:>9} {:>9} {:>11}   {}\n", "dtype", "best", "median", "cpu median", "all");
+  const char* names[2] = {"f32", "bf16"};
+  double med[2], cpu_med[2];
+  for (int i = 0; i < 2; ++i) {
+    med[i] = median_of(t.wall[i]);
+    cpu_med[i] = median_of(t.cpu[i]);
+    fmt::print("  {:<6} {:>9.1f} {:>9.1f} {:>11.1f}   {:.0f}\n", names[i],
+               *std::min_element(t.wall[i].begin(), t.wall[i].end()), med[i], cpu_med[i], fmt::join(t.wall[i], " "));
+  }
+  fmt::print("  bf16 speed-up (medians): {:.2f}x wall, {:.2f}x cpu\n", med[0] / med[1], cpu_med[0] / cpu_med[1]);
+}
+
 // GPT-2 124M steps at B=4, T, an f32 model and a bf16 one (mixed precision) taking
 // turns, as gemm_step_table does for the GEMM routes.
 void bf16_step_table(int64_t T, int rounds) {
@@ -319,30 +382,25 @@ void bf16_step_table(int64_t T, int rounds) {
   Generator gen(7);
   Tensor ids = randint({4, T}, config.vocab_size, DType::i32, gen);
   Tensor targets = randint({4, T}, config.vocab_size, DType::i32, gen);
-  train_step(f32_model, f32_opt, ids, targets);  // warm-up
-  train_step(bf16_model, bf16_opt, ids, targets);
-  std::vector<double> ms[2];
-  for (int r = 0; r < rounds; ++r) {
-    auto t0 = Clock::now();
-    train_step(f32_model, f32_opt, ids, targets);
-    ms[0].push_back(seconds_since(t0) * 1e3);
-    t0 = Clock::now();
-    train_step(bf16_model, bf16_opt, ids, targets);
-    ms[1].push_back(seconds_since(t0) * 1e3);
-  }
-  fmt::print("\nGPT-2 124M step (B=4, T={}), f32 and bf16 taking turns, {} rounds (ms per step; f32 GEMM {}, "
-             "bf16 products {} {}):\n",
-             T, rounds, cpu::gemm_route_name(cpu::gemm_route()), cpu::onednn::version(), cpu::onednn::effective_isa());
-  fmt::print("  {:<6} {:>9} {:>9}   {}\n", "dtype", "best", "median", "all");
-  const char* names[2] = {"f32", "bf16"};
-  double med[2];
-  for (int i = 0; i < 2; ++i) {
-    std::vector<double> v = ms[i];
-    std::sort(v.begin(), v.end());
-    med[i] = v[v.size() / 2];
-    fmt::print("  {:<6} {:>9.1f} {:>9.1f}   {:.0f}\n", names[i], v.front(), med[i], fmt::join(ms[i], " "));
-  }
-  fmt::print("  bf16 speed-up (medians): {:.2f}x\n", med[0] / med[1]);
+  const TurnTimes t = take_turns(
+      rounds, [&] { train_step(f32_model, f32_opt, ids, targets); },
+      [&] { train_step(bf16_model, bf16_opt, ids, targets); });
+  print_turns(fmt::format("GPT-2 124M step (B=4, T={})", T), t, rounds);
+}
+
+// k3-small (configs/k3-small.yaml) steps at B=4, T=256, f32 and bf16 taking turns.
+void bf16_k3_table(int rounds) {
+  Config config = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
+  std::unique_ptr<LanguageModel> f32_model = build_model(config), bf16_model = build_model(config);
+  AdamW f32_opt(f32_model->parameters(), {}), bf16_opt(bf16_model->parameters(), {});
+  to_mixed_precision(bf16_opt);
+  Generator gen(7);
+  const int64_t vocab = config.get_int("model.vocab_size");
+  Tensor ids = randint({4, 256}, vocab, DType::i32, gen), targets = randint({4, 256}, vocab, DType::i32, gen);
+  const TurnTimes t = take_turns(
+      rounds, [&] { train_step(*f32_model, f32_opt, ids, targets); },
+      [&] { train_step(*bf16_model, bf16_opt, ids, targets); });
+  print_turns("k3-small step (B=4, T=256)", t, rounds);
 }
 
 }  // namespace
@@ -389,6 +447,10 @@ int main(int argc, char** argv) {
       bf16_step_table(name == "bf16-step-64" ? 64 : 256, steps);
       continue;
     }
+    if (name == "bf16-step-k3") {
+      bf16_k3_table(steps);
+      continue;
+    }
     if (name == "gemm-step") {
       gemm_step_table(steps);
       continue;
@@ -404,6 +466,9 @@ int main(int argc, char** argv) {
     else if (name == "kda-2048-128") r = kda_case(2048, 128, steps, torch);
     else if (name == "kda-8192-128") r = kda_case(8192, 128, steps, torch);
     else if (name == "moe") r = moe_case(steps);
+    else if (name == "moe-bf16") r = moe_case(steps, true);
+    else if (name == "kda-2048-bf16") r = kda_case(2048, kKdaK, steps, false, true);
+    else if (name == "kda-8192-bf16") r = kda_case(8192, kKdaK, steps, false, true);
     else {
       fmt::print(stderr, "unknown case '{}'\n", name);
       return 2;

@@ -2,15 +2,26 @@
 // forward and (batch, head) in backward, where dK and dV accumulate over the
 // tiles of one head in order; all matrix work is BLAS (single-threaded inside
 // our parallel region). Scores and probabilities live in a per-thread buffer.
+//
+// bf16 q, k, v (train.dtype bf16): the same tiles, with the products on oneDNN's bf16
+// matmul with f32 accumulation (backend/cpu/onednn.h, single-threaded inside our
+// region), as FlashAttention does on a GPU: scores S, the softmax, lse and dP in f32;
+// P (and scale dS) rounded to bf16 as the operands of O = P V, dV += P^T dO, dQ = dS K,
+// dK += dS^T Q; dK and dV accumulate in per-thread f32 buffers over a head's tiles and
+// are rounded once. Each item runs on one thread, so the bits do not depend on the
+// thread count.
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
 #include "backend/cpu/blas.h"
 #include "backend/cpu/isa.h"
+#include "backend/cpu/onednn.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/attention/attention_kernels.h"
+#include "ops/common/bf16_rows.h"
 #include "ops/common/math.h"
 
 namespace moetrain::cpu {
@@ -67,10 +78,132 @@ inline void softmax_grad_rows(T* __restrict dS, const T* __restrict P, const T* 
     for (int64_t c = 0; c < width; ++c) dS[i * width + c] = P[i * width + c] * (dS[i * width + c] - D[i]);
 }
 
+// C [m, n] (row stride ldc, dtype c_type) = op(A) op(B) (+ C when accumulate) for bf16 A
+// [m, k] and B [k, n] with row strides lda, ldb as stored; f32 accumulation.
+void attention_bf16_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda,
+                            const bf16* b, int64_t ldb, DType c_type, void* c, int64_t ldc, bool accumulate = false) {
+  onednn::MatmulShape s;
+  s.trans_a = ta, s.trans_b = tb, s.m = m, s.n = n, s.k = k, s.lda = lda, s.ldb = ldb, s.ldc = ldc;
+  onednn::matmul(s, DType::bf16, a, b, c_type, c, accumulate);
+}
+
+void causal_attention_forward_bf16(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   double scale, Tensor* row_max) {
+  MT_CHECK(k.dtype() == DType::bf16 && v.dtype() == DType::bf16 && o.dtype() == DType::bf16 &&
+               lse.dtype() == DType::f32 && (!row_max || row_max->dtype() == DType::f32),
+           "causal_attention: bf16 q needs bf16 k, v, o and f32 lse/row_max; got k {}, v {}, o {}, lse {}", k.dtype(),
+           v.dtype(), o.dtype(), lse.dtype());
+  Dims d = dims_of(q, k, v);
+  const bf16* pq = q.data<bf16>();
+  const bf16* pk = k.data<bf16>();
+  const bf16* pv = v.data<bf16>();
+  bf16* po = o.data<bf16>();
+  float* pl = lse.data<float>();
+  float* pm = row_max ? row_max->data<float>() : nullptr;
+  const int64_t ldk = d.H * d.Dk, ldv = d.H * d.Dv;
+  const float s = static_cast<float>(scale);
+  parallel_for(d.B * d.H * d.tiles, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> S(static_cast<size_t>(kAttentionTile * d.Tk));
+    std::vector<bf16> P(S.size());
+    for (int64_t item = lo; item < hi; ++item) {
+      int64_t tile = item % d.tiles, bh = item / d.tiles, b = bh / d.H, h = bh % d.H;
+      int64_t r0 = tile * kAttentionTile, r1 = std::min(d.T, r0 + kAttentionTile), tq = r1 - r0;
+      int64_t width = d.off + r1;
+      const bf16* q_tile = pq + ((b * d.T + r0) * d.H + h) * d.Dk;
+      const bf16* k_head = pk + (b * d.Tk * d.H + h) * d.Dk;
+      const bf16* v_head = pv + (b * d.Tk * d.H + h) * d.Dv;
+      // S = scale Q_tile K[0:width]^T in f32
+      attention_bf16_product(false, true, tq, width, d.Dk, q_tile, ldk, k_head, ldk, DType::f32, S.data(), width);
+      for (int64_t x = 0; x < tq * width; ++x) S[static_cast<size_t>(x)] *= s;
+      probabilities<float>(S.data(), tq, d.off + r0, width, nullptr, pl + bh * d.T + r0,
+                           pm ? pm + bh * d.T + r0 : nullptr);
+      round_bf16_row(P.data(), S.data(), tq * width);
+      // O_tile = P V[0:width], rounded once into o
+      attention_bf16_product(false, false, tq, d.Dv, width, P.data(), width, v_head, ldv, DType::bf16,
+                             po + ((b * d.T + r0) * d.H + h) * d.Dv, ldv);
+    }
+  });
+}
+
+void causal_attention_backward_bf16(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, const Tensor& grad_o,
+                                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                    const Tensor& lse, double scale) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&grad_q, &grad_k, &grad_v, &grad_o, &k, &v, &o})
+    MT_CHECK(t->dtype() == DType::bf16, "causal_attention_backward: bf16 q needs bf16 k, v, o and gradients; got {}",
+             t->dtype());
+  MT_CHECK(lse.dtype() == DType::f32, "causal_attention_backward: bf16 q needs f32 lse; got {}", lse.dtype());
+  Dims d = dims_of(q, k, v);
+  const bf16* pq = q.data<bf16>();
+  const bf16* pk = k.data<bf16>();
+  const bf16* pv = v.data<bf16>();
+  const bf16* po = o.data<bf16>();
+  const bf16* pdo = grad_o.data<bf16>();
+  const float* pl = lse.data<float>();
+  bf16* dq = grad_q.data<bf16>();
+  bf16* dk = grad_k.data<bf16>();
+  bf16* dv = grad_v.data<bf16>();
+  const int64_t ldk = d.H * d.Dk, ldv = d.H * d.Dv;
+  const float s = static_cast<float>(scale);
+  parallel_for(d.B * d.H, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> P(static_cast<size_t>(kAttentionTile * d.Tk)), dS(P.size()), D(kAttentionTile);
+    std::vector<bf16> P16(P.size()), dS16(P.size());
+    // dK, dV of one head in f32 ([Tk, Dk], [Tk, Dv], dense), from grad_k / grad_v (the op passes zeros).
+    std::vector<float> dk_acc(static_cast<size_t>(d.Tk * d.Dk)), dv_acc(static_cast<size_t>(d.Tk * d.Dv));
+    std::vector<float> go_row(static_cast<size_t>(d.Dv)), o_row(static_cast<size_t>(d.Dv));
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      int64_t b = bh / d.H, h = bh % d.H;
+      const bf16* k_head = pk + (b * d.Tk * d.H + h) * d.Dk;
+      const bf16* v_head = pv + (b * d.Tk * d.H + h) * d.Dv;
+      bf16* dk_head = dk + (b * d.Tk * d.H + h) * d.Dk;
+      bf16* dv_head = dv + (b * d.Tk * d.H + h) * d.Dv;
+      for (int64_t t = 0; t < d.Tk; ++t) {
+        widen_bf16_row(&dk_acc[static_cast<size_t>(t * d.Dk)], dk_head + t * ldk, d.Dk);
+        widen_bf16_row(&dv_acc[static_cast<size_t>(t * d.Dv)], dv_head + t * ldv, d.Dv);
+      }
+      for (int64_t tile = 0; tile < d.tiles; ++tile) {
+        int64_t r0 = tile * kAttentionTile, r1 = std::min(d.T, r0 + kAttentionTile), tq = r1 - r0;
+        int64_t width = d.off + r1;
+        int64_t qoff = ((b * d.T + r0) * d.H + h) * d.Dk, ooff = ((b * d.T + r0) * d.H + h) * d.Dv;
+        attention_bf16_product(false, true, tq, width, d.Dk, pq + qoff, ldk, k_head, ldk, DType::f32, P.data(), width);
+        for (int64_t x = 0; x < tq * width; ++x) P[static_cast<size_t>(x)] *= s;
+        probabilities<float>(P.data(), tq, d.off + r0, width, pl + bh * d.T + r0, nullptr);
+        // dP = dO_tile V[0:width]^T   [tq, width], f32
+        attention_bf16_product(false, true, tq, width, d.Dv, pdo + ooff, ldv, v_head, ldv, DType::f32, dS.data(),
+                               width);
+        for (int64_t i = 0; i < tq; ++i) {
+          widen_bf16_row(go_row.data(), pdo + ooff + i * ldv, d.Dv);
+          widen_bf16_row(o_row.data(), po + ooff + i * ldv, d.Dv);
+          float acc = 0;
+          for (int64_t j = 0; j < d.Dv; ++j) acc += go_row[static_cast<size_t>(j)] * o_row[static_cast<size_t>(j)];
+          D[static_cast<size_t>(i)] = acc;
+        }
+        run_vector_isa([](auto... a) { softmax_grad_rows<float>(a...); }, dS.data(),
+                       static_cast<const float*>(P.data()), static_cast<const float*>(D.data()), tq, width);
+        // bf16 operands: P and scale dS.
+        for (int64_t x = 0; x < tq * width; ++x) dS[static_cast<size_t>(x)] *= s;
+        round_bf16_row(dS16.data(), dS.data(), tq * width);
+        round_bf16_row(P16.data(), P.data(), tq * width);
+        // dQ_tile = (scale dS) K[0:width];  dK[0:width] += (scale dS)^T Q_tile;  dV[0:width] += P^T dO_tile
+        attention_bf16_product(false, false, tq, d.Dk, width, dS16.data(), width, k_head, ldk, DType::bf16, dq + qoff,
+                               ldk);
+        attention_bf16_product(true, false, width, d.Dk, tq, dS16.data(), width, pq + qoff, ldk, DType::f32,
+                               dk_acc.data(), d.Dk, true);
+        attention_bf16_product(true, false, width, d.Dv, tq, P16.data(), width, pdo + ooff, ldv, DType::f32,
+                               dv_acc.data(), d.Dv, true);
+      }
+      for (int64_t t = 0; t < d.Tk; ++t) {
+        round_bf16_row(dk_head + t * ldk, &dk_acc[static_cast<size_t>(t * d.Dk)], d.Dk);
+        round_bf16_row(dv_head + t * ldv, &dv_acc[static_cast<size_t>(t * d.Dv)], d.Dv);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                               double scale, Tensor* row_max) {
+  if (q.dtype() == DType::bf16) return causal_attention_forward_bf16(o, lse, q, k, v, scale, row_max);
   dispatch_float(q.dtype(), "causal_attention", [&](auto tag) {
     using T = decltype(tag);
     Dims d = dims_of(q, k, v);
@@ -105,6 +238,8 @@ void causal_attention_forward(Tensor& o, Tensor& lse, const Tensor& q, const Ten
 void causal_attention_backward(Tensor& grad_q, Tensor& grad_k, Tensor& grad_v, const Tensor& grad_o,
                                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                const Tensor& lse, double scale) {
+  if (q.dtype() == DType::bf16)
+    return causal_attention_backward_bf16(grad_q, grad_k, grad_v, grad_o, q, k, v, o, lse, scale);
   dispatch_float(q.dtype(), "causal_attention_backward", [&](auto tag) {
     using T = decltype(tag);
     Dims d = dims_of(q, k, v);

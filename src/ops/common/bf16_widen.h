@@ -17,8 +17,11 @@
 // computes exactly what its f32 twin computes on the bf16-representable inputs, and
 // only its bf16 outputs are rounded.
 //
-// Kernels with their own bf16 CPU path (oneDNN's bf16 matmul with f32 accumulation: the
-// linalg family, the grouped expert GEMMs) are called as they are (cpu_bf16_native).
+// Kernels with their own bf16 CPU path are called as they are (cpu_bf16_native):
+// oneDNN's bf16 matmul with f32 accumulation (the linalg family, the grouped expert
+// GEMMs, causal attention's products), and kernels that widen and round a row or block
+// at a time (ops/common/bf16_rows.h), with the same bits as widening: cross entropy,
+// the binary ops, SiTU-GLU, AttnRes.
 #pragma once
 
 #include <deque>
@@ -31,12 +34,15 @@
 
 namespace moetrain::cpu {
 
-// The kernels that take bf16 tensors themselves: the matrix products (oneDNN) and the
-// view kernels that move bytes (any dtype).
+// The kernels that take bf16 tensors themselves: the matrix products (oneDNN), the
+// kernels that widen row by row (bf16_rows.h) and the view kernels that move bytes
+// (any dtype).
 constexpr bool cpu_bf16_native(std::string_view kernel) {
   constexpr std::string_view kNative[] = {
       "matmul_forward",          "linear_forward", "linear_backward", "gelu_input_backward", "grouped_linear_forward",
-      "grouped_linear_backward", "permute_copy",   "copy_into_mid",   "copy_from_mid",       "index_select_forward"};
+      "grouped_linear_backward", "permute_copy",   "copy_into_mid",   "copy_from_mid",       "index_select_forward",
+      "cross_entropy_forward",   "cross_entropy_backward", "binary_forward",  "situ_glu_forward",    "situ_glu_backward",
+      "causal_attention_forward", "causal_attention_backward", "attn_res_forward", "attn_res_backward"};
   for (std::string_view k : kNative)
     if (k == kernel) return true;
   return false;

@@ -120,6 +120,27 @@ inline T unary_derivative(UnaryOp op, T x, T y) {
 }  // namespace
 
 void binary_forward(BinaryOp op, Tensor& out, const Tensor& a, const Tensor& b) {
+  if (out.dtype() == DType::bf16) {
+    // bf16 operands and result: each element as the f32 op on the widened operands,
+    // rounded once (the bits of cpu::run_kernel's widening, without f32 copies).
+    MT_CHECK(a.dtype() == DType::bf16 && b.dtype() == DType::bf16, "binary: out is bf16 but a is {} and b {}",
+             a.dtype(), b.dtype());
+    bf16* o = out.data<bf16>();
+    const bf16* pa = a.data<bf16>();
+    const bf16* pb = b.data<bf16>();
+    auto run = [&](auto f) {
+      auto narrow = [f](bf16 x, bf16 y) { return bf16::from_float(f(x.to_float(), y.to_float())); };
+      binary_loop(narrow, o, out.shape(), pa, a.shape(), pb, b.shape());
+    };
+    switch (op) {
+      case BinaryOp::add: return run([](float x, float y) { return x + y; });
+      case BinaryOp::sub: return run([](float x, float y) { return x - y; });
+      case BinaryOp::mul: return run([](float x, float y) { return x * y; });
+      case BinaryOp::div: return run([](float x, float y) { return x / y; });
+      case BinaryOp::max: return run([](float x, float y) { return x > y || x != x ? x : y; });
+    }
+    return;
+  }
   dispatch_float(out.dtype(), "binary", [&](auto tag) {
     using T = decltype(tag);
     T* o = out.data<T>();

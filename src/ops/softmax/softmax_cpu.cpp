@@ -2,11 +2,13 @@
 // exponentials accumulated in double.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "ops/common/bf16_rows.h"
 #include "ops/common/math.h"
 #include "ops/softmax/softmax_kernels.h"
 
@@ -83,20 +85,29 @@ void softmax_backward(Tensor& grad_x, const Tensor& grad_y, const Tensor& y, boo
 
 void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const Tensor& logits,
                            const Tensor& targets, int64_t ignore_index, int64_t num_classes) {
-  dispatch_float(logits.dtype(), "cross_entropy", [&](auto tag) {
+  // bf16 logits: each row is widened into a per-thread f32 buffer and takes the f32
+  // code below, so the results are those of the f32 kernel on the widened logits
+  // (cpu::run_kernel's widening) without an f32 copy of the whole [N, V] tensor.
+  const bool narrow = logits.dtype() == DType::bf16;
+  dispatch_float(narrow ? DType::f32 : logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
       using I = decltype(itag);
       int64_t v = logits.size(-1), rows = logits.numel() / std::max<int64_t>(v, 1);
-      const T* px = logits.data<T>();
+      const T* px = narrow ? nullptr : logits.data<T>();
+      const bf16* pb = narrow ? logits.data<bf16>() : nullptr;
       const I* pt = targets.data<I>();
       double* pl = lse.data<double>();
       std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
       parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
+        std::vector<T> widened(narrow ? static_cast<size_t>(num_classes) : 0);
         for (int64_t r = lo; r < hi; ++r) {
-          double l = run_vector_isa([](auto... a) { return row_logsumexp<T>(a...); }, px + r * v, num_classes);
+          const T* xr = px ? px + r * v : widened.data();
+          if constexpr (std::is_same_v<T, float>)
+            if (narrow) widen_bf16_row(widened.data(), pb + r * v, num_classes);
+          double l = run_vector_isa([](auto... a) { return row_logsumexp<T>(a...); }, xr, num_classes);
           pl[r] = l;
-          if (pt[r] != ignore_index) row_loss[static_cast<size_t>(r)] = l - static_cast<double>(px[r * v + pt[r]]);
+          if (pt[r] != ignore_index) row_loss[static_cast<size_t>(r)] = l - static_cast<double>(xr[pt[r]]);
         }
       });
       loss_sum = 0;
@@ -112,28 +123,41 @@ void cross_entropy_forward(Tensor& lse, double& loss_sum, int64_t& count, const 
 
 void cross_entropy_backward(Tensor& grad_logits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             double scale, int64_t ignore_index, int64_t num_classes) {
-  dispatch_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
+  // bf16 logits and gradient: per row, the f32 code below on the widened row into a
+  // per-thread f32 buffer, rounded once into the bf16 row (as cross_entropy_forward).
+  const bool narrow = logits.dtype() == DType::bf16;
+  MT_CHECK(grad_logits.dtype() == logits.dtype(), "cross_entropy_backward: grad_logits is {} but logits {}",
+           grad_logits.dtype(), logits.dtype());
+  dispatch_float(narrow ? DType::f32 : logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
     dispatch_index(targets.dtype(), "cross_entropy", [&](auto itag) {
       using I = decltype(itag);
       int64_t v = logits.size(-1), rows = logits.numel() / std::max<int64_t>(v, 1);
-      const T* px = logits.data<T>();
+      const T* px = narrow ? nullptr : logits.data<T>();
+      const bf16* pb = narrow ? logits.data<bf16>() : nullptr;
       const I* pt = targets.data<I>();
       const double* pl = lse.data<double>();
-      T* pg = grad_logits.data<T>();
+      T* pg = narrow ? nullptr : grad_logits.data<T>();
+      bf16* pgb = narrow ? grad_logits.data<bf16>() : nullptr;
       parallel_for(rows, 1, [&](int64_t lo, int64_t hi) {
+        std::vector<T> widened(narrow ? static_cast<size_t>(num_classes) : 0);
+        std::vector<T> grad_row(narrow ? static_cast<size_t>(v) : 0);
         for (int64_t r = lo; r < hi; ++r) {
-          T* gr = pg + r * v;
+          T* gr = pg ? pg + r * v : grad_row.data();
           if (pt[r] == ignore_index) {
             std::fill(gr, gr + v, T(0));
-            continue;
+          } else {
+            const T* xr = px ? px + r * v : widened.data();
+            if constexpr (std::is_same_v<T, float>)
+            if (narrow) widen_bf16_row(widened.data(), pb + r * v, num_classes);
+            double l = pl[r];
+            T sc = static_cast<T>(scale), lt = static_cast<T>(l);  // rounding lse to T costs <= 1 ulp of it
+            run_vector_isa([](auto... a) { row_softmax_scaled<T>(a...); }, gr, xr, num_classes, sc, lt);
+            std::fill(gr + num_classes, gr + v, T(0));  // padding columns: outside the softmax
+            gr[pt[r]] = static_cast<T>(scale * (std::exp(static_cast<double>(xr[pt[r]]) - l) - 1.0));
           }
-          const T* xr = px + r * v;
-          double l = pl[r];
-          T sc = static_cast<T>(scale), lt = static_cast<T>(l);  // rounding lse to T costs <= 1 ulp of it
-          run_vector_isa([](auto... a) { row_softmax_scaled<T>(a...); }, gr, xr, num_classes, sc, lt);
-          std::fill(gr + num_classes, gr + v, T(0));  // padding columns: outside the softmax
-          gr[pt[r]] = static_cast<T>(scale * (std::exp(static_cast<double>(xr[pt[r]]) - l) - 1.0));
+          if constexpr (std::is_same_v<T, float>)
+            if (narrow) round_bf16_row(pgb + r * v, grad_row.data(), v);
         }
       });
     });
