@@ -146,6 +146,7 @@ double rel_error(const Tensor& a, const Tensor& b) {
   REQUIRE(x.size() == y.size());
   double diff = 0, scale = 0;
   for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
     diff = std::max(diff, std::abs(x[i] - y[i]));
     scale = std::max(scale, std::abs(y[i]));
   }
@@ -250,6 +251,20 @@ void prepare_byte_shards(const std::string& dir) {
                                        "--val-tokens 8192");
   INFO(r.output);
   REQUIRE(r.code == 0);
+}
+
+const std::vector<std::string>& one_process_configs() {
+  static const std::vector<std::string> configs{"gpt2-shakespeare", "gpt2-small",         "k3-tiny",
+                                                "k3-small",         "k3-shakespeare",     "k3-shakespeare-bpe",
+                                                "k3-topology-mini"};
+  return configs;
+}
+
+std::string short_config_run_args(const std::string& config, const std::string& dir, const std::string& run_dir) {
+  return "train -c " + std::string(MOETRAIN_SOURCE_DIR) + "/configs/" + config + ".yaml --set data.train=" + dir +
+         "/data/train_*.bin --set data.val= --set data.tokenizer=byte --set train.max_steps=2 "
+         "--set train.warmup_steps=1 --set train.batch_size=1 --set train.seq_len=16 --set train.eval_every=0 "
+         "--set train.sample_every=0 --set train.threads=1 --set train.ep=1 --set run.dir=" + run_dir;
 }
 
 std::string tiny_gpt2_train_args(const std::string& dir, const std::string& run_dir, int steps) {

@@ -49,7 +49,9 @@ double max_abs_diff(const Tensor& a, const Tensor& b);
 // prints one line saying the [cuda] tests are skipped and why.
 bool gpu_available();
 // max |a - b| / max |b|: the error relative to the scale of the reference b
-// (the absolute error when b is all zero).
+// (the absolute error when b is all zero); a NaN on either side is an infinite
+// error (std::max would otherwise pass over it). cuda_vs_cpu.h's rel_error_nan
+// accepts NaN where both have it.
 double rel_error(const Tensor& a, const Tensor& b);
 // Bitwise equality of shape, dtype and contents.
 bool bitwise_equal(const Tensor& a, const Tensor& b);
@@ -116,6 +118,13 @@ void prepare_byte_shards(const std::string& dir);
 // the shards of prepare_byte_shards(dir): batches of 4 x 32 tokens, one thread,
 // no validation or samples, a log line every 1000 steps.
 std::string tiny_gpt2_train_args(const std::string& dir, const std::string& run_dir, int steps);
+// The shipped configs (configs/*.yaml) that train in one process on the CPU: not
+// kimi-k3, k3-scaled, k3-scaled-lite (billions of parameters) nor k3-base (an include).
+const std::vector<std::string>& one_process_configs();
+// `train -c configs/<config>.yaml` for 2 short steps (batch 1, 16 tokens, warmup 1, one
+// thread, train.ep 1, no evaluation or samples) on the byte shards prepare_byte_shards(dir)
+// wrote, into run_dir.
+std::string short_config_run_args(const std::string& config, const std::string& dir, const std::string& run_dir);
 
 // The what() of the exception of type E that fn throws; fails the test otherwise.
 // Subnormals kept for the guard's scope (no FTZ/DAZ in this thread and the OpenMP

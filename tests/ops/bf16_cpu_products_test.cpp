@@ -40,25 +40,6 @@ Tensor products_rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
   return mul_scalar(randn(s, DType::f32, seed), scale).to(DType::bf16).detach();
 }
 
-// Same element count, dtype and bytes.
-bool products_same_bits(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.numel() != b.numel()) return false;
-  return std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(),
-                     static_cast<size_t>(a.numel() * dtype_size(a.dtype()))) == 0;
-}
-
-double products_rel_error(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 // The widening route of cpu::run_kernel, spelled out: f32 copies in, the f32 kernel,
 // each bf16 output rounded once.
 Tensor products_widened(const Tensor& t) { return cpu::widen_bf16(t); }
@@ -105,10 +86,10 @@ TEST_CASE("bf16 cpu products: cross entropy row by row has the bits of the widen
   const CrossEntropyRun native = cross_entropy_kernels(logits, targets, classes);
   const CrossEntropyRun wide = cross_entropy_kernels(products_widened(logits), targets, classes);
   CHECK(native.grad.dtype() == DType::bf16);
-  CHECK(products_same_bits(native.lse, wide.lse));
+  CHECK(moetrain::testing::bitwise_equal(native.lse, wide.lse));
   CHECK(native.loss_sum == wide.loss_sum);  // same row values summed in the same order
   CHECK(native.count == wide.count);
-  CHECK(products_same_bits(native.grad, products_rounded(wide.grad)));
+  CHECK(moetrain::testing::bitwise_equal(native.grad, products_rounded(wide.grad)));
 }
 
 TEST_CASE("bf16 cpu products: cross entropy on bf16 logits matches f32", "[ops][bf16]") {
@@ -125,7 +106,7 @@ TEST_CASE("bf16 cpu products: cross entropy on bf16 logits matches f32", "[ops][
   loss_hi.backward();
   REQUIRE(lo.grad().defined());
   CHECK(lo.grad().dtype() == DType::bf16);
-  const double e = products_rel_error(lo.grad().to(DType::f64), hi.grad().to(DType::f64));
+  const double e = moetrain::testing::rel_error(lo.grad().to(DType::f64), hi.grad().to(DType::f64));
   INFO("gradient relative error " << e);
   CHECK(e <= kProductsBackwardTol);
   CHECK(e <= kProductsForwardTol);  // one rounding of an f32 result: 2^-9
@@ -143,7 +124,7 @@ TEST_CASE("bf16 cpu products: binary ops have the bits of the widened kernel", "
       Tensor native = empty(s.out, DType::bf16), wide = empty(s.out, DType::f32);
       cpu::binary_forward(op, native, a, b);
       cpu::binary_forward(op, wide, products_widened(a), products_widened(b));
-      CHECK(products_same_bits(native, products_rounded(wide)));
+      CHECK(moetrain::testing::bitwise_equal(native, products_rounded(wide)));
     }
   }
   // NaN stays NaN through the rounding (max passes a NaN on).
@@ -165,14 +146,14 @@ TEST_CASE("bf16 cpu products: SiTU-GLU in blocks has the bits of the widened ker
     Tensor native = empty_like(gate), wide = empty(gate.shape(), DType::f32);
     cpu::situ_glu_forward(native, gate, up, 1.5, lambda);
     cpu::situ_glu_forward(wide, products_widened(gate), products_widened(up), 1.5, lambda);
-    CHECK(products_same_bits(native, products_rounded(wide)));
+    CHECK(moetrain::testing::bitwise_equal(native, products_rounded(wide)));
     Tensor dg = empty_like(gate), du = empty_like(gate);
     Tensor wdg = empty(gate.shape(), DType::f32), wdu = empty(gate.shape(), DType::f32);
     double beta_native = 0, beta_wide = 0;
     cpu::situ_glu_backward(dg, du, &beta_native, dout, gate, up, 1.5, lambda);
     cpu::situ_glu_backward(wdg, wdu, &beta_wide, products_widened(dout), products_widened(gate), products_widened(up), 1.5, lambda);
-    CHECK(products_same_bits(dg, products_rounded(wdg)));
-    CHECK(products_same_bits(du, products_rounded(wdu)));
+    CHECK(moetrain::testing::bitwise_equal(dg, products_rounded(wdg)));
+    CHECK(moetrain::testing::bitwise_equal(du, products_rounded(wdu)));
     CHECK(std::abs(beta_native - beta_wide) <= 1e-12 * std::abs(beta_wide));
     CHECK(beta_wide != 0.0);
   }
@@ -186,7 +167,7 @@ TEST_CASE("bf16 cpu products: SiTU-GLU and binary ops on bf16 match f32", "[ops]
   Tensor lo = mul(situ_glu(lo_g, lo_u, 1.0, 3.0), add(lo_u, lo_g));
   Tensor hi = mul(situ_glu(hi_g, hi_u, 1.0, 3.0), add(hi_u, hi_g));
   REQUIRE(lo.dtype() == DType::bf16);
-  const double ef = products_rel_error(lo.to(DType::f64), hi.to(DType::f64));
+  const double ef = moetrain::testing::rel_error(lo.to(DType::f64), hi.to(DType::f64));
   INFO("forward relative error " << ef);
   CHECK(ef <= kProductsForwardTol);
   const Tensor w = products_rnd(lo.shape(), 10);
@@ -195,7 +176,7 @@ TEST_CASE("bf16 cpu products: SiTU-GLU and binary ops on bf16 match f32", "[ops]
   for (auto [l, h] : {std::pair{lo_g, hi_g}, std::pair{lo_u, hi_u}}) {
     REQUIRE(l.grad().defined());
     CHECK(l.grad().dtype() == DType::bf16);
-    const double eb = products_rel_error(l.grad().to(DType::f64), h.grad().to(DType::f64));
+    const double eb = moetrain::testing::rel_error(l.grad().to(DType::f64), h.grad().to(DType::f64));
     INFO("gradient relative error " << eb);
     CHECK(eb <= kProductsBackwardTol);
   }
@@ -228,13 +209,13 @@ TEST_CASE("bf16 cpu products: the same bits at 1 and 2 threads", "[ops][bf16]") 
   const Run one = run();
   cpu::set_num_threads(2);
   const Run two = run();
-  CHECK(products_same_bits(one.ce.lse, two.ce.lse));
-  CHECK(products_same_bits(one.ce.grad, two.ce.grad));
+  CHECK(moetrain::testing::bitwise_equal(one.ce.lse, two.ce.lse));
+  CHECK(moetrain::testing::bitwise_equal(one.ce.grad, two.ce.grad));
   CHECK(one.ce.loss_sum == two.ce.loss_sum);
-  CHECK(products_same_bits(one.sum, two.sum));
-  CHECK(products_same_bits(one.situ, two.situ));
-  CHECK(products_same_bits(one.dg, two.dg));
-  CHECK(products_same_bits(one.du, two.du));
+  CHECK(moetrain::testing::bitwise_equal(one.sum, two.sum));
+  CHECK(moetrain::testing::bitwise_equal(one.situ, two.situ));
+  CHECK(moetrain::testing::bitwise_equal(one.dg, two.dg));
+  CHECK(moetrain::testing::bitwise_equal(one.du, two.du));
 }
 
 namespace {
@@ -273,9 +254,9 @@ TEST_CASE("bf16 cpu products: causal attention on oneDNN's bf16 products matches
     const AttentionRun hi = attention_run(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), w, scale);
     CHECK(lo.o.dtype() == DType::bf16);
     CHECK(lo.max_logit.dtype() == DType::f32);
-    const double eo = products_rel_error(lo.o.to(DType::f64), hi.o.to(DType::f64));
+    const double eo = moetrain::testing::rel_error(lo.o.to(DType::f64), hi.o.to(DType::f64));
     // the row maxima come from f32 scores of the same bf16 values: f32 rounding only
-    const double em = products_rel_error(lo.max_logit.to(DType::f64), hi.max_logit.to(DType::f64));
+    const double em = moetrain::testing::rel_error(lo.max_logit.to(DType::f64), hi.max_logit.to(DType::f64));
     INFO("forward relative error " << eo << ", max logit " << em);
     CHECK(eo <= kProductsForwardTol);
     CHECK(em <= 1e-5);
@@ -283,7 +264,7 @@ TEST_CASE("bf16 cpu products: causal attention on oneDNN's bf16 products matches
                               std::tuple{lo.dv, hi.dv, "dv"}}) {
       REQUIRE(l.defined());
       CHECK(l.dtype() == DType::bf16);
-      const double e = products_rel_error(l.to(DType::f64), h.to(DType::f64));
+      const double e = moetrain::testing::rel_error(l.to(DType::f64), h.to(DType::f64));
       INFO(what << " relative error " << e);
       CHECK(e <= kProductsBackwardTol);
     }
@@ -299,11 +280,11 @@ TEST_CASE("bf16 cpu products: causal attention's bf16 path gives the same bits a
   const AttentionRun one = attention_run(q, k, v, w, 0.2);
   cpu::set_num_threads(2);
   const AttentionRun two = attention_run(q, k, v, w, 0.2);
-  CHECK(products_same_bits(one.o, two.o));
-  CHECK(products_same_bits(one.max_logit, two.max_logit));
-  CHECK(products_same_bits(one.dq, two.dq));
-  CHECK(products_same_bits(one.dk, two.dk));
-  CHECK(products_same_bits(one.dv, two.dv));
+  CHECK(moetrain::testing::bitwise_equal(one.o, two.o));
+  CHECK(moetrain::testing::bitwise_equal(one.max_logit, two.max_logit));
+  CHECK(moetrain::testing::bitwise_equal(one.dq, two.dq));
+  CHECK(moetrain::testing::bitwise_equal(one.dk, two.dk));
+  CHECK(moetrain::testing::bitwise_equal(one.dv, two.dv));
 }
 
 TEST_CASE("bf16 cpu products: AttnRes token by token has the bits of the widened kernel", "[ops][bf16]") {
@@ -326,19 +307,19 @@ TEST_CASE("bf16 cpu products: AttnRes token by token has the bits of the widened
   Tensor walpha = empty({2, 37, M}, DType::f32), wrstd = empty({2, 37, M}, DType::f32);
   cpu::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, 1e-5);
   cpu::attn_res_forward(wh, walpha, wrstd, wide_ptrs, wide_proj, norm, 1e-5);
-  CHECK(products_same_bits(h, products_rounded(wh)));
-  CHECK(products_same_bits(alpha, walpha));
-  CHECK(products_same_bits(rstd, wrstd));
+  CHECK(moetrain::testing::bitwise_equal(h, products_rounded(wh)));
+  CHECK(moetrain::testing::bitwise_equal(alpha, walpha));
+  CHECK(moetrain::testing::bitwise_equal(rstd, wrstd));
   const Tensor gh = products_rnd(src[0].shape(), 52);
   std::vector<Tensor> gs = {empty_like(src[0]), Tensor(), empty_like(src[0])};
   std::vector<Tensor> wgs = {empty(src[0].shape(), DType::f32), Tensor(), empty(src[0].shape(), DType::f32)};
   Tensor gp = empty_like(proj), gn = empty_like(norm), wgp = empty({D}, DType::f32), wgn = empty({D}, DType::f32);
   cpu::attn_res_backward(gs, &gp, &gn, gh, ptrs, proj, norm, alpha, rstd);
   cpu::attn_res_backward(wgs, &wgp, &wgn, products_widened(gh), wide_ptrs, wide_proj, norm, walpha, wrstd);
-  CHECK(products_same_bits(gs[0], products_rounded(wgs[0])));
+  CHECK(moetrain::testing::bitwise_equal(gs[0], products_rounded(wgs[0])));
   CHECK(!gs[1].defined());
-  CHECK(products_same_bits(gs[2], products_rounded(wgs[2])));
+  CHECK(moetrain::testing::bitwise_equal(gs[2], products_rounded(wgs[2])));
   CHECK(gp.dtype() == DType::bf16);
-  CHECK(products_same_bits(gp, products_rounded(wgp)));
-  CHECK(products_same_bits(gn, wgn));  // norm stays f32: its gradient too
+  CHECK(moetrain::testing::bitwise_equal(gp, products_rounded(wgp)));
+  CHECK(moetrain::testing::bitwise_equal(gn, wgn));  // norm stays f32: its gradient too
 }

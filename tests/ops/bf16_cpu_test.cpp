@@ -28,18 +28,6 @@ namespace {
 constexpr double kBf16ForwardTol = 1e-2;
 constexpr double kBf16BackwardTol = 3e-2;
 
-double bf16_rel_error(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 // Runs fn on bf16 copies of the floating inputs and on f32 copies of the same rounded
 // values (integer inputs pass through), backward on both with the same upstream
 // gradient (rounded to bf16), and compares each output and each marked input's
@@ -68,7 +56,7 @@ void check_bf16_matches_f32(const std::function<Tensors(const Tensors&)>& fn, co
     INFO(fmt::format("output {}: {} vs {}", k, describe(out_lo[k]), describe(out_hi[k])));
     if (is_floating(out_hi[k].dtype())) CHECK(out_lo[k].dtype() == (kept_f32 ? DType::f32 : DType::bf16));
     REQUIRE(out_lo[k].shape() == out_hi[k].shape());
-    const double e = bf16_rel_error(out_lo[k].to(DType::f64), out_hi[k].to(DType::f64));
+    const double e = moetrain::testing::rel_error(out_lo[k].to(DType::f64), out_hi[k].to(DType::f64));
     INFO(fmt::format("output {} of {}: relative error {}", k, out_hi[k].shape(), e));
     CHECK(e <= forward_tol);
     if (!out_hi[k].requires_grad()) continue;
@@ -87,7 +75,7 @@ void check_bf16_matches_f32(const std::function<Tensors(const Tensors&)>& fn, co
     REQUIRE(gl.defined());
     REQUIRE(gh.defined());
     CHECK(gl.dtype() == DType::bf16);
-    const double e = bf16_rel_error(gl.to(DType::f64), gh.to(DType::f64));
+    const double e = moetrain::testing::rel_error(gl.to(DType::f64), gh.to(DType::f64));
     INFO(fmt::format("gradient of input {} {}: relative error {}", i, inputs[i].shape(), e));
     CHECK(e <= backward_tol);
   }
