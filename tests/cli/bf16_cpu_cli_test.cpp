@@ -49,9 +49,18 @@ struct Bf16Job {
            "--set run.dir=" +
            dir + "/" + name;
   }
-  Result run(int np, const string& args) const {
-    const string launcher = np == 1 ? string() : string(kLocalMpirun) + "-np " + std::to_string(np) + " ";
+  // `moetrain args` on np ranks, with `env` ("NAME=value ...") set for one process.
+  Result run(int np, const string& args, const string& env = "") const {
+    const string launcher = np == 1 ? (env.empty() ? string() : "env " + env + " ")
+                                    : string(kLocalMpirun) + "-np " + std::to_string(np) + " ";
     return moetrain::testing::capture_command(launcher + string(MOETRAIN_BINARY_DIR) + "/moetrain " + args);
+  }
+  // run(), required to exit 0 (its output in the message when it does not).
+  Result trained(int np, const string& args, const string& env = "") const {
+    Result r = run(np, args, env);
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return r;
   }
 };
 
@@ -74,12 +83,8 @@ TEST_CASE("cli: GPT-2 and the hybrid train in bf16 on the CPU, their losses foll
     const int steps = hybrid ? 8 : 12;
     auto args = [&](const string& name) { return hybrid ? job.hybrid(name, steps) : job.gpt2(name, steps); };
     const string f32 = hybrid ? "h32" : "g32", b16 = hybrid ? "h16" : "g16";
-    Result a = job.run(1, args(f32));
-    INFO(a.output);
-    REQUIRE(a.code == 0);
-    Result b = job.run(1, args(b16) + " --set train.dtype=bf16");
-    INFO(b.output);
-    REQUIRE(b.code == 0);
+    Result a = job.trained(1, args(f32));
+    Result b = job.trained(1, args(b16) + " --set train.dtype=bf16");
     CHECK(b.output.find("mixed precision: bf16 parameters and activations") != string::npos);
     const std::vector<double> want = metrics_losses(job.dir + "/" + f32), got = metrics_losses(job.dir + "/" + b16);
     REQUIRE(want.size() == static_cast<size_t>(steps));
@@ -92,18 +97,14 @@ TEST_CASE("cli: GPT-2 and the hybrid train in bf16 on the CPU, their losses foll
 TEST_CASE("cli: a bf16 run on the CPU resumes from its checkpoint bit for bit and exports bf16", "[cli]") {
   Bf16Job job;
   const string args = job.gpt2("r1", 6) + " --set train.dtype=bf16 --set ckpt.every=3";
-  Result whole = job.run(1, args);
-  INFO(whole.output);
-  REQUIRE(whole.code == 0);
+  Result whole = job.trained(1, args);
   const string r1 = job.dir + "/r1", r2 = job.dir + "/r2";
   Result copy =
       moetrain::testing::capture_command("cp -r " + r1 + " " + r2 + " && rm -r " + r2 + "/checkpoints/step_00000006");
   REQUIRE(copy.code == 0);
-  Result resumed = job.run(1, job.gpt2("r2", 6) +
+  Result resumed = job.trained(1, job.gpt2("r2", 6) +
                                   " --set train.dtype=bf16 --set ckpt.every=3 --set "
                                   "ckpt.resume=step_00000003");
-  INFO(resumed.output);
-  REQUIRE(resumed.code == 0);
   // The checkpoint holds the f32 masters; the resumed run rounds the bf16 parameters from them again.
   CHECK(moetrain::testing::metrics_history(r2) == moetrain::testing::metrics_history(r1));
   Result exported = job.run(1, "export --checkpoint " + r1 + "/model --out " + job.dir + "/exp --dtype bf16");
@@ -121,9 +122,7 @@ TEST_CASE("cli: bf16 runs on the CPU give the same bits at 1 and 2 threads", "[c
     for (int threads : {1, 2}) {
       const string name = string(hybrid ? "h" : "g") + std::to_string(threads);
       const string base = hybrid ? job.hybrid(name, 4) : job.gpt2(name, 4);
-      Result r = job.run(1, base + " --set train.dtype=bf16 --set train.threads=" + std::to_string(threads));
-      INFO(r.output);
-      REQUIRE(r.code == 0);
+      Result r = job.trained(1, base + " --set train.dtype=bf16 --set train.threads=" + std::to_string(threads));
       models[threads - 1] = moetrain::testing::read_bytes(job.dir + "/" + name + "/model/model.safetensors");
       histories[threads - 1] = moetrain::testing::metrics_history(job.dir + "/" + name);
     }
@@ -142,12 +141,8 @@ TEST_CASE("cli: bf16 on the CPU under mpirun: train.zero 1 at 2 ranks follows on
     INFO(string(hybrid ? "hybrid (k3-tiny)" : "gpt2"));
     auto args = [&](const string& name) { return hybrid ? job.hybrid(name, steps) : job.gpt2(name, steps); };
     const string one_dir = hybrid ? "h1" : "g1", zero_dir = hybrid ? "hz" : "gz";
-    Result one = job.run(1, args(one_dir) + " --set train.dtype=bf16 --set train.grad_accum=2");
-    INFO(one.output);
-    REQUIRE(one.code == 0);
-    Result zero = job.run(2, args(zero_dir) + " --set train.dtype=bf16 --set train.zero=1");
-    INFO(zero.output);
-    REQUIRE(zero.code == 0);
+    Result one = job.trained(1, args(one_dir) + " --set train.dtype=bf16 --set train.grad_accum=2");
+    Result zero = job.trained(2, args(zero_dir) + " --set train.dtype=bf16 --set train.zero=1");
     CHECK(zero.output.find("mixed precision: bf16 parameters and activations") != string::npos);
     check_follows(metrics_losses(job.dir + "/" + zero_dir), metrics_losses(job.dir + "/" + one_dir), kLayoutVsOne);
   }
@@ -160,19 +155,12 @@ TEST_CASE("cli: bf16 on the CPU under mpirun: train.zero 1 at 2 ranks follows on
 TEST_CASE("cli: bf16 on the CPU with train.pp 2 follows one process", "[cli][slow]") {
   Bf16Job job;
   const int steps = 6;
-  Result one = job.run(1, job.hybrid("h1", steps) + " --set train.dtype=bf16 --set train.grad_accum=2");
-  INFO(one.output);
-  REQUIRE(one.code == 0);
-  Result pipe =
-      job.run(2, job.hybrid("hp", steps) + " --set train.dtype=bf16 --set train.pp=2 --set train.grad_accum=2");
-  INFO(pipe.output);
-  REQUIRE(pipe.code == 0);
+  Result one = job.trained(1, job.hybrid("h1", steps) + " --set train.dtype=bf16 --set train.grad_accum=2");
+  Result pipe = job.trained(2, job.hybrid("hp", steps) + " --set train.dtype=bf16 --set train.pp=2 --set train.grad_accum=2");
   CHECK(pipe.output.find("pp 2") != string::npos);
   check_follows(metrics_losses(job.dir + "/hp"), metrics_losses(job.dir + "/h1"), kLayoutVsOne);
-  Result interleaved = job.run(2, job.hybrid("hv", steps) + " --set train.dtype=bf16 --set train.pp=2 "
+  Result interleaved = job.trained(2, job.hybrid("hv", steps) + " --set train.dtype=bf16 --set train.pp=2 "
                                                             "--set train.pp_virtual=2 --set train.grad_accum=2");
-  INFO(interleaved.output);
-  REQUIRE(interleaved.code == 0);
   check_follows(metrics_losses(job.dir + "/hv"), metrics_losses(job.dir + "/h1"), kLayoutVsOne);
   check_follows(metrics_losses(job.dir + "/hp"), metrics_losses(job.dir + "/h1"), kLayoutVsOne);
 }
@@ -183,35 +171,24 @@ TEST_CASE("cli: bf16 on the CPU with train.pp 2 follows one process", "[cli][slo
 TEST_CASE("cli: bf16 on the CPU with train.ep 2 follows one process", "[cli][slow]") {
   Bf16Job job;
   const int steps = 6;
-  Result one = job.run(1, job.hybrid("h1", steps) + " --set train.dtype=bf16 --set train.grad_accum=2");
-  INFO(one.output);
-  REQUIRE(one.code == 0);
+  job.trained(1, job.hybrid("h1", steps) + " --set train.dtype=bf16 --set train.grad_accum=2");
   for (const string zero : {"0", "1"}) {
+    INFO("train.zero " << zero);
     const string name = "he" + zero;
-    Result ep = job.run(2, job.hybrid(name, steps) + " --set train.dtype=bf16 --set train.ep=2 --set train.zero=" + zero);
-    INFO("train.zero " << zero << "\n" << ep.output);
-    REQUIRE(ep.code == 0);
+    Result ep = job.trained(2, job.hybrid(name, steps) + " --set train.dtype=bf16 --set train.ep=2 --set train.zero=" + zero);
     CHECK(ep.output.find("mixed precision: bf16 parameters and activations") != string::npos);
     check_follows(metrics_losses(job.dir + "/" + name), metrics_losses(job.dir + "/h1"), kLayoutVsOne);
   }
 }
 
-// Every shipped config that fits one process trains in bf16 (2 steps, finite losses);
-// kimi-k3, k3-scaled and k3-scaled-lite are billions of parameters (their layouts are
-// the ledger's), k3-base is an include.
+// Every shipped config that fits one process trains in bf16 (2 steps, finite losses).
 TEST_CASE("cli: train.dtype bf16 trains every shipped config that fits one process on the CPU", "[cli][slow]") {
   Bf16Job job;
-  for (const string config : {"gpt2-shakespeare", "gpt2-small", "k3-tiny", "k3-small", "k3-shakespeare",
-                              "k3-shakespeare-bpe", "k3-topology-mini"}) {
+  for (const string& config : moetrain::testing::one_process_configs()) {
+    INFO(config);
     const string run = job.dir + "/" + config;
-    const Result r = job.run(
-        1, "train -c " + string(MOETRAIN_SOURCE_DIR) + "/configs/" + config + ".yaml --set data.train=" + job.dir +
-               "/data/train_*.bin --set data.val= --set data.tokenizer=byte --set model.vocab_size=256 "
-               "--set train.max_steps=2 --set train.warmup_steps=1 --set train.batch_size=1 --set train.seq_len=16 "
-               "--set train.eval_every=0 --set train.sample_every=0 --set train.threads=1 --set train.ep=1 "
-               "--set train.dtype=bf16 --set run.dir=" + run);
-    INFO(config << "\n" << r.output);
-    REQUIRE(r.code == 0);
+    const Result r = job.trained(1, moetrain::testing::short_config_run_args(config, job.dir, run) +
+                                        " --set model.vocab_size=256 --set train.dtype=bf16");
     CHECK(r.output.find("mixed precision: bf16 parameters and activations") != string::npos);
     const std::vector<double> losses = metrics_losses(run);
     REQUIRE(losses.size() == 2);
@@ -227,20 +204,15 @@ TEST_CASE("cli: train.dtype bf16 trains every shipped config that fits one proce
 // create a primitive descriptor iterator".
 TEST_CASE("cli: bf16 on a CPU without oneDNN bf16 kernels (AVX2) widens its products and trains", "[cli]") {
   Bf16Job job;
-  const string avx2 = "env ONEDNN_MAX_CPU_ISA=AVX2 MOETRAIN_ISA=avx2 ";
-  const Result info = moetrain::testing::capture_command(avx2 + string(MOETRAIN_BINARY_DIR) + "/moetrain info");
+  const string avx2 = "ONEDNN_MAX_CPU_ISA=AVX2 MOETRAIN_ISA=avx2";
+  const Result info = job.run(1, "info", avx2);
   INFO(info.output);
   CHECK(info.code == 0);
   CHECK(info.output.find("ISA avx2 (bf16 x bf16 -> f32 on a GPT-2 shape: none at this ISA: bf16 products widen to "
                          "f32") != string::npos);
   const int steps = 8;
-  Result native = job.run(1, job.gpt2("native", steps) + " --set train.dtype=bf16");
-  INFO(native.output);
-  REQUIRE(native.code == 0);
-  Result widened = moetrain::testing::capture_command(avx2 + string(MOETRAIN_BINARY_DIR) + "/moetrain " +
-                                                      job.gpt2("widened", steps) + " --set train.dtype=bf16");
-  INFO(widened.output);
-  REQUIRE(widened.code == 0);
+  Result native = job.trained(1, job.gpt2("native", steps) + " --set train.dtype=bf16");
+  Result widened = job.trained(1, job.gpt2("widened", steps) + " --set train.dtype=bf16", avx2);
   CHECK(widened.output.find("bf16 on this CPU: oneDNN has no bf16 matmul at ISA avx2") != string::npos);
   CHECK(native.output.find("oneDNN has no bf16 matmul") == string::npos);
   check_follows(metrics_losses(job.dir + "/widened"), metrics_losses(job.dir + "/native"), kBf16VsF32Gpt2);
