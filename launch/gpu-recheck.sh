@@ -63,12 +63,12 @@ else
 fi
 
 # The cases to rerun: kind and name of each failed, crashed or timed-out line.
-todo=$(awk -F'\t' 'NR > 1 && ($3 == "failed" || $3 == "crashed" || $3 == "timeout") {print $1 "\t" $2}' "$record")
+reruns=$(awk -F'\t' 'NR > 1 && ($3 == "failed" || $3 == "crashed" || $3 == "timeout") {print $1 "\t" $2}' "$record")
 rec=$out/recheck.tsv
 printf 'kind\tname\ttool\tstatus\trc\tseconds\tnote\n' >"$rec"
-n=$(grep -c . <<<"$todo")
+n=$(grep -c . <<<"$reruns")
 echo "== $n case(s) to rerun from $record (budget $budget s)"
-[ -n "$todo" ] || { echo "== nothing to rerun"; exit 0; }
+[ -n "$reruns" ] || { echo "== nothing to rerun"; exit 0; }
 
 # One rerun: TOOL (memcheck, racecheck or plain) on KIND NAME; its line goes to recheck.tsv.
 rerun() {
@@ -102,6 +102,6 @@ while IFS=$'\t' read -r kind name; do
     bad=1
     break
   done
-done <<<"$todo"
+done <<<"$reruns"
 echo "== done in $(($(date +%s) - start)) s (recheck.tsv)"
 exit "$bad"

@@ -138,9 +138,10 @@ Plan make_plan(const LtGemm& g, LtDevice& s) {
   return p;
 }
 
-// The matmul itself, without the GELU check (the probe runs through here).
+// The matmul itself, for a GEMM lt_refusal takes (lt_matmul asks it first; the probe's
+// is aligned by construction), without the GELU check (the probe runs through here).
+// False when cuBLASLt offers no algorithm for the shape.
 bool run(const LtGemm& g, int device) {
-  if (!lt_refusal(g).empty()) return false;
   LtDevice& s = lt_device(device);
   const bool tf32 = g.dtype == DType::f32 && allow_tf32();
   const PlanKey key{device, static_cast<int>(g.dtype), tf32, g.trans_a, g.trans_b, g.m, g.n, g.k,
@@ -192,6 +193,7 @@ GeluForm probe_gelu(int device) {
   g.aux = daux;
   g.ld_aux = kCols;
   GeluForm form = GeluForm::unknown;
+  MT_ASSERT(lt_refusal(g).empty(), "the GELU probe's GEMM must be one cuBLASLt takes");
   if (run(g, device)) {
     std::vector<float> c(static_cast<size_t>(kPoints * kCols)), aux(c.size());
     copy_device_to_host(c.data(), dc, bytes_a, device);
