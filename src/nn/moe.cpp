@@ -96,10 +96,18 @@ MoeLayer::MoeLayer(const MoeConfig& c, int64_t D, const FfnConfig& ffn, double i
 }
 
 Tensor MoeLayer::experts_forward(const Tensor& z, const std::vector<int64_t>& counts) const {
+  return expert_mlp(z, [counts](const Tensor& x, const Tensor& w) { return grouped_linear(x, w, counts); });
+}
+
+Tensor MoeLayer::experts_forward(const Tensor& z, const Tensor& offsets) const {
+  return expert_mlp(z, [offsets](const Tensor& x, const Tensor& w) { return grouped_linear(x, w, offsets); });
+}
+
+Tensor MoeLayer::expert_mlp(const Tensor& z, const GroupedGemm& gemm) const {
   // Activation recomputation (docs/training.md#activation-recomputation): `experts`
   // runs all of this again in backward (only the rows in and out are kept); `act`
   // the activation and the down-projection (gate and up outputs kept).
-  auto act_down = [this, counts](const Tensors& gu) {
+  auto act_down = [this, gemm](const Tensors& gu) {
     Tensor h;
     if (ffn_.kind == FfnKind::situ_glu) {
       std::optional<double> lambda;
@@ -108,10 +116,10 @@ Tensor MoeLayer::experts_forward(const Tensor& z, const std::vector<int64_t>& co
     } else {
       h = mul(silu(gu[0]), gu[1]);
     }
-    return Tensors{grouped_linear(h, w2, counts)};
+    return Tensors{gemm(h, w2)};
   };
-  auto mlp = [this, counts, act_down](const Tensors& rows) {
-    const Tensors gu{grouped_linear(rows[0], w1, counts), grouped_linear(rows[0], w3, counts)};
+  auto mlp = [this, gemm, act_down](const Tensors& rows) {
+    const Tensors gu{gemm(rows[0], w1), gemm(rows[0], w3)};
     return !c_.recompute_experts && ffn_.recompute_act ? checkpoint(act_down, gu) : act_down(gu);
   };
   return (c_.recompute_experts ? checkpoint(mlp, {z}) : mlp({z}))[0];
@@ -132,24 +140,66 @@ Tensor MoeLayer::dispatch(const Tensor& z, const std::vector<int64_t>& counts, c
   return dispatcher_->dispatch(z, counts, experts);
 }
 
+int64_t MoeLayer::capacity(int64_t N) const {
+  const int64_t E = c_.num_experts, k = c_.top_k;
+  return c_.capacity_factor > 0
+             ? static_cast<int64_t>(std::ceil(c_.capacity_factor * static_cast<double>(N * k) / static_cast<double>(E)))
+             : 0;
+}
+
 Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
   MT_CHECK(x.dim() == 3 && x.size(2) == d_model_, "moe layer: x {} must be [B, T, {}]", x.shape(), d_model_);
-  const int64_t B = x.size(0), T = x.size(1), N = B * T, D = d_model_, E = c_.num_experts, k = c_.top_k;
+  const int64_t B = x.size(0), T = x.size(1), N = B * T, D = d_model_;
   Tensor xf = reshape(x, {N, D});
-  // On a GPU the selected ids travel to the host (the plan below needs them) while
-  // the work that does not need them is queued: the latent projection and the
-  // shared experts (docs/cuda.md, "Host synchronisation").
-  PendingRouting pending = router.begin_route(xf);
+  // Local experts are planned where the ids are (ops/moe/moe.h, ExpertRows): on a
+  // GPU nothing waits for the router. The host plan serves expert parallelism (its
+  // exchange sizes are host numbers), a caller asking for the ids, and the
+  // sequence-wise aux loss (which counts them on the host; off in the shipped
+  // configs). With it, the ids travel to the host while the work that does not
+  // need them is queued: the latent projection and the shared experts (docs/cuda.md,
+  // "Host synchronisation").
+  const bool device_plan = shard_.size == 1 && !routing && !(training && c_.aux_loss_weight > 0);
+  PendingRouting pending = router.begin_route(xf, !device_plan);
   Tensor z = c_.latent_dim > 0 ? linear(xf, down_proj) : xf;  // [N, W]
   Tensor shared_y = shared ? shared->forward(xf) : Tensor();
-  Routing r = router.finish_route(std::move(pending));
-  const int64_t capacity =
-      c_.capacity_factor > 0
-          ? static_cast<int64_t>(std::ceil(c_.capacity_factor * static_cast<double>(N * k) / static_cast<double>(E)))
-          : 0;
-  const ExpertPlan plan = plan_experts(r.experts, E, capacity);
+  Routing r;
+  Tensor y;
+  if (device_plan) {
+    y = local_experts(z, pending.experts.tensor(), pending.weights, training);
+    r.logits = std::move(pending.logits);
+    r.scores = std::move(pending.scores);
+    r.weights = std::move(pending.weights);
+  } else {
+    r = router.finish_route(std::move(pending));
+    y = dispatched_experts(z, r, N, training);
+  }
+  if (c_.latent_dim > 0) {
+    if (latent_norm.defined()) y = rms_norm(y, latent_norm, c_.latent_norm_eps);
+    y = linear(y, up_proj);
+  }
+  if (shared) y = add(y, shared_y);
+  aux_loss_ = training ? router.aux_loss(r, B, T) : Tensor();  // recomputed: the same value, now with its graph
+  if (routing) *routing = std::move(r);
+  return reshape(y, {B, T, D});
+}
+
+Tensor MoeLayer::local_experts(const Tensor& z, const Tensor& ids, const Tensor& weights, bool training) {
+  const ExpertRows plan = plan_expert_rows(ids, c_.num_experts, capacity(z.size(0)));
   // The bias update and the metrics count training assignments only, once: not
   // again when activation recomputation runs the layer a second time in backward.
+  // Summed where the plan is; read once per optimizer step (MoeLayer::stats()).
+  if (training && !autograd::recomputing()) {
+    const Tensor counts = plan.counts.to(DType::f64);
+    stats_.pending = stats_.pending.defined() ? add(stats_.pending, counts) : counts;
+  }
+  const Tensor out = experts_forward(moe_gather(z, plan), plan.offsets);
+  // The f32 routing weights meet bf16 expert outputs in their dtype (mixed precision).
+  return moe_combine(out, plan, weights.to(out.dtype()));  // [N, W]
+}
+
+Tensor MoeLayer::dispatched_experts(const Tensor& z, const Routing& r, int64_t N, bool training) {
+  const int64_t E = c_.num_experts, k = c_.top_k;
+  const ExpertPlan plan = plan_experts(r.experts, E, capacity(N));
   if (training && !autograd::recomputing()) {
     for (int64_t e = 0; e < E; ++e) stats_.tokens_per_expert[e] += static_cast<double>(plan.counts[e]);
     stats_.dropped += plan.dropped;
@@ -159,15 +209,18 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
   for (size_t i = 0; i < plan.order.size(); ++i) token[i] = plan.order[i] / k;
   Tensor out = dispatch(index_select(z, 0, token), plan.counts,
                         [this](const Tensor& rows, const std::vector<int64_t>& n) { return experts_forward(rows, n); });
-  Tensor y = combine(out, plan, r.weights, N);
-  if (c_.latent_dim > 0) {
-    if (latent_norm.defined()) y = rms_norm(y, latent_norm, c_.latent_norm_eps);
-    y = linear(y, up_proj);
-  }
-  if (shared) y = add(y, shared_y);
-  aux_loss_ = training ? router.aux_loss(r, B, T) : Tensor();  // recomputed: the same value, now with its graph
-  if (routing) *routing = std::move(r);
-  return reshape(y, {B, T, D});
+  return combine(out, plan, r.weights, N);
+}
+
+void MoeStats::settle() {
+  if (!pending.defined()) return;
+  const Tensor host = pending.to(kCpu);
+  const double* p = host.data<double>();
+  const size_t E = tokens_per_expert.size();
+  MT_ASSERT(host.numel() == static_cast<int64_t>(E) + 1, "moe stats: {} pending counts for {} experts", host.numel(), E);
+  for (size_t e = 0; e < E; ++e) tokens_per_expert[e] += p[e];
+  dropped += static_cast<int64_t>(p[E]);
+  pending = Tensor();
 }
 
 Tensor MoeLayer::combine(const Tensor& out, const ExpertPlan& plan, const Tensor& weights, int64_t N) const {

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,9 +50,14 @@ ExpertPlan plan_experts(const std::vector<int64_t>& experts, int64_t num_experts
 struct MoeStats {
   std::vector<double> tokens_per_expert;  // assignments per expert
   int64_t dropped = 0;
+  // Counts planned on the device and not yet read (f64 [E + 1]: per expert, then
+  // the dropped): summed there, read once by settle() (MoeLayer::stats() does).
+  Tensor pending;
+  void settle();
   void reset() {
     std::fill(tokens_per_expert.begin(), tokens_per_expert.end(), 0.0);
     dropped = 0;
+    pending = Tensor();
   }
 };
 
@@ -97,7 +103,11 @@ class MoeLayer : public FeedForward {
   const char* component() const override { return "moe"; }
 
   const MoeConfig& config() const { return c_; }
-  MoeStats& stats() { return stats_; }
+  // Settled (a copy from the device when counts are pending).
+  MoeStats& stats() {
+    stats_.settle();
+    return stats_;
+  }
   const Tensor& aux_loss() const { return aux_loss_; }
   // Router::update_bias.
   void update_bias(const std::vector<double>& counts) { router.update_bias(counts); }
@@ -109,6 +119,18 @@ class MoeLayer : public FeedForward {
 
  private:
   Tensor experts_forward(const Tensor& z_sorted, const std::vector<int64_t>& counts) const;
+  // The same on rows ranged by device offsets (ExpertRows::offsets, ops/moe/moe.h).
+  Tensor experts_forward(const Tensor& z_sorted, const Tensor& offsets) const;
+  // Both: the gated MLP with `gemm` (x, w) -> grouped_linear(x, w, the ranges).
+  using GroupedGemm = std::function<Tensor(const Tensor& x, const Tensor& w)>;
+  Tensor expert_mlp(const Tensor& z_sorted, const GroupedGemm& gemm) const;
+  // The routed experts' output [N, W] for local experts, planned where the ids are:
+  // no host wait on a GPU (docs/cuda.md, "Host synchronisation").
+  Tensor local_experts(const Tensor& z, const Tensor& ids, const Tensor& weights, bool training);
+  // The same through the host plan and the dispatcher (expert parallelism, or a
+  // caller that wants the ids on the host).
+  Tensor dispatched_experts(const Tensor& z, const Routing& r, int64_t N, bool training);
+  int64_t capacity(int64_t N) const;
   // The experts' rows back in (token, slot) order, weighted and summed over the slots: [N, W].
   Tensor combine(const Tensor& expert_out, const ExpertPlan& plan, const Tensor& weights, int64_t N) const;
 

@@ -17,7 +17,8 @@
 
 namespace moetrain {
 
-PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c) {
+PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c,
+                           bool ids_to_host) {
   MT_CHECK(x.dim() == 2 && gate_weight.dim() == 2 && x.size(1) == gate_weight.size(1),
            "moe router: x {} must be [N, D] and gate.weight {} [E, D]", x.shape(), gate_weight.shape());
   // Mixed precision: gate.weight stays f32 and x is widened to it, so logits,
@@ -26,7 +27,7 @@ PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Ten
   Tensor scores = c.score == RouterScore::sigmoid ? sigmoid(logits) : softmax(logits);
   SelectedExperts experts = [&] {
     NoGradGuard no_grad;
-    return start_select_experts(scores.detach(), bias, c.top_k, c.n_group, c.topk_group);
+    return start_select_experts(scores.detach(), bias, c.top_k, c.n_group, c.topk_group, ids_to_host);
   }();
   // The selected s, read with the ids where they were made (no host indices):
   // its gradient is a plain per-row scatter.

@@ -29,13 +29,15 @@ Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, co
 
 // route() in two steps (docs/cuda.md, "Host synchronisation"): begin_route queues
 // the logits, the scores, the selection and the weights (on a GPU the ids start
-// their way to the host); finish_route waits for the ids. The MoE layer queues
-// the work that does not need them in between.
+// their way to the host unless ids_to_host is false); finish_route waits for the
+// ids. The MoE layer queues the work that does not need them in between, or, with
+// its experts all local, plans on the device and never waits (nn/moe.cpp).
 struct PendingRouting {
   Tensor logits, scores, weights;
   SelectedExperts experts;
 };
-PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c);
+PendingRouting begin_route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, const MoeConfig& c,
+                           bool ids_to_host = true);
 Routing finish_route(PendingRouting&& pending);
 
 class Router {
@@ -45,7 +47,9 @@ class Router {
 
   // x [N, D].
   Routing route(const Tensor& x) const { return moetrain::route(x, gate_weight, bias, c_); }
-  PendingRouting begin_route(const Tensor& x) const { return moetrain::begin_route(x, gate_weight, bias, c_); }
+  PendingRouting begin_route(const Tensor& x, bool ids_to_host = true) const {
+    return moetrain::begin_route(x, gate_weight, bias, c_, ids_to_host);
+  }
   Routing finish_route(PendingRouting&& pending) const { return moetrain::finish_route(std::move(pending)); }
   // The auxiliary losses of a routing of B sequences of T tokens: the sequence-wise
   // balance loss (moe.aux_loss_weight) plus the z-loss (moe.z_loss_weight); a scalar

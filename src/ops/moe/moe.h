@@ -27,4 +27,34 @@ Tensor grouped_linear(const Tensor& x, const Tensor& w, const std::vector<int64_
 // over slots without the [N, k, W] intermediates of index_select, mul and sum.
 Tensor moe_combine(const Tensor& rows, const std::vector<int64_t>& slot_rows, const Tensor& weights);
 
+// The same ops with the plan where the ids are (docs/cuda.md, "Host synchronisation"):
+// on a GPU nothing of it reaches the host, so an MoE layer queues its experts
+// without waiting for the router. Every shape is fixed at A = N·k rows, whatever
+// the routing; rows past the kept ones are padding (a capacity drops assignments).
+//
+// plan_expert_rows: ids [N, k] i64 (the router's selection) -> on ids' device, the
+// order of plan_experts (nn/moe.h: by expert, stably; over `capacity` (> 0) the
+// later assignments of an expert dropped):
+struct ExpertRows {
+  Tensor counts;     // i64 [E + 1]: rows kept per expert, then the dropped assignments
+  Tensor offsets;    // i64 [E + 1]: expert e's rows are [offsets[e], offsets[e + 1])
+  Tensor row_token;  // i64 [A]: each row's token (padding rows, from offsets[E] on: token 0)
+  Tensor slot_row;   // i64 [A]: each (token n, slot s)'s row at n·k + s; A when dropped
+  bool may_drop = false;  // capacity > 0: some rows may be padding
+};
+ExpertRows plan_expert_rows(const Tensor& ids, int64_t num_experts, int64_t capacity = 0);
+
+// rows [A, W]: z [N, W]'s row of each row's token. Backward: d z[n] = the sum of
+// its kept slots' row gradients, in row order (index_select's order and bits).
+Tensor moe_gather(const Tensor& z, const ExpertRows& plan);
+
+// grouped_linear with the row ranges of `offsets` (ExpertRows::offsets, on x's
+// device): rows from offsets[E] on are padding, their outputs and gradients zero.
+// bf16 on a GPU reads the offsets there; elsewhere they are read on the host (a
+// wait on a GPU: f32 and f64 runs, the accuracy reference).
+Tensor grouped_linear(const Tensor& x, const Tensor& w, const Tensor& offsets);
+
+// moe_combine with the plan's slot rows (on rows' device).
+Tensor moe_combine(const Tensor& rows, const ExpertRows& plan, const Tensor& weights);
+
 }  // namespace moetrain

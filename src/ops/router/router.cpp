@@ -15,8 +15,13 @@ SelectedExperts::~SelectedExperts() = default;
 const std::vector<int64_t>& SelectedExperts::ids() {
   if (!have_ids_) {
     const int64_t count = selected_.numel();
-    const auto* p = pending_ ? static_cast<const int64_t*>(pending_->wait()) : selected_.data<int64_t>();
-    ids_.assign(p, p + count);
+    if (pending_) {
+      const auto* p = static_cast<const int64_t*>(pending_->wait());
+      ids_.assign(p, p + count);
+    } else {  // on the host already, or a GPU selection started without its copy
+      const Tensor host = selected_.to(kCpu);
+      ids_.assign(host.data<int64_t>(), host.data<int64_t>() + count);
+    }
     pending_.reset();  // the pinned block goes back to the pool
     have_ids_ = true;
   }
@@ -24,7 +29,7 @@ const std::vector<int64_t>& SelectedExperts::ids() {
 }
 
 SelectedExperts start_select_experts(const Tensor& scores, const Tensor& bias, int64_t k, int64_t n_group,
-                                     int64_t topk_group) {
+                                     int64_t topk_group, bool ids_to_host) {
   MT_CHECK(scores.dim() == 2, "select_experts: scores must be [N, E], got {}", scores.shape());
   const int64_t N = scores.size(0), E = scores.size(1);
   MT_CHECK(bias.shape() == Shape{E}, "select_experts: bias {} must be [{}]", bias.shape(), E);
@@ -37,7 +42,7 @@ SelectedExperts start_select_experts(const Tensor& scores, const Tensor& bias, i
   Tensor experts = empty({N, k}, DType::i64, scores.device());
   MT_ON_DEVICE(scores, select_experts, experts, scores, bias, k, n_group, topk_group);
   std::unique_ptr<cuda::PendingCopy> pending;
-  if (experts.is_cuda() && N > 0)  // N·k ids come back from the GPU while the host goes on
+  if (ids_to_host && experts.is_cuda() && N > 0)  // N·k ids come back from the GPU while the host goes on
     pending = std::make_unique<cuda::PendingCopy>(experts.raw_data(), N * k * 8, scores.device().index);
   return SelectedExperts(std::move(experts), std::move(pending));
 }

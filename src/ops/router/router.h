@@ -46,7 +46,9 @@ class SelectedExperts {
   std::unique_ptr<cuda::PendingCopy> pending_;
   bool have_ids_ = false;
 };
+// ids_to_host false: no copy is started (a caller that plans on the device;
+// ids() then copies and waits).
 SelectedExperts start_select_experts(const Tensor& scores, const Tensor& bias, int64_t k, int64_t n_group = 1,
-                                     int64_t topk_group = 1);
+                                     int64_t topk_group = 1, bool ids_to_host = true);
 
 }  // namespace moetrain
