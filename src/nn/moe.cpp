@@ -153,19 +153,18 @@ Tensor MoeLayer::forward(const Tensor& x, bool training, Routing* routing) {
   Tensor xf = reshape(x, {N, D});
   // Local experts are planned where the ids are (ops/moe/moe.h, ExpertRows): on a
   // GPU nothing waits for the router. The host plan serves expert parallelism (its
-  // exchange sizes are host numbers), a caller asking for the ids, and the
-  // sequence-wise aux loss (which counts them on the host; off in the shipped
-  // configs). With it, the ids travel to the host while the work that does not
-  // need them is queued: the latent projection and the shared experts (docs/cuda.md,
-  // "Host synchronisation").
-  const bool device_plan = shard_.size == 1 && !routing && !(training && c_.aux_loss_weight > 0);
+  // exchange sizes are host numbers) and a caller asking for the ids. With it, the
+  // ids travel to the host while the work that does not need them is queued: the
+  // latent projection and the shared experts (docs/cuda.md, "Host synchronisation").
+  const bool device_plan = shard_.size == 1 && !routing;
   PendingRouting pending = router.begin_route(xf, !device_plan);
   Tensor z = c_.latent_dim > 0 ? linear(xf, down_proj) : xf;  // [N, W]
   Tensor shared_y = shared ? shared->forward(xf) : Tensor();
   Routing r;
   Tensor y;
   if (device_plan) {
-    y = local_experts(z, pending.experts.tensor(), pending.weights, training);
+    r.selected = pending.experts.tensor();
+    y = local_experts(z, r.selected, pending.weights, training);
     r.logits = std::move(pending.logits);
     r.scores = std::move(pending.scores);
     r.weights = std::move(pending.weights);

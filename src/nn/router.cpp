@@ -43,6 +43,7 @@ Routing finish_route(PendingRouting&& pending) {
   r.scores = std::move(pending.scores);
   r.weights = std::move(pending.weights);
   r.experts = pending.experts.ids();
+  r.selected = pending.experts.tensor();
   return r;
 }
 
@@ -61,13 +62,14 @@ Tensor Router::aux_loss(const Routing& r, int64_t B, int64_t T) const {
   if (c_.aux_loss_weight > 0) {
     // Sequence-wise balance loss (docs/model.md#moe-auxiliary-losses): α Σ_i f_i P_i per sequence, mean
     // over the B sequences.
-    std::vector<double> f(static_cast<size_t>(B * E), 0.0);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < k; ++j) f[(n / T) * E + r.experts[n * k + j]] += static_cast<double>(E) / (k * T);
-    Tensor ft = empty({B, E}, DType::f64);
-    std::copy(f.begin(), f.end(), ft.data<double>());
+    // f_i = E / (k T) times the sequence's assignments to expert i, counted where the
+    // ids are (in f64; no wait for a GPU).
+    MT_CHECK(r.selected.defined() && r.selected.shape() == Shape({N, k}),
+             "moe aux loss: the selected ids {} must be [{}, {}]", r.selected.shape(), N, k);
+    const Tensor f = mul_scalar(sum(reshape(index_counts(r.selected, E, DType::f64), {B, T, E}), 1),
+                                static_cast<double>(E) / static_cast<double>(k * T));  // [B, E], no gradient
     Tensor P = mean(reshape(div(r.scores, sum(r.scores, -1, true)), {B, T, E}), 1);  // [B, E]
-    loss = mul_scalar(sum(mul(P, ft.to(P.dtype()).to(P.device()))), c_.aux_loss_weight / static_cast<double>(B));
+    loss = mul_scalar(sum(mul(P, f.to(P.dtype()))), c_.aux_loss_weight / static_cast<double>(B));
   }
   if (c_.z_loss_weight > 0) {
     // z-loss: mean over tokens of logsumexp(logits)^2 (lse = x_0 − log_softmax(x)_0).

@@ -18,7 +18,8 @@ namespace moetrain {
 struct Routing {
   Tensor logits;                 // [N, E]
   Tensor scores;                 // [N, E] s
-  std::vector<int64_t> experts;  // N·k selected expert ids (token-major)
+  std::vector<int64_t> experts;  // N·k selected expert ids (token-major); on the host (finish_route)
+  Tensor selected;               // the same ids [N, k] i64 where the scores are
   Tensor weights;                // [N, k] w (differentiable through the selected s)
 };
 

@@ -1,6 +1,7 @@
 #include "ops/topk/topk.h"
 
 #include "autograd/node.h"
+#include "core/grad_mode.h"
 #include "ops/common/checks.h"
 #include "ops/common/on_device.h"
 #include "ops/topk/topk_kernels.h"
@@ -49,6 +50,24 @@ Tensor gather_last(const Tensor& x, const Tensor& index) {
     MT_ON_DEVICE(gc, scatter_last, grad_x, gc, ic);
     return Grads{grad_x};
   });
+}
+
+Tensor index_counts(const Tensor& index, int64_t n, DType dtype) {
+  MT_CHECK(index.dtype() == DType::i64 && index.dim() >= 1 && n >= 1,
+           "index_counts: index {} must be i64 [..., k] and n ({}) positive", describe(index), n);
+  const Tensor ic = index.contiguous();
+  if (!ic.is_cuda()) {
+    const int64_t* p = ic.data<int64_t>();
+    for (int64_t i = 0; i < ic.numel(); ++i)
+      MT_CHECK(p[i] >= 0 && p[i] < n, "index_counts: index {} at position {} of index {} is outside [0, {})", p[i], i,
+               index.shape(), n);
+  }
+  NoGradGuard no_grad;
+  // scatter_last of ones: zeros, then one added at each index of the row.
+  const Tensor ones = full(index.shape(), 1.0, dtype, index.device());
+  Tensor counts = empty(index.shape().with(-1, n), dtype, index.device());
+  MT_ON_DEVICE(ones, scatter_last, counts, ones, ic);
+  return counts;
 }
 
 }  // namespace moetrain

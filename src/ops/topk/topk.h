@@ -22,4 +22,9 @@ TopK topk(const Tensor& x, int64_t k);
 // its selection kernel): an entry outside [0, n) reads as NaN and passes no gradient.
 Tensor gather_last(const Tensor& x, const Tensor& index);
 
+// How often each of n values occurs in each row of index [..., k] (i64, values in
+// [0, n); CUDA indices are not read on the host): counts [..., n] in `dtype`, no
+// gradient. The router's expert load per token, where the ids are.
+Tensor index_counts(const Tensor& index, int64_t n, DType dtype);
+
 }  // namespace moetrain

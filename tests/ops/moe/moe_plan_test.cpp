@@ -226,6 +226,53 @@ TEST_CASE("moe: a local layer planned where the ids are equals the host plan and
   }
 }
 
+TEST_CASE("index_counts: each row's occurrences of each value; bad indices named", "[ops][moe]") {
+  const std::vector<int64_t> v = {2, 0, 2, 1, 3, 3};
+  const Tensor counts = index_counts(from_span<int64_t>(v, {3, 2}), 4, DType::f64);
+  REQUIRE(counts.shape() == Shape{3, 4});
+  CHECK(counts.to_vector() == std::vector<double>{1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 2});
+  const std::vector<int64_t> bad = {0, 4};
+  CHECK_THROWS_WITH(index_counts(from_span<int64_t>(bad, {1, 2}), 4, DType::f32),
+                    Catch::Contains("index 4 at position 1 of index [1, 2] is outside [0, 4)"));
+}
+
+TEST_CASE("moe: the sequence-wise aux loss counted where the ids are equals the host count's formula", "[ops][moe]") {
+  MoeConfig c;
+  c.num_experts = 6;
+  c.top_k = 2;
+  c.expert_d_ff = 5;
+  c.aux_loss_weight = 0.3;
+  FfnConfig ffn;
+  ffn.kind = FfnKind::situ_glu;
+  const int64_t B = 3, T = 5, D = 4, E = 6, k = 2;
+  ParamFactory f(true, DType::f64, 7);
+  MoeLayer layer(c, D, ffn, 0.5, f, "mlp.");
+  Tensor x = randn({B, T, D}, DType::f64, 8);
+  Routing r;
+  layer.forward(x, true, &r);
+  // α / B Σ_b Σ_i f_bi P_bi, f_bi = E / (k T) · (sequence b's assignments to i), P_bi
+  // the sequence's mean of the normalised scores; in double from the host ids.
+  const std::vector<double> s = r.scores.to_vector();
+  double want = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < E; ++i) {
+      double fi = 0, Pi = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t n = b * T + t;
+        for (int64_t j = 0; j < k; ++j) fi += r.experts[n * k + j] == i ? static_cast<double>(E) / (k * T) : 0.0;
+        double row = 0;
+        for (int64_t e = 0; e < E; ++e) row += s[n * E + e];
+        Pi += s[n * E + i] / row / static_cast<double>(T);
+      }
+      want += fi * Pi;
+    }
+  want *= 0.3 / static_cast<double>(B);
+  REQUIRE(layer.aux_loss().defined());
+  CHECK(layer.aux_loss().item<double>() == Approx(want).epsilon(1e-12));
+  layer.forward(x, true);  // the device plan: the same value
+  CHECK(layer.aux_loss().item<double>() == Approx(want).epsilon(1e-12));
+}
+
 TEST_CASE("plan_expert_rows, moe_gather and grouped_linear on offsets: CUDA matches CPU", "[ops][moe][cuda]") {
   if (!moetrain::testing::gpu_available()) return;
   const Device gpu{DeviceKind::cuda, 0};
