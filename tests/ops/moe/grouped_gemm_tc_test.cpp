@@ -206,6 +206,47 @@ void gg_check_case(const GgCase& c, uint64_t seed) {
 
 }  // namespace
 
+TEST_CASE("grouped_gemm_tc: the column-major A map gives ldmatrix.trans and mma the tile's elements", "[moe][simt]") {
+  // tc_ldsm_at fed to HostMma's ldmatrix(.trans) and mma models (PTX's fragment
+  // tables) must give D = A B for A stored transposed (At[k][i] = A(i, k)), as
+  // tc_ldsm_a does for A stored as is. Small integers: exact in any order.
+  constexpr int ld = 24, ldc = 20;  // padded strides, as the bodies use
+  std::vector<float> A(16 * ld), At(16 * ld), B(16 * ld), D(16 * ldc), D_at(16 * ldc);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      A[i * ld + j] = static_cast<float>((i * 7 + j * 3) % 9 - 4);
+      At[j * ld + i] = A[i * ld + j];
+      B[i * ld + j] = static_cast<float>((i * 5 + j * 11) % 7 - 3);
+    }
+  simt::HostMma::TileA a, at;
+  simt::HostMma::TileB b;
+  simt::HostMma::load_a(a, A.data(), ld);
+  simt::HostMma::load_at(at, At.data(), ld);
+  simt::HostMma::load_b(b, B.data(), ld);
+  simt::HostMma::Acc acc, acc_at;
+  simt::HostMma::zero(acc);
+  simt::HostMma::zero(acc_at);
+  simt::HostMma::mma(acc, a, b);
+  simt::HostMma::mma(acc_at, at, b);
+  simt::HostMma::store_acc(D.data(), acc, ldc);
+  simt::HostMma::store_acc(D_at.data(), acc_at, ldc);
+  int wrong = 0;
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float s = 0;
+      for (int k = 0; k < 16; ++k) s += A[i * ld + k] * B[k * ld + j];
+      wrong += (D[i * ldc + j] != s) + (D_at[i * ldc + j] != s);
+    }
+  CHECK(wrong == 0);
+  // Every register of every lane: the element PTX's A fragment table puts there.
+  for (int lane = 0; lane < 32; ++lane)
+    for (int r = 0; r < 4; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const int row = lane / 4 + 8 * (r % 2), col = 2 * (lane % 4) + h + 8 * (r / 2);
+        CHECK(at.v[lane][2 * r + h] == A[row * ld + col]);
+      }
+}
+
 TEST_CASE("grouped_gemm_tc: host bodies match float64 and the CPU kernels; padding and empty experts are zero",
           "[moe][simt]") {
   // Counts with 0 rows, 1 row, multiples of 64 and not; padding after the experts;
