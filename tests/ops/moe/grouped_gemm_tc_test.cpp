@@ -23,6 +23,7 @@
 #include "ops/moe/grouped_gemm_tc_kernels.h"
 #include "ops/moe/moe_kernels.h"
 #include "ops/simt_orders.h"
+#include "ops/smem_banks.h"
 #include "testing.h"
 
 using namespace moetrain;
@@ -340,4 +341,81 @@ TEST_CASE("grouped_gemm_tc: CUDA entry points match the CPU kernels, offsets on 
     CHECK(worst_between(dx, cdx.to_vector(), r.dx, d.out, N * d.in) <= 1.0);
     CHECK(worst_between(dw, cdw.to_vector(), r.dw, most_rows) <= 1.0);
   }
+}
+
+namespace {
+
+// Bank ways (tests/ops/smem_banks.h's model) of the bodies' shared accesses for
+// operand rows of `ld` bf16 and accumulator rows of `ld_c` f32: the worst over
+// every warp, every 16-wide k step and fragment.
+struct GgWays {
+  int ldsm_a = 1, ldsm_at = 1, ldsm_bt = 1, ldsm_b = 1, staging = 1, acc_store = 1, acc_read = 1;
+};
+GgWays gg_layout_ways(int ld, int ld_c) {
+  using testing::bank_ways;
+  GgWays g;
+  auto ldsm = [&](simt::TcRC (*map)(int), int base_elems) {
+    std::array<int64_t, 32> bytes{};
+    for (int lane = 0; lane < 32; ++lane) {
+      const simt::TcRC c = map(lane);
+      bytes[static_cast<size_t>(lane)] = 2 * (base_elems + c.row * ld + c.col);
+    }
+    return bank_ways(bytes, 16);
+  };
+  for (int w = 0; w < simt::kGgWarps; ++w)
+    for (int kk = 0; kk < simt::kGgTile; kk += 16) {
+      g.ldsm_a = std::max(g.ldsm_a, ldsm(simt::tc_ldsm_a, 16 * w * ld + kk));
+      g.ldsm_at = std::max(g.ldsm_at, ldsm(simt::tc_ldsm_at, kk * ld + 16 * w));
+      for (int j = 0; j < simt::kGgFrags; ++j) {
+        g.ldsm_bt = std::max(g.ldsm_bt, ldsm(simt::tc_ldsm_bt, 16 * j * ld + kk));
+        g.ldsm_b = std::max(g.ldsm_b, ldsm(simt::tc_ldsm_b, kk * ld + 16 * j));
+      }
+    }
+  // Staging (16-byte copies): warp w's lanes take chunks 32w + lane, + 128, ...
+  for (int e0 = 0; e0 < simt::kGgTile * simt::kGgTile / simt::kTcChunk; e0 += 32) {
+    std::array<int64_t, 32> bytes{};
+    for (int lane = 0; lane < 32; ++lane) {
+      const simt::TcCell x = simt::tc_chunk(e0 + lane, simt::kGgTile);
+      bytes[static_cast<size_t>(lane)] = 2 * (x.row * ld + x.col);
+    }
+    g.staging = std::max(g.staging, bank_ways(bytes, 16));
+  }
+  // Accumulators out: store_acc's 8-byte pairs, then the lanes along a row.
+  for (int w = 0; w < simt::kGgWarps; ++w)
+    for (int jj = 0; jj < 4; ++jj)
+      for (int e = 0; e < simt::kTcAccRegs; e += 2) {
+        std::array<int64_t, 32> bytes{};
+        for (int lane = 0; lane < 32; ++lane) {
+          const simt::TcRC c = simt::tc_acc_cell(lane, e);
+          bytes[static_cast<size_t>(lane)] = 4 * (16 * w * ld_c + 16 * jj + c.row * ld_c + c.col);
+        }
+        g.acc_store = std::max(g.acc_store, bank_ways(bytes, 8));
+      }
+  for (int r = 0; r < 16; ++r)
+    for (int c0 = 0; c0 < simt::kGgTile; c0 += 32) {
+      std::array<int64_t, 32> bytes{};
+      for (int lane = 0; lane < 32; ++lane) bytes[static_cast<size_t>(lane)] = 4 * (r * ld_c + c0 + lane);
+      g.acc_read = std::max(g.acc_read, bank_ways(bytes, 4));
+    }
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("grouped_gemm_tc: shared-memory accesses are free of bank conflicts; unpadded rows are not",
+          "[moe][simt][banks]") {
+  using Smem = simt::GgSmem<bf16>;
+  const GgWays g = gg_layout_ways(Smem::ld, Smem::ld_c);
+  CHECK(g.ldsm_a == 1);
+  CHECK(g.ldsm_at == 1);
+  CHECK(g.ldsm_bt == 1);
+  CHECK(g.ldsm_b == 1);
+  CHECK(g.staging == 1);
+  CHECK(g.acc_store == 1);
+  CHECK(g.acc_read == 1);
+  // The model can fail: rows of 64 elements put an ldmatrix phase's 8 rows on one bank group.
+  const GgWays u = gg_layout_ways(simt::kGgTile, simt::kGgTile);
+  CHECK(u.ldsm_a == 8);
+  CHECK(u.ldsm_at == 8);
+  CHECK(u.acc_store > 1);
 }
