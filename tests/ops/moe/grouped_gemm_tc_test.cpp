@@ -98,11 +98,11 @@ GgOutputs gg_run_host(const GgData& d, HostOrder order) {
 }
 
 // The float64 products of the bf16 inputs: value and sum |a b| per element.
-struct Ref {
+struct GgRef {
   std::vector<double> v, abs;
 };
 struct GgRefs {
-  Ref y, dx, dw;
+  GgRef y, dx, dw;
 };
 GgRefs gg_reference(const GgData& d) {
   const std::vector<double> x = d.x.to_vector(), w = d.w.to_vector(), dy = d.dy.to_vector();
@@ -138,13 +138,13 @@ GgRefs gg_reference(const GgData& d) {
 }
 
 // The bound of the header comment on element i of ref, K terms.
-double gg_bound(const Ref& ref, size_t i, int64_t K) {
+double gg_bound(const GgRef& ref, size_t i, int64_t K) {
   return std::ldexp(std::abs(ref.v[i]), -8) +
          (1 + std::ldexp(1.0, -8)) * static_cast<double>(K) * std::ldexp(ref.abs[i], -24);
 }
 
 // The largest |got - ref| / bound over elements [first, last) (NaN: infinite).
-double worst_ratio(const std::vector<double>& got, const Ref& ref, int64_t K, size_t first = 0,
+double gg_worst_ratio(const std::vector<double>& got, const GgRef& ref, int64_t K, size_t first = 0,
                    size_t last = SIZE_MAX) {
   double worst = 0;
   for (size_t i = first; i < std::min(last, got.size()); ++i) {
@@ -156,7 +156,7 @@ double worst_ratio(const std::vector<double>& got, const Ref& ref, int64_t K, si
 
 // The largest |a - b| / (2 bound) over elements [0, last): two results that each
 // meet the bound.
-double worst_between(const std::vector<double>& a, const std::vector<double>& b, const Ref& ref, int64_t K,
+double gg_worst_between(const std::vector<double>& a, const std::vector<double>& b, const GgRef& ref, int64_t K,
                      size_t last = SIZE_MAX) {
   double worst = 0;
   for (size_t i = 0; i < std::min(last, a.size()); ++i) {
@@ -166,7 +166,7 @@ double worst_between(const std::vector<double>& a, const std::vector<double>& b,
   return worst;
 }
 
-bool all_zero(const std::vector<double>& v, size_t first, size_t last) {
+bool gg_all_zero(const std::vector<double>& v, size_t first, size_t last) {
   for (size_t i = first; i < last; ++i)
     if (v[i] != 0.0 || std::signbit(v[i])) return false;
   return true;
@@ -182,17 +182,17 @@ void gg_check_case(const GgCase& c, uint64_t seed) {
   const GgRefs r = gg_reference(d);
   const std::vector<double> y = o.y.to_vector(), dx = o.dx.to_vector(), dw = o.dw.to_vector();
   const size_t N = static_cast<size_t>(d.offsets.back());
-  CHECK(worst_ratio(y, r.y, d.in, 0, N * d.out) <= 1.0);
-  CHECK(worst_ratio(dx, r.dx, d.out, 0, N * d.in) <= 1.0);
+  CHECK(gg_worst_ratio(y, r.y, d.in, 0, N * d.out) <= 1.0);
+  CHECK(gg_worst_ratio(dx, r.dx, d.out, 0, N * d.in) <= 1.0);
   int64_t most_rows = 0;
   for (int64_t n : d.counts) most_rows = std::max(most_rows, n);
-  CHECK(worst_ratio(dw, r.dw, most_rows) <= 1.0);
-  CHECK(all_zero(y, N * d.out, y.size()));  // padding rows
-  CHECK(all_zero(dx, N * d.in, dx.size()));
+  CHECK(gg_worst_ratio(dw, r.dw, most_rows) <= 1.0);
+  CHECK(gg_all_zero(y, N * d.out, y.size()));  // padding rows
+  CHECK(gg_all_zero(dx, N * d.in, dx.size()));
   for (int64_t e = 0; e < d.E; ++e)
     if (d.counts[e] == 0) {
       INFO("expert " << e << " has no rows");
-      CHECK(all_zero(dw, e * d.out * d.in, (e + 1) * d.out * d.in));
+      CHECK(gg_all_zero(dw, e * d.out * d.in, (e + 1) * d.out * d.in));
     }
   // The CPU kernels on the same bf16 inputs (they leave the padding rows alone).
   Tensor cy = zeros({d.M, d.out}, DType::bf16), cdx = zeros({d.M, d.in}, DType::bf16),
@@ -200,9 +200,9 @@ void gg_check_case(const GgCase& c, uint64_t seed) {
   cpu::grouped_linear_forward(cy, d.x, d.w, d.counts);
   cpu::grouped_linear_backward(cdx, cdw, d.dy, d.x, d.w, d.counts);
   const std::vector<double> vy = cy.to_vector(), vdx = cdx.to_vector(), vdw = cdw.to_vector();
-  CHECK(worst_between(y, vy, r.y, d.in, N * d.out) <= 1.0);
-  CHECK(worst_between(dx, vdx, r.dx, d.out, N * d.in) <= 1.0);
-  CHECK(worst_between(dw, vdw, r.dw, most_rows, SIZE_MAX) <= 1.0);
+  CHECK(gg_worst_between(y, vy, r.y, d.in, N * d.out) <= 1.0);
+  CHECK(gg_worst_between(dx, vdx, r.dx, d.out, N * d.in) <= 1.0);
+  CHECK(gg_worst_between(dw, vdw, r.dw, most_rows, SIZE_MAX) <= 1.0);
 }
 
 }  // namespace
@@ -325,21 +325,21 @@ TEST_CASE("grouped_gemm_tc: CUDA entry points match the CPU kernels, offsets on 
     const size_t N = static_cast<size_t>(d.offsets.back());
     int64_t most_rows = 0;
     for (int64_t n : d.counts) most_rows = std::max(most_rows, n);
-    CHECK(worst_ratio(y, r.y, d.in, 0, N * d.out) <= 1.0);
-    CHECK(worst_ratio(dx, r.dx, d.out, 0, N * d.in) <= 1.0);
-    CHECK(worst_ratio(dw, r.dw, most_rows) <= 1.0);
-    CHECK(all_zero(y, N * d.out, y.size()));
-    CHECK(all_zero(dx, N * d.in, dx.size()));
+    CHECK(gg_worst_ratio(y, r.y, d.in, 0, N * d.out) <= 1.0);
+    CHECK(gg_worst_ratio(dx, r.dx, d.out, 0, N * d.in) <= 1.0);
+    CHECK(gg_worst_ratio(dw, r.dw, most_rows) <= 1.0);
+    CHECK(gg_all_zero(y, N * d.out, y.size()));
+    CHECK(gg_all_zero(dx, N * d.in, dx.size()));
     for (int64_t e = 0; e < d.E; ++e)
-      if (d.counts[e] == 0) CHECK(all_zero(dw, e * d.out * d.in, (e + 1) * d.out * d.in));
+      if (d.counts[e] == 0) CHECK(gg_all_zero(dw, e * d.out * d.in, (e + 1) * d.out * d.in));
     // The CPU kernels on the same bf16 inputs: each within the bound, so within twice it of each other.
     Tensor cy = zeros({d.M, d.out}, DType::bf16), cdx = zeros({d.M, d.in}, DType::bf16),
            cdw = zeros({d.E, d.out, d.in}, DType::bf16);
     cpu::grouped_linear_forward(cy, d.x, d.w, d.counts);
     cpu::grouped_linear_backward(cdx, cdw, d.dy, d.x, d.w, d.counts);
-    CHECK(worst_between(y, cy.to_vector(), r.y, d.in, N * d.out) <= 1.0);
-    CHECK(worst_between(dx, cdx.to_vector(), r.dx, d.out, N * d.in) <= 1.0);
-    CHECK(worst_between(dw, cdw.to_vector(), r.dw, most_rows) <= 1.0);
+    CHECK(gg_worst_between(y, cy.to_vector(), r.y, d.in, N * d.out) <= 1.0);
+    CHECK(gg_worst_between(dx, cdx.to_vector(), r.dx, d.out, N * d.in) <= 1.0);
+    CHECK(gg_worst_between(dw, cdw.to_vector(), r.dw, most_rows) <= 1.0);
   }
 }
 
@@ -348,12 +348,12 @@ namespace {
 // Bank ways (tests/ops/smem_banks.h's model) of the bodies' shared accesses for
 // operand rows of `ld` bf16 and accumulator rows of `ld_c` f32: the worst over
 // every warp, every 16-wide k step and fragment.
-struct GgWays {
+struct GgBankWays {
   int ldsm_a = 1, ldsm_at = 1, ldsm_bt = 1, ldsm_b = 1, staging = 1, acc_store = 1, acc_read = 1;
 };
-GgWays gg_layout_ways(int ld, int ld_c) {
+GgBankWays gg_layout_ways(int ld, int ld_c) {
   using testing::bank_ways;
-  GgWays g;
+  GgBankWays g;
   auto ldsm = [&](simt::TcRC (*map)(int), int base_elems) {
     std::array<int64_t, 32> bytes{};
     for (int lane = 0; lane < 32; ++lane) {
@@ -405,7 +405,7 @@ GgWays gg_layout_ways(int ld, int ld_c) {
 TEST_CASE("grouped_gemm_tc: shared-memory accesses are free of bank conflicts; unpadded rows are not",
           "[moe][simt][banks]") {
   using Smem = simt::GgSmem<bf16>;
-  const GgWays g = gg_layout_ways(Smem::ld, Smem::ld_c);
+  const GgBankWays g = gg_layout_ways(Smem::ld, Smem::ld_c);
   CHECK(g.ldsm_a == 1);
   CHECK(g.ldsm_at == 1);
   CHECK(g.ldsm_bt == 1);
@@ -414,7 +414,7 @@ TEST_CASE("grouped_gemm_tc: shared-memory accesses are free of bank conflicts; u
   CHECK(g.acc_store == 1);
   CHECK(g.acc_read == 1);
   // The model can fail: rows of 64 elements put an ldmatrix phase's 8 rows on one bank group.
-  const GgWays u = gg_layout_ways(simt::kGgTile, simt::kGgTile);
+  const GgBankWays u = gg_layout_ways(simt::kGgTile, simt::kGgTile);
   CHECK(u.ldsm_a == 8);
   CHECK(u.ldsm_at == 8);
   CHECK(u.acc_store > 1);
