@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 #include "moetrain.h"
@@ -84,16 +85,22 @@ GgOutputs gg_run_host(const GgData& d, HostOrder order) {
   a.dw = o.dw.data<bf16>();
   const simt::HostBlock blk = testing::host_block(simt::kGgThreads, order);
   std::vector<unsigned char> smem(simt::GgSmem<float>(nullptr).bytes);
+  // Every block starts on garbage (NaN operands, -1 counts), as on a GPU.
+  auto body = [&](auto&& run) {
+    std::fill(smem.begin(), smem.end(), static_cast<unsigned char>(0xff));
+    run();
+  };
   const int64_t slots = d.M > 0 ? simt::gg_row_slots(d.M, d.E) : 0;
   for (int64_t s = 0; s < slots; ++s) {
     for (int64_t c = 0; c < simt::gg_tiles(d.out); ++c)
-      simt::gg_rows_product<simt::HostMma, simt::GgProduct::forward>(blk, a, s, c, smem.data());
+      body([&] { simt::gg_rows_product<simt::HostMma, simt::GgProduct::forward>(blk, a, s, c, smem.data()); });
     for (int64_t c = 0; c < simt::gg_tiles(d.in); ++c)
-      simt::gg_rows_product<simt::HostMma, simt::GgProduct::data>(blk, a, s, c, smem.data());
+      body([&] { simt::gg_rows_product<simt::HostMma, simt::GgProduct::data>(blk, a, s, c, smem.data()); });
   }
   for (int64_t e = 0; e < d.E; ++e)
     for (int64_t ot = 0; ot < simt::gg_tiles(d.out); ++ot)
-      for (int64_t it = 0; it < simt::gg_tiles(d.in); ++it) simt::gg_weight_product<simt::HostMma>(blk, a, e, ot, it, smem.data());
+      for (int64_t it = 0; it < simt::gg_tiles(d.in); ++it)
+        body([&] { simt::gg_weight_product<simt::HostMma>(blk, a, e, ot, it, smem.data()); });
   return o;
 }
 
@@ -277,10 +284,21 @@ TEST_CASE("grouped_gemm_tc: the tile search gives every expert row and padding r
     for (int64_t padding : {0, 1, 64, 200}) {
       const int64_t M = offsets.back() + padding;
       std::vector<int> owner_expert(static_cast<size_t>(M), -2), seen(static_cast<size_t>(M), 0);
-      const simt::HostBlock blk = testing::host_block(simt::kGgThreads, HostOrder::natural);
       int64_t part[simt::kGgThreads], tile[3];
+      // The search in one thread order, its shared arrays holding garbage first
+      // (as a GPU block's shared memory does): a phase that reads what another
+      // thread writes in it gives another answer in another order.
+      auto find = [&](int64_t s, HostOrder order) {
+        std::fill(std::begin(part), std::end(part), int64_t{1} << 40);
+        std::fill(std::begin(tile), std::end(tile), int64_t{-7});
+        return simt::gg_find_tile(testing::host_block(simt::kGgThreads, order), offsets.data(), E, M, s, part, tile);
+      };
       for (int64_t s = 0; s < simt::gg_row_slots(M, E); ++s) {
-        const simt::GgTile t = simt::gg_find_tile(blk, offsets.data(), E, M, s, part, tile);
+        const simt::GgTile t = find(s, HostOrder::natural);
+        for (HostOrder order : {HostOrder::reversed, HostOrder::shuffled}) {
+          const simt::GgTile o = find(s, order);
+          REQUIRE((o.expert == t.expert && o.row0 == t.row0 && o.row_end == t.row_end));
+        }
         REQUIRE(t.row0 <= t.row_end);
         REQUIRE(t.row_end - t.row0 <= simt::kGgTile);
         for (int64_t r = t.row0; r < t.row_end; ++r) {
