@@ -32,13 +32,15 @@
 //            expert's rows.
 // Row tiles of the forward and data products (grid.x): expert e has
 // ceil(count_e / 64) of them, in expert order; the total is at most
-// ceil(M / 64) + E (each expert's ceil adds less than one tile), a bound the host
+// ceil(M / 64) + E (each ceiling adds less than one tile), a bound the host
 // knows without reading the offsets, so the grid has that many slots. A block
-// finds its (expert, first row) from the offsets (gg_find_tile: 128 threads sum
-// the tiles of 7 experts each, then each finds whether the slot is in its
-// experts). Slots past the experts' total zero the padding rows, 64 a slot (the
-// padding needs at most the remaining slots: the E + 1 ceilings of the experts
-// and the padding exceed ceil(M / 64) by at most E); later slots do nothing.
+// finds its (expert, first row) from the offsets (gg_find_tile: each of the 128
+// threads sums the tiles of ceil(E / 128) experts, 7 at E = 896, then each
+// finds whether the slot is in its experts). Slots past the experts' total
+// zero the padding rows, 64 a slot (the padding needs at most the remaining
+// slots: the E + 1 ceilings of the experts and the padding exceed ceil(M / 64)
+// by at most E); later slots do nothing. Staging and compute are not
+// overlapped (one buffer a operand; the GPU hides the wait with other blocks).
 // grid.y: the output's column tiles. The weight product: grid (E, out tiles, in
 // tiles), each block looping over its expert's rows 64 at a time.
 #pragma once
