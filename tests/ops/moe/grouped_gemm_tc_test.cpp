@@ -274,6 +274,11 @@ TEST_CASE("grouped_gemm_tc: host bodies match float64 and the CPU kernels; paddi
   std::vector<int64_t> counts(64);
   for (int64_t e = 0; e < 64; ++e) counts[e] = (e * 37 + 11) % 23 == 0 ? 0 : (e * 29 + 5) % 21;
   gg_check_case({counts, 7, 16, 32}, 7);
+  // 896 experts (7 a thread in the tile search), most without rows.
+  std::vector<int64_t> many(896, 0);
+  for (int64_t e = 0; e < 896; e += 13) many[e] = e % 5 + 1;
+  many[895] = 70;
+  gg_check_case({many, 3, 16, 16}, 9);
 }
 
 TEST_CASE("grouped_gemm_tc: the tile search gives every expert row and padding row to one slot", "[moe][simt]") {
