@@ -42,6 +42,7 @@
 #include "moetrain.h"
 #include "nn/gpt2.h"
 #include "nn/moe.h"
+#include "ops/moe/moe.h"
 #include "nn/parameters.h"
 #include "ops/attention/attention_kernels.h"
 #include "ops/kda/kda_kernels.h"
@@ -94,6 +95,33 @@ Row guarded(const std::string& name, const std::string& shape, const std::functi
     if (r.note.size() > 160) r.note = r.note.substr(0, 157) + "...";
     return r;
   }
+}
+
+// An MoE layer's expert GEMM (x w^T for N tokens' top-k rows, E experts of [F, W])
+// forward and backward, bf16, the plan on the device: tensor_cores true reads the
+// offsets there (grouped_gemm_tc.h), false the host path (offsets copied back,
+// cuBLAS's grouped GEMM; one wait per call). FLOPs 2 A W F forward, twice that back.
+Row grouped_row(int64_t E, int64_t k, int64_t N, int64_t W, int64_t F, int steps, bool tensor_cores) {
+  const std::string shape =
+      fmt::format("E{} top{} N{} {}x{} bf16{}", E, k, N, W, F, tensor_cores ? "" : " (offsets on the host, cuBLAS)");
+  set_grouped_gemm_tensor_cores(tensor_cores);
+  struct Restore {
+    ~Restore() { set_grouped_gemm_tensor_cores(true); }
+  } restore;
+  return guarded("moe grouped gemm fwd+bwd", shape, [&] {
+    Tensor ids = empty({N, k}, DType::i64);
+    for (int64_t a = 0; a < N * k; ++a) ids.data<int64_t>()[a] = (a * 7919 + a / k) % E;  // spread, deterministic
+    const ExpertRows plan = plan_expert_rows(ids.to(kGpu), E, 0);
+    Tensor x = randn({N * k, W}, DType::f32, 1).to(kGpu).to(DType::bf16).detach().set_requires_grad();
+    Tensor w = mul_scalar(randn({E, F, W}, DType::f32, 2), 0.05).to(kGpu).to(DType::bf16).detach().set_requires_grad();
+    Tensor g = randn({N * k, F}, DType::f32, 3).to(kGpu).to(DType::bf16);
+    Row r{"moe grouped gemm fwd+bwd", shape, 0, 6.0 * static_cast<double>(N * k) * W * F};
+    r.ms = time_ms(steps, [&] {
+      Tensor y = grouped_linear(x, w, plan.offsets);
+      autograd::backward({y}, {g});
+    });
+    return r;
+  });
 }
 
 // Causal attention forward + backward, B = 1, H heads of D: FLOPs of the causal
@@ -452,6 +480,12 @@ int main(int argc, char** argv) {
       [&] { row(gemm_row("gemm gpt2 head (unpadded vocab)", DType::bf16, N, 50257, 768, steps)); });
   add("gemm f32", 0, [&] { row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps)); });
   add("gemm f32 tf32", 0, [&] { row(gemm_row("gemm f32", DType::f32, 8192, 8192, 8192, steps, true)); });
+  for (bool tc : {true, false}) {  // k3-small's experts, then K3's 896 (latent 1024, d_ff 512 as a stand-in)
+    add(fmt::format("moe grouped k3-small{}", tc ? "" : " cublas"), 0,
+        [&, tc] { row(grouped_row(64, 8, 1024, 128, 112, steps, tc)); });
+    add(fmt::format("moe grouped E896{}", tc ? "" : " cublas"), 0,
+        [&, tc] { row(grouped_row(896, 16, 4096, 1024, 512, steps, tc)); });
+  }
   for (int64_t T : {4096, 8192})
     add(fmt::format("attention tc T{}", T), 0, [&, T] { row(attention_row(T, 16, 128, steps)); });
   add("attention scalar T4096", 0, [&] { row(attention_row(4096, 16, 128, steps, false)); });

@@ -1,11 +1,15 @@
 #include "ops/moe/moe.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "autograd/node.h"
 #include "ops/common/checks.h"
 #include "ops/common/on_device.h"
+#include "ops/moe/grouped_gemm_tc_kernels.h"
 #include "ops/moe/moe_kernels.h"
 #include "ops/view/view.h"
 
@@ -40,6 +44,20 @@ Tensor grouped_linear(const Tensor& x, const Tensor& w, const std::vector<int64_
 }
 
 namespace {
+
+// The switch of set_grouped_gemm_tensor_cores, from MOETRAIN_GROUPED_GEMM at the first use.
+std::atomic<bool>& grouped_tensor_cores() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("MOETRAIN_GROUPED_GEMM");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "auto") return true;
+    if (s == "cublas") return false;
+    throw Error(fmt::format("MOETRAIN_GROUPED_GEMM={}: expected auto (the default) or cublas", s));
+  }()};
+  return on;
+}
+
+bool device_offsets_gemm() { return grouped_tensor_cores().load(std::memory_order_relaxed); }
 
 // The combine op on slot rows where rows lives; all_named: every row is some slot's
 // (else the backward's unnamed rows start from zeros).
@@ -80,6 +98,8 @@ Tensor moe_combine(const Tensor& rows, const std::vector<int64_t>& slot_rows, co
   // The kernel reads the slot rows where rows lives.
   return combine_rows(rows, from_span<int64_t>(slot_rows, {N * k}).to(rows.device()), weights, num_named == M);
 }
+
+void set_grouped_gemm_tensor_cores(bool on) { grouped_tensor_cores().store(on, std::memory_order_relaxed); }
 
 ExpertRows plan_expert_rows(const Tensor& ids, int64_t num_experts, int64_t capacity) {
   MT_CHECK(ids.dtype() == DType::i64 && ids.dim() == 2, "plan_expert_rows: ids {} ({}) must be i64 [N, k]",
@@ -130,6 +150,17 @@ Tensor grouped_linear(const Tensor& x, const Tensor& w, const Tensor& offsets) {
   MT_CHECK(offsets.dtype() == DType::i64 && offsets.shape() == Shape{E + 1} && offsets.device() == x.device(),
            "grouped_linear: offsets {} ({}, on {}) must be i64 [{}] on {} (w {}: E = {})", offsets.shape(),
            offsets.dtype(), offsets.device(), E + 1, x.device(), w.shape(), E);
+  if (x.is_cuda() && x.dtype() == DType::bf16 && w.dtype() == DType::bf16 && device_offsets_gemm()) {
+    // Tensor cores reading the offsets on the device (grouped_gemm_tc.h): no wait.
+    Tensor xc = x.contiguous(), wc = w.contiguous();
+    Tensor y = empty({M, w.size(1)}, x.dtype(), x.device());
+    cuda::grouped_linear_forward_dev(y, xc, wc, offsets);
+    return record("grouped_linear", y, {x, w}, [xc, wc, offsets](const Tensor& dy) {
+      Tensor dx = empty(xc.shape(), dy.dtype(), dy.device()), dw = empty(wc.shape(), dy.dtype(), dy.device());
+      cuda::grouped_linear_backward_dev(dx, dw, dy.contiguous(), xc, wc, offsets);
+      return Grads{dx, dw};
+    });
+  }
   // The offsets on the host: free on the CPU, a wait on a GPU.
   Tensor host = offsets.to(kCpu);
   const int64_t* o = host.data<int64_t>();

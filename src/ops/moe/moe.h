@@ -53,6 +53,10 @@ Tensor moe_gather(const Tensor& z, const ExpertRows& plan);
 // bf16 on a GPU reads the offsets there; elsewhere they are read on the host (a
 // wait on a GPU: f32 and f64 runs, the accuracy reference).
 Tensor grouped_linear(const Tensor& x, const Tensor& w, const Tensor& offsets);
+// bf16 on a GPU: the tensor-core kernels (the default), or false: the offsets read
+// on the host and cuBLAS's grouped GEMM (a comparison, a fallback). The
+// environment's MOETRAIN_GROUPED_GEMM=cublas sets false at the first use.
+void set_grouped_gemm_tensor_cores(bool on);
 
 // moe_combine with the plan's slot rows (on rows' device).
 Tensor moe_combine(const Tensor& rows, const ExpertRows& plan, const Tensor& weights);
