@@ -109,10 +109,11 @@ TEST_CASE("moe_gather: the tokens' rows; its gradient is index_select's, bit for
     const std::vector<int64_t> token = host_i64(plan.row_token);
     const std::vector<int64_t> kept_token(token.begin(), token.begin() + kept);
     if (capacity > 0) REQUIRE(kept < N * k);
-    for (DType dt : {DType::f32, DType::f64}) {
-      Tensor z = randn({N, W}, dt, 12);
+    for (DType dt : {DType::f32, DType::f64, DType::bf16}) {  // bf16: its own kernels, the widened path's bits
+      INFO("dtype " << dtype_name(dt));
+      Tensor z = randn({N, W}, DType::f32, 12).to(dt);
       // Padding rows' gradients are not the gather's to carry (the experts give them zero).
-      Tensor dy = concat({randn({kept, W}, dt, 13), zeros({N * k - kept, W}, dt)}, 0);
+      Tensor dy = concat({randn({kept, W}, DType::f32, 13).to(dt), zeros({N * k - kept, W}, dt)}, 0);
       Tensor za = z.clone().set_requires_grad(), zb = z.clone().set_requires_grad();
       Tensor rows = moe_gather(za, plan);
       Tensor ref = index_select(zb, 0, kept_token);
