@@ -4,7 +4,9 @@
 // steps), the rows by one thread per sorted position. No host wait: everything the
 // layer's GEMMs and combine need stays on the device (docs/cuda.md, "Host
 // synchronisation"). The gather's backward sums each token's slots in row order,
-// one thread per (token, column): no atomics, the same bits run to run.
+// a block per token: no atomics, the same bits run to run.
+#include <algorithm>
+
 #include <cub/device/device_radix_sort.cuh>
 
 #include "backend/cuda/kernel_utils.cuh"
@@ -43,13 +45,26 @@ __global__ void moe_gather_kernel(T* rows, const T* z, const int64_t* row_token,
   MT_GRID_LOOP(e, M * W) rows[e] = z[row_token[e / W] * W + e % W];
 }
 
+// A block per token: its rows sorted once (moe_gather_rows), then each thread sums
+// its columns over them in that order (the CPU kernel's order and arithmetic).
 template <class T>
 __global__ void moe_gather_grad_kernel(T* grad_z, const T* grad_rows, const int64_t* slot_row, int64_t N, int64_t W,
                                        int64_t k, int64_t M) {
-  MT_GRID_LOOP(e, N * W) {
-    simt::acc_store(grad_z[e], simt::moe_gather_grad<T, simt::acc_of_t<T>>(grad_rows, slot_row, e / W, e % W, W, k, M));
+  __shared__ int64_t rows[64];
+  __shared__ int64_t count;
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    if (threadIdx.x == 0) count = simt::moe_gather_rows(slot_row, n, k, M, rows);
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < W; c += blockDim.x) {
+      simt::acc_of_t<T> sum = 0;
+      for (int64_t j = 0; j < count; ++j) sum += simt::acc_load(grad_rows[rows[j] * W + c]);
+      simt::acc_store(grad_z[n * W + c], sum);
+    }
+    __syncthreads();  // rows and count are rewritten for the next token
   }
 }
+
+constexpr int kGatherGradThreads = 128;
 
 int expert_bits(int64_t E) {
   int bits = 1;
@@ -107,7 +122,8 @@ void moe_gather_backward(Tensor& grad_z, const Tensor& grad_rows, const Tensor& 
   const int64_t k = slot_row.numel() / N;
   dispatch_float_cuda(grad_z.dtype(), "moe_gather_backward", [&](auto tag) {
     using T = decltype(tag);
-    launch("moe_gather_grad_kernel", moe_gather_grad_kernel<T>, blocks_for(N * W), kThreads, 0, stream_of(grad_z),
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(N, 65535LL * 16));
+    launch("moe_gather_grad_kernel", moe_gather_grad_kernel<T>, blocks, kGatherGradThreads, 0, stream_of(grad_z),
            ptr<T>(grad_z), ptr<T>(grad_rows), ptr<int64_t>(slot_row), N, W, k, M);
   });
 }

@@ -64,7 +64,8 @@ MT_HOST_DEVICE inline void expert_plan_scatter(int64_t i, const int32_t* sorted_
 }
 
 // Token n's kept rows (slot_row < M) in increasing order, into rows[0..m); returns
-// m. k <= 64.
+// m. k <= 64. The gather's gradient for token n sums its rows' gradients in this
+// order from 0 (index_select's backward adds them in this order: the same bits).
 MT_HOST_DEVICE inline int64_t moe_gather_rows(const int64_t* slot_row, int64_t n, int64_t k, int64_t M,
                                               int64_t* rows) {
   int64_t m = 0;
@@ -76,19 +77,6 @@ MT_HOST_DEVICE inline int64_t moe_gather_rows(const int64_t* slot_row, int64_t n
     rows[j] = r;
   }
   return m;
-}
-
-// The gather's gradient for token n, column c: the sum of its kept slots' row
-// gradients in increasing row order (the order index_select's backward adds them
-// in, so the bits match that path), from 0.
-template <class T, class Acc>
-MT_HOST_DEVICE inline Acc moe_gather_grad(const T* grad_rows, const int64_t* slot_row, int64_t n, int64_t c,
-                                          int64_t W, int64_t k, int64_t M) {
-  int64_t rows[64];
-  const int64_t m = moe_gather_rows(slot_row, n, k, M, rows);
-  Acc sum = 0;
-  for (int64_t j = 0; j < m; ++j) sum += acc_load(grad_rows[rows[j] * W + c]);
-  return sum;
 }
 
 }  // namespace moetrain::simt
