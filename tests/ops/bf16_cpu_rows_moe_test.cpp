@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -31,6 +32,21 @@ namespace {
 
 Tensor rows_moe_rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
   return mul_scalar(randn(s, DType::f32, seed), scale).to(DType::bf16).detach();
+}
+// bf16 values of two magnitudes (a third ±2^20, the rest randn), their signs random:
+// an f32 sum of them cancels the large ones exactly and loses the small ones' bits
+// by an amount that depends on the order of the additions, so a sum taken in another
+// order than the f32 kernel's shows after the bf16 rounding too (sums of values of one
+// magnitude are often exact in f32: bf16 has 8 significant bits, f32 24).
+Tensor rows_moe_spread(const Shape& s, uint64_t seed) {
+  const std::vector<double> v = randn(s, DType::f64, seed).to_vector();
+  std::vector<double> out(v.size());
+  uint64_t h = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < v.size(); ++i) {
+    h = h * 6364136223846793005ull + 1442695040888963407ull;
+    out[i] = (h >> 33) % 3 == 0 ? std::copysign(1048576.0, v[i]) : v[i];
+  }
+  return from_vector(out, s, DType::bf16);
 }
 Tensor rows_moe_wide(const Tensor& t) { return t.defined() ? cpu::widen_bf16(t) : Tensor(); }
 Tensor rows_moe_round(const Tensor& f32) {
@@ -100,9 +116,10 @@ struct CombineRun {
   Tensor y, grad_rows, grad_weights;
 };
 
-// N tokens of k slots over M rows of width W; slot s of token n names row perm[n k + s]
-// or M (dropped) for every fifth slot; rows no slot names are left in grad_rows as
-// they were (the op's zeros, here a marker to see they stay).
+// N tokens of k slots over M = N k + 3 rows of width W; slot i = n k + s names row
+// (7919 i + 11) mod N k, or M (dropped) for every fifth slot; rows no slot names (the
+// last 3 and those of the dropped slots) are left in grad_rows as they were (the op's
+// zeros; a marker in the test to see they stay).
 struct CombineCase {
   int64_t M = 0, N = 0, k = 0, W = 0;
   Tensor slot_rows;
@@ -113,7 +130,13 @@ CombineCase combine_case(int64_t N, int64_t k, int64_t W) {
   c.N = N, c.k = k, c.W = W, c.M = N * k + 3;  // 3 rows named by no slot
   std::vector<double> idx(static_cast<size_t>(N * k));
   for (int64_t i = 0; i < N * k; ++i)
-    idx[static_cast<size_t>(i)] = static_cast<double>(i % 5 == 2 ? c.M : (i * 37 + 11) % (N * k));
+    idx[static_cast<size_t>(i)] = static_cast<double>(i % 5 == 2 ? c.M : (i * 7919 + 11) % (N * k));
+  // Every row named by at most one slot (moe_combine checks it; the kernels' row writes
+  // rely on it): 7919 is a prime that divides no N k here.
+  std::vector<int> named(static_cast<size_t>(c.M + 1), 0);
+  int64_t twice = 0;
+  for (double r : idx) twice += r != static_cast<double>(c.M) && ++named[static_cast<size_t>(r)] > 1;
+  REQUIRE(twice == 0);
   c.slot_rows = from_vector(idx, {N * k}, DType::i64);
   return c;
 }
@@ -147,15 +170,21 @@ Tensor index_backward_run(const Tensor& grad_x_in, const Tensor& grad_out, const
 
 TEST_CASE("bf16 cpu rows moe: RMSNorm, L2 norm and gated RMSNorm row by row have the bits of the widened kernel",
           "[ops][bf16]") {
-  for (const Shape& shape : {Shape{37, 67}, Shape{3, 5, 128}, Shape{9, 1}, Shape{1, 257}}) {
+  // [1024, 1031]: a million values, so that a result one f32 ulp off shows in some
+  // bf16 rounding (about 2 in 2^16 values sit that close to a rounding boundary).
+  for (const Shape& shape : {Shape{37, 67}, Shape{3, 5, 128}, Shape{9, 1}, Shape{1, 257}, Shape{1024, 1031}}) {
     const int64_t n = shape[shape.ndim() - 1];
     const Tensor x = rows_moe_rnd(shape, 1, 2.0), dy = rows_moe_rnd(shape, 2);
     const Tensor w = rows_moe_rnd({n}, 3, 0.5), z = rows_moe_rnd(shape, 4, 3.0);
     INFO(fmt::format("shape {}", shape));
-    SECTION("rms_norm") { check_norm_bits(x, w, Tensor(), dy, 1.0 / static_cast<double>(n)); }
-    SECTION("l2_norm: no weight, scale 1") { check_norm_bits(x, Tensor(), Tensor(), dy, 1.0); }
-    SECTION("gated rms_norm") { check_norm_bits(x, w, z, dy, 1.0 / static_cast<double>(n)); }
-    SECTION("gated, no weight") { check_norm_bits(x, Tensor(), z, dy, 1.0 / static_cast<double>(n)); }
+    INFO("rms_norm");
+    check_norm_bits(x, w, Tensor(), dy, 1.0 / static_cast<double>(n));
+    INFO("l2_norm: no weight, scale 1");
+    check_norm_bits(x, Tensor(), Tensor(), dy, 1.0);
+    INFO("gated rms_norm");
+    check_norm_bits(x, w, z, dy, 1.0 / static_cast<double>(n));
+    INFO("gated, no weight");
+    check_norm_bits(x, Tensor(), z, dy, 1.0 / static_cast<double>(n));
   }
 }
 
@@ -175,7 +204,7 @@ TEST_CASE("bf16 cpu rows moe: a bf16 gate under f32 x still reads as the widened
 
 TEST_CASE("bf16 cpu rows moe: the fused residual add + RMSNorm row by row has the bits of the widened kernel",
           "[ops][bf16]") {
-  for (const Shape& shape : {Shape{4, 33, 256}, Shape{13, 71}, Shape{2, 1}}) {
+  for (const Shape& shape : {Shape{4, 33, 256}, Shape{13, 71}, Shape{2, 1}, Shape{1024, 1031}}) {
     const int64_t n = shape[shape.ndim() - 1];
     INFO(fmt::format("shape {}", shape));
     const Tensor x = rows_moe_rnd(shape, 10, 3.0), d = rows_moe_rnd(shape, 11);
@@ -206,11 +235,13 @@ TEST_CASE("bf16 cpu rows moe: the MoE combine token by token has the bits of the
   struct Dims {
     int64_t N, k, W;
   };
-  for (const Dims& s : {Dims{37, 3, 67}, Dims{64, 8, 128}, Dims{5, 1, 9}}) {
-    INFO("N " << s.N << " k " << s.k << " W " << s.W);
+  for (const Dims& s : {Dims{37, 3, 67}, Dims{64, 8, 128}, Dims{5, 1, 9}, Dims{1024, 8, 131}})
+    for (bool spread : {false, true}) {
+    INFO("N " << s.N << " k " << s.k << " W " << s.W << (spread ? ", magnitudes spread" : ""));
     const CombineCase c = combine_case(s.N, s.k, s.W);
-    const Tensor rows = rows_moe_rnd({c.M, c.W}, 20, 2.0), weights = rows_moe_rnd({c.N, c.k}, 21, 0.3);
-    const Tensor dy = rows_moe_rnd({c.N, c.W}, 22);
+    const Tensor rows = spread ? rows_moe_spread({c.M, c.W}, 20) : rows_moe_rnd({c.M, c.W}, 20, 2.0);
+    const Tensor weights = rows_moe_rnd({c.N, c.k}, 21, 0.3);
+    const Tensor dy = spread ? rows_moe_spread({c.N, c.W}, 22) : rows_moe_rnd({c.N, c.W}, 22);
     // Rows no slot names keep what grad_rows held (the op's zeros; a marker here).
     const Tensor grad_rows_in = rows_moe_rnd({c.M, c.W}, 23);
     const CombineRun native = combine_run(c, rows, weights, dy, grad_rows_in);
@@ -234,7 +265,7 @@ TEST_CASE("bf16 cpu rows moe: index_select's backward row by row has the bits of
   const int64_t n = static_cast<int64_t>(idx.size()), mid = 11;
   for (auto [outer, inner] : {std::pair<int64_t, int64_t>{1, 67}, {1, 128}, {3, 5}, {6, 1}}) {
     INFO("outer " << outer << " inner " << inner);
-    const Tensor g = rows_moe_rnd({outer, n, inner}, 30, 2.0);
+    const Tensor g = rows_moe_spread({outer, n, inner}, 30);
     for (bool zero_start : {true, false}) {
       const Tensor start = zero_start ? zeros({outer, mid, inner}, DType::bf16) : rows_moe_rnd({outer, mid, inner}, 31);
       const Tensor native = index_backward_run(start, g, index_of(idx), outer, inner);
