@@ -533,12 +533,11 @@ CpuWidenedOp largest_cpu_widened_op(const Config& config) {
   // profile of a k3-small and a GPT-2 bf16 step, docs/performance.md "k3-small in bf16"):
   //  - gpt2: add_layer_norm (and layer_norm): forward x, d in, h, y out; backward grad_h,
   //    grad_y, h in, grad_x out: 4 D;
-  //  - hybrid: gated MLA's output gate (sigmoid_gate) backward: dy, o, the gate in, do,
-  //    dgate out: 5 H_mla v_head_dim; the short conv of KDA / DeltaNet layers
-  //    (causal_conv1d; its bf16 -> f32 cast fused, the output f32): backward x in,
-  //    grad_x out: 2 P, P the widest conv (H K or HV K).
-  // The MoE layer, the RMSNorms, SiTU-GLU, AttnRes, the products and the loss have bf16
-  // paths of their own (docs/cuda.md "bf16 on the CPU").
+  //  - hybrid: the short conv of KDA / DeltaNet layers (causal_conv1d; its bf16 -> f32
+  //    cast fused, the output f32): backward x in, grad_x out: 2 P, P the widest conv
+  //    (H K or HV K).
+  // The MoE layer, the RMSNorms, MLA's output gate, SiTU-GLU, AttnRes, the products and
+  // the loss have bf16 paths of their own (docs/cuda.md "bf16 on the CPU").
   CpuWidenedOp best;
   auto consider = [&](std::string name, int64_t values) {
     if (values > best.values_per_token) best = {std::move(name), values};
@@ -550,10 +549,6 @@ CpuWidenedOp largest_cpu_widened_op(const Config& config) {
   } else if (arch == "hybrid") {
     const HybridConfig hc = HybridConfig::from(config);
     for (MixerKind kind : hc.mixers) {
-      if (kind == MixerKind::mla && hc.mla.output_gate) {
-        const int64_t G = hc.mla.n_head * hc.mla.v_head_dim;
-        consider(fmt::format("MLA output gate (sigmoid_gate) backward: 5 x {} f32 values per token", G), 5 * G);
-      }
       if (kind == MixerKind::kda || kind == MixerKind::deltanet || kind == MixerKind::gated_deltanet) {
         const int64_t P = std::max(hc.kda.n_head, hc.kda.value_heads()) * hc.kda.head_dim;
         consider(fmt::format("short conv (causal_conv1d) backward: 2 x {} f32 values per token", P), 2 * P);

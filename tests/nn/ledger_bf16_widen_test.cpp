@@ -33,30 +33,30 @@ WidenPair widen_pair(const std::string& name, const std::vector<std::string>& ex
 }  // namespace
 
 TEST_CASE("ledger: bf16 on the CPU counts the largest widened op's f32 copies, by hand", "[nn][ledger]") {
-  SECTION("k3-tiny: MLA's output gate") {
-    // k3-tiny: batch 8 x seq 128 = 1024 tokens; MLA 2 heads x v_head_dim 32 = 64 gate
-    // values per token; sigmoid_gate backward widens dy, o, gate, do, dgate: 5 x 64 f32
-    // values per token, 1024 x 320 x 4 = 1,310,720 bytes. (KDA's conv: 2 x 2 heads x 32 = 128.)
+  SECTION("k3-tiny: KDA's short conv") {
+    // k3-tiny: batch 8 x seq 128 = 1024 tokens; KDA 2 heads x head_dim 32 = 64 conv
+    // channels; causal_conv1d backward widens x and grad_x (grad_y is f32, the KDA
+    // layer's internals): 2 x 64 f32 values per token, 1024 x 128 x 4 = 524,288 bytes.
     const WidenPair p = widen_pair("k3-tiny", {}, "train.dtype=f32");
-    CHECK(p.with.stages[0].cpu_widen_bytes == 1310720.0);
-    CHECK(p.with.cpu_widen_bytes_per_rank == 1310720.0);
-    CHECK(p.with.cpu_widen_op.find("sigmoid_gate") != std::string::npos);
+    CHECK(p.with.stages[0].cpu_widen_bytes == 524288.0);
+    CHECK(p.with.cpu_widen_bytes_per_rank == 524288.0);
+    CHECK(p.with.cpu_widen_op.find("causal_conv1d") != std::string::npos);
     CHECK(p.without.cpu_widen_bytes_per_rank == 0.0);
     CHECK(p.without.cpu_widen_op.empty());
     const std::string text = ledger_text(p.with);
     INFO(text);
-    CHECK(text.find("+ bf16 widening on the CPU 1.2 MiB (MLA output gate") != std::string::npos);
+    CHECK(text.find("+ bf16 widening on the CPU 512.0 KiB (short conv") != std::string::npos);
     CHECK(ledger_text(p.without).find("widening") == std::string::npos);
-    CHECK(ledger_json(p.with).find("\"cpu_widen_bytes_per_rank\": 1310720") != std::string::npos);
+    CHECK(ledger_json(p.with).find("\"cpu_widen_bytes_per_rank\": 524288") != std::string::npos);
   }
-  SECTION("k3-tiny without the gate: KDA's short conv; micro-batch 3") {
-    // 3 x 128 = 384 tokens; causal_conv1d backward widens x and grad_x of the widest
-    // conv, 2 heads x 32 = 64 channels: 2 x 64 values, 384 x 128 x 4 = 196,608 bytes.
-    const Config c = widen_config("k3-tiny", {"model.mla.output_gate=false", "train.dtype=bf16", "train.device=cpu"});
+  SECTION("k3-tiny with 4 value heads, micro-batch 3: the widest conv") {
+    // 3 x 128 = 384 tokens; the v conv has 4 value heads x 32 = 128 channels (q, k: 64):
+    // 2 x 128 values, 384 x 256 x 4 = 393,216 bytes.
+    const Config c = widen_config("k3-tiny", {"model.kda.n_value_head=4", "train.dtype=bf16", "train.device=cpu"});
     const Ledger l = make_ledger(c, {1, 1, 1, 0, 3});
-    CHECK(l.cpu_widen_bytes_per_rank == 196608.0);
-    CHECK(l.cpu_widen_op.find("causal_conv1d") != std::string::npos);
-    const Config f = widen_config("k3-tiny", {"model.mla.output_gate=false", "train.dtype=f32", "train.device=cpu"});
+    CHECK(l.cpu_widen_bytes_per_rank == 393216.0);
+    CHECK(l.cpu_widen_op.find("2 x 128") != std::string::npos);
+    const Config f = widen_config("k3-tiny", {"model.kda.n_value_head=4", "train.dtype=f32", "train.device=cpu"});
     CHECK(make_ledger(f, {1, 1, 1, 0, 3}).cpu_widen_bytes_per_rank == 0.0);
   }
   SECTION("gpt2-small: add_layer_norm, on every pipeline stage") {
@@ -71,6 +71,6 @@ TEST_CASE("ledger: bf16 on the CPU counts the largest widened op's f32 copies, b
   SECTION("the GPU does not widen") {
     const WidenPair p = widen_pair("k3-tiny", {}, "train.device=cuda");
     CHECK(p.without.cpu_widen_bytes_per_rank == 0.0);
-    CHECK(p.with.bytes_per_rank - p.without.bytes_per_rank == 1310720.0);
+    CHECK(p.with.bytes_per_rank - p.without.bytes_per_rank == 524288.0);
   }
 }

@@ -1,7 +1,7 @@
 // The CPU kernels of the MoE layer and of k3's norms with a bf16 path of their own
 // (issue 38, the MoE layer's slice): RMSNorm / L2 norm (plain and gated), the fused
-// residual add + RMSNorm, the MoE combine and index_select's backward (the dispatch's
-// gather) widen a row at a time into a per-thread f32 buffer and round each output row
+// residual add + RMSNorm, the MoE combine, index_select's backward (the dispatch's
+// gather) and MLA's output gate (sigmoid_gate, element by element) widen a row at a time into a per-thread f32 buffer and round each output row
 // once (ops/common/bf16_rows.h) instead of cpu::run_kernel's whole-tensor widening.
 //
 // What is checked, per kernel, forward and backward:
@@ -21,6 +21,7 @@
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "ops/common/bf16_widen.h"
+#include "ops/elementwise/elementwise_kernels.h"
 #include "ops/moe/moe_kernels.h"
 #include "ops/norm/norm_kernels.h"
 #include "ops/view/view_kernels.h"
@@ -152,6 +153,23 @@ CombineRun combine_run(const CombineCase& c, const Tensor& rows, const Tensor& w
   return r;
 }
 
+// ---- sigmoid_gate (MLA's output gate) ----
+
+struct GateRun {
+  Tensor y, dx, dz;
+};
+
+// Forward, and backward with both gradients or one (which: 0 both, 1 dx only, 2 dz only).
+GateRun gate_run(const Tensor& x, const Tensor& z, const Tensor& dy, int which) {
+  GateRun r;
+  r.y = empty_like(x);
+  cpu::sigmoid_gate_forward(r.y, x, z);
+  if (which != 2) r.dx = empty_like(x);
+  if (which != 1) r.dz = empty_like(z);
+  cpu::sigmoid_gate_backward(r.dx.defined() ? &r.dx : nullptr, r.dz.defined() ? &r.dz : nullptr, dy, x, z);
+  return r;
+}
+
 // ---- index_select's backward ----
 
 Tensor index_of(const std::vector<int64_t>& v) {
@@ -277,6 +295,23 @@ TEST_CASE("bf16 cpu rows moe: index_select's backward row by row has the bits of
   }
 }
 
+TEST_CASE("bf16 cpu rows moe: MLA's output gate element by element has the bits of the widened kernel",
+          "[ops][bf16]") {
+  for (const Shape& shape : {Shape{37, 67}, Shape{2, 3, 5}, Shape{1024, 1031}}) {
+    INFO(fmt::format("shape {}", shape));
+    const Tensor x = rows_moe_rnd(shape, 50, 2.0), z = rows_moe_rnd(shape, 51, 4.0), dy = rows_moe_rnd(shape, 52);
+    for (int which : {0, 1, 2}) {
+      INFO("gradients " << which);
+      const GateRun native = gate_run(x, z, dy, which);
+      const GateRun wide = gate_run(rows_moe_wide(x), rows_moe_wide(z), rows_moe_wide(dy), which);
+      CHECK(native.y.dtype() == DType::bf16);
+      CHECK(rows_moe_same(native.y, rows_moe_round(wide.y)));
+      if (which != 2) CHECK(rows_moe_same(native.dx, rows_moe_round(wide.dx)));
+      if (which != 1) CHECK(rows_moe_same(native.dz, rows_moe_round(wide.dz)));
+    }
+  }
+}
+
 TEST_CASE("bf16 cpu rows moe: the same bits at 1 and 2 threads", "[ops][bf16]") {
   RowsMoeThreads guard;
   const Tensor x = rows_moe_rnd({45, 130}, 40, 2.0), d = rows_moe_rnd({45, 130}, 41);
@@ -292,6 +327,7 @@ TEST_CASE("bf16 cpu rows moe: the same bits at 1 and 2 threads", "[ops][bf16]") 
     AddNormRun add;
     CombineRun combine;
     Tensor gathered;
+    GateRun gate;
   };
   auto run = [&] {
     Run r;
@@ -299,6 +335,7 @@ TEST_CASE("bf16 cpu rows moe: the same bits at 1 and 2 threads", "[ops][bf16]") 
     r.add = add_norm_run(x, d, w, dy, z, 1.0 / 130);
     r.combine = combine_run(c, rows, weights, cdy, zeros({c.M, c.W}, DType::bf16));
     r.gathered = index_backward_run(zeros({97, 33}, DType::bf16), g, index_of(idx), 1, 33);
+    r.gate = gate_run(x, z, dy, 0);
     return r;
   };
   cpu::set_num_threads(1);
@@ -309,7 +346,8 @@ TEST_CASE("bf16 cpu rows moe: the same bits at 1 and 2 threads", "[ops][bf16]") 
                       {one.gated.dz, two.gated.dz}, {one.gated.rstd, two.gated.rstd}, {one.add.h, two.add.h},
                       {one.add.y, two.add.y}, {one.add.dx, two.add.dx}, {one.add.dw, two.add.dw},
                       {one.combine.y, two.combine.y}, {one.combine.grad_rows, two.combine.grad_rows},
-                      {one.combine.grad_weights, two.combine.grad_weights}, {one.gathered, two.gathered}})
+                      {one.combine.grad_weights, two.combine.grad_weights}, {one.gathered, two.gathered},
+                      {one.gate.y, two.gate.y}, {one.gate.dx, two.gate.dx}, {one.gate.dz, two.gate.dz}})
     CHECK(rows_moe_same(a, b));
 }
 
@@ -386,5 +424,14 @@ TEST_CASE("bf16 cpu rows moe: row-wise kernels against the widening route at k3-
     const double after =
         rows_moe_median_ms(reps, [&] { index_backward_run(zeros({N, L}, DType::bf16), g, index, 1, L); });
     report("index_select backward [8192, 128] -> [1024, 128]", before, after);
+  }
+  {  // MLA's output gate: o [N, H v] = [1024, 256] (4 heads x 64), forward + backward
+    const Tensor x = rows_moe_rnd({N, 256}, 13), z = rows_moe_rnd({N, 256}, 14), dy = rows_moe_rnd({N, 256}, 15);
+    const double before = rows_moe_median_ms(reps, [&] {
+      GateRun r = gate_run(rows_moe_wide(x), rows_moe_wide(z), rows_moe_wide(dy), 0);
+      for (Tensor* t : {&r.y, &r.dx, &r.dz}) *t = rows_moe_round(*t);
+    });
+    const double after = rows_moe_median_ms(reps, [&] { gate_run(x, z, dy, 0); });
+    report("sigmoid_gate [1024, 256] fwd+bwd", before, after);
   }
 }

@@ -22,7 +22,7 @@
 // GEMMs, causal attention's products), and kernels that widen and round a row or block
 // at a time (ops/common/bf16_rows.h), with the same bits as widening: cross entropy,
 // the binary ops, SiTU-GLU, AttnRes, RMSNorm / L2 norm (plain, gated, fused with the
-// residual add), the MoE combine and index_select's backward.
+// residual add), the MoE combine, index_select's backward and sigmoid_gate.
 #pragma once
 
 #include <deque>
@@ -45,7 +45,8 @@ constexpr bool cpu_bf16_native(std::string_view kernel) {
       "cross_entropy_forward",   "cross_entropy_backward", "binary_forward",  "situ_glu_forward",    "situ_glu_backward",
       "causal_attention_forward", "causal_attention_backward", "attn_res_forward", "attn_res_backward",
       "scaled_norm_forward",     "scaled_norm_backward",   "add_scaled_norm_forward", "add_scaled_norm_backward",
-      "moe_combine_forward",     "moe_combine_backward",   "index_select_backward"};
+      "moe_combine_forward",     "moe_combine_backward",   "index_select_backward",   "sigmoid_gate_forward",
+      "sigmoid_gate_backward"};
   for (std::string_view k : kNative)
     if (k == kernel) return true;
   return false;

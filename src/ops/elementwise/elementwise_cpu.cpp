@@ -358,7 +358,21 @@ void add_inplace(Tensor& dst, const Tensor& src, double alpha) {
 }
 
 // The same products as the unfused sigmoid then mul (sigmoid_of as the CPU sigmoid).
+// sigmoid_gate on bf16 x, z (MLA's output gate in a bf16 model): each element as the
+// f32 kernel computes it on the widened values, each bf16 output rounded once (the
+// bits of cpu::run_kernel's widening, without f32 copies of the [B·T, H v] tensors).
 void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& z) {
+  if (x.dtype() == DType::bf16) {
+    MT_CHECK(z.dtype() == DType::bf16 && y.dtype() == DType::bf16, "sigmoid_gate: bf16 x {} with z {}, y {}",
+             describe(x), describe(z), describe(y));
+    const bf16* px = x.data<bf16>();
+    const bf16* pz = z.data<bf16>();
+    bf16* py = y.data<bf16>();
+    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) py[i] = bf16::from_float(px[i].to_float() * sigmoid_of(pz[i].to_float()));
+    });
+    return;
+  }
   dispatch_float(x.dtype(), "sigmoid_gate", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();
@@ -371,6 +385,24 @@ void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& z) {
 }
 
 void sigmoid_gate_backward(Tensor* grad_x, Tensor* grad_z, const Tensor& grad_y, const Tensor& x, const Tensor& z) {
+  if (x.dtype() == DType::bf16) {
+    MT_CHECK(z.dtype() == DType::bf16 && grad_y.dtype() == DType::bf16 &&
+                 (!grad_x || grad_x->dtype() == DType::bf16) && (!grad_z || grad_z->dtype() == DType::bf16),
+             "sigmoid_gate_backward: bf16 x {} with z {}, grad_y {}", describe(x), describe(z), describe(grad_y));
+    const bf16* px = x.data<bf16>();
+    const bf16* pz = z.data<bf16>();
+    const bf16* gy = grad_y.data<bf16>();
+    bf16* gx = grad_x ? grad_x->data<bf16>() : nullptr;
+    bf16* gz = grad_z ? grad_z->data<bf16>() : nullptr;
+    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const float s = sigmoid_of(pz[i].to_float()), g = gy[i].to_float();
+        if (gx) gx[i] = bf16::from_float(g * s);
+        if (gz) gz[i] = bf16::from_float((g * px[i].to_float()) * (s * (1.0f - s)));
+      }
+    });
+    return;
+  }
   dispatch_float(x.dtype(), "sigmoid_gate_backward", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();
