@@ -529,8 +529,10 @@ nlohmann::json layout_json(const Ledger& l) {
 CpuWidenedOp largest_cpu_widened_op(const Config& config) {
   // The ops of a training step that still widen on the CPU, each with the f32 values
   // per token of its widened bf16 tensors (inputs + outputs; f32 tensors pass as they
-  // are, parameter-sized copies left out); the largest is kept. What is counted (the
-  // profile of a k3-small and a GPT-2 bf16 step, docs/performance.md "k3-small in bf16"):
+  // are, parameter-sized copies left out); the largest is kept. What is counted (for the
+  // hybrid, a k3-small bf16 step's widened kernels as profiled, docs/performance.md
+  // "k3-small in bf16"; for GPT-2, read from its ops: the LayerNorms are larger than its
+  // other widened ops, dropout's 2 D and the position table's broadcast sum, ~D):
   //  - gpt2: add_layer_norm (and layer_norm): forward x, d in, h, y out; backward grad_h,
   //    grad_y, h in, grad_x out: 4 D;
   //  - hybrid: the short conv of KDA / DeltaNet layers (causal_conv1d; its bf16 -> f32
