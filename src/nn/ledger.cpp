@@ -15,6 +15,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "nn/hybrid.h"
 #include "nn/model_family.h"
 #include "nn/parameters.h"
 #include "nn/pipeline_schedule.h"
@@ -58,6 +59,7 @@ struct ModelSummary {
   std::function<double(int64_t, int64_t)> selective_flops = [](int64_t, int64_t) { return 0.0; };
   std::string recompute_modules;  // train.recompute_modules
   std::function<int64_t(int64_t)> boundary;  // values per token entering layer l
+  CpuWidenedOp cpu_widened;  // bf16 on the CPU only (largest_cpu_widened_op); else none
 };
 
 ModelSummary summarize(const Config& config) {
@@ -69,6 +71,7 @@ ModelSummary summarize(const Config& config) {
   m.grad_bucket_bytes = config.get_number("train.grad_bucket_mb") * 1048576.0;
   m.dtype = config.get_string("train.dtype");
   m.mixed_precision = m.dtype == "bf16";
+  if (m.mixed_precision && config.get_string("train.device") == "cpu") m.cpu_widened = largest_cpu_widened_op(config);
   m.recompute = config.get_bool("train.activation_checkpointing");
   m.param_bytes = m.dtype == "f64" ? 8 : 4;
   m.activation_bytes = m.mixed_precision ? 2 : m.param_bytes;
@@ -298,6 +301,7 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
     st.in_flight_bytes = pipeline_peak_in_flight(order, chunk_bytes);
     for (double b : chunk_bytes) st.activation_bytes_per_micro_batch += b;
     st.activation_bytes = st.in_flight_bytes;
+    st.cpu_widen_bytes = tokens * static_cast<double>(m.cpu_widened.values_per_token) * 4.0;
     if (m.recompute) st.activation_bytes += tokens * (widest + (last ? m.activations(m.n_layer, m.n_layer, true) : 0.0));
     st.compute_s = tokens * flops / compute_rate;
     // MoE all-to-all: per token and MoE layer, top_k rows of the dispatched width go
@@ -372,6 +376,8 @@ Ledger evaluate_layout(const ModelSummary& m, const LedgerLayout& layout, const 
   l.state_bytes_per_rank = w.weight_grad_bytes + w.optimizer_bytes;
   l.grad_sync_bytes_per_rank = w.grad_sync_bytes;
   l.activation_bytes_per_rank = w.activation_bytes;
+  l.cpu_widen_bytes_per_rank = w.cpu_widen_bytes;
+  if (m.cpu_widened.values_per_token > 0) l.cpu_widen_op = m.cpu_widened.name;
   l.bytes_per_rank = w.total_bytes();
   l.fits = l.bytes_per_rank <= c.usable();
 
@@ -461,11 +467,14 @@ std::string memory_text(const Ledger& l) {
           : fmt::format("{} x {}{}", w.num_micro_batches_in_flight, human_bytes(w.activation_bytes_per_micro_batch),
                         l.recompute ? " layer inputs" : "");
   std::string out = fmt::format(
-      "memory per rank{}: weights+grads {} + optimizer {} + activations {} ({}{}){} = {}\n",
+      "memory per rank{}: weights+grads {} + optimizer {} + activations {} ({}{}){}{} = {}\n",
       l.layout.pp > 1 ? fmt::format(" (worst: stage {}, layers {})", l.worst_stage, w.layers_text()) : "",
       human_bytes(w.weight_grad_bytes), human_bytes(w.optimizer_bytes), human_bytes(w.activation_bytes), held,
       l.recompute ? fmt::format(" + {} for the layer being recomputed", human_bytes(w.activation_bytes - alive)) : "",
       w.grad_sync_bytes > 0 ? fmt::format(" + gradient buckets {}", human_bytes(w.grad_sync_bytes)) : "",
+      w.cpu_widen_bytes > 0
+          ? fmt::format(" + bf16 widening on the CPU {} ({})", human_bytes(w.cpu_widen_bytes), l.cpu_widen_op)
+          : "",
       human_bytes(l.bytes_per_rank));
   out += fmt::format("  against {}: {}\n", cluster_text(c),
                      l.fits ? fmt::format("fits, {} to spare", human_bytes(c.usable() - l.bytes_per_rank))
@@ -503,6 +512,8 @@ nlohmann::json layout_json(const Ledger& l) {
                       {"activation_bytes_per_rank", l.activation_bytes_per_rank},
                       {"bytes_per_rank", l.bytes_per_rank},
                       {"gpu_usable_bytes", l.cluster.usable()},
+                      {"cpu_widen_bytes_per_rank", l.cpu_widen_bytes_per_rank},
+                      {"cpu_widen_op", l.cpu_widen_op},
                       {"fits", l.fits},
                       {"peak_stage", l.worst_stage}};
   const StepEstimate& e = l.step;
@@ -514,6 +525,40 @@ nlohmann::json layout_json(const Ledger& l) {
 }
 
 }  // namespace
+
+CpuWidenedOp largest_cpu_widened_op(const Config& config) {
+  // The ops of a training step that still widen on the CPU, each with the f32 values
+  // per token of its widened bf16 tensors (inputs + outputs; f32 tensors pass as they
+  // are, parameter-sized copies left out); the largest is kept. What is counted (for the
+  // hybrid, a k3-small bf16 step's widened kernels as profiled, docs/performance.md
+  // "k3-small in bf16"; for GPT-2, read from its ops: the LayerNorms are larger than its
+  // other widened ops, dropout's 2 D and the position table's broadcast sum, ~D):
+  //  - gpt2: add_layer_norm (and layer_norm): forward x, d in, h, y out; backward grad_h,
+  //    grad_y, h in, grad_x out: 4 D;
+  //  - hybrid: the short conv of KDA / DeltaNet layers (causal_conv1d; its bf16 -> f32
+  //    cast fused, the output f32): backward x in, grad_x out: 2 P, P the widest conv
+  //    (H K or HV K).
+  // The MoE layer, the RMSNorms, MLA's output gate, SiTU-GLU, AttnRes, the products and
+  // the loss have bf16 paths of their own (docs/cuda.md "bf16 on the CPU").
+  CpuWidenedOp best;
+  auto consider = [&](std::string name, int64_t values) {
+    if (values > best.values_per_token) best = {std::move(name), values};
+  };
+  const std::string arch = config.get_string("model.arch");
+  if (arch == "gpt2") {
+    const int64_t D = config.get_int("model.d_model");
+    consider(fmt::format("add_layer_norm backward: 4 x {} f32 values per token", D), 4 * D);
+  } else if (arch == "hybrid") {
+    const HybridConfig hc = HybridConfig::from(config);
+    for (MixerKind kind : hc.mixers) {
+      if (kind == MixerKind::kda || kind == MixerKind::deltanet || kind == MixerKind::gated_deltanet) {
+        const int64_t P = std::max(hc.kda.n_head, hc.kda.value_heads()) * hc.kda.head_dim;
+        consider(fmt::format("short conv (causal_conv1d) backward: 2 x {} f32 values per token", P), 2 * P);
+      }
+    }
+  }
+  return best;
+}
 
 Ledger make_ledger(const Config& config, LedgerLayout layout, const ClusterAssumptions& cluster) {
   ModelSummary m = summarize(config);
@@ -586,6 +631,7 @@ std::string ledger_json(const Ledger& l) {
                         {"num_micro_batches_in_flight", st.num_micro_batches_in_flight},
                         {"activation_bytes", st.activation_bytes},
                         {"grad_sync_bytes", st.grad_sync_bytes},
+                        {"cpu_widen_bytes", st.cpu_widen_bytes},
                         {"total_bytes", st.total_bytes()},
                         {"compute_s", st.compute_s},
                         {"all_to_all_s", st.all_to_all_s},

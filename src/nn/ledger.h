@@ -19,6 +19,17 @@ namespace moetrain {
 
 class Config;
 
+// The largest op of a bf16 model on the CPU that still runs its kernel on f32 copies of
+// its bf16 tensors (ops/common/bf16_widen.h; docs/cuda.md "bf16 on the CPU" lists the
+// kernels with a bf16 path of their own): its name and the f32 values per token of
+// those copies (its bf16 inputs and outputs). {"", 0} when none of the ops counted
+// widens in this config. Read from the config alone (model.*), whatever train.device says.
+struct CpuWidenedOp {
+  std::string name;
+  int64_t values_per_token = 0;
+};
+CpuWidenedOp largest_cpu_widened_op(const Config& config);
+
 struct LedgerLayout {
   int64_t dp = 1;    // data-parallel replicas (of each pipeline stage)
   int64_t ep = 1;    // expert-parallel ranks (routed experts sharded over them)
@@ -65,7 +76,14 @@ struct StageLedger {
   // reduction's own copy of it, 2 x min(train.grad_bucket_mb, the largest replica
   // group's gradient bytes); measured to add to the peak (docs/performance.md#activation-recomputation).
   double grad_sync_bytes = 0;
-  double total_bytes() const { return weight_grad_bytes + optimizer_bytes + activation_bytes + grad_sync_bytes; }
+  // bf16 on the CPU (train.device cpu, train.dtype bf16): the f32 copies a kernel without
+  // a bf16 path of its own makes of its bf16 inputs and outputs while it runs
+  // (cpu::run_kernel, ops/common/bf16_widen.h); the largest such op of the model, one
+  // micro-batch (Ledger::cpu_widen_op). 0 otherwise.
+  double cpu_widen_bytes = 0;
+  double total_bytes() const {
+    return weight_grad_bytes + optimizer_bytes + activation_bytes + grad_sync_bytes + cpu_widen_bytes;
+  }
   // Seconds: per micro-batch (forward + backward), and per step for the gradient sync.
   double compute_s = 0, all_to_all_s = 0, p2p_s = 0, grad_sync_s = 0;
   double micro_batch_s() const { return compute_s + all_to_all_s + p2p_s; }
@@ -100,6 +118,10 @@ struct Ledger {
   double state_bytes_per_rank = 0;       // weights + gradients + optimizer state
   double grad_sync_bytes_per_rank = 0;   // the gradient buckets in flight (StageLedger::grad_sync_bytes)
   double activation_bytes_per_rank = 0;  // the micro-batches in flight (one at pp 1)
+  double cpu_widen_bytes_per_rank = 0;   // StageLedger::cpu_widen_bytes
+  // The op those bytes are for, "add_layer_norm backward (4 x 768 f32 values per token)";
+  // empty when the run does not widen (not bf16 on the CPU, or no widened op counted).
+  std::string cpu_widen_op;
   double bytes_per_rank = 0;             // state + activations
   int64_t worst_stage = 0;
   bool fits = false;  // bytes_per_rank <= cluster.usable()

@@ -21,7 +21,8 @@
 // oneDNN's bf16 matmul with f32 accumulation (the linalg family, the grouped expert
 // GEMMs, causal attention's products), and kernels that widen and round a row or block
 // at a time (ops/common/bf16_rows.h), with the same bits as widening: cross entropy,
-// the binary ops, SiTU-GLU, AttnRes.
+// the binary ops, SiTU-GLU, AttnRes, RMSNorm / L2 norm (plain, gated, fused with the
+// residual add), the MoE combine, index_select's backward and sigmoid_gate.
 #pragma once
 
 #include <deque>
@@ -43,7 +44,10 @@ constexpr bool cpu_bf16_native(std::string_view kernel) {
       "matmul_forward",          "linear_forward", "linear_backward", "gelu_input_backward", "grouped_linear_forward",
       "grouped_linear_backward", "permute_copy",   "copy_into_mid",   "copy_from_mid",       "index_select_forward",
       "cross_entropy_forward",   "cross_entropy_backward", "binary_forward",  "situ_glu_forward",    "situ_glu_backward",
-      "causal_attention_forward", "causal_attention_backward", "attn_res_forward", "attn_res_backward"};
+      "causal_attention_forward", "causal_attention_backward", "attn_res_forward", "attn_res_backward",
+      "scaled_norm_forward",     "scaled_norm_backward",   "add_scaled_norm_forward", "add_scaled_norm_backward",
+      "moe_combine_forward",     "moe_combine_backward",   "index_select_backward",   "sigmoid_gate_forward",
+      "sigmoid_gate_backward"};
   for (std::string_view k : kNative)
     if (k == kernel) return true;
   return false;

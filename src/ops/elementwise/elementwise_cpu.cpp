@@ -1,6 +1,7 @@
 // CPU kernels of the elementwise family. Each output element is computed by one
 // thread in a fixed order, so results do not depend on the thread count, except
 // sum_to, whose per-target sums also run in a fixed order (bitwise reproducible).
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "ops/common/bf16_rows.h"
 #include "ops/elementwise/elementwise_kernels.h"
 #include "ops/common/gelu.h"
 #include "ops/common/math.h"
@@ -358,7 +360,31 @@ void add_inplace(Tensor& dst, const Tensor& src, double alpha) {
 }
 
 // The same products as the unfused sigmoid then mul (sigmoid_of as the CPU sigmoid).
+// sigmoid_gate on bf16 x, z (MLA's output gate in a bf16 model): blocks of kGateBlock
+// elements widened into per-thread f32 buffers (ops/common/bf16_rows.h), each element
+// as the f32 kernel computes it, each bf16 output rounded once (the bits of
+// cpu::run_kernel's widening, without f32 copies of the [B·T, H v] tensors).
+constexpr int64_t kGateBlock = 1024;
+
 void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& z) {
+  if (x.dtype() == DType::bf16) {
+    MT_CHECK(z.dtype() == DType::bf16 && y.dtype() == DType::bf16, "sigmoid_gate: bf16 x {} with z {}, y {}",
+             describe(x), describe(z), describe(y));
+    const bf16* px = x.data<bf16>();
+    const bf16* pz = z.data<bf16>();
+    bf16* py = y.data<bf16>();
+    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      float xb[kGateBlock], zb[kGateBlock], yb[kGateBlock];  // a block widened, so the f32 loop vectorises
+      for (int64_t b = lo; b < hi; b += kGateBlock) {
+        const int64_t n = std::min(kGateBlock, hi - b);
+        widen_bf16_row(xb, px + b, n);
+        widen_bf16_row(zb, pz + b, n);
+        for (int64_t i = 0; i < n; ++i) yb[i] = xb[i] * sigmoid_of(zb[i]);
+        round_bf16_row(py + b, yb, n);
+      }
+    });
+    return;
+  }
   dispatch_float(x.dtype(), "sigmoid_gate", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();
@@ -371,6 +397,33 @@ void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& z) {
 }
 
 void sigmoid_gate_backward(Tensor* grad_x, Tensor* grad_z, const Tensor& grad_y, const Tensor& x, const Tensor& z) {
+  if (x.dtype() == DType::bf16) {
+    MT_CHECK(z.dtype() == DType::bf16 && grad_y.dtype() == DType::bf16 &&
+                 (!grad_x || grad_x->dtype() == DType::bf16) && (!grad_z || grad_z->dtype() == DType::bf16),
+             "sigmoid_gate_backward: bf16 x {} with z {}, grad_y {}", describe(x), describe(z), describe(grad_y));
+    const bf16* px = x.data<bf16>();
+    const bf16* pz = z.data<bf16>();
+    const bf16* gy = grad_y.data<bf16>();
+    bf16* gx = grad_x ? grad_x->data<bf16>() : nullptr;
+    bf16* gz = grad_z ? grad_z->data<bf16>() : nullptr;
+    parallel_for(x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      float xb[kGateBlock], zb[kGateBlock], gb[kGateBlock], dxb[kGateBlock], dzb[kGateBlock];
+      for (int64_t b = lo; b < hi; b += kGateBlock) {
+        const int64_t n = std::min(kGateBlock, hi - b);
+        widen_bf16_row(xb, px + b, n);
+        widen_bf16_row(zb, pz + b, n);
+        widen_bf16_row(gb, gy + b, n);
+        for (int64_t i = 0; i < n; ++i) {
+          const float s = sigmoid_of(zb[i]);
+          dxb[i] = gb[i] * s;
+          dzb[i] = (gb[i] * xb[i]) * (s * (1.0f - s));
+        }
+        if (gx) round_bf16_row(gx + b, dxb, n);
+        if (gz) round_bf16_row(gz + b, dzb, n);
+      }
+    });
+    return;
+  }
   dispatch_float(x.dtype(), "sigmoid_gate_backward", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();

@@ -20,6 +20,7 @@
 #include "backend/cpu/tile_gemm.h"
 #include "core/dispatch.h"
 #include "core/parallel.h"
+#include "ops/common/bf16_rows.h"
 #include "ops/common/math.h"
 #include "ops/moe/moe_kernels.h"
 
@@ -178,9 +179,87 @@ void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Ten
   });
 }
 
+namespace {
+// The combine on bf16 rows and weights (ops/common/bf16_rows.h): each token's sum in an
+// f32 row buffer from the widened rows and weights, rounded once into y; the backward
+// widens the token's dy row and each slot's row, and rounds each gradient row and
+// weight once. The f32 kernels' arithmetic in the same order: the bits of
+// cpu::run_kernel's whole-tensor widening, without its f32 copies of rows, dy and
+// grad_rows.
+void moe_combine_forward_bf16(Tensor& y, const Tensor& rows, const Tensor& slot_rows, const Tensor& weights) {
+  MT_CHECK(y.dtype() == DType::bf16 && weights.dtype() == DType::bf16, "moe_combine: bf16 rows {} with weights {}, y {}",
+           describe(rows), describe(weights), describe(y));
+  const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
+  const int64_t* idx = slot_rows.data<int64_t>();
+  const bf16* pr = rows.data<bf16>();
+  const bf16* pw = weights.data<bf16>();
+  bf16* py = y.data<bf16>();
+  parallel_for(N, 16, [&](int64_t lo, int64_t hi) {
+    std::vector<float> yrow(static_cast<size_t>(W)), xrow(static_cast<size_t>(W));
+    float* __restrict yn = yrow.data();
+    float* __restrict x = xrow.data();
+    for (int64_t n = lo; n < hi; ++n) {
+      std::fill(yn, yn + W, 0.0f);
+      for (int64_t s = 0; s < k; ++s) {
+        const int64_t r = idx[n * k + s];
+        if (r == M) continue;  // dropped
+        const float w = pw[n * k + s].to_float();
+        widen_bf16_row(x, pr + r * W, W);
+        for (int64_t c = 0; c < W; ++c) yn[c] += w * x[c];
+      }
+      round_bf16_row(py + n * W, yn, W);
+    }
+  });
+}
+
+void moe_combine_backward_bf16(Tensor& grad_rows, Tensor& grad_weights, const Tensor& dy, const Tensor& rows,
+                               const Tensor& slot_rows, const Tensor& weights) {
+  MT_CHECK(grad_rows.dtype() == DType::bf16 && grad_weights.dtype() == DType::bf16 && dy.dtype() == DType::bf16 &&
+               weights.dtype() == DType::bf16,
+           "moe_combine_backward: bf16 rows {} with weights {}, dy {}, grad_rows {}, grad_weights {}", describe(rows),
+           describe(weights), describe(dy), describe(grad_rows), describe(grad_weights));
+  const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
+  const int64_t* idx = slot_rows.data<int64_t>();
+  const bf16* pr = rows.data<bf16>();
+  const bf16* pw = weights.data<bf16>();
+  const bf16* pdy = dy.data<bf16>();
+  bf16* gr = grad_rows.data<bf16>();
+  bf16* gw = grad_weights.data<bf16>();
+  parallel_for(N, 16, [&](int64_t lo, int64_t hi) {
+    std::vector<float> grow(static_cast<size_t>(W)), xrow(static_cast<size_t>(W)), gxrow(static_cast<size_t>(W));
+    float* __restrict g = grow.data();
+    float* __restrict x = xrow.data();
+    float* __restrict gx = gxrow.data();
+    for (int64_t n = lo; n < hi; ++n) {
+      widen_bf16_row(g, pdy + n * W, W);
+      for (int64_t s = 0; s < k; ++s) {
+        const int64_t r = idx[n * k + s];
+        if (r == M) {
+          gw[n * k + s] = bf16{};
+          continue;
+        }
+        const float w = pw[n * k + s].to_float();
+        widen_bf16_row(x, pr + r * W, W);
+        for (int64_t c = 0; c < W; ++c) gx[c] = w * g[c];
+        round_bf16_row(gr + r * W, gx, W);
+        float acc[kLanes] = {};  // <x, g> in kLanes lanes, combined in a fixed order (ops/common/math.h)
+        int64_t c = 0;
+        for (; c + kLanes <= W; c += kLanes)
+          for (int l = 0; l < kLanes; ++l) acc[l] += x[c + l] * g[c + l];
+        float dot = 0.0f;
+        for (; c < W; ++c) dot += x[c] * g[c];
+        for (int l = 0; l < kLanes; ++l) dot += acc[l];
+        gw[n * k + s] = bf16::from_float(dot);
+      }
+    }
+  });
+}
+}  // namespace
+
 // The combine: tokens in parallel, each token's slots in order. Every row is named by
 // at most one slot (moe_combine checks), so the backward's row writes never meet.
 void moe_combine_forward(Tensor& y, const Tensor& rows, const Tensor& slot_rows, const Tensor& weights) {
+  if (rows.dtype() == DType::bf16) return moe_combine_forward_bf16(y, rows, slot_rows, weights);
   const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
   const int64_t* idx = slot_rows.data<int64_t>();
   dispatch_float(rows.dtype(), "moe_combine", [&](auto tag) {
@@ -206,6 +285,7 @@ void moe_combine_forward(Tensor& y, const Tensor& rows, const Tensor& slot_rows,
 
 void moe_combine_backward(Tensor& grad_rows, Tensor& grad_weights, const Tensor& dy, const Tensor& rows,
                           const Tensor& slot_rows, const Tensor& weights) {
+  if (rows.dtype() == DType::bf16) return moe_combine_backward_bf16(grad_rows, grad_weights, dy, rows, slot_rows, weights);
   const int64_t M = rows.size(0), W = rows.size(1), N = weights.size(0), k = weights.size(1);
   const int64_t* idx = slot_rows.data<int64_t>();
   dispatch_float(rows.dtype(), "moe_combine_backward", [&](auto tag) {

@@ -7,6 +7,8 @@
 #include "backend/cpu/isa.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "ops/common/bf16_rows.h"
+#include "ops/common/bf16_widen.h"
 #include "ops/common/math.h"
 #include "ops/norm/norm_kernels.h"
 
@@ -28,20 +30,23 @@ void sigmoid_row(T* s, const T* z, int64_t n) {
 }
 
 // dw[j] = sum_r dy[r, j] * xhat(r, j), db[j] = sum_r dy[r, j] (column-owned).
-template <class T, class XHat>
-void param_grads(T* dw, T* db, const T* dy, int64_t rows, int64_t n, XHat xhat) {
+// dy of type D, dw and db of type O: f32 or f64 (both the kernel's T), or bf16 in the
+// bf16 paths, which read each bf16 dy widened and round each sum as the widening
+// route does (ops/common/bf16_rows.h: widened_value, store_rounded).
+template <class O, class D, class XHat>
+void param_grads(O* dw, O* db, const D* dy, int64_t rows, int64_t n, XHat xhat) {
   parallel_for(n, kColGrain, [&](int64_t c0, int64_t c1) {
     std::vector<double> aw(static_cast<size_t>(c1 - c0), 0.0), ab(static_cast<size_t>(c1 - c0), 0.0);
     for (int64_t r = 0; r < rows; ++r) {
-      const T* g = dy + r * n;
+      const D* g = dy + r * n;
       for (int64_t j = c0; j < c1; ++j) {
-        if (dw) aw[static_cast<size_t>(j - c0)] += static_cast<double>(g[j]) * xhat(r, j);
-        if (db) ab[static_cast<size_t>(j - c0)] += g[j];
+        if (dw) aw[static_cast<size_t>(j - c0)] += static_cast<double>(widened_value(g[j])) * xhat(r, j);
+        if (db) ab[static_cast<size_t>(j - c0)] += widened_value(g[j]);
       }
     }
     for (int64_t j = c0; j < c1; ++j) {
-      if (dw) dw[j] = static_cast<T>(aw[static_cast<size_t>(j - c0)]);
-      if (db) db[j] = static_cast<T>(ab[static_cast<size_t>(j - c0)]);
+      if (dw) store_rounded(dw[j], aw[static_cast<size_t>(j - c0)]);
+      if (db) store_rounded(db[j], ab[static_cast<size_t>(j - c0)]);
     }
   });
 }
@@ -243,8 +248,157 @@ void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const T
   });
 }
 
+// bf16 x (the scaled norms' bf16 paths, ops/common/bf16_rows.h): each row of every
+// bf16 operand widened into a per-thread f32 buffer, the f32 code above on it, each
+// bf16 output row rounded once: the bits of cpu::run_kernel's whole-tensor widening.
+// The statistics (rstd) are f32 as for any bf16 x; a bf16 weight is widened once.
+namespace {
+void scaled_norm_forward_bf16(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& z,
+                              double scale, double eps) {
+  MT_CHECK(y.dtype() == DType::bf16 && rstd.dtype() == DType::f32 && (!z.defined() || z.dtype() == DType::bf16),
+           "scaled_norm_forward: bf16 x {} with y {}, rstd {}, gate {}", describe(x), describe(y), describe(rstd),
+           describe(z));
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+  std::vector<float> wbuf;
+  const float* pw = f32_operand(w, wbuf);
+  const bf16* px = x.data<bf16>();
+  const bf16* pz = z.defined() ? z.data<bf16>() : nullptr;
+  bf16* py = y.data<bf16>();
+  float* pr = rstd.data<float>();
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    const size_t width = static_cast<size_t>(n);
+    std::vector<float> xf(width), yf(width), zf(pz ? width : 0), gate(pz ? width : 0);
+    for (int64_t r = lo; r < hi; ++r) {
+      widen_bf16_row(xf.data(), px + r * n, n);
+      if (pz) {
+        widen_bf16_row(zf.data(), pz + r * n, n);
+        sigmoid_row(gate.data(), zf.data(), n);
+      }
+      scaled_norm_row(yf.data(), pr[r], xf.data(), pw, pz ? gate.data() : nullptr, n, scale, eps);
+      round_bf16_row(py + r * n, yf.data(), n);
+    }
+  });
+}
+
+void scaled_norm_backward_bf16(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const Tensor& grad_y, const Tensor& x,
+                               const Tensor& w, const Tensor& z, const Tensor& rstd, double scale) {
+  MT_CHECK(grad_x.dtype() == DType::bf16 && grad_y.dtype() == DType::bf16 && rstd.dtype() == DType::f32 &&
+               (!z.defined() || z.dtype() == DType::bf16) && (!grad_z || grad_z->dtype() == DType::bf16) &&
+               (!grad_w || grad_w->dtype() == DType::bf16),
+           "scaled_norm_backward: bf16 x {} with grad_x {}, grad_y {}, rstd {}, gate {}", describe(x),
+           describe(grad_x), describe(grad_y), describe(rstd), describe(z));
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+  std::vector<float> wbuf;
+  const float* pw = f32_operand(w, wbuf);
+  const bf16* px = x.data<bf16>();
+  const bf16* pz = z.defined() ? z.data<bf16>() : nullptr;
+  const bf16* dy = grad_y.data<bf16>();
+  const float* pr = rstd.data<float>();
+  bf16* dx = grad_x.data<bf16>();
+  bf16* dz = grad_z ? grad_z->data<bf16>() : nullptr;
+  // With a gate, dy' = dy σ(z) in f32 (as the f32 kernel keeps it) for the weight gradient.
+  Tensor gated = pz ? empty({rows, n}, DType::f32) : Tensor();
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    const size_t width = static_cast<size_t>(n);
+    std::vector<float> xf(width), dyf(width), dxf(width), zf(pz ? width : 0), sig(pz ? width : 0),
+        dzf(dz ? width : 0);
+    for (int64_t r = lo; r < hi; ++r) {
+      widen_bf16_row(xf.data(), px + r * n, n);
+      widen_bf16_row(dyf.data(), dy + r * n, n);
+      const float* gr = dyf.data();
+      if (pz) {
+        widen_bf16_row(zf.data(), pz + r * n, n);
+        sigmoid_row(sig.data(), zf.data(), n);
+        float* g = gated.data<float>() + r * n;
+        for (int64_t j = 0; j < n; ++j) g[j] = dyf[static_cast<size_t>(j)] * sig[static_cast<size_t>(j)];
+        gr = g;
+      }
+      const double rs = pr[r];
+      scaled_norm_dx_row(dxf.data(), gr, xf.data(), pw, rs, n, scale);
+      round_bf16_row(dx + r * n, dxf.data(), n);
+      if (dz) {
+        for (int64_t j = 0; j < n; ++j) {
+          const size_t u = static_cast<size_t>(j);
+          const float s = sig[u], h = static_cast<float>(xf[u] * rs) * (pw ? pw[j] : 1.0f);
+          dzf[u] = dyf[u] * h * s * (1.0f - s);
+        }
+        round_bf16_row(dz + r * n, dzf.data(), n);
+      }
+    }
+  });
+  if (grad_w) {
+    auto xhat = [&](int64_t r, int64_t j) { return static_cast<double>(px[r * n + j].to_float()) * pr[r]; };
+    if (pz)
+      param_grads(grad_w->data<bf16>(), static_cast<bf16*>(nullptr), gated.data<float>(), rows, n, xhat);
+    else
+      param_grads(grad_w->data<bf16>(), static_cast<bf16*>(nullptr), dy, rows, n, xhat);
+  }
+}
+
+void add_scaled_norm_forward_bf16(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& d,
+                                  const Tensor& w, double scale, double eps) {
+  MT_CHECK(h.dtype() == DType::bf16 && y.dtype() == DType::bf16 && d.dtype() == DType::bf16 &&
+               rstd.dtype() == DType::f32,
+           "add_scaled_norm_forward: bf16 x {} with d {}, h {}, y {}, rstd {}", describe(x), describe(d), describe(h),
+           describe(y), describe(rstd));
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+  std::vector<float> wbuf;
+  const float* pw = f32_operand(w, wbuf);
+  const bf16 *px = x.data<bf16>(), *pd = d.data<bf16>();
+  bf16 *ph = h.data<bf16>(), *py = y.data<bf16>();
+  float* pr = rstd.data<float>();
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    const size_t width = static_cast<size_t>(n);
+    std::vector<float> xf(width), df(width), hf(width), yf(width);
+    for (int64_t r = lo; r < hi; ++r) {
+      widen_bf16_row(xf.data(), px + r * n, n);
+      widen_bf16_row(df.data(), pd + r * n, n);
+      for (size_t c = 0; c < width; ++c) hf[c] = xf[c] + df[c];
+      // The norm of the f32 sum, as the widened kernel computes it; h rounded after.
+      scaled_norm_row(yf.data(), pr[r], hf.data(), pw, static_cast<const float*>(nullptr), n, scale, eps);
+      round_bf16_row(ph + r * n, hf.data(), n);
+      round_bf16_row(py + r * n, yf.data(), n);
+    }
+  });
+}
+
+void add_scaled_norm_backward_bf16(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_h, const Tensor& grad_y,
+                                   const Tensor& h, const Tensor& w, const Tensor& rstd, double scale) {
+  MT_CHECK(grad_x.dtype() == DType::bf16 && grad_h.dtype() == DType::bf16 && grad_y.dtype() == DType::bf16 &&
+               rstd.dtype() == DType::f32 && (!grad_w || grad_w->dtype() == DType::bf16),
+           "add_scaled_norm_backward: bf16 h {} with grad_x {}, grad_h {}, grad_y {}, rstd {}", describe(h),
+           describe(grad_x), describe(grad_h), describe(grad_y), describe(rstd));
+  const int64_t n = h.size(-1), rows = h.numel() / std::max<int64_t>(n, 1);
+  std::vector<float> wbuf;
+  const float* pw = f32_operand(w, wbuf);
+  const bf16 *ph = h.data<bf16>(), *dy = grad_y.data<bf16>(), *gh = grad_h.data<bf16>();
+  const float* pr = rstd.data<float>();
+  bf16* dx = grad_x.data<bf16>();
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    const size_t width = static_cast<size_t>(n);
+    std::vector<float> hf(width), dyf(width), ghf(width), dxf(width);
+    for (int64_t r = lo; r < hi; ++r) {
+      widen_bf16_row(hf.data(), ph + r * n, n);
+      widen_bf16_row(dyf.data(), dy + r * n, n);
+      widen_bf16_row(ghf.data(), gh + r * n, n);
+      scaled_norm_dx_row(dxf.data(), dyf.data(), hf.data(), pw, static_cast<double>(pr[r]), n, scale);
+      for (size_t c = 0; c < width; ++c) dxf[c] = dxf[c] + ghf[c];
+      round_bf16_row(dx + r * n, dxf.data(), n);
+    }
+  });
+  if (grad_w)
+    param_grads(grad_w->data<bf16>(), static_cast<bf16*>(nullptr), dy, rows, n,
+                [&](int64_t r, int64_t j) { return static_cast<double>(ph[r * n + j].to_float()) * pr[r]; });
+}
+}  // namespace
+
 void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& z, double scale,
                          double eps) {
+  if (x.dtype() == DType::bf16) return scaled_norm_forward_bf16(y, rstd, x, w, z, scale, eps);
+  if (cpu_is_bf16(z)) {  // a bf16 gate under f32 x (ops/norm/norm.cpp): read widened, as cpu::run_kernel did
+    const Tensor zf = widen_bf16(z);
+    return scaled_norm_forward(y, rstd, x, w, zf, scale, eps);
+  }
   dispatch_float(x.dtype(), "norm", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
@@ -268,6 +422,14 @@ void scaled_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor&
 // L2 formula for scale = 1 (there x̂ = y, w = 1); dz = dy x̂ w σ(z)(1 - σ(z)).
 void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const Tensor& grad_y, const Tensor& x,
                           const Tensor& w, const Tensor& z, const Tensor& rstd, double scale) {
+  if (x.dtype() == DType::bf16) return scaled_norm_backward_bf16(grad_x, grad_w, grad_z, grad_y, x, w, z, rstd, scale);
+  if (cpu_is_bf16(z)) {  // a bf16 gate under f32 x: z widened, dz rounded once, as cpu::run_kernel did
+    const Tensor zf = widen_bf16(z);
+    Tensor dzf = grad_z ? empty(grad_z->shape(), DType::f32) : Tensor();
+    scaled_norm_backward(grad_x, grad_w, grad_z ? &dzf : nullptr, grad_y, x, w, zf, rstd, scale);
+    if (grad_z) round_into_bf16(*grad_z, dzf);
+    return;
+  }
   dispatch_float(x.dtype(), "norm_backward", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
@@ -300,7 +462,7 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const 
       }
     });
     if (grad_w)
-      param_grads<T>(grad_w->data<T>(), static_cast<T*>(nullptr), dyg, rows, n,
+      param_grads(grad_w->data<T>(), static_cast<T*>(nullptr), dyg, rows, n,
                      [&](int64_t r, int64_t j) { return static_cast<double>(px[r * n + j]) * pr[r]; });
   });
 }
@@ -347,6 +509,7 @@ void add_layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, con
 
 void add_scaled_norm_forward(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& d, const Tensor& w,
                              double scale, double eps) {
+  if (x.dtype() == DType::bf16) return add_scaled_norm_forward_bf16(h, y, rstd, x, d, w, scale, eps);
   dispatch_float(x.dtype(), "add_rms_norm", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
@@ -365,6 +528,7 @@ void add_scaled_norm_forward(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& x
 
 void add_scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad_h, const Tensor& grad_y,
                               const Tensor& h, const Tensor& w, const Tensor& rstd, double scale) {
+  if (h.dtype() == DType::bf16) return add_scaled_norm_backward_bf16(grad_x, grad_w, grad_h, grad_y, h, w, rstd, scale);
   dispatch_float(h.dtype(), "add_rms_norm_backward", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = h.size(-1), rows = h.numel() / std::max<int64_t>(n, 1);
@@ -380,7 +544,7 @@ void add_scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, const Tensor& grad
       }
     });
     if (grad_w)
-      param_grads<T>(grad_w->data<T>(), static_cast<T*>(nullptr), dy, rows, n,
+      param_grads(grad_w->data<T>(), static_cast<T*>(nullptr), dy, rows, n,
                      [&](int64_t r, int64_t j) { return static_cast<double>(ph[r * n + j]) * pr[r]; });
   });
 }

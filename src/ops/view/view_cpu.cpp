@@ -5,6 +5,7 @@
 
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "ops/common/bf16_rows.h"
 #include "ops/view/view_kernels.h"
 
 namespace moetrain::cpu {
@@ -96,9 +97,55 @@ void index_select_forward(Tensor& out, const Tensor& x, const Tensor& index, int
   });
 }
 
+namespace {
+// index_select's backward on bf16 (ops/common/bf16_rows.h): each row of grad_x is
+// widened into a per-thread f32 buffer, the rows of grad_out that index names for it
+// are added in index order (as the f32 kernel adds them), and the sum is rounded once:
+// the bits of cpu::run_kernel's whole-tensor widening. Rows named by no index stay as
+// they are (widening and rounding a bf16 value gives it back). The destination rows
+// run in parallel: each is written by one thread, whatever the thread count.
+template <class I>
+void index_select_backward_bf16(Tensor& grad_x, const Tensor& grad_out, const I* idx, int64_t n, int64_t outer,
+                                int64_t inner) {
+  MT_CHECK(grad_out.dtype() == DType::bf16, "index_select_backward: bf16 grad_x {} with grad_out {}",
+           describe(grad_x), describe(grad_out));
+  const int64_t mid = grad_x.numel() / std::max<int64_t>(outer * inner, 1);
+  // The index inverted: for row m of x, its entries i (ascending) are named[first[m], first[m + 1]).
+  std::vector<int64_t> first(static_cast<size_t>(mid + 1), 0), named(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ++first[static_cast<size_t>(idx[i]) + 1];
+  for (int64_t m = 0; m < mid; ++m) first[static_cast<size_t>(m + 1)] += first[static_cast<size_t>(m)];
+  std::vector<int64_t> next(first.begin(), first.end() - 1);
+  for (int64_t i = 0; i < n; ++i) named[static_cast<size_t>(next[static_cast<size_t>(idx[i])]++)] = i;
+  bf16* gx = grad_x.data<bf16>();
+  const bf16* g = grad_out.data<bf16>();
+  parallel_for(outer * mid, std::max<int64_t>(1, 4096 / std::max<int64_t>(inner, 1)), [&](int64_t lo, int64_t hi) {
+    std::vector<float> acc(static_cast<size_t>(inner)), src(static_cast<size_t>(inner));
+    for (int64_t q = lo; q < hi; ++q) {
+      const int64_t o = q / mid, m = q % mid;
+      const int64_t b = first[static_cast<size_t>(m)], e = first[static_cast<size_t>(m + 1)];
+      if (b == e) continue;
+      bf16* dst = gx + (o * mid + m) * inner;
+      widen_bf16_row(acc.data(), dst, inner);
+      for (int64_t t = b; t < e; ++t) {
+        widen_bf16_row(src.data(), g + (o * n + named[static_cast<size_t>(t)]) * inner, inner);
+        for (int64_t c = 0; c < inner; ++c) acc[static_cast<size_t>(c)] += src[static_cast<size_t>(c)];
+      }
+      round_bf16_row(dst, acc.data(), inner);
+    }
+  });
+}
+}  // namespace
+
 void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor& index, int64_t outer,
                            int64_t inner) {
   int64_t n = index.numel(), mid = grad_x.numel() / std::max<int64_t>(outer * inner, 1);
+  if (grad_x.dtype() == DType::bf16) {
+    dispatch_index(index.dtype(), "index_select", [&](auto itag) {
+      using I = decltype(itag);
+      index_select_backward_bf16<I>(grad_x, grad_out, index.data<I>(), n, outer, inner);
+    });
+    return;
+  }
   dispatch_float(grad_x.dtype(), "index_select_backward", [&](auto tag) {
     using T = decltype(tag);
     T* gx = grad_x.data<T>();
