@@ -154,6 +154,41 @@ TEST_CASE("bf16 cpu: oneDNN's bf16 matmul against a float64 reference", "[ops][b
   CHECK(c == std::vector<float>{103, 203, 307.5f, 407.5f});
 }
 
+TEST_CASE("bf16 cpu: oneDNN's primitive cache stays bounded as row counts change; evicted shapes still compute",
+          "[ops][bf16]") {
+  // An MoE layer's expert products get new row counts every step (the cache grew
+  // without bound: k3-tiny bf16's peak memory 2.2x the ledger's after 6 steps).
+  const int64_t n = 8, k = 16, rows = static_cast<int64_t>(cpu::onednn::kCachedPrimitives) + 40;
+  std::vector<bf16> a(static_cast<size_t>(rows * k)), b(static_cast<size_t>(k * n));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = bf16::from_float(static_cast<float>(i % 7) - 3.0f);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = bf16::from_float(static_cast<float>(i % 5) * 0.5f);
+  auto shape = [&](int64_t m) {
+    cpu::onednn::MatmulShape s;
+    s.m = m, s.n = n, s.k = k, s.lda = k, s.ldb = n, s.ldc = n;
+    return s;
+  };
+  auto product = [&](int64_t m) {
+    const cpu::onednn::MatmulShape s = shape(m);
+    std::vector<float> c(static_cast<size_t>(m * n), -1.0f);
+    cpu::onednn::matmul(s, DType::bf16, a.data(), b.data(), DType::f32, c.data());
+    return c;
+  };
+  const std::vector<float> first = product(1);  // computed while cached
+  const std::vector<float> kept = product(2);
+  CHECK(product(2) == kept);  // used twice: protected from the one-off shapes below
+  for (int64_t m = 3; m <= rows; ++m) product(m);
+  CHECK(cpu::onednn::cached_primitives() <= cpu::onednn::kCachedPrimitives);
+  if (cpu::onednn::has_bf16_kernels()) {  // else bf16 products widen to the f32 route: no primitives
+    CHECK_FALSE(cpu::onednn::is_cached(shape(1), DType::bf16, DType::f32));  // once: dropped
+    CHECK(cpu::onednn::is_cached(shape(2), DType::bf16, DType::f32));        // twice: kept
+  }
+  CHECK(product(1) == first);  // m = 1 was dropped: made again, the same product (exact: small integers)
+  CHECK(product(2) == kept);
+  double want = 0;
+  for (int64_t kk = 0; kk < k; ++kk) want += static_cast<double>(a[kk].to_float()) * b[kk * n].to_float();
+  CHECK(first[0] == Approx(want));
+}
+
 TEST_CASE(
     "bf16 cpu: the matrix products (matmul, linear, mlp, grouped "
     "experts) match f32",

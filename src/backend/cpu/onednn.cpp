@@ -1,6 +1,8 @@
 #include "backend/cpu/onednn.h"
 
 #include <cstring>
+#include <iterator>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,13 +54,40 @@ struct OnednnEntry {
   dnnl::memory::desc a, b, c, scratch;
 };
 
+// The primitives by shape, at most kCachedPrimitives (an MoE layer's expert products
+// change their row counts every step: an unbounded cache grew by every new count,
+// k3-tiny bf16's peak memory 2.2x the ledger's after 6 steps). A segmented LRU: a new
+// shape enters the probation list; one used again moves to the protected list, which
+// the one-off shapes of a step cannot flush (the dense layers' shapes stay made);
+// each list drops its least recently used past its share. A user of a dropped entry
+// keeps it alive (shared_ptr).
+constexpr size_t kOnednnProtected = kCachedPrimitives / 4, kOnednnProbation = kCachedPrimitives - kOnednnProtected;
+struct OnednnSlot {
+  std::shared_ptr<const OnednnEntry> entry;
+  bool is_protected = false;
+  std::list<OnednnKey>::iterator at;
+};
 std::mutex onednn_mutex;
-std::map<OnednnKey, std::shared_ptr<const OnednnEntry>> onednn_cache;
+std::list<OnednnKey> onednn_probation, onednn_protected;  // most recent first
+std::map<OnednnKey, OnednnSlot> onednn_cache;
 
-std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool accumulate) {
+// A hit: to the front of the protected list, its oldest back to probation past its share.
+void onednn_touch(OnednnSlot& slot) {
+  std::list<OnednnKey>& from = slot.is_protected ? onednn_protected : onednn_probation;
+  onednn_protected.splice(onednn_protected.begin(), from, slot.at);
+  slot.is_protected = true;
+  if (onednn_protected.size() > kOnednnProtected) {
+    OnednnSlot& old = onednn_cache.at(onednn_protected.back());
+    onednn_probation.splice(onednn_probation.begin(), onednn_protected, std::prev(onednn_protected.end()));
+    old.is_protected = false;
+    old.at = onednn_probation.begin();
+  }
+}
+
+OnednnKey onednn_key(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool accumulate) {
   const int64_t sa = s.batch == 1 ? 0 : s.stride_a, sb = s.batch == 1 ? 0 : s.stride_b;
   const int64_t sc = s.batch == 1 ? 0 : s.stride_c;
-  const OnednnKey key{s.trans_a,
+  return OnednnKey{s.trans_a,
                       s.trans_b,
                       s.batch,
                       s.m,
@@ -73,9 +102,17 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn
                       static_cast<int>(ab),
                       static_cast<int>(ct),
                       accumulate};
+}
+
+std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool accumulate) {
+  const int64_t sa = s.batch == 1 ? 0 : s.stride_a, sb = s.batch == 1 ? 0 : s.stride_b;
+  const int64_t sc = s.batch == 1 ? 0 : s.stride_c;
+  const OnednnKey key = onednn_key(s, ab, ct, accumulate);
   std::lock_guard<std::mutex> lock(onednn_mutex);
-  auto it = onednn_cache.find(key);
-  if (it != onednn_cache.end()) return it->second;
+  if (auto it = onednn_cache.find(key); it != onednn_cache.end()) {
+    onednn_touch(it->second);
+    return it->second.entry;
+  }
   auto e = std::make_shared<OnednnEntry>();
   e->a = onednn_matrix(ab, s.batch, sa, s.m, s.k, s.lda, s.trans_a);
   e->b = onednn_matrix(ab, s.batch, sb, s.k, s.n, s.ldb, s.trans_b);
@@ -96,7 +133,12 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn
     MT_THROW("onednn::matmul: oneDNN refused [{}x{}]{} x [{}x{}]{} (batch {}): {}", s.m, s.k, s.trans_a ? "^T" : "",
              s.k, s.n, s.trans_b ? "^T" : "", s.batch, err.what());
   }
-  onednn_cache.emplace(key, e);
+  onednn_probation.push_front(key);
+  onednn_cache.emplace(key, OnednnSlot{e, false, onednn_probation.begin()});
+  if (onednn_probation.size() > kOnednnProbation) {
+    onednn_cache.erase(onednn_probation.back());
+    onednn_probation.pop_back();
+  }
   return e;
 }
 
@@ -212,6 +254,17 @@ std::string matmul_impl(int64_t m, int64_t n, int64_t k, DType ab) {
 std::string version() {
   const dnnl_version_t* v = dnnl_version();
   return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
+}
+
+size_t cached_primitives() {
+  std::lock_guard<std::mutex> lock(onednn_mutex);
+  return onednn_cache.size();
+}
+
+bool is_cached(const MatmulShape& s, DType ab, DType c_type, bool accumulate) {
+  const OnednnKey key = onednn_key(s, onednn_type(ab, "a/b"), onednn_type(c_type, "c"), accumulate);
+  std::lock_guard<std::mutex> lock(onednn_mutex);
+  return onednn_cache.count(key) > 0;
 }
 
 }  // namespace moetrain::cpu::onednn

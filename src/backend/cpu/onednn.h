@@ -7,12 +7,14 @@
 // f32 GEMM route (backend/cpu/blas.h), C rounded once: the same math, slower.
 // `moetrain info` says which.
 // Primitives are created once per shape, strides, transposes and dtypes and kept (a
-// process-wide cache, thread safe).
+// process-wide cache, thread safe) up to kCachedPrimitives, the least recently used
+// dropped past that (an MoE layer's expert row counts change every step).
 //
 // Threads: oneDNN runs on OpenMP (Debian's build); called from inside one of our OpenMP
 // regions a matmul runs on the calling thread only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -46,6 +48,11 @@ std::string effective_isa();
 // The implementation oneDNN picks for a bf16 x bf16 -> f32 matmul of [m, k] x [k, n],
 // e.g. "brg:avx512_core_amx" or "gemm:jit" (the primitive's impl_info_str).
 std::string matmul_impl(int64_t m, int64_t n, int64_t k, DType ab = DType::bf16);
+// The cache's bound and its entries now.
+inline constexpr size_t kCachedPrimitives = 1024;
+size_t cached_primitives();
+// Whether matmul's primitive for these arguments is in the cache now.
+bool is_cached(const MatmulShape& s, DType ab, DType c_type, bool accumulate = false);
 // oneDNN's version, e.g. "oneDNN 2.6.3".
 std::string version();
 
