@@ -22,7 +22,12 @@ using onednn_dt = dnnl::memory::data_type;
 using onednn_dims = dnnl::memory::dims;
 
 dnnl::engine& onednn_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = [] {
+    // oneDNN's own primitive cache (1,024 by default) would keep every primitive
+    // ours drops (below): ours is the only one.
+    dnnl::set_primitive_cache_capacity(0);
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
@@ -90,9 +95,9 @@ OnednnKey onednn_key(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool accu
   return OnednnKey{s.trans_a,
                       s.trans_b,
                       s.batch,
-                      s.m,
+                      s.runtime_m ? -1 : s.m,
                       s.n,
-                      s.k,
+                      s.runtime_k ? -1 : s.k,
                       s.lda,
                       s.ldb,
                       s.ldc,
@@ -114,9 +119,10 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn
     return it->second.entry;
   }
   auto e = std::make_shared<OnednnEntry>();
-  e->a = onednn_matrix(ab, s.batch, sa, s.m, s.k, s.lda, s.trans_a);
-  e->b = onednn_matrix(ab, s.batch, sb, s.k, s.n, s.ldb, s.trans_b);
-  e->c = onednn_matrix(ct, s.batch, sc, s.m, s.n, s.ldc, false);
+  const int64_t m = s.runtime_m ? DNNL_RUNTIME_DIM_VAL : s.m, k = s.runtime_k ? DNNL_RUNTIME_DIM_VAL : s.k;
+  e->a = onednn_matrix(ab, s.batch, sa, m, k, s.lda, s.trans_a);
+  e->b = onednn_matrix(ab, s.batch, sb, k, s.n, s.ldb, s.trans_b);
+  e->c = onednn_matrix(ct, s.batch, sc, m, s.n, s.ldc, false);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (accumulate) {
@@ -218,7 +224,14 @@ void matmul(const MatmulShape& s, DType ab, const void* a, const void* b, DType 
   thread_local std::vector<uint8_t> scratch_buf;
   const size_t scratch_bytes = e->scratch.get_size();
   if (scratch_buf.size() < scratch_bytes) scratch_buf.resize(scratch_bytes);
-  dnnl::memory ma(e->a, eng, const_cast<void*>(a)), mb(e->b, eng, const_cast<void*>(b)), mc(e->c, eng, c);
+  // Runtime dims: the memory objects take this call's sizes.
+  const bool runtime = s.runtime_m || s.runtime_k;
+  const int64_t sa = s.batch == 1 ? 0 : s.stride_a, sb = s.batch == 1 ? 0 : s.stride_b;
+  const int64_t sc = s.batch == 1 ? 0 : s.stride_c;
+  const dnnl::memory::desc da = runtime ? onednn_matrix(tab, s.batch, sa, s.m, s.k, s.lda, s.trans_a) : e->a;
+  const dnnl::memory::desc db = runtime ? onednn_matrix(tab, s.batch, sb, s.k, s.n, s.ldb, s.trans_b) : e->b;
+  const dnnl::memory::desc dc = runtime ? onednn_matrix(tc, s.batch, sc, s.m, s.n, s.ldc, false) : e->c;
+  dnnl::memory ma(da, eng, const_cast<void*>(a)), mb(db, eng, const_cast<void*>(b)), mc(dc, eng, c);
   dnnl::memory ms(e->scratch, eng, scratch_bytes ? scratch_buf.data() : nullptr);
   e->prim.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
   stream.wait();

@@ -8,7 +8,8 @@
 // `moetrain info` says which.
 // Primitives are created once per shape, strides, transposes and dtypes and kept (a
 // process-wide cache, thread safe) up to kCachedPrimitives, the least recently used
-// dropped past that (an MoE layer's expert row counts change every step).
+// dropped past that (an MoE layer's expert row counts change every step); oneDNN's
+// own primitive cache is switched off (it would keep what ours drops).
 //
 // Threads: oneDNN runs on OpenMP (Debian's build); called from inside one of our OpenMP
 // regions a matmul runs on the calling thread only.
@@ -26,11 +27,18 @@ namespace moetrain::cpu::onednn {
 // op(X) = X or X^T; A_i = a + i * stride_a (elements; stride 0: the same A for all i),
 // likewise B and C (stride_c > 0 when batch > 1). op(A) is [m, k], op(B) [k, n], C [m,
 // n]; lda, ldb, ldc are the row strides of A, B, C as stored.
+// runtime_m / runtime_k: the primitive takes m (or k) at execution, so one primitive
+// serves every value (an MoE expert's row count, m in the forward and data products,
+// k in the weight gradient's, changes every step: a primitive per value took 0.15-0.35
+// ms to make against 0.006-0.3 ms to run, and filled the cache). oneDNN 2.6 then
+// picks its gemm:jit kernel instead of brgemm (5-45% slower to run once made; the
+// same bits in the shapes checked: docs/performance.md).
 struct MatmulShape {
   bool trans_a = false, trans_b = false;
   int64_t batch = 1, m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  bool runtime_m = false, runtime_k = false;
 };
 
 // a and b have dtype ab (bf16 or f32), c has dtype c_type (f32, or bf16 for bf16
@@ -49,7 +57,7 @@ std::string effective_isa();
 // e.g. "brg:avx512_core_amx" or "gemm:jit" (the primitive's impl_info_str).
 std::string matmul_impl(int64_t m, int64_t n, int64_t k, DType ab = DType::bf16);
 // The cache's bound and its entries now.
-inline constexpr size_t kCachedPrimitives = 1024;
+inline constexpr size_t kCachedPrimitives = 512;
 size_t cached_primitives();
 // Whether matmul's primitive for these arguments is in the cache now.
 bool is_cached(const MatmulShape& s, DType ab, DType c_type, bool accumulate = false);

@@ -107,11 +107,15 @@ void for_each_expert(const std::vector<int64_t>& counts, double macs_per_row, F&
 }  // namespace
 
 namespace {
-// One expert's bf16 product through oneDNN (f32 accumulation, bf16 C rounded once).
+// One expert's bf16 product through oneDNN (f32 accumulation, bf16 C rounded once);
+// the expert's row count (m, or k for the weight gradient: rows_in_k) is a runtime
+// dimension, so one primitive serves every count (onednn.h).
 void expert_product_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-                         const bf16* a, const bf16* b, bf16* c) {
+                         const bf16* a, const bf16* b, bf16* c, bool rows_in_k = false) {
   onednn::MatmulShape s;
   s.trans_a = ta, s.trans_b = tb, s.m = m, s.n = n, s.k = k, s.lda = lda, s.ldb = ldb, s.ldc = ldc;
+  s.runtime_m = !rows_in_k;
+  s.runtime_k = rows_in_k;
   onednn::matmul(s, DType::bf16, a, b, DType::bf16, c);
 }
 }  // namespace
@@ -155,7 +159,8 @@ void grouped_linear_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Ten
     for_each_expert(counts, 2.0 * static_cast<double>(in * out), [&](int64_t e, int64_t row, bool) {
       const int64_t m = counts[e];
       expert_product_bf16(false, false, m, in, out, out, in, in, pdy + row * out, pw + e * out * in, pdx + row * in);
-      expert_product_bf16(true, false, out, in, m, out, in, in, pdy + row * out, px + row * in, pdw + e * out * in);
+      expert_product_bf16(true, false, out, in, m, out, in, in, pdy + row * out, px + row * in, pdw + e * out * in,
+                          true);
     });
     return;
   }
