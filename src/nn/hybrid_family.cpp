@@ -2,7 +2,10 @@
 // attention mixers with dense or MoE feed-forwards (docs/model.md#block-attnres to
 // #full-decoder); pipeline stages, expert shards, full and selective recomputation.
 // Registered in nn/model_family.cpp.
+#include <algorithm>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "nn/hf_adapter.h"
 #include "nn/hybrid.h"
@@ -40,6 +43,17 @@ const ModelFamily& hybrid_family() {
       s.n_layer = c.n_layer();
       s.d_model = c.d_model;
       for (int64_t l = 0; l < s.n_layer; ++l) s.moe_layer.push_back(c.is_moe_layer(l));
+      // bf16 on the CPU: the short conv of KDA / DeltaNet layers (causal_conv1d, its
+      // bf16 -> f32 cast fused, its output f32) is the largest op still widening
+      // (profiled, docs/performance.md "k3-small in bf16"): backward x in, grad_x out,
+      // 2 P per token, P the widest conv (H K or HV K). The MoE layer, the RMSNorms,
+      // MLA's output gate, SiTU-GLU, AttnRes, the products and the loss have bf16 paths.
+      for (MixerKind kind : c.mixers)
+        if (kind == MixerKind::kda || kind == MixerKind::deltanet || kind == MixerKind::gated_deltanet) {
+          const int64_t P = std::max(c.kda.n_head, c.kda.value_heads()) * c.kda.head_dim;
+          s.cpu_widened = {fmt::format("short conv (causal_conv1d) backward: 2 x {} f32 values per token", P), 2 * P};
+          break;
+        }
       s.model = std::move(model);
       return s;
     };

@@ -15,7 +15,6 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/format.h"
-#include "nn/hybrid.h"
 #include "nn/model_family.h"
 #include "nn/parameters.h"
 #include "nn/pipeline_schedule.h"
@@ -59,7 +58,7 @@ struct ModelSummary {
   std::function<double(int64_t, int64_t)> selective_flops = [](int64_t, int64_t) { return 0.0; };
   std::string recompute_modules;  // train.recompute_modules
   std::function<int64_t(int64_t)> boundary;  // values per token entering layer l
-  CpuWidenedOp cpu_widened;  // bf16 on the CPU only (largest_cpu_widened_op); else none
+  CpuWidenedOp cpu_widened;  // bf16 on the CPU only (LedgerShapes::cpu_widened); else none
 };
 
 ModelSummary summarize(const Config& config) {
@@ -71,7 +70,6 @@ ModelSummary summarize(const Config& config) {
   m.grad_bucket_bytes = config.get_number("train.grad_bucket_mb") * 1048576.0;
   m.dtype = config.get_string("train.dtype");
   m.mixed_precision = m.dtype == "bf16";
-  if (m.mixed_precision && config.get_string("train.device") == "cpu") m.cpu_widened = largest_cpu_widened_op(config);
   m.recompute = config.get_bool("train.activation_checkpointing");
   m.param_bytes = m.dtype == "f64" ? 8 : 4;
   m.activation_bytes = m.mixed_precision ? 2 : m.param_bytes;
@@ -91,6 +89,7 @@ ModelSummary summarize(const Config& config) {
   m.activations = shapes.activations;
   m.boundary = shapes.boundary;
   m.selective_flops = shapes.selective_flops;
+  if (m.mixed_precision && config.get_string("train.device") == "cpu") m.cpu_widened = shapes.cpu_widened;
   m.recompute_modules = config.get_string("train.recompute_modules");  // empty unless the family recomputes selectively
   m.model = std::move(shapes.model);
   m.arch = m.model->arch();
@@ -525,40 +524,6 @@ nlohmann::json layout_json(const Ledger& l) {
 }
 
 }  // namespace
-
-CpuWidenedOp largest_cpu_widened_op(const Config& config) {
-  // The ops of a training step that still widen on the CPU, each with the f32 values
-  // per token of its widened bf16 tensors (inputs + outputs; f32 tensors pass as they
-  // are, parameter-sized copies left out); the largest is kept. What is counted (for the
-  // hybrid, a k3-small bf16 step's widened kernels as profiled, docs/performance.md
-  // "k3-small in bf16"; for GPT-2, read from its ops: the LayerNorms are larger than its
-  // other widened ops, dropout's 2 D and the position table's broadcast sum, ~D):
-  //  - gpt2: add_layer_norm (and layer_norm): forward x, d in, h, y out; backward grad_h,
-  //    grad_y, h in, grad_x out: 4 D;
-  //  - hybrid: the short conv of KDA / DeltaNet layers (causal_conv1d; its bf16 -> f32
-  //    cast fused, the output f32): backward x in, grad_x out: 2 P, P the widest conv
-  //    (H K or HV K).
-  // The MoE layer, the RMSNorms, MLA's output gate, SiTU-GLU, AttnRes, the products and
-  // the loss have bf16 paths of their own (docs/cuda.md "bf16 on the CPU").
-  CpuWidenedOp best;
-  auto consider = [&](std::string name, int64_t values) {
-    if (values > best.values_per_token) best = {std::move(name), values};
-  };
-  const std::string arch = config.get_string("model.arch");
-  if (arch == "gpt2") {
-    const int64_t D = config.get_int("model.d_model");
-    consider(fmt::format("add_layer_norm backward: 4 x {} f32 values per token", D), 4 * D);
-  } else if (arch == "hybrid") {
-    const HybridConfig hc = HybridConfig::from(config);
-    for (MixerKind kind : hc.mixers) {
-      if (kind == MixerKind::kda || kind == MixerKind::deltanet || kind == MixerKind::gated_deltanet) {
-        const int64_t P = std::max(hc.kda.n_head, hc.kda.value_heads()) * hc.kda.head_dim;
-        consider(fmt::format("short conv (causal_conv1d) backward: 2 x {} f32 values per token", P), 2 * P);
-      }
-    }
-  }
-  return best;
-}
 
 Ledger make_ledger(const Config& config, LedgerLayout layout, const ClusterAssumptions& cluster) {
   ModelSummary m = summarize(config);

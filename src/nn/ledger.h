@@ -19,17 +19,6 @@ namespace moetrain {
 
 class Config;
 
-// The largest op of a bf16 model on the CPU that still runs its kernel on f32 copies of
-// its bf16 tensors (ops/common/bf16_widen.h; docs/cuda.md "bf16 on the CPU" lists the
-// kernels with a bf16 path of their own): its name and the f32 values per token of
-// those copies (its bf16 inputs and outputs). {"", 0} when none of the ops counted
-// widens in this config. Read from the config alone (model.*), whatever train.device says.
-struct CpuWidenedOp {
-  std::string name;
-  int64_t values_per_token = 0;
-};
-CpuWidenedOp largest_cpu_widened_op(const Config& config);
-
 struct LedgerLayout {
   int64_t dp = 1;    // data-parallel replicas (of each pipeline stage)
   int64_t ep = 1;    // expert-parallel ranks (routed experts sharded over them)

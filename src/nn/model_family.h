@@ -46,6 +46,15 @@ struct ModelPlacement {
 };
 
 // What the ledger (nn/ledger.cpp) reads of a model built on shapes only.
+// The largest op of a bf16 model on the CPU that still runs its kernel on f32 copies of
+// its bf16 tensors (ops/common/bf16_widen.h; docs/cuda.md "bf16 on the CPU" lists the
+// kernels with a bf16 path of their own): its name and the f32 values per token of
+// those copies (its bf16 inputs and outputs). {"", 0} when none widens.
+struct CpuWidenedOp {
+  std::string name;
+  int64_t values_per_token = 0;
+};
+
 struct LedgerShapes {
   std::unique_ptr<LanguageModel> model;        // built without allocating
   const std::vector<ParamSpec>* specs = nullptr;  // model's parameters (points into `model`)
@@ -59,6 +68,7 @@ struct LedgerShapes {
   std::function<int64_t(const std::string&)> layer_of;      // a parameter's layer (-1 before, n_layer after)
   // Forward FLOPs per token that train.recompute_modules runs again, over layers [first, end).
   std::function<double(int64_t, int64_t)> selective_flops = [](int64_t, int64_t) { return 0.0; };
+  CpuWidenedOp cpu_widened;  // what a bf16 step on the CPU still widens (the ledger counts it there)
 };
 
 struct ModelFamily {
