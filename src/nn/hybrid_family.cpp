@@ -43,15 +43,16 @@ const ModelFamily& hybrid_family() {
       s.n_layer = c.n_layer();
       s.d_model = c.d_model;
       for (int64_t l = 0; l < s.n_layer; ++l) s.moe_layer.push_back(c.is_moe_layer(l));
-      // bf16 on the CPU: the short conv of KDA / DeltaNet layers (causal_conv1d, its
-      // bf16 -> f32 cast fused, its output f32) is the largest op still widening
-      // (profiled, docs/performance.md "k3-small in bf16"): backward x in, grad_x out,
-      // 2 P per token, P the widest conv (H K or HV K). The MoE layer, the RMSNorms,
-      // MLA's output gate, SiTU-GLU, AttnRes, the products and the loss have bf16 paths.
+      // bf16 on the CPU: the largest op a step still widens (docs/performance.md, "k3-small
+      // in bf16") is MLA's backward of its shared rope key's broadcast over the heads
+      // (sum_to: grad [H, dr] in, [dr] out per token: (H + 1) dr f32 values); the
+      // short conv, the norms, the MoE layer, SiTU-GLU, AttnRes, the products and the
+      // loss have bf16 paths. Without MLA layers nothing is counted.
       for (MixerKind kind : c.mixers)
-        if (kind == MixerKind::kda || kind == MixerKind::deltanet || kind == MixerKind::gated_deltanet) {
-          const int64_t P = std::max(c.kda.n_head, c.kda.value_heads()) * c.kda.head_dim;
-          s.cpu_widened = {fmt::format("short conv (causal_conv1d) backward: 2 x {} f32 values per token", P), 2 * P};
+        if (kind == MixerKind::mla) {
+          const int64_t H = c.mla.n_head, dr = c.mla.qk_rope_head_dim;
+          s.cpu_widened = {fmt::format("sum_to (MLA's shared rope key, backward): ({} + 1) x {} f32 values per token", H, dr),
+                           (H + 1) * dr};
           break;
         }
       s.model = std::move(model);

@@ -42,6 +42,7 @@ constexpr bool cpu_bf16_native(std::string_view kernel) {
   constexpr std::string_view kNative[] = {
       "moe_gather_forward", "moe_gather_backward",  // moe_plan_cpu.cpp
       "causal_conv1d_forward", "causal_conv1d_backward",  // conv_cpu.cpp
+      "broadcast_copy",                                    // elementwise_cpu.cpp (a copy)
       "matmul_forward",          "linear_forward", "linear_backward", "gelu_input_backward", "grouped_linear_forward",
       "grouped_linear_backward", "permute_copy",   "copy_into_mid",   "copy_from_mid",       "index_select_forward",
       "cross_entropy_forward",   "cross_entropy_backward", "binary_forward",  "situ_glu_forward",    "situ_glu_backward",

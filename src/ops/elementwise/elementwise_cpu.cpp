@@ -329,6 +329,11 @@ void sum_to(Tensor& out, const Tensor& t) {
 }
 
 void broadcast_copy(Tensor& out, const Tensor& x) {
+  if (x.dtype() == DType::bf16) {  // a copy: bf16 values as they are (bf16_widen.h lists it as native)
+    binary_loop([](bf16 l, bf16) { return l; }, out.data<bf16>(), out.shape(), x.data<bf16>(), x.shape(),
+                x.data<bf16>(), x.shape());
+    return;
+  }
   dispatch_float(x.dtype(), "broadcast_to", [&](auto tag) {
     using T = decltype(tag);
     // x op x with x broadcast on both sides: returns the left operand.
