@@ -13,9 +13,7 @@
 //  - the same bits at 1 and 2 threads.
 #include <catch2/catch.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <vector>
 
 #include "backend/cpu/parallel.h"
@@ -349,89 +347,4 @@ TEST_CASE("bf16 cpu rows moe: the same bits at 1 and 2 threads", "[ops][bf16]") 
                       {one.combine.grad_weights, two.combine.grad_weights}, {one.gathered, two.gathered},
                       {one.gate.y, two.gate.y}, {one.gate.dx, two.gate.dx}, {one.gate.dz, two.gate.dz}})
     CHECK(rows_moe_same(a, b));
-}
-
-namespace {
-// Median wall milliseconds of fn over reps runs (after one warm-up run).
-template <class F>
-double rows_moe_median_ms(int reps, F&& fn) {
-  fn();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-}  // namespace
-
-// Not a check: the row-wise kernels against the widening route (widen_bf16 of every bf16
-// argument, the f32 kernel, round_into_bf16 of every bf16 output: what cpu::run_kernel
-// did for them) at k3-small's shapes (B 4, T 256: N 1024 tokens, D 256, 64 experts top-8
-// in a latent width of 128), in the same run. build/moetrain_tests "[.bf16-rows-bench]"
-TEST_CASE("bf16 cpu rows moe: row-wise kernels against the widening route at k3-small's shapes",
-          "[.bf16-rows-bench]") {
-  const int reps = 21;
-  const int64_t N = 1024, D = 256, L = 128, k = 8;
-  auto report = [](const char* what, double before, double after) {
-    std::printf("%-44s widened %8.3f ms  row-wise %8.3f ms  %5.2fx\n", what, before, after, before / after);
-  };
-  {  // add_rms_norm [N, D] forward + backward (every layer)
-    const Tensor x = rows_moe_rnd({N, D}, 1), d = rows_moe_rnd({N, D}, 2), w = rows_moe_rnd({D}, 3);
-    const Tensor gh = rows_moe_rnd({N, D}, 4), gy = rows_moe_rnd({N, D}, 5);
-    const double before = rows_moe_median_ms(reps, [&] {
-      AddNormRun r = add_norm_run(rows_moe_wide(x), rows_moe_wide(d), rows_moe_wide(w), rows_moe_wide(gh),
-                                  rows_moe_wide(gy), 1.0 / D);
-      for (Tensor* t : {&r.h, &r.y, &r.dx, &r.dw}) *t = rows_moe_round(*t);
-    });
-    const double after = rows_moe_median_ms(reps, [&] { add_norm_run(x, d, w, gh, gy, 1.0 / D); });
-    report("add_rms_norm [1024, 256] fwd+bwd", before, after);
-  }
-  {  // rms_norm [N, L] forward + backward (the latent norm; MLA's q/kv norms are alike)
-    const Tensor x = rows_moe_rnd({N, L}, 6), w = rows_moe_rnd({L}, 7), dy = rows_moe_rnd({N, L}, 8);
-    const double before = rows_moe_median_ms(reps, [&] {
-      NormRun r = norm_run(rows_moe_wide(x), rows_moe_wide(w), Tensor(), rows_moe_wide(dy), 1.0 / L);
-      for (Tensor* t : {&r.y, &r.dx, &r.dw}) *t = rows_moe_round(*t);
-    });
-    const double after = rows_moe_median_ms(reps, [&] { norm_run(x, w, Tensor(), dy, 1.0 / L); });
-    report("rms_norm [1024, 128] fwd+bwd", before, after);
-  }
-  {  // moe_combine: N k rows of width L into N tokens, forward + backward
-    CombineCase c;
-    c.N = N, c.k = k, c.W = L, c.M = N * k;
-    std::vector<double> idx(static_cast<size_t>(N * k));
-    for (int64_t i = 0; i < N * k; ++i) idx[static_cast<size_t>(i)] = static_cast<double>((i * 4099) % (N * k));
-    c.slot_rows = from_vector(idx, {N * k}, DType::i64);
-    const Tensor rows = rows_moe_rnd({c.M, L}, 9), weights = rows_moe_rnd({N, k}, 10), dy = rows_moe_rnd({N, L}, 11);
-    const double before = rows_moe_median_ms(reps, [&] {
-      CombineRun r = combine_run(c, rows_moe_wide(rows), rows_moe_wide(weights), rows_moe_wide(dy),
-                                 cpu::widen_bf16(empty({c.M, L}, DType::bf16)));
-      for (Tensor* t : {&r.y, &r.grad_rows, &r.grad_weights}) *t = rows_moe_round(*t);
-    });
-    const double after =
-        rows_moe_median_ms(reps, [&] { combine_run(c, rows, weights, dy, empty({c.M, L}, DType::bf16)); });
-    report("moe_combine [8192, 128] -> [1024, 128] fwd+bwd", before, after);
-  }
-  {  // index_select's backward: the dispatch's gather of z [N, L] by N k rows
-    std::vector<int64_t> idx;
-    for (int64_t i = 0; i < N * k; ++i) idx.push_back((i * 4099) % (N * k) / k);
-    const Tensor index = index_of(idx), g = rows_moe_rnd({N * k, L}, 12);
-    const double before = rows_moe_median_ms(reps, [&] {
-      rows_moe_round(index_backward_run(cpu::widen_bf16(zeros({N, L}, DType::bf16)), rows_moe_wide(g), index, 1, L));
-    });
-    const double after =
-        rows_moe_median_ms(reps, [&] { index_backward_run(zeros({N, L}, DType::bf16), g, index, 1, L); });
-    report("index_select backward [8192, 128] -> [1024, 128]", before, after);
-  }
-  {  // MLA's output gate: o [N, H v] = [1024, 256] (4 heads x 64), forward + backward
-    const Tensor x = rows_moe_rnd({N, 256}, 13), z = rows_moe_rnd({N, 256}, 14), dy = rows_moe_rnd({N, 256}, 15);
-    const double before = rows_moe_median_ms(reps, [&] {
-      GateRun r = gate_run(rows_moe_wide(x), rows_moe_wide(z), rows_moe_wide(dy), 0);
-      for (Tensor* t : {&r.y, &r.dx, &r.dz}) *t = rows_moe_round(*t);
-    });
-    const double after = rows_moe_median_ms(reps, [&] { gate_run(x, z, dy, 0); });
-    report("sigmoid_gate [1024, 256] fwd+bwd", before, after);
-  }
 }

@@ -214,7 +214,7 @@ void gg_check_case(const GgCase& c, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("grouped_gemm_tc: the column-major A map gives ldmatrix.trans and mma the tile's elements", "[moe][simt]") {
+TEST_CASE("grouped_gemm_tc: the column-major A map gives ldmatrix.trans and mma the tile's elements", "[ops][moe][simt]") {
   // tc_ldsm_at fed to HostMma's ldmatrix(.trans) and mma models (PTX's fragment
   // tables) must give D = A B for A stored transposed (At[k][i] = A(i, k)), as
   // tc_ldsm_a does for A stored as is. Small integers: exact in any order.
@@ -256,7 +256,7 @@ TEST_CASE("grouped_gemm_tc: the column-major A map gives ldmatrix.trans and mma 
 }
 
 TEST_CASE("grouped_gemm_tc: host bodies match float64 and the CPU kernels; padding and empty experts are zero",
-          "[moe][simt]") {
+          "[ops][moe][simt]") {
   // Counts with 0 rows, 1 row, multiples of 64 and not; padding after the experts;
   // in/out multiples of 16 (16-byte copies), of 8 but not 16, and odd (element staging).
   const std::vector<GgCase> cases = {
@@ -281,7 +281,7 @@ TEST_CASE("grouped_gemm_tc: host bodies match float64 and the CPU kernels; paddi
   gg_check_case({many, 3, 16, 16}, 9);
 }
 
-TEST_CASE("grouped_gemm_tc: the tile search gives every expert row and padding row to one slot", "[moe][simt]") {
+TEST_CASE("grouped_gemm_tc: the tile search gives every expert row and padding row to one slot", "[ops][moe][simt]") {
   // E up to 896 (more experts than threads: 7 a thread), counts including 0.
   for (int64_t E : {1, 3, 8, 64, 127, 128, 129, 896}) {
     std::vector<int64_t> offsets{0};
@@ -319,12 +319,12 @@ TEST_CASE("grouped_gemm_tc: the tile search gives every expert row and padding r
   }
 }
 
-TEST_CASE("grouped_gemm_tc: host bodies give the same bits in every thread order", "[moe][simt]") {
+TEST_CASE("grouped_gemm_tc: host bodies give the same bits in every thread order", "[ops][moe][simt]") {
   const GgData d = gg_data({{3, 0, 70, 64}, 9, 40, 24}, 5);
   testing::run_in_all_orders([&](HostOrder order) { return gg_run_host(d, order); });
 }
 
-TEST_CASE("grouped_gemm_tc: CUDA entry points match the CPU kernels, offsets on the device", "[moe][cuda]") {
+TEST_CASE("grouped_gemm_tc: CUDA entry points match the CPU kernels, offsets on the device", "[ops][moe][cuda]") {
   if (!testing::gpu_available()) return;
   for (const GgCase& c : {GgCase{{64, 0, 17, 1, 128, 65, 0, 3}, 40, 80, 48}, GgCase{{5, 0, 70}, 3, 21, 37},
                           GgCase{{0, 0}, 0, 16, 16}}) {
@@ -426,7 +426,7 @@ GgBankWays gg_layout_ways(int ld, int ld_c) {
 }  // namespace
 
 TEST_CASE("grouped_gemm_tc: shared-memory accesses are free of bank conflicts; unpadded rows are not",
-          "[moe][simt][banks]") {
+          "[ops][moe][simt][banks]") {
   using Smem = simt::GgSmem<bf16>;
   const GgBankWays g = gg_layout_ways(Smem::ld, Smem::ld_c);
   CHECK(g.ldsm_a == 1);
