@@ -89,6 +89,20 @@ void onednn_touch(OnednnSlot& slot) {
   }
 }
 
+// A, B and C of s (batch strides ignored for one product); with `runtime`, the
+// primitive's view: m and k as runtime dimensions where s says so.
+struct OnednnDescs {
+  dnnl::memory::desc a, b, c;
+};
+OnednnDescs onednn_descs(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool runtime) {
+  const int64_t sa = s.batch == 1 ? 0 : s.stride_a, sb = s.batch == 1 ? 0 : s.stride_b;
+  const int64_t sc = s.batch == 1 ? 0 : s.stride_c;
+  const int64_t m = runtime && s.runtime_m ? DNNL_RUNTIME_DIM_VAL : s.m;
+  const int64_t k = runtime && s.runtime_k ? DNNL_RUNTIME_DIM_VAL : s.k;
+  return {onednn_matrix(ab, s.batch, sa, m, k, s.lda, s.trans_a), onednn_matrix(ab, s.batch, sb, k, s.n, s.ldb, s.trans_b),
+          onednn_matrix(ct, s.batch, sc, m, s.n, s.ldc, false)};
+}
+
 OnednnKey onednn_key(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool accumulate) {
   const int64_t sa = s.batch == 1 ? 0 : s.stride_a, sb = s.batch == 1 ? 0 : s.stride_b;
   const int64_t sc = s.batch == 1 ? 0 : s.stride_c;
@@ -110,8 +124,6 @@ OnednnKey onednn_key(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool accu
 }
 
 std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn_dt ab, onednn_dt ct, bool accumulate) {
-  const int64_t sa = s.batch == 1 ? 0 : s.stride_a, sb = s.batch == 1 ? 0 : s.stride_b;
-  const int64_t sc = s.batch == 1 ? 0 : s.stride_c;
   const OnednnKey key = onednn_key(s, ab, ct, accumulate);
   std::lock_guard<std::mutex> lock(onednn_mutex);
   if (auto it = onednn_cache.find(key); it != onednn_cache.end()) {
@@ -119,10 +131,8 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn
     return it->second.entry;
   }
   auto e = std::make_shared<OnednnEntry>();
-  const int64_t m = s.runtime_m ? DNNL_RUNTIME_DIM_VAL : s.m, k = s.runtime_k ? DNNL_RUNTIME_DIM_VAL : s.k;
-  e->a = onednn_matrix(ab, s.batch, sa, m, k, s.lda, s.trans_a);
-  e->b = onednn_matrix(ab, s.batch, sb, k, s.n, s.ldb, s.trans_b);
-  e->c = onednn_matrix(ct, s.batch, sc, m, s.n, s.ldc, false);
+  const OnednnDescs d = onednn_descs(s, ab, ct, /*runtime=*/true);
+  e->a = d.a, e->b = d.b, e->c = d.c;
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (accumulate) {
@@ -225,13 +235,9 @@ void matmul(const MatmulShape& s, DType ab, const void* a, const void* b, DType 
   const size_t scratch_bytes = e->scratch.get_size();
   if (scratch_buf.size() < scratch_bytes) scratch_buf.resize(scratch_bytes);
   // Runtime dims: the memory objects take this call's sizes.
-  const bool runtime = s.runtime_m || s.runtime_k;
-  const int64_t sa = s.batch == 1 ? 0 : s.stride_a, sb = s.batch == 1 ? 0 : s.stride_b;
-  const int64_t sc = s.batch == 1 ? 0 : s.stride_c;
-  const dnnl::memory::desc da = runtime ? onednn_matrix(tab, s.batch, sa, s.m, s.k, s.lda, s.trans_a) : e->a;
-  const dnnl::memory::desc db = runtime ? onednn_matrix(tab, s.batch, sb, s.k, s.n, s.ldb, s.trans_b) : e->b;
-  const dnnl::memory::desc dc = runtime ? onednn_matrix(tc, s.batch, sc, s.m, s.n, s.ldc, false) : e->c;
-  dnnl::memory ma(da, eng, const_cast<void*>(a)), mb(db, eng, const_cast<void*>(b)), mc(dc, eng, c);
+  const OnednnDescs d =
+      s.runtime_m || s.runtime_k ? onednn_descs(s, tab, tc, /*runtime=*/false) : OnednnDescs{e->a, e->b, e->c};
+  dnnl::memory ma(d.a, eng, const_cast<void*>(a)), mb(d.b, eng, const_cast<void*>(b)), mc(d.c, eng, c);
   dnnl::memory ms(e->scratch, eng, scratch_bytes ? scratch_buf.data() : nullptr);
   e->prim.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
   stream.wait();
