@@ -191,7 +191,11 @@ Tensor MoeLayer::local_experts(const Tensor& z, const Tensor& ids, const Tensor&
     const Tensor counts = plan.counts.to(DType::f64);
     stats_.pending = stats_.pending.defined() ? add(stats_.pending, counts) : counts;
   }
-  const Tensor out = experts_forward(moe_gather(z, plan), plan.offsets);
+  const Tensor rows = moe_gather(z, plan);
+  // The three expert products read the offsets where they are, or on the host, read
+  // there once (a wait on a GPU: f32 experts).
+  const Tensor offsets = grouped_linear_offsets_on_device(rows, w1) ? plan.offsets : plan.offsets.to(kCpu);
+  const Tensor out = experts_forward(rows, offsets);
   // The f32 routing weights meet bf16 expert outputs in their dtype (mixed precision).
   return moe_combine(out, plan, weights.to(out.dtype()));  // [N, W]
 }

@@ -99,6 +99,10 @@ Tensor moe_combine(const Tensor& rows, const std::vector<int64_t>& slot_rows, co
   return combine_rows(rows, from_span<int64_t>(slot_rows, {N * k}).to(rows.device()), weights, num_named == M);
 }
 
+bool grouped_linear_offsets_on_device(const Tensor& x, const Tensor& w) {
+  return x.is_cuda() && x.dtype() == DType::bf16 && w.dtype() == DType::bf16 && device_offsets_gemm();
+}
+
 void set_grouped_gemm_tensor_cores(bool on) { grouped_tensor_cores().store(on, std::memory_order_relaxed); }
 
 ExpertRows plan_expert_rows(const Tensor& ids, int64_t num_experts, int64_t capacity) {
@@ -147,10 +151,12 @@ Tensor grouped_linear(const Tensor& x, const Tensor& w, const Tensor& offsets) {
   check_rank("grouped_linear", "x", x, 2);
   check_rank("grouped_linear", "w", w, 3);
   const int64_t E = w.size(0), M = x.size(0);
-  MT_CHECK(offsets.dtype() == DType::i64 && offsets.shape() == Shape{E + 1} && offsets.device() == x.device(),
+  const bool on_device = grouped_linear_offsets_on_device(x, w);
+  MT_CHECK(offsets.dtype() == DType::i64 && offsets.shape() == Shape{E + 1} &&
+               (offsets.device() == x.device() || (!on_device && !offsets.is_cuda())),
            "grouped_linear: offsets {} ({}, on {}) must be i64 [{}] on {} (w {}: E = {})", offsets.shape(),
-           offsets.dtype(), offsets.device(), E + 1, x.device(), w.shape(), E);
-  if (x.is_cuda() && x.dtype() == DType::bf16 && w.dtype() == DType::bf16 && device_offsets_gemm()) {
+           offsets.dtype(), offsets.device(), E + 1, on_device ? x.device() : kCpu, w.shape(), E);
+  if (on_device) {
     // Tensor cores reading the offsets on the device (grouped_gemm_tc.h): no wait.
     Tensor xc = x.contiguous(), wc = w.contiguous();
     Tensor y = empty({M, w.size(1)}, x.dtype(), x.device());
@@ -161,7 +167,7 @@ Tensor grouped_linear(const Tensor& x, const Tensor& w, const Tensor& offsets) {
       return Grads{dx, dw};
     });
   }
-  // The offsets on the host: free on the CPU, a wait on a GPU.
+  // The offsets on the host: free on the CPU, a wait on a GPU when they are there.
   Tensor host = offsets.to(kCpu);
   const int64_t* o = host.data<int64_t>();
   std::vector<int64_t> counts(static_cast<size_t>(E));

@@ -48,11 +48,14 @@ ExpertRows plan_expert_rows(const Tensor& ids, int64_t num_experts, int64_t capa
 // its kept slots' row gradients, in row order (index_select's order and bits).
 Tensor moe_gather(const Tensor& z, const ExpertRows& plan);
 
-// grouped_linear with the row ranges of `offsets` (ExpertRows::offsets, on x's
-// device): rows from offsets[E] on are padding, their outputs and gradients zero.
-// bf16 on a GPU reads the offsets there; elsewhere they are read on the host (a
-// wait on a GPU: f32 and f64 runs, the accuracy reference).
+// grouped_linear with the row ranges of `offsets` (ExpertRows::offsets): rows from
+// offsets[E] on are padding, their outputs and gradients zero. bf16 on a GPU reads
+// the offsets there (grouped_linear_offsets_on_device); elsewhere they are read on
+// the host: pass them there once (offsets.to(kCpu), a wait on a GPU: f32 and f64
+// runs, the accuracy reference) rather than once per product.
 Tensor grouped_linear(const Tensor& x, const Tensor& w, const Tensor& offsets);
+// Whether grouped_linear on offsets reads them on x's device (the tensor-core path).
+bool grouped_linear_offsets_on_device(const Tensor& x, const Tensor& w);
 // bf16 on a GPU: the tensor-core kernels (the default), or false: the offsets read
 // on the host and cuBLAS's grouped GEMM (a comparison, a fallback). The
 // environment's MOETRAIN_GROUPED_GEMM=cublas sets false at the first use.
