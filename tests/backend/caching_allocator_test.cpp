@@ -153,3 +153,88 @@ TEST_CASE("caching allocator: releasing a pointer it never gave out is an intern
   int x = 0;
   CHECK_THROWS_WITH(alloc.release(&x), Catch::Contains("not a live block"));
 }
+
+TEST_CASE("caching allocator: a graph's pool keeps its blocks from every allocation outside it",
+          "[backend][cuda_allocator]") {
+  FakeDevice dev(64 * kMiB);
+  CachingAllocator alloc(dev, "fake:0");
+  void* shared = alloc.allocate(4096, "other");
+  alloc.release(shared);  // a shared cached block of class 4096
+
+  const int pool = alloc.begin_pool();
+  CHECK(pool > 0);
+  void* in1 = alloc.allocate(4096, "moe");  // the shared cache's block moves into the pool
+  CHECK(in1 == shared);
+  void* in2 = alloc.allocate(2 * kMiB, "attention");  // from the device
+  alloc.release(in2);                               // waits in the pool ...
+  void* in3 = alloc.allocate(2 * kMiB, "attention");  // ... and serves the capture again
+  CHECK(in3 == in2);
+  alloc.release(in3);
+  CHECK_THROWS_WITH(alloc.begin_pool(), Catch::Contains("begin_pool"));  // no nesting
+  alloc.end_pool();
+  CHECK(alloc.pool_bytes(pool) == 4096 + 2 * kMiB);
+
+  // Outside the pool: a request of a pool block's class goes to the device, not to
+  // the block the graph writes; a released pool block returns to the pool.
+  const int allocs_before = dev.allocs;
+  void* out = alloc.allocate(2 * kMiB, "other");
+  CHECK(out != in2);
+  CHECK(dev.allocs == allocs_before + 1);
+  alloc.release(in1);  // the graph's output released by its host handle
+  void* out2 = alloc.allocate(4096, "other");
+  CHECK(out2 != in1);
+  CHECK(alloc.pool_bytes(pool) == 4096 + 2 * kMiB);
+  // Emptying the cache leaves the pool alone.
+  alloc.release(out);
+  alloc.release(out2);
+  alloc.empty_cache();
+  CHECK(alloc.pool_bytes(pool) == 4096 + 2 * kMiB);
+  CHECK(alloc.stats().reserved_bytes == 4096 + 2 * kMiB);
+
+  // A second capture gets a pool of its own.
+  const int pool2 = alloc.begin_pool();
+  CHECK(pool2 != pool);
+  void* other_graph = alloc.allocate(2 * kMiB, "moe");
+  CHECK(other_graph != in2);
+  alloc.end_pool();
+  alloc.release(other_graph);
+
+  // The graph gone, its blocks are shared again.
+  alloc.release_pool(pool);
+  CHECK(alloc.pool_bytes(pool) == 0);
+  CHECK(alloc.allocate(2 * kMiB, "other") == in2);
+  alloc.release(in2);
+  alloc.release_pool(pool2);
+  alloc.empty_cache();
+  CHECK(dev.used() == 0);
+}
+
+TEST_CASE("caching allocator: a pool's live block released after the pool is gone is shared",
+          "[backend][cuda_allocator]") {
+  FakeDevice dev(16 * kMiB);
+  {
+    CachingAllocator alloc(dev, "fake:0");
+    const int pool = alloc.begin_pool();
+    void* held = alloc.allocate(1000, "moe");  // a graph output still held when the graph goes
+    void* cached = alloc.allocate(3000, "moe");
+    alloc.release(cached);
+    alloc.end_pool();
+    alloc.release_pool(pool);
+    alloc.release(held);
+    CHECK(alloc.allocate(1000, "other") == held);
+    CHECK(alloc.allocate(3000, "other") == cached);
+    alloc.release(held);
+    alloc.release(cached);
+    // While a pool is current, a refused request does not empty the cache (cudaFree
+    // would end the capture): out of memory instead.
+    void* big = alloc.allocate(10 * kMiB, "other");
+    alloc.release(big);
+    alloc.begin_pool();
+    CHECK_THROWS_AS(alloc.allocate(12 * kMiB, "moe"), OutOfMemoryError);
+    CHECK(alloc.stats().num_alloc_retries == 0);
+    alloc.end_pool();
+    void* pooled = alloc.allocate(12 * kMiB, "moe");  // outside: the retry frees the cached 10 MiB
+    CHECK(alloc.stats().num_alloc_retries == 1);
+    alloc.release(pooled);
+  }  // the destructor returns every cached block, pools' included (FakeDevice checks)
+}

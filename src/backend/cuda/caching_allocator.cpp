@@ -23,19 +23,29 @@ int64_t CachingAllocator::size_class(int64_t nbytes) {
 
 CachingAllocator::CachingAllocator(RawMemory& raw, std::string device) : raw_(raw), device_(std::move(device)) {}
 
-CachingAllocator::~CachingAllocator() { empty_cache(); }
+CachingAllocator::~CachingAllocator() {
+  current_pool_ = 0;
+  for (auto& [id, blocks] : pool_free_) free_.insert(blocks.begin(), blocks.end());
+  pool_free_.clear();
+  empty_cache();
+}
 
 void* CachingAllocator::allocate(int64_t nbytes, const char* label) {
   MT_ASSERT(nbytes > 0, "allocate of {} bytes on {}", nbytes, device_);
   int64_t rounded = size_class(nbytes);
   void* ptr = nullptr;
-  if (auto it = free_.find(rounded); it != free_.end()) {
+  auto take = [&](std::multimap<int64_t, void*>& from) {
+    auto it = from.find(rounded);
+    if (it == from.end()) return false;
     ptr = it->second;
-    free_.erase(it);
+    from.erase(it);
     ++stats_.num_cache_hits;
-  } else {
+    return true;
+  };
+  // A pool's own free blocks first, then the shared cache, then the device.
+  if (!(current_pool_ && take(pool_free_[current_pool_])) && !take(free_)) {
     ptr = raw_.allocate(rounded);
-    if (!ptr && !free_.empty()) {
+    if (!ptr && !free_.empty() && !current_pool_) {
       // Cached blocks of other classes may be what the device lacks.
       ++stats_.num_alloc_retries;
       empty_cache();
@@ -49,7 +59,7 @@ void* CachingAllocator::allocate(int64_t nbytes, const char* label) {
     stats_.reserved_bytes += rounded;
     stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
   }
-  live_.emplace(ptr, Block{rounded, nbytes, label ? label : "other"});
+  live_.emplace(ptr, Block{rounded, nbytes, label ? label : "other", current_pool_});
   ++stats_.num_allocs;
   stats_.allocated_bytes += rounded;
   stats_.requested_bytes += nbytes;
@@ -62,11 +72,41 @@ void CachingAllocator::release(void* ptr) {
   MT_ASSERT(it != live_.end(), "release of {} on {}: not a live block of this allocator", ptr, device_);
   stats_.allocated_bytes -= it->second.size;
   stats_.requested_bytes -= it->second.requested;
-  free_.emplace(it->second.size, ptr);
+  const int pool = it->second.pool;
+  (pool ? pool_free_[pool] : free_).emplace(it->second.size, ptr);
   live_.erase(it);
 }
 
+int CachingAllocator::begin_pool() {
+  MT_ASSERT(!current_pool_, "begin_pool on {} while pool {} is current", device_, current_pool_);
+  current_pool_ = next_pool_++;
+  pool_free_[current_pool_];
+  return current_pool_;
+}
+
+void CachingAllocator::end_pool() { current_pool_ = 0; }
+
+void CachingAllocator::release_pool(int id) {
+  MT_ASSERT(id > 0 && id != current_pool_, "release_pool({}) on {} (current pool {})", id, device_, current_pool_);
+  if (auto it = pool_free_.find(id); it != pool_free_.end()) {
+    free_.insert(it->second.begin(), it->second.end());
+    pool_free_.erase(it);
+  }
+  for (auto& [ptr, block] : live_)
+    if (block.pool == id) block.pool = 0;
+}
+
+int64_t CachingAllocator::pool_bytes(int id) const {
+  int64_t bytes = 0;
+  if (auto it = pool_free_.find(id); it != pool_free_.end())
+    for (const auto& [size, ptr] : it->second) bytes += size;
+  for (const auto& [ptr, block] : live_)
+    if (block.pool == id) bytes += block.size;
+  return bytes;
+}
+
 void CachingAllocator::empty_cache() {
+  if (current_pool_) return;  // a capture is under way: cudaFree would end it
   for (auto& [size, ptr] : free_) {
     raw_.release(ptr);
     stats_.reserved_bytes -= size;

@@ -13,6 +13,15 @@
 // cached) and the largest holders by label (the profile region that allocated,
 // e.g. "moe", "attention", "optimizer").
 //
+// Private pools, for CUDA graphs (backend/cuda/graph.h): a replay writes the same
+// blocks the capture was given, so those blocks must never go to anyone else while
+// the graph lives. Between begin_pool() and end_pool() allocations belong to the new
+// pool (taken from its own free blocks, else the shared cache, else the device);
+// a pool's block, when released, waits in the pool, never handed to an allocation
+// outside it; release_pool() gives the pool's free blocks to the shared cache, and
+// its live ones become shared blocks. empty_cache() leaves pools alone, and no
+// cache is emptied while a pool is current (cudaFree would end a capture).
+//
 // This file is plain C++ over a RawMemory interface (cudaMalloc in runtime.cpp,
 // a fake in the tests), so its logic is tested on machines without a GPU.
 // Not thread-safe by itself: runtime.cpp holds a mutex around each call.
@@ -55,7 +64,7 @@ class CachingAllocator {
  public:
   // `device` names the device in errors ("cuda:0").
   CachingAllocator(RawMemory& raw, std::string device);
-  ~CachingAllocator();  // returns cached blocks; live blocks are the owners' to free
+  ~CachingAllocator();  // returns cached blocks (pools' too); live blocks are the owners' to free
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
@@ -66,6 +75,13 @@ class CachingAllocator {
   void release(void* ptr);
   // Cached blocks go back to the device.
   void empty_cache();
+
+  // A new pool (id > 0), current until end_pool().
+  int begin_pool();
+  void end_pool();
+  void release_pool(int id);
+  // Bytes of the pool's blocks, live and free.
+  int64_t pool_bytes(int id) const;
 
   MemoryStats stats() const { return stats_; }
   // Live bytes by label, largest first.
@@ -78,12 +94,16 @@ class CachingAllocator {
     int64_t size;       // its class
     int64_t requested;
     const char* label;
+    int pool;  // 0: shared
   };
   std::string out_of_memory_message(int64_t nbytes, int64_t rounded);
 
   RawMemory& raw_;
   std::string device_;
-  std::multimap<int64_t, void*> free_;        // class -> cached block
+  std::multimap<int64_t, void*> free_;        // class -> cached block (shared)
+  std::map<int, std::multimap<int64_t, void*>> pool_free_;  // pool -> its free blocks
+  int current_pool_ = 0;
+  int next_pool_ = 1;
   std::unordered_map<void*, Block> live_;
   MemoryStats stats_;
 };

@@ -12,10 +12,13 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/graph.h"
 #include "backend/cuda/launch_check.h"
 #include "backend/cuda/pending_copy.h"
 #include "backend/cuda/staging_ring.h"
 #include "core/error.h"
+#include "core/graph_capture.h"
+#include "core/launch_count.h"
 #include "core/profile.h"
 
 namespace moetrain::cuda {
@@ -200,7 +203,10 @@ DeviceState& state(int device) {
 
 CUstream_st* stream(int device) { return state(device).stream; }
 
-void synchronize(int device) { MT_CUDA_CHECK(cudaStreamSynchronize(state(device).stream)); }
+void synchronize(int device) {
+  graph::refuse_if_capturing("a wait for the GPU");
+  MT_CUDA_CHECK(cudaStreamSynchronize(state(device).stream));
+}
 
 void* device_malloc(int64_t nbytes, int device) {
   DeviceState& s = state(device);
@@ -224,6 +230,7 @@ MemoryStats memory_stats(int device) {
 }
 
 void empty_cache(int device) {
+  graph::refuse_if_capturing("emptying the CUDA memory cache");
   DeviceState& s = state(device);
   std::lock_guard lock(s.mutex);
   MT_CUDA_CHECK(cudaStreamSynchronize(s.stream));  // cached blocks may still be in use by queued work
@@ -232,6 +239,7 @@ void empty_cache(int device) {
 
 void copy_host_to_device(void* dst, const void* src, int64_t nbytes, int device) {
   if (nbytes <= 0) return;
+  graph::refuse_if_capturing("a copy from the host to the GPU");
   DeviceState& ds = state(device);
   cudaStream_t st = ds.stream;
   Staging& s = ds.staging;
@@ -271,6 +279,7 @@ void copy_host_to_device(void* dst, const void* src, int64_t nbytes, int device)
 
 PendingCopy::PendingCopy(const void* src, int64_t nbytes, int device) : device_(device) {
   MT_CHECK(nbytes > 0, "PendingCopy: {} bytes", nbytes);
+  graph::refuse_if_capturing("a copy from the GPU to the host");
   DeviceState& ds = state(device);
   Staging& s = ds.staging;
   {
@@ -330,6 +339,7 @@ PendingCopy::~PendingCopy() {
 }
 
 void copy_device_to_host(void* dst, const void* src, int64_t nbytes, int device) {
+  graph::refuse_if_capturing("a copy from the GPU to the host");
   cudaStream_t st = state(device).stream;
   MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDeviceToHost, st));
   MT_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -342,6 +352,80 @@ void copy_device_to_device(void* dst, const void* src, int64_t nbytes, int devic
 
 void memset_zero(void* dst, int64_t nbytes, int device) {
   MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<size_t>(nbytes), state(device).stream));
+}
+
+Graph::Graph(int device, const std::function<void()>& body) : device_(device) {
+  DeviceState& s = state(device);
+  {
+    std::lock_guard lock(s.mutex);
+    pool_ = s.allocator.begin_pool();
+  }
+  std::string refused;
+  cudaGraph_t g = nullptr;
+  {
+    graph::CaptureScope scope;
+    // Relaxed: the allocator may call cudaMalloc for the pool while capturing.
+    cudaError_t begun = cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeRelaxed);
+    if (begun == cudaSuccess) {
+      try {
+        body();
+      } catch (const std::exception& e) {
+        refused = e.what();
+      }
+      const cudaError_t ended = cudaStreamEndCapture(s.stream, &g);
+      if (refused.empty() && ended != cudaSuccess)
+        refused = fmt::format("CUDA ended the capture: {} ({})", cudaGetErrorName(ended), cudaGetErrorString(ended));
+    } else {
+      refused = fmt::format("CUDA refused to begin a capture: {}", cudaGetErrorName(begun));
+    }
+    hooks_ = scope.take();
+  }
+  {
+    std::lock_guard lock(s.mutex);
+    s.allocator.end_pool();
+  }
+  cudaError_t made = cudaSuccess;
+  if (refused.empty()) {
+    cudaGraphExec_t exec = nullptr;
+    made = cudaGraphInstantiate(&exec, g, 0);
+    if (made == cudaSuccess) exec_ = exec;
+    else refused = fmt::format("CUDA could not instantiate the captured graph: {}", cudaGetErrorName(made));
+  }
+  if (!refused.empty()) {
+    cudaGetLastError();  // capture errors are not sticky: cleared, the stream runs eagerly again
+    if (g) cudaGraphDestroy(g);
+    std::lock_guard lock(s.mutex);
+    s.allocator.release_pool(pool_);
+    throw graph::CaptureRefused(refused);
+  }
+  graph_ = g;
+  size_t n = 0;
+  MT_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+  nodes_ = static_cast<int64_t>(n);
+}
+
+Graph::~Graph() {
+  // Never throws. A replay still queued is ordered before any later user of the
+  // pool's blocks (one stream), so no wait.
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  DeviceState* s = g_state[static_cast<size_t>(device_)];
+  std::lock_guard lock(s->mutex);
+  s->allocator.release_pool(pool_);
+}
+
+void Graph::replay() {
+  DeviceState& s = state(device_);
+  for (const std::function<void()>& f : hooks_.before) f();
+  MT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s.stream));
+  count_cuda_kernel_launch();  // one launch of the whole graph (launch_count.h)
+  for (const std::function<void()>& f : hooks_.after) f();
+}
+
+int64_t Graph::pool_bytes() const {
+  DeviceState& s = state(device_);
+  std::lock_guard lock(s.mutex);
+  return s.allocator.pool_bytes(pool_);
 }
 
 EventTimer::EventTimer(int device) : device_(device) {
@@ -358,7 +442,10 @@ EventTimer::~EventTimer() {
   cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
 }
 
-void EventTimer::start() { MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), stream(device_))); }
+void EventTimer::start() {
+  graph::refuse_if_capturing("a timer on the GPU");
+  MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), stream(device_)));
+}
 
 double EventTimer::stop_ms() {
   auto stop = static_cast<cudaEvent_t>(stop_);

@@ -2,6 +2,7 @@
 // (MOETRAIN_CUDA=OFF or no nvcc found): asking for a GPU is a user error.
 #include "backend/cuda/cublas.h"
 #include "backend/cuda/cublaslt.h"
+#include "backend/cuda/graph.h"
 #include "backend/cuda/pending_copy.h"
 #include "backend/cuda/runtime.h"
 
@@ -44,6 +45,10 @@ PendingCopy::PendingCopy(const void*, int64_t, int) { no_cuda("copy from cuda");
 PendingCopy::~PendingCopy() = default;
 PendingCopy::PendingCopy(PendingCopy&&) noexcept {}
 const void* PendingCopy::wait() { no_cuda("copy from cuda"); }
+Graph::Graph(int, const std::function<void()>&) { no_cuda("CUDA graph capture"); }
+Graph::~Graph() = default;
+void Graph::replay() { no_cuda("CUDA graph replay"); }
+int64_t Graph::pool_bytes() const { return 0; }
 EventTimer::EventTimer(int device) : device_(device) { no_cuda("EventTimer"); }
 EventTimer::~EventTimer() = default;
 void EventTimer::start() { no_cuda("EventTimer"); }
