@@ -1,6 +1,7 @@
 #include "nn/language_model.h"
 
 #include "core/grad_mode.h"
+#include "core/graph_capture.h"
 #include "core/profile.h"
 #include "nn/hf_adapter.h"
 #include "ops/elementwise/elementwise.h"
@@ -49,6 +50,8 @@ void fold_max_logit(QkClipSite& site, const Tensor& max_logit) {
   MT_ASSERT(max_logit.shape() == Shape{site.n_head}, "layer {}: max_logit is {}, the site has {} heads", site.layer,
             max_logit.shape(), site.n_head);
   site.max_logit = site.max_logit.defined() ? maximum(site.max_logit, max_logit) : max_logit;
+  // A CUDA graph's replay writes the same maximum; the host handle to it is set again.
+  graph::after_replay([s = &site, m = site.max_logit] { s->max_logit = m; });
 }
 
 }  // namespace moetrain

@@ -2,6 +2,7 @@
 #include "nn/mla.h"
 
 #include <cmath>
+#include <deque>
 
 #include "nn/language_model.h"
 #include "ops/attention/attention.h"
@@ -33,20 +34,55 @@ MlaLayer::MlaLayer(const MlaConfig& c, ParamFactory& f, const std::string& p) : 
   o_proj = f.make(p + "o_proj.weight", {D, H * c.v_head_dim}, w, "mla", true);
 }
 
-Tensor rope(const Tensor& x, int64_t first, double theta) {
-  const int64_t T = x.size(1), r = x.size(-1), half = r / 2;
+namespace {
+
+// cos and sin of the rotation angles, [T, 1, r] each in x's dtype where x is. Kept
+// for the last few (positions, width, theta, dtype, device) asked for: a training
+// step asks for the same ones every layer and step, and a CUDA graph's replay reads
+// the kept tensors (building them uploads from the host, which a capture refuses).
+// Decoding asks for a new first position each token: those are kept too, the oldest
+// dropped past kRopeTables.
+struct RopeKey {
+  int64_t first, T, r;
+  double theta;
+  DType dtype;
+  Device device;
+  bool operator==(const RopeKey&) const = default;
+};
+struct RopeTables {
+  RopeKey key;
+  Tensor cs, sn;
+};
+constexpr size_t kRopeTables = 16;
+
+const RopeTables& rope_tables(const RopeKey& key) {
+  static thread_local std::deque<RopeTables> kept;
+  for (const RopeTables& t : kept)
+    if (t.key == key) return t;
+  const int64_t T = key.T, r = key.r, half = r / 2;
   Tensor cs = empty({T, 1, r}, DType::f64), sn = empty({T, 1, r}, DType::f64);
   double* pc = cs.data<double>();
   double* ps = sn.data<double>();
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      double ang = static_cast<double>(first + t) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(r));
+      double ang = static_cast<double>(key.first + t) *
+                   std::pow(key.theta, -2.0 * static_cast<double>(i) / static_cast<double>(r));
       pc[t * r + i] = pc[t * r + i + half] = std::cos(ang);
       ps[t * r + i] = ps[t * r + i + half] = std::sin(ang);
     }
+  if (kept.size() == kRopeTables) kept.pop_front();
+  kept.push_back({key, cs.to(key.dtype).to(key.device), sn.to(key.dtype).to(key.device)});
+  return kept.back();
+}
+
+}  // namespace
+
+Tensor rope(const Tensor& x, int64_t first, double theta) {
+  const int64_t half = x.size(-1) / 2;
+  const RopeTables& t = rope_tables({first, x.size(1), x.size(-1), theta, x.dtype(), x.device()});
   Tensors halves = split(x, {half, half}, -1);
   Tensor rotated = concat({neg(halves[1]), halves[0]}, -1);  // rotate_half([x1, x2]) = [-x2, x1]
-  return add(mul(x, cs.to(x.dtype()).to(x.device())), mul(rotated, sn.to(x.dtype()).to(x.device())));
+  return add(mul(x, t.cs), mul(rotated, t.sn));
 }
 
 double MlaLayer::sequence_flops_per_token(int64_t T) const {

@@ -10,6 +10,7 @@
 
 #include "autograd/engine.h"
 #include "comm/communicator.h"
+#include "core/graph_capture.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/linalg.h"
 #include "ops/moe/moe.h"
@@ -190,6 +191,8 @@ Tensor MoeLayer::local_experts(const Tensor& z, const Tensor& ids, const Tensor&
   if (training && !autograd::recomputing()) {
     const Tensor counts = plan.counts.to(DType::f64);
     stats_.pending = stats_.pending.defined() ? add(stats_.pending, counts) : counts;
+    // A CUDA graph's replay writes the same sum; the host handle to it is set again.
+    graph::after_replay([stats = &stats_, sum = stats_.pending] { stats->pending = sum; });
   }
   const Tensor rows = moe_gather(z, plan);
   // The three expert products read the offsets where they are, or on the host, read

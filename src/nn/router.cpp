@@ -3,9 +3,11 @@
 // ops/router's select_experts.
 #include "nn/router.h"
 
+#include <cstring>
 #include <numeric>
 
 #include "core/grad_mode.h"
+#include "core/graph_capture.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/linalg.h"
 #include "ops/reduce/reduce.h"
@@ -51,7 +53,42 @@ Routing route(const Tensor& x, const Tensor& gate_weight, const Tensor& bias, co
   return finish_route(begin_route(x, gate_weight, bias, c));
 }
 
-Router::Router(const MoeConfig& c, int64_t D, double init_std, ParamFactory& f, const std::string& p) : c_(c) {
+// The device copy of the bias and the host values it holds (shadow).
+struct Router::DeviceBias {
+  Tensor on_device, shadow;
+
+  // Brought in step with the host buffer `bias` (a copy in place when it changed:
+  // the same device memory, which a graph reads).
+  void refresh(const Tensor& bias, const Device& device) {
+    if (!on_device.defined() || on_device.device() != device) {
+      on_device = bias.to(device);
+      shadow = bias.clone();
+      return;
+    }
+    if (std::memcmp(shadow.raw_data(), bias.raw_data(), static_cast<size_t>(bias.numel()) * 4) == 0) return;
+    copy_(on_device, bias);
+    copy_(shadow, bias);
+  }
+};
+
+Tensor Router::bias_on(const Device& device) const {
+  if (bias.device() == device) return bias;
+  MT_ASSERT(bias.is_cpu() && bias.dtype() == DType::f32, "router bias {}: a host f32 buffer",
+            describe(bias));
+  if (!graph::capturing()) {
+    device_bias_->refresh(bias, device);
+  } else {
+    // Captured: the copy must exist (the step before the capture made it); each
+    // replay refreshes it first, as this call does eagerly.
+    if (!device_bias_->on_device.defined() || device_bias_->on_device.device() != device)
+      graph::refuse_if_capturing("the router's first copy of its bias to the GPU");
+    graph::before_replay([held = device_bias_, host = bias, device] { held->refresh(host, device); });
+  }
+  return device_bias_->on_device;
+}
+
+Router::Router(const MoeConfig& c, int64_t D, double init_std, ParamFactory& f, const std::string& p)
+    : c_(c), device_bias_(std::make_shared<DeviceBias>()) {
   gate_weight = f.make(p + "gate.weight", {c.num_experts, D}, Init::trunc_normal(init_std), "router", true);
   bias = f.buffer(p + "gate.e_score_correction_bias", {c.num_experts}, DType::f32);
 }

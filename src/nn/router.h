@@ -5,6 +5,7 @@
 // gate.e_score_correction_bias [E] (a buffer: selection only, never the optimizer's).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,9 +48,9 @@ class Router {
   Router(const MoeConfig& c, int64_t d_model, double init_std, ParamFactory& factory, const std::string& prefix);
 
   // x [N, D].
-  Routing route(const Tensor& x) const { return moetrain::route(x, gate_weight, bias, c_); }
+  Routing route(const Tensor& x) const { return moetrain::route(x, gate_weight, bias_on(x.device()), c_); }
   PendingRouting begin_route(const Tensor& x, bool ids_to_host = true) const {
-    return moetrain::begin_route(x, gate_weight, bias, c_, ids_to_host);
+    return moetrain::begin_route(x, gate_weight, bias_on(x.device()), c_, ids_to_host);
   }
   Routing finish_route(PendingRouting&& pending) const { return moetrain::finish_route(std::move(pending)); }
   // The auxiliary losses of a routing of B sequences of T tokens: the sequence-wise
@@ -60,10 +61,17 @@ class Router {
   // ranks and micro-batches): b += Δ − mean(Δ), Δ = γ sign(mean − counts).
   void update_bias(const std::vector<double>& counts);
 
-  Tensor gate_weight, bias;
+  Tensor gate_weight, bias;  // bias: a host buffer (update_bias and checkpoints write it there)
+
+  // The bias on `device`: `bias` itself on the host; on a GPU a copy kept there and
+  // refreshed in place whenever the host values changed, so routing uploads nothing
+  // per call and a CUDA graph's replay reads the current values (nn/router.cpp).
+  Tensor bias_on(const Device& device) const;
 
  private:
+  struct DeviceBias;
   MoeConfig c_;
+  std::shared_ptr<DeviceBias> device_bias_;
 };
 
 }  // namespace moetrain

@@ -61,6 +61,7 @@ TrainOptions TrainOptions::from(const Config& config) {
   o.cuda = config.get_string("train.device") == "cuda";
   o.mixed_precision = config.get_string("train.dtype") == "bf16";
   o.tf32 = config.get_bool("train.tf32");
+  o.cuda_graph = config.get_string("train.cuda_graph");
   // Mixed precision runs on either device: on the CPU the matrix products go through
   // oneDNN's bf16 matmul, the other kernels widen bf16 to f32 (docs/cuda.md, bf16 on the CPU).
   return o;

@@ -36,6 +36,7 @@ struct TrainOptions {
   bool cuda = false;               // train.device cuda
   bool mixed_precision = false;    // train.dtype bf16 (CPU or CUDA)
   bool tf32 = false;
+  std::string cuda_graph = "auto"; // train.cuda_graph: auto | on | off
 
   static TrainOptions from(const Config& config);
   // Tokens of one optimizer step over `ranks` ranks.

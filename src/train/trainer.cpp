@@ -397,6 +397,7 @@ void Trainer::resume() {
                  with_commas(progress_.tokens), progress_.skipped, seconds_since(t0));
   }
   place_on_device();
+  setup_cuda_graph();
   // The last safe point before anything is written: every rank agrees (a signal may have reached one).
   if (const signals::Stop stop = stop_requested(); stop != signals::Stop::none) {
     signals::throw_if_requested("before training started");
@@ -543,11 +544,31 @@ double Trainer::forward_backward(int64_t step) {
   // No wait for the GPU until the step's loss is read, once, after the last
   // backward (docs/cuda.md, "Host synchronisation"): the batch stays on the host
   // (the embedding and the loss move what they need and keep the host copies for
-  // their checks), and the micro-batch losses are summed where they are.
+  // their checks), and the micro-batch losses are summed where they are. With a CUDA
+  // graph (train.cuda_graph), the batch goes into the graph's input buffers instead.
+  std::vector<data::Batch> batches;
+  for (int64_t micro = 0; micro < train_.grad_accum; ++micro) batches.push_back(next_batch());
   Tensor loss_sum;
-  for (int64_t micro = 0; micro < train_.grad_accum; ++micro) {
-    data::Batch batch = next_batch();
-    Tensor loss = model_->loss(batch.inputs, batch.targets, true);
+  if (graph_step_) {
+    loss_sum = graph_step_->run(batches, progress_.step > start_step_);
+  } else {
+    std::vector<Tensor> ids, targets;
+    for (const data::Batch& b : batches) {
+      ids.push_back(b.inputs);
+      targets.push_back(b.targets);
+    }
+    loss_sum = micro_batches(ids, targets, step, true);
+  }
+  faults_.after_backward(step, model_->parameters());
+  return loss_sum.item<double>() / static_cast<double>(train_.grad_accum);
+}
+
+Tensor Trainer::micro_batches(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int64_t step,
+                              bool overlap) {
+  Tensor loss_sum;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  for (int64_t micro = 0; micro < n; ++micro) {
+    Tensor loss = model_->loss(ids[static_cast<size_t>(micro)], targets[static_cast<size_t>(micro)], true);
     {
       NoGradGuard no_grad;
       const Tensor l = loss.detach().to(DType::f64);
@@ -557,12 +578,34 @@ double Trainer::forward_backward(int64_t step) {
     // (train.overlap_grad_sync); not on a fault-injection step, whose NaN is
     // written after backward (every rank knows the step, so all agree).
     std::unique_ptr<autograd::GradReadyHookGuard> overlapped;
-    if (micro == train_.grad_accum - 1 && !faults_.corrupts_gradients(step))
+    if (overlap && micro == n - 1 && !faults_.corrupts_gradients(step))
       overlapped = begin_overlapped_grad_sync(dist_, *model_);
-    (train_.grad_accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(train_.grad_accum)) : loss).backward();
+    (n > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(n)) : loss).backward();
   }
-  faults_.after_backward(step, model_->parameters());
-  return loss_sum.item<double>() / static_cast<double>(train_.grad_accum);
+  return loss_sum;
+}
+
+// train.cuda_graph: on one GPU, from the run's second step, the forward and backward
+// replayed from a CUDA graph (train/graph_step.h); else every step eager.
+void Trainer::setup_cuda_graph() {
+  const CudaGraphMode mode = parse_cuda_graph_mode(train_.cuda_graph);
+  if (mode == CudaGraphMode::off) return;
+  std::string why_not;
+  if (!train_.cuda) why_not = "train.device is cpu";
+  else if (dist_.size() > 1) why_not = fmt::format("the run has {} ranks (graphs are captured on one GPU)", dist_.size());
+  else if (train_.profile) why_not = "train.profile times each component eagerly";
+  if (why_not.empty()) {
+    graph_step_ = std::make_unique<GraphStep>(
+        *model_, device_, mode,
+        [this](const std::vector<Tensor>& ids, const std::vector<Tensor>& targets) {
+          return micro_batches(ids, targets, progress_.step + 1, false);
+        });
+    return;
+  }
+  if (mode == CudaGraphMode::on)
+    config_.fail("train.cuda_graph", "captures on one GPU only, but " + why_not + "; set it to auto or off");
+  if (train_.cuda && dist_.root())
+    spdlog::info("train.cuda_graph auto: every step eager: {}", why_not);
 }
 
 // train.nan_policy: a step that would not be finite changes nothing (no update, no

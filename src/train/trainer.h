@@ -36,6 +36,7 @@
 #include "train/qk_clip_step.h"
 #include "train/distributed.h"
 #include "train/fault.h"
+#include "train/graph_step.h"
 #include "train/metrics.h"
 #include "train/options.h"
 #include "train/run_dir.h"
@@ -123,6 +124,11 @@ class Trainer {
   void begin_run(const StartPlan& plan);
   data::Batch next_batch();
   double forward_backward(int64_t step);
+  // The forward and backward of the micro-batches (host or device tensors), gradients
+  // accumulated; returns the summed loss, an f64 scalar where the model is, unread.
+  // `overlap`: the last micro-batch's backward starts the gradient sums (train.overlap_grad_sync).
+  Tensor micro_batches(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int64_t step, bool overlap);
+  void setup_cuda_graph();
   // What a pipeline stage sends and receives: bf16 under mixed precision (the model reports f32).
   DType activation_dtype() const;
   // What evaluation and samples run: the model, or under pp the pipelined view of it.
@@ -171,6 +177,8 @@ class Trainer {
   StepResult last_;
   EvalResult last_eval_;
   Clock::time_point run_start_;
+  // train.cuda_graph on one GPU (last: its replay hooks refer to the model).
+  std::unique_ptr<GraphStep> graph_step_;
 };
 
 // The whole run: the loop over Trainer's steps.
