@@ -26,13 +26,13 @@ namespace {
 
 // The device plan made on the host: keys as index_add_keys_kernel makes them,
 // positions stably sorted by key, then the plan body for each sorted position.
-struct RunPlan {
+struct EmbRunPlan {
   std::vector<int64_t> sorted_keys, positions, rows, offsets;
 };
 
-RunPlan emb_device_plan(const std::vector<int64_t>& ids, int64_t mid, bool map_keys = true) {
+EmbRunPlan emb_device_plan(const std::vector<int64_t>& ids, int64_t mid, bool map_keys = true) {
   const int64_t n = static_cast<int64_t>(ids.size());
-  RunPlan p;
+  EmbRunPlan p;
   std::vector<int64_t> keys(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) keys[i] = map_keys ? simt::index_add_sort_key(ids[i], mid) : ids[i];
   p.positions.resize(ids.size());
@@ -121,7 +121,7 @@ void emb_check_case(const EmbCase& c, const std::vector<int64_t>& ids, uint64_t 
   std::vector<T> want = gx0;
   emb_index_add(want, g, host.rows(), host.offsets(), host.positions(), c.outer, c.n, c.mid, c.inner, host.U);
 
-  const RunPlan dev = emb_device_plan(ids, c.mid);
+  const EmbRunPlan dev = emb_device_plan(ids, c.mid);
   std::vector<T> got = gx0;
   emb_index_add(got, g, dev.rows.data(), dev.offsets.data(), dev.positions.data(), c.outer, c.n, c.mid, c.inner,
                 c.n);
@@ -164,7 +164,7 @@ TEST_CASE("embedding device plan: runs of the sorted ids give each row's positio
   CHECK(simt::index_add_sort_key(6, 7) == 6);
   // The same positions, in the same order, as index_add_plan's CSR.
   const std::vector<int64_t> ids{5, 2, 5, 0, 2, 5};
-  const RunPlan p = emb_device_plan(ids, 100000);
+  const EmbRunPlan p = emb_device_plan(ids, 100000);
   CHECK(p.positions == std::vector<int64_t>{3, 1, 4, 0, 2, 5});
   CHECK(p.rows == std::vector<int64_t>{0, 2, -1, 5, -1, -1});
   CHECK(p.offsets == std::vector<int64_t>{0, 1, 3, 3, 6, 6, 6});
@@ -210,7 +210,7 @@ TEST_CASE("embedding device plan: ids outside the table name no row and add noth
     }
   for (bool map_keys : {true, false}) {  // the sort key's mark, and the raw keys (-1 sorts first)
     INFO("mapped keys " << map_keys);
-    const RunPlan p = emb_device_plan(ids, mid, map_keys);
+    const EmbRunPlan p = emb_device_plan(ids, mid, map_keys);
     for (int64_t k = 0; k < n; ++k) {
       const int64_t key = p.sorted_keys[static_cast<size_t>(k)];
       if (key < 0 || key >= mid) CHECK(p.rows[static_cast<size_t>(k)] == -1);
@@ -252,7 +252,8 @@ TEST_CASE("embedding: device ids give the host ids' rows and gradient bit for bi
   const Tensor w = randn({11, 4}, DType::f32, 1).to(kCuda).set_requires_grad();
   const Tensor bad = from_vector({3, 11, 5, -1}, {4}, DType::i64).to(kCuda);
   const Tensor y = embedding(w, bad);
-  const std::vector<double> vy = y.to(kCpu).to(DType::f64).to_vector(), vw = w.detach().to(kCpu).to(DType::f64).to_vector();
+  const std::vector<double> vy = y.to(kCpu).to(DType::f64).to_vector();
+  const std::vector<double> vw = w.detach().to(kCpu).to(DType::f64).to_vector();
   for (int c = 0; c < 4; ++c) {
     CHECK(vy[static_cast<size_t>(c)] == vw[static_cast<size_t>(3 * 4 + c)]);
     CHECK(std::isnan(vy[static_cast<size_t>(4 + c)]));
