@@ -1,5 +1,14 @@
 // Embedding = index_select over the rows of the table: it shares the gather
-// and the race-free scatter-add kernels of view_cpu.cpp.
+// and the race-free scatter-add kernels of view_cpu.cpp / view_cuda.cu.
+//
+// Two paths. Host ids (the trainer's batch; CPU tables always): checked on the
+// host, an out-of-range id an error naming it, and the backward's plan made
+// there. Ids and table both on a CUDA device: nothing goes to the host (no copy,
+// no wait, so a step can be captured in a CUDA graph, issue 41); the range is
+// the business of whoever made the ids (the data loader checks every id at
+// open), and an id outside [0, V) gives a NaN row (the loss is then NaN and the
+// trainer skips the step), as cross_entropy does with device targets. The
+// backward then plans on the device (view_simt.h): the same gradient bits.
 #include "ops/embedding/embedding.h"
 
 #include "autograd/node.h"
@@ -15,10 +24,20 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   check_rank("embedding", "weight", weight, 2);
   MT_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64 || ids.dtype() == DType::u16,
            "embedding: ids must be i32, i64 or u16, got {}", describe(ids));
-  Tensor index = ids.dtype() == DType::u16 ? ids.to(DType::i32) : ids;
+  Tensor index = ids.dtype() == DType::u16 ? ids.to(DType::i32) : ids;  // on the ids' device
   int64_t vocab = weight.size(0), dim = weight.size(1);
-  // Ids are checked on the host (for CUDA ids: a copy and a wait), then read
-  // by the kernel where the table lives.
+  Tensor y = empty(ids.shape().appended(dim), weight.dtype(), weight.device());
+  if (weight.is_cuda() && index.is_cuda()) {
+    Tensor flat = alias(index.to(weight.device()), {index.numel()});
+    cuda::index_select_forward_or_nan(y, weight, flat, 1, dim);
+    return record("embedding", y, {weight}, [weight, flat, dim](const Tensor& g) {
+      Tensor grad_w = zeros_like(weight);
+      cuda::index_select_backward(grad_w, g, flat, 1, dim);  // plans on the device
+      return Grads{grad_w};
+    });
+  }
+  // Ids are checked on the host (for CUDA ids with a CPU table: a copy and a
+  // wait), then read by the kernel where the table lives.
   Tensor host = index.to(kCpu);
   dispatch_index(index.dtype(), "embedding", [&](auto tag) {
     using I = decltype(tag);
@@ -28,7 +47,6 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
                "for the table {}", static_cast<int64_t>(p[i]), i, ids.shape(), vocab, weight.shape());
   });
   Tensor flat = alias(index.to(weight.device()), {index.numel()});
-  Tensor y = empty(ids.shape().appended(dim), weight.dtype(), weight.device());
   MT_ON_DEVICE(weight, index_select_forward, y, weight, flat, 1, dim);
   // Backward takes the host ids on both devices (view_kernels.h).
   Tensor host_flat = alias(host, {index.numel()});

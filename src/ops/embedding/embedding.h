@@ -5,7 +5,9 @@
 
 namespace moetrain {
 
-// weight [V, D], ids [...] (i32, i64 or u16) -> [..., D]. Ids outside [0, V) throw.
+// weight [V, D], ids [...] (i32, i64 or u16) -> [..., D]. Host ids outside [0, V)
+// throw. Ids on the CUDA device of a CUDA table are not read on the host: one
+// outside [0, V) gives a NaN row (and adds nothing to the table's gradient).
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 
 }  // namespace moetrain

@@ -4,8 +4,12 @@
 // buckets the indices by destination row, one thread per (named row, column)
 // sums that row's upstream rows in index order in f32 (f64 for f64) and adds
 // the sum once: no atomics, no per-token rounding, the result does not depend
-// on scheduling.
+// on scheduling. Indices on the device (the embedding's device ids) are
+// bucketed there instead: CUB's stable radix sort and an uncompacted plan of n
+// entries (view_simt.h), nothing read back to the host.
 #include "ops/view/view_kernels.h"
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "backend/cuda/kernel_utils.cuh"
 #include "ops/view/view_simt.h"
@@ -50,6 +54,39 @@ __global__ void index_select_kernel(E* out, const E* x, const I* idx, int64_t ou
     int64_t o = r / n, i = r % n;
     out[e] = x[(o * mid + static_cast<int64_t>(idx[i])) * inner + c];
   }
+}
+
+// The embedding's gather from unchecked device ids: an id outside [0, mid) reads
+// nothing and gives a NaN row (softmax.cpp's policy for device targets).
+template <class T, class I>
+__global__ void index_select_or_nan_kernel(T* out, const T* x, const I* idx, int64_t outer, int64_t n, int64_t mid,
+                                           int64_t inner) {
+  MT_GRID_LOOP(e, outer * n * inner) {
+    const int64_t c = e % inner, r = e / inner;
+    const int64_t o = r / n, i = static_cast<int64_t>(idx[r % n]);
+    store(out, e, i >= 0 && i < mid ? load(x, (o * mid + i) * inner + c) : acc_t<T>(NAN));
+  }
+}
+
+// The sort's input: keys the indices (index_add_sort_key), values the positions.
+template <class I>
+__global__ void index_add_keys_kernel(int64_t* keys, int64_t* positions, const I* idx, int64_t n, int64_t mid) {
+  MT_GRID_LOOP(i, n) {
+    keys[i] = simt::index_add_sort_key(static_cast<int64_t>(idx[i]), mid);
+    positions[i] = i;
+  }
+}
+
+__global__ void index_add_run_plan_kernel(int64_t* rows, int64_t* offsets, const int64_t* sorted_keys, int64_t n,
+                                          int64_t mid) {
+  MT_GRID_LOOP(k, n) simt::index_add_run_plan_element(sorted_keys, n, mid, k, rows, offsets);
+}
+
+// The bits of keys 0 .. mid (mid: out of range).
+int index_key_bits(int64_t mid) {
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) <= mid) ++bits;
+  return bits;
 }
 
 constexpr int kIndexAddThreads = 128;
@@ -123,11 +160,77 @@ void index_select_forward(Tensor& out, const Tensor& x, const Tensor& index, int
   });
 }
 
+void index_select_forward_or_nan(Tensor& out, const Tensor& x, const Tensor& index, int64_t outer, int64_t inner) {
+  const int64_t n = index.numel(), mid = x.numel() / std::max<int64_t>(outer * inner, 1);
+  const int64_t total = outer * n * inner;
+  if (total == 0) return;
+  dispatch_float_cuda(x.dtype(), "index_select_forward_or_nan", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(index.dtype(), "index_select_forward_or_nan", [&](auto itag) {
+      using I = decltype(itag);
+      launch("index_select_or_nan_kernel", index_select_or_nan_kernel<T, I>, blocks_for(total), kThreads, 0,
+             stream_of(x), ptr<T>(out), ptr<T>(x), ptr<I>(index), outer, n, mid, inner);
+    });
+  });
+}
+
+namespace {
+
+// The plan from device indices (view_simt.h): sort, uncompacted plan, index-add
+// with U = n. Every size is known from n; nothing is read back.
+void index_select_backward_device_plan(Tensor& grad_x, const Tensor& grad_out, const Tensor& index, int64_t outer,
+                                       int64_t inner, int64_t n, int64_t mid) {
+  MT_ASSERT(n <= int64_t{INT32_MAX}, "index_select_backward: {} device indices exceed CUB's item count", n);
+  const Device dev = grad_x.device();
+  cudaStream_t st = stream_of(grad_x);
+  // keys, positions; sorted keys, sorted positions; rows; offsets (n + 1)
+  Tensor work = empty({6 * n + 1}, DType::i64, dev);
+  int64_t* keys = ptr<int64_t>(work);
+  int64_t* positions = keys + n;
+  int64_t* sorted_keys = keys + 2 * n;
+  int64_t* sorted_positions = keys + 3 * n;
+  int64_t* rows = keys + 4 * n;
+  int64_t* offsets = keys + 5 * n;
+  dispatch_index(index.dtype(), "index_select_backward", [&](auto itag) {
+    using I = decltype(itag);
+    launch("index_add_keys_kernel", index_add_keys_kernel<I>, blocks_for(n), kThreads, 0, st, keys, positions,
+           ptr<I>(index), n, mid);
+  });
+  size_t temp_bytes = 0;
+  const int items = static_cast<int>(n), bits = index_key_bits(mid);
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, sorted_keys, positions, sorted_positions,
+                                                items, 0, bits, st));
+  Tensor temp = empty({static_cast<int64_t>(temp_bytes / 8 + 1)}, DType::i64, dev);
+  count_cuda_library_call();
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw_data(), temp_bytes, keys, sorted_keys, positions,
+                                                sorted_positions, items, 0, bits, st));
+  launch("index_add_run_plan_kernel", index_add_run_plan_kernel, blocks_for(n), kThreads, 0, st, rows, offsets,
+         sorted_keys, n, mid);
+  dispatch_float_cuda(grad_x.dtype(), "index_select_backward", [&](auto tag) {
+    using T = decltype(tag);
+    simt::IndexAddArgs<T> a;
+    a.grad_x = ptr<T>(grad_x);
+    a.grad_out = ptr<T>(grad_out);
+    a.rows = rows;
+    a.offsets = offsets;
+    a.positions = sorted_positions;
+    a.outer = outer;
+    a.n = n;
+    a.mid = mid;
+    a.inner = inner;
+    a.U = n;
+    launch("index_add_kernel", index_add_kernel<T>, blocks_for(a.elements(), kIndexAddThreads), kIndexAddThreads, 0,
+           st, a);
+  });
+}
+
+}  // namespace
+
 void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor& index, int64_t outer,
                            int64_t inner) {
   int64_t n = index.numel(), mid = grad_x.numel() / std::max<int64_t>(outer * inner, 1);
   if (outer * inner == 0 || n == 0) return;
-  MT_ASSERT(!index.is_cuda(), "index_select_backward: the CUDA kernel takes host indices (its plan is made there)");
+  if (index.is_cuda()) return index_select_backward_device_plan(grad_x, grad_out, index, outer, inner, n, mid);
   simt::IndexAddPlan plan = dispatch_index(index.dtype(), "index_select", [&](auto itag) {
     using I = decltype(itag);
     return simt::index_add_plan(index.data<I>(), n, mid);

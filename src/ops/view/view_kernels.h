@@ -27,12 +27,19 @@ void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor&
 // buckets the positions by destination row there, uploads that plan once, and
 // sums each named row's upstream rows in index order in f32 (f64 for f64),
 // adding once per element (ops/view/view_simt.h): deterministic, no atomics.
+// Given an index on the device (the embedding's device ids, unchecked) it makes
+// the plan there (a stable radix sort, fixed shapes, no wait for the GPU): the
+// same sums, the same bits; an index outside the rows adds nothing.
+// index_select_forward_or_nan is the gather from such an unchecked device
+// index: an index outside [0, mid) gives a NaN row and reads nothing.
 namespace cuda {
 MT_CUDA_KERNEL(void permute_copy(Tensor& out, const Tensor& x, const std::vector<int64_t>& dims));
 MT_CUDA_KERNEL(void copy_into_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, int64_t at));
 MT_CUDA_KERNEL(void copy_from_mid(Tensor& out, const Tensor& x, int64_t outer, int64_t inner, int64_t at));
 MT_CUDA_KERNEL(void index_select_forward(Tensor& out, const Tensor& x, const Tensor& index, int64_t outer,
                                          int64_t inner));
+MT_CUDA_KERNEL(void index_select_forward_or_nan(Tensor& out, const Tensor& x, const Tensor& index, int64_t outer,
+                                                int64_t inner));
 MT_CUDA_KERNEL(void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor& index,
                                           int64_t outer, int64_t inner));
 }  // namespace cuda

@@ -10,6 +10,14 @@
 // whatever the number of tokens, every element written by one thread, so the
 // result does not depend on scheduling and has no atomics. Rows no index names
 // are not touched.
+//
+// With the indices on the device (the embedding's device ids) the plan is made
+// there, in fixed shapes: the positions stably sorted by index (CUB's radix
+// sort; std::stable_sort in the tests), then index_add_run_plan_element below
+// writes an uncompacted plan of U = n entries, one per sorted position. An entry
+// that starts a run of equal indices holds the run's row and its positions (the
+// same ones, in the same order, as index_add_plan's), the others row -1, which
+// index_add_element skips: the same sums, the same bits.
 #pragma once
 
 #include <algorithm>
@@ -93,6 +101,38 @@ IndexAddPlan index_add_plan(const I* index, int64_t n, int64_t mid) {
   return p;
 }
 
+// The sort key of an index: itself, or mid for one outside [0, mid) (unchecked
+// device ids), so every key fits the sort's bits (those of mid) and such
+// positions sort after every row's, in a run that names no row.
+MT_HOST_DEVICE inline int64_t index_add_sort_key(int64_t index, int64_t mid) {
+  return index >= 0 && index < mid ? index : mid;
+}
+
+// Entry k of the uncompacted plan from the stably sorted indices sorted_keys[0 .. n-1]
+// (each position's index, ascending; one outside [0, mid) is named by no row):
+// rows[k] = sorted_keys[k] where k starts a run of equal keys and the key is in
+// range, else -1; offsets[k] = k where k starts a run, else the end of k's run
+// (the first sorted position past it). So for a run starting at k, offsets[k]
+// .. offsets[k + 1] - 1 are its sorted positions. Entry 0 also writes offsets[n] = n.
+MT_HOST_DEVICE inline void index_add_run_plan_element(const int64_t* sorted_keys, int64_t n, int64_t mid, int64_t k,
+                                                      int64_t* rows, int64_t* offsets) {
+  const int64_t key = sorted_keys[k];
+  const bool starts = k == 0 || key != sorted_keys[k - 1];
+  rows[k] = starts && key >= 0 && key < mid ? key : -1;
+  if (starts) {
+    offsets[k] = k;
+  } else {  // upper bound of key in sorted_keys[k + 1 .. n - 1]
+    int64_t lo = k + 1, hi = n;
+    while (lo < hi) {
+      const int64_t m = lo + (hi - lo) / 2;
+      if (sorted_keys[m] <= key) lo = m + 1;
+      else hi = m;
+    }
+    offsets[k] = lo;
+  }
+  if (k == 0) offsets[n] = n;
+}
+
 // One call: grad_out viewed as [outer, n, inner], grad_x as [outer, mid, inner];
 // the plan's arrays where the kernel runs.
 template <class T>
@@ -105,11 +145,13 @@ struct IndexAddArgs {
 };
 
 // Element e of [outer, U, inner]: grad_x[o, rows[u], c] += Σ_k grad_out[o, positions[k], c]
-// over k in offsets[u] .. offsets[u + 1] - 1, in that order, rounded once.
+// over k in offsets[u] .. offsets[u + 1] - 1, in that order, rounded once. An
+// entry with rows[u] < 0 (the uncompacted plan's, above) adds nothing.
 template <class T>
 MT_HOST_DEVICE inline void index_add_element(const IndexAddArgs<T>& a, int64_t e) {
   using A = acc_of_t<T>;
   const int64_t c = e % a.inner, r = e / a.inner, u = r % a.U, o = r / a.U;
+  if (a.rows[u] < 0) return;
   A acc = 0;
   for (int64_t k = a.offsets[u]; k < a.offsets[u + 1]; ++k)
     acc += acc_load(a.grad_out[(o * a.n + a.positions[k]) * a.inner + c]);
