@@ -25,6 +25,10 @@ void after_replay(std::function<void()> fn) {
   if (t_capture) t_capture->after.push_back(std::move(fn));
 }
 
+void keep(std::shared_ptr<const void> owner) {
+  if (t_capture) t_capture->kept.push_back(std::move(owner));
+}
+
 CaptureScope::CaptureScope() {
   MT_ASSERT(!t_capture, "a CUDA graph capture inside another");
   t_capture = new ReplayHooks;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,9 +40,14 @@ void refuse_if_capturing(const char* what);
 // registered. Outside a capture: nothing (the eager step needs no hook).
 void before_replay(std::function<void()> fn);
 void after_replay(std::function<void()> fn);
+// While capturing: `owner` (e.g. a Tensor's impl_ptr()) lives as long as the graph.
+// For memory the graph reads that its holder may drop later (a table in a cache
+// that evicts): a replay must never read a block the allocator gave to another.
+void keep(std::shared_ptr<const void> owner);
 
 struct ReplayHooks {
   std::vector<std::function<void()>> before, after;
+  std::vector<std::shared_ptr<const void>> kept;
 };
 
 // Marks this thread as capturing for its lifetime and collects the hooks

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 
+#include "core/graph_capture.h"
 #include "nn/language_model.h"
 #include "ops/attention/attention.h"
 #include "ops/elementwise/elementwise.h"
@@ -80,6 +81,9 @@ const RopeTables& rope_tables(const RopeKey& key) {
 Tensor rope(const Tensor& x, int64_t first, double theta) {
   const int64_t half = x.size(-1) / 2;
   const RopeTables& t = rope_tables({first, x.size(1), x.size(-1), theta, x.dtype(), x.device()});
+  // A CUDA graph reads the tables where they are: they live as long as it, evicted or not.
+  graph::keep(t.cs.impl_ptr());
+  graph::keep(t.sn.impl_ptr());
   Tensors halves = split(x, {half, half}, -1);
   Tensor rotated = concat({neg(halves[1]), halves[0]}, -1);  // rotate_half([x1, x2]) = [-x2, x1]
   return add(mul(x, t.cs), mul(rotated, t.sn));

@@ -4,12 +4,14 @@
 // capture itself needs a GPU (tests/cli/cuda_graph_cli_test.cpp).
 #include <catch2/catch.hpp>
 
+#include <memory>
 #include <numeric>
 #include <vector>
 
 #include "core/graph_capture.h"
 #include "moetrain.h"
 #include "nn/language_model.h"
+#include "nn/mla.h"
 #include "nn/moe.h"
 #include "ops/dropout/dropout.h"
 #include "testing.h"
@@ -29,6 +31,11 @@ TEST_CASE("graph capture: refusals only while capturing, hooks kept in order and
     CHECK_THROWS_AS(graph::refuse_if_capturing("a copy from the host to the GPU"), graph::CaptureRefused);
     CHECK_THROWS_WITH(graph::refuse_if_capturing("a copy from the host to the GPU"),
                       Catch::Contains("a copy from the host to the GPU") && Catch::Contains("CUDA graph"));
+    auto owner = std::make_shared<int>(7);
+    std::weak_ptr<int> watch = owner;
+    graph::keep(owner);
+    owner.reset();
+    CHECK_FALSE(watch.expired());  // the graph keeps it
     graph::before_replay([&] { ran.push_back(0); });
     graph::after_replay([&] { ran.push_back(1); });
     graph::after_replay([&] { ran.push_back(2); });
@@ -41,6 +48,25 @@ TEST_CASE("graph capture: refusals only while capturing, hooks kept in order and
   for (auto& f : hooks.before) f();
   for (auto& f : hooks.after) f();
   CHECK(ran == std::vector<int>{0, 1, 2});
+  REQUIRE(hooks.kept.size() == 1);
+  hooks = graph::ReplayHooks{};  // the graph gone: what it kept is released
+}
+
+TEST_CASE("graph capture: MLA's RoPE tables live as long as the graph that reads them", "[core][cuda_graph]") {
+  Generator gen(2);
+  const Tensor x = randn({1, 5, 2, 8}, DType::f32, gen, 0.0, 1.0);
+  graph::ReplayHooks hooks;
+  {
+    graph::CaptureScope scope;
+    rope(x, 0, 10000.0);
+    hooks = scope.take();
+  }
+  REQUIRE(hooks.kept.size() == 2);  // cos and sin
+  // Other positions evict the cached tables (decoding asks for one per token): the
+  // graph's copies stay alive.
+  std::weak_ptr<const void> cos_table = hooks.kept[0];
+  for (int64_t first = 1; first <= 40; ++first) rope(x, first, 10000.0);
+  CHECK(cos_table.use_count() == 1);  // only the graph holds it now
 }
 
 TEST_CASE("graph capture: dropout refuses (its offsets are host numbers); p = 0 draws nothing", "[core][cuda_graph]") {
