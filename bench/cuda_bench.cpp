@@ -47,6 +47,7 @@
 #include "ops/attention/attention_kernels.h"
 #include "ops/kda/kda_kernels.h"
 #include "optim/adamw.h"
+#include "train/graph_step.h"
 #include "train/model_source.h"
 
 using namespace moetrain;
@@ -210,6 +211,10 @@ Row kda_row(int64_t T, int steps, KdaMode mode = KdaMode::chunked, bool tensor_c
 // the model's own count (6N + attention per token), so the datasheet column is
 // the step's MFU. After the timed steps, `profiled` more run with the profiler on
 // the device's event clock (core/profile.h): their per-component table is `table`.
+// graphed: the forward and backward replayed from a CUDA graph, as train.cuda_graph
+// on runs them (train/graph_step.h): the first step eager, the second captures and
+// checks (neither timed), the timed ones replay; no profiled steps (a profiled run
+// does not capture).
 struct TrainResult {
   Row row;
   std::string table;
@@ -220,9 +225,10 @@ constexpr double kBenchGradClip = 1.0;
 constexpr double kBenchLr = 1e-4;
 
 TrainResult train_row(const std::string& name, std::unique_ptr<LanguageModel> model, int64_t vocab, int64_t B,
-                      int64_t T, int steps, bool bf16, int profiled) {
-  const std::string shape =
-      fmt::format("B{} T{} {}", B, T, bf16 ? "bf16 (f32 masters)" : "f32 (tf32 GEMMs and KDA products)");
+                      int64_t T, int steps, bool bf16, int profiled, bool graphed = false) {
+  const std::string shape = fmt::format("B{} T{} {}{}", B, T, bf16 ? "bf16 (f32 masters)" : "f32 (tf32 GEMMs and KDA products)",
+                                        graphed ? ", CUDA graph" : "");
+  if (graphed) profiled = 0;
   TrainResult out{Row{name + " train step", shape}, {}};
   out.row = guarded(name + " train step", shape, [&] {
     cuda::set_allow_tf32(!bf16);  // what train.tf32 sets
@@ -236,18 +242,30 @@ TrainResult train_row(const std::string& name, std::unique_ptr<LanguageModel> mo
     // Host ids, as the trainer's batches (data::Batch: [B, T] i32 on the host).
     Tensor ids = randint({B, T}, vocab, DType::i32, gen), targets = randint({B, T}, vocab, DType::i32, gen);
     Row r{name + " train step", shape, 0, model->flops_per_token(T) * B * T, static_cast<double>(B * T)};
-    auto step = [&] {  // the regions as the trainer names them
-      {
-        profile::Region region("optimizer");
-        opt.zero_grad();
-      }
-      Tensor loss = model->loss(ids, targets, true);
+    auto forward_backward = [&](const Tensor& x, const Tensor& y) {
+      Tensor loss = model->loss(x, y, true);
       Tensor loss_f64;
       {
         NoGradGuard no_grad;
         loss_f64 = loss.detach().to(DType::f64);
       }
       loss.backward();
+      return loss_f64;
+    };
+    std::unique_ptr<GraphStep> graph;
+    if (graphed)
+      graph = std::make_unique<GraphStep>(*model, kGpu, CudaGraphMode::on,
+                                          [&](const std::vector<Tensor>& x, const std::vector<Tensor>& y) {
+                                            return forward_backward(x[0], y[0]);
+                                          });
+    int64_t taken = 0;
+    auto step = [&] {  // the regions as the trainer names them
+      {
+        profile::Region region("optimizer");
+        opt.zero_grad();
+      }
+      const Tensor loss_f64 =
+          graph ? graph->run({data::Batch{ids, targets}}, taken++ > 0) : forward_backward(ids, targets);
       const double l = loss_f64.item<double>();  // the trainer's one wait for the GPU per step
       double norm = 0;
       {
@@ -266,6 +284,7 @@ TrainResult train_row(const std::string& name, std::unique_ptr<LanguageModel> mo
       opt.step(kBenchLr);
     };
     step();  // the warm-up (its launches not counted: the first step allocates and plans)
+    if (graph) step();  // the capture and its check
     cuda::synchronize(0);
     const LaunchCounts launches_from = launch_counts();
     r.ms = time_ms(steps, step, /*warm_up=*/false);
@@ -457,7 +476,7 @@ int main(int argc, char** argv) {
   std::function<void(const Row&)> row;
   std::function<void(const BwRow&)> bw;
   std::function<void(TrainResult)> train;
-  std::function<TrainResult(int64_t, bool)> k3_row;
+  std::function<TrainResult(int64_t, bool, bool)> k3_row;
   std::function<void()> peak_rows;
   std::function<void(const BwRow&)> set_copy;
 
@@ -469,7 +488,14 @@ int main(int argc, char** argv) {
       train(train_row("gpt2-small (head 50304)", std::make_unique<Gpt2>(c, 1), c.vocab_size, B, 1024, steps, true,
                       kProfiledSteps));
     });
-  add("k3-small train bf16 B4", 0, [&] { train(k3_row(4, true)); });
+  add("k3-small train bf16 B4", 0, [&] { train(k3_row(4, true, false)); });
+  add("k3-small train bf16 B4 graph", 0, [&] { train(k3_row(4, true, true)); });
+  add("gpt2-small train bf16 B8 graph", 0, [&] {
+    Gpt2Config c;
+    c.vocab_pad_multiple = 64;
+    train(train_row("gpt2-small (head 50304)", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps, true, 0,
+                    true));
+  });
   // GPT-2 small's GEMMs at B*T = 8192 tokens (qkv, attention proj, fc, mlp proj, head).
   const int64_t N = 8192;
   add("gemm gpt2 qkv", 0, [&] { row(gemm_row("gemm gpt2 qkv", DType::bf16, N, 2304, 768, steps)); });
@@ -522,7 +548,7 @@ int main(int argc, char** argv) {
     c.vocab_pad_multiple = 64;
     train(train_row("gpt2-small (head 50304)", std::make_unique<Gpt2>(c, 1), c.vocab_size, 8, 1024, steps, false, 0));
   });
-  add("k3-small train f32 B4", 2, [&] { train(k3_row(4, false)); });
+  add("k3-small train f32 B4", 2, [&] { train(k3_row(4, false, false)); });
 
   if (list) {  // no device needed
     for (const BenchCase& c : cases) fmt::print("{}\n", c.name);
@@ -604,11 +630,12 @@ int main(int argc, char** argv) {
       write(components, fmt::format("{} {} ({} profiled steps, device time per step, ms)\n```\n{}\n```\n\n",
                                     t.row.name, t.row.shape, kProfiledSteps, t.table));
   };
-  k3_row = [&](int64_t B, bool bf16) {
+  k3_row = [&](int64_t B, bool bf16, bool graphed) {
     TrainResult t{Row{"k3-small train step", fmt::format("B{} T1024", B)}, {}};
     t.row = guarded(t.row.name, t.row.shape, [&] {  // loading the config may fail too: the row says so
       const Config k3 = Config::load(std::string(MOETRAIN_SOURCE_DIR) + "/configs/k3-small.yaml");
-      t = train_row("k3-small", build_model(k3), k3.get_int("model.vocab_size"), B, 1024, steps, bf16, kProfiledSteps);
+      t = train_row("k3-small", build_model(k3), k3.get_int("model.vocab_size"), B, 1024, steps, bf16, kProfiledSteps,
+                    graphed);
       return t.row;
     });
     return t;
