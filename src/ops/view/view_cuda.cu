@@ -176,6 +176,28 @@ void index_select_forward_or_nan(Tensor& out, const Tensor& x, const Tensor& ind
 
 namespace {
 
+// grad_x[o, rows[u], c] += the rows' positions summed (view_simt.h index_add_element)
+// for the U entries of a plan, wherever it was made.
+void launch_index_add(Tensor& grad_x, const Tensor& grad_out, const int64_t* rows, const int64_t* offsets,
+                      const int64_t* positions, int64_t outer, int64_t n, int64_t mid, int64_t inner, int64_t U) {
+  dispatch_float_cuda(grad_x.dtype(), "index_select_backward", [&](auto tag) {
+    using T = decltype(tag);
+    simt::IndexAddArgs<T> a;
+    a.grad_x = ptr<T>(grad_x);
+    a.grad_out = ptr<T>(grad_out);
+    a.rows = rows;
+    a.offsets = offsets;
+    a.positions = positions;
+    a.outer = outer;
+    a.n = n;
+    a.mid = mid;
+    a.inner = inner;
+    a.U = U;
+    launch("index_add_kernel", index_add_kernel<T>, blocks_for(a.elements(), kIndexAddThreads), kIndexAddThreads, 0,
+           stream_of(grad_x), a);
+  });
+}
+
 // The plan from device indices (view_simt.h): sort, uncompacted plan, index-add
 // with U = n. Every size is known from n; nothing is read back.
 void index_select_backward_device_plan(Tensor& grad_x, const Tensor& grad_out, const Tensor& index, int64_t outer,
@@ -206,22 +228,7 @@ void index_select_backward_device_plan(Tensor& grad_x, const Tensor& grad_out, c
                                                 sorted_positions, items, 0, bits, st));
   launch("index_add_run_plan_kernel", index_add_run_plan_kernel, blocks_for(n), kThreads, 0, st, rows, offsets,
          sorted_keys, n, mid);
-  dispatch_float_cuda(grad_x.dtype(), "index_select_backward", [&](auto tag) {
-    using T = decltype(tag);
-    simt::IndexAddArgs<T> a;
-    a.grad_x = ptr<T>(grad_x);
-    a.grad_out = ptr<T>(grad_out);
-    a.rows = rows;
-    a.offsets = offsets;
-    a.positions = sorted_positions;
-    a.outer = outer;
-    a.n = n;
-    a.mid = mid;
-    a.inner = inner;
-    a.U = n;
-    launch("index_add_kernel", index_add_kernel<T>, blocks_for(a.elements(), kIndexAddThreads), kIndexAddThreads, 0,
-           st, a);
-  });
+  launch_index_add(grad_x, grad_out, rows, offsets, sorted_positions, outer, n, mid, inner, n);
 }
 
 }  // namespace
@@ -239,22 +246,7 @@ void index_select_backward(Tensor& grad_x, const Tensor& grad_out, const Tensor&
   const Tensor packed =
       from_span<int64_t>(plan.packed, {static_cast<int64_t>(plan.packed.size())}).to(grad_x.device());
   const int64_t* dev = ptr<int64_t>(packed);
-  dispatch_float_cuda(grad_x.dtype(), "index_select_backward", [&](auto tag) {
-    using T = decltype(tag);
-    simt::IndexAddArgs<T> a;
-    a.grad_x = ptr<T>(grad_x);
-    a.grad_out = ptr<T>(grad_out);
-    a.rows = dev;
-    a.offsets = dev + plan.U;
-    a.positions = dev + 2 * plan.U + 1;
-    a.outer = outer;
-    a.n = n;
-    a.mid = mid;
-    a.inner = inner;
-    a.U = plan.U;
-    launch("index_add_kernel", index_add_kernel<T>, blocks_for(a.elements(), kIndexAddThreads), kIndexAddThreads, 0,
-           stream_of(grad_x), a);
-  });
+  launch_index_add(grad_x, grad_out, dev, dev + plan.U, dev + 2 * plan.U + 1, outer, n, mid, inner, plan.U);
 }
 
 }  // namespace moetrain::cuda
