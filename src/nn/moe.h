@@ -108,6 +108,9 @@ class MoeLayer : public FeedForward {
     stats_.settle();
     return stats_;
   }
+  // Cleared without reading what is pending (a CUDA graph's counts before any replay
+  // wrote them: train/graph_step.cpp).
+  void drop_stats() { stats_.reset(); }
   const Tensor& aux_loss() const { return aux_loss_; }
   // Router::update_bias.
   void update_bias(const std::vector<double>& counts) { router.update_bias(counts); }

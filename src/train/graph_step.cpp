@@ -87,7 +87,7 @@ void GraphStep::upload(const std::vector<data::Batch>& batches) {
 // counts not yet read, max logits.
 void GraphStep::clear_step_state() {
   for (const NamedParameter& p : model_.parameters()) p.tensor.zero_grad();
-  for (MoeLayer* m : model_.moe_layers()) m->stats().reset();
+  for (MoeLayer* m : model_.moe_layers()) m->drop_stats();
   model_.reset_max_logits();
 }
 
@@ -172,13 +172,51 @@ void GraphStep::give_up(const std::string& why) {
                why);
 }
 
+namespace {
+
+// The routers' biases moved for the rolled input, and back for the step's own
+// (restored whatever happens): each replay below follows an eager step that left
+// the other bias in the routers' device copies, so a replay that did not refresh
+// the copy first (Router::bias_on's before-replay hook) would select other experts.
+class ShiftedBiases {
+ public:
+  explicit ShiftedBiases(LanguageModel& model) {
+    for (MoeLayer* m : model.moe_layers()) {
+      routers_.push_back(&m->router.bias);
+      saved_.push_back(m->router.bias.clone());
+    }
+  }
+  ~ShiftedBiases() { restore(); }
+  ShiftedBiases(const ShiftedBiases&) = delete;
+  ShiftedBiases& operator=(const ShiftedBiases&) = delete;
+  // b_e -+ 0.5 for even / odd e: enough to move sigmoid scores' top-k.
+  void shift() {
+    for (size_t i = 0; i < routers_.size(); ++i) {
+      float* b = routers_[i]->data<float>();
+      const float* b0 = saved_[i].data<float>();
+      for (int64_t e = 0; e < routers_[i]->numel(); ++e) b[e] = b0[e] + (e % 2 ? 0.5f : -0.5f);
+    }
+  }
+  void restore() {
+    for (size_t i = 0; i < routers_.size(); ++i) copy_(*routers_[i], saved_[i]);
+  }
+
+ private:
+  std::vector<Tensor*> routers_;
+  std::vector<Tensor> saved_;
+};
+
+}  // namespace
+
 // Capture, then replay against the eager step on the rolled batch and on the batch;
 // true when the graph is kept (the step's result is then the last replay's).
 bool GraphStep::capture_and_check(const std::vector<data::Batch>& batches) {
   std::vector<data::Batch> other;
   for (const data::Batch& b : batches) other.push_back(rolled(b));
   try {
-    // The eager step on the rolled batch, through the static buffers.
+    ShiftedBiases biases(model_);
+    // The eager step on the rolled batch (routers shifted), through the static buffers.
+    biases.shift();
     clear_step_state();
     upload(other);
     const Print eager_other = print(eager(ids_, targets_));
@@ -191,13 +229,19 @@ bool GraphStep::capture_and_check(const std::vector<data::Batch>& batches) {
     grads_.clear();
     for (const NamedParameter& p : params) grads_.push_back(p.tensor.grad());
     double worst = 0;
-    // Replayed on the rolled batch (already in the buffers), then eager and replayed
-    // on the step's own batch.
-    clear_step_state();
-    const Print graph_other = print(replay());
+    // Eager on the step's own batch (biases as they are), replayed on the rolled one
+    // (shifted), replayed on the own one (as they are): each replay follows an eager
+    // step or a replay on the other input and bias. The last is the step's result.
+    biases.restore();
     upload(batches);
     clear_step_state();
     const Print eager_own = print(eager(ids_, targets_));
+    biases.shift();
+    upload(other);
+    clear_step_state();
+    const Print graph_other = print(replay());
+    biases.restore();
+    upload(batches);
     clear_step_state();
     const Print graph_own = print(replay());
     std::string bad = compare("the rolled batch", eager_other.grad_norms, eager_other.loss, graph_other.grad_norms,
@@ -206,15 +250,19 @@ bool GraphStep::capture_and_check(const std::vector<data::Batch>& batches) {
       bad = compare("the batch", eager_own.grad_norms, eager_own.loss, graph_own.grad_norms, graph_own.loss, &worst);
     if (bad.empty() && (eager_other.moe_counts != graph_other.moe_counts || eager_own.moe_counts != graph_own.moe_counts))
       bad = "the MoE layers' expert counts differ between the eager step and the replay";
-    if (bad.empty() && (eager_other.max_logits.size() != graph_other.max_logits.size()))
-      bad = "the max logits differ between the eager step and the replay";
-    for (size_t i = 0; bad.empty() && i < eager_own.max_logits.size(); ++i) {
-      const std::vector<double>&a = eager_own.max_logits[i], &b = graph_own.max_logits[i];
-      if (a.size() != b.size()) bad = fmt::format("QK-Clip site {}: max logits recorded eagerly but not replayed", i);
-      for (size_t h = 0; bad.empty() && h < a.size(); ++h)
-        if (relative_difference(a[h], b[h]) > kGraphCheckTolerance)
-          bad = fmt::format("QK-Clip site {} head {}: max logit {} eagerly, {} replayed", i, h, a[h], b[h]);
-    }
+    auto compare_logits = [&](const char* input, const Print& eager_print, const Print& graph_print) {
+      for (size_t i = 0; bad.empty() && i < eager_print.max_logits.size(); ++i) {
+        const std::vector<double>&a = eager_print.max_logits[i], &b = graph_print.max_logits[i];
+        if (a.size() != b.size())
+          bad = fmt::format("{}, QK-Clip site {}: {} max logits eagerly, {} replayed", input, i, a.size(), b.size());
+        for (size_t h = 0; bad.empty() && h < a.size(); ++h)
+          if (relative_difference(a[h], b[h]) > kGraphCheckTolerance)
+            bad = fmt::format("{}, QK-Clip site {} head {}: max logit {} eagerly, {} replayed", input, i, h, a[h],
+                              b[h]);
+      }
+    };
+    compare_logits("the rolled batch", eager_other, graph_other);
+    compare_logits("the batch", eager_own, graph_own);
     if (!bad.empty()) {
       give_up("the replay differs from the eager step: " + bad);
       return false;

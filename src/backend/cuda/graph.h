@@ -22,8 +22,9 @@ namespace moetrain::cuda {
 class Graph {
  public:
   // Captures what body() queues on `device`'s stream. Throws graph::CaptureRefused
-  // when body refuses or throws, or CUDA refuses a call made in it: the capture is
-  // then ended, its pool returned and the stream usable eagerly again.
+  // when body refuses or runs out of memory, or CUDA refuses a call made in it or the
+  // graph; any other exception of body (a bug, a device fault) is rethrown as it is.
+  // Either way the capture is ended, its pool returned and the stream usable eagerly.
   Graph(int device, const std::function<void()>& body);
   ~Graph();
   Graph(const Graph&) = delete;
@@ -32,7 +33,8 @@ class Graph {
   // The before-replay hooks, one launch of the graph on the stream, the after-replay
   // hooks. Returns without waiting for the device.
   void replay();
-  // Nodes of the captured graph (kernels, copies, memsets) and the bytes of its pool.
+  // Nodes of the captured graph (kernels, copies, memsets; -1 if CUDA would not say)
+  // and the bytes of its pool.
   int64_t nodes() const { return nodes_; }
   int64_t pool_bytes() const;
 

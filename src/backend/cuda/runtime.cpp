@@ -356,52 +356,87 @@ void memset_zero(void* dst, int64_t nbytes, int device) {
 
 Graph::Graph(int device, const std::function<void()>& body) : device_(device) {
   DeviceState& s = state(device);
-  {
-    std::lock_guard lock(s.mutex);
-    pool_ = s.allocator.begin_pool();
-  }
+  // The pool is current until the capture ends and is returned unless the graph is
+  // made, whatever throws on the way.
+  struct Pool {
+    DeviceState& s;
+    int id;
+    bool current = true, kept = false;
+    void end() {
+      std::lock_guard lock(s.mutex);
+      if (current) s.allocator.end_pool();
+      current = false;
+    }
+    ~Pool() {
+      end();
+      std::lock_guard lock(s.mutex);
+      if (!kept) s.allocator.release_pool(id);
+    }
+  };
+  Pool pool{s, [&] {
+              std::lock_guard lock(s.mutex);
+              return s.allocator.begin_pool();
+            }()};
+  pool_ = pool.id;
   std::string refused;
+  std::exception_ptr failed;  // anything else the body threw: rethrown once the capture is ended
   cudaGraph_t g = nullptr;
   {
     graph::CaptureScope scope;
     // Relaxed: the allocator may call cudaMalloc for the pool while capturing.
-    cudaError_t begun = cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeRelaxed);
+    const cudaError_t begun = cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeRelaxed);
     if (begun == cudaSuccess) {
       try {
         body();
-      } catch (const std::exception& e) {
+      } catch (const graph::CaptureRefused& e) {
         refused = e.what();
+      } catch (const OutOfMemoryError& e) {
+        refused = std::string("out of memory while capturing: ") + e.what();
+      } catch (...) {
+        failed = std::current_exception();
       }
       const cudaError_t ended = cudaStreamEndCapture(s.stream, &g);
-      if (refused.empty() && ended != cudaSuccess)
-        refused = fmt::format("CUDA ended the capture: {} ({})", cudaGetErrorName(ended), cudaGetErrorString(ended));
+      if (ended != cudaSuccess) {
+        // CUDA refused a call the body made (the error it threw says which) or the
+        // capture as a whole: not capturable, not a bug of ours.
+        std::string why;
+        if (failed) {
+          try {
+            std::rethrow_exception(failed);
+          } catch (const std::exception& e) {
+            why = e.what();
+          } catch (...) {
+          }
+          failed = nullptr;
+        }
+        if (refused.empty())
+          refused = fmt::format("CUDA ended the capture: {} ({}){}{}", cudaGetErrorName(ended),
+                                cudaGetErrorString(ended), why.empty() ? "" : "; ", why);
+      }
     } else {
       refused = fmt::format("CUDA refused to begin a capture: {}", cudaGetErrorName(begun));
     }
     hooks_ = scope.take();
   }
-  {
-    std::lock_guard lock(s.mutex);
-    s.allocator.end_pool();
-  }
-  cudaError_t made = cudaSuccess;
-  if (refused.empty()) {
-    cudaGraphExec_t exec = nullptr;
-    made = cudaGraphInstantiate(&exec, g, 0);
-    if (made == cudaSuccess) exec_ = exec;
-    else refused = fmt::format("CUDA could not instantiate the captured graph: {}", cudaGetErrorName(made));
-  }
-  if (!refused.empty()) {
+  pool.end();
+  if (failed || !refused.empty()) {
     cudaGetLastError();  // capture errors are not sticky: cleared, the stream runs eagerly again
     if (g) cudaGraphDestroy(g);
-    std::lock_guard lock(s.mutex);
-    s.allocator.release_pool(pool_);
+    if (failed) std::rethrow_exception(failed);  // a bug or a device fault: as it is
     throw graph::CaptureRefused(refused);
   }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
+  if (made != cudaSuccess) {
+    cudaGetLastError();
+    cudaGraphDestroy(g);
+    throw graph::CaptureRefused(fmt::format("CUDA could not instantiate the captured graph: {}", cudaGetErrorName(made)));
+  }
   graph_ = g;
+  exec_ = exec;
+  pool.kept = true;
   size_t n = 0;
-  MT_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
-  nodes_ = static_cast<int64_t>(n);
+  nodes_ = cudaGraphGetNodes(g, nullptr, &n) == cudaSuccess ? static_cast<int64_t>(n) : -1;
 }
 
 Graph::~Graph() {
@@ -419,6 +454,7 @@ void Graph::replay() {
   for (const std::function<void()>& f : hooks_.before) f();
   MT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s.stream));
   count_cuda_kernel_launch();  // one launch of the whole graph (launch_count.h)
+  g_last_kernel_launched.store("a CUDA graph's replay (train.cuda_graph)", std::memory_order_relaxed);
   for (const std::function<void()>& f : hooks_.after) f();
 }
 
