@@ -62,6 +62,12 @@ TrainOptions TrainOptions::from(const Config& config) {
   o.mixed_precision = config.get_string("train.dtype") == "bf16";
   o.tf32 = config.get_bool("train.tf32");
   o.cuda_graph = config.get_string("train.cuda_graph");
+  // What rules a graph out before anything starts (several ranks: Trainer::setup_cuda_graph).
+  if (o.cuda_graph == "on" && !o.cuda)
+    config.fail("train.cuda_graph", "captures on one GPU only, but train.device is cpu; set it to auto or off");
+  if (o.cuda_graph == "on" && o.profile)
+    config.fail("train.cuda_graph", "cannot be used with train.profile (which times each component eagerly); set "
+                                    "train.cuda_graph to auto or off, or train.profile to false");
   // Mixed precision runs on either device: on the CPU the matrix products go through
   // oneDNN's bf16 matmul, the other kernels widen bf16 to f32 (docs/cuda.md, bf16 on the CPU).
   return o;
