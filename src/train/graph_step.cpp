@@ -91,10 +91,6 @@ void GraphStep::clear_step_state() {
   model_.reset_max_logits();
 }
 
-Tensor GraphStep::eager(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets) {
-  return body_(ids, targets);
-}
-
 Tensor GraphStep::replay() {
   graph_->replay();
   const ParameterList& params = model_.parameters();
@@ -219,7 +215,7 @@ bool GraphStep::capture_and_check(const std::vector<data::Batch>& batches) {
     biases.shift();
     clear_step_state();
     upload(other);
-    const Print eager_other = print(eager(ids_, targets_));
+    const Print eager_other = print(body_(ids_, targets_));
     // The capture: nothing runs.
     clear_step_state();
     Tensor captured;
@@ -235,7 +231,7 @@ bool GraphStep::capture_and_check(const std::vector<data::Batch>& batches) {
     biases.restore();
     upload(batches);
     clear_step_state();
-    const Print eager_own = print(eager(ids_, targets_));
+    const Print eager_own = print(body_(ids_, targets_));
     biases.shift();
     upload(other);
     clear_step_state();
@@ -285,7 +281,7 @@ Tensor GraphStep::run(const std::vector<data::Batch>& batches, bool capture_now)
     tried_ = true;
     if (capture_and_check(batches)) return loss_sum_;
     upload(batches);
-    return eager(ids_, targets_);
+    return body_(ids_, targets_);
   }
   bool same_shapes = graph_ && batches.size() == ids_.size();
   for (size_t m = 0; same_shapes && m < batches.size(); ++m)
@@ -303,7 +299,7 @@ Tensor GraphStep::run(const std::vector<data::Batch>& batches, bool capture_now)
     ids.push_back(b.inputs);
     targets.push_back(b.targets);
   }
-  return eager(ids, targets);
+  return body_(ids, targets);
 }
 
 }  // namespace moetrain

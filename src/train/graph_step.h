@@ -59,7 +59,6 @@ class GraphStep {
  private:
   struct Print;
   void upload(const std::vector<data::Batch>& batches);
-  Tensor eager(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets);
   Tensor replay();
   Print print(const Tensor& loss_sum);
   void clear_step_state();

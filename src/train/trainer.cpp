@@ -589,10 +589,9 @@ Tensor Trainer::micro_batches(const std::vector<Tensor>& ids, const std::vector<
 // replayed from a CUDA graph (train/graph_step.h); else every step eager.
 void Trainer::setup_cuda_graph() {
   const CudaGraphMode mode = parse_cuda_graph_mode(train_.cuda_graph);
-  if (mode == CudaGraphMode::off) return;
+  if (mode == CudaGraphMode::off || !train_.cuda) return;  // on with the CPU or train.profile: refused by the options
   std::string why_not;
-  if (!train_.cuda) why_not = "train.device is cpu";
-  else if (dist_.size() > 1) why_not = fmt::format("the run has {} ranks (graphs are captured on one GPU)", dist_.size());
+  if (dist_.size() > 1) why_not = fmt::format("the run has {} ranks (graphs are captured on one GPU)", dist_.size());
   else if (train_.profile) why_not = "train.profile times each component eagerly";
   if (why_not.empty()) {
     graph_step_ = std::make_unique<GraphStep>(
@@ -604,8 +603,7 @@ void Trainer::setup_cuda_graph() {
   }
   if (mode == CudaGraphMode::on)
     config_.fail("train.cuda_graph", "captures on one GPU only, but " + why_not + "; set it to auto or off");
-  if (train_.cuda && dist_.root())
-    spdlog::info("train.cuda_graph auto: every step eager: {}", why_not);
+  if (dist_.root()) spdlog::info("train.cuda_graph auto: every step eager: {}", why_not);
 }
 
 // train.nan_policy: a step that would not be finite changes nothing (no update, no

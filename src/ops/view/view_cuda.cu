@@ -182,17 +182,7 @@ void launch_index_add(Tensor& grad_x, const Tensor& grad_out, const int64_t* row
                       const int64_t* positions, int64_t outer, int64_t n, int64_t mid, int64_t inner, int64_t U) {
   dispatch_float_cuda(grad_x.dtype(), "index_select_backward", [&](auto tag) {
     using T = decltype(tag);
-    simt::IndexAddArgs<T> a;
-    a.grad_x = ptr<T>(grad_x);
-    a.grad_out = ptr<T>(grad_out);
-    a.rows = rows;
-    a.offsets = offsets;
-    a.positions = positions;
-    a.outer = outer;
-    a.n = n;
-    a.mid = mid;
-    a.inner = inner;
-    a.U = U;
+    const simt::IndexAddArgs<T> a{ptr<T>(grad_x), ptr<T>(grad_out), rows, offsets, positions, outer, n, mid, inner, U};
     launch("index_add_kernel", index_add_kernel<T>, blocks_for(a.elements(), kIndexAddThreads), kIndexAddThreads, 0,
            stream_of(grad_x), a);
   });

@@ -134,7 +134,8 @@ MT_HOST_DEVICE inline void index_add_run_plan_element(const int64_t* sorted_keys
 }
 
 // One call: grad_out viewed as [outer, n, inner], grad_x as [outer, mid, inner];
-// the plan's arrays where the kernel runs.
+// the plan's arrays where the kernel runs. Made in one expression, in field order:
+// IndexAddArgs<T>{grad_x, grad_out, rows, offsets, positions, outer, n, mid, inner, U}.
 template <class T>
 struct IndexAddArgs {
   T* grad_x = nullptr;

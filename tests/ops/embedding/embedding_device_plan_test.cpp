@@ -64,17 +64,7 @@ double emb_load(T v) {
 template <class T>
 void emb_index_add(std::vector<T>& gx, const std::vector<T>& g, const int64_t* rows, const int64_t* offsets,
                    const int64_t* positions, int64_t outer, int64_t n, int64_t mid, int64_t inner, int64_t U) {
-  simt::IndexAddArgs<T> a;
-  a.grad_x = gx.data();
-  a.grad_out = g.data();
-  a.rows = rows;
-  a.offsets = offsets;
-  a.positions = positions;
-  a.outer = outer;
-  a.n = n;
-  a.mid = mid;
-  a.inner = inner;
-  a.U = U;
+  const simt::IndexAddArgs<T> a{gx.data(), g.data(), rows, offsets, positions, outer, n, mid, inner, U};
   for (int64_t e = a.elements() - 1; e >= 0; --e) simt::index_add_element(a, e);  // any order: one writer per element
 }
 

@@ -45,17 +45,8 @@ std::vector<T> run_body(const IndexCase& c, const Tensor& index, const Tensor& g
                         simt::HostOrder order) {
   const simt::IndexAddPlan plan = simt::index_add_plan(index.data<I>(), c.n, c.mid);
   std::vector<T> g = storage_of<T>(grad_out), gx(static_cast<size_t>(c.outer * c.mid * c.inner));
-  simt::IndexAddArgs<T> a;
-  a.grad_x = gx.data();
-  a.grad_out = g.data();
-  a.rows = plan.rows();
-  a.offsets = plan.offsets();
-  a.positions = plan.positions();
-  a.outer = c.outer;
-  a.n = c.n;
-  a.mid = c.mid;
-  a.inner = c.inner;
-  a.U = plan.U;
+  const simt::IndexAddArgs<T> a{gx.data(),    g.data(), plan.rows(), plan.offsets(), plan.positions(),
+                                c.outer,      c.n,      c.mid,       c.inner,        plan.U};
   const simt::HostBlock blk = testing::host_block(threads, order);
   for (int64_t first = 0; first < a.elements(); first += threads) simt::index_add_block(blk, a, first);
   return gx;
