@@ -22,7 +22,8 @@
 // GEMMs, causal attention's products), and kernels that widen and round a row or block
 // at a time (ops/common/bf16_rows.h), with the same bits as widening: cross entropy,
 // the binary ops, SiTU-GLU, AttnRes, RMSNorm / L2 norm (plain, gated, fused with the
-// residual add), the MoE combine, index_select's backward and sigmoid_gate.
+// residual add), LayerNorm (plain and fused with the residual add), the MoE combine,
+// index_select's backward, sigmoid_gate and sum_to.
 #pragma once
 
 #include <deque>
@@ -43,11 +44,13 @@ constexpr bool cpu_bf16_native(std::string_view kernel) {
       "moe_gather_forward", "moe_gather_backward",  // moe_plan_cpu.cpp
       "causal_conv1d_forward", "causal_conv1d_backward",  // conv_cpu.cpp
       "broadcast_copy",                                    // elementwise_cpu.cpp (a copy)
+      "sum_to",                                            // elementwise_cpu.cpp (sums in double)
       "matmul_forward",          "linear_forward", "linear_backward", "gelu_input_backward", "grouped_linear_forward",
       "grouped_linear_backward", "permute_copy",   "copy_into_mid",   "copy_from_mid",       "index_select_forward",
       "cross_entropy_forward",   "cross_entropy_backward", "binary_forward",  "situ_glu_forward",    "situ_glu_backward",
       "causal_attention_forward", "causal_attention_backward", "attn_res_forward", "attn_res_backward",
       "scaled_norm_forward",     "scaled_norm_backward",   "add_scaled_norm_forward", "add_scaled_norm_backward",
+      "layer_norm_forward",      "layer_norm_backward",    "add_layer_norm_forward",  "add_layer_norm_backward",
       "moe_combine_forward",     "moe_combine_backward",   "index_select_backward",   "sigmoid_gate_forward",
       "sigmoid_gate_backward"};
   for (std::string_view k : kNative)

@@ -250,7 +250,9 @@ void pow_forward(Tensor& y, const Tensor& x, double p) {
 }
 
 namespace {
-// dst[j] = Σ_r src[r, j] over rows in order, in double, for j in [lo, hi).
+// dst[j] = Σ_r src[r, j] over rows in order, in double, for j in [lo, hi). bf16 values
+// are read widened and each sum rounded once (store_rounded: through f32, as the
+// widening route's f32 kernel and its rounding).
 template <class T>
 inline void sum_rows(T* __restrict dst, const T* __restrict src, int64_t rows, int64_t n, int64_t lo, int64_t hi) {
   constexpr int64_t kBlock = 256;
@@ -260,17 +262,26 @@ inline void sum_rows(T* __restrict dst, const T* __restrict src, int64_t rows, i
     for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; ++r) {
       const T* row = src + r * n + j0;
-      for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(row[j]);
+      for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(widened_value(row[j]));
     }
-    for (int64_t j = 0; j < w; ++j) dst[j0 + j] = static_cast<T>(acc[j]);
+    for (int64_t j = 0; j < w; ++j) store_rounded(dst[j0 + j], acc[j]);
   }
+}
+
+template <class F>
+decltype(auto) dispatch_float_or_bf16(DType t, const char* op, F&& f) {
+  if (t == DType::bf16) return f(bf16{});
+  return dispatch_float(t, op, std::forward<F>(f));
 }
 }  // namespace
 
 // out[j] = sum over the broadcast dims of t. Each thread owns a range of target
-// elements and adds the source rows in a fixed order (accumulating in double).
+// elements and adds the source rows in a fixed order (accumulating in double). bf16
+// (its own path: the bias gradients and broadcast sums of a bf16 model) reads each
+// value widened and rounds each sum once, the bits of the widening route.
 void sum_to(Tensor& out, const Tensor& t) {
-  dispatch_float(t.dtype(), "sum_to", [&](auto tag) {
+  MT_CHECK(out.dtype() == t.dtype(), "sum_to: out {} and t {} differ in dtype", describe(out), describe(t));
+  dispatch_float_or_bf16(t.dtype(), "sum_to", [&](auto tag) {
     using T = decltype(tag);
     const Shape& ts = t.shape();
     int nd = ts.ndim();
@@ -322,8 +333,9 @@ void sum_to(Tensor& out, const Tensor& t) {
     parallel_for(n, 256, [&](int64_t lo, int64_t hi) {
       std::vector<double> acc(static_cast<size_t>(hi - lo), 0.0);
       for (int64_t r : red)
-        for (int64_t j = lo; j < hi; ++j) acc[static_cast<size_t>(j - lo)] += src[base[static_cast<size_t>(j)] + r];
-      for (int64_t j = lo; j < hi; ++j) dst[j] = static_cast<T>(acc[static_cast<size_t>(j - lo)]);
+        for (int64_t j = lo; j < hi; ++j)
+          acc[static_cast<size_t>(j - lo)] += widened_value(src[base[static_cast<size_t>(j)] + r]);
+      for (int64_t j = lo; j < hi; ++j) store_rounded(dst[j], acc[static_cast<size_t>(j - lo)]);
     });
   });
 }

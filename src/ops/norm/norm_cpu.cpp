@@ -2,6 +2,7 @@
 // gradients (sums over rows) give each thread a range of columns and add rows in
 // order, so every result is independent of the thread count.
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "backend/cpu/isa.h"
@@ -125,8 +126,10 @@ inline void layer_norm_backward_rows(T* __restrict dx, const T* __restrict dy, c
 
 // LayerNorm's dw[j] = Σ_r dy[r, j] x̂[r, j], db[j] = Σ_r dy[r, j] for j in [c0, c1),
 // rows in order, in double (column-owned: independent of the thread count).
-template <class T>
-inline void layer_norm_param_grads(T* __restrict dw, T* __restrict db, const T* __restrict dy, const T* __restrict x,
+// T: the statistics' type; S: dy's, x's, dw's and db's (T, or bf16 in the bf16 path,
+// which reads each value widened and rounds each sum once, as the widening route).
+template <class T, class S = T>
+inline void layer_norm_param_grads(S* __restrict dw, S* __restrict db, const S* __restrict dy, const S* __restrict x,
                                    const T* __restrict mean, const T* __restrict rstd, int64_t rows, int64_t n,
                                    int64_t c0, int64_t c1) {
   constexpr int64_t kBlock = 256;
@@ -135,17 +138,23 @@ inline void layer_norm_param_grads(T* __restrict dw, T* __restrict db, const T* 
     const int64_t wd = std::min(kBlock, c1 - j0);
     for (int64_t j = 0; j < wd; ++j) aw[j] = ab[j] = 0.0;
     for (int64_t r = 0; r < rows; ++r) {
-      const T* g = dy + r * n + j0;
-      const T* xr = x + r * n + j0;
+      const S* g = dy + r * n + j0;
+      const S* xr = x + r * n + j0;
       const double mu = mean[r], rs = rstd[r];
       for (int64_t j = 0; j < wd; ++j) {
-        aw[j] += static_cast<double>(g[j]) * ((static_cast<double>(xr[j]) - mu) * rs);
-        ab[j] += static_cast<double>(g[j]);
+        const double gj = widened_value(g[j]);
+        aw[j] += gj * ((static_cast<double>(widened_value(xr[j])) - mu) * rs);
+        ab[j] += gj;
       }
     }
     for (int64_t j = 0; j < wd; ++j) {
-      if (dw) dw[j0 + j] = static_cast<T>(aw[j]);
-      if (db) db[j0 + j] = static_cast<T>(ab[j]);
+      if constexpr (std::is_same_v<S, T>) {
+        if (dw) dw[j0 + j] = static_cast<T>(aw[j]);
+        if (db) db[j0 + j] = static_cast<T>(ab[j]);
+      } else {
+        if (dw) store_rounded(dw[j0 + j], aw[j]);
+        if (db) store_rounded(db[j0 + j], ab[j]);
+      }
     }
   }
 }
@@ -207,8 +216,133 @@ void scaled_norm_dx_row(T* dr, const T* gr, const T* xr, const T* pw, double rs,
 }
 }  // namespace
 
+// LayerNorm and the fused add + LayerNorm with bf16 x (GPT-2's norms in bf16;
+// ops/common/bf16_rows.h): each row of every bf16 operand widened into per-thread f32
+// rows (xf, ...), the f32 row code above on them in the same cpu::vector_isa() copy,
+// each bf16 output row rounded once; mean and rstd f32 (stats_dtype). The bits of
+// cpu::run_kernel's whole-tensor widening, without its f32 copies of whole tensors.
+namespace {
+inline void layer_norm_rows_bf16(bf16* __restrict y, float* __restrict mean, float* __restrict rstd,
+                                 const bf16* __restrict x, const float* __restrict w, const float* __restrict b,
+                                 int64_t n, double eps, int64_t lo, int64_t hi, float* __restrict xf,
+                                 float* __restrict yf) {
+  for (int64_t r = lo; r < hi; ++r) {
+    widen_bf16_row(xf, x + r * n, n);
+    layer_norm_rows<float>(yf, mean + r, rstd + r, xf, w, b, n, eps, 0, 1);
+    round_bf16_row(y + r * n, yf, n);
+  }
+}
+
+inline void add_layer_norm_rows_bf16(bf16* __restrict h, bf16* __restrict y, float* __restrict mean,
+                                     float* __restrict rstd, const bf16* __restrict x, const bf16* __restrict d,
+                                     const float* __restrict w, const float* __restrict b, int64_t n, double eps,
+                                     int64_t lo, int64_t hi, float* __restrict xf, float* __restrict df,
+                                     float* __restrict hf, float* __restrict yf) {
+  for (int64_t r = lo; r < hi; ++r) {
+    widen_bf16_row(xf, x + r * n, n);
+    widen_bf16_row(df, d + r * n, n);
+    add_layer_norm_rows<float>(hf, yf, mean + r, rstd + r, xf, df, w, b, n, eps, 0, 1);
+    round_bf16_row(h + r * n, hf, n);
+    round_bf16_row(y + r * n, yf, n);
+  }
+}
+
+// dx rows [lo, hi) of LayerNorm (grad_h null) or of the fused add + LayerNorm (x is h,
+// grad_h its upstream gradient, added after the norm's dx as the f32 kernel does).
+inline void layer_norm_backward_rows_bf16(bf16* __restrict dx, const bf16* __restrict grad_h,
+                                          const bf16* __restrict dy, const bf16* __restrict x,
+                                          const float* __restrict w, const float* __restrict mean,
+                                          const float* __restrict rstd, int64_t n, int64_t lo, int64_t hi,
+                                          float* __restrict xf, float* __restrict dyf, float* __restrict ghf,
+                                          float* __restrict dxf) {
+  for (int64_t r = lo; r < hi; ++r) {
+    widen_bf16_row(xf, x + r * n, n);
+    widen_bf16_row(dyf, dy + r * n, n);
+    if (grad_h) {
+      widen_bf16_row(ghf, grad_h + r * n, n);
+      add_layer_norm_backward_rows<float>(dxf, ghf, dyf, xf, w, mean + r, rstd + r, n, 0, 1);
+    } else {
+      layer_norm_backward_rows<float>(dxf, dyf, xf, w, mean + r, rstd + r, n, 0, 1);
+    }
+    round_bf16_row(dx + r * n, dxf, n);
+  }
+}
+
+void check_layer_norm_bf16(const char* op, std::initializer_list<const Tensor*> bf16s, const Tensor& mean,
+                           const Tensor& rstd) {
+  bool ok = mean.dtype() == DType::f32 && rstd.dtype() == DType::f32;
+  for (const Tensor* t : bf16s) ok = ok && (!t || !t->defined() || t->dtype() == DType::bf16);
+  MT_CHECK(ok, "{}: bf16 x needs bf16 tensors and f32 statistics; mean {}, rstd {}", op, describe(mean),
+           describe(rstd));
+}
+
+void layer_norm_forward_bf16(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w,
+                             const Tensor& b, double eps) {
+  check_layer_norm_bf16("layer_norm_forward", {&y, &w, &b}, mean, rstd);
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+  std::vector<float> wbuf, bbuf;
+  const float* pw = f32_operand(w, wbuf);
+  const float* pb = f32_operand(b, bbuf);
+  const bf16* px = x.data<bf16>();
+  bf16* py = y.data<bf16>();
+  float *pm = mean.data<float>(), *pr = rstd.data<float>();
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(static_cast<size_t>(2 * n));
+    run_vector_isa([](auto... a) { layer_norm_rows_bf16(a...); }, py, pm, pr, px, pw, pb, n, eps, lo, hi,
+                   buf.data(), buf.data() + n);
+  });
+}
+
+void add_layer_norm_forward_bf16(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x,
+                                 const Tensor& d, const Tensor& w, const Tensor& b, double eps) {
+  check_layer_norm_bf16("add_layer_norm_forward", {&h, &y, &d, &w, &b}, mean, rstd);
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+  std::vector<float> wbuf, bbuf;
+  const float* pw = f32_operand(w, wbuf);
+  const float* pb = f32_operand(b, bbuf);
+  const bf16 *px = x.data<bf16>(), *pd = d.data<bf16>();
+  bf16 *ph = h.data<bf16>(), *py = y.data<bf16>();
+  float *pm = mean.data<float>(), *pr = rstd.data<float>();
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(static_cast<size_t>(4 * n));
+    float* f = buf.data();
+    run_vector_isa([](auto... a) { add_layer_norm_rows_bf16(a...); }, ph, py, pm, pr, px, pd, pw, pb, n, eps, lo,
+                   hi, f, f + n, f + 2 * n, f + 3 * n);
+  });
+}
+
+// LayerNorm's backward (grad_h undefined) or the fused add + LayerNorm's (x is h).
+void layer_norm_backward_bf16(const char* op, Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const Tensor& grad_h,
+                              const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& mean,
+                              const Tensor& rstd) {
+  check_layer_norm_bf16(op, {&grad_x, grad_w, grad_b, &grad_h, &grad_y, &w}, mean, rstd);
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+  std::vector<float> wbuf;
+  const float* pw = f32_operand(w, wbuf);
+  const bf16 *px = x.data<bf16>(), *dy = grad_y.data<bf16>();
+  const bf16* gh = grad_h.defined() ? grad_h.data<bf16>() : nullptr;
+  const float *pm = mean.data<float>(), *pr = rstd.data<float>();
+  bf16* dx = grad_x.data<bf16>();
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(static_cast<size_t>(4 * n));
+    float* f = buf.data();
+    run_vector_isa([](auto... a) { layer_norm_backward_rows_bf16(a...); }, dx, gh, dy, px, pw, pm, pr, n, lo, hi, f,
+                   f + n, f + 2 * n, f + 3 * n);
+  });
+  if (grad_w || grad_b) {
+    bf16* dw = grad_w ? grad_w->data<bf16>() : nullptr;
+    bf16* db = grad_b ? grad_b->data<bf16>() : nullptr;
+    parallel_for(n, kColGrain, [&](int64_t c0, int64_t c1) {
+      run_vector_isa([](auto... a) { layer_norm_param_grads<float, bf16>(a...); }, dw, db, dy, px, pm, pr, rows, n,
+                     c0, c1);
+    });
+  }
+}
+}  // namespace
+
 void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                         double eps) {
+  if (x.dtype() == DType::bf16) return layer_norm_forward_bf16(y, mean, rstd, x, w, b, eps);
   dispatch_float(x.dtype(), "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
@@ -226,6 +360,8 @@ void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, 
 
 void layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const Tensor& grad_y, const Tensor& x,
                          const Tensor& w, const Tensor& mean, const Tensor& rstd) {
+  if (x.dtype() == DType::bf16)
+    return layer_norm_backward_bf16("layer_norm_backward", grad_x, grad_w, grad_b, Tensor(), grad_y, x, w, mean, rstd);
   dispatch_float(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
@@ -469,6 +605,7 @@ void scaled_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_z, const 
 
 void add_layer_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& d,
                             const Tensor& w, const Tensor& b, double eps) {
+  if (x.dtype() == DType::bf16) return add_layer_norm_forward_bf16(h, y, mean, rstd, x, d, w, b, eps);
   dispatch_float(x.dtype(), "add_layer_norm", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
@@ -486,6 +623,9 @@ void add_layer_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, co
 void add_layer_norm_backward(Tensor& grad_x, Tensor* grad_w, Tensor* grad_b, const Tensor& grad_h,
                              const Tensor& grad_y, const Tensor& h, const Tensor& w, const Tensor& mean,
                              const Tensor& rstd) {
+  if (h.dtype() == DType::bf16)
+    return layer_norm_backward_bf16("add_layer_norm_backward", grad_x, grad_w, grad_b, grad_h, grad_y, h, w, mean,
+                                    rstd);
   dispatch_float(h.dtype(), "add_layer_norm_backward", [&](auto tag) {
     using T = decltype(tag);
     int64_t n = h.size(-1), rows = h.numel() / std::max<int64_t>(n, 1);

@@ -1,0 +1,214 @@
+// The last kernels a bf16 GPT-2 step widened on the CPU (issue 38), now with a bf16
+// path of their own: LayerNorm and the fused residual add + LayerNorm widen a row at a
+// time into per-thread f32 rows and round each output row once (ops/common/bf16_rows.h);
+// sum_to (the position embedding's gradient, MLA's shared rope key, bias gradients)
+// reads bf16 values widened and rounds each sum once. Instead of cpu::run_kernel's
+// whole-tensor widening.
+//
+// Checked, forward and backward, weight and bias present or absent:
+//  - the same bits as the widening route (widen_bf16, the f32 kernel, round_into_bf16):
+//    the same f32 arithmetic in the same order, rounded once; mean and rstd (f32) bit
+//    for bit;
+//  - odd shapes (widths not multiples of the vector width, rows not multiples of the
+//    kernel's row grain, one row, width 1) and a million values, so that a result one f32
+//    ulp off would show in some bf16 rounding;
+//  - values of two magnitudes (±2^20 among randn values), so that a sum taken in another
+//    order than the f32 kernel's changes the result;
+//  - the same bits at 1 and 2 threads.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/parallel.h"
+#include "moetrain.h"
+#include "ops/common/bf16_widen.h"
+#include "ops/elementwise/elementwise_kernels.h"
+#include "ops/norm/norm_kernels.h"
+#include "testing.h"
+
+using namespace moetrain;
+
+namespace {
+
+Tensor ln16_rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
+  return mul_scalar(randn(s, DType::f32, seed), scale).to(DType::bf16).detach();
+}
+// A third of the values ±2^20, the rest randn: f32 sums over them depend on their order.
+Tensor ln16_spread(const Shape& s, uint64_t seed) {
+  const std::vector<double> v = randn(s, DType::f64, seed).to_vector();
+  std::vector<double> out(v.size());
+  uint64_t h = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < v.size(); ++i) {
+    h = h * 6364136223846793005ull + 1442695040888963407ull;
+    out[i] = (h >> 33) % 3 == 0 ? std::copysign(1048576.0, v[i]) : v[i];
+  }
+  return from_vector(out, s, DType::bf16);
+}
+Tensor ln16_wide(const Tensor& t) { return t.defined() ? cpu::widen_bf16(t) : Tensor(); }
+Tensor ln16_round(const Tensor& f32) {
+  Tensor out = empty(f32.shape(), DType::bf16);
+  cpu::round_into_bf16(out, f32);
+  return out;
+}
+bool ln16_same(const Tensor& a, const Tensor& b) { return moetrain::testing::bitwise_equal(a, b); }
+
+struct LnRun {
+  Tensor h, y, mean, rstd, dx, dw, db;
+};
+
+// LayerNorm (d undefined) or the fused add + LayerNorm, forward then backward with dy
+// (and grad_h = gh for the fused one). Stats in f32 (bf16 x) or in x's type (f32 x:
+// the widening route's f32 kernel). The backward reads back_h (the fused op's saved h;
+// x for plain LayerNorm) with back_mean, back_rstd.
+LnRun ln_forward(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b) {
+  LnRun r;
+  const Shape stats = x.shape().drop_last();
+  r.y = empty_like(x);
+  r.mean = empty(stats, DType::f32);
+  r.rstd = empty(stats, DType::f32);
+  if (d.defined()) {
+    r.h = empty_like(x);
+    cpu::add_layer_norm_forward(r.h, r.y, r.mean, r.rstd, x, d, w, b, 1e-5);
+  } else {
+    cpu::layer_norm_forward(r.y, r.mean, r.rstd, x, w, b, 1e-5);
+  }
+  return r;
+}
+void ln_backward(LnRun& r, bool fused, const Tensor& back_h, const Tensor& gh, const Tensor& dy, const Tensor& w,
+                 const Tensor& b, const Tensor& mean, const Tensor& rstd) {
+  r.dx = empty_like(back_h);
+  if (w.defined()) r.dw = empty_like(w);
+  if (b.defined()) r.db = empty_like(b);
+  Tensor* dw = w.defined() ? &r.dw : nullptr;
+  Tensor* db = b.defined() ? &r.db : nullptr;
+  if (fused)
+    cpu::add_layer_norm_backward(r.dx, dw, db, gh, dy, back_h, w, mean, rstd);
+  else
+    cpu::layer_norm_backward(r.dx, dw, db, dy, back_h, w, mean, rstd);
+}
+
+// The bf16 kernels against the f32 kernels on the widened values, rounded once.
+void check_layer_norm_bits(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b, const Tensor& gh,
+                           const Tensor& dy) {
+  const bool fused = d.defined();
+  LnRun native = ln_forward(x, d, w, b);
+  LnRun wide = ln_forward(ln16_wide(x), ln16_wide(d), ln16_wide(w), ln16_wide(b));
+  REQUIRE(native.y.dtype() == DType::bf16);
+  CHECK(ln16_same(native.y, ln16_round(wide.y)));
+  CHECK(ln16_same(native.mean, wide.mean));
+  CHECK(ln16_same(native.rstd, wide.rstd));
+  if (fused) CHECK(ln16_same(native.h, ln16_round(wide.h)));
+  // The backward reads the saved h (the fused op) or x: the bf16 one on both sides (the
+  // widened kernel's f32 h holds the bf16 h's values only where the sum was exact).
+  const Tensor back_h = fused ? native.h : x;
+  ln_backward(native, fused, back_h, gh, dy, w, b, native.mean, native.rstd);
+  ln_backward(wide, fused, ln16_wide(back_h), ln16_wide(gh), ln16_wide(dy), ln16_wide(w), ln16_wide(b), native.mean,
+              native.rstd);
+  REQUIRE(native.dx.dtype() == DType::bf16);
+  CHECK(ln16_same(native.dx, ln16_round(wide.dx)));
+  if (w.defined()) CHECK(ln16_same(native.dw, ln16_round(wide.dw)));
+  if (b.defined()) CHECK(ln16_same(native.db, ln16_round(wide.db)));
+}
+
+struct Ln16Threads {
+  int saved = cpu::num_threads();
+  ~Ln16Threads() { cpu::set_num_threads(saved); }
+};
+
+}  // namespace
+
+TEST_CASE("bf16 cpu rows gpt2: LayerNorm row by row has the bits of the widened kernel", "[ops][bf16]") {
+  for (const Shape& shape : {Shape{37, 67}, Shape{3, 5, 128}, Shape{9, 1}, Shape{1, 257}, Shape{1024, 1031}}) {
+    const int64_t n = shape[shape.ndim() - 1];
+    for (bool spread : {false, true}) {
+      INFO(fmt::format("shape {}{}", shape, spread ? ", magnitudes spread" : ""));
+      const Tensor x = spread ? ln16_spread(shape, 1) : ln16_rnd(shape, 1, 2.0);
+      const Tensor dy = spread ? ln16_spread(shape, 2) : ln16_rnd(shape, 2);
+      const Tensor w = ln16_rnd({n}, 3, 0.5), b = ln16_rnd({n}, 4, 0.1);
+      INFO("weight and bias");
+      check_layer_norm_bits(x, Tensor(), w, b, Tensor(), dy);
+      INFO("weight only");
+      check_layer_norm_bits(x, Tensor(), w, Tensor(), Tensor(), dy);
+      INFO("neither");
+      check_layer_norm_bits(x, Tensor(), Tensor(), Tensor(), Tensor(), dy);
+    }
+  }
+}
+
+TEST_CASE("bf16 cpu rows gpt2: the fused residual add + LayerNorm row by row has the bits of the widened kernel",
+          "[ops][bf16]") {
+  for (const Shape& shape : {Shape{4, 33, 256}, Shape{13, 71}, Shape{2, 1}, Shape{1024, 1031}}) {
+    const int64_t n = shape[shape.ndim() - 1];
+    for (bool spread : {false, true}) {
+      INFO(fmt::format("shape {}{}", shape, spread ? ", magnitudes spread" : ""));
+      const Tensor x = spread ? ln16_spread(shape, 10) : ln16_rnd(shape, 10, 3.0);
+      const Tensor d = ln16_rnd(shape, 11);
+      const Tensor gh = spread ? ln16_spread(shape, 12) : ln16_rnd(shape, 12);
+      const Tensor gy = ln16_rnd(shape, 13);
+      const Tensor w = ln16_rnd({n}, 14, 0.7), b = ln16_rnd({n}, 15, 0.2);
+      INFO("weight and bias");
+      check_layer_norm_bits(x, d, w, b, gh, gy);
+      INFO("neither");
+      check_layer_norm_bits(x, d, Tensor(), Tensor(), gh, gy);
+    }
+  }
+}
+
+TEST_CASE("bf16 cpu rows gpt2: the same bits at 1 and 2 threads", "[ops][bf16]") {
+  Ln16Threads guard;
+  const Tensor x = ln16_spread({45, 130}, 40), d = ln16_rnd({45, 130}, 41);
+  const Tensor w = ln16_rnd({130}, 42), b = ln16_rnd({130}, 43);
+  const Tensor gh = ln16_rnd({45, 130}, 44), dy = ln16_spread({45, 130}, 45);
+  auto run = [&](bool fused) {
+    LnRun r = ln_forward(x, fused ? d : Tensor(), w, b);
+    ln_backward(r, fused, fused ? r.h : x, gh, dy, w, b, r.mean, r.rstd);
+    return r;
+  };
+  for (bool fused : {false, true}) {
+    INFO((fused ? "add + LayerNorm" : "LayerNorm"));
+    cpu::set_num_threads(1);
+    const LnRun one = run(fused);
+    cpu::set_num_threads(2);
+    const LnRun two = run(fused);
+    for (auto [a, c] : {std::pair{one.y, two.y}, {one.mean, two.mean}, {one.rstd, two.rstd}, {one.dx, two.dx},
+                        {one.dw, two.dw}, {one.db, two.db}})
+      CHECK(ln16_same(a, c));
+    if (fused) CHECK(ln16_same(one.h, two.h));
+  }
+}
+
+TEST_CASE("bf16 cpu rows gpt2: bf16 x with bf16 statistics is refused, naming them", "[ops][bf16]") {
+  const Tensor x = ln16_rnd({4, 8}, 50);
+  Tensor y = empty_like(x), mean = empty({4}, DType::bf16), rstd = empty({4}, DType::f32);
+  const std::string e = moetrain::testing::error_of([&] { cpu::layer_norm_forward(y, mean, rstd, x, Tensor(), Tensor(), 1e-5); });
+  CHECK_THAT(e, Catch::Contains("layer_norm_forward") && Catch::Contains("f32 statistics") && Catch::Contains("bf16"));
+}
+
+TEST_CASE("bf16 cpu rows gpt2: sum_to has the bits of the widened kernel", "[ops][bf16]") {
+  Ln16Threads guard;
+  // [B, T, D] to [T, D] (the position embedding's gradient) and to [D] (a bias
+  // gradient): the trailing-dims path; [B, T, H, dr] to [B, T, 1, dr] (MLA's shared
+  // rope key) and [5, 7, 3] to [5, 1, 3]: the general path.
+  const std::vector<std::pair<Shape, Shape>> cases = {{{4, 33, 96}, {33, 96}},  {{4, 33, 96}, {96}},
+                                                      {{2, 9, 5, 24}, {2, 9, 1, 24}}, {{5, 7, 3}, {5, 1, 3}},
+                                                      {{1024, 1031}, {1031}}, {{3, 1}, {1}}};
+  for (const auto& [from, to] : cases) {
+    for (bool spread : {false, true}) {
+      INFO(fmt::format("{} to {}{}", from, to, spread ? ", magnitudes spread" : ""));
+      const Tensor g = spread ? ln16_spread(from, 60) : ln16_rnd(from, 60, 3.0);
+      Tensor wide = empty(to, DType::f32);
+      cpu::sum_to(wide, ln16_wide(g));
+      for (int threads : {1, 2}) {
+        cpu::set_num_threads(threads);
+        Tensor native = empty(to, DType::bf16);
+        cpu::sum_to(native, g);
+        CHECK(ln16_same(native, ln16_round(wide)));
+      }
+    }
+  }
+  const std::string e = moetrain::testing::error_of([&] {
+    Tensor out = empty({3}, DType::f32);
+    cpu::sum_to(out, ln16_rnd({2, 3}, 61));
+  });
+  CHECK_THAT(e, Catch::Contains("sum_to") && Catch::Contains("differ in dtype"));
+}
