@@ -2,7 +2,8 @@
 // path of their own: LayerNorm and the fused residual add + LayerNorm widen a row at a
 // time into per-thread f32 rows and round each output row once (ops/common/bf16_rows.h);
 // sum_to (the position embedding's gradient, MLA's shared rope key, bias gradients)
-// reads bf16 values widened and rounds each sum once. Instead of cpu::run_kernel's
+// reads bf16 values widened and rounds each sum once; dropout (GPT-2's, when
+// model.dropout > 0) rounds each widened product once. Instead of cpu::run_kernel's
 // whole-tensor widening.
 //
 // Checked, forward and backward, weight and bias present or absent:
@@ -22,6 +23,7 @@
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "ops/common/bf16_widen.h"
+#include "ops/dropout/dropout_kernels.h"
 #include "ops/elementwise/elementwise_kernels.h"
 #include "ops/norm/norm_kernels.h"
 #include "testing.h"
@@ -211,4 +213,21 @@ TEST_CASE("bf16 cpu rows gpt2: sum_to has the bits of the widened kernel", "[ops
     cpu::sum_to(out, ln16_rnd({2, 3}, 61));
   });
   CHECK_THAT(e, Catch::Contains("sum_to") && Catch::Contains("differ in dtype"));
+}
+
+TEST_CASE("bf16 cpu rows gpt2: dropout has the bits of the widened kernel", "[ops][bf16]") {
+  Ln16Threads guard;
+  const Tensor x = ln16_spread({37, 129}, 70);
+  const Generator gen(1234);
+  for (double p : {0.1, 0.5, 0.9}) {
+    INFO("p " << p);
+    Tensor wide = empty(x.shape(), DType::f32);
+    cpu::dropout_apply(wide, ln16_wide(x), p, gen, 77);
+    for (int threads : {1, 2}) {
+      cpu::set_num_threads(threads);
+      Tensor native = empty(x.shape(), DType::bf16);
+      cpu::dropout_apply(native, x, p, gen, 77);
+      CHECK(ln16_same(native, ln16_round(wide)));
+    }
+  }
 }

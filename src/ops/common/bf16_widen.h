@@ -23,7 +23,7 @@
 // at a time (ops/common/bf16_rows.h), with the same bits as widening: cross entropy,
 // the binary ops, SiTU-GLU, AttnRes, RMSNorm / L2 norm (plain, gated, fused with the
 // residual add), LayerNorm (plain and fused with the residual add), the MoE combine,
-// index_select's backward, sigmoid_gate and sum_to.
+// index_select's backward, sigmoid_gate, sum_to and dropout.
 #pragma once
 
 #include <deque>
@@ -45,6 +45,7 @@ constexpr bool cpu_bf16_native(std::string_view kernel) {
       "causal_conv1d_forward", "causal_conv1d_backward",  // conv_cpu.cpp
       "broadcast_copy",                                    // elementwise_cpu.cpp (a copy)
       "sum_to",                                            // elementwise_cpu.cpp (sums in double)
+      "dropout_apply",                                     // dropout_cpu.cpp
       "matmul_forward",          "linear_forward", "linear_backward", "gelu_input_backward", "grouped_linear_forward",
       "grouped_linear_backward", "permute_copy",   "copy_into_mid",   "copy_from_mid",       "index_select_forward",
       "cross_entropy_forward",   "cross_entropy_backward", "binary_forward",  "situ_glu_forward",    "situ_glu_backward",
