@@ -23,7 +23,9 @@
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "ops/common/bf16_widen.h"
+#include "backend/cpu/onednn.h"
 #include "ops/dropout/dropout_kernels.h"
+#include "ops/linalg/linalg_kernels.h"
 #include "ops/elementwise/elementwise_kernels.h"
 #include "ops/norm/norm_kernels.h"
 #include "testing.h"
@@ -229,5 +231,66 @@ TEST_CASE("bf16 cpu rows gpt2: dropout has the bits of the widened kernel", "[op
       cpu::dropout_apply(native, x, p, gen, 77);
       CHECK(ln16_same(native, ln16_round(wide)));
     }
+  }
+}
+
+namespace {
+// The f32 product the bf16 linear's passes start from: oneDNN's bf16 x bf16 -> f32, a
+// [rows, n] = a [rows, k] b^T (b [n, k]) or a b (b [k, n]).
+Tensor ln16_product(const Tensor& a, const Tensor& b, bool trans_b) {
+  const int64_t rows = a.size(0), k = a.size(1), n = trans_b ? b.size(0) : b.size(1);
+  Tensor c = empty({rows, n}, DType::f32);
+  cpu::onednn::MatmulShape s;
+  s.trans_b = trans_b, s.m = rows, s.n = n, s.k = k, s.lda = k, s.ldb = b.size(1), s.ldc = n;
+  cpu::onednn::matmul(s, DType::bf16, a.data<bf16>(), b.data<bf16>(), DType::f32, c.data<float>());
+  return c;
+}
+}  // namespace
+
+TEST_CASE("bf16 cpu rows gpt2: linear's bias, GELU and bias-gradient passes have the bits of the f32 passes",
+          "[ops][bf16]") {
+  // The passes read the bf16 tensors as stored: against the f32 arithmetic on widened
+  // copies (forward: the f32 add and gelu_tanh ops on oneDNN's f32 product; backward:
+  // the f32 kernel's bias gradient, which no GEMM touches), each rounded once.
+  Ln16Threads guard;
+  struct Case {
+    int64_t rows, in, out;
+  };
+  for (const Case c : {Case{37, 48, 67}, Case{256, 64, 300}, Case{1, 16, 1}}) {
+    const Tensor x = ln16_rnd({c.rows, c.in}, 80), w = ln16_rnd({c.out, c.in}, 81, 0.2);
+    const Tensor b = ln16_rnd({c.out}, 82), gy = ln16_spread({c.rows, c.out}, 83);
+    const Tensor acc = ln16_product(x, w, true);
+    for (Activation act : {Activation::none, Activation::gelu_tanh}) {
+      const bool gelu = act == Activation::gelu_tanh;
+      INFO(fmt::format("rows {} in {} out {}{}", c.rows, c.in, c.out, gelu ? ", GELU" : ""));
+      for (int threads : {1, 2}) {
+        cpu::set_num_threads(threads);
+        Tensor y = empty({c.rows, c.out}, DType::bf16), z = gelu ? empty_like(y) : Tensor();
+        cpu::linear_forward(y, z, x, w, b, act);
+        const Tensor z_ref = add(acc, ln16_wide(b));
+        CHECK(ln16_same(y, ln16_round(gelu ? gelu_tanh(z_ref) : z_ref)));
+        if (gelu) CHECK(ln16_same(z, ln16_round(z_ref)));
+
+        Tensor gx = empty_like(x), gw = empty_like(w), gb = empty_like(b);
+        cpu::linear_backward(gx, gw, gb, gy, x, w, z, act);
+        Tensor fx = empty(x.shape(), DType::f32), fw = empty(w.shape(), DType::f32), fb = empty({c.out}, DType::f32);
+        cpu::linear_backward(fx, fw, fb, ln16_wide(gy), ln16_wide(x), ln16_wide(w), ln16_wide(z), act);
+        CHECK(ln16_same(gb, ln16_round(fb)));
+      }
+    }
+    // GELU's input gradient (mlp_gelu's backward): grad_b from oneDNN's f32 product
+    // gy w against the f32 kernel's GELU column pass on that product.
+    Tensor y = empty({c.rows, c.out}, DType::bf16), z = empty_like(y);
+    cpu::linear_forward(y, z, x, w, b, Activation::gelu_tanh);
+    const Tensor g2 = ln16_spread({c.rows, c.in}, 84);
+    const Tensor w2 = ln16_rnd({c.in, c.out}, 85, 0.2);  // [in2, out2]: z is the second layer's input
+    const Tensor grad_m = ln16_product(g2, w2, false);
+    Tensor gz = empty_like(z), gb = empty_like(b);
+    cpu::gelu_input_backward(gz, gb, g2, w2, z);
+    Tensor fx = empty({c.rows, 1}, DType::f32), fw, fb = empty({c.out}, DType::f32);
+    const Tensor one_w = zeros({c.out, 1}, DType::f32);  // linear_backward's GEMMs unused: only grad_b is read
+    cpu::linear_backward(fx, fw, fb, grad_m, zeros({c.rows, 1}, DType::f32), one_w, ln16_wide(z),
+                         Activation::gelu_tanh);
+    CHECK(ln16_same(gb, ln16_round(fb)));
   }
 }

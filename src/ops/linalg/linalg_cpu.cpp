@@ -11,6 +11,7 @@
 #include "backend/cpu/onednn.h"
 #include "backend/cpu/parallel.h"
 #include "core/dispatch.h"
+#include "ops/common/bf16_rows.h"
 #include "ops/common/bf16_widen.h"
 #include "ops/common/gelu.h"
 #include "ops/linalg/linalg_kernels.h"
@@ -103,9 +104,12 @@ inline void bias_act_rows(T* __restrict y, T* __restrict z, const T* __restrict 
 
 // Columns [lo, hi) of grad_z = grad_y (kGelu false: gz is grad_y itself, not written)
 // or grad_y gelu_tanh'(z) (written to gz), and grad_b[j] = Σ_r grad_z[r, j] in double,
-// rows in order: sum_to's order (elementwise_cpu.cpp), so the same bits.
-template <class T, bool kGelu>
-inline void bias_grad_columns(T* gz, T* __restrict gb, const T* gy, const T* __restrict z, int64_t rows, int64_t n,
+// rows in order: sum_to's order (elementwise_cpu.cpp), so the same bits. T is the
+// arithmetic type, S the type of gz, gb and z and G grad_y's (T, or bf16: each value
+// read widened, gz and gb rounded once from the f32 values, the bits of widening the
+// tensors first).
+template <class T, bool kGelu, class S = T, class G = S>
+inline void bias_grad_columns(S* gz, S* __restrict gb, const G* gy, const S* __restrict z, int64_t rows, int64_t n,
                               int64_t lo, int64_t hi) {
   constexpr int64_t kBlock = 256;
   double acc[kBlock];
@@ -116,63 +120,81 @@ inline void bias_grad_columns(T* gz, T* __restrict gb, const T* gy, const T* __r
       const int64_t at = r * n + j0;
       if constexpr (kGelu) {
         for (int64_t j = 0; j < w; ++j) {
-          const T g = gy[at + j] * gelu_tanh_derivative_of(z[at + j]);
-          gz[at + j] = g;
+          const T g = static_cast<T>(widened_value(gy[at + j])) *
+                      gelu_tanh_derivative_of(static_cast<T>(widened_value(z[at + j])));
+          if constexpr (std::is_same_v<S, T>)
+            gz[at + j] = g;
+          else
+            gz[at + j] = S::from_float(g);
           acc[j] += static_cast<double>(g);
         }
       } else {
-        for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(gy[at + j]);
+        for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(widened_value(gy[at + j]));
       }
     }
     if (gb)
-      for (int64_t j = 0; j < w; ++j) gb[j0 + j] = static_cast<T>(acc[j]);
+      for (int64_t j = 0; j < w; ++j) {
+        if constexpr (std::is_same_v<S, T>)
+          gb[j0 + j] = static_cast<T>(acc[j]);
+        else
+          store_rounded(gb[j0 + j], acc[j]);
+      }
+  }
+}
+
+// Rows [lo, hi) of a bf16 linear's f32 product acc [rows, n]: the bias (and GELU) pass
+// of bias_act_rows<float> on each row, z's f32 row in the per-thread zrow, then y (and
+// z) rounded once into bf16.
+template <bool kGelu>
+inline void bias_act_rows_bf16(float* __restrict acc, bf16* __restrict y, bf16* __restrict z, float* __restrict zrow,
+                               const float* __restrict b, int64_t n, int64_t lo, int64_t hi) {
+  for (int64_t r = lo; r < hi; ++r) {
+    float* ar = acc + r * n;
+    bias_act_rows<float, kGelu>(ar, zrow, b, n, 0, 1);
+    round_bf16_row(y + r * n, ar, n);
+    if constexpr (kGelu) round_bf16_row(z + r * n, zrow, n);
   }
 }
 
 // bf16 linear: the product in f32 (oneDNN, f32 accumulation), then the f32 kernel's
-// vectorised bias / GELU / bias-gradient passes on f32 copies, each bf16 output
-// rounded once (cpu::round_into_bf16).
+// bias / GELU / bias-gradient arithmetic reading the bf16 tensors as they are, each
+// bf16 output rounded once: the bits of running the f32 passes on widened copies,
+// without those copies (the f32 product itself is the one f32 tensor left: the
+// ledger's bf16-on-the-CPU term, nn/ledger.h).
 void linear_forward_bf16(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor& b, Activation act) {
   const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
   Tensor acc = empty({rows, out}, DType::f32);
   linalg_bf16_gemm(false, true, rows, out, in, x.data<bf16>(), in, w.data<bf16>(), in, acc.data<float>(), DType::f32,
                    out);
-  const Tensor bf = widen_bf16(b);
+  std::vector<float> bbuf;
+  const float* pb = f32_operand(b, bbuf);
   const bool gelu = act == Activation::gelu_tanh;
-  Tensor zf = gelu ? empty({rows, out}, DType::f32) : Tensor();
   float* pa = acc.data<float>();
-  float* pz = gelu ? zf.data<float>() : nullptr;
-  const float* pb = bf.data<float>();
   bf16* py = y.data<bf16>();
-  bf16* pz16 = gelu ? z.data<bf16>() : nullptr;
+  bf16* pz = gelu ? z.data<bf16>() : nullptr;
   const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(out, 1));
   parallel_for(rows, grain, [&](int64_t lo, int64_t hi) {
+    std::vector<float> zrow(gelu ? static_cast<size_t>(out) : 0);
     if (gelu)
-      run_vector_isa([](auto... a) { bias_act_rows<float, true>(a...); }, pa, pz, pb, out, lo, hi);
+      run_vector_isa([](auto... a) { bias_act_rows_bf16<true>(a...); }, pa, py, pz, zrow.data(), pb, out, lo, hi);
     else
-      run_vector_isa([](auto... a) { bias_act_rows<float, false>(a...); }, pa, pz, pb, out, lo, hi);
-    for (int64_t i = lo * out; i < hi * out; ++i) {
-      py[i] = bf16::from_float(pa[i]);
-      if (gelu) pz16[i] = bf16::from_float(pz[i]);
-    }
+      run_vector_isa([](auto... a) { bias_act_rows_bf16<false>(a...); }, pa, py, pz, zrow.data(), pb, out, lo, hi);
   });
 }
 
-// grad_z (f32, written when gelu) and grad_b (rounded into gb when defined) from grad_y
-// (f32) and z (f32, when gelu) over [rows, n]: the f32 kernel's column pass.
-void bias_grad_f32_for_bf16(Tensor* gz, Tensor& grad_b, const Tensor& gy, const Tensor* zf, int64_t rows, int64_t n) {
-  Tensor gb = grad_b.defined() ? empty({n}, DType::f32) : Tensor();
-  float* pgz = gz ? gz->data<float>() : nullptr;
-  float* pgb = gb.defined() ? gb.data<float>() : nullptr;
-  const float* pgy = gy.data<float>();
-  const float* pz = zf ? zf->data<float>() : nullptr;
+// grad_z (bf16, written when gelu) and grad_b (bf16, when defined) from grad_y (bf16,
+// or f32: GELU's input gradient product) and z (bf16, when gelu) over [rows, n]: the
+// f32 kernel's column pass on the values as stored.
+template <class G>
+void bias_grad_bf16(bf16* gz, Tensor& grad_b, const G* gy, const bf16* z, int64_t rows, int64_t n) {
+  bf16* gb = grad_b.defined() ? grad_b.data<bf16>() : nullptr;
   parallel_for(n, 256, [&](int64_t lo, int64_t hi) {
-    if (zf)
-      run_vector_isa([](auto... a) { bias_grad_columns<float, true>(a...); }, pgz, pgb, pgy, pz, rows, n, lo, hi);
+    if (z)
+      run_vector_isa([](auto... a) { bias_grad_columns<float, true, bf16, G>(a...); }, gz, gb, gy, z, rows, n, lo, hi);
     else
-      run_vector_isa([](auto... a) { bias_grad_columns<float, false>(a...); }, pgz, pgb, pgy, pz, rows, n, lo, hi);
+      run_vector_isa([](auto... a) { bias_grad_columns<float, false, bf16, G>(a...); }, gz, gb, gy, z, rows, n, lo,
+                     hi);
   });
-  if (gb.defined()) round_into_bf16(grad_b, gb);
 }
 
 void linear_backward_bf16(Tensor& grad_x, Tensor& grad_w, Tensor& grad_b, const Tensor& grad_y, const Tensor& x,
@@ -180,17 +202,9 @@ void linear_backward_bf16(Tensor& grad_x, Tensor& grad_w, Tensor& grad_b, const 
   const int64_t in = w.size(1), out = w.size(0), rows = x.numel() / in;
   const bool gelu = act == Activation::gelu_tanh;
   Tensor gz_buf = gelu ? empty_like(grad_y) : Tensor{};
-  if (gelu || grad_b.defined()) {
-    const Tensor gy = widen_bf16(grad_y);
-    if (gelu) {
-      const Tensor zf = widen_bf16(z);
-      Tensor gzf = empty({rows, out}, DType::f32);
-      bias_grad_f32_for_bf16(&gzf, grad_b, gy, &zf, rows, out);
-      round_into_bf16(gz_buf, gzf);
-    } else {
-      bias_grad_f32_for_bf16(nullptr, grad_b, gy, nullptr, rows, out);
-    }
-  }
+  if (gelu || grad_b.defined())
+    bias_grad_bf16<bf16>(gelu ? gz_buf.data<bf16>() : nullptr, grad_b, grad_y.data<bf16>(),
+                         gelu ? z.data<bf16>() : nullptr, rows, out);
   const bf16* gz = gelu ? gz_buf.data<bf16>() : grad_y.data<bf16>();
   if (grad_w.defined())
     linalg_bf16_gemm(true, false, out, in, rows, gz, out, x.data<bf16>(), in, grad_w.data<bf16>(), DType::bf16, in);
@@ -203,10 +217,7 @@ void gelu_input_backward_bf16(Tensor& grad_z, Tensor& grad_b, const Tensor& grad
   Tensor grad_m = empty({rows, in}, DType::f32);
   linalg_bf16_gemm(false, false, rows, in, out, grad_y.data<bf16>(), out, w.data<bf16>(), in, grad_m.data<float>(),
                    DType::f32, in);
-  const Tensor zf = widen_bf16(z);
-  Tensor gzf = empty({rows, in}, DType::f32);
-  bias_grad_f32_for_bf16(&gzf, grad_b, grad_m, &zf, rows, in);
-  round_into_bf16(grad_z, gzf);
+  bias_grad_bf16<float>(grad_z.data<bf16>(), grad_b, grad_m.data<float>(), z.data<bf16>(), rows, in);
 }
 
 }  // namespace
