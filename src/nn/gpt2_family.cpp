@@ -39,10 +39,14 @@ const ModelFamily& gpt2_family() {
       s.n_layer = c.n_layer;
       s.d_model = c.d_model;
       s.moe_layer.assign(static_cast<size_t>(c.n_layer), false);
-      // bf16 on the CPU: the LayerNorms are GPT-2's largest widened op (forward x, d in,
-      // h, y out; backward grad_h, grad_y, h in, grad_x out: 4 D per token); dropout's
-      // 2 D and the position table's sum (~D) are smaller.
-      s.cpu_widened = {fmt::format("add_layer_norm backward: 4 x {} f32 values per token", c.d_model), 4 * c.d_model};
+      // bf16 on the CPU: every kernel of the step reads and writes bf16 itself; the
+      // largest f32 tensor an op holds while it runs is the MLP's f32 product, [4 D] per
+      // token: c_fc's in the forward (oneDNN's f32 result before the bias, GELU and
+      // rounding pass; ops/linalg/linalg_cpu.cpp) and GELU's input gradient's in the
+      // backward. The other biased linears' products are 3 D (c_attn) and D.
+      s.cpu_widened = {fmt::format("the MLP's f32 product (c_fc forward, GELU's input gradient): 4 x {} f32 values "
+                                   "per token", c.d_model),
+                       4 * c.d_model};
       s.model = std::move(model);
       return s;
     };

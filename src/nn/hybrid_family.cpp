@@ -43,18 +43,11 @@ const ModelFamily& hybrid_family() {
       s.n_layer = c.n_layer();
       s.d_model = c.d_model;
       for (int64_t l = 0; l < s.n_layer; ++l) s.moe_layer.push_back(c.is_moe_layer(l));
-      // bf16 on the CPU: the largest op a step still widens (docs/performance.md, "k3-small
-      // in bf16") is MLA's backward of its shared rope key's broadcast over the heads
-      // (sum_to: grad [H, dr] in, [dr] out per token: (H + 1) dr f32 values); the
-      // short conv, the norms, the MoE layer, SiTU-GLU, AttnRes, the products and the
-      // loss have bf16 paths. Without MLA layers nothing is counted.
-      for (MixerKind kind : c.mixers)
-        if (kind == MixerKind::mla) {
-          const int64_t H = c.mla.n_head, dr = c.mla.qk_rope_head_dim;
-          s.cpu_widened = {fmt::format("sum_to (MLA's shared rope key, backward): ({} + 1) x {} f32 values per token", H, dr),
-                           (H + 1) * dr};
-          break;
-        }
+      // bf16 on the CPU: every kernel of the step reads and writes bf16 itself (MLA's
+      // rope key sum included) and the linears have no bias, so their products are
+      // written in bf16 by oneDNN: no f32 transient per token is counted
+      // (LedgerShapes::cpu_widened stays empty). KDA computes in f32 in a bf16 model:
+      // those are its activations, not a transient of a bf16 op.
       s.model = std::move(model);
       return s;
     };

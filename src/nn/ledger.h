@@ -65,10 +65,10 @@ struct StageLedger {
   // reduction's own copy of it, 2 x min(train.grad_bucket_mb, the largest replica
   // group's gradient bytes); measured to add to the peak (docs/performance.md#activation-recomputation).
   double grad_sync_bytes = 0;
-  // bf16 on the CPU (train.device cpu, train.dtype bf16): the f32 copies a kernel without
-  // a bf16 path of its own makes of its bf16 inputs and outputs while it runs
-  // (cpu::run_kernel, ops/common/bf16_widen.h); the largest such op of the model, one
-  // micro-batch (Ledger::cpu_widen_op). 0 otherwise.
+  // bf16 on the CPU (train.device cpu, train.dtype bf16): the f32 tensors the model's
+  // largest-holding bf16 op keeps while it runs (its f32 product before rounding, or
+  // f32 copies where a kernel widens; LedgerShapes::cpu_widened), one micro-batch
+  // (Ledger::cpu_widen_op). 0 otherwise.
   double cpu_widen_bytes = 0;
   double total_bytes() const {
     return weight_grad_bytes + optimizer_bytes + activation_bytes + grad_sync_bytes + cpu_widen_bytes;
@@ -108,8 +108,8 @@ struct Ledger {
   double grad_sync_bytes_per_rank = 0;   // the gradient buckets in flight (StageLedger::grad_sync_bytes)
   double activation_bytes_per_rank = 0;  // the micro-batches in flight (one at pp 1)
   double cpu_widen_bytes_per_rank = 0;   // StageLedger::cpu_widen_bytes
-  // The op those bytes are for, "add_layer_norm backward (4 x 768 f32 values per token)";
-  // empty when the run does not widen (not bf16 on the CPU, or no widened op counted).
+  // The op those bytes are for, "the MLP's f32 product (...): 4 x 768 f32 values per
+  // token"; empty when nothing is counted (not bf16 on the CPU, or no such op).
   std::string cpu_widen_op;
   double bytes_per_rank = 0;             // state + activations
   int64_t worst_stage = 0;

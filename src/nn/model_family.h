@@ -46,10 +46,11 @@ struct ModelPlacement {
 };
 
 // What the ledger (nn/ledger.cpp) reads of a model built on shapes only.
-// The largest op of a bf16 model on the CPU that still runs its kernel on f32 copies of
-// its bf16 tensors (ops/common/bf16_widen.h; docs/cuda.md "bf16 on the CPU" lists the
-// kernels with a bf16 path of their own): its name and the f32 values per token of
-// those copies (its bf16 inputs and outputs). {"", 0} when none widens.
+// The op of a bf16 model on the CPU that holds the largest f32 tensors while it runs:
+// an f32 result of a bf16 op before its rounding (a biased linear's product,
+// ops/linalg/linalg_cpu.cpp), or f32 copies of its bf16 tensors for a kernel without a
+// bf16 path of its own (ops/common/bf16_widen.h; docs/cuda.md "bf16 on the CPU"): its
+// name and those f32 values per token. {"", 0} when there is none.
 struct CpuWidenedOp {
   std::string name;
   int64_t values_per_token = 0;
@@ -68,7 +69,7 @@ struct LedgerShapes {
   std::function<int64_t(const std::string&)> layer_of;      // a parameter's layer (-1 before, n_layer after)
   // Forward FLOPs per token that train.recompute_modules runs again, over layers [first, end).
   std::function<double(int64_t, int64_t)> selective_flops = [](int64_t, int64_t) { return 0.0; };
-  CpuWidenedOp cpu_widened;  // what a bf16 step on the CPU still widens (the ledger counts it there)
+  CpuWidenedOp cpu_widened;  // a bf16 step's largest f32 transient on the CPU (the ledger counts it there)
 };
 
 struct ModelFamily {
