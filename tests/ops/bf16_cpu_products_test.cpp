@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu/onednn.h"
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "ops/attnres/attnres_kernels.h"
@@ -285,6 +286,37 @@ TEST_CASE("bf16 cpu products: causal attention's bf16 path gives the same bits a
   CHECK(moetrain::testing::bitwise_equal(one.dq, two.dq));
   CHECK(moetrain::testing::bitwise_equal(one.dk, two.dk));
   CHECK(moetrain::testing::bitwise_equal(one.dv, two.dv));
+}
+
+TEST_CASE("bf16 cpu products: causal attention's products run where a dense product runs (brgemm: AMX)",
+          "[ops][bf16][attention]") {
+  // oneDNN 2.6 runs a bf16 product on AMX only in its brgemm matmul, which refuses row
+  // strides other than the width: attention packs its strided per-head operands into
+  // dense buffers, so every one of its products gets the implementation a dense
+  // product of the GEMM's shape gets (brg: here and on AMX CPUs; gemm:jit emulation on
+  // AVX-512 without bf16 instructions), never gemm:jit for want of packing.
+  if (!cpu::onednn::has_bf16_kernels()) {
+    WARN("oneDNN has no bf16 matmul on this CPU (" << cpu::onednn::effective_isa() << "): nothing to check");
+    return;
+  }
+  const std::string dense = cpu::onednn::matmul_impl(64, 128, 64);
+  const std::string family = dense.substr(0, dense.find(':'));
+  for (auto [T, H, Dk, Dv] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{150, 3, 32, 48}, {64, 2, 96, 64}}) {
+    INFO(fmt::format("T {} H {} Dk {} Dv {}; a dense product: {}", T, H, Dk, Dv, dense));
+    const Tensor q = products_rnd({2, T, H, Dk}, 24), k = products_rnd({2, T, H, Dk}, 25);
+    const Tensor v = products_rnd({2, T, H, Dv}, 26), w = products_rnd({2, T, H, Dv}, 27);
+    cpu::onednn::reset_impl_counts();
+    attention_run(q, k, v, w, 0.125);
+    int64_t calls = 0;
+    for (const auto& [impl, n] : cpu::onednn::impl_counts()) {
+      INFO(impl << ": " << n << " calls");
+      CHECK(impl.substr(0, impl.find(':')) == family);
+      calls += n;
+    }
+    // forward: S and O per query tile; backward: P, dP, dQ, dK, dV per query tile, per
+    // (batch, head): 2 x H x tiles x 7 products.
+    CHECK(calls == 2 * H * ((T + 63) / 64) * 7);
+  }
 }
 
 TEST_CASE("bf16 cpu products: AttnRes token by token has the bits of the widened kernel", "[ops][bf16]") {

@@ -57,6 +57,7 @@ using OnednnKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int
 struct OnednnEntry {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, c, scratch;
+  std::string impl;  // oneDNN's implementation, "brg:avx512_core_amx", "gemm:jit", ...
 };
 
 // The primitives by shape, at most kCachedPrimitives (an MoE layer's expert products
@@ -73,6 +74,7 @@ struct OnednnSlot {
   std::list<OnednnKey>::iterator at;
 };
 std::mutex onednn_mutex;
+std::map<std::string, int64_t> onednn_impl_calls;  // impl_counts(); under onednn_mutex
 std::list<OnednnKey> onednn_probation, onednn_protected;  // most recent first
 std::map<OnednnKey, OnednnSlot> onednn_cache;
 
@@ -128,6 +130,7 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn
   std::lock_guard<std::mutex> lock(onednn_mutex);
   if (auto it = onednn_cache.find(key); it != onednn_cache.end()) {
     onednn_touch(it->second);
+    ++onednn_impl_calls[it->second.entry->impl];
     return it->second.entry;
   }
   auto e = std::make_shared<OnednnEntry>();
@@ -144,11 +147,13 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn
     dnnl::matmul::desc desc(e->a, e->b, e->c);
     dnnl::matmul::primitive_desc pd(desc, attr, onednn_engine());
     e->scratch = pd.scratchpad_desc();
+    e->impl = pd.impl_info_str();
     e->prim = dnnl::matmul(pd);
   } catch (const dnnl::error& err) {
     MT_THROW("onednn::matmul: oneDNN refused [{}x{}]{} x [{}x{}]{} (batch {}): {}", s.m, s.k, s.trans_a ? "^T" : "",
              s.k, s.n, s.trans_b ? "^T" : "", s.batch, err.what());
   }
+  ++onednn_impl_calls[e->impl];
   onednn_probation.push_front(key);
   onednn_cache.emplace(key, OnednnSlot{e, false, onednn_probation.begin()});
   if (onednn_probation.size() > kOnednnProbation) {
@@ -278,6 +283,16 @@ std::string version() {
 size_t cached_primitives() {
   std::lock_guard<std::mutex> lock(onednn_mutex);
   return onednn_cache.size();
+}
+
+std::map<std::string, int64_t> impl_counts() {
+  std::lock_guard<std::mutex> lock(onednn_mutex);
+  return onednn_impl_calls;
+}
+
+void reset_impl_counts() {
+  std::lock_guard<std::mutex> lock(onednn_mutex);
+  onednn_impl_calls.clear();
 }
 
 bool is_cached(const MatmulShape& s, DType ab, DType c_type, bool accumulate) {

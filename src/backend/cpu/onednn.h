@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "core/dtype.h"
@@ -59,6 +60,14 @@ std::string matmul_impl(int64_t m, int64_t n, int64_t k, DType ab = DType::bf16)
 // The cache's bound and its entries now.
 inline constexpr size_t kCachedPrimitives = 512;
 size_t cached_primitives();
+// How many matmul calls ran on each oneDNN implementation (impl_info_str:
+// "brg:avx512_core_amx", "brg:avx512_core_bf16", "gemm:jit", ...) since the last
+// reset_impl_counts(). oneDNN 2.6 runs a product on AMX only through its brgemm matmul
+// ("brg:"), which takes dense operands only (row stride = width); a strided one goes to
+// gemm:jit, which never uses AMX. The tests check that the products meant for brgemm
+// get there.
+std::map<std::string, int64_t> impl_counts();
+void reset_impl_counts();
 // Whether matmul's primitive for these arguments is in the cache now.
 bool is_cached(const MatmulShape& s, DType ab, DType c_type, bool accumulate = false);
 // oneDNN's version, e.g. "oneDNN 2.6.3".

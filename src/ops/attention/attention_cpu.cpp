@@ -11,6 +11,7 @@
 // are rounded once. Each item runs on one thread, so the bits do not depend on the
 // thread count.
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <vector>
@@ -78,6 +79,17 @@ inline void softmax_grad_rows(T* __restrict dS, const T* __restrict P, const T* 
     for (int64_t c = 0; c < width; ++c) dS[i * width + c] = P[i * width + c] * (dS[i * width + c] - D[i]);
 }
 
+// rows x cols bf16 values at row stride ld copied to (from) a dense [rows, cols] buffer.
+// The products below take dense operands only: oneDNN's brgemm matmul (AMX or
+// AVX512-BF16 by CPU) refuses any row stride other than the width and leaves such a
+// product to its generic gemm:jit, which never uses AMX.
+void pack_rows(bf16* __restrict dst, const bf16* __restrict src, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, src + r * ld, static_cast<size_t>(cols) * sizeof(bf16));
+}
+void unpack_rows(bf16* __restrict dst, int64_t ld, const bf16* __restrict src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld, src + r * cols, static_cast<size_t>(cols) * sizeof(bf16));
+}
+
 // C [m, n] (row stride ldc, dtype c_type) = op(A) op(B) (+ C when accumulate) for bf16 A
 // [m, k] and B [k, n] with row strides lda, ldb as stored; f32 accumulation.
 void attention_bf16_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda,
@@ -105,22 +117,29 @@ void causal_attention_forward_bf16(Tensor& o, Tensor& lse, const Tensor& q, cons
   parallel_for(d.B * d.H * d.tiles, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> S(static_cast<size_t>(kAttentionTile * d.Tk));
     std::vector<bf16> P(S.size());
+    // Dense copies of the item's operands (pack_rows): Q's tile, K and V up to the tile's
+    // last key, and O's tile before it is written out.
+    std::vector<bf16> qd(static_cast<size_t>(kAttentionTile * d.Dk)), od(static_cast<size_t>(kAttentionTile * d.Dv));
+    std::vector<bf16> kd(static_cast<size_t>(d.Tk * d.Dk)), vd(static_cast<size_t>(d.Tk * d.Dv));
     for (int64_t item = lo; item < hi; ++item) {
       int64_t tile = item % d.tiles, bh = item / d.tiles, b = bh / d.H, h = bh % d.H;
       int64_t r0 = tile * kAttentionTile, r1 = std::min(d.T, r0 + kAttentionTile), tq = r1 - r0;
       int64_t width = d.off + r1;
-      const bf16* q_tile = pq + ((b * d.T + r0) * d.H + h) * d.Dk;
-      const bf16* k_head = pk + (b * d.Tk * d.H + h) * d.Dk;
-      const bf16* v_head = pv + (b * d.Tk * d.H + h) * d.Dv;
+      const int64_t ooff = ((b * d.T + r0) * d.H + h) * d.Dv;
+      pack_rows(qd.data(), pq + ((b * d.T + r0) * d.H + h) * d.Dk, tq, d.Dk, ldk);
+      pack_rows(kd.data(), pk + (b * d.Tk * d.H + h) * d.Dk, width, d.Dk, ldk);
+      pack_rows(vd.data(), pv + (b * d.Tk * d.H + h) * d.Dv, width, d.Dv, ldv);
       // S = scale Q_tile K[0:width]^T in f32
-      attention_bf16_product(false, true, tq, width, d.Dk, q_tile, ldk, k_head, ldk, DType::f32, S.data(), width);
+      attention_bf16_product(false, true, tq, width, d.Dk, qd.data(), d.Dk, kd.data(), d.Dk, DType::f32, S.data(),
+                             width);
       for (int64_t x = 0; x < tq * width; ++x) S[static_cast<size_t>(x)] *= s;
       probabilities<float>(S.data(), tq, d.off + r0, width, nullptr, pl + bh * d.T + r0,
                            pm ? pm + bh * d.T + r0 : nullptr);
       round_bf16_row(P.data(), S.data(), tq * width);
       // O_tile = P V[0:width], rounded once into o
-      attention_bf16_product(false, false, tq, d.Dv, width, P.data(), width, v_head, ldv, DType::bf16,
-                             po + ((b * d.T + r0) * d.H + h) * d.Dv, ldv);
+      attention_bf16_product(false, false, tq, d.Dv, width, P.data(), width, vd.data(), d.Dv, DType::bf16, od.data(),
+                             d.Dv);
+      unpack_rows(po + ooff, ldv, od.data(), tq, d.Dv);
     }
   });
 }
@@ -150,10 +169,14 @@ void causal_attention_backward_bf16(Tensor& grad_q, Tensor& grad_k, Tensor& grad
     // dK, dV of one head in f32 ([Tk, Dk], [Tk, Dv], dense), from grad_k / grad_v (the op passes zeros).
     std::vector<float> dk_acc(static_cast<size_t>(d.Tk * d.Dk)), dv_acc(static_cast<size_t>(d.Tk * d.Dv));
     std::vector<float> go_row(static_cast<size_t>(d.Dv)), o_row(static_cast<size_t>(d.Dv));
+    // Dense copies (pack_rows): the head's K and V, the tile's Q and dO, dQ's tile.
+    std::vector<bf16> kd(static_cast<size_t>(d.Tk * d.Dk)), vd(static_cast<size_t>(d.Tk * d.Dv));
+    std::vector<bf16> qd(static_cast<size_t>(kAttentionTile * d.Dk)), dod(static_cast<size_t>(kAttentionTile * d.Dv));
+    std::vector<bf16> dqd(qd.size());
     for (int64_t bh = lo; bh < hi; ++bh) {
       int64_t b = bh / d.H, h = bh % d.H;
-      const bf16* k_head = pk + (b * d.Tk * d.H + h) * d.Dk;
-      const bf16* v_head = pv + (b * d.Tk * d.H + h) * d.Dv;
+      pack_rows(kd.data(), pk + (b * d.Tk * d.H + h) * d.Dk, d.Tk, d.Dk, ldk);
+      pack_rows(vd.data(), pv + (b * d.Tk * d.H + h) * d.Dv, d.Tk, d.Dv, ldv);
       bf16* dk_head = dk + (b * d.Tk * d.H + h) * d.Dk;
       bf16* dv_head = dv + (b * d.Tk * d.H + h) * d.Dv;
       for (int64_t t = 0; t < d.Tk; ++t) {
@@ -164,11 +187,14 @@ void causal_attention_backward_bf16(Tensor& grad_q, Tensor& grad_k, Tensor& grad
         int64_t r0 = tile * kAttentionTile, r1 = std::min(d.T, r0 + kAttentionTile), tq = r1 - r0;
         int64_t width = d.off + r1;
         int64_t qoff = ((b * d.T + r0) * d.H + h) * d.Dk, ooff = ((b * d.T + r0) * d.H + h) * d.Dv;
-        attention_bf16_product(false, true, tq, width, d.Dk, pq + qoff, ldk, k_head, ldk, DType::f32, P.data(), width);
+        pack_rows(qd.data(), pq + qoff, tq, d.Dk, ldk);
+        pack_rows(dod.data(), pdo + ooff, tq, d.Dv, ldv);
+        attention_bf16_product(false, true, tq, width, d.Dk, qd.data(), d.Dk, kd.data(), d.Dk, DType::f32, P.data(),
+                               width);
         for (int64_t x = 0; x < tq * width; ++x) P[static_cast<size_t>(x)] *= s;
         probabilities<float>(P.data(), tq, d.off + r0, width, pl + bh * d.T + r0, nullptr);
         // dP = dO_tile V[0:width]^T   [tq, width], f32
-        attention_bf16_product(false, true, tq, width, d.Dv, pdo + ooff, ldv, v_head, ldv, DType::f32, dS.data(),
+        attention_bf16_product(false, true, tq, width, d.Dv, dod.data(), d.Dv, vd.data(), d.Dv, DType::f32, dS.data(),
                                width);
         for (int64_t i = 0; i < tq; ++i) {
           widen_bf16_row(go_row.data(), pdo + ooff + i * ldv, d.Dv);
@@ -184,11 +210,12 @@ void causal_attention_backward_bf16(Tensor& grad_q, Tensor& grad_k, Tensor& grad
         round_bf16_row(dS16.data(), dS.data(), tq * width);
         round_bf16_row(P16.data(), P.data(), tq * width);
         // dQ_tile = (scale dS) K[0:width];  dK[0:width] += (scale dS)^T Q_tile;  dV[0:width] += P^T dO_tile
-        attention_bf16_product(false, false, tq, d.Dk, width, dS16.data(), width, k_head, ldk, DType::bf16, dq + qoff,
-                               ldk);
-        attention_bf16_product(true, false, width, d.Dk, tq, dS16.data(), width, pq + qoff, ldk, DType::f32,
+        attention_bf16_product(false, false, tq, d.Dk, width, dS16.data(), width, kd.data(), d.Dk, DType::bf16,
+                               dqd.data(), d.Dk);
+        unpack_rows(dq + qoff, ldk, dqd.data(), tq, d.Dk);
+        attention_bf16_product(true, false, width, d.Dk, tq, dS16.data(), width, qd.data(), d.Dk, DType::f32,
                                dk_acc.data(), d.Dk, true);
-        attention_bf16_product(true, false, width, d.Dv, tq, P16.data(), width, pdo + ooff, ldv, DType::f32,
+        attention_bf16_product(true, false, width, d.Dv, tq, P16.data(), width, dod.data(), d.Dv, DType::f32,
                                dv_acc.data(), d.Dv, true);
       }
       for (int64_t t = 0; t < d.Tk; ++t) {
