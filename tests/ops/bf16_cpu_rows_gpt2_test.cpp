@@ -20,40 +20,25 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/onednn.h"
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
+#include "ops/bf16_rows_fixtures.h"
 #include "ops/common/bf16_widen.h"
-#include "backend/cpu/onednn.h"
 #include "ops/dropout/dropout_kernels.h"
-#include "ops/linalg/linalg_kernels.h"
 #include "ops/elementwise/elementwise_kernels.h"
+#include "ops/linalg/linalg_kernels.h"
 #include "ops/norm/norm_kernels.h"
 #include "testing.h"
 
 using namespace moetrain;
+using moetrain::testing::bf16_rnd;
+using moetrain::testing::bf16_rounded;
+using moetrain::testing::bf16_spread;
+using moetrain::testing::bf16_widened;
 
 namespace {
 
-Tensor ln16_rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
-  return mul_scalar(randn(s, DType::f32, seed), scale).to(DType::bf16).detach();
-}
-// A third of the values ±2^20, the rest randn: f32 sums over them depend on their order.
-Tensor ln16_spread(const Shape& s, uint64_t seed) {
-  const std::vector<double> v = randn(s, DType::f64, seed).to_vector();
-  std::vector<double> out(v.size());
-  uint64_t h = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < v.size(); ++i) {
-    h = h * 6364136223846793005ull + 1442695040888963407ull;
-    out[i] = (h >> 33) % 3 == 0 ? std::copysign(1048576.0, v[i]) : v[i];
-  }
-  return from_vector(out, s, DType::bf16);
-}
-Tensor ln16_wide(const Tensor& t) { return t.defined() ? cpu::widen_bf16(t) : Tensor(); }
-Tensor ln16_round(const Tensor& f32) {
-  Tensor out = empty(f32.shape(), DType::bf16);
-  cpu::round_into_bf16(out, f32);
-  return out;
-}
 bool ln16_same(const Tensor& a, const Tensor& b) { return moetrain::testing::bitwise_equal(a, b); }
 
 struct LnRun {
@@ -96,28 +81,24 @@ void check_layer_norm_bits(const Tensor& x, const Tensor& d, const Tensor& w, co
                            const Tensor& dy) {
   const bool fused = d.defined();
   LnRun native = ln_forward(x, d, w, b);
-  LnRun wide = ln_forward(ln16_wide(x), ln16_wide(d), ln16_wide(w), ln16_wide(b));
+  LnRun wide = ln_forward(bf16_widened(x), bf16_widened(d), bf16_widened(w), bf16_widened(b));
   REQUIRE(native.y.dtype() == DType::bf16);
-  CHECK(ln16_same(native.y, ln16_round(wide.y)));
+  CHECK(ln16_same(native.y, bf16_rounded(wide.y)));
   CHECK(ln16_same(native.mean, wide.mean));
   CHECK(ln16_same(native.rstd, wide.rstd));
-  if (fused) CHECK(ln16_same(native.h, ln16_round(wide.h)));
+  if (fused) CHECK(ln16_same(native.h, bf16_rounded(wide.h)));
   // The backward reads the saved h (the fused op) or x: the bf16 one on both sides (the
   // widened kernel's f32 h holds the bf16 h's values only where the sum was exact).
   const Tensor back_h = fused ? native.h : x;
   ln_backward(native, fused, back_h, gh, dy, w, b, native.mean, native.rstd);
-  ln_backward(wide, fused, ln16_wide(back_h), ln16_wide(gh), ln16_wide(dy), ln16_wide(w), ln16_wide(b), native.mean,
+  ln_backward(wide, fused, bf16_widened(back_h), bf16_widened(gh), bf16_widened(dy), bf16_widened(w), bf16_widened(b), native.mean,
               native.rstd);
   REQUIRE(native.dx.dtype() == DType::bf16);
-  CHECK(ln16_same(native.dx, ln16_round(wide.dx)));
-  if (w.defined()) CHECK(ln16_same(native.dw, ln16_round(wide.dw)));
-  if (b.defined()) CHECK(ln16_same(native.db, ln16_round(wide.db)));
+  CHECK(ln16_same(native.dx, bf16_rounded(wide.dx)));
+  if (w.defined()) CHECK(ln16_same(native.dw, bf16_rounded(wide.dw)));
+  if (b.defined()) CHECK(ln16_same(native.db, bf16_rounded(wide.db)));
 }
 
-struct Ln16Threads {
-  int saved = cpu::num_threads();
-  ~Ln16Threads() { cpu::set_num_threads(saved); }
-};
 
 }  // namespace
 
@@ -126,9 +107,9 @@ TEST_CASE("bf16 cpu rows gpt2: LayerNorm row by row has the bits of the widened 
     const int64_t n = shape[shape.ndim() - 1];
     for (bool spread : {false, true}) {
       INFO(fmt::format("shape {}{}", shape, spread ? ", magnitudes spread" : ""));
-      const Tensor x = spread ? ln16_spread(shape, 1) : ln16_rnd(shape, 1, 2.0);
-      const Tensor dy = spread ? ln16_spread(shape, 2) : ln16_rnd(shape, 2);
-      const Tensor w = ln16_rnd({n}, 3, 0.5), b = ln16_rnd({n}, 4, 0.1);
+      const Tensor x = spread ? bf16_spread(shape, 1) : bf16_rnd(shape, 1, 2.0);
+      const Tensor dy = spread ? bf16_spread(shape, 2) : bf16_rnd(shape, 2);
+      const Tensor w = bf16_rnd({n}, 3, 0.5), b = bf16_rnd({n}, 4, 0.1);
       INFO("weight and bias");
       check_layer_norm_bits(x, Tensor(), w, b, Tensor(), dy);
       INFO("weight only");
@@ -145,11 +126,11 @@ TEST_CASE("bf16 cpu rows gpt2: the fused residual add + LayerNorm row by row has
     const int64_t n = shape[shape.ndim() - 1];
     for (bool spread : {false, true}) {
       INFO(fmt::format("shape {}{}", shape, spread ? ", magnitudes spread" : ""));
-      const Tensor x = spread ? ln16_spread(shape, 10) : ln16_rnd(shape, 10, 3.0);
-      const Tensor d = ln16_rnd(shape, 11);
-      const Tensor gh = spread ? ln16_spread(shape, 12) : ln16_rnd(shape, 12);
-      const Tensor gy = ln16_rnd(shape, 13);
-      const Tensor w = ln16_rnd({n}, 14, 0.7), b = ln16_rnd({n}, 15, 0.2);
+      const Tensor x = spread ? bf16_spread(shape, 10) : bf16_rnd(shape, 10, 3.0);
+      const Tensor d = bf16_rnd(shape, 11);
+      const Tensor gh = spread ? bf16_spread(shape, 12) : bf16_rnd(shape, 12);
+      const Tensor gy = bf16_rnd(shape, 13);
+      const Tensor w = bf16_rnd({n}, 14, 0.7), b = bf16_rnd({n}, 15, 0.2);
       INFO("weight and bias");
       check_layer_norm_bits(x, d, w, b, gh, gy);
       INFO("neither");
@@ -159,10 +140,10 @@ TEST_CASE("bf16 cpu rows gpt2: the fused residual add + LayerNorm row by row has
 }
 
 TEST_CASE("bf16 cpu rows gpt2: the same bits at 1 and 2 threads", "[ops][bf16]") {
-  Ln16Threads guard;
-  const Tensor x = ln16_spread({45, 130}, 40), d = ln16_rnd({45, 130}, 41);
-  const Tensor w = ln16_rnd({130}, 42), b = ln16_rnd({130}, 43);
-  const Tensor gh = ln16_rnd({45, 130}, 44), dy = ln16_spread({45, 130}, 45);
+  moetrain::testing::ThreadCountGuard guard;
+  const Tensor x = bf16_spread({45, 130}, 40), d = bf16_rnd({45, 130}, 41);
+  const Tensor w = bf16_rnd({130}, 42), b = bf16_rnd({130}, 43);
+  const Tensor gh = bf16_rnd({45, 130}, 44), dy = bf16_spread({45, 130}, 45);
   auto run = [&](bool fused) {
     LnRun r = ln_forward(x, fused ? d : Tensor(), w, b);
     ln_backward(r, fused, fused ? r.h : x, gh, dy, w, b, r.mean, r.rstd);
@@ -182,14 +163,14 @@ TEST_CASE("bf16 cpu rows gpt2: the same bits at 1 and 2 threads", "[ops][bf16]")
 }
 
 TEST_CASE("bf16 cpu rows gpt2: bf16 x with bf16 statistics is refused, naming them", "[ops][bf16]") {
-  const Tensor x = ln16_rnd({4, 8}, 50);
+  const Tensor x = bf16_rnd({4, 8}, 50);
   Tensor y = empty_like(x), mean = empty({4}, DType::bf16), rstd = empty({4}, DType::f32);
   const std::string e = moetrain::testing::error_of([&] { cpu::layer_norm_forward(y, mean, rstd, x, Tensor(), Tensor(), 1e-5); });
   CHECK_THAT(e, Catch::Contains("layer_norm_forward") && Catch::Contains("f32 statistics") && Catch::Contains("bf16"));
 }
 
 TEST_CASE("bf16 cpu rows gpt2: sum_to has the bits of the widened kernel", "[ops][bf16]") {
-  Ln16Threads guard;
+  moetrain::testing::ThreadCountGuard guard;
   // [B, T, D] to [T, D] (the position embedding's gradient) and to [D] (a bias
   // gradient): the trailing-dims path; [B, T, H, dr] to [B, T, 1, dr] (MLA's shared
   // rope key) and [5, 7, 3] to [5, 1, 3]: the general path.
@@ -199,37 +180,37 @@ TEST_CASE("bf16 cpu rows gpt2: sum_to has the bits of the widened kernel", "[ops
   for (const auto& [from, to] : cases) {
     for (bool spread : {false, true}) {
       INFO(fmt::format("{} to {}{}", from, to, spread ? ", magnitudes spread" : ""));
-      const Tensor g = spread ? ln16_spread(from, 60) : ln16_rnd(from, 60, 3.0);
+      const Tensor g = spread ? bf16_spread(from, 60) : bf16_rnd(from, 60, 3.0);
       Tensor wide = empty(to, DType::f32);
-      cpu::sum_to(wide, ln16_wide(g));
+      cpu::sum_to(wide, bf16_widened(g));
       for (int threads : {1, 2}) {
         cpu::set_num_threads(threads);
         Tensor native = empty(to, DType::bf16);
         cpu::sum_to(native, g);
-        CHECK(ln16_same(native, ln16_round(wide)));
+        CHECK(ln16_same(native, bf16_rounded(wide)));
       }
     }
   }
   const std::string e = moetrain::testing::error_of([&] {
     Tensor out = empty({3}, DType::f32);
-    cpu::sum_to(out, ln16_rnd({2, 3}, 61));
+    cpu::sum_to(out, bf16_rnd({2, 3}, 61));
   });
   CHECK_THAT(e, Catch::Contains("sum_to") && Catch::Contains("differ in dtype"));
 }
 
 TEST_CASE("bf16 cpu rows gpt2: dropout has the bits of the widened kernel", "[ops][bf16]") {
-  Ln16Threads guard;
-  const Tensor x = ln16_spread({37, 129}, 70);
+  moetrain::testing::ThreadCountGuard guard;
+  const Tensor x = bf16_spread({37, 129}, 70);
   const Generator gen(1234);
   for (double p : {0.1, 0.5, 0.9}) {
     INFO("p " << p);
     Tensor wide = empty(x.shape(), DType::f32);
-    cpu::dropout_apply(wide, ln16_wide(x), p, gen, 77);
+    cpu::dropout_apply(wide, bf16_widened(x), p, gen, 77);
     for (int threads : {1, 2}) {
       cpu::set_num_threads(threads);
       Tensor native = empty(x.shape(), DType::bf16);
       cpu::dropout_apply(native, x, p, gen, 77);
-      CHECK(ln16_same(native, ln16_round(wide)));
+      CHECK(ln16_same(native, bf16_rounded(wide)));
     }
   }
 }
@@ -252,13 +233,13 @@ TEST_CASE("bf16 cpu rows gpt2: linear's bias, GELU and bias-gradient passes have
   // The passes read the bf16 tensors as stored: against the f32 arithmetic on widened
   // copies (forward: the f32 add and gelu_tanh ops on oneDNN's f32 product; backward:
   // the f32 kernel's bias gradient, which no GEMM touches), each rounded once.
-  Ln16Threads guard;
+  moetrain::testing::ThreadCountGuard guard;
   struct Case {
     int64_t rows, in, out;
   };
   for (const Case c : {Case{37, 48, 67}, Case{256, 64, 300}, Case{1, 16, 1}}) {
-    const Tensor x = ln16_rnd({c.rows, c.in}, 80), w = ln16_rnd({c.out, c.in}, 81, 0.2);
-    const Tensor b = ln16_rnd({c.out}, 82), gy = ln16_spread({c.rows, c.out}, 83);
+    const Tensor x = bf16_rnd({c.rows, c.in}, 80), w = bf16_rnd({c.out, c.in}, 81, 0.2);
+    const Tensor b = bf16_rnd({c.out}, 82), gy = bf16_spread({c.rows, c.out}, 83);
     const Tensor acc = ln16_product(x, w, true);
     for (Activation act : {Activation::none, Activation::gelu_tanh}) {
       const bool gelu = act == Activation::gelu_tanh;
@@ -267,30 +248,30 @@ TEST_CASE("bf16 cpu rows gpt2: linear's bias, GELU and bias-gradient passes have
         cpu::set_num_threads(threads);
         Tensor y = empty({c.rows, c.out}, DType::bf16), z = gelu ? empty_like(y) : Tensor();
         cpu::linear_forward(y, z, x, w, b, act);
-        const Tensor z_ref = add(acc, ln16_wide(b));
-        CHECK(ln16_same(y, ln16_round(gelu ? gelu_tanh(z_ref) : z_ref)));
-        if (gelu) CHECK(ln16_same(z, ln16_round(z_ref)));
+        const Tensor z_ref = add(acc, bf16_widened(b));
+        CHECK(ln16_same(y, bf16_rounded(gelu ? gelu_tanh(z_ref) : z_ref)));
+        if (gelu) CHECK(ln16_same(z, bf16_rounded(z_ref)));
 
         Tensor gx = empty_like(x), gw = empty_like(w), gb = empty_like(b);
         cpu::linear_backward(gx, gw, gb, gy, x, w, z, act);
         Tensor fx = empty(x.shape(), DType::f32), fw = empty(w.shape(), DType::f32), fb = empty({c.out}, DType::f32);
-        cpu::linear_backward(fx, fw, fb, ln16_wide(gy), ln16_wide(x), ln16_wide(w), ln16_wide(z), act);
-        CHECK(ln16_same(gb, ln16_round(fb)));
+        cpu::linear_backward(fx, fw, fb, bf16_widened(gy), bf16_widened(x), bf16_widened(w), bf16_widened(z), act);
+        CHECK(ln16_same(gb, bf16_rounded(fb)));
       }
     }
     // GELU's input gradient (mlp_gelu's backward): grad_b from oneDNN's f32 product
     // gy w against the f32 kernel's GELU column pass on that product.
     Tensor y = empty({c.rows, c.out}, DType::bf16), z = empty_like(y);
     cpu::linear_forward(y, z, x, w, b, Activation::gelu_tanh);
-    const Tensor g2 = ln16_spread({c.rows, c.in}, 84);
-    const Tensor w2 = ln16_rnd({c.in, c.out}, 85, 0.2);  // [in2, out2]: z is the second layer's input
+    const Tensor g2 = bf16_spread({c.rows, c.in}, 84);
+    const Tensor w2 = bf16_rnd({c.in, c.out}, 85, 0.2);  // [in2, out2]: z is the second layer's input
     const Tensor grad_m = ln16_product(g2, w2, false);
     Tensor gz = empty_like(z), gb = empty_like(b);
     cpu::gelu_input_backward(gz, gb, g2, w2, z);
     Tensor fx = empty({c.rows, 1}, DType::f32), fw, fb = empty({c.out}, DType::f32);
     const Tensor one_w = zeros({c.out, 1}, DType::f32);  // linear_backward's GEMMs unused: only grad_b is read
-    cpu::linear_backward(fx, fw, fb, grad_m, zeros({c.rows, 1}, DType::f32), one_w, ln16_wide(z),
+    cpu::linear_backward(fx, fw, fb, grad_m, zeros({c.rows, 1}, DType::f32), one_w, bf16_widened(z),
                          Activation::gelu_tanh);
-    CHECK(ln16_same(gb, ln16_round(fb)));
+    CHECK(ln16_same(gb, bf16_rounded(fb)));
   }
 }

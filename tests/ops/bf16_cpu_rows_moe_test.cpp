@@ -18,6 +18,7 @@
 
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
+#include "ops/bf16_rows_fixtures.h"
 #include "ops/common/bf16_widen.h"
 #include "ops/elementwise/elementwise_kernels.h"
 #include "ops/moe/moe_kernels.h"
@@ -26,39 +27,15 @@
 #include "testing.h"
 
 using namespace moetrain;
+using moetrain::testing::bf16_rnd;
+using moetrain::testing::bf16_rounded;
+using moetrain::testing::bf16_spread;
+using moetrain::testing::bf16_widened;
 
 namespace {
 
-Tensor rows_moe_rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
-  return mul_scalar(randn(s, DType::f32, seed), scale).to(DType::bf16).detach();
-}
-// bf16 values of two magnitudes (a third ±2^20, the rest randn), their signs random:
-// an f32 sum of them cancels the large ones exactly and loses the small ones' bits
-// by an amount that depends on the order of the additions, so a sum taken in another
-// order than the f32 kernel's shows after the bf16 rounding too (sums of values of one
-// magnitude are often exact in f32: bf16 has 8 significant bits, f32 24).
-Tensor rows_moe_spread(const Shape& s, uint64_t seed) {
-  const std::vector<double> v = randn(s, DType::f64, seed).to_vector();
-  std::vector<double> out(v.size());
-  uint64_t h = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < v.size(); ++i) {
-    h = h * 6364136223846793005ull + 1442695040888963407ull;
-    out[i] = (h >> 33) % 3 == 0 ? std::copysign(1048576.0, v[i]) : v[i];
-  }
-  return from_vector(out, s, DType::bf16);
-}
-Tensor rows_moe_wide(const Tensor& t) { return t.defined() ? cpu::widen_bf16(t) : Tensor(); }
-Tensor rows_moe_round(const Tensor& f32) {
-  Tensor out = empty(f32.shape(), DType::bf16);
-  cpu::round_into_bf16(out, f32);
-  return out;
-}
 bool rows_moe_same(const Tensor& a, const Tensor& b) { return moetrain::testing::bitwise_equal(a, b); }
 
-struct RowsMoeThreads {
-  int saved = cpu::num_threads();
-  ~RowsMoeThreads() { cpu::set_num_threads(saved); }
-};
 
 // ---- the scaled norms (RMSNorm, L2 norm, gated RMSNorm) ----
 
@@ -83,13 +60,13 @@ NormRun norm_run(const Tensor& x, const Tensor& w, const Tensor& z, const Tensor
 
 void check_norm_bits(const Tensor& x, const Tensor& w, const Tensor& z, const Tensor& dy, double scale) {
   const NormRun native = norm_run(x, w, z, dy, scale);
-  const NormRun wide = norm_run(rows_moe_wide(x), rows_moe_wide(w), rows_moe_wide(z), rows_moe_wide(dy), scale);
+  const NormRun wide = norm_run(bf16_widened(x), bf16_widened(w), bf16_widened(z), bf16_widened(dy), scale);
   CHECK(native.y.dtype() == DType::bf16);
-  CHECK(rows_moe_same(native.y, rows_moe_round(wide.y)));
+  CHECK(rows_moe_same(native.y, bf16_rounded(wide.y)));
   CHECK(rows_moe_same(native.rstd, wide.rstd));
-  CHECK(rows_moe_same(native.dx, rows_moe_round(wide.dx)));
-  if (w.defined()) CHECK(rows_moe_same(native.dw, rows_moe_round(wide.dw)));
-  if (z.defined()) CHECK(rows_moe_same(native.dz, rows_moe_round(wide.dz)));
+  CHECK(rows_moe_same(native.dx, bf16_rounded(wide.dx)));
+  if (w.defined()) CHECK(rows_moe_same(native.dw, bf16_rounded(wide.dw)));
+  if (z.defined()) CHECK(rows_moe_same(native.dz, bf16_rounded(wide.dz)));
 }
 
 struct AddNormRun {
@@ -190,8 +167,8 @@ TEST_CASE("bf16 cpu rows moe: RMSNorm, L2 norm and gated RMSNorm row by row have
   // bf16 rounding (about 2 in 2^16 values sit that close to a rounding boundary).
   for (const Shape& shape : {Shape{37, 67}, Shape{3, 5, 128}, Shape{9, 1}, Shape{1, 257}, Shape{1024, 1031}}) {
     const int64_t n = shape[shape.ndim() - 1];
-    const Tensor x = rows_moe_rnd(shape, 1, 2.0), dy = rows_moe_rnd(shape, 2);
-    const Tensor w = rows_moe_rnd({n}, 3, 0.5), z = rows_moe_rnd(shape, 4, 3.0);
+    const Tensor x = bf16_rnd(shape, 1, 2.0), dy = bf16_rnd(shape, 2);
+    const Tensor w = bf16_rnd({n}, 3, 0.5), z = bf16_rnd(shape, 4, 3.0);
     INFO(fmt::format("shape {}", shape));
     INFO("rms_norm");
     check_norm_bits(x, w, Tensor(), dy, 1.0 / static_cast<double>(n));
@@ -207,15 +184,15 @@ TEST_CASE("bf16 cpu rows moe: RMSNorm, L2 norm and gated RMSNorm row by row have
 TEST_CASE("bf16 cpu rows moe: a bf16 gate under f32 x still reads as the widened gate", "[ops][bf16]") {
   // KDA's gated RMSNorm: f32 o, bf16 gate z (ops/norm/norm.cpp); z widened, dz rounded once.
   const Tensor x = randn({11, 2, 64}, DType::f32, 5), dy = randn({11, 2, 64}, DType::f32, 6);
-  const Tensor w = randn({64}, DType::f32, 7), z = rows_moe_rnd({11, 2, 64}, 8, 2.0);
+  const Tensor w = randn({64}, DType::f32, 7), z = bf16_rnd({11, 2, 64}, 8, 2.0);
   const NormRun mixed = norm_run(x, w, z, dy, 1.0 / 64);
-  const NormRun wide = norm_run(x, w, rows_moe_wide(z), dy, 1.0 / 64);
+  const NormRun wide = norm_run(x, w, bf16_widened(z), dy, 1.0 / 64);
   CHECK(rows_moe_same(mixed.y, wide.y));
   CHECK(rows_moe_same(mixed.rstd, wide.rstd));
   CHECK(rows_moe_same(mixed.dx, wide.dx));
   CHECK(rows_moe_same(mixed.dw, wide.dw));
   REQUIRE(mixed.dz.dtype() == DType::bf16);
-  CHECK(rows_moe_same(mixed.dz, rows_moe_round(wide.dz)));
+  CHECK(rows_moe_same(mixed.dz, bf16_rounded(wide.dz)));
 }
 
 TEST_CASE("bf16 cpu rows moe: the fused residual add + RMSNorm row by row has the bits of the widened kernel",
@@ -223,26 +200,26 @@ TEST_CASE("bf16 cpu rows moe: the fused residual add + RMSNorm row by row has th
   for (const Shape& shape : {Shape{4, 33, 256}, Shape{13, 71}, Shape{2, 1}, Shape{1024, 1031}}) {
     const int64_t n = shape[shape.ndim() - 1];
     INFO(fmt::format("shape {}", shape));
-    const Tensor x = rows_moe_rnd(shape, 10, 3.0), d = rows_moe_rnd(shape, 11);
-    const Tensor gh = rows_moe_rnd(shape, 12), gy = rows_moe_rnd(shape, 13);
+    const Tensor x = bf16_rnd(shape, 10, 3.0), d = bf16_rnd(shape, 11);
+    const Tensor gh = bf16_rnd(shape, 12), gy = bf16_rnd(shape, 13);
     for (bool weighted : {true, false}) {
-      const Tensor w = weighted ? rows_moe_rnd({n}, 14, 0.7) : Tensor();
+      const Tensor w = weighted ? bf16_rnd({n}, 14, 0.7) : Tensor();
       const AddNormRun native = add_norm_run(x, d, w, gh, gy, 1.0 / static_cast<double>(n));
-      const AddNormRun wide = add_norm_run(rows_moe_wide(x), rows_moe_wide(d), rows_moe_wide(w), rows_moe_wide(gh),
-                                           rows_moe_wide(gy), 1.0 / static_cast<double>(n));
-      CHECK(rows_moe_same(native.h, rows_moe_round(wide.h)));
-      CHECK(rows_moe_same(native.y, rows_moe_round(wide.y)));
+      const AddNormRun wide = add_norm_run(bf16_widened(x), bf16_widened(d), bf16_widened(w), bf16_widened(gh),
+                                           bf16_widened(gy), 1.0 / static_cast<double>(n));
+      CHECK(rows_moe_same(native.h, bf16_rounded(wide.h)));
+      CHECK(rows_moe_same(native.y, bf16_rounded(wide.y)));
       CHECK(rows_moe_same(native.rstd, wide.rstd));
       // The backward reads h: the widened kernel's f32 h is the bf16 h's values only where
       // the sum was exact, so both backward passes run on the (same) bf16 h.
       AddNormRun wide_back = wide;
       wide_back.dx = empty(shape, DType::f32);
       if (weighted) wide_back.dw = empty({n}, DType::f32);
-      cpu::add_scaled_norm_backward(wide_back.dx, weighted ? &wide_back.dw : nullptr, rows_moe_wide(gh),
-                                    rows_moe_wide(gy), rows_moe_wide(native.h), rows_moe_wide(w), native.rstd,
+      cpu::add_scaled_norm_backward(wide_back.dx, weighted ? &wide_back.dw : nullptr, bf16_widened(gh),
+                                    bf16_widened(gy), bf16_widened(native.h), bf16_widened(w), native.rstd,
                                     1.0 / static_cast<double>(n));
-      CHECK(rows_moe_same(native.dx, rows_moe_round(wide_back.dx)));
-      if (weighted) CHECK(rows_moe_same(native.dw, rows_moe_round(wide_back.dw)));
+      CHECK(rows_moe_same(native.dx, bf16_rounded(wide_back.dx)));
+      if (weighted) CHECK(rows_moe_same(native.dw, bf16_rounded(wide_back.dw)));
     }
   }
 }
@@ -255,18 +232,18 @@ TEST_CASE("bf16 cpu rows moe: the MoE combine token by token has the bits of the
     for (bool spread : {false, true}) {
     INFO("N " << s.N << " k " << s.k << " W " << s.W << (spread ? ", magnitudes spread" : ""));
     const CombineCase c = combine_case(s.N, s.k, s.W);
-    const Tensor rows = spread ? rows_moe_spread({c.M, c.W}, 20) : rows_moe_rnd({c.M, c.W}, 20, 2.0);
-    const Tensor weights = rows_moe_rnd({c.N, c.k}, 21, 0.3);
-    const Tensor dy = spread ? rows_moe_spread({c.N, c.W}, 22) : rows_moe_rnd({c.N, c.W}, 22);
+    const Tensor rows = spread ? bf16_spread({c.M, c.W}, 20) : bf16_rnd({c.M, c.W}, 20, 2.0);
+    const Tensor weights = bf16_rnd({c.N, c.k}, 21, 0.3);
+    const Tensor dy = spread ? bf16_spread({c.N, c.W}, 22) : bf16_rnd({c.N, c.W}, 22);
     // Rows no slot names keep what grad_rows held (the op's zeros; a marker here).
-    const Tensor grad_rows_in = rows_moe_rnd({c.M, c.W}, 23);
+    const Tensor grad_rows_in = bf16_rnd({c.M, c.W}, 23);
     const CombineRun native = combine_run(c, rows, weights, dy, grad_rows_in);
     const CombineRun wide =
-        combine_run(c, rows_moe_wide(rows), rows_moe_wide(weights), rows_moe_wide(dy), rows_moe_wide(grad_rows_in));
+        combine_run(c, bf16_widened(rows), bf16_widened(weights), bf16_widened(dy), bf16_widened(grad_rows_in));
     CHECK(native.y.dtype() == DType::bf16);
-    CHECK(rows_moe_same(native.y, rows_moe_round(wide.y)));
-    CHECK(rows_moe_same(native.grad_rows, rows_moe_round(wide.grad_rows)));
-    CHECK(rows_moe_same(native.grad_weights, rows_moe_round(wide.grad_weights)));
+    CHECK(rows_moe_same(native.y, bf16_rounded(wide.y)));
+    CHECK(rows_moe_same(native.grad_rows, bf16_rounded(wide.grad_rows)));
+    CHECK(rows_moe_same(native.grad_weights, bf16_rounded(wide.grad_weights)));
     // The unnamed rows (the last 3) are untouched; the dropped slots' weight gradients are 0.
     CHECK(rows_moe_same(slice(native.grad_rows, 0, c.M - 3, c.M), slice(grad_rows_in, 0, c.M - 3, c.M)));
     CHECK(native.grad_weights.to_vector()[2] == 0.0);
@@ -281,12 +258,12 @@ TEST_CASE("bf16 cpu rows moe: index_select's backward row by row has the bits of
   const int64_t n = static_cast<int64_t>(idx.size()), mid = 11;
   for (auto [outer, inner] : {std::pair<int64_t, int64_t>{1, 67}, {1, 128}, {3, 5}, {6, 1}}) {
     INFO("outer " << outer << " inner " << inner);
-    const Tensor g = rows_moe_spread({outer, n, inner}, 30);
+    const Tensor g = bf16_spread({outer, n, inner}, 30);
     for (bool zero_start : {true, false}) {
-      const Tensor start = zero_start ? zeros({outer, mid, inner}, DType::bf16) : rows_moe_rnd({outer, mid, inner}, 31);
+      const Tensor start = zero_start ? zeros({outer, mid, inner}, DType::bf16) : bf16_rnd({outer, mid, inner}, 31);
       const Tensor native = index_backward_run(start, g, index_of(idx), outer, inner);
-      const Tensor wide = index_backward_run(rows_moe_wide(start), rows_moe_wide(g), index_of(idx), outer, inner);
-      CHECK(rows_moe_same(native, rows_moe_round(wide)));
+      const Tensor wide = index_backward_run(bf16_widened(start), bf16_widened(g), index_of(idx), outer, inner);
+      CHECK(rows_moe_same(native, bf16_rounded(wide)));
       // Row 3 is named by no index: as it was.
       CHECK(rows_moe_same(slice(native, 1, 3, 4), slice(start, 1, 3, 4)));
     }
@@ -297,29 +274,29 @@ TEST_CASE("bf16 cpu rows moe: MLA's output gate element by element has the bits 
           "[ops][bf16]") {
   for (const Shape& shape : {Shape{37, 67}, Shape{2, 3, 5}, Shape{1024, 1031}}) {
     INFO(fmt::format("shape {}", shape));
-    const Tensor x = rows_moe_rnd(shape, 50, 2.0), z = rows_moe_rnd(shape, 51, 4.0), dy = rows_moe_rnd(shape, 52);
+    const Tensor x = bf16_rnd(shape, 50, 2.0), z = bf16_rnd(shape, 51, 4.0), dy = bf16_rnd(shape, 52);
     for (int which : {0, 1, 2}) {
       INFO("gradients " << which);
       const GateRun native = gate_run(x, z, dy, which);
-      const GateRun wide = gate_run(rows_moe_wide(x), rows_moe_wide(z), rows_moe_wide(dy), which);
+      const GateRun wide = gate_run(bf16_widened(x), bf16_widened(z), bf16_widened(dy), which);
       CHECK(native.y.dtype() == DType::bf16);
-      CHECK(rows_moe_same(native.y, rows_moe_round(wide.y)));
-      if (which != 2) CHECK(rows_moe_same(native.dx, rows_moe_round(wide.dx)));
-      if (which != 1) CHECK(rows_moe_same(native.dz, rows_moe_round(wide.dz)));
+      CHECK(rows_moe_same(native.y, bf16_rounded(wide.y)));
+      if (which != 2) CHECK(rows_moe_same(native.dx, bf16_rounded(wide.dx)));
+      if (which != 1) CHECK(rows_moe_same(native.dz, bf16_rounded(wide.dz)));
     }
   }
 }
 
 TEST_CASE("bf16 cpu rows moe: the same bits at 1 and 2 threads", "[ops][bf16]") {
-  RowsMoeThreads guard;
-  const Tensor x = rows_moe_rnd({45, 130}, 40, 2.0), d = rows_moe_rnd({45, 130}, 41);
-  const Tensor w = rows_moe_rnd({130}, 42), z = rows_moe_rnd({45, 130}, 43), dy = rows_moe_rnd({45, 130}, 44);
+  moetrain::testing::ThreadCountGuard guard;
+  const Tensor x = bf16_rnd({45, 130}, 40, 2.0), d = bf16_rnd({45, 130}, 41);
+  const Tensor w = bf16_rnd({130}, 42), z = bf16_rnd({45, 130}, 43), dy = bf16_rnd({45, 130}, 44);
   const CombineCase c = combine_case(70, 4, 96);
-  const Tensor rows = rows_moe_rnd({c.M, c.W}, 45), weights = rows_moe_rnd({c.N, c.k}, 46, 0.3);
-  const Tensor cdy = rows_moe_rnd({c.N, c.W}, 47);
+  const Tensor rows = bf16_rnd({c.M, c.W}, 45), weights = bf16_rnd({c.N, c.k}, 46, 0.3);
+  const Tensor cdy = bf16_rnd({c.N, c.W}, 47);
   std::vector<int64_t> idx;
   for (int64_t i = 0; i < 300; ++i) idx.push_back((i * 7919) % 97);
-  const Tensor g = rows_moe_rnd({300, 33}, 48);
+  const Tensor g = bf16_rnd({300, 33}, 48);
   struct Run {
     NormRun gated;
     AddNormRun add;
