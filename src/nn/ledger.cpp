@@ -472,7 +472,8 @@ std::string memory_text(const Ledger& l) {
       l.recompute ? fmt::format(" + {} for the layer being recomputed", human_bytes(w.activation_bytes - alive)) : "",
       w.grad_sync_bytes > 0 ? fmt::format(" + gradient buckets {}", human_bytes(w.grad_sync_bytes)) : "",
       w.cpu_widen_bytes > 0
-          ? fmt::format(" + f32 transients of bf16 ops on the CPU {} ({})", human_bytes(w.cpu_widen_bytes), l.cpu_widen_op)
+          ? fmt::format(" + f32 transients of bf16 ops on the CPU {} ({})", human_bytes(w.cpu_widen_bytes),
+                        l.cpu_widen_op)
           : "",
       human_bytes(l.bytes_per_rank));
   out += fmt::format("  against {}: {}\n", cluster_text(c),

@@ -4,7 +4,9 @@
 // sum_to (the position embedding's gradient, MLA's shared rope key, bias gradients)
 // reads bf16 values widened and rounds each sum once; dropout (GPT-2's, when
 // model.dropout > 0) rounds each widened product once. Instead of cpu::run_kernel's
-// whole-tensor widening.
+// whole-tensor widening. And the biased linears' passes around oneDNN's f32 product
+// (bias, GELU, GELU's derivative, the bias gradient), which read grad_y and z as stored
+// instead of widened copies.
 //
 // Checked, forward and backward, weight and bias present or absent:
 //  - the same bits as the widening route (widen_bf16, the f32 kernel, round_into_bf16):
@@ -91,8 +93,8 @@ void check_layer_norm_bits(const Tensor& x, const Tensor& d, const Tensor& w, co
   // widened kernel's f32 h holds the bf16 h's values only where the sum was exact).
   const Tensor back_h = fused ? native.h : x;
   ln_backward(native, fused, back_h, gh, dy, w, b, native.mean, native.rstd);
-  ln_backward(wide, fused, bf16_widened(back_h), bf16_widened(gh), bf16_widened(dy), bf16_widened(w), bf16_widened(b), native.mean,
-              native.rstd);
+  ln_backward(wide, fused, bf16_widened(back_h), bf16_widened(gh), bf16_widened(dy), bf16_widened(w), bf16_widened(b),
+              native.mean, native.rstd);
   REQUIRE(native.dx.dtype() == DType::bf16);
   CHECK(ln16_same(native.dx, bf16_rounded(wide.dx)));
   if (w.defined()) CHECK(ln16_same(native.dw, bf16_rounded(wide.dw)));
@@ -139,7 +141,7 @@ TEST_CASE("bf16 cpu rows gpt2: the fused residual add + LayerNorm row by row has
   }
 }
 
-TEST_CASE("bf16 cpu rows gpt2: the same bits at 1 and 2 threads", "[ops][bf16]") {
+TEST_CASE("bf16 cpu rows gpt2: LayerNorm gives the same bits at 1 and 2 threads", "[ops][bf16]") {
   moetrain::testing::ThreadCountGuard guard;
   const Tensor x = bf16_spread({45, 130}, 40), d = bf16_rnd({45, 130}, 41);
   const Tensor w = bf16_rnd({130}, 42), b = bf16_rnd({130}, 43);
@@ -165,7 +167,8 @@ TEST_CASE("bf16 cpu rows gpt2: the same bits at 1 and 2 threads", "[ops][bf16]")
 TEST_CASE("bf16 cpu rows gpt2: bf16 x with bf16 statistics is refused, naming them", "[ops][bf16]") {
   const Tensor x = bf16_rnd({4, 8}, 50);
   Tensor y = empty_like(x), mean = empty({4}, DType::bf16), rstd = empty({4}, DType::f32);
-  const std::string e = moetrain::testing::error_of([&] { cpu::layer_norm_forward(y, mean, rstd, x, Tensor(), Tensor(), 1e-5); });
+  const std::string e =
+      moetrain::testing::error_of([&] { cpu::layer_norm_forward(y, mean, rstd, x, Tensor(), Tensor(), 1e-5); });
   CHECK_THAT(e, Catch::Contains("layer_norm_forward") && Catch::Contains("f32 statistics") && Catch::Contains("bf16"));
 }
 

@@ -84,10 +84,12 @@ inline void softmax_grad_rows(T* __restrict dS, const T* __restrict P, const T* 
 // AVX512-BF16 by CPU) refuses any row stride other than the width and leaves such a
 // product to its generic gemm:jit, which never uses AMX.
 void pack_rows(bf16* __restrict dst, const bf16* __restrict src, int64_t rows, int64_t cols, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, src + r * ld, static_cast<size_t>(cols) * sizeof(bf16));
+  const size_t bytes = static_cast<size_t>(cols) * sizeof(bf16);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, src + r * ld, bytes);
 }
 void unpack_rows(bf16* __restrict dst, int64_t ld, const bf16* __restrict src, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld, src + r * cols, static_cast<size_t>(cols) * sizeof(bf16));
+  const size_t bytes = static_cast<size_t>(cols) * sizeof(bf16);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld, src + r * cols, bytes);
 }
 
 // C [m, n] (row stride ldc, dtype c_type) = op(A) op(B) (+ C when accumulate) for bf16 A
