@@ -30,6 +30,9 @@
 //                      does (it runs KDA in f32), so they show the widened op's cost
 //   The bf16-step-* tables print each dtype's median CPU time (user + system) as well:
 //   with MOETRAIN_NUM_THREADS=1 it is the work per step even on a loaded machine.
+//   After the table, each case that ran oneDNN products lists its matmul calls per
+//   timed step by oneDNN implementation (onednn::impl_counts): on an AMX CPU, what is
+//   not "brg:avx512_core_amx..." does not use AMX.
 // FLOP counts: the models' own flops_per_token (6N + attention), the KDA chunked
 // FLOP model of bench/kda_case.h, and 3x the MoE layer's forward multiply-adds.
 #include <algorithm>
@@ -68,23 +71,34 @@ struct Result {
   double ms = 0, tokens = 0, flops = 0;  // per step
   Usage usage;                           // per step
   double torch_ms = -1;
+  std::map<std::string, int64_t> onednn_calls;  // oneDNN matmul calls over the timed steps, by implementation
 };
 
 // Warm-up step, then the mean of `steps`; usage per step over the timed steps.
 Result measure(const std::string& name, int steps, double tokens, double flops, const std::function<void()>& step) {
   step();
+  cpu::onednn::reset_impl_counts();
   Usage u0 = Usage::now();
   auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) step();
   double sec = seconds_since(t0) / steps;
   Usage du = Usage::now() - u0;
   Result r;
+  r.onednn_calls = cpu::onednn::impl_counts();
   r.name = name;
   r.ms = sec * 1e3;
   r.tokens = tokens;
   r.flops = flops;
   r.usage = {du.user_s / steps, du.sys_s / steps, du.minor_faults / steps};
   return r;
+}
+
+// "brg:avx512_core_bf16 2,094, gemm:jit 6,912" per step.
+std::string calls_text(const Result& r, int steps) {
+  std::vector<std::string> parts;
+  for (const auto& [impl, n] : r.onednn_calls)
+    parts.push_back(fmt::format("{} {:.0f}", impl, static_cast<double>(n) / std::max(steps, 1)));
+  return fmt::format("{}", fmt::join(parts, ", "));
 }
 
 // Wall time per component of a step (profile regions, core/profile.h), by case.
@@ -433,6 +447,7 @@ int main(int argc, char** argv) {
                     : fmt::format("GOMP_SPINCOUNT={}", spin ? spin : "libgomp default"));
   std::stringstream list(cases);
   bool header = false;
+  std::vector<std::string> onednn_lines;  // per case with oneDNN products
   for (std::string name; std::getline(list, name, ',');) {
     Result r;
     if (name == "gemm") {
@@ -484,7 +499,13 @@ int main(int argc, char** argv) {
                r.usage.minor_faults, r.torch_ms > 0 ? fmt::format("{:.1f}", r.torch_ms) : "-",
                r.torch_ms > 0 ? fmt::format("{:.2f}x", r.torch_ms / r.ms) : "-");
     std::fflush(stdout);
+    if (!r.onednn_calls.empty()) onednn_lines.push_back(fmt::format("  {:<13} {}", r.name, calls_text(r, steps)));
   }
+  // Which of oneDNN's implementations ran the products: on an AMX CPU only brgemm
+  // ("brg:avx512_core_amx...") uses AMX; gemm:jit never does (docs/performance.md).
+  if (!onednn_lines.empty())
+    fmt::print("\noneDNN matmul calls per timed step, by implementation (AMX: brg:avx512_core_amx only):\n{}\n",
+               fmt::join(onednn_lines, "\n"));
   for (const auto& [name, table] : g_breakdowns)
     fmt::print("\n{} step by component (wall time, profiled steps after the timed ones):\n{}\n", name, table);
   const cpu::HostAllocatorStats a = cpu::host_allocator_stats();
