@@ -47,10 +47,8 @@ struct LnRun {
   Tensor h, y, mean, rstd, dx, dw, db;
 };
 
-// LayerNorm (d undefined) or the fused add + LayerNorm, forward then backward with dy
-// (and grad_h = gh for the fused one). Stats in f32 (bf16 x) or in x's type (f32 x:
-// the widening route's f32 kernel). The backward reads back_h (the fused op's saved h;
-// x for plain LayerNorm) with back_mean, back_rstd.
+// LayerNorm's forward (d undefined) or the fused add + LayerNorm's; mean and rstd in
+// f32 for either x (bf16: the kernel's own path; f32: the widening route's f32 kernel).
 LnRun ln_forward(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor& b) {
   LnRun r;
   const Shape stats = x.shape().drop_last();
@@ -65,6 +63,8 @@ LnRun ln_forward(const Tensor& x, const Tensor& d, const Tensor& w, const Tensor
   }
   return r;
 }
+// The backward with dy (and grad_h = gh when fused), reading back_h (the fused op's
+// saved h; x for plain LayerNorm) and the statistics mean, rstd.
 void ln_backward(LnRun& r, bool fused, const Tensor& back_h, const Tensor& gh, const Tensor& dy, const Tensor& w,
                  const Tensor& b, const Tensor& mean, const Tensor& rstd) {
   r.dx = empty_like(back_h);
