@@ -19,6 +19,14 @@ decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
   }
 }
 
+// f32, f64 and bf16: the CPU kernels with a bf16 path of their own (bf16 values read
+// widened, results rounded once; ops/common/bf16_rows.h).
+template <class F>
+decltype(auto) dispatch_float_or_bf16(DType t, const char* op, F&& f) {
+  if (t == DType::bf16) return f(bf16{});
+  return dispatch_float(t, op, static_cast<F&&>(f));
+}
+
 // i32 and i64 (index tensors).
 template <class F>
 decltype(auto) dispatch_index(DType t, const char* op, F&& f) {

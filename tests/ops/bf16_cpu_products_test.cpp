@@ -23,6 +23,7 @@
 #include "backend/cpu/parallel.h"
 #include "moetrain.h"
 #include "ops/attnres/attnres_kernels.h"
+#include "ops/bf16_rows_fixtures.h"
 #include "ops/common/bf16_widen.h"
 #include "ops/elementwise/elementwise_kernels.h"
 #include "ops/situ/situ.h"
@@ -31,29 +32,14 @@
 #include "testing.h"
 
 using namespace moetrain;
+using moetrain::testing::bf16_rnd;
+using moetrain::testing::bf16_rounded;
+using moetrain::testing::bf16_widened;
 
 namespace {
 
 constexpr double kProductsForwardTol = 1e-2;
 constexpr double kProductsBackwardTol = 3e-2;
-
-Tensor products_rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
-  return mul_scalar(randn(s, DType::f32, seed), scale).to(DType::bf16).detach();
-}
-
-// The widening route of cpu::run_kernel, spelled out: f32 copies in, the f32 kernel,
-// each bf16 output rounded once.
-Tensor products_widened(const Tensor& t) { return cpu::widen_bf16(t); }
-Tensor products_rounded(const Tensor& f32) {
-  Tensor out = empty(f32.shape(), DType::bf16);
-  cpu::round_into_bf16(out, f32);
-  return out;
-}
-
-struct ProductsThreadsGuard {
-  int saved = cpu::num_threads();
-  ~ProductsThreadsGuard() { cpu::set_num_threads(saved); }
-};
 
 struct CrossEntropyRun {
   Tensor lse, grad;
@@ -82,20 +68,20 @@ Tensor cross_entropy_targets(int64_t n, int64_t classes) {
 
 TEST_CASE("bf16 cpu products: cross entropy row by row has the bits of the widened kernel", "[ops][bf16]") {
   const int64_t n = 37, v = 1000, classes = 990;
-  const Tensor logits = products_rnd({n, v}, 1, 3.0);
+  const Tensor logits = bf16_rnd({n, v}, 1, 3.0);
   const Tensor targets = cross_entropy_targets(n, classes);
   const CrossEntropyRun native = cross_entropy_kernels(logits, targets, classes);
-  const CrossEntropyRun wide = cross_entropy_kernels(products_widened(logits), targets, classes);
+  const CrossEntropyRun wide = cross_entropy_kernels(bf16_widened(logits), targets, classes);
   CHECK(native.grad.dtype() == DType::bf16);
   CHECK(moetrain::testing::bitwise_equal(native.lse, wide.lse));
   CHECK(native.loss_sum == wide.loss_sum);  // same row values summed in the same order
   CHECK(native.count == wide.count);
-  CHECK(moetrain::testing::bitwise_equal(native.grad, products_rounded(wide.grad)));
+  CHECK(moetrain::testing::bitwise_equal(native.grad, bf16_rounded(wide.grad)));
 }
 
 TEST_CASE("bf16 cpu products: cross entropy on bf16 logits matches f32", "[ops][bf16]") {
   const int64_t n = 40, v = 512;
-  const Tensor logits16 = products_rnd({n, v}, 2, 2.0);
+  const Tensor logits16 = bf16_rnd({n, v}, 2, 2.0);
   const Tensor targets = cross_entropy_targets(n, v);
   Tensor lo = logits16.detach(), hi = logits16.to(DType::f32).detach();
   lo.set_requires_grad(true);
@@ -119,13 +105,13 @@ TEST_CASE("bf16 cpu products: binary ops have the bits of the widened kernel", "
   };
   for (const Shapes& s : {Shapes{{5, 300}, {5, 300}, {5, 300}}, Shapes{{6, 7, 33}, {33}, {6, 7, 33}},
                           Shapes{{4, 1, 9}, {4, 5, 1}, {4, 5, 9}}}) {
-    const Tensor a = products_rnd(s.a, 3), b = products_rnd(s.b, 4, 0.5);
+    const Tensor a = bf16_rnd(s.a, 3), b = bf16_rnd(s.b, 4, 0.5);
     for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::max}) {
       INFO(fmt::format("op {} a {} b {}", static_cast<int>(op), s.a, s.b));
       Tensor native = empty(s.out, DType::bf16), wide = empty(s.out, DType::f32);
       cpu::binary_forward(op, native, a, b);
-      cpu::binary_forward(op, wide, products_widened(a), products_widened(b));
-      CHECK(moetrain::testing::bitwise_equal(native, products_rounded(wide)));
+      cpu::binary_forward(op, wide, bf16_widened(a), bf16_widened(b));
+      CHECK(moetrain::testing::bitwise_equal(native, bf16_rounded(wide)));
     }
   }
   // NaN stays NaN through the rounding (max passes a NaN on).
@@ -140,28 +126,28 @@ TEST_CASE("bf16 cpu products: binary ops have the bits of the widened kernel", "
 
 TEST_CASE("bf16 cpu products: SiTU-GLU in blocks has the bits of the widened kernel", "[ops][bf16]") {
   // 5000 elements: several 1024-element blocks per thread and a partial one.
-  const Tensor gate = products_rnd({5, 1000}, 5, 2.0), up = products_rnd({5, 1000}, 6, 3.0);
-  const Tensor dout = products_rnd({5, 1000}, 7);
+  const Tensor gate = bf16_rnd({5, 1000}, 5, 2.0), up = bf16_rnd({5, 1000}, 6, 3.0);
+  const Tensor dout = bf16_rnd({5, 1000}, 7);
   for (double lambda : {0.0, 2.5}) {
     INFO("lambda " << lambda);
     Tensor native = empty_like(gate), wide = empty(gate.shape(), DType::f32);
     cpu::situ_glu_forward(native, gate, up, 1.5, lambda);
-    cpu::situ_glu_forward(wide, products_widened(gate), products_widened(up), 1.5, lambda);
-    CHECK(moetrain::testing::bitwise_equal(native, products_rounded(wide)));
+    cpu::situ_glu_forward(wide, bf16_widened(gate), bf16_widened(up), 1.5, lambda);
+    CHECK(moetrain::testing::bitwise_equal(native, bf16_rounded(wide)));
     Tensor dg = empty_like(gate), du = empty_like(gate);
     Tensor wdg = empty(gate.shape(), DType::f32), wdu = empty(gate.shape(), DType::f32);
     double beta_native = 0, beta_wide = 0;
     cpu::situ_glu_backward(dg, du, &beta_native, dout, gate, up, 1.5, lambda);
-    cpu::situ_glu_backward(wdg, wdu, &beta_wide, products_widened(dout), products_widened(gate), products_widened(up), 1.5, lambda);
-    CHECK(moetrain::testing::bitwise_equal(dg, products_rounded(wdg)));
-    CHECK(moetrain::testing::bitwise_equal(du, products_rounded(wdu)));
+    cpu::situ_glu_backward(wdg, wdu, &beta_wide, bf16_widened(dout), bf16_widened(gate), bf16_widened(up), 1.5, lambda);
+    CHECK(moetrain::testing::bitwise_equal(dg, bf16_rounded(wdg)));
+    CHECK(moetrain::testing::bitwise_equal(du, bf16_rounded(wdu)));
     CHECK(std::abs(beta_native - beta_wide) <= 1e-12 * std::abs(beta_wide));
     CHECK(beta_wide != 0.0);
   }
 }
 
 TEST_CASE("bf16 cpu products: SiTU-GLU and binary ops on bf16 match f32", "[ops][bf16]") {
-  const Tensor gate = products_rnd({3, 8, 96}, 8, 2.0), up = products_rnd({3, 8, 96}, 9, 2.0);
+  const Tensor gate = bf16_rnd({3, 8, 96}, 8, 2.0), up = bf16_rnd({3, 8, 96}, 9, 2.0);
   Tensor lo_g = gate.detach(), lo_u = up.detach();
   Tensor hi_g = gate.to(DType::f32).detach(), hi_u = up.to(DType::f32).detach();
   for (Tensor* t : {&lo_g, &lo_u, &hi_g, &hi_u}) t->set_requires_grad(true);
@@ -171,7 +157,7 @@ TEST_CASE("bf16 cpu products: SiTU-GLU and binary ops on bf16 match f32", "[ops]
   const double ef = moetrain::testing::rel_error(lo.to(DType::f64), hi.to(DType::f64));
   INFO("forward relative error " << ef);
   CHECK(ef <= kProductsForwardTol);
-  const Tensor w = products_rnd(lo.shape(), 10);
+  const Tensor w = bf16_rnd(lo.shape(), 10);
   autograd::backward({lo}, {w});
   autograd::backward({hi}, {w.to(DType::f32)});
   for (auto [l, h] : {std::pair{lo_g, hi_g}, std::pair{lo_u, hi_u}}) {
@@ -184,11 +170,11 @@ TEST_CASE("bf16 cpu products: SiTU-GLU and binary ops on bf16 match f32", "[ops]
 }
 
 TEST_CASE("bf16 cpu products: the same bits at 1 and 2 threads", "[ops][bf16]") {
-  ProductsThreadsGuard guard;
+  moetrain::testing::ThreadCountGuard guard;
   const int64_t n = 33, v = 700;
-  const Tensor logits = products_rnd({n, v}, 11, 3.0);
+  const Tensor logits = bf16_rnd({n, v}, 11, 3.0);
   const Tensor targets = cross_entropy_targets(n, v);
-  const Tensor gate = products_rnd({7, 1100}, 12), up = products_rnd({7, 1100}, 13), dout = products_rnd({7, 1100}, 14);
+  const Tensor gate = bf16_rnd({7, 1100}, 12), up = bf16_rnd({7, 1100}, 13), dout = bf16_rnd({7, 1100}, 14);
   struct Run {
     CrossEntropyRun ce;
     Tensor sum, situ, dg, du;
@@ -248,8 +234,8 @@ TEST_CASE("bf16 cpu products: causal attention on oneDNN's bf16 products matches
   // MLA's head dims (Dk 96, Dv 64).
   for (Case c : {Case{2, 150, 150, 3, 40, 24}, Case{1, 20, 90, 2, 32, 32}, Case{1, 256, 256, 2, 96, 64}}) {
     INFO(fmt::format("B {} T {} Tk {} H {} Dk {} Dv {}", c.B, c.T, c.Tk, c.H, c.Dk, c.Dv));
-    const Tensor q = products_rnd({c.B, c.T, c.H, c.Dk}, 20, 1.5), k = products_rnd({c.B, c.Tk, c.H, c.Dk}, 21, 1.5);
-    const Tensor v = products_rnd({c.B, c.Tk, c.H, c.Dv}, 22), w = products_rnd({c.B, c.T, c.H, c.Dv}, 23);
+    const Tensor q = bf16_rnd({c.B, c.T, c.H, c.Dk}, 20, 1.5), k = bf16_rnd({c.B, c.Tk, c.H, c.Dk}, 21, 1.5);
+    const Tensor v = bf16_rnd({c.B, c.Tk, c.H, c.Dv}, 22), w = bf16_rnd({c.B, c.T, c.H, c.Dv}, 23);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dk));
     const AttentionRun lo = attention_run(q, k, v, w, scale);
     const AttentionRun hi = attention_run(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), w, scale);
@@ -274,9 +260,9 @@ TEST_CASE("bf16 cpu products: causal attention on oneDNN's bf16 products matches
 
 TEST_CASE("bf16 cpu products: causal attention's bf16 path gives the same bits at 1 and 2 threads",
           "[ops][bf16][attention]") {
-  ProductsThreadsGuard guard;
-  const Tensor q = products_rnd({2, 130, 2, 48}, 30), k = products_rnd({2, 130, 2, 48}, 31);
-  const Tensor v = products_rnd({2, 130, 2, 32}, 32), w = products_rnd({2, 130, 2, 32}, 33);
+  moetrain::testing::ThreadCountGuard guard;
+  const Tensor q = bf16_rnd({2, 130, 2, 48}, 30), k = bf16_rnd({2, 130, 2, 48}, 31);
+  const Tensor v = bf16_rnd({2, 130, 2, 32}, 32), w = bf16_rnd({2, 130, 2, 32}, 33);
   cpu::set_num_threads(1);
   const AttentionRun one = attention_run(q, k, v, w, 0.2);
   cpu::set_num_threads(2);
@@ -303,8 +289,8 @@ TEST_CASE("bf16 cpu products: causal attention's products run where a dense prod
   const std::string family = dense.substr(0, dense.find(':'));
   for (auto [T, H, Dk, Dv] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{150, 3, 32, 48}, {64, 2, 96, 64}}) {
     INFO(fmt::format("T {} H {} Dk {} Dv {}; a dense product: {}", T, H, Dk, Dv, dense));
-    const Tensor q = products_rnd({2, T, H, Dk}, 24), k = products_rnd({2, T, H, Dk}, 25);
-    const Tensor v = products_rnd({2, T, H, Dv}, 26), w = products_rnd({2, T, H, Dv}, 27);
+    const Tensor q = bf16_rnd({2, T, H, Dk}, 24), k = bf16_rnd({2, T, H, Dk}, 25);
+    const Tensor v = bf16_rnd({2, T, H, Dv}, 26), w = bf16_rnd({2, T, H, Dv}, 27);
     cpu::onednn::reset_impl_counts();
     attention_run(q, k, v, w, 0.125);
     int64_t calls = 0;
@@ -324,34 +310,34 @@ TEST_CASE("bf16 cpu products: AttnRes token by token has the bits of the widened
   // source 1 needs no gradient.
   const int64_t M = 3, D = 48;
   std::vector<Tensor> src;
-  for (int64_t m = 0; m < M; ++m) src.push_back(products_rnd({2, 37, D}, 40 + static_cast<uint64_t>(m)));
-  const Tensor proj = products_rnd({D}, 50, 0.5), norm = randn({D}, DType::f32, 51);
+  for (int64_t m = 0; m < M; ++m) src.push_back(bf16_rnd({2, 37, D}, 40 + static_cast<uint64_t>(m)));
+  const Tensor proj = bf16_rnd({D}, 50, 0.5), norm = randn({D}, DType::f32, 51);
   std::vector<const Tensor*> ptrs, wide_ptrs;
   std::vector<Tensor> wide_src;
-  for (const Tensor& t : src) wide_src.push_back(products_widened(t));
+  for (const Tensor& t : src) wide_src.push_back(bf16_widened(t));
   for (int64_t m = 0; m < M; ++m) {
     ptrs.push_back(&src[static_cast<size_t>(m)]);
     wide_ptrs.push_back(&wide_src[static_cast<size_t>(m)]);
   }
-  const Tensor wide_proj = products_widened(proj);
+  const Tensor wide_proj = bf16_widened(proj);
   Tensor h = empty(src[0].shape(), DType::bf16), wh = empty(src[0].shape(), DType::f32);
   Tensor alpha = empty({2, 37, M}, DType::f32), rstd = empty({2, 37, M}, DType::f32);
   Tensor walpha = empty({2, 37, M}, DType::f32), wrstd = empty({2, 37, M}, DType::f32);
   cpu::attn_res_forward(h, alpha, rstd, ptrs, proj, norm, 1e-5);
   cpu::attn_res_forward(wh, walpha, wrstd, wide_ptrs, wide_proj, norm, 1e-5);
-  CHECK(moetrain::testing::bitwise_equal(h, products_rounded(wh)));
+  CHECK(moetrain::testing::bitwise_equal(h, bf16_rounded(wh)));
   CHECK(moetrain::testing::bitwise_equal(alpha, walpha));
   CHECK(moetrain::testing::bitwise_equal(rstd, wrstd));
-  const Tensor gh = products_rnd(src[0].shape(), 52);
+  const Tensor gh = bf16_rnd(src[0].shape(), 52);
   std::vector<Tensor> gs = {empty_like(src[0]), Tensor(), empty_like(src[0])};
   std::vector<Tensor> wgs = {empty(src[0].shape(), DType::f32), Tensor(), empty(src[0].shape(), DType::f32)};
   Tensor gp = empty_like(proj), gn = empty_like(norm), wgp = empty({D}, DType::f32), wgn = empty({D}, DType::f32);
   cpu::attn_res_backward(gs, &gp, &gn, gh, ptrs, proj, norm, alpha, rstd);
-  cpu::attn_res_backward(wgs, &wgp, &wgn, products_widened(gh), wide_ptrs, wide_proj, norm, walpha, wrstd);
-  CHECK(moetrain::testing::bitwise_equal(gs[0], products_rounded(wgs[0])));
+  cpu::attn_res_backward(wgs, &wgp, &wgn, bf16_widened(gh), wide_ptrs, wide_proj, norm, walpha, wrstd);
+  CHECK(moetrain::testing::bitwise_equal(gs[0], bf16_rounded(wgs[0])));
   CHECK(!gs[1].defined());
-  CHECK(moetrain::testing::bitwise_equal(gs[2], products_rounded(wgs[2])));
+  CHECK(moetrain::testing::bitwise_equal(gs[2], bf16_rounded(wgs[2])));
   CHECK(gp.dtype() == DType::bf16);
-  CHECK(moetrain::testing::bitwise_equal(gp, products_rounded(wgp)));
+  CHECK(moetrain::testing::bitwise_equal(gp, bf16_rounded(wgp)));
   CHECK(moetrain::testing::bitwise_equal(gn, wgn));  // norm stays f32: its gradient too
 }

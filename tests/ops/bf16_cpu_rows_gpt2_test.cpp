@@ -38,10 +38,9 @@ using moetrain::testing::bf16_rnd;
 using moetrain::testing::bf16_rounded;
 using moetrain::testing::bf16_spread;
 using moetrain::testing::bf16_widened;
+using moetrain::testing::bitwise_equal;
 
 namespace {
-
-bool ln16_same(const Tensor& a, const Tensor& b) { return moetrain::testing::bitwise_equal(a, b); }
 
 struct LnRun {
   Tensor h, y, mean, rstd, dx, dw, db;
@@ -85,10 +84,10 @@ void check_layer_norm_bits(const Tensor& x, const Tensor& d, const Tensor& w, co
   LnRun native = ln_forward(x, d, w, b);
   LnRun wide = ln_forward(bf16_widened(x), bf16_widened(d), bf16_widened(w), bf16_widened(b));
   REQUIRE(native.y.dtype() == DType::bf16);
-  CHECK(ln16_same(native.y, bf16_rounded(wide.y)));
-  CHECK(ln16_same(native.mean, wide.mean));
-  CHECK(ln16_same(native.rstd, wide.rstd));
-  if (fused) CHECK(ln16_same(native.h, bf16_rounded(wide.h)));
+  CHECK(bitwise_equal(native.y, bf16_rounded(wide.y)));
+  CHECK(bitwise_equal(native.mean, wide.mean));
+  CHECK(bitwise_equal(native.rstd, wide.rstd));
+  if (fused) CHECK(bitwise_equal(native.h, bf16_rounded(wide.h)));
   // The backward reads the saved h (the fused op) or x: the bf16 one on both sides (the
   // widened kernel's f32 h holds the bf16 h's values only where the sum was exact).
   const Tensor back_h = fused ? native.h : x;
@@ -96,9 +95,9 @@ void check_layer_norm_bits(const Tensor& x, const Tensor& d, const Tensor& w, co
   ln_backward(wide, fused, bf16_widened(back_h), bf16_widened(gh), bf16_widened(dy), bf16_widened(w), bf16_widened(b),
               native.mean, native.rstd);
   REQUIRE(native.dx.dtype() == DType::bf16);
-  CHECK(ln16_same(native.dx, bf16_rounded(wide.dx)));
-  if (w.defined()) CHECK(ln16_same(native.dw, bf16_rounded(wide.dw)));
-  if (b.defined()) CHECK(ln16_same(native.db, bf16_rounded(wide.db)));
+  CHECK(bitwise_equal(native.dx, bf16_rounded(wide.dx)));
+  if (w.defined()) CHECK(bitwise_equal(native.dw, bf16_rounded(wide.dw)));
+  if (b.defined()) CHECK(bitwise_equal(native.db, bf16_rounded(wide.db)));
 }
 
 
@@ -159,8 +158,8 @@ TEST_CASE("bf16 cpu rows gpt2: LayerNorm gives the same bits at 1 and 2 threads"
     const LnRun two = run(fused);
     for (auto [a, c] : {std::pair{one.y, two.y}, {one.mean, two.mean}, {one.rstd, two.rstd}, {one.dx, two.dx},
                         {one.dw, two.dw}, {one.db, two.db}})
-      CHECK(ln16_same(a, c));
-    if (fused) CHECK(ln16_same(one.h, two.h));
+      CHECK(bitwise_equal(a, c));
+    if (fused) CHECK(bitwise_equal(one.h, two.h));
   }
 }
 
@@ -190,7 +189,7 @@ TEST_CASE("bf16 cpu rows gpt2: sum_to has the bits of the widened kernel", "[ops
         cpu::set_num_threads(threads);
         Tensor native = empty(to, DType::bf16);
         cpu::sum_to(native, g);
-        CHECK(ln16_same(native, bf16_rounded(wide)));
+        CHECK(bitwise_equal(native, bf16_rounded(wide)));
       }
     }
   }
@@ -213,7 +212,7 @@ TEST_CASE("bf16 cpu rows gpt2: dropout has the bits of the widened kernel", "[op
       cpu::set_num_threads(threads);
       Tensor native = empty(x.shape(), DType::bf16);
       cpu::dropout_apply(native, x, p, gen, 77);
-      CHECK(ln16_same(native, bf16_rounded(wide)));
+      CHECK(bitwise_equal(native, bf16_rounded(wide)));
     }
   }
 }
@@ -252,14 +251,14 @@ TEST_CASE("bf16 cpu rows gpt2: linear's bias, GELU and bias-gradient passes have
         Tensor y = empty({c.rows, c.out}, DType::bf16), z = gelu ? empty_like(y) : Tensor();
         cpu::linear_forward(y, z, x, w, b, act);
         const Tensor z_ref = add(acc, bf16_widened(b));
-        CHECK(ln16_same(y, bf16_rounded(gelu ? gelu_tanh(z_ref) : z_ref)));
-        if (gelu) CHECK(ln16_same(z, bf16_rounded(z_ref)));
+        CHECK(bitwise_equal(y, bf16_rounded(gelu ? gelu_tanh(z_ref) : z_ref)));
+        if (gelu) CHECK(bitwise_equal(z, bf16_rounded(z_ref)));
 
         Tensor gx = empty_like(x), gw = empty_like(w), gb = empty_like(b);
         cpu::linear_backward(gx, gw, gb, gy, x, w, z, act);
         Tensor fx = empty(x.shape(), DType::f32), fw = empty(w.shape(), DType::f32), fb = empty({c.out}, DType::f32);
         cpu::linear_backward(fx, fw, fb, bf16_widened(gy), bf16_widened(x), bf16_widened(w), bf16_widened(z), act);
-        CHECK(ln16_same(gb, bf16_rounded(fb)));
+        CHECK(bitwise_equal(gb, bf16_rounded(fb)));
       }
     }
     // GELU's input gradient (mlp_gelu's backward): grad_b from oneDNN's f32 product
@@ -275,6 +274,6 @@ TEST_CASE("bf16 cpu rows gpt2: linear's bias, GELU and bias-gradient passes have
     const Tensor one_w = zeros({c.out, 1}, DType::f32);  // linear_backward's GEMMs unused: only grad_b is read
     cpu::linear_backward(fx, fw, fb, grad_m, zeros({c.rows, 1}, DType::f32), one_w, bf16_widened(z),
                          Activation::gelu_tanh);
-    CHECK(ln16_same(gb, bf16_rounded(fb)));
+    CHECK(bitwise_equal(gb, bf16_rounded(fb)));
   }
 }

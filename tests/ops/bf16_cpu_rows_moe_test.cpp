@@ -31,10 +31,10 @@ using moetrain::testing::bf16_rnd;
 using moetrain::testing::bf16_rounded;
 using moetrain::testing::bf16_spread;
 using moetrain::testing::bf16_widened;
+using moetrain::testing::bitwise_equal;
 
 namespace {
 
-bool rows_moe_same(const Tensor& a, const Tensor& b) { return moetrain::testing::bitwise_equal(a, b); }
 
 
 // ---- the scaled norms (RMSNorm, L2 norm, gated RMSNorm) ----
@@ -62,11 +62,11 @@ void check_norm_bits(const Tensor& x, const Tensor& w, const Tensor& z, const Te
   const NormRun native = norm_run(x, w, z, dy, scale);
   const NormRun wide = norm_run(bf16_widened(x), bf16_widened(w), bf16_widened(z), bf16_widened(dy), scale);
   CHECK(native.y.dtype() == DType::bf16);
-  CHECK(rows_moe_same(native.y, bf16_rounded(wide.y)));
-  CHECK(rows_moe_same(native.rstd, wide.rstd));
-  CHECK(rows_moe_same(native.dx, bf16_rounded(wide.dx)));
-  if (w.defined()) CHECK(rows_moe_same(native.dw, bf16_rounded(wide.dw)));
-  if (z.defined()) CHECK(rows_moe_same(native.dz, bf16_rounded(wide.dz)));
+  CHECK(bitwise_equal(native.y, bf16_rounded(wide.y)));
+  CHECK(bitwise_equal(native.rstd, wide.rstd));
+  CHECK(bitwise_equal(native.dx, bf16_rounded(wide.dx)));
+  if (w.defined()) CHECK(bitwise_equal(native.dw, bf16_rounded(wide.dw)));
+  if (z.defined()) CHECK(bitwise_equal(native.dz, bf16_rounded(wide.dz)));
 }
 
 struct AddNormRun {
@@ -187,12 +187,12 @@ TEST_CASE("bf16 cpu rows moe: a bf16 gate under f32 x still reads as the widened
   const Tensor w = randn({64}, DType::f32, 7), z = bf16_rnd({11, 2, 64}, 8, 2.0);
   const NormRun mixed = norm_run(x, w, z, dy, 1.0 / 64);
   const NormRun wide = norm_run(x, w, bf16_widened(z), dy, 1.0 / 64);
-  CHECK(rows_moe_same(mixed.y, wide.y));
-  CHECK(rows_moe_same(mixed.rstd, wide.rstd));
-  CHECK(rows_moe_same(mixed.dx, wide.dx));
-  CHECK(rows_moe_same(mixed.dw, wide.dw));
+  CHECK(bitwise_equal(mixed.y, wide.y));
+  CHECK(bitwise_equal(mixed.rstd, wide.rstd));
+  CHECK(bitwise_equal(mixed.dx, wide.dx));
+  CHECK(bitwise_equal(mixed.dw, wide.dw));
   REQUIRE(mixed.dz.dtype() == DType::bf16);
-  CHECK(rows_moe_same(mixed.dz, bf16_rounded(wide.dz)));
+  CHECK(bitwise_equal(mixed.dz, bf16_rounded(wide.dz)));
 }
 
 TEST_CASE("bf16 cpu rows moe: the fused residual add + RMSNorm row by row has the bits of the widened kernel",
@@ -207,9 +207,9 @@ TEST_CASE("bf16 cpu rows moe: the fused residual add + RMSNorm row by row has th
       const AddNormRun native = add_norm_run(x, d, w, gh, gy, 1.0 / static_cast<double>(n));
       const AddNormRun wide = add_norm_run(bf16_widened(x), bf16_widened(d), bf16_widened(w), bf16_widened(gh),
                                            bf16_widened(gy), 1.0 / static_cast<double>(n));
-      CHECK(rows_moe_same(native.h, bf16_rounded(wide.h)));
-      CHECK(rows_moe_same(native.y, bf16_rounded(wide.y)));
-      CHECK(rows_moe_same(native.rstd, wide.rstd));
+      CHECK(bitwise_equal(native.h, bf16_rounded(wide.h)));
+      CHECK(bitwise_equal(native.y, bf16_rounded(wide.y)));
+      CHECK(bitwise_equal(native.rstd, wide.rstd));
       // The backward reads h: the widened kernel's f32 h is the bf16 h's values only where
       // the sum was exact, so both backward passes run on the (same) bf16 h.
       AddNormRun wide_back = wide;
@@ -218,8 +218,8 @@ TEST_CASE("bf16 cpu rows moe: the fused residual add + RMSNorm row by row has th
       cpu::add_scaled_norm_backward(wide_back.dx, weighted ? &wide_back.dw : nullptr, bf16_widened(gh),
                                     bf16_widened(gy), bf16_widened(native.h), bf16_widened(w), native.rstd,
                                     1.0 / static_cast<double>(n));
-      CHECK(rows_moe_same(native.dx, bf16_rounded(wide_back.dx)));
-      if (weighted) CHECK(rows_moe_same(native.dw, bf16_rounded(wide_back.dw)));
+      CHECK(bitwise_equal(native.dx, bf16_rounded(wide_back.dx)));
+      if (weighted) CHECK(bitwise_equal(native.dw, bf16_rounded(wide_back.dw)));
     }
   }
 }
@@ -241,11 +241,11 @@ TEST_CASE("bf16 cpu rows moe: the MoE combine token by token has the bits of the
     const CombineRun wide =
         combine_run(c, bf16_widened(rows), bf16_widened(weights), bf16_widened(dy), bf16_widened(grad_rows_in));
     CHECK(native.y.dtype() == DType::bf16);
-    CHECK(rows_moe_same(native.y, bf16_rounded(wide.y)));
-    CHECK(rows_moe_same(native.grad_rows, bf16_rounded(wide.grad_rows)));
-    CHECK(rows_moe_same(native.grad_weights, bf16_rounded(wide.grad_weights)));
+    CHECK(bitwise_equal(native.y, bf16_rounded(wide.y)));
+    CHECK(bitwise_equal(native.grad_rows, bf16_rounded(wide.grad_rows)));
+    CHECK(bitwise_equal(native.grad_weights, bf16_rounded(wide.grad_weights)));
     // The unnamed rows (the last 3) are untouched; the dropped slots' weight gradients are 0.
-    CHECK(rows_moe_same(slice(native.grad_rows, 0, c.M - 3, c.M), slice(grad_rows_in, 0, c.M - 3, c.M)));
+    CHECK(bitwise_equal(slice(native.grad_rows, 0, c.M - 3, c.M), slice(grad_rows_in, 0, c.M - 3, c.M)));
     CHECK(native.grad_weights.to_vector()[2] == 0.0);
   }
 }
@@ -263,9 +263,9 @@ TEST_CASE("bf16 cpu rows moe: index_select's backward row by row has the bits of
       const Tensor start = zero_start ? zeros({outer, mid, inner}, DType::bf16) : bf16_rnd({outer, mid, inner}, 31);
       const Tensor native = index_backward_run(start, g, index_of(idx), outer, inner);
       const Tensor wide = index_backward_run(bf16_widened(start), bf16_widened(g), index_of(idx), outer, inner);
-      CHECK(rows_moe_same(native, bf16_rounded(wide)));
+      CHECK(bitwise_equal(native, bf16_rounded(wide)));
       // Row 3 is named by no index: as it was.
-      CHECK(rows_moe_same(slice(native, 1, 3, 4), slice(start, 1, 3, 4)));
+      CHECK(bitwise_equal(slice(native, 1, 3, 4), slice(start, 1, 3, 4)));
     }
   }
 }
@@ -280,9 +280,9 @@ TEST_CASE("bf16 cpu rows moe: MLA's output gate element by element has the bits 
       const GateRun native = gate_run(x, z, dy, which);
       const GateRun wide = gate_run(bf16_widened(x), bf16_widened(z), bf16_widened(dy), which);
       CHECK(native.y.dtype() == DType::bf16);
-      CHECK(rows_moe_same(native.y, bf16_rounded(wide.y)));
-      if (which != 2) CHECK(rows_moe_same(native.dx, bf16_rounded(wide.dx)));
-      if (which != 1) CHECK(rows_moe_same(native.dz, bf16_rounded(wide.dz)));
+      CHECK(bitwise_equal(native.y, bf16_rounded(wide.y)));
+      if (which != 2) CHECK(bitwise_equal(native.dx, bf16_rounded(wide.dx)));
+      if (which != 1) CHECK(bitwise_equal(native.dz, bf16_rounded(wide.dz)));
     }
   }
 }
@@ -323,5 +323,5 @@ TEST_CASE("bf16 cpu rows moe: the same bits at 1 and 2 threads", "[ops][bf16]") 
                       {one.combine.y, two.combine.y}, {one.combine.grad_rows, two.combine.grad_rows},
                       {one.combine.grad_weights, two.combine.grad_weights}, {one.gathered, two.gathered},
                       {one.gate.y, two.gate.y}, {one.gate.dx, two.gate.dx}, {one.gate.dz, two.gate.dz}})
-    CHECK(rows_moe_same(a, b));
+    CHECK(bitwise_equal(a, b));
 }

@@ -58,6 +58,7 @@ struct OnednnEntry {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, c, scratch;
   std::string impl;  // oneDNN's implementation, "brg:avx512_core_amx", "gemm:jit", ...
+  int64_t* calls = nullptr;  // impl's count in onednn_impl_calls (a map node: stable); under onednn_mutex
 };
 
 // The primitives by shape, at most kCachedPrimitives (an MoE layer's expert products
@@ -74,7 +75,9 @@ struct OnednnSlot {
   std::list<OnednnKey>::iterator at;
 };
 std::mutex onednn_mutex;
-std::map<std::string, int64_t> onednn_impl_calls;  // impl_counts(); under onednn_mutex
+// impl_counts(), under onednn_mutex; reset_impl_counts() zeroes the counts and keeps the
+// nodes, which the entries point to.
+std::map<std::string, int64_t> onednn_impl_calls;
 std::list<OnednnKey> onednn_probation, onednn_protected;  // most recent first
 std::map<OnednnKey, OnednnSlot> onednn_cache;
 
@@ -130,7 +133,7 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn
   std::lock_guard<std::mutex> lock(onednn_mutex);
   if (auto it = onednn_cache.find(key); it != onednn_cache.end()) {
     onednn_touch(it->second);
-    ++onednn_impl_calls[it->second.entry->impl];
+    ++*it->second.entry->calls;
     return it->second.entry;
   }
   auto e = std::make_shared<OnednnEntry>();
@@ -153,7 +156,8 @@ std::shared_ptr<const OnednnEntry> onednn_primitive(const MatmulShape& s, onednn
     MT_THROW("onednn::matmul: oneDNN refused [{}x{}]{} x [{}x{}]{} (batch {}): {}", s.m, s.k, s.trans_a ? "^T" : "",
              s.k, s.n, s.trans_b ? "^T" : "", s.batch, err.what());
   }
-  ++onednn_impl_calls[e->impl];
+  e->calls = &onednn_impl_calls[e->impl];
+  ++*e->calls;
   onednn_probation.push_front(key);
   onednn_cache.emplace(key, OnednnSlot{e, false, onednn_probation.begin()});
   if (onednn_probation.size() > kOnednnProbation) {
@@ -287,12 +291,15 @@ size_t cached_primitives() {
 
 std::map<std::string, int64_t> impl_counts() {
   std::lock_guard<std::mutex> lock(onednn_mutex);
-  return onednn_impl_calls;
+  std::map<std::string, int64_t> out;
+  for (const auto& [impl, n] : onednn_impl_calls)
+    if (n > 0) out.emplace(impl, n);
+  return out;
 }
 
 void reset_impl_counts() {
   std::lock_guard<std::mutex> lock(onednn_mutex);
-  onednn_impl_calls.clear();
+  for (auto& [impl, n] : onednn_impl_calls) n = 0;
 }
 
 bool is_cached(const MatmulShape& s, DType ab, DType c_type, bool accumulate) {

@@ -12,7 +12,7 @@ namespace moetrain::cpu {
 // route.
 void dropout_apply(Tensor& out, const Tensor& in, double p, const Generator& gen, uint64_t first) {
   MT_CHECK(out.dtype() == in.dtype(), "dropout: out {} and in {} differ in dtype", describe(out), describe(in));
-  auto run = [&](auto tag) {
+  dispatch_float_or_bf16(in.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     using C = std::conditional_t<std::is_same_v<T, bf16>, float, T>;  // the arithmetic type
     const T* src = in.data<T>();
@@ -27,9 +27,7 @@ void dropout_apply(Tensor& out, const Tensor& in, double p, const Generator& gen
           dst[i] = v;
       }
     });
-  };
-  if (in.dtype() == DType::bf16) return run(bf16{});
-  dispatch_float(in.dtype(), "dropout", run);
+  });
 }
 
 }  // namespace moetrain::cpu

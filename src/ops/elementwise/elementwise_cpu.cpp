@@ -267,12 +267,6 @@ inline void sum_rows(T* __restrict dst, const T* __restrict src, int64_t rows, i
     for (int64_t j = 0; j < w; ++j) store_rounded(dst[j0 + j], acc[j]);
   }
 }
-
-template <class F>
-decltype(auto) dispatch_float_or_bf16(DType t, const char* op, F&& f) {
-  if (t == DType::bf16) return f(bf16{});
-  return dispatch_float(t, op, std::forward<F>(f));
-}
 }  // namespace
 
 // out[j] = sum over the broadcast dims of t. Each thread owns a range of target
